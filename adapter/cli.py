@@ -1,0 +1,335 @@
+"""The ``tether`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import trio
+
+__all__ = ["main"]
+
+DEFAULT_ADAPTER_PORT = 5678
+DEFAULT_RELAY_PORT = 8765
+
+
+def tether_home() -> Path:
+    return Path(os.environ.get("TETHER_HOME") or Path.home() / ".tether")
+
+
+def endpoint_file() -> Path:
+    return tether_home() / "endpoint.json"
+
+
+def resolve_relay(flag: str | None) -> str:
+    """``--relay``, else ``TETHER_RELAY``, else what ``tether up`` recorded."""
+    if flag:
+        return flag
+    if env := os.environ.get("TETHER_RELAY"):
+        return env
+    try:
+        return str(json.loads(endpoint_file().read_text())["relay"])
+    except (OSError, ValueError, KeyError):
+        raise SystemExit(
+            "tether: no relay to talk to. Start one with `tether up` (in another terminal), "
+            "or pass --relay ws://HOST:PORT / set TETHER_RELAY."
+        ) from None
+
+
+class Clock:
+    """Prints status lines with the time since the command started."""
+
+    def __init__(self, prefix: str) -> None:
+        self.start = time.monotonic()
+        self.prefix = prefix
+
+    def say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.start:7.2f}s] {self.prefix}{text}", flush=True)
+
+
+def launch_json(port: int, run_id: str) -> str:
+    entry = {
+        "name": f"tether: run {run_id}",
+        "type": "debugpy",
+        "request": "attach",
+        "connect": {"host": "127.0.0.1", "port": port},
+        "justMyCode": True,
+    }
+    return json.dumps(entry, indent=2)
+
+
+# --- commands --------------------------------------------------------------------------------------
+
+
+async def cmd_relay(args: argparse.Namespace) -> int:
+    from relay.server import serve_relay, server_port
+    from relay.store import open_store
+
+    async with open_store(args.redis) as store, trio.open_nursery() as nursery:
+        server = await nursery.start(lambda task_status: serve_relay(store, host=args.host, port=args.port, task_status=task_status))
+        print(f"tether relay: ready relay=ws://{args.host}:{server_port(server)} redis={args.redis}", flush=True)
+    return 0
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    from worker_shim.pool import run_pool
+
+    relay = resolve_relay(args.relay)
+    clock = Clock("worker: ")
+    work_dir = Path(args.work_dir or tether_home() / "worker").resolve()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: run_pool(
+                relay, slots=args.slots, start_delay=args.start_delay, work_dir=work_dir,
+                on_event=clock.say, task_status=task_status,
+            )
+        )
+        print(f"tether worker: ready relay={relay} slots={args.slots} work_dir={work_dir}", flush=True)
+    return 0
+
+
+async def cmd_up(args: argparse.Namespace) -> int:
+    from relay.embedded import run_embedded_server
+    from relay.server import serve_relay, server_port
+    from relay.store import open_store
+    from worker_shim.pool import run_pool
+
+    data_dir = Path(args.data_dir or tether_home() / "data").resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    clock = Clock("")
+    async with run_embedded_server(data_dir / "redis") if not args.redis else _nullcontext(args.redis) as redis_url:
+        async with open_store(redis_url) as store, trio.open_nursery() as nursery:
+            server = await nursery.start(
+                lambda task_status: serve_relay(store, host="127.0.0.1", port=args.relay_port, task_status=task_status)
+            )
+            relay = f"ws://127.0.0.1:{server_port(server)}"
+            if args.workers > 0:
+                await nursery.start(
+                    lambda task_status: run_pool(
+                        relay, slots=args.workers, start_delay=args.start_delay,
+                        work_dir=data_dir / "worker", on_event=clock.say, task_status=task_status,
+                    )
+                )
+            endpoint_file().parent.mkdir(parents=True, exist_ok=True)
+            endpoint_file().write_text(json.dumps({"relay": relay, "pid": os.getpid(), "data_dir": str(data_dir)}))
+            print(f"tether up: ready relay={relay} data={data_dir}", flush=True)
+            print(
+                f"  redis: {redis_url}\n  workers: {args.workers} (start delay {args.start_delay:g} s)\n"
+                "  in another terminal: tether debug -- python your_script.py",
+                flush=True,
+            )
+            try:
+                await trio.sleep_forever()
+            finally:
+                try:
+                    if json.loads(endpoint_file().read_text()).get("pid") == os.getpid():
+                        endpoint_file().unlink()
+                except (OSError, ValueError):
+                    pass
+    return 0
+
+
+class _nullcontext:
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    async def __aenter__(self) -> str:
+        return self.value
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+def build_spec(args: argparse.Namespace, *, debug: bool):  # type: ignore[no-untyped-def]
+    from protocol_specs.runs import RunSpec
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise SystemExit("tether: give the command to run after --, e.g. tether debug -- python train.py")
+    workdir = Path(args.workdir or os.getcwd()).resolve()
+    env = {}
+    for item in args.env or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"tether: --env expects NAME=VALUE, got {item!r}")
+        env[name] = value
+    return RunSpec(
+        command=command,
+        workdir=str(workdir),
+        debug=debug,
+        wait_for_ide=not getattr(args, "no_wait", False),
+        env=env,
+        name=args.name or "",
+        client_os="windows" if os.name == "nt" else "unix",
+    )
+
+
+async def _submit(relay: str, spec, say: Callable[[str], None]):  # type: ignore[no-untyped-def]
+    from adapter.snapshot import make_snapshot
+    from relay.client import open_control
+
+    data, count = make_snapshot(Path(spec.workdir))
+    async with open_control(relay, client="tether-cli") as control:
+        record = await control.submit(spec, data)
+    say(f"submitted run {record.id}: {' '.join(spec.command)} ({count} files, {len(data) / 1024:.0f} KiB)")
+    return record
+
+
+async def cmd_debug(args: argparse.Namespace) -> int:
+    relay = resolve_relay(args.relay)
+    clock = Clock("")
+    spec = build_spec(args, debug=True)
+    record = await _submit(relay, spec, clock.say)
+    return await _serve(relay, record.id, args.port, args.request_timeout, clock, announce="queued")
+
+
+async def cmd_attach(args: argparse.Namespace) -> int:
+    relay = resolve_relay(args.relay)
+    clock = Clock("")
+    return await _serve(relay, args.run, args.port, args.request_timeout, clock, announce="attached")
+
+
+async def _serve(relay: str, run_id: str, port: int, request_timeout: float, clock: Clock, *, announce: str) -> int:
+    from adapter.server import serve_adapter
+
+    async with trio.open_nursery() as nursery:
+        def started(task_status: trio.TaskStatus[int]):  # type: ignore[no-untyped-def]
+            return serve_adapter(relay, run_id, port=port, request_timeout=request_timeout, on_event=clock.say, task_status=task_status)
+
+        result: dict[str, object] = {}
+
+        async def serve(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+            result["core"] = await started(task_status)
+
+        bound = await nursery.start(serve)
+        print(f"tether debug: run {run_id} {announce}; adapter on 127.0.0.1:{bound}", flush=True)
+        print("Attach your IDE to it. VS Code launch.json entry:", flush=True)
+        print(launch_json(bound, run_id), flush=True)
+    core = result.get("core")
+    session = getattr(core, "session", None)
+    code = getattr(session, "exit_code", None)
+    clock.say(f"run {run_id} ended ({getattr(session, 'status', '?')}, exit code {code})")
+    return code if isinstance(code, int) and code >= 0 else (0 if code is None else 1)
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    relay = resolve_relay(args.relay)
+    clock = Clock("")
+    record = await _submit(relay, build_spec(args, debug=False), clock.say)
+    print(f"tether run: run {record.id} queued", flush=True)
+    return 0
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    from relay.client import open_control
+
+    async with open_control(resolve_relay(args.relay), client="tether-cli") as control:
+        record = await control.cancel(args.run)
+    print(f"run {record.id}: {record.state.value}")
+    return 0
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    from relay.client import open_control
+
+    async with open_control(resolve_relay(args.relay), client="tether-cli") as control:
+        record = await control.get_run(args.run)
+    print(record.model_dump_json(indent=2))
+    return 0
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    from adapter.demo import run_demo
+
+    return await run_demo(start_delay=args.start_delay, keep=args.keep)
+
+
+# --- parser ----------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tether", description="Asynchronous debugging for ML runs.")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def relay_flag(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--relay", help="relay URL (default: $TETHER_RELAY, else what `tether up` recorded)")
+
+    s = sub.add_parser("up", help="run the embedded stack: Redis-compatible server, relay, local worker pool")
+    s.add_argument("--data-dir", help="where data lives (default: $TETHER_HOME/data, TETHER_HOME=~/.tether)")
+    s.add_argument("--workers", type=int, default=2, help="local worker slots (default 2)")
+    s.add_argument("--start-delay", type=float, default=0.0, metavar="S", help="wait S seconds before starting a claimed run (a stand-in GPU queue)")
+    s.add_argument("--relay-port", type=int, default=DEFAULT_RELAY_PORT, help=f"relay port on 127.0.0.1 (default {DEFAULT_RELAY_PORT}; 0 = any free)")
+    s.add_argument("--redis", help="use this Redis/Valkey URL instead of starting the bundled server")
+    s.set_defaults(fn=cmd_up)
+
+    for name, help_text, fn in (
+        ("debug", "submit a run in debug mode and serve the local DAP adapter for it", cmd_debug),
+        ("run", "submit a run without the debugger", cmd_run),
+    ):
+        s = sub.add_parser(name, help=help_text)
+        relay_flag(s)
+        if name == "debug":
+            s.add_argument("--port", type=int, default=DEFAULT_ADAPTER_PORT, help=f"adapter port on 127.0.0.1 (default {DEFAULT_ADAPTER_PORT}; 0 = any free)")
+            s.add_argument("--no-wait", action="store_true", help="start the program when the worker starts, even if no IDE configured breakpoints yet")
+            s.add_argument("--request-timeout", type=float, default=30.0, metavar="S", help="error a request the debugger leaves unanswered after S seconds (default 30)")
+        s.add_argument("--workdir", help="the directory to snapshot and run in (default: the current directory)")
+        s.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment for the program (repeatable)")
+        s.add_argument("--name", help="a label for the run")
+        s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+        s.set_defaults(fn=fn)
+
+    s = sub.add_parser("attach", help="serve the local DAP adapter for an existing run")
+    relay_flag(s)
+    s.add_argument("run")
+    s.add_argument("--port", type=int, default=DEFAULT_ADAPTER_PORT)
+    s.add_argument("--request-timeout", type=float, default=30.0, metavar="S")
+    s.set_defaults(fn=cmd_attach)
+
+    for name, help_text, fn in (("cancel", "cancel a run", cmd_cancel), ("status", "show a run's record", cmd_status)):
+        s = sub.add_parser(name, help=help_text)
+        relay_flag(s)
+        s.add_argument("run")
+        s.set_defaults(fn=fn)
+
+    s = sub.add_parser("relay", help="run the relay service")
+    s.add_argument("--redis", default=os.environ.get("TETHER_REDIS", "redis://127.0.0.1:6379"), help="Redis >= 6.2 or Valkey URL (redis://, unix://; default $TETHER_REDIS)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=DEFAULT_RELAY_PORT)
+    s.set_defaults(fn=cmd_relay)
+
+    s = sub.add_parser("worker", help="run a worker pool that claims queued runs")
+    relay_flag(s)
+    s.add_argument("--slots", type=int, default=1)
+    s.add_argument("--start-delay", type=float, default=0.0, metavar="S")
+    s.add_argument("--work-dir", help="where run directories are made (default: $TETHER_HOME/worker)")
+    s.set_defaults(fn=cmd_worker)
+
+    s = sub.add_parser("demo", help="the whole story on one machine, with a scripted IDE")
+    s.add_argument("--start-delay", type=float, default=3.0, metavar="S")
+    s.add_argument("--keep", action="store_true", help="keep the demo's temporary data directory")
+    s.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("websockets").setLevel(max(level, logging.WARNING))
+    try:
+        return trio.run(args.fn, args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,514 @@
+"""The adapter's routing core: what to answer the IDE, what to publish, decided synchronously.
+
+Theory of operation
+-------------------
+The IDE believes it talks to debugpy. Until a worker is live (the run is queued, or starting), the core
+answers everything itself, at once, the way debugpy would: ``initialize`` with the pinned capabilities,
+``initialized`` after ``attach``, breakpoints with stable ids and ``verified: false``, no threads. The
+configuration requests are also published into the run's ``to_worker`` stream (``local=True``: already
+answered), where the worker shim will find them when it starts.
+
+Once the worker reports ``debugger_live``, requests are published (``local=False``) and answered when the
+worker's response comes back through ``to_ide``. ``seq`` is rewritten at this hop: the IDE's
+``seq`` is mapped to the core's own counter (``origin_seq``, unique for this adapter instance, named by
+``origin``) and responses are mapped back; the core numbers what it sends to the IDE itself, per IDE
+connection. A request nobody answers gets an error response after ``request_timeout`` (debugpy ignores
+requests it does not know).
+
+Breakpoint ids are the adapter's (see ``protocol_specs.session``): the worker's answers to
+configuration the core answered earlier become ``breakpoint`` events (reason ``changed``) under the ids
+the IDE already holds.
+
+An IDE leaving (socket closed, or ``disconnect`` without ``terminateDebuggee``) only detaches; with
+``terminateDebuggee: true`` the core asks for the run to be cancelled. A new IDE connection gets the
+handshake answered locally and, when the worker is live, ``thread``/``stopped`` events rebuilt from the
+session fold (a ``threads`` response has no stopped flag).
+
+Every method returns a list of actions; :mod:`adapter.server` performs them.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import orjson
+
+from protocol_specs import dap_models as dap
+from protocol_specs.capabilities import DEBUGPY_CAPABILITIES
+from protocol_specs.session import DebugSession, StatusEvent
+from protocol_specs.wire import DapEntry, StatusEntry, StreamName
+
+__all__ = [
+    "ADAPTER_CAPABILITIES",
+    "AdapterCore",
+    "CancelRun",
+    "CloseIde",
+    "IdePhase",
+    "Publish",
+    "ToIde",
+]
+
+log = logging.getLogger("tether.adapter")
+
+#: debugpy's pinned capabilities, plus the correctly spelled ``supportTerminateDebuggee`` so VS Code
+#: keeps ``terminateDebuggee`` on its Stop button (debugpy only sends the misspelled key, so VS Code
+#: drops the flag; with tether, Stop cancels the run and Disconnect detaches).
+ADAPTER_CAPABILITIES: dict[str, Any] = {**DEBUGPY_CAPABILITIES, "supportTerminateDebuggee": True}
+
+WAITING_MESSAGE = "The run is waiting for a worker; this breakpoint is verified when the worker starts."
+
+
+@dataclass(frozen=True)
+class ToIde:
+    message: dict[str, Any]
+    generation: int
+
+
+@dataclass(frozen=True)
+class Publish:
+    entry: DapEntry
+
+
+@dataclass(frozen=True)
+class CancelRun:
+    detail: str
+
+
+@dataclass(frozen=True)
+class CloseIde:
+    generation: int
+    reason: str
+
+
+Action = ToIde | Publish | CancelRun | CloseIde
+
+
+class IdePhase(Enum):
+    NONE = "none"  #: no IDE connected
+    CONNECTED = "connected"  #: connected, handshake not done
+    CONFIGURED = "configured"  #: configurationDone answered: events flow to the IDE
+
+
+@dataclass
+class _Pending:
+    generation: int
+    ide_seq: int
+    command: str
+    deadline: float
+    bp_ids: list[int] | None
+
+
+class AdapterCore:
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        session: DebugSession | None = None,
+        request_timeout: float = 30.0,
+        origin: str | None = None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.run_id = run_id
+        self.session = session or DebugSession()
+        self.request_timeout = request_timeout
+        self.origin = origin or uuid.uuid4().hex[:12]
+        self.clock = clock
+        self.phase = IdePhase.NONE
+        self.generation = 0
+        self._ide_seq = 0
+        self._origin_seq = 0
+        self._pending: dict[int, _Pending] = {}
+        self._attach_request: dict[str, Any] | None = None
+        self._client_args: dict[str, Any] = {}
+        self._progress_id: str | None = None
+        self._terminated_sent = False
+        self._handlers: dict[str, Callable[[dict[str, Any]], list[Action]]] = {
+            "initialize": self._initialize,
+            "attach": self._attach,
+            "launch": self._launch,
+            "configurationDone": self._configuration_done,
+            "setBreakpoints": self._configure,
+            "setFunctionBreakpoints": self._configure,
+            "setExceptionBreakpoints": self._configure,
+            "threads": self._threads,
+            "disconnect": self._disconnect,
+            "terminate": self._terminate,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"<AdapterCore run={self.run_id} ide={self.phase.value} gen={self.generation} "
+            f"pending={len(self._pending)} {self.session!r}>"
+        )
+
+    # --- IDE connection lifecycle -----------------------------------------------------------------
+
+    def ide_connected(self) -> list[Action]:
+        """A new IDE connection replaces any previous one (returns the close for the old one)."""
+        actions: list[Action] = []
+        if self.phase is not IdePhase.NONE:
+            actions.append(CloseIde(self.generation, "another IDE connection took over"))
+        self.generation += 1
+        self.phase = IdePhase.CONNECTED
+        self._ide_seq = 0
+        self._attach_request = None
+        self._client_args = {}
+        self._progress_id = None
+        self._terminated_sent = False
+        return actions
+
+    def ide_disconnected(self, generation: int) -> list[Action]:
+        """The IDE went away: detach only. Its pending requests will be dropped when answered."""
+        if generation == self.generation:
+            self.phase = IdePhase.NONE
+        return []
+
+    # --- from the IDE -----------------------------------------------------------------------------
+
+    def on_ide_message(self, msg: dict[str, Any]) -> list[Action]:
+        if msg.get("type") != "request":
+            return []  # responses to reverse requests we never send, stray events: ignore
+        command = msg.get("command")
+        seq = msg.get("seq")
+        if not isinstance(seq, int) or seq < 1:
+            return self.on_ide_garbage("a request without a valid 'seq'")
+        if not isinstance(command, str):
+            return [self._emit(dap.error_response({"seq": seq}, "Invalid request: 'command' must be a string"))]
+        handler = self._handlers.get(command)
+        if handler is None:
+            return self._forward_or_refuse(msg)
+        try:
+            return handler(msg)
+        except ValueError as exc:
+            return [self._emit(dap.error_response(msg, str(exc)))]
+
+    def on_ide_garbage(self, reason: str) -> list[Action]:
+        """The IDE sent something that is not a DAP request (the stream stays usable).
+
+        With no ``seq`` to answer, there is no response to give: say it in the debug console.
+        """
+        text = f"tether: ignored a malformed DAP message from the IDE: {reason}\n"
+        return [self._emit(dap.event("output", {"category": "important", "output": text}))]
+
+    def _initialize(self, msg: dict[str, Any]) -> list[Action]:
+        self._client_args = msg.get("arguments") or {}
+        return [
+            self._publish(msg, local=True),
+            self._emit(dap.response(msg, ADAPTER_CAPABILITIES)),
+        ]
+
+    def _attach(self, msg: dict[str, Any]) -> list[Action]:
+        # debugpy answers attach only after configurationDone; do the same.
+        self._attach_request = msg
+        actions: list[Action] = []
+        if not self.session.live and not self.session.finished:
+            actions.append(self._publish(msg, local=True))
+        actions.append(self._emit(dap.event("initialized")))
+        return actions
+
+    def _launch(self, msg: dict[str, Any]) -> list[Action]:
+        return [
+            self._emit(
+                dap.error_response(
+                    msg,
+                    '"attach" expected: tether runs the program on a worker; '
+                    'use "request": "attach" with "connect" to this adapter.',
+                    show_user=True,
+                )
+            )
+        ]
+
+    def _configuration_done(self, msg: dict[str, Any]) -> list[Action]:
+        actions: list[Action] = []
+        if not self.session.live and not self.session.finished:
+            actions.append(self._publish(msg, local=True))
+        actions.append(self._emit(dap.response(msg)))
+        if self._attach_request is not None:
+            actions.append(self._emit(dap.response(self._attach_request)))
+            self._attach_request = None
+        self.phase = IdePhase.CONFIGURED
+        actions.extend(self._greet())
+        return actions
+
+    def _greet(self) -> list[Action]:
+        """What a freshly configured IDE needs to see of the current state."""
+        s = self.session
+        if s.finished:
+            return [self._status_output(), *self._end_of_run()]
+        if s.live:
+            actions: list[Action] = []
+            if s.capabilities_delta:
+                actions.append(self._emit(dap.event("capabilities", {"capabilities": s.capabilities_delta})))
+            if s.process_event:
+                actions.append(self._emit(dap.event("process", s.process_event)))
+            for tid in s.threads:
+                actions.append(self._emit(dap.event("thread", {"reason": "started", "threadId": tid})))
+            for tid, body in s.stopped.items():
+                actions.append(self._emit(dap.event("stopped", {**body, "threadId": tid})))
+            return actions
+        actions = [self._status_output()]
+        if self._client_args.get("supportsProgressReporting"):
+            self._progress_id = f"tether-{self.run_id}-{self.generation}"
+            actions.append(
+                self._emit(
+                    dap.event(
+                        "progressStart",
+                        {
+                            "progressId": self._progress_id,
+                            "title": "tether",
+                            "message": self._status_text(),
+                        },
+                    )
+                )
+            )
+        return actions
+
+    def _configure(self, msg: dict[str, Any]) -> list[Action]:
+        command = msg["command"]
+        arguments = dap.parse_arguments(command, msg.get("arguments"))
+        raw_args = msg.get("arguments") or {}
+        bp_ids = self.session.assign_breakpoint_ids(command, raw_args)
+        if self.session.live:
+            return self._forward(msg, bp_ids=bp_ids if command != "setExceptionBreakpoints" else None)
+        entry_action = self._publish(
+            msg, local=True, bp_ids=bp_ids if command != "setExceptionBreakpoints" else None
+        )
+        if command == "setExceptionBreakpoints":
+            return [entry_action, self._emit(dap.response(msg))]
+        if command == "setBreakpoints":
+            source = arguments.source.model_dump(exclude_none=True)
+            lines = arguments.lines_in_order()
+            bps = [
+                self._unverified(bp_id, line=line, source=source)
+                for bp_id, line in zip(bp_ids, lines, strict=True)
+            ]
+        else:
+            bps = [self._unverified(bp_id) for bp_id in bp_ids]
+        return [entry_action, self._emit(dap.response(msg, {"breakpoints": bps}))]
+
+    def _unverified(self, bp_id: int, **where: Any) -> dict[str, Any]:
+        known = self.session.verification.get(bp_id)
+        if known is not None and not self.session.finished:
+            return known
+        return {"id": bp_id, "verified": False, "message": self._waiting_text(), **where}
+
+    def _threads(self, msg: dict[str, Any]) -> list[Action]:
+        if self.session.live:
+            return self._forward(msg)
+        return [self._emit(dap.response(msg, {"threads": []}))]
+
+    def _disconnect(self, msg: dict[str, Any]) -> list[Action]:
+        args = msg.get("arguments") or {}
+        actions: list[Action] = []
+        if args.get("terminateDebuggee") and not self.session.finished:
+            actions.append(CancelRun("the IDE disconnected with terminateDebuggee"))
+        actions.append(self._emit(dap.response(msg)))
+        actions.append(CloseIde(self.generation, "the IDE disconnected"))
+        self.phase = IdePhase.NONE
+        return actions
+
+    def _terminate(self, msg: dict[str, Any]) -> list[Action]:
+        if self.session.live:
+            return self._forward(msg)
+        actions: list[Action] = []
+        if not self.session.finished:
+            actions.append(CancelRun("the IDE asked to terminate the run"))
+        actions.append(self._emit(dap.response(msg)))
+        return actions
+
+    def _forward_or_refuse(self, msg: dict[str, Any]) -> list[Action]:
+        if self.session.live:
+            return self._forward(msg)
+        return [self._emit(dap.error_response(msg, self._not_live_text(msg.get("command", ""))))]
+
+    def _forward(self, msg: dict[str, Any], *, bp_ids: list[int] | None = None) -> list[Action]:
+        action = self._publish(msg, local=False, bp_ids=bp_ids)
+        self._pending[self._origin_seq] = _Pending(
+            self.generation, msg["seq"], msg["command"], self.clock() + self.request_timeout, bp_ids
+        )
+        return [action]
+
+    def _publish(
+        self, msg: dict[str, Any], *, local: bool, bp_ids: list[int] | None = None
+    ) -> Publish:
+        self._origin_seq += 1
+        body = orjson.dumps({**msg, "seq": self._origin_seq})
+        entry = DapEntry(origin=self.origin, body=body, local=local, bp_ids=bp_ids)
+        self.session.apply_to_worker(entry)
+        return Publish(entry)
+
+    # --- from the relay -------------------------------------------------------------------------
+
+    def on_delivery(
+        self, stream: StreamName, entry: DapEntry | StatusEntry | Any, *, replaying: bool = False
+    ) -> list[Action]:
+        """Fold one delivered entry; unless ``replaying`` history, produce what the IDE must see."""
+        if stream is StreamName.TO_WORKER:
+            if isinstance(entry, DapEntry):
+                self.session.apply_to_worker(entry)
+            return []
+        if isinstance(entry, StatusEntry):
+            was_live = self.session.live
+            self.session.apply_to_ide(entry)
+            return [] if replaying else self._on_status(entry, was_live)
+        if not isinstance(entry, DapEntry):
+            return []
+        msg = orjson.loads(entry.body)
+        changed = self.session.apply_to_ide(entry)
+        if replaying:
+            return []
+        kind = msg.get("type")
+        if kind == "response":
+            if entry.origin != self.origin:
+                return self._breakpoint_events(changed)  # configuration another adapter recorded
+            return self._on_response(msg, changed)
+        if kind == "event":
+            return self._on_event(msg)
+        return []
+
+    def _on_response(self, msg: dict[str, Any], changed: list[int]) -> list[Action]:
+        pending = self._pending.pop(msg.get("request_seq", -1), None)
+        if pending is None:
+            # the answer to configuration we answered locally: tell the IDE what really happened
+            return self._breakpoint_events(changed)
+        if pending.generation != self.generation or self.phase is IdePhase.NONE:
+            return []  # meant for an IDE connection that is gone
+        out = {**msg, "request_seq": pending.ide_seq}
+        if pending.bp_ids is not None and msg.get("success"):
+            verification = self.session.verification
+            out["body"] = {
+                **(msg.get("body") or {}),
+                "breakpoints": [verification[i] for i in pending.bp_ids if i in verification],
+            }
+        return [self._emit(out)]
+
+    def _breakpoint_events(self, ids: list[int]) -> list[Action]:
+        if self.phase is not IdePhase.CONFIGURED:
+            return []
+        return [
+            self._emit(
+                dap.event("breakpoint", {"reason": "changed", "breakpoint": self.session.verification[i]})
+            )
+            for i in ids
+        ]
+
+    def _on_event(self, msg: dict[str, Any]) -> list[Action]:
+        if self.phase is not IdePhase.CONFIGURED:
+            return []
+        name = msg.get("event")
+        body = msg.get("body")
+        if name == "breakpoint" and isinstance(body, dict):
+            bp = body.get("breakpoint") or {}
+            if isinstance(bp.get("id"), int):
+                bp = {**bp, "id": self.session.to_adapter_id(bp["id"])}
+            msg = {**msg, "body": {**body, "breakpoint": bp}}
+        elif name == "stopped" and isinstance(body, dict) and body.get("hitBreakpointIds"):
+            ids = [self.session.to_adapter_id(i) for i in body["hitBreakpointIds"]]
+            msg = {**msg, "body": {**body, "hitBreakpointIds": ids}}
+        elif name == "terminated":
+            if self._terminated_sent:
+                return []
+            self._terminated_sent = True
+        return [self._emit(msg)]
+
+    def _on_status(self, entry: StatusEntry, was_live: bool) -> list[Action]:
+        s = self.session
+        actions: list[Action] = []
+        if s.finished:
+            actions.extend(self._fail_pending("the run ended"))
+        if self.phase is not IdePhase.CONFIGURED:
+            return actions
+        actions.append(self._status_output())
+        if self._progress_id is not None:
+            if s.live or s.finished:
+                actions.append(self._emit(dap.event("progressEnd", {"progressId": self._progress_id, "message": self._status_text()})))
+                self._progress_id = None
+            else:
+                actions.append(self._emit(dap.event("progressUpdate", {"progressId": self._progress_id, "message": self._status_text()})))
+        if s.live and not was_live and s.capabilities_delta:
+            actions.append(self._emit(dap.event("capabilities", {"capabilities": s.capabilities_delta})))
+        if s.finished:
+            actions.extend(self._end_of_run())
+        return actions
+
+    def _end_of_run(self) -> list[Action]:
+        if self._terminated_sent:
+            return []
+        self._terminated_sent = True
+        actions: list[Action] = []
+        if self.session.exit_code is not None:
+            actions.append(self._emit(dap.event("exited", {"exitCode": self.session.exit_code})))
+        actions.append(self._emit(dap.event("terminated")))
+        return actions
+
+    # --- timeouts -------------------------------------------------------------------------------
+
+    @property
+    def next_deadline(self) -> float | None:
+        return min((p.deadline for p in self._pending.values()), default=None)
+
+    def on_tick(self) -> list[Action]:
+        now = self.clock()
+        expired = [seq for seq, p in self._pending.items() if p.deadline <= now]
+        actions: list[Action] = []
+        for seq in expired:
+            p = self._pending.pop(seq)
+            if p.generation == self.generation and self.phase is not IdePhase.NONE:
+                text = (
+                    f"The debugger did not answer {p.command!r} within {self.request_timeout:g} s "
+                    "(debugpy does not answer requests it does not support)."
+                )
+                actions.append(self._emit(dap.error_response({"seq": p.ide_seq, "command": p.command}, text)))
+        return actions
+
+    def _fail_pending(self, reason: str) -> list[Action]:
+        actions: list[Action] = []
+        for p in self._pending.values():
+            if p.generation == self.generation and self.phase is not IdePhase.NONE:
+                actions.append(self._emit(dap.error_response({"seq": p.ide_seq, "command": p.command}, reason)))
+        self._pending.clear()
+        return actions
+
+    # --- text -----------------------------------------------------------------------------------
+
+    def _status_text(self) -> str:
+        s = self.session
+        run = f"Run {self.run_id}"
+        match s.status:
+            case None | StatusEvent.QUEUED:
+                return f"{run} is queued: waiting for a worker."
+            case StatusEvent.CLAIMED:
+                return f"{run} was claimed by a worker ({s.status_detail}); starting."
+            case StatusEvent.STARTED | StatusEvent.WAITING_FOR_IDE:
+                return f"{run} started on a worker; applying breakpoints."
+            case StatusEvent.DEBUGGER_LIVE:
+                return f"{run} is live: the debugger is attached on the worker."
+            case StatusEvent.EXITED:
+                return f"{run} finished with exit code {s.exit_code}."
+            case StatusEvent.START_FAILED:
+                return f"{run} could not start: {s.status_detail}"
+            case StatusEvent.CANCELLED:
+                return f"{run} was cancelled: {s.status_detail}"
+        return f"{run}: {s.status}"
+
+    def _waiting_text(self) -> str:
+        if self.session.finished:
+            return f"{self._status_text()} Breakpoints apply to a new run."
+        return WAITING_MESSAGE
+
+    def _not_live_text(self, command: str) -> str:
+        return f"{self._status_text()} No debugger is attached yet, so {command!r} cannot be answered."
+
+    def _status_output(self) -> Action:
+        return self._emit(dap.event("output", {"category": "console", "output": f"tether: {self._status_text()}\n"}))
+
+    # --- plumbing -------------------------------------------------------------------------------
+
+    def _emit(self, msg: dict[str, Any]) -> ToIde:
+        self._ide_seq += 1
+        return ToIde({**msg, "seq": self._ide_seq}, self.generation)

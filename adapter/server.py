@@ -1,0 +1,209 @@
+"""The local DAP server IDEs attach to: a thin trio loop around :class:`adapter.core.AdapterCore`.
+
+It listens on 127.0.0.1 only (the debug channel executes code; it is never exposed to a network),
+holds the run's relay link in the ``ide`` role, and performs what the core decides. Decisions and their
+I/O happen under one lock, so what reaches the IDE is in ``seq`` order and publishes keep the order the
+IDE sent them in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from protocol_specs import dap_framing, wire
+from protocol_specs.wire import Role, StreamName, WireError
+from relay.client import RunLink, open_control, open_run_link
+
+from .core import Action, AdapterCore, CancelRun, CloseIde, Publish, ToIde
+
+__all__ = ["AdapterServer", "serve_adapter"]
+
+log = logging.getLogger("tether.adapter")
+
+LOCALHOST = "127.0.0.1"
+
+
+def _id_tuple(cursor: str) -> tuple[int, int]:
+    ms, _, seq = cursor.partition("-")
+    return int(ms or 0), int(seq or 0)
+
+
+@dataclass
+class _Ide:
+    stream: trio.SocketStream
+    generation: int
+    gone: trio.Event = field(default_factory=trio.Event)
+
+
+class AdapterServer:
+    def __init__(
+        self,
+        relay_url: str,
+        link: RunLink,
+        core: AdapterCore,
+        *,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.relay_url = relay_url
+        self.link = link
+        self.core = core
+        self.on_event = on_event or (lambda _text: None)
+        self._lock = trio.Lock()
+        self._ide: _Ide | None = None
+        self._nursery: trio.Nursery | None = None
+        self.finished = trio.Event()
+        self._wake_timer = trio.Event()
+
+    async def catch_up(self) -> None:
+        """Fold the run's history (``to_worker`` then ``to_ide``) before serving any IDE."""
+        tails = self.link.welcome.tails
+        need = {name: _id_tuple(tails.get(name.value, "0")) for name in StreamName}
+        seen = {name: (0, 0) for name in StreamName}
+        while any(seen[n] < need[n] for n in StreamName):
+            delivery = await self.link.deliveries.receive()
+            seen[delivery.stream] = _id_tuple(delivery.cursor)
+            self._fold(delivery, replaying=True)
+        if self.core.session.finished:
+            self.finished.set()
+
+    def _fold(self, delivery: wire.Deliver, *, replaying: bool) -> list[Action]:
+        try:
+            entry = wire.decode_entry(delivery.entry)
+        except WireError as exc:
+            log.warning("skipping a malformed entry %s: %s", delivery.cursor, exc.message)
+            return []
+        return self.core.on_delivery(delivery.stream, entry, replaying=replaying)
+
+    async def run(self, listeners: list[trio.SocketListener]) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._deliveries)
+            nursery.start_soon(self._timer)
+            nursery.start_soon(trio.serve_listeners, self._handle_ide, listeners)
+            await self.finished.wait()
+            ide = self._ide
+            if ide is not None:
+                # give the IDE a moment to see ``terminated`` and disconnect on its own
+                with trio.move_on_after(5):
+                    await ide.gone.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _deliveries(self) -> None:
+        async for delivery in self.link.deliveries:
+            async with self._lock:
+                before = self.core.session.status
+                await self._perform(self._fold(delivery, replaying=False))
+                if self.core.session.status != before:
+                    self.on_event(self.core._status_text())
+                if self.core.session.finished:
+                    self.finished.set()
+            self._wake_timer.set()
+        self.on_event("lost the connection to the relay")
+        self.finished.set()
+
+    async def _timer(self) -> None:
+        while True:
+            deadline = self.core.next_deadline
+            self._wake_timer = trio.Event()
+            if deadline is None:
+                await self._wake_timer.wait()
+                continue
+            with trio.move_on_at(deadline):
+                await self._wake_timer.wait()
+            if trio.current_time() >= deadline:
+                async with self._lock:
+                    await self._perform(self.core.on_tick())
+
+    async def _handle_ide(self, stream: trio.SocketStream) -> None:
+        async with self._lock:
+            actions = self.core.ide_connected()
+            ide = _Ide(stream, self.core.generation)
+            await self._perform(actions)
+            self._ide = ide
+        self.on_event("an IDE connected")
+        framer = dap_framing.DapFramer()
+        try:
+            while data := await stream.receive_some(65536):
+                framer.receive_data(data)
+                while True:
+                    try:
+                        msg = framer.next_message()
+                    except dap_framing.DapFramingError as exc:
+                        log.warning("bad DAP input from the IDE: %s", exc)
+                        if exc.fatal:
+                            self.on_event(f"closed the IDE connection: {exc}")
+                            return
+                        async with self._lock:
+                            await self._perform(self.core.on_ide_garbage(str(exc)))
+                        continue
+                    if msg is None:
+                        break
+                    async with self._lock:
+                        await self._perform(self.core.on_ide_message(msg))
+                        self._wake_timer.set()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            with trio.CancelScope(shield=True):
+                async with self._lock:
+                    await self._perform(self.core.ide_disconnected(ide.generation))
+                    if self._ide is ide:
+                        self._ide = None
+                await stream.aclose()
+            ide.gone.set()
+            self.on_event("the IDE disconnected")
+
+    async def _perform(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, ToIde):
+                ide = self._ide
+                if ide is not None and ide.generation == action.generation:
+                    try:
+                        await ide.stream.send_all(dap_framing.encode_message(action.message))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+            elif isinstance(action, Publish):
+                await self.link.publish(action.entry)
+            elif isinstance(action, CancelRun):
+                assert self._nursery is not None
+                self._nursery.start_soon(self._cancel, action.detail)
+            elif isinstance(action, CloseIde):
+                ide = self._ide
+                if ide is not None and ide.generation == action.generation:
+                    await ide.stream.aclose()
+
+    async def _cancel(self, detail: str) -> None:
+        async with open_control(self.relay_url, client="tether-adapter") as control:
+            await control.cancel(self.core.run_id, detail)
+        self.on_event(f"asked the relay to cancel the run ({detail})")
+
+
+async def serve_adapter(
+    relay_url: str,
+    run_id: str,
+    *,
+    port: int = 5678,
+    request_timeout: float = 30.0,
+    on_event: Callable[[str], None] | None = None,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> AdapterCore:
+    """Serve the run's DAP adapter on 127.0.0.1:``port`` until the run ends.
+
+    ``task_status.started`` receives the bound port once the run's history is folded and the
+    listener accepts connections. Returns the core (its ``session`` holds the run's end state).
+    """
+    async with open_run_link(
+        relay_url, role=Role.IDE, run=run_id, history=True, client="tether-adapter"
+    ) as link:
+        core = AdapterCore(run_id, request_timeout=request_timeout, clock=trio.current_time)
+        server = AdapterServer(relay_url, link, core, on_event=on_event)
+        await server.catch_up()
+        listeners = await trio.open_tcp_listeners(port, host=LOCALHOST)
+        bound = listeners[0].socket.getsockname()[1]
+        task_status.started(bound)
+        await server.run(listeners)
+        return core

@@ -1,0 +1,72 @@
+"""The capabilities tether's adapter answers ``initialize`` with, pinned to the worker's debugpy.
+
+``DEBUGPY_CAPABILITIES`` is debugpy 1.8.22's ``initialize`` response body, as observed
+(``shared/research/dap.md`` §3; debugpy ``adapter/clients.py``). It depends only on the client's
+``initialize``, not on the program, so the adapter can answer before any worker exists. The worker
+installs exactly this debugpy version; if the one it talks to answers differently, the difference is
+sent to the IDE as a ``capabilities`` event (:func:`capabilities_delta`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["DEBUGPY_CAPABILITIES", "DEBUGPY_VERSION", "capabilities_delta"]
+
+DEBUGPY_VERSION = "1.8.22"
+
+DEBUGPY_CAPABILITIES: dict[str, Any] = {
+    "supportsCompletionsRequest": True,
+    "supportsConditionalBreakpoints": True,
+    "supportsConfigurationDoneRequest": True,
+    "supportsDebuggerProperties": True,
+    "supportsDelayedStackTraceLoading": True,
+    "supportsEvaluateForHovers": True,
+    "supportsExceptionInfoRequest": True,
+    "supportsExceptionOptions": True,
+    "supportsFunctionBreakpoints": True,
+    "supportsHitConditionalBreakpoints": True,
+    "supportsLogPoints": True,
+    "supportsModulesRequest": True,
+    "supportsSetExpression": True,
+    "supportsSetVariable": True,
+    "supportsValueFormattingOptions": True,
+    "supportsTerminateDebuggee": True,
+    "supportsTerminateRequest": True,
+    "supportsGotoTargetsRequest": True,
+    "supportsClipboardContext": True,
+    "exceptionBreakpointFilters": [
+        {
+            "filter": "raised",
+            "label": "Raised Exceptions",
+            "default": False,
+            "description": "Break whenever any exception is raised.",
+        },
+        {
+            "filter": "uncaught",
+            "label": "Uncaught Exceptions",
+            "default": True,
+            "description": "Break when the process is exiting due to unhandled exception.",
+        },
+        {
+            "filter": "userUnhandled",
+            "label": "User Uncaught Exceptions",
+            "default": False,
+            "description": "Break when exception escapes into library code.",
+        },
+    ],
+    "supportsStepInTargetsRequest": True,
+}
+
+
+def capabilities_delta(pinned: dict[str, Any], actual: dict[str, Any]) -> dict[str, Any]:
+    """What a ``capabilities`` event must carry to turn ``pinned`` into ``actual``.
+
+    Keys that changed or appeared take their new value; keys that disappeared become ``False``
+    (every boolean capability defaults to false in DAP), or an empty list for lists.
+    """
+    delta = {k: v for k, v in actual.items() if pinned.get(k) != v}
+    for key, value in pinned.items():
+        if key not in actual:
+            delta[key] = [] if isinstance(value, list) else False
+    return delta

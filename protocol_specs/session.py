@@ -1,0 +1,302 @@
+"""The debug session state: one fold over a run's two streams.
+
+Theory of operation
+-------------------
+Everything tether needs to know about a debug session can be recomputed from the run's two streams:
+
+- ``to_worker`` holds what the IDE side sent: its ``initialize`` and ``attach`` arguments, every
+  configuration request (``setBreakpoints`` per source, function and exception breakpoints) with the
+  breakpoint ids the adapter handed out, ``configurationDone``, and live requests.
+- ``to_ide`` holds what the worker side sent: run status changes, debugpy's responses (which carry the
+  real breakpoint verification) and events (threads starting and exiting, stops, continues).
+
+:class:`DebugSession` folds entries from both streams in order (``apply_to_worker``,
+``apply_to_ide``). It has three users: the adapter runs it live to answer the IDE and translate
+breakpoint ids; the worker shim uses :meth:`configuration` to compute the replay (the *latest*
+configuration per source: ``setBreakpoints`` has replace semantics, so earlier ones are superseded);
+``tether attach`` rebuilds the IDE-facing state by folding both streams from the start.
+
+Breakpoint ids: the adapter answers ``setBreakpoints`` before any debugger exists, so it hands out its
+own ids (stable: the same source and line keep their id across requests). debugpy later assigns its
+own ids from a process-global counter; the fold keeps the map from debugpy's ids to the adapter's so
+``breakpoint`` events and ``stopped.hitBreakpointIds`` reach the IDE under the ids it already holds.
+
+Nothing here performs I/O; methods return plain data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .dap_models import SetBreakpointsArguments, source_key
+from .wire import DapEntry, StatusEntry
+
+__all__ = ["BreakpointSet", "DebugSession", "StatusEvent"]
+
+CONFIGURATION_COMMANDS = frozenset(
+    {"setBreakpoints", "setFunctionBreakpoints", "setExceptionBreakpoints"}
+)
+
+
+class StatusEvent:
+    """Names of :class:`~protocol_specs.wire.StatusEntry` events, in the order a run sees them."""
+
+    QUEUED = "queued"  #: relay: run accepted and queued
+    CLAIMED = "claimed"  #: relay: a worker took the run
+    STARTED = "started"  #: worker: the program's process started (data: pid, run_dir, debugpy)
+    WAITING_FOR_IDE = "waiting_for_ide"  #: worker: debugger ready, holding until the IDE configured
+    DEBUGGER_LIVE = "debugger_live"  #: worker: configuration replayed; live traffic flows
+    EXITED = "exited"  #: worker: the program ended (exit_code)
+    START_FAILED = "start_failed"  #: worker: the program could not be started (detail)
+    CANCELLED = "cancelled"  #: relay: the user cancelled the run
+
+
+@dataclass
+class BreakpointSet:
+    """The latest configuration request of one kind (per source for ``setBreakpoints``)."""
+
+    command: str
+    arguments: dict[str, Any]
+    ids: list[int]
+    origin: str
+    seq: int
+
+
+@dataclass
+class _Request:
+    command: str
+    arguments: dict[str, Any]
+    bp_ids: list[int] | None
+    local: bool
+
+
+@dataclass
+class DebugSession:
+    initialize_args: dict[str, Any] | None = None
+    attach_args: dict[str, Any] | None = None
+    configuration_done: bool = False
+    breakpoints: dict[str, BreakpointSet] = field(default_factory=dict)
+    function_breakpoints: BreakpointSet | None = None
+    exception_breakpoints: BreakpointSet | None = None
+    #: adapter id -> the latest breakpoint body the worker reported (ids already translated)
+    verification: dict[int, dict[str, Any]] = field(default_factory=dict)
+    run_state: str | None = None
+    status: str | None = None
+    status_detail: str = ""
+    live: bool = False
+    finished: bool = False
+    exit_code: int | None = None
+    threads: dict[int, str] = field(default_factory=dict)
+    stopped: dict[int, dict[str, Any]] = field(default_factory=dict)
+    process_event: dict[str, Any] | None = None
+    capabilities_delta: dict[str, Any] = field(default_factory=dict)
+    _next_id: int = 1
+    _debugpy_ids: dict[int, int] = field(default_factory=dict)
+    _requests: dict[tuple[str, int], _Request] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return (
+            f"<DebugSession status={self.status} live={self.live} finished={self.finished} "
+            f"sources={len(self.breakpoints)} threads={sorted(self.threads)} "
+            f"stopped={sorted(self.stopped)}>"
+        )
+
+    # --- ids --------------------------------------------------------------------------------------
+
+    def assign_breakpoint_ids(self, command: str, arguments: dict[str, Any]) -> list[int]:
+        """Ids for the breakpoints of a configuration request, reusing ids for unchanged lines.
+
+        Reserves the new ids (so two requests in flight never share one); the request's entry,
+        folded with :meth:`apply_to_worker`, records them.
+        """
+        if command == "setBreakpoints":
+            args = SetBreakpointsArguments.model_validate(arguments)
+            previous = self.breakpoints.get(source_key(args.source))
+            keys: list[Any] = args.lines_in_order()
+            old_keys = _keys_of(previous) if previous else []
+        elif command == "setFunctionBreakpoints":
+            keys = [bp.get("name") for bp in arguments.get("breakpoints", [])]
+            previous = self.function_breakpoints
+            old_keys = _keys_of(previous) if previous else []
+        else:
+            return []
+        reuse: dict[Any, int] = {}
+        if previous:
+            for key, old_id in zip(old_keys, previous.ids, strict=False):
+                reuse.setdefault(key, old_id)
+        ids: list[int] = []
+        for key in keys:
+            if key in reuse:
+                ids.append(reuse.pop(key))
+            else:
+                ids.append(self._next_id)
+                self._next_id += 1
+        return ids
+
+    def to_adapter_id(self, debugpy_id: int) -> int:
+        """The adapter's id for a breakpoint debugpy reports; new ids for ones it never handed out."""
+        known = self._debugpy_ids.get(debugpy_id)
+        if known is None:
+            known = self._next_id
+            self._next_id += 1
+            self._debugpy_ids[debugpy_id] = known
+        return known
+
+    # --- folding ----------------------------------------------------------------------------------
+
+    def apply_to_worker(self, entry: DapEntry) -> None:
+        """Fold one entry of the ``to_worker`` stream (an IDE-side request)."""
+        msg = orjson.loads(entry.body)
+        if msg.get("type") != "request":
+            return
+        command = msg.get("command", "")
+        arguments = msg.get("arguments") or {}
+        seq = msg.get("seq", 0)
+        self._requests[(entry.origin, seq)] = _Request(command, arguments, entry.bp_ids, entry.local)
+        if entry.bp_ids:
+            self._next_id = max(self._next_id, max(entry.bp_ids) + 1)
+        if command == "initialize":
+            self.initialize_args = arguments
+        elif command == "attach":
+            self.attach_args = arguments
+        elif command == "configurationDone":
+            self.configuration_done = True
+        elif command == "setBreakpoints":
+            key = source_key(arguments.get("source") or {})
+            self.breakpoints[key] = BreakpointSet(
+                command, arguments, list(entry.bp_ids or []), entry.origin, seq
+            )
+        elif command == "setFunctionBreakpoints":
+            self.function_breakpoints = BreakpointSet(
+                command, arguments, list(entry.bp_ids or []), entry.origin, seq
+            )
+        elif command == "setExceptionBreakpoints":
+            self.exception_breakpoints = BreakpointSet(command, arguments, [], entry.origin, seq)
+
+    def apply_to_ide(self, entry: DapEntry | StatusEntry) -> list[int]:
+        """Fold one entry of the ``to_ide`` stream.
+
+        Returns the adapter ids of breakpoints whose verification changed because of it.
+        """
+        if isinstance(entry, StatusEntry):
+            self._apply_status(entry)
+            return []
+        msg = orjson.loads(entry.body)
+        kind = msg.get("type")
+        if kind == "response":
+            return self._apply_response(entry.origin, msg)
+        if kind == "event":
+            return self._apply_event(msg)
+        return []
+
+    def request_of(self, origin: str, seq: int) -> tuple[str, list[int] | None, bool] | None:
+        """``(command, bp_ids, local)`` of a folded request, if known."""
+        req = self._requests.get((origin, seq))
+        return (req.command, req.bp_ids, req.local) if req else None
+
+    def _apply_status(self, entry: StatusEntry) -> None:
+        self.status = entry.event
+        self.status_detail = entry.detail
+        if entry.state:
+            self.run_state = entry.state
+        if entry.event == StatusEvent.STARTED:
+            # a new process: old threads, stops and debugpy ids belong to the previous one
+            self.threads.clear()
+            self.stopped.clear()
+            self._debugpy_ids.clear()
+            self.live = False
+        elif entry.event == StatusEvent.DEBUGGER_LIVE:
+            self.live = True
+            delta = entry.data.get("capabilities_delta")
+            if isinstance(delta, dict):
+                self.capabilities_delta = delta
+        elif entry.event in (
+            StatusEvent.EXITED,
+            StatusEvent.START_FAILED,
+            StatusEvent.CANCELLED,
+        ):
+            self.live = False
+            self.finished = True
+            self.threads.clear()
+            self.stopped.clear()
+            if entry.exit_code is not None:
+                self.exit_code = entry.exit_code
+
+    def _apply_response(self, origin: str, msg: dict[str, Any]) -> list[int]:
+        req = self._requests.get((origin, msg.get("request_seq", -1)))
+        if req is None or not msg.get("success") or req.bp_ids is None:
+            return []
+        reported = (msg.get("body") or {}).get("breakpoints") or []
+        changed: list[int] = []
+        for adapter_id, bp in zip(req.bp_ids, reported, strict=False):
+            if isinstance(bp.get("id"), int):
+                self._debugpy_ids[bp["id"]] = adapter_id
+            self.verification[adapter_id] = {**bp, "id": adapter_id}
+            changed.append(adapter_id)
+        return changed
+
+    def _apply_event(self, msg: dict[str, Any]) -> list[int]:
+        name = msg.get("event")
+        body = msg.get("body") or {}
+        if name == "thread":
+            tid = body.get("threadId")
+            if isinstance(tid, int):
+                if body.get("reason") == "exited":
+                    self.threads.pop(tid, None)
+                    self.stopped.pop(tid, None)
+                else:
+                    self.threads.setdefault(tid, "")
+        elif name == "stopped":
+            tid = body.get("threadId")
+            if body.get("allThreadsStopped"):
+                for t in self.threads:
+                    self.stopped[t] = body
+            if isinstance(tid, int):
+                self.threads.setdefault(tid, "")
+                self.stopped[tid] = body
+        elif name == "continued":
+            tid = body.get("threadId")
+            if body.get("allThreadsContinued", True):
+                self.stopped.clear()
+            elif isinstance(tid, int):
+                self.stopped.pop(tid, None)
+        elif name == "process":
+            self.process_event = body
+        elif name == "breakpoint":
+            bp = body.get("breakpoint") or {}
+            if isinstance(bp.get("id"), int):
+                adapter_id = self.to_adapter_id(bp["id"])
+                self.verification[adapter_id] = {**bp, "id": adapter_id}
+                return [adapter_id]
+        elif name == "terminated":
+            self.stopped.clear()
+        return []
+
+    # --- what the users of the fold need -----------------------------------------------------------
+
+    def configuration(self) -> list[BreakpointSet]:
+        """The compacted configuration to replay into a debugger, in replay order."""
+        plan = list(self.breakpoints.values())
+        if self.function_breakpoints is not None:
+            plan.append(self.function_breakpoints)
+        if self.exception_breakpoints is not None:
+            plan.append(self.exception_breakpoints)
+        return plan
+
+    def current_breakpoints(self) -> list[dict[str, Any]]:
+        """Every breakpoint of the current configuration with its latest known verification."""
+        result = []
+        for bset in self.configuration():
+            for adapter_id in bset.ids:
+                if adapter_id in self.verification:
+                    result.append(self.verification[adapter_id])
+        return result
+
+
+def _keys_of(bset: BreakpointSet) -> list[Any]:
+    if bset.command == "setBreakpoints":
+        return SetBreakpointsArguments.model_validate(bset.arguments).lines_in_order()
+    return [bp.get("name") for bp in bset.arguments.get("breakpoints", [])]

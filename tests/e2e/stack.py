@@ -1,0 +1,136 @@
+"""Real tether processes for end-to-end tests: `tether up`, `tether worker`, `tether debug`.
+
+Each process is started with the installed console script, its stdout read line by line; readiness is a
+line it prints (never a sleep). On exit, SIGINT, then SIGKILL after a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+TETHER = str(Path(sys.executable).with_name("tether"))
+REPO = Path(__file__).resolve().parents[2]
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+
+
+@dataclass
+class Proc:
+    process: trio.Process
+    name: str
+    lines: list[str] = field(default_factory=list)
+    _changed: trio.Event = field(default_factory=trio.Event)
+    eof: bool = False
+
+    async def pump(self) -> None:
+        assert self.process.stdout is not None
+        buffer = b""
+        async for chunk in self.process.stdout:
+            buffer += chunk
+            *complete, buffer = buffer.split(b"\n")
+            for raw in complete:
+                self.lines.append(raw.decode(errors="replace"))
+            self._changed.set()
+            self._changed = trio.Event()
+        if buffer:
+            self.lines.append(buffer.decode(errors="replace"))
+        self.eof = True
+        self._changed.set()
+
+    async def wait_line(self, pattern: str, *, timeout: float = 60) -> re.Match[str]:
+        regex = re.compile(pattern)
+        seen = 0
+        with trio.fail_after(timeout):
+            while True:
+                for line in self.lines[seen:]:
+                    if m := regex.search(line):
+                        return m
+                seen = len(self.lines)
+                if self.eof:
+                    raise AssertionError(f"{self.name} ended without printing {pattern!r}:\n{self.output}")
+                await self._changed.wait()
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+
+@asynccontextmanager
+async def tether(
+    *args: str, home: Path, name: str | None = None, cwd: Path | None = None, extra_env: dict[str, str] | None = None
+) -> AsyncIterator[Proc]:
+    env = {**os.environ, "TETHER_HOME": str(home), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    process = await trio.lowlevel.open_process(
+        [TETHER, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=str(cwd or REPO),
+        start_new_session=True,
+    )
+    proc = Proc(process, name or args[0])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(proc.pump)
+        try:
+            yield proc
+        finally:
+            with trio.CancelScope(shield=True):
+                await stop(process)
+                nursery.cancel_scope.cancel()
+
+
+async def stop(process: trio.Process, *, grace: float = 10) -> None:
+    if process.returncode is None:
+        try:
+            os.killpg(process.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+        with trio.move_on_after(grace):
+            await process.wait()
+    if process.returncode is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        await process.wait()
+
+
+@asynccontextmanager
+async def relay_stack(home: Path, *, workers: int = 0) -> AsyncIterator[tuple[Proc, str]]:
+    """`tether up` with the bundled server; yields (process, relay URL)."""
+    async with tether(
+        "up", "--data-dir", str(home / "data"), "--workers", str(workers), "--relay-port", "0", home=home
+    ) as up:
+        m = await up.wait_line(r"tether up: ready relay=(\S+)")
+        yield up, m.group(1)
+
+
+@asynccontextmanager
+async def worker(home: Path, relay: str, *, slots: int = 1) -> AsyncIterator[Proc]:
+    async with tether(
+        "worker", "--relay", relay, "--slots", str(slots), "--work-dir", str(home / "worker"), home=home
+    ) as proc:
+        await proc.wait_line(r"tether worker: ready")
+        yield proc
+
+
+@asynccontextmanager
+async def debug_run(
+    home: Path, relay: str, workdir: Path, *command: str, extra: tuple[str, ...] = ()
+) -> AsyncIterator[tuple[Proc, str, int]]:
+    """`tether debug --port 0`; yields (process, run id, adapter port)."""
+    async with tether(
+        "debug", "--relay", relay, "--port", "0", "--workdir", str(workdir), *extra, "--", *command,
+        home=home, name="debug",
+    ) as proc:
+        m = await proc.wait_line(r"tether debug: run (\S+) \w+; adapter on 127\.0\.0\.1:(\d+)")
+        yield proc, m.group(1), int(m.group(2))

@@ -1,0 +1,283 @@
+"""The adapter's routing core, stepped message by message (no sockets, a hand-driven clock).
+
+Every message the core sends to the IDE is checked against the official DAP schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from adapter.core import (
+    ADAPTER_CAPABILITIES,
+    Action,
+    AdapterCore,
+    CancelRun,
+    CloseIde,
+    IdePhase,
+    Publish,
+    ToIde,
+)
+from protocol_specs.dap_schema import validate_message
+from protocol_specs.session import StatusEvent
+from protocol_specs.wire import DapEntry, StatusEntry, StreamName
+
+MAIN = "/home/me/project/train.py"
+DATA = "/home/me/project/data.py"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Harness:
+    """An IDE on one side of the core, the relay on the other."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.clock = Clock()
+        self.core = AdapterCore("r1", origin="me", clock=self.clock, **kwargs)
+        self.ide_seq = 100  # the IDE's numbering differs from the adapter's on purpose
+        self.published: list[DapEntry] = []
+
+    def sent(self, actions: list[Action]) -> list[dict[str, Any]]:
+        out = []
+        for action in actions:
+            if isinstance(action, ToIde):
+                validate_message(action.message)
+                out.append(action.message)
+            elif isinstance(action, Publish):
+                self.published.append(action.entry)
+        return out
+
+    def connect(self) -> None:
+        self.sent(self.core.ide_connected())
+
+    def request(self, command: str, arguments: Any = None) -> list[dict[str, Any]]:
+        self.ide_seq += 1
+        msg: dict[str, Any] = {"seq": self.ide_seq, "type": "request", "command": command}
+        if arguments is not None:
+            msg["arguments"] = arguments
+        return self.sent(self.core.on_ide_message(msg))
+
+    def handshake(self, **init: Any) -> list[dict[str, Any]]:
+        out = self.request("initialize", {"adapterID": "debugpy", **init})
+        out += self.request("attach", {"justMyCode": True})
+        out += self.request("setBreakpoints", bp_args(MAIN, [11, 17]))
+        out += self.request("setExceptionBreakpoints", {"filters": ["uncaught"]})
+        out += self.request("configurationDone")
+        return out
+
+    def deliver(self, entry: DapEntry | StatusEntry, stream: StreamName = StreamName.TO_IDE) -> list[dict[str, Any]]:
+        return self.sent(self.core.on_delivery(stream, entry))
+
+    def status(self, event: str, **fields: Any) -> list[dict[str, Any]]:
+        return self.deliver(StatusEntry(event=event, **fields))
+
+    def respond(self, entry: DapEntry, body: dict[str, Any] | None = None, success: bool = True) -> list[dict[str, Any]]:
+        """The worker's response to a published request."""
+        req = orjson.loads(entry.body)
+        msg: dict[str, Any] = {"seq": 900, "type": "response", "request_seq": req["seq"], "success": success, "command": req["command"]}
+        if body is not None:
+            msg["body"] = body
+        return self.deliver(DapEntry(origin=entry.origin, body=orjson.dumps(msg)))
+
+    def event(self, name: str, body: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        msg: dict[str, Any] = {"seq": 901, "type": "event", "event": name}
+        if body is not None:
+            msg["body"] = body
+        return self.deliver(DapEntry(body=orjson.dumps(msg)))
+
+    def last_published(self, command: str) -> DapEntry:
+        return next(e for e in reversed(self.published) if orjson.loads(e.body).get("command") == command)
+
+
+def bp_args(path: str, lines: list[int]) -> dict[str, Any]:
+    return {"source": {"name": path.rsplit("/", 1)[-1], "path": path}, "breakpoints": [{"line": n} for n in lines], "lines": lines}
+
+
+def kinds(messages: list[dict[str, Any]]) -> list[str]:
+    return [m.get("command") if m["type"] == "response" else m.get("event") for m in messages]  # type: ignore[misc]
+
+
+def test_handshake_is_answered_at_once_while_queued() -> None:
+    h = Harness()
+    h.connect()
+    out = h.request("initialize", {"adapterID": "debugpy", "supportsProgressReporting": True})
+    assert out[0]["body"] == ADAPTER_CAPABILITIES
+    assert out[0]["body"]["supportsConfigurationDoneRequest"] is True
+    assert kinds(h.request("attach", {})) == ["initialized"]
+    out = h.request("setBreakpoints", bp_args(MAIN, [11, 17]))
+    bps = out[0]["body"]["breakpoints"]
+    assert [(b["id"], b["verified"], b["line"]) for b in bps] == [(1, False, 11), (2, False, 17)]
+    assert "waiting for a worker" in bps[0]["message"]
+    assert h.published[-1].local and h.published[-1].bp_ids == [1, 2]
+    out = h.request("configurationDone")
+    # debugpy's order: configurationDone's response, then attach's, then status
+    assert kinds(out) == ["configurationDone", "attach", "output", "progressStart"]
+    assert "queued" in out[2]["body"]["output"]
+    assert h.core.phase is IdePhase.CONFIGURED
+    assert h.request("threads")[0]["body"] == {"threads": []}
+    refused = h.request("evaluate", {"expression": "1"})[0]
+    assert refused["success"] is False and "No debugger is attached yet" in refused["message"]
+
+
+def test_breakpoint_ids_are_stable_across_edits() -> None:
+    h = Harness()
+    h.connect()
+    h.handshake()
+    out = h.request("setBreakpoints", bp_args(MAIN, [17, 20]))
+    assert [b["id"] for b in out[0]["body"]["breakpoints"]] == [2, 3]  # 17 kept its id
+    out = h.request("setBreakpoints", bp_args(DATA, [4]))
+    assert [b["id"] for b in out[0]["body"]["breakpoints"]] == [4]
+
+
+def test_worker_verification_becomes_breakpoint_events_under_the_ides_ids() -> None:
+    h = Harness()
+    h.connect()
+    h.handshake(supportsProgressReporting=True)
+    entry = h.last_published("setBreakpoints")
+    assert kinds(h.status(StatusEvent.CLAIMED, detail="w-0")) == ["output", "progressUpdate"]
+    out = h.respond(entry, {"breakpoints": [
+        {"id": 0, "verified": True, "line": 11, "source": {"path": MAIN}},
+        {"id": 1, "verified": True, "line": 16, "source": {"path": MAIN}},  # adjusted by debugpy
+    ]})
+    assert kinds(out) == ["breakpoint", "breakpoint"]
+    assert [(e["body"]["reason"], e["body"]["breakpoint"]["id"], e["body"]["breakpoint"]["line"]) for e in out] == [
+        ("changed", 1, 11), ("changed", 2, 16)]
+    out = h.status(StatusEvent.DEBUGGER_LIVE)
+    assert kinds(out) == ["output", "progressEnd"]
+    # debugpy's own ids are translated in stops
+    h.event("thread", {"reason": "started", "threadId": 1})
+    out = h.event("stopped", {"reason": "breakpoint", "threadId": 1, "allThreadsStopped": True, "hitBreakpointIds": [1]})
+    assert out[0]["body"]["hitBreakpointIds"] == [2]
+
+
+def live_harness() -> Harness:
+    h = Harness(request_timeout=5.0)
+    h.connect()
+    h.handshake()
+    h.status(StatusEvent.DEBUGGER_LIVE)
+    return h
+
+
+def test_live_requests_are_forwarded_and_answers_mapped_back() -> None:
+    h = live_harness()
+    assert h.request("stackTrace", {"threadId": 1}) == []
+    entry = h.last_published("stackTrace")
+    assert entry.local is False and entry.origin == "me"
+    published_seq = orjson.loads(entry.body)["seq"]
+    assert published_seq != h.ide_seq  # the adapter's own numbering on this hop
+    out = h.respond(entry, {"stackFrames": [], "totalFrames": 0})
+    assert out[0]["request_seq"] == h.ide_seq and out[0]["command"] == "stackTrace"
+    # someone else's response is not ours to forward
+    other = DapEntry(origin="else", body=orjson.dumps({"seq": 1, "type": "response", "request_seq": published_seq, "success": True, "command": "stackTrace"}))
+    assert h.deliver(other) == []
+
+
+def test_live_breakpoints_are_answered_with_stable_ids() -> None:
+    h = live_harness()
+    assert h.request("setBreakpoints", bp_args(DATA, [3])) == []
+    entry = h.last_published("setBreakpoints")
+    assert entry.bp_ids == [3]
+    out = h.respond(entry, {"breakpoints": [{"id": 7, "verified": False, "message": "Breakpoint in file that does not exist."}]})
+    assert out[0]["body"]["breakpoints"] == [{"id": 3, "verified": False, "message": "Breakpoint in file that does not exist."}]
+
+
+def test_unanswered_requests_time_out_with_an_error() -> None:
+    h = live_harness()
+    h.request("loadedSources")
+    assert h.core.next_deadline == pytest.approx(105.0)
+    h.clock.now = 104.9
+    assert h.sent(h.core.on_tick()) == []
+    h.clock.now = 105.0
+    out = h.sent(h.core.on_tick())
+    assert out[0]["success"] is False and "did not answer 'loadedSources'" in out[0]["message"]
+    assert h.core.next_deadline is None
+
+
+def test_responses_for_a_departed_ide_are_dropped_and_state_is_replayed() -> None:
+    h = live_harness()
+    h.event("thread", {"reason": "started", "threadId": 1})
+    h.event("stopped", {"reason": "breakpoint", "threadId": 1, "allThreadsStopped": True})
+    h.request("variables", {"variablesReference": 5})
+    stale = h.last_published("variables")
+    gen = h.core.generation
+    h.sent(h.core.ide_disconnected(gen))
+    h.connect()
+    assert h.respond(stale, {"variables": []}) == []
+    out = h.request("initialize", {"adapterID": "debugpy"})
+    out += h.request("attach", {})
+    out += h.request("configurationDone")
+    assert kinds(out) == ["initialize", "initialized", "configurationDone", "attach", "thread", "stopped"]
+    assert out[-1]["body"]["threadId"] == 1 and out[-1]["body"]["reason"] == "breakpoint"
+
+
+def test_second_ide_takes_over() -> None:
+    h = Harness()
+    h.connect()
+    first = h.core.generation
+    actions = h.core.ide_connected()
+    assert actions == [CloseIde(first, "another IDE connection took over")]
+
+
+def test_disconnect_detaches_and_terminate_debuggee_cancels() -> None:
+    h = Harness()
+    h.connect()
+    h.handshake()
+    actions = h.core.on_ide_message({"seq": 50, "type": "request", "command": "disconnect", "arguments": {"restart": False}})
+    assert not any(isinstance(a, CancelRun) for a in actions)
+    assert any(isinstance(a, CloseIde) for a in actions)
+    h.connect()
+    actions = h.core.on_ide_message({"seq": 51, "type": "request", "command": "disconnect", "arguments": {"terminateDebuggee": True}})
+    assert any(isinstance(a, CancelRun) for a in actions)
+
+
+def test_run_end_gives_exited_and_terminated_once() -> None:
+    h = live_harness()
+    h.request("threads")
+    out = h.status(StatusEvent.EXITED, exit_code=3, state="failed")
+    assert kinds(out) == ["threads", "output", "exited", "terminated"]
+    assert out[0]["success"] is False  # the pending request was failed
+    assert out[2]["body"] == {"exitCode": 3}
+    assert h.event("terminated") == []
+
+
+def test_launch_is_refused_and_garbage_is_reported() -> None:
+    h = Harness()
+    h.connect()
+    out = h.request("launch", {"program": "x.py"})
+    assert out[0]["success"] is False and '"attach" expected' in out[0]["message"]
+    out = h.sent(h.core.on_ide_garbage("body is not JSON"))
+    assert out[0]["event"] == "output" and "body is not JSON" in out[0]["body"]["output"]
+    out = h.sent(h.core.on_ide_message({"type": "request", "command": "threads"}))
+    assert out[0]["event"] == "output" and "seq" in out[0]["body"]["output"]
+    out = h.sent(h.core.on_ide_message({"seq": 7, "type": "request", "command": 3}))
+    assert out[0]["success"] is False and out[0]["request_seq"] == 7
+    out = h.request("setBreakpoints", {"source": {}, "breakpoints": [{"line": "x"}]})
+    assert out[0]["success"] is False and "Invalid arguments" in out[0]["message"]
+
+
+def test_history_replay_folds_without_talking() -> None:
+    """`tether attach`: a new adapter folds another adapter's streams, then serves an IDE."""
+    first = Harness()
+    first.connect()
+    first.handshake()
+    entries = list(first.published)
+    h = Harness()
+    for e in entries:
+        assert h.sent(h.core.on_delivery(StreamName.TO_WORKER, e, replaying=True)) == []
+    assert h.sent(h.core.on_delivery(StreamName.TO_IDE, StatusEntry(event=StatusEvent.DEBUGGER_LIVE), replaying=True)) == []
+    assert h.core.session.configuration_done and h.core.session.live
+    assert list(h.core.session.breakpoints) == [MAIN]
+    # the new adapter never reuses the ids the first one handed out
+    h.connect()
+    h.request("initialize", {})
+    h.request("attach", {})
+    h.request("setBreakpoints", bp_args(DATA, [1]))
+    assert h.last_published("setBreakpoints").bp_ids == [3]

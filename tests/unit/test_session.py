@@ -1,0 +1,85 @@
+"""The session fold: compaction for the worker's replay, verification, threads and stops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from protocol_specs.session import DebugSession, StatusEvent
+from protocol_specs.wire import DapEntry, StatusEntry
+
+
+def req(seq: int, command: str, arguments: Any = None, *, bp_ids: list[int] | None = None, origin: str = "a") -> DapEntry:
+    msg: dict[str, Any] = {"seq": seq, "type": "request", "command": command}
+    if arguments is not None:
+        msg["arguments"] = arguments
+    return DapEntry(origin=origin, body=orjson.dumps(msg), local=True, bp_ids=bp_ids)
+
+
+def bps(path: str, *lines: int) -> dict[str, Any]:
+    return {"source": {"path": path}, "breakpoints": [{"line": n} for n in lines]}
+
+
+def test_only_the_latest_configuration_per_source_is_replayed() -> None:
+    s = DebugSession()
+    s.apply_to_worker(req(1, "initialize", {"adapterID": "debugpy"}))
+    s.apply_to_worker(req(2, "attach", {"justMyCode": False}))
+    s.apply_to_worker(req(3, "setBreakpoints", bps("/p/a.py", 1), bp_ids=[1]))
+    s.apply_to_worker(req(4, "setBreakpoints", bps("/p/b.py", 2), bp_ids=[2]))
+    s.apply_to_worker(req(5, "setBreakpoints", bps("/p/a.py", 5, 6), bp_ids=[3, 4]))
+    s.apply_to_worker(req(6, "setExceptionBreakpoints", {"filters": []}))
+    s.apply_to_worker(req(7, "setExceptionBreakpoints", {"filters": ["raised"]}))
+    s.apply_to_worker(req(8, "setFunctionBreakpoints", {"breakpoints": [{"name": "f"}]}, bp_ids=[5]))
+    s.apply_to_worker(req(9, "configurationDone"))
+    plan = s.configuration()
+    assert [(p.command, p.seq) for p in plan] == [
+        ("setBreakpoints", 5), ("setBreakpoints", 4), ("setFunctionBreakpoints", 8), ("setExceptionBreakpoints", 7)]
+    assert plan[0].ids == [3, 4]
+    assert s.configuration_done and s.attach_args == {"justMyCode": False}
+
+
+def test_assigned_ids_reuse_unchanged_lines_and_never_collide() -> None:
+    s = DebugSession()
+    first = s.assign_breakpoint_ids("setBreakpoints", bps("/p/a.py", 1, 2))
+    s.apply_to_worker(req(1, "setBreakpoints", bps("/p/a.py", 1, 2), bp_ids=first))
+    second = s.assign_breakpoint_ids("setBreakpoints", bps("/p/a.py", 2, 3))
+    assert first == [1, 2] and second == [2, 3]
+    # an id folded from another adapter moves the counter past it
+    s.apply_to_worker(req(2, "setBreakpoints", bps("/p/b.py", 9), bp_ids=[40], origin="b"))
+    assert s.assign_breakpoint_ids("setFunctionBreakpoints", {"breakpoints": [{"name": "g"}]}) == [41]
+
+
+def test_threads_and_stops_are_tracked_from_events() -> None:
+    s = DebugSession()
+
+    def ev(name: str, body: dict[str, Any]) -> None:
+        s.apply_to_ide(DapEntry(body=orjson.dumps({"seq": 1, "type": "event", "event": name, "body": body})))
+
+    s.apply_to_ide(StatusEntry(event=StatusEvent.STARTED))
+    ev("thread", {"reason": "started", "threadId": 1})
+    ev("thread", {"reason": "started", "threadId": 2})
+    ev("stopped", {"reason": "breakpoint", "threadId": 1, "allThreadsStopped": True})
+    assert set(s.stopped) == {1, 2}
+    ev("continued", {"threadId": 1, "allThreadsContinued": True})
+    assert s.stopped == {}
+    ev("stopped", {"reason": "pause", "threadId": 2})
+    ev("thread", {"reason": "exited", "threadId": 2})
+    assert s.stopped == {} and set(s.threads) == {1}
+    s.apply_to_ide(StatusEntry(event=StatusEvent.EXITED, exit_code=0))
+    assert s.finished and s.exit_code == 0 and not s.live and s.threads == {}
+    assert "finished=True" in repr(s)
+
+
+def test_debugpy_ids_map_to_adapter_ids_through_responses_and_events() -> None:
+    s = DebugSession()
+    s.apply_to_worker(req(3, "setBreakpoints", bps("/p/a.py", 1, 2), bp_ids=[1, 2]))
+    resp = {"seq": 9, "type": "response", "request_seq": 3, "success": True, "command": "setBreakpoints",
+            "body": {"breakpoints": [{"id": 10, "verified": True, "line": 1}, {"id": 11, "verified": False}]}}
+    assert s.apply_to_ide(DapEntry(origin="a", body=orjson.dumps(resp))) == [1, 2]
+    assert s.verification[2] == {"id": 2, "verified": False}
+    event = {"seq": 10, "type": "event", "event": "breakpoint", "body": {"reason": "changed", "breakpoint": {"id": 11, "verified": True, "line": 2}}}
+    assert s.apply_to_ide(DapEntry(body=orjson.dumps(event))) == [2]
+    assert s.verification[2]["verified"] is True
+    assert s.to_adapter_id(99) == 3  # unknown debugpy id: a fresh adapter id
+    assert [b["id"] for b in s.current_breakpoints()] == [1, 2]

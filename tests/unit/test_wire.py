@@ -1,0 +1,82 @@
+"""Relay wire frames: round trips and precise refusals."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protocol_specs import wire
+from protocol_specs.runs import RunSpec
+from protocol_specs.wire import ErrorCode, WireError
+
+SPEC = RunSpec(command=["python", "train.py"], workdir="/w")
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        wire.Hello(role=wire.Role.IDE, run="r1", cursor="5-0", history=True),
+        wire.Publish(n=3, entry=b"\x81\xa1k\xa3dap"),
+        wire.Ack(n=3, cursor="1-1"),
+        wire.Deliver(stream=wire.StreamName.TO_IDE, cursor="1-2", entry=b"x"),
+        wire.Submit(rid=1, spec=SPEC, snapshot=b"tar"),
+        wire.Cancel(rid=2, run="r1"),
+        wire.Claim(rid=3, worker="w-0"),
+        wire.Error(code=ErrorCode.BAD_FRAME, message="nope", fatal=True),
+    ],
+)
+def test_frames_round_trip(frame: wire.AnyFrame) -> None:
+    assert wire.decode_frame(wire.encode_frame(frame)) == frame
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        wire.DapEntry(origin="a", body=b'{"seq":1}', local=True, bp_ids=[1, 2]),
+        wire.StatusEntry(event="exited", state="succeeded", exit_code=0, data={"pid": 3}),
+        wire.ControlEntry(action="terminate", detail="user"),
+    ],
+)
+def test_entries_round_trip(entry: wire.DapEntry | wire.StatusEntry | wire.ControlEntry) -> None:
+    assert wire.decode_entry(wire.encode_entry(entry)) == entry
+
+
+@pytest.mark.parametrize(
+    ("data", "code", "needle"),
+    [
+        ("text", ErrorCode.BAD_FRAME, "binary"),
+        (b"\xc1", ErrorCode.BAD_FRAME, "not msgpack"),
+        (msgpack.packb([1, 2]), ErrorCode.BAD_FRAME, "map"),
+        (msgpack.packb({"t": "launch_missiles"}), ErrorCode.BAD_FRAME, "invalid"),
+        (msgpack.packb({"t": "publish", "n": "x", "entry": b""}), ErrorCode.BAD_FRAME, "n"),
+        (
+            msgpack.packb({"t": "submit", "rid": 1, "spec": {"command": [], "workdir": "/w"}}),
+            ErrorCode.BAD_SPEC,
+            "command",
+        ),
+        (b"\x00" * (wire.MAX_FRAME_BYTES + 1), ErrorCode.TOO_LARGE, "exceeds"),
+    ],
+)
+def test_bad_frames_get_a_code_and_a_reason(data: bytes | str, code: ErrorCode, needle: str) -> None:
+    with pytest.raises(WireError) as info:
+        wire.decode_frame(data)
+    assert info.value.code is code
+    assert needle in info.value.message
+
+
+def test_oversized_dap_body_is_refused() -> None:
+    entry = msgpack.packb({"k": "dap", "body": b"x" * (wire.MAX_DAP_BODY_BYTES + 1)})
+    with pytest.raises(WireError) as info:
+        wire.decode_entry(entry)
+    assert info.value.code is ErrorCode.BAD_ENTRY
+
+
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_never_crash_the_decoders(data: bytes) -> None:
+    for decode in (wire.decode_frame, wire.decode_entry):
+        try:
+            decode(data)
+        except WireError:
+            pass

@@ -1,0 +1,351 @@
+"""The worker shim: runs one claimed run and is debugpy's single, long-lived client.
+
+Sequence for a run in debug mode:
+
+1. Materialise the snapshot in a run directory of its own, connect to the relay (``worker`` role).
+2. Start the program under ``debugpy --listen 127.0.0.1:0 --wait-for-client`` with subprocess
+   debugging off (``worker_shim.debuggee``); nothing of the user's code runs yet.
+3. Fold the run's ``to_worker`` stream until the IDE side finished its configuration
+   (``configurationDone``), unless the run asked not to wait.
+4. Replay the *compacted* configuration into debugpy: ``initialize`` -> ``attach`` (path mappings:
+   the IDE's, else the submitted directory mapped to the run directory) -> wait ``initialized`` ->
+   the latest ``setBreakpoints`` per source, function and exception breakpoints ->
+   ``configurationDone``. debugpy's answers to the breakpoints go back to the adapter, addressed to the
+   request they answer, so the IDE gets the real verification.
+5. Relay live: requests from ``to_worker`` go to debugpy with the shim's own ``seq``; responses go
+   back with the adapter's; events go to ``to_ide``. An IDE leaving is never forwarded (debugpy would
+   resume the program and drop every breakpoint).
+6. When the program exits, publish its exit status.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trio
+
+from protocol_specs import dap_framing, wire
+from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, capabilities_delta
+from protocol_specs.runs import RunRecord
+from protocol_specs.session import CONFIGURATION_COMMANDS, DebugSession, StatusEvent
+from protocol_specs.wire import DapEntry, Role, StatusEntry, StreamName, WireError
+from relay.client import RunLink, open_run_link
+
+from .debuggee import Debuggee, start_debuggee, start_plain
+from .files import extract_snapshot
+
+__all__ = ["DEFAULT_INITIALIZE", "run_shim"]
+
+log = logging.getLogger("tether.worker")
+
+#: initialize arguments when no IDE ever sent its own (a run started without waiting for one)
+DEFAULT_INITIALIZE: dict[str, Any] = {
+    "clientID": "tether",
+    "clientName": "tether worker",
+    "adapterID": "debugpy",
+    "pathFormat": "path",
+    "linesStartAt1": True,
+    "columnsStartAt1": True,
+    "supportsVariableType": True,
+    "supportsVariablePaging": True,
+    "supportsProgressReporting": True,
+}
+#: client capabilities the shim never claims towards debugpy, whatever the IDE said: it answers no
+#: reverse requests (subprocess debugging is off; no terminal on the worker).
+_NOT_SUPPORTED = {"supportsStartDebuggingRequest": False, "supportsRunInTerminalRequest": False}
+#: debugpy's own events that are about the worker-side connection, not the program
+_DROPPED_EVENTS = frozenset({"initialized", "debugpyWaitingForServer", "debugpySockets", "terminated"})
+HANDSHAKE_TIMEOUT = 60.0
+
+
+@dataclass
+class _Sent:
+    command: str
+    origin: str | None  # None: the shim's own request, answered to a waiter only
+    seq: int = 0
+    done: trio.Event = field(default_factory=trio.Event)
+    response: dict[str, Any] | None = None
+
+
+class _DebugpyLink:
+    """The shim's connection to debugpy: numbering, routing of responses, filtering of events."""
+
+    def __init__(self, stream: trio.SocketStream, link: RunLink) -> None:
+        self.stream = stream
+        self.link = link
+        self.framer = dap_framing.DapFramer()
+        self.seq = 0
+        self.sent: dict[int, _Sent] = {}
+        self.initialized = trio.Event()
+        self.closed = trio.Event()
+        self._send_lock = trio.Lock()
+
+    async def send(self, command: str, arguments: Any, *, origin: str | None = None, seq: int = 0) -> _Sent:
+        async with self._send_lock:
+            self.seq += 1
+            sent = _Sent(command, origin, seq)
+            self.sent[self.seq] = sent
+            msg: dict[str, Any] = {"seq": self.seq, "type": "request", "command": command}
+            if arguments is not None:
+                msg["arguments"] = arguments
+            await self.stream.send_all(dap_framing.encode_message(msg))
+            return sent
+
+    async def request(self, command: str, arguments: Any) -> dict[str, Any]:
+        sent = await self.send(command, arguments)
+        with trio.fail_after(HANDSHAKE_TIMEOUT):
+            await sent.done.wait()
+        assert sent.response is not None
+        if not sent.response.get("success"):
+            raise RuntimeError(f"debugpy refused {command!r}: {sent.response.get('message')}")
+        return sent.response
+
+    async def pump(self) -> None:
+        """Read debugpy's messages until it closes the connection; publish what the IDE needs."""
+        try:
+            while data := await self.stream.receive_some(65536):
+                self.framer.receive_data(data)
+                while (raw := self.framer.next_raw()) is not None:
+                    await self._dispatch(raw)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except dap_framing.DapFramingError as exc:
+            log.error("debugpy sent bad DAP data: %s", exc)
+        finally:
+            self.closed.set()
+            for sent in self.sent.values():
+                sent.done.set()
+
+    async def _dispatch(self, raw: bytes) -> None:
+        msg = orjson.loads(raw)
+        kind = msg.get("type")
+        if kind == "response":
+            sent = self.sent.pop(msg.get("request_seq", -1), None)
+            if sent is None:
+                return
+            sent.response = msg
+            sent.done.set()
+            if sent.origin is not None:
+                body = orjson.dumps({**msg, "request_seq": sent.seq})
+                await self.link.publish(DapEntry(origin=sent.origin, body=body))
+        elif kind == "event":
+            name = msg.get("event")
+            if name == "initialized":
+                self.initialized.set()
+            if name in _DROPPED_EVENTS:
+                return
+            if name == "output" and (msg.get("body") or {}).get("category") == "telemetry":
+                return
+            await self.link.publish(DapEntry(body=raw))
+        elif kind == "request":
+            # reverse requests (startDebugging, runInTerminal): the shim supports none of them
+            reply = {
+                "seq": 0,
+                "type": "response",
+                "request_seq": msg.get("seq", 0),
+                "success": False,
+                "command": msg.get("command", ""),
+                "message": "not supported by tether's worker",
+            }
+            async with self._send_lock:
+                self.seq += 1
+                reply["seq"] = self.seq
+                await self.stream.send_all(dap_framing.encode_message(reply))
+
+
+def _default_path_mappings(attach: dict[str, Any], record: RunRecord, run_dir: Path) -> dict[str, Any]:
+    mappings = attach.get("pathMappings")
+    if mappings:
+        return attach
+    return {**attach, "pathMappings": [{"localRoot": record.spec.workdir, "remoteRoot": str(run_dir)}]}
+
+
+async def run_shim(
+    relay_url: str,
+    record: RunRecord,
+    snapshot: bytes,
+    *,
+    runs_dir: Path,
+    python: str = sys.executable,
+    on_event: Callable[[str], None] | None = None,
+) -> int | None:
+    """Run one claimed run to its end; returns the program's exit code (None if it never started)."""
+    say = on_event or (lambda _text: None)
+    run_dir = runs_dir / record.id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir.parent / f"{record.id}.log"
+    async with open_run_link(relay_url, role=Role.WORKER, run=record.id, client="tether-worker") as link:
+        if link.run.finished:
+            say(f"run {record.id} is {link.run.state.value}; not starting it")
+            return None
+        try:
+            extract_snapshot(snapshot, run_dir)
+        except Exception as exc:  # a broken snapshot is the run's failure, not the worker's
+            await _status(link, StatusEvent.START_FAILED, detail=f"cannot unpack the snapshot: {exc}")
+            return None
+        env = {**os.environ, **record.spec.env}
+        if not record.spec.debug:
+            return await _run_plain(link, record, run_dir, env, log_path, say)
+        try:
+            async with start_debuggee(
+                record.spec.command, cwd=str(run_dir), env=env, log_path=str(log_path), python=python
+            ) as debuggee:
+                return await _run_debug(link, record, run_dir, debuggee, say)
+        except (ValueError, OSError, RuntimeError) as exc:
+            await _status(link, StatusEvent.START_FAILED, detail=str(exc))
+            say(f"run {record.id} could not start: {exc}")
+            return None
+
+
+async def _status(link: RunLink, event: str, **fields: Any) -> None:
+    await link.publish(StatusEntry(event=event, at=trio.current_time(), **fields))
+
+
+async def _run_plain(
+    link: RunLink, record: RunRecord, run_dir: Path, env: dict[str, str], log_path: Path, say: Callable[[str], None]
+) -> int | None:
+    try:
+        process = await start_plain(record.spec.command, cwd=str(run_dir), env=env, log_path=str(log_path))
+    except (OSError, ValueError) as exc:
+        await _status(link, StatusEvent.START_FAILED, detail=str(exc))
+        return None
+    await _status(link, StatusEvent.STARTED, data={"pid": process.pid, "run_dir": str(run_dir)})
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_terminate, link, process.terminate)
+        code = await process.wait()
+        nursery.cancel_scope.cancel()
+    await _status(link, StatusEvent.EXITED, exit_code=code)
+    say(f"run {record.id} exited with {code}")
+    return code
+
+
+async def _watch_terminate(link: RunLink, terminate: Callable[[], Any]) -> None:
+    async for delivery in link.deliveries:
+        try:
+            entry = wire.decode_entry(delivery.entry)
+        except WireError:
+            continue
+        if isinstance(entry, wire.ControlEntry) and entry.action == "terminate":
+            result = terminate()
+            if hasattr(result, "__await__"):
+                await result
+
+
+async def _run_debug(
+    link: RunLink, record: RunRecord, run_dir: Path, debuggee: Debuggee, say: Callable[[str], None]
+) -> int | None:
+    session = DebugSession()
+    stream = await debuggee.connect()
+    dbg = _DebugpyLink(stream, link)
+    await _status(
+        link, StatusEvent.STARTED, data={"pid": debuggee.process.pid, "run_dir": str(run_dir), "debugpy": "1.8.22"}
+    )
+    terminate = trio.Event()
+
+    async def stop_on_terminate() -> None:
+        await terminate.wait()
+        say(f"run {record.id}: terminating on request")
+        await debuggee.terminate()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dbg.pump)
+        nursery.start_soon(stop_on_terminate)
+        # 3. fold the IDE side until it is configured (or, without waiting, until caught up)
+        pending: list[wire.Deliver] = []
+        tail = link.welcome.tails.get(StreamName.TO_WORKER.value, "0")
+        waiting_said = False
+        while True:
+            if session.configuration_done or (not record.spec.wait_for_ide and _reached(pending, tail)):
+                break
+            if not waiting_said and _reached(pending, tail):
+                await _status(link, StatusEvent.WAITING_FOR_IDE, detail="waiting for the IDE's configuration")
+                say(f"run {record.id}: debugger ready, waiting for the IDE's configuration")
+                waiting_said = True
+            delivery = await link.deliveries.receive()
+            pending.append(delivery)
+            entry = _decode(delivery)
+            if isinstance(entry, DapEntry):
+                session.apply_to_worker(entry)
+            elif isinstance(entry, wire.ControlEntry):
+                terminate.set()
+                break
+        if not terminate.is_set():
+            # 4. replay the compacted configuration
+            await _replay(dbg, session, record, run_dir)
+            await _status(
+                link,
+                StatusEvent.DEBUGGER_LIVE,
+                data={"capabilities_delta": session.capabilities_delta},
+            )
+            say(f"run {record.id}: debugger live")
+            # 5. live traffic
+            nursery.start_soon(_forward_live, link, dbg, terminate)
+        code = await debuggee.wait()
+        nursery.cancel_scope.cancel()
+    await _status(link, StatusEvent.EXITED, exit_code=code)
+    say(f"run {record.id} exited with {code}")
+    return code
+
+
+def _reached(pending: list[wire.Deliver], tail: str) -> bool:
+    if tail == "0":
+        return True
+    return bool(pending) and _id(pending[-1].cursor) >= _id(tail)
+
+
+def _id(cursor: str) -> tuple[int, int]:
+    ms, _, seq = cursor.partition("-")
+    return int(ms or 0), int(seq or 0)
+
+
+def _decode(delivery: wire.Deliver) -> wire.DapEntry | wire.StatusEntry | wire.ControlEntry | None:
+    try:
+        return wire.decode_entry(delivery.entry)
+    except WireError as exc:
+        log.warning("skipping malformed entry %s: %s", delivery.cursor, exc.message)
+        return None
+
+
+async def _replay(dbg: _DebugpyLink, session: DebugSession, record: RunRecord, run_dir: Path) -> None:
+    init_args = {**(session.initialize_args or DEFAULT_INITIALIZE), **_NOT_SUPPORTED}
+    init_args.setdefault("adapterID", "debugpy")
+    response = await dbg.request("initialize", init_args)
+    session.capabilities_delta = capabilities_delta(DEBUGPY_CAPABILITIES, response.get("body") or {})
+    attach_args = _default_path_mappings(dict(session.attach_args or {}), record, run_dir)
+    attach = await dbg.send("attach", attach_args)
+    with trio.fail_after(HANDSHAKE_TIMEOUT):
+        await dbg.initialized.wait()
+    sent = [
+        await dbg.send(bset.command, bset.arguments, origin=bset.origin, seq=bset.seq)
+        for bset in session.configuration()
+    ]
+    with trio.fail_after(HANDSHAKE_TIMEOUT):
+        for s in sent:
+            await s.done.wait()
+    await dbg.request("configurationDone", None)
+    with trio.fail_after(HANDSHAKE_TIMEOUT):
+        await attach.done.wait()
+
+
+async def _forward_live(link: RunLink, dbg: _DebugpyLink, terminate: trio.Event) -> None:
+    async for delivery in link.deliveries:
+        entry = _decode(delivery)
+        if isinstance(entry, wire.ControlEntry):
+            terminate.set()
+            continue
+        if not isinstance(entry, DapEntry):
+            continue
+        msg = orjson.loads(entry.body)
+        if msg.get("type") != "request":
+            continue
+        command = msg.get("command", "")
+        if entry.local and command not in CONFIGURATION_COMMANDS:
+            continue  # a handshake request the adapter answered (initialize, attach, ...)
+        await dbg.send(command, msg.get("arguments"), origin=entry.origin, seq=msg.get("seq", 0))
