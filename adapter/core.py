@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 
 from protocol_specs import dap_models as dap
-from protocol_specs.capabilities import DEBUGPY_CAPABILITIES
+from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, debugpy_answers
 from protocol_specs.session import DebugSession, StatusEvent
 from protocol_specs.wire import DapEntry, StatusEntry, StreamName
 
@@ -322,6 +322,11 @@ class AdapterCore:
         return actions
 
     def _forward_or_refuse(self, msg: dict[str, Any]) -> list[Action]:
+        command = msg["command"]
+        if not debugpy_answers(command):
+            # debugpy would never answer, and would stall every later request meanwhile
+            text = f"{command!r} is not supported by the debugger (debugpy {DEBUGPY_VERSION})."
+            return [self._emit(dap.error_response(msg, text))]
         if self.session.live:
             return self._forward(msg)
         return [self._emit(dap.error_response(msg, self._not_live_text(msg.get("command", ""))))]

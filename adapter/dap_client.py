@@ -54,7 +54,7 @@ class DapClient:
         seq = self.send_request_nowait(command, arguments)
         try:
             return await self.response(seq, timeout=timeout)
-        except TimeoutError:
+        except trio.TooSlowError:
             raise TimeoutError(f"no response to {command!r} within {timeout} s") from None
 
     async def wait_event(
@@ -70,7 +70,7 @@ class DapClient:
                     if self.closed:
                         raise ConnectionError(f"connection closed while waiting for {event!r}")
                     await self._changed.wait()
-        except TimeoutError:
+        except trio.TooSlowError:
             seen = [m.get("event") for m in self._events]
             raise TimeoutError(f"no {event!r} event within {timeout} s (unconsumed events: {seen})") from None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEBUGPY_CAPABILITIES", "DEBUGPY_VERSION", "capabilities_delta"]
+__all__ = ["DEBUGPY_CAPABILITIES", "DEBUGPY_REQUESTS", "DEBUGPY_VERSION", "capabilities_delta", "debugpy_answers"]
 
 DEBUGPY_VERSION = "1.8.22"
 
@@ -70,3 +70,24 @@ def capabilities_delta(pinned: dict[str, Any], actual: dict[str, Any]) -> dict[s
         if key not in actual:
             delta[key] = [] if isinstance(value, list) else False
     return delta
+
+
+#: Requests debugpy 1.8.22 answers (pydevd's ``on_<command>_request`` handlers, matched
+#: case-insensitively, plus the adapter's own). debugpy's adapter forwards any other request to
+#: pydevd with a *blocking* delegate (``adapter/clients.py`` ``Client.request``) and pydevd never
+#: answers it, so one unsupported request (``loadedSources``, ``cancel``, ...) would stall every
+#: later request of the session. tether's adapter answers those itself instead of forwarding them.
+DEBUGPY_REQUESTS = frozenset(
+    {
+        "attach", "completions", "configurationdone", "continue", "debugpysysteminfo", "disconnect",
+        "evaluate", "exceptioninfo", "goto", "gototargets", "initialize", "launch", "modules", "next",
+        "pause", "pydevdauthorize", "pydevdsysteminfo", "scopes", "setbreakpoints",
+        "setdebuggerproperty", "setexceptionbreakpoints", "setexpression", "setfunctionbreakpoints",
+        "setpydevdsourcemap", "setvariable", "source", "stacktrace", "stepin", "stepintargets",
+        "stepout", "terminate", "threads", "variables",
+    }
+)
+
+
+def debugpy_answers(command: str) -> bool:
+    return command.lower() in DEBUGPY_REQUESTS

@@ -49,7 +49,8 @@ async def ide_session(client: DapClient, breakpoints: list[dict[str, Any]], *, f
     """VS Code's sequence: initialize, attach (not awaited), initialized, config in parallel, configurationDone."""
     init = await client.request("initialize", VSCODE_INITIALIZE)
     assert init["success"] and init["body"]["supportsConfigurationDoneRequest"]
-    attach = client.send_request_nowait("attach", {"name": "tether", "type": "debugpy", "request": "attach", "connect": {"host": "127.0.0.1", "port": 0}, "justMyCode": True})
+    attach = client.send_request_nowait("attach", {"name": "tether", "type": "debugpy", "request": "attach", "connect": {"host": "127.0.0.1", "port": 0}, "justMyCode": True,
+                                                   "debugOptions": ["RedirectOutput", "ShowReturnValue"], "showReturnValue": True})
     await client.wait_event("initialized", timeout=10)
     seqs = [client.send_request_nowait("setBreakpoints", args) for args in breakpoints]
     seqs.append(client.send_request_nowait("setFunctionBreakpoints", {"breakpoints": []}))
@@ -142,7 +143,9 @@ async def test_breakpoints_set_while_queued_apply_when_the_worker_starts(tmp_pat
                 variables = await ide.request("variables", {"variablesReference": scopes["body"]["scopes"][0]["variablesReference"]})
                 assert {v["name"]: v["value"] for v in variables["body"]["variables"]}["i"] == "3"
 
-                await ide.request("setBreakpoints", {"source": src(workdir, "app.py"), "lines": [], "breakpoints": []})
+                await ide.request("setBreakpoints", {
+                    "source": src(workdir, "app.py"), "lines": [12], "breakpoints": [{"line": 12, "logMessage": "total is {total}"}],
+                })
                 await ide.request("continue", {"threadId": thread})
                 log = await ide.wait_event("output", timeout=30, predicate=lambda e: "total is" in e["body"]["output"])
                 assert log["body"]["output"].startswith("total is")
@@ -216,10 +219,13 @@ async def test_pause_detach_reattach_and_terminate(tmp_path: Path, workdir: Path
                 pass
             thread_event = await ide.wait_event("thread", timeout=60)
             thread = thread_event["body"]["threadId"]
+            # the program's own output reaches the IDE; once it printed, it is spinning in main()
+            await ide.wait_event("output", timeout=60, predicate=lambda e: "outcome" in e["body"]["output"])
             paused = await ide.request("pause", {"threadId": thread})
             assert paused["success"]
             stopped, frame = await stopped_frame(ide)
-            assert stopped["body"]["reason"] == "pause" and frame["source"]["path"] == str(workdir / "app.py")
+            assert stopped["body"]["reason"] == "pause" and frame["source"]["path"] == str(workdir / "app.py"), frame
+            assert frame["name"] == "main", frame
         # the IDE is gone; a new one attaches and is told the thread is stopped
         async with open_dap_client("127.0.0.1", port) as ide:
             async with ide_session(ide, []):
@@ -227,7 +233,7 @@ async def test_pause_detach_reattach_and_terminate(tmp_path: Path, workdir: Path
             stopped = await ide.wait_event("stopped", timeout=10)
             assert stopped["body"]["threadId"] == thread
             stack = await ide.request("stackTrace", {"threadId": thread, "startFrame": 0, "levels": 1})
-            assert stack["body"]["stackFrames"][0]["name"] == "main"
+            assert stack["body"]["stackFrames"][0]["name"] == "main", stack["body"]
             await ide.request("disconnect", {"terminateDebuggee": True})
         await debug.wait_line(r"ended \(cancelled", timeout=60)
 
@@ -256,6 +262,7 @@ async def test_bad_input_gets_errors_and_the_adapter_survives(tmp_path: Path, wo
             await bad.send_all(garbage)
             with trio.fail_after(10):
                 assert await bad.receive_some(65536) == b""
+            await bad.aclose()
         await stream.aclose()
         assert "bad DAP input" in debug.output or "closed the IDE connection" in debug.output
         # the adapter and the run survive: a real session still works, unknown commands time out
@@ -263,10 +270,15 @@ async def test_bad_input_gets_errors_and_the_adapter_survives(tmp_path: Path, wo
             async with ide_session(ide, [bp_args(workdir, "app.py", 11)]):
                 pass
             stopped, _frame = await stopped_frame(ide)
-            unknown = await ide.request("loadedSources")
-            assert unknown["success"] is False and "did not answer" in unknown["message"]
-            await ide.request("setBreakpoints", bp_args(workdir, "app.py"))
-            await ide.request("continue", {"threadId": stopped["body"]["threadId"]})
+            # debugpy never answers requests it does not know, and stalls meanwhile: refused at once
+            unknown = await ide.request("loadedSources", timeout=1)
+            assert unknown["success"] is False and "not supported" in unknown["message"]
+            threads = await ide.request("threads")
+            assert threads["success"]
+            cleared = await ide.request("setBreakpoints", bp_args(workdir, "app.py"))
+            assert cleared["success"], cleared.get("message")
+            resumed = await ide.request("continue", {"threadId": stopped["body"]["threadId"]})
+            assert resumed["success"], resumed
             exited = await ide.wait_event("exited", timeout=60)
             assert exited["body"]["exitCode"] == 0
             assert_schema_valid(ide)

@@ -189,15 +189,22 @@ def test_live_breakpoints_are_answered_with_stable_ids() -> None:
     assert out[0]["body"]["breakpoints"] == [{"id": 3, "verified": False, "message": "Breakpoint in file that does not exist."}]
 
 
+def test_requests_debugpy_never_answers_are_refused_at_once() -> None:
+    h = live_harness()
+    out = h.request("loadedSources")
+    assert out[0]["success"] is False and "not supported" in out[0]["message"]
+    assert h.core.next_deadline is None
+
+
 def test_unanswered_requests_time_out_with_an_error() -> None:
     h = live_harness()
-    h.request("loadedSources")
+    h.request("evaluate", {"expression": "input()"})
     assert h.core.next_deadline == pytest.approx(105.0)
     h.clock.now = 104.9
     assert h.sent(h.core.on_tick()) == []
     h.clock.now = 105.0
     out = h.sent(h.core.on_tick())
-    assert out[0]["success"] is False and "did not answer 'loadedSources'" in out[0]["message"]
+    assert out[0]["success"] is False and "did not answer 'evaluate'" in out[0]["message"]
     assert h.core.next_deadline is None
 
 
