@@ -24,6 +24,9 @@ __all__ = ["ControlClient", "RelayError", "RunLink", "open_control", "open_run_l
 
 log = logging.getLogger("tether.relay.client")
 
+#: how long closing a run link waits for the relay to acknowledge what was published
+FLUSH_TIMEOUT = 10.0
+
 
 class RelayError(Exception):
     """The relay refused something; ``code`` is a :class:`~protocol_specs.wire.ErrorCode`."""
@@ -107,8 +110,11 @@ class RunLink:
     _ws: ClientConnection
     _send_lock: trio.Lock = field(default_factory=trio.Lock)
     _n: int = 0
+    _answered: int = 0  # highest frame number the relay acknowledged or refused
+    _answer: trio.Event = field(default_factory=trio.Event)
     acked: str = ""
     errors: list[wire.Error] = field(default_factory=list)
+    closed: bool = False
 
     @property
     def run(self) -> RunRecord:
@@ -126,10 +132,21 @@ class RunLink:
                 raise RelayError("closed", f"relay connection closed: {exc}") from exc
             return self._n
 
+    async def flush(self) -> None:
+        """Wait until the relay answered every publish so far (stored, or refused with an error)."""
+        while self._answered < self._n and not self.closed:
+            await self._answer.wait()
+
+    def _answered_up_to(self, n: int) -> None:
+        self._answered = max(self._answered, n)
+        self._answer.set()
+        self._answer = trio.Event()
+
     async def _receive(self, send: trio.MemorySendChannel[wire.Deliver]) -> None:
         async with send:
             try:
-                async for data in self._ws:
+                while True:
+                    data = await self._ws.recv()
                     try:
                         frame = wire.decode_frame(data)
                     except WireError as exc:
@@ -139,11 +156,17 @@ class RunLink:
                         await send.send(frame)
                     elif isinstance(frame, wire.Ack):
                         self.acked = frame.cursor
+                        self._answered_up_to(frame.n)
                     elif isinstance(frame, wire.Error):
                         log.warning("relay error %s: %s", frame.code.value, frame.message)
                         self.errors.append(frame)
+                        if frame.n is not None:
+                            self._answered_up_to(frame.n)
             except ConnectionClosed:
                 pass
+            finally:
+                self.closed = True
+                self._answer.set()
 
 
 @asynccontextmanager
@@ -157,5 +180,7 @@ async def open_run_link(
         nursery.start_soon(link._receive, send)
         try:
             yield link
+            with trio.move_on_after(FLUSH_TIMEOUT):
+                await link.flush()  # a clean exit leaves nothing unstored
         finally:
             nursery.cancel_scope.cancel()

@@ -245,7 +245,8 @@ class Relay:
         self, ws: ServerConnection, run_id: str, role: Role, outbound: StreamName
     ) -> None:
         key = keys.stream(run_id, outbound)
-        async for data in ws:
+        while True:
+            data = await ws.recv()
             try:
                 frame = wire.decode_frame(data)
             except WireError as exc:
@@ -271,7 +272,8 @@ class Relay:
             await ws.send(wire.encode_frame(wire.Ack(n=frame.n, cursor=cursor)))
 
     async def _serve_control(self, ws: ServerConnection) -> None:
-        async for data in ws:
+        while True:
+            data = await ws.recv()
             try:
                 frame = wire.decode_frame(data)
             except WireError as exc:

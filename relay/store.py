@@ -164,7 +164,7 @@ class GlideStore:
         return await self._client.custom_command(list(args))
 
     async def append(self, stream: str, payload: bytes, *, maxlen: int | None = None) -> str:
-        trim: list[str] = ["MAXLEN", "~", str(maxlen)] if maxlen else []
+        trim: list[str] = ["MAXLEN", str(maxlen)] if maxlen else []
         return _text(await self._cmd("XADD", stream, *trim, "*", "p", payload))
 
     async def read_after(self, stream: str, after: str, *, count: int = 100) -> list[Entry]:

@@ -1,0 +1,202 @@
+"""The relay against a real Redis-compatible server, over real WebSockets on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgpack
+import orjson
+import pytest
+import trio
+from websockets.exceptions import ConnectionClosed
+from websockets.trio.client import connect
+
+from protocol_specs import wire
+from protocol_specs.runs import RunSpec, RunState
+from protocol_specs.session import StatusEvent
+from protocol_specs.wire import ErrorCode, Role, StreamName
+from relay import keys
+from relay.client import RelayError, open_control, open_run_link
+from relay.server import serve_relay, server_port
+from relay.store import Store
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+SPEC = RunSpec(command=["python", "app.py"], workdir="/home/me/project")
+
+
+@pytest.fixture
+async def relay_url(redis_store: Store, nursery: trio.Nursery) -> AsyncIterator[str]:
+    server = await nursery.start(lambda task_status: serve_relay(redis_store, port=0, task_status=task_status))
+    yield f"ws://127.0.0.1:{server_port(server)}"
+
+
+async def raw_exchange(url: str, *messages: bytes | str) -> list[Any]:
+    """Send messages on a fresh connection; return the decoded frames received until it closes or idles."""
+    replies: list[Any] = []
+    async with connect(url, compression=None) as ws:
+        for message in messages:
+            await ws.send(message)
+        with trio.move_on_after(2):
+            try:
+                while True:
+                    replies.append(msgpack.unpackb(await ws.recv(), raw=False))
+                    if replies[-1].get("fatal"):
+                        break
+            except ConnectionClosed:
+                pass
+    return replies
+
+
+def dap(body: dict[str, Any], **fields: Any) -> bytes:
+    return wire.encode_entry(wire.DapEntry(body=orjson.dumps(body), **fields))
+
+
+async def test_submit_claim_publish_deliver_and_finish(relay_url: str, redis_store: Store) -> None:
+    async with open_control(relay_url) as control:
+        record = await control.submit(SPEC, b"snapshot-bytes")
+        assert record.state is RunState.QUEUED
+        claimed, snapshot = await control.claim("w-0")
+        assert (claimed.id, claimed.state, claimed.worker, snapshot) == (record.id, RunState.STARTING, "w-0", b"snapshot-bytes")
+    async with open_run_link(relay_url, role=Role.IDE, run=record.id) as ide, open_run_link(
+        relay_url, role=Role.WORKER, run=record.id
+    ) as worker:
+        # ide -> worker: acknowledged only once stored, delivered from the stream
+        await ide.publish(wire.DapEntry(origin="a", body=b'{"seq":1,"type":"request","command":"threads"}'))
+        with trio.fail_after(5):
+            delivered = await worker.deliveries.receive()
+        assert delivered.stream is StreamName.TO_WORKER
+        stored = await redis_store.read_after(keys.stream(record.id, "to_worker"), "0")
+        assert stored == [(delivered.cursor, delivered.entry)]
+        # worker -> ide, after the relay's own queued/claimed status entries
+        await worker.publish(wire.StatusEntry(event=StatusEvent.STARTED))
+        await worker.publish(wire.StatusEntry(event=StatusEvent.EXITED, exit_code=0))
+        events = []
+        with trio.fail_after(5):
+            while len(events) < 4:
+                entry = wire.decode_entry((await ide.deliveries.receive()).entry)
+                assert isinstance(entry, wire.StatusEntry)
+                events.append(entry.event)
+        assert events == ["queued", "claimed", "started", "exited"]
+    async with open_control(relay_url) as control:
+        assert (await control.get_run(record.id)).state is RunState.SUCCEEDED
+
+
+async def test_a_reconnecting_peer_resumes_after_its_cursor(relay_url: str) -> None:
+    async with open_control(relay_url) as control:
+        run = (await control.submit(SPEC)).id
+    async with open_run_link(relay_url, role=Role.WORKER, run=run) as worker:
+        for n in range(3):
+            await worker.publish(wire.DapEntry(body=orjson.dumps({"seq": n + 1, "type": "event", "event": "output"})))
+    async with open_run_link(relay_url, role=Role.IDE, run=run) as ide:
+        with trio.fail_after(5):
+            first = [await ide.deliveries.receive() for _ in range(3)]  # queued + 2 outputs
+    async with open_run_link(relay_url, role=Role.IDE, run=run, cursor=first[-1].cursor) as ide:
+        with trio.fail_after(5):
+            rest = await ide.deliveries.receive()
+        assert orjson.loads(wire.decode_entry(rest.entry).body)["seq"] == 3  # type: ignore[union-attr]
+        assert ide.welcome.tails["to_ide"] == rest.cursor
+
+
+async def test_cancel_reaches_the_worker_and_wins_over_a_late_exit(relay_url: str) -> None:
+    async with open_control(relay_url) as control:
+        run = (await control.submit(SPEC)).id
+        await control.claim("w-0")
+        cancelled = await control.cancel(run)
+        assert cancelled.state is RunState.CANCELLED
+    async with open_run_link(relay_url, role=Role.WORKER, run=run) as worker:
+        with trio.fail_after(5):
+            entry = wire.decode_entry((await worker.deliveries.receive()).entry)
+        assert isinstance(entry, wire.ControlEntry) and entry.action == "terminate"
+        await worker.publish(wire.StatusEntry(event=StatusEvent.EXITED, exit_code=-15))
+    async with open_control(relay_url) as control:
+        assert (await control.get_run(run)).state is RunState.CANCELLED
+
+
+async def test_a_cancelled_queued_run_is_never_claimed(relay_url: str) -> None:
+    async with open_control(relay_url) as control:
+        first = (await control.submit(SPEC)).id
+        second = (await control.submit(SPEC)).id
+        await control.cancel(first)
+        claimed, _ = await control.claim("w-0")
+        assert claimed.id == second
+
+
+@pytest.mark.parametrize(
+    ("messages", "code"),
+    [
+        (["hello as text"], ErrorCode.BAD_FRAME),
+        ([b"\xc1\xc1"], ErrorCode.BAD_FRAME),
+        ([msgpack.packb({"t": "publish", "n": 1, "entry": b""})], ErrorCode.HANDSHAKE_REQUIRED),
+        ([msgpack.packb({"t": "hello", "v": 99, "role": "ide", "run": "x"})], ErrorCode.UNSUPPORTED_VERSION),
+        ([msgpack.packb({"t": "hello", "v": 1, "role": "ide", "run": "nope"})], ErrorCode.NO_SUCH_RUN),
+        ([msgpack.packb({"t": "hello", "v": 1, "role": "ide"})], ErrorCode.BAD_FRAME),
+        ([msgpack.packb({"t": "hello", "v": 1, "role": "spy"})], ErrorCode.BAD_FRAME),
+    ],
+)
+async def test_bad_handshakes_get_a_fatal_error_and_a_close(relay_url: str, messages: list[bytes | str], code: ErrorCode) -> None:
+    replies = await raw_exchange(relay_url, *messages)
+    assert replies[-1]["t"] == "error" and replies[-1]["code"] == code.value and replies[-1]["fatal"] is True
+
+
+async def test_bad_frames_after_the_handshake_are_refused_and_nothing_is_lost(relay_url: str, redis_store: Store) -> None:
+    async with open_control(relay_url) as control:
+        run = (await control.submit(SPEC)).id
+    hello = wire.encode_frame(wire.Hello(role=Role.WORKER, run=run))
+    good = wire.encode_frame(wire.Publish(n=9, entry=dap({"seq": 1, "type": "event", "event": "output"})))
+    replies = await raw_exchange(
+        relay_url,
+        hello,
+        b"garbage",
+        msgpack.packb({"t": "publish", "n": 1, "entry": b"not an entry"}),
+        wire.encode_frame(wire.Publish(n=2, entry=wire.encode_entry(wire.StatusEntry(event="queued")))),
+        wire.encode_frame(wire.Publish(n=3, entry=wire.encode_entry(wire.ControlEntry(action="terminate")))),
+        wire.encode_frame(wire.Claim(rid=1, worker="x")),
+        msgpack.packb({"t": "publish", "n": 4, "entry": msgpack.packb({"k": "dap", "body": b"x" * (wire.MAX_DAP_BODY_BYTES + 1)})}),
+        good,
+    )
+    kinds = [(r["t"], r.get("code"), r.get("n")) for r in replies[1:]]
+    assert kinds == [
+        ("error", "bad_frame", None),
+        ("error", "bad_entry", 1),
+        ("error", "not_allowed", 2),
+        ("error", "not_allowed", 3),
+        ("error", "not_allowed", None),
+        ("error", "bad_entry", 4),
+        ("ack", None, 9),
+    ]
+    stored = await redis_store.read_after(keys.stream(run, "to_ide"), "0")
+    assert len(stored) == 2  # the relay's "queued" and the one good entry
+
+
+async def test_oversized_messages_close_only_that_connection(relay_url: str) -> None:
+    async with open_control(relay_url) as control:
+        run = (await control.submit(SPEC)).id
+        async with connect(relay_url, compression=None, max_size=None) as ws:
+            await ws.send(wire.encode_frame(wire.Hello(role=Role.WORKER, run=run)))
+            await ws.recv()
+            await ws.send(b"\x00" * (wire.MAX_FRAME_BYTES + 1))
+            with trio.fail_after(10), pytest.raises(ConnectionClosed):
+                while True:
+                    await ws.recv()
+            assert ws.close_code == 1009  # message too big
+        # the relay still serves everyone else
+        assert (await control.get_run(run)).id == run
+
+
+async def test_broken_spec_gets_a_clear_error(relay_url: str) -> None:
+    replies = await raw_exchange(
+        relay_url,
+        wire.encode_frame(wire.Hello(role=Role.CONTROL)),
+        msgpack.packb({"t": "submit", "rid": 5, "spec": {"command": [], "workdir": "rel"}}),
+    )
+    error = replies[-1]
+    assert error["code"] == "bad_spec" and error["rid"] == 5 and "command" in error["message"]
+
+
+async def test_unknown_run_for_the_cli(relay_url: str) -> None:
+    async with open_control(relay_url) as control:
+        with pytest.raises(RelayError) as info:
+            await control.get_run("does-not-exist")
+    assert info.value.code == ErrorCode.NO_SUCH_RUN
