@@ -20,7 +20,7 @@ import trio
 
 TETHER = str(Path(sys.executable).with_name("tether"))
 REPO = Path(__file__).resolve().parents[2]
-PROGRAMS = Path(__file__).resolve().parent / "programs"
+PROJECT = Path(__file__).resolve().parent / "project"
 
 
 @dataclass
