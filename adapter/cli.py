@@ -72,8 +72,15 @@ async def cmd_relay(args: argparse.Namespace) -> int:
     from relay.store import open_store
 
     async with open_store(args.redis) as store, trio.open_nursery() as nursery:
-        server = await nursery.start(lambda task_status: serve_relay(store, host=args.host, port=args.port, task_status=task_status))
-        print(f"tether relay: ready relay=ws://{args.host}:{server_port(server)} redis={args.redis}", flush=True)
+        server = await nursery.start(
+            lambda task_status: serve_relay(
+                store, host=args.host, port=args.port, task_status=task_status
+            )
+        )
+        print(
+            f"tether relay: ready relay=ws://{args.host}:{server_port(server)} redis={args.redis}",
+            flush=True,
+        )
     return 0
 
 
@@ -82,15 +89,21 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
     relay = resolve_relay(args.relay)
     clock = Clock("worker: ")
-    work_dir = Path(args.work_dir or tether_home() / "worker").resolve()
+    work_dir = Path(args.work_dir or tether_home() / "worker").resolve()  # noqa: ASYNC240 (startup)
     async with trio.open_nursery() as nursery:
         await nursery.start(
             lambda task_status: run_pool(
-                relay, slots=args.slots, start_delay=args.start_delay, work_dir=work_dir,
-                on_event=clock.say, task_status=task_status,
+                relay,
+                slots=args.slots,
+                start_delay=args.start_delay,
+                work_dir=work_dir,
+                on_event=clock.say,
+                task_status=task_status,
             )
         )
-        print(f"tether worker: ready relay={relay} slots={args.slots} work_dir={work_dir}", flush=True)
+        print(
+            f"tether worker: ready relay={relay} slots={args.slots} work_dir={work_dir}", flush=True
+        )
     return 0
 
 
@@ -100,24 +113,36 @@ async def cmd_up(args: argparse.Namespace) -> int:
     from relay.store import open_store
     from worker_shim.pool import run_pool
 
-    data_dir = Path(args.data_dir or tether_home() / "data").resolve()
+    data_dir = Path(args.data_dir or tether_home() / "data").resolve()  # noqa: ASYNC240 (startup)
     data_dir.mkdir(parents=True, exist_ok=True)
     clock = Clock("")
-    async with run_embedded_server(data_dir / "redis") if not args.redis else _nullcontext(args.redis) as redis_url:
+    async with (
+        run_embedded_server(data_dir / "redis")
+        if not args.redis
+        else _nullcontext(args.redis) as redis_url
+    ):
         async with open_store(redis_url) as store, trio.open_nursery() as nursery:
             server = await nursery.start(
-                lambda task_status: serve_relay(store, host="127.0.0.1", port=args.relay_port, task_status=task_status)
+                lambda task_status: serve_relay(
+                    store, host="127.0.0.1", port=args.relay_port, task_status=task_status
+                )
             )
             relay = f"ws://127.0.0.1:{server_port(server)}"
             if args.workers > 0:
                 await nursery.start(
                     lambda task_status: run_pool(
-                        relay, slots=args.workers, start_delay=args.start_delay,
-                        work_dir=data_dir / "worker", on_event=clock.say, task_status=task_status,
+                        relay,
+                        slots=args.workers,
+                        start_delay=args.start_delay,
+                        work_dir=data_dir / "worker",
+                        on_event=clock.say,
+                        task_status=task_status,
                     )
                 )
             endpoint_file().parent.mkdir(parents=True, exist_ok=True)
-            endpoint_file().write_text(json.dumps({"relay": relay, "pid": os.getpid(), "data_dir": str(data_dir)}))
+            endpoint_file().write_text(
+                json.dumps({"relay": relay, "pid": os.getpid(), "data_dir": str(data_dir)})
+            )
             print(f"tether up: ready relay={relay} data={data_dir}", flush=True)
             print(
                 f"  redis: {redis_url}\n  workers: {args.workers} (start delay {args.start_delay:g} s)\n"
@@ -153,7 +178,9 @@ def build_spec(args: argparse.Namespace, *, debug: bool):  # type: ignore[no-unt
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise SystemExit("tether: give the command to run after --, e.g. tether debug -- python train.py")
+        raise SystemExit(
+            "tether: give the command to run after --, e.g. tether debug -- python train.py"
+        )
     workdir = Path(args.workdir or os.getcwd()).resolve()
     env = {}
     for item in args.env or []:
@@ -179,7 +206,9 @@ async def _submit(relay: str, spec, say: Callable[[str], None]):  # type: ignore
     data, count = make_snapshot(Path(spec.workdir))
     async with open_control(relay, client="tether-cli") as control:
         record = await control.submit(spec, data)
-    say(f"submitted run {record.id}: {' '.join(spec.command)} ({count} files, {len(data) / 1024:.0f} KiB)")
+    say(
+        f"submitted run {record.id}: {' '.join(spec.command)} ({count} files, {len(data) / 1024:.0f} KiB)"
+    )
     return record
 
 
@@ -194,15 +223,27 @@ async def cmd_debug(args: argparse.Namespace) -> int:
 async def cmd_attach(args: argparse.Namespace) -> int:
     relay = resolve_relay(args.relay)
     clock = Clock("")
-    return await _serve(relay, args.run, args.port, args.request_timeout, clock, announce="attached")
+    return await _serve(
+        relay, args.run, args.port, args.request_timeout, clock, announce="attached"
+    )
 
 
-async def _serve(relay: str, run_id: str, port: int, request_timeout: float, clock: Clock, *, announce: str) -> int:
+async def _serve(
+    relay: str, run_id: str, port: int, request_timeout: float, clock: Clock, *, announce: str
+) -> int:
     from adapter.server import serve_adapter
 
     async with trio.open_nursery() as nursery:
+
         def started(task_status: trio.TaskStatus[int]):  # type: ignore[no-untyped-def]
-            return serve_adapter(relay, run_id, port=port, request_timeout=request_timeout, on_event=clock.say, task_status=task_status)
+            return serve_adapter(
+                relay,
+                run_id,
+                port=port,
+                request_timeout=request_timeout,
+                on_event=clock.say,
+                task_status=task_status,
+            )
 
         result: dict[str, object] = {}
 
@@ -261,14 +302,33 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def relay_flag(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--relay", help="relay URL (default: $TETHER_RELAY, else what `tether up` recorded)")
+        sp.add_argument(
+            "--relay", help="relay URL (default: $TETHER_RELAY, else what `tether up` recorded)"
+        )
 
-    s = sub.add_parser("up", help="run the embedded stack: Redis-compatible server, relay, local worker pool")
-    s.add_argument("--data-dir", help="where data lives (default: $TETHER_HOME/data, TETHER_HOME=~/.tether)")
+    s = sub.add_parser(
+        "up", help="run the embedded stack: Redis-compatible server, relay, local worker pool"
+    )
+    s.add_argument(
+        "--data-dir", help="where data lives (default: $TETHER_HOME/data, TETHER_HOME=~/.tether)"
+    )
     s.add_argument("--workers", type=int, default=2, help="local worker slots (default 2)")
-    s.add_argument("--start-delay", type=float, default=0.0, metavar="S", help="wait S seconds before starting a claimed run (a stand-in GPU queue)")
-    s.add_argument("--relay-port", type=int, default=DEFAULT_RELAY_PORT, help=f"relay port on 127.0.0.1 (default {DEFAULT_RELAY_PORT}; 0 = any free)")
-    s.add_argument("--redis", help="use this Redis/Valkey URL instead of starting the bundled server")
+    s.add_argument(
+        "--start-delay",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait S seconds before starting a claimed run (a stand-in GPU queue)",
+    )
+    s.add_argument(
+        "--relay-port",
+        type=int,
+        default=DEFAULT_RELAY_PORT,
+        help=f"relay port on 127.0.0.1 (default {DEFAULT_RELAY_PORT}; 0 = any free)",
+    )
+    s.add_argument(
+        "--redis", help="use this Redis/Valkey URL instead of starting the bundled server"
+    )
     s.set_defaults(fn=cmd_up)
 
     for name, help_text, fn in (
@@ -278,11 +338,34 @@ def _parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_text)
         relay_flag(s)
         if name == "debug":
-            s.add_argument("--port", type=int, default=DEFAULT_ADAPTER_PORT, help=f"adapter port on 127.0.0.1 (default {DEFAULT_ADAPTER_PORT}; 0 = any free)")
-            s.add_argument("--no-wait", action="store_true", help="start the program when the worker starts, even if no IDE configured breakpoints yet")
-            s.add_argument("--request-timeout", type=float, default=30.0, metavar="S", help="error a request the debugger leaves unanswered after S seconds (default 30)")
-        s.add_argument("--workdir", help="the directory to snapshot and run in (default: the current directory)")
-        s.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment for the program (repeatable)")
+            s.add_argument(
+                "--port",
+                type=int,
+                default=DEFAULT_ADAPTER_PORT,
+                help=f"adapter port on 127.0.0.1 (default {DEFAULT_ADAPTER_PORT}; 0 = any free)",
+            )
+            s.add_argument(
+                "--no-wait",
+                action="store_true",
+                help="start the program when the worker starts, even if no IDE configured breakpoints yet",
+            )
+            s.add_argument(
+                "--request-timeout",
+                type=float,
+                default=30.0,
+                metavar="S",
+                help="error a request the debugger leaves unanswered after S seconds (default 30)",
+            )
+        s.add_argument(
+            "--workdir",
+            help="the directory to snapshot and run in (default: the current directory)",
+        )
+        s.add_argument(
+            "--env",
+            action="append",
+            metavar="NAME=VALUE",
+            help="environment for the program (repeatable)",
+        )
         s.add_argument("--name", help="a label for the run")
         s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
         s.set_defaults(fn=fn)
@@ -294,14 +377,21 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--request-timeout", type=float, default=30.0, metavar="S")
     s.set_defaults(fn=cmd_attach)
 
-    for name, help_text, fn in (("cancel", "cancel a run", cmd_cancel), ("status", "show a run's record", cmd_status)):
+    for name, help_text, fn in (
+        ("cancel", "cancel a run", cmd_cancel),
+        ("status", "show a run's record", cmd_status),
+    ):
         s = sub.add_parser(name, help=help_text)
         relay_flag(s)
         s.add_argument("run")
         s.set_defaults(fn=fn)
 
     s = sub.add_parser("relay", help="run the relay service")
-    s.add_argument("--redis", default=os.environ.get("TETHER_REDIS", "redis://127.0.0.1:6379"), help="Redis >= 6.2 or Valkey URL (redis://, unix://; default $TETHER_REDIS)")
+    s.add_argument(
+        "--redis",
+        default=os.environ.get("TETHER_REDIS", "redis://127.0.0.1:6379"),
+        help="Redis >= 6.2 or Valkey URL (redis://, unix://; default $TETHER_REDIS)",
+    )
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=DEFAULT_RELAY_PORT)
     s.set_defaults(fn=cmd_relay)
@@ -310,7 +400,9 @@ def _parser() -> argparse.ArgumentParser:
     relay_flag(s)
     s.add_argument("--slots", type=int, default=1)
     s.add_argument("--start-delay", type=float, default=0.0, metavar="S")
-    s.add_argument("--work-dir", help="where run directories are made (default: $TETHER_HOME/worker)")
+    s.add_argument(
+        "--work-dir", help="where run directories are made (default: $TETHER_HOME/worker)"
+    )
     s.set_defaults(fn=cmd_worker)
 
     s = sub.add_parser("demo", help="the whole story on one machine, with a scripted IDE")
@@ -326,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("websockets").setLevel(max(level, logging.WARNING))
     try:
-        return trio.run(args.fn, args)
+        return int(trio.run(args.fn, args))
     except KeyboardInterrupt:
         return 130
 

@@ -60,7 +60,9 @@ log = logging.getLogger("tether.adapter")
 #: drops the flag; with tether, Stop cancels the run and Disconnect detaches).
 ADAPTER_CAPABILITIES: dict[str, Any] = {**DEBUGPY_CAPABILITIES, "supportTerminateDebuggee": True}
 
-WAITING_MESSAGE = "The run is waiting for a worker; this breakpoint is verified when the worker starts."
+WAITING_MESSAGE = (
+    "The run is waiting for a worker; this breakpoint is verified when the worker starts."
+)
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,11 @@ class AdapterCore:
         if not isinstance(seq, int) or seq < 1:
             return self.on_ide_garbage("a request without a valid 'seq'")
         if not isinstance(command, str):
-            return [self._emit(dap.error_response({"seq": seq}, "Invalid request: 'command' must be a string"))]
+            return [
+                self._emit(
+                    dap.error_response({"seq": seq}, "Invalid request: 'command' must be a string")
+                )
+            ]
         handler = self._handlers.get(command)
         if handler is None:
             return self._forward_or_refuse(msg)
@@ -243,11 +249,15 @@ class AdapterCore:
         if s.live:
             actions: list[Action] = []
             if s.capabilities_delta:
-                actions.append(self._emit(dap.event("capabilities", {"capabilities": s.capabilities_delta})))
+                actions.append(
+                    self._emit(dap.event("capabilities", {"capabilities": s.capabilities_delta}))
+                )
             if s.process_event:
                 actions.append(self._emit(dap.event("process", s.process_event)))
             for tid in s.threads:
-                actions.append(self._emit(dap.event("thread", {"reason": "started", "threadId": tid})))
+                actions.append(
+                    self._emit(dap.event("thread", {"reason": "started", "threadId": tid}))
+                )
             for tid, body in s.stopped.items():
                 actions.append(self._emit(dap.event("stopped", {**body, "threadId": tid})))
             return actions
@@ -274,7 +284,9 @@ class AdapterCore:
         raw_args = msg.get("arguments") or {}
         bp_ids = self.session.assign_breakpoint_ids(command, raw_args)
         if self.session.live:
-            return self._forward(msg, bp_ids=bp_ids if command != "setExceptionBreakpoints" else None)
+            return self._forward(
+                msg, bp_ids=bp_ids if command != "setExceptionBreakpoints" else None
+            )
         entry_action = self._publish(
             msg, local=True, bp_ids=bp_ids if command != "setExceptionBreakpoints" else None
         )
@@ -397,7 +409,9 @@ class AdapterCore:
             return []
         return [
             self._emit(
-                dap.event("breakpoint", {"reason": "changed", "breakpoint": self.session.verification[i]})
+                dap.event(
+                    "breakpoint", {"reason": "changed", "breakpoint": self.session.verification[i]}
+                )
             )
             for i in ids
         ]
@@ -431,12 +445,28 @@ class AdapterCore:
         actions.append(self._status_output())
         if self._progress_id is not None:
             if s.live or s.finished:
-                actions.append(self._emit(dap.event("progressEnd", {"progressId": self._progress_id, "message": self._status_text()})))
+                actions.append(
+                    self._emit(
+                        dap.event(
+                            "progressEnd",
+                            {"progressId": self._progress_id, "message": self._status_text()},
+                        )
+                    )
+                )
                 self._progress_id = None
             else:
-                actions.append(self._emit(dap.event("progressUpdate", {"progressId": self._progress_id, "message": self._status_text()})))
+                actions.append(
+                    self._emit(
+                        dap.event(
+                            "progressUpdate",
+                            {"progressId": self._progress_id, "message": self._status_text()},
+                        )
+                    )
+                )
         if s.live and not was_live and s.capabilities_delta:
-            actions.append(self._emit(dap.event("capabilities", {"capabilities": s.capabilities_delta})))
+            actions.append(
+                self._emit(dap.event("capabilities", {"capabilities": s.capabilities_delta}))
+            )
         if s.finished:
             actions.extend(self._end_of_run())
         return actions
@@ -468,14 +498,18 @@ class AdapterCore:
                     f"The debugger did not answer {p.command!r} within {self.request_timeout:g} s "
                     "(debugpy does not answer requests it does not support)."
                 )
-                actions.append(self._emit(dap.error_response({"seq": p.ide_seq, "command": p.command}, text)))
+                actions.append(
+                    self._emit(dap.error_response({"seq": p.ide_seq, "command": p.command}, text))
+                )
         return actions
 
     def _fail_pending(self, reason: str) -> list[Action]:
         actions: list[Action] = []
         for p in self._pending.values():
             if p.generation == self.generation and self.phase is not IdePhase.NONE:
-                actions.append(self._emit(dap.error_response({"seq": p.ide_seq, "command": p.command}, reason)))
+                actions.append(
+                    self._emit(dap.error_response({"seq": p.ide_seq, "command": p.command}, reason))
+                )
         self._pending.clear()
         return actions
 
@@ -507,10 +541,16 @@ class AdapterCore:
         return WAITING_MESSAGE
 
     def _not_live_text(self, command: str) -> str:
-        return f"{self._status_text()} No debugger is attached yet, so {command!r} cannot be answered."
+        return (
+            f"{self._status_text()} No debugger is attached yet, so {command!r} cannot be answered."
+        )
 
     def _status_output(self) -> Action:
-        return self._emit(dap.event("output", {"category": "console", "output": f"tether: {self._status_text()}\n"}))
+        return self._emit(
+            dap.event(
+                "output", {"category": "console", "output": f"tether: {self._status_text()}\n"}
+            )
+        )
 
     # --- plumbing -------------------------------------------------------------------------------
 

@@ -49,7 +49,9 @@ class DapClient:
                 await self._changed.wait()
         return self._responses.pop(seq)
 
-    async def request(self, command: str, arguments: dict[str, Any] | None = None, *, timeout: float = 30) -> dict[str, Any]:
+    async def request(
+        self, command: str, arguments: dict[str, Any] | None = None, *, timeout: float = 30
+    ) -> dict[str, Any]:
         """Send a request and wait for its response (returned even when ``success`` is false)."""
         seq = self.send_request_nowait(command, arguments)
         try:
@@ -58,7 +60,11 @@ class DapClient:
             raise TimeoutError(f"no response to {command!r} within {timeout} s") from None
 
     async def wait_event(
-        self, event: str, *, timeout: float = 30, predicate: Callable[[dict[str, Any]], bool] | None = None
+        self,
+        event: str,
+        *,
+        timeout: float = 30,
+        predicate: Callable[[dict[str, Any]], bool] | None = None,
     ) -> dict[str, Any]:
         """The first unconsumed ``event`` (matching ``predicate``), waiting for it if needed."""
         try:
@@ -72,7 +78,15 @@ class DapClient:
                     await self._changed.wait()
         except trio.TooSlowError:
             seen = [m.get("event") for m in self._events]
-            raise TimeoutError(f"no {event!r} event within {timeout} s (unconsumed events: {seen})") from None
+            raise TimeoutError(
+                f"no {event!r} event within {timeout} s (unconsumed events: {seen})"
+            ) from None
+
+    def discard_events(self, event: str) -> int:
+        """Drop unconsumed ``event`` events (e.g. stale stops before the next step); returns how many."""
+        before = len(self._events)
+        self._events = [m for m in self._events if m.get("event") != event]
+        return before - len(self._events)
 
     def _notify(self) -> None:
         self._changed.set()
@@ -99,10 +113,18 @@ class DapClient:
                         self._events.append(msg)
                     elif kind == "request":  # reverse requests: this client serves none
                         self._seq += 1
-                        self._outbox.append(encode_message({
-                            "seq": self._seq, "type": "response", "request_seq": msg.get("seq", 0),
-                            "success": False, "command": msg.get("command", ""), "message": "not supported",
-                        }))
+                        self._outbox.append(
+                            encode_message(
+                                {
+                                    "seq": self._seq,
+                                    "type": "response",
+                                    "request_seq": msg.get("seq", 0),
+                                    "success": False,
+                                    "command": msg.get("command", ""),
+                                    "message": "not supported",
+                                }
+                            )
+                        )
                     self._notify()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass

@@ -75,19 +75,34 @@ async def run_demo(*, start_delay: float = 3.0, keep: bool = False) -> int:
                 say("stack", f"bundled server at {redis_url}; relay at {relay}")
                 await nursery.start(
                     lambda task_status: run_pool(
-                        relay, slots=1, start_delay=start_delay, work_dir=tmp / "worker",
-                        on_event=lambda text: say("worker", text), task_status=task_status,
+                        relay,
+                        slots=1,
+                        start_delay=start_delay,
+                        work_dir=tmp / "worker",
+                        on_event=lambda text: say("worker", text),
+                        task_status=task_status,
                     )
                 )
-                say("stack", f"local worker pool: 1 slot, start delay {start_delay:g} s (a stand-in GPU queue)")
+                say(
+                    "stack",
+                    f"local worker pool: 1 slot, start delay {start_delay:g} s (a stand-in GPU queue)",
+                )
 
                 args = argparse.Namespace(
-                    command=["python", "train.py"], workdir=str(workdir), env=[], name="demo", no_wait=False
+                    command=["python", "train.py"],
+                    workdir=str(workdir),
+                    env=[],
+                    name="demo",
+                    no_wait=False,
                 )
                 record = await _submit(relay, build_spec(args, debug=True), lambda t: say("cli", t))
                 port = await nursery.start(
                     lambda task_status: serve_adapter(
-                        relay, record.id, port=0, on_event=lambda t: say("adapter", t), task_status=task_status
+                        relay,
+                        record.id,
+                        port=0,
+                        on_event=lambda t: say("adapter", t),
+                        task_status=task_status,
                     )
                 )
                 say("adapter", f"listening on 127.0.0.1:{port}")
@@ -111,27 +126,45 @@ async def _play_ide(port: int, workdir: Path, say: _Printer) -> int:
     path = str(workdir / BREAK_FILE)
     async with open_dap_client("127.0.0.1", port) as ide:
         await ide.request("initialize", VSCODE_INITIALIZE)
-        attach_seq = ide.send_request_nowait("attach", {"name": "tether demo", "type": "debugpy", "request": "attach", "justMyCode": True})
+        attach_seq = ide.send_request_nowait(
+            "attach",
+            {"name": "tether demo", "type": "debugpy", "request": "attach", "justMyCode": True},
+        )
         await ide.wait_event("initialized")
         response = await ide.request(
             "setBreakpoints",
-            {"source": {"name": BREAK_FILE, "path": path}, "breakpoints": [{"line": BREAK_LINE}], "lines": [BREAK_LINE]},
+            {
+                "source": {"name": BREAK_FILE, "path": path},
+                "breakpoints": [{"line": BREAK_LINE}],
+                "lines": [BREAK_LINE],
+            },
         )
         bp = response["body"]["breakpoints"][0]
-        say("ide", f"breakpoint {BREAK_FILE}:{BREAK_LINE} -> id {bp['id']}, verified={bp['verified']} ({bp.get('message', '')})")
+        say(
+            "ide",
+            f"breakpoint {BREAK_FILE}:{BREAK_LINE} -> id {bp['id']}, verified={bp['verified']} ({bp.get('message', '')})",
+        )
         await ide.request("setExceptionBreakpoints", {"filters": ["uncaught"]})
         await ide.request("configurationDone")
         await ide.response(attach_seq)
         say("ide", "attached; the run is still queued")
         event = await ide.wait_event(
-            "breakpoint", timeout=120, predicate=lambda e: e["body"]["breakpoint"].get("verified") is True
+            "breakpoint",
+            timeout=120,
+            predicate=lambda e: e["body"]["breakpoint"].get("verified") is True,
         )
-        say("ide", f"breakpoint {event['body']['breakpoint']['id']} verified on the worker (line {event['body']['breakpoint'].get('line')})")
+        say(
+            "ide",
+            f"breakpoint {event['body']['breakpoint']['id']} verified on the worker (line {event['body']['breakpoint'].get('line')})",
+        )
         stopped = await ide.wait_event("stopped", timeout=120)
         thread = stopped["body"]["threadId"]
         stack = await ide.request("stackTrace", {"threadId": thread, "startFrame": 0, "levels": 1})
         frame = stack["body"]["stackFrames"][0]
-        say("ide", f"stopped ({stopped['body']['reason']}) at {frame['source']['path']}:{frame['line']} in {frame['name']}()")
+        say(
+            "ide",
+            f"stopped ({stopped['body']['reason']}) at {frame['source']['path']}:{frame['line']} in {frame['name']}()",
+        )
         scopes = await ide.request("scopes", {"frameId": frame["id"]})
         local_ref = scopes["body"]["scopes"][0]["variablesReference"]
         variables = await ide.request("variables", {"variablesReference": local_ref})
@@ -141,9 +174,15 @@ async def _play_ide(port: int, workdir: Path, say: _Printer) -> int:
             if not v["name"].startswith("(") and len(v["value"]) < 40
         }
         say("ide", "locals: " + ", ".join(f"{k}={v}" for k, v in list(shown.items())[:6]))
-        value = await ide.request("evaluate", {"expression": "weights - lr * grad_w", "frameId": frame["id"], "context": "repl"})
+        value = await ide.request(
+            "evaluate",
+            {"expression": "weights - lr * grad_w", "frameId": frame["id"], "context": "repl"},
+        )
         say("ide", f"evaluate 'weights - lr * grad_w' -> {value['body']['result']}")
-        await ide.request("setBreakpoints", {"source": {"name": BREAK_FILE, "path": path}, "breakpoints": [], "lines": []})
+        await ide.request(
+            "setBreakpoints",
+            {"source": {"name": BREAK_FILE, "path": path}, "breakpoints": [], "lines": []},
+        )
         await ide.request("continue", {"threadId": thread})
         say("ide", "breakpoint cleared; continued")
         exited = await ide.wait_event("exited", timeout=120)
@@ -156,6 +195,10 @@ async def _play_ide(port: int, workdir: Path, say: _Printer) -> int:
             if m.get("event") == "output" and m["body"].get("category") == "stdout"
         )
         if output:
-            say("ide", "program output seen in the debug console: " + " | ".join(output.strip().splitlines()[-2:]))
+            say(
+                "ide",
+                "program output seen in the debug console: "
+                + " | ".join(output.strip().splitlines()[-2:]),
+            )
         await ide.request("disconnect", {})
         return code

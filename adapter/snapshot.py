@@ -19,7 +19,16 @@ from protocol_specs.wire import MAX_SNAPSHOT_BYTES
 
 __all__ = ["SnapshotTooLarge", "list_files", "make_snapshot"]
 
-ALWAYS_SKIPPED = {".git", ".venv", "venv", "__pycache__", "node_modules", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+ALWAYS_SKIPPED = {
+    ".git",
+    ".venv",
+    "venv",
+    "__pycache__",
+    "node_modules",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+}
 
 
 class SnapshotTooLarge(ValueError):
@@ -60,7 +69,9 @@ def _ignored(rel: str, patterns: list[str]) -> bool:
         anchored = p.startswith("/")
         p = p.lstrip("/")
         if "/" in p or anchored:
-            if fnmatch.fnmatch(rel, p) or any(fnmatch.fnmatch("/".join(parts[:i]), p) for i in range(1, len(parts))):
+            if fnmatch.fnmatch(rel, p) or any(
+                fnmatch.fnmatch("/".join(parts[:i]), p) for i in range(1, len(parts))
+            ):
                 return True
         elif any(fnmatch.fnmatch(part, p) for part in parts):
             return True
@@ -73,8 +84,10 @@ def _walk(root: Path) -> list[str]:
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
         dirnames[:] = [
-            d for d in dirnames
-            if d not in ALWAYS_SKIPPED and not _ignored(os.path.normpath(os.path.join(rel_dir, d)), patterns)
+            d
+            for d in dirnames
+            if d not in ALWAYS_SKIPPED
+            and not _ignored(os.path.normpath(os.path.join(rel_dir, d)), patterns)
         ]
         for name in filenames:
             rel = os.path.normpath(os.path.join(rel_dir, name))

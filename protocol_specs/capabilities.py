@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEBUGPY_CAPABILITIES", "DEBUGPY_REQUESTS", "DEBUGPY_VERSION", "capabilities_delta", "debugpy_answers"]
+__all__ = [
+    "DEBUGPY_CAPABILITIES",
+    "DEBUGPY_REQUESTS",
+    "DEBUGPY_VERSION",
+    "capabilities_delta",
+    "debugpy_answers",
+]
 
 DEBUGPY_VERSION = "1.8.22"
 
@@ -79,12 +85,39 @@ def capabilities_delta(pinned: dict[str, Any], actual: dict[str, Any]) -> dict[s
 #: later request of the session. tether's adapter answers those itself instead of forwarding them.
 DEBUGPY_REQUESTS = frozenset(
     {
-        "attach", "completions", "configurationdone", "continue", "debugpysysteminfo", "disconnect",
-        "evaluate", "exceptioninfo", "goto", "gototargets", "initialize", "launch", "modules", "next",
-        "pause", "pydevdauthorize", "pydevdsysteminfo", "scopes", "setbreakpoints",
-        "setdebuggerproperty", "setexceptionbreakpoints", "setexpression", "setfunctionbreakpoints",
-        "setpydevdsourcemap", "setvariable", "source", "stacktrace", "stepin", "stepintargets",
-        "stepout", "terminate", "threads", "variables",
+        "attach",
+        "completions",
+        "configurationdone",
+        "continue",
+        "debugpysysteminfo",
+        "disconnect",
+        "evaluate",
+        "exceptioninfo",
+        "goto",
+        "gototargets",
+        "initialize",
+        "launch",
+        "modules",
+        "next",
+        "pause",
+        "pydevdauthorize",
+        "pydevdsysteminfo",
+        "scopes",
+        "setbreakpoints",
+        "setdebuggerproperty",
+        "setexceptionbreakpoints",
+        "setexpression",
+        "setfunctionbreakpoints",
+        "setpydevdsourcemap",
+        "setvariable",
+        "source",
+        "stacktrace",
+        "stepin",
+        "stepintargets",
+        "stepout",
+        "terminate",
+        "threads",
+        "variables",
     }
 )
 

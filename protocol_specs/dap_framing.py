@@ -52,7 +52,9 @@ def encode_message(message: dict[str, Any] | bytes) -> bytes:
 
 
 class DapFramer:
-    def __init__(self, *, max_header_bytes: int = MAX_HEADER_BYTES, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self, *, max_header_bytes: int = MAX_HEADER_BYTES, max_body_bytes: int = MAX_BODY_BYTES
+    ) -> None:
         self.max_header_bytes = max_header_bytes
         self.max_body_bytes = max_body_bytes
         self._buffer = bytearray()
@@ -94,7 +96,9 @@ class DapFramer:
             end = self._buffer.find(_SEPARATOR)
             if end < 0:
                 if len(self._buffer) > self.max_header_bytes:
-                    self._fail(f"DAP header exceeds {self.max_header_bytes} bytes without a blank line")
+                    self._fail(
+                        f"DAP header exceeds {self.max_header_bytes} bytes without a blank line"
+                    )
                 if self._eof and self._buffer:
                     self._fail("connection closed in the middle of a DAP header")
                 return None, None
@@ -105,7 +109,9 @@ class DapFramer:
             self._length = self._parse_header(header)
         if len(self._buffer) < self._length:
             if self._eof:
-                self._fail(f"connection closed after {len(self._buffer)} of {self._length} body bytes")
+                self._fail(
+                    f"connection closed after {len(self._buffer)} of {self._length} body bytes"
+                )
             return None, None
         body = bytes(self._buffer[: self._length])
         del self._buffer[: self._length]
@@ -115,10 +121,12 @@ class DapFramer:
         except orjson.JSONDecodeError as exc:
             raise DapFramingError(f"DAP body is not valid UTF-8 JSON: {exc}", fatal=False) from None
         if not isinstance(msg, dict):
-            raise DapFramingError(f"DAP body must be a JSON object, got {type(msg).__name__}", fatal=False)
+            raise DapFramingError(
+                f"DAP body must be a JSON object, got {type(msg).__name__}", fatal=False
+            )
         if msg.get("type") not in ("request", "response", "event"):
             raise DapFramingError(
-                "DAP message needs \"type\" of \"request\", \"response\" or \"event\"", fatal=False
+                'DAP message needs "type" of "request", "response" or "event"', fatal=False
             )
         return body, msg
 

@@ -155,4 +155,3 @@ def event(name: str, body: dict[str, Any] | None = None, *, seq: int = 0) -> dic
     if body is not None:
         msg["body"] = body
     return msg
-

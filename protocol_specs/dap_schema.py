@@ -39,7 +39,17 @@ def definition_for(message: dict[str, Any]) -> str:
     command = str(message.get("command", ""))
     suffix = "Response" if kind == "response" else "Request"
     candidate = command[:1].upper() + command[1:] + suffix
-    return candidate if candidate in definitions else ("Response" if kind == "response" else "Request" if kind == "request" else "ProtocolMessage")
+    return (
+        candidate
+        if candidate in definitions
+        else (
+            "Response"
+            if kind == "response"
+            else "Request"
+            if kind == "request"
+            else "ProtocolMessage"
+        )
+    )
 
 
 @functools.cache

@@ -155,7 +155,9 @@ class DebugSession:
         command = msg.get("command", "")
         arguments = msg.get("arguments") or {}
         seq = msg.get("seq", 0)
-        self._requests[(entry.origin, seq)] = _Request(command, arguments, entry.bp_ids, entry.local)
+        self._requests[(entry.origin, seq)] = _Request(
+            command, arguments, entry.bp_ids, entry.local
+        )
         if entry.bp_ids:
             self._next_id = max(self._next_id, max(entry.bp_ids) + 1)
         if command == "initialize":

@@ -54,8 +54,8 @@ __all__ = [
     "StatusEntry",
     "StreamName",
     "Submit",
-    "WireError",
     "Welcome",
+    "WireError",
     "decode_entry",
     "decode_frame",
     "encode_entry",
@@ -283,12 +283,32 @@ class Error(BaseModel):
 
 
 Frame = Annotated[
-    Hello | Welcome | Publish | Ack | Deliver | Submit | Cancel | GetRun | Claim | RunInfo | Assigned
+    Hello
+    | Welcome
+    | Publish
+    | Ack
+    | Deliver
+    | Submit
+    | Cancel
+    | GetRun
+    | Claim
+    | RunInfo
+    | Assigned
     | Error,
     Field(discriminator="t"),
 ]
 AnyFrame = (
-    Hello | Welcome | Publish | Ack | Deliver | Submit | Cancel | GetRun | Claim | RunInfo | Assigned
+    Hello
+    | Welcome
+    | Publish
+    | Ack
+    | Deliver
+    | Submit
+    | Cancel
+    | GetRun
+    | Claim
+    | RunInfo
+    | Assigned
     | Error
 )
 _FRAME: TypeAdapter[AnyFrame] = TypeAdapter(Frame)
@@ -301,9 +321,13 @@ def encode_frame(frame: AnyFrame) -> bytes:
 def decode_frame(data: bytes | str) -> AnyFrame:
     """Decode one frame; raises :class:`WireError` with a code saying what to answer."""
     if isinstance(data, str):
-        raise WireError(ErrorCode.BAD_FRAME, "text WebSocket messages are not frames; send binary msgpack")
+        raise WireError(
+            ErrorCode.BAD_FRAME, "text WebSocket messages are not frames; send binary msgpack"
+        )
     if len(data) > MAX_FRAME_BYTES:
-        raise WireError(ErrorCode.TOO_LARGE, f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
+        raise WireError(
+            ErrorCode.TOO_LARGE, f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}"
+        )
     try:
         raw = msgpack.unpackb(data, raw=False)
     except Exception as exc:

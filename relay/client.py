@@ -38,7 +38,9 @@ class RelayError(Exception):
 
 
 @asynccontextmanager
-async def _connect(url: str, hello: wire.Hello) -> AsyncIterator[tuple[ClientConnection, wire.Welcome]]:
+async def _connect(
+    url: str, hello: wire.Hello
+) -> AsyncIterator[tuple[ClientConnection, wire.Welcome]]:
     try:
         async with connect(
             url, compression=None, max_size=wire.MAX_FRAME_BYTES, open_timeout=10

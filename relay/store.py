@@ -36,7 +36,9 @@ class StoreError(Exception):
 
 
 class BlockingReader(Protocol):
-    async def read(self, stream: str, after: str, *, block_ms: int = 1000, count: int = 100) -> list[Entry]: ...
+    async def read(
+        self, stream: str, after: str, *, block_ms: int = 1000, count: int = 100
+    ) -> list[Entry]: ...
 
     async def read_group(
         self, stream: str, group: str, consumer: str, *, block_ms: int = 1000
@@ -75,7 +77,9 @@ def _text(value: Any) -> str:
 
 def _entries(reply: Any) -> list[Entry]:
     """Parse stream entries: glide's ``{id: [[field, value], ...]}`` or RESP's ``[[id, [f, v, ...]], ...]``."""
-    items = reply.items() if isinstance(reply, dict) else ((item[0], item[1]) for item in reply or [])
+    items = (
+        reply.items() if isinstance(reply, dict) else ((item[0], item[1]) for item in reply or [])
+    )
     out: list[Entry] = []
     for entry_id, fields in items:
         if fields and isinstance(fields[0], list | tuple):
@@ -83,7 +87,9 @@ def _entries(reply: Any) -> list[Entry]:
         else:
             pairs = {_text(f): v for f, v in zip(fields[::2], fields[1::2], strict=False)}
         payload = pairs.get("p", b"")
-        out.append((_text(entry_id), payload if isinstance(payload, bytes) else _text(payload).encode()))
+        out.append(
+            (_text(entry_id), payload if isinstance(payload, bytes) else _text(payload).encode())
+        )
     return out
 
 
@@ -106,15 +112,31 @@ class _GlideReader:
     def __init__(self, client: Any) -> None:
         self._client = client
 
-    async def read(self, stream: str, after: str, *, block_ms: int = 1000, count: int = 100) -> list[Entry]:
+    async def read(
+        self, stream: str, after: str, *, block_ms: int = 1000, count: int = 100
+    ) -> list[Entry]:
         reply = await self._client.custom_command(
             ["XREAD", "COUNT", str(count), "BLOCK", str(block_ms), "STREAMS", stream, after]
         )
         return _stream_reply(reply, stream)
 
-    async def read_group(self, stream: str, group: str, consumer: str, *, block_ms: int = 1000) -> Entry | None:
+    async def read_group(
+        self, stream: str, group: str, consumer: str, *, block_ms: int = 1000
+    ) -> Entry | None:
         reply = await self._client.custom_command(
-            ["XREADGROUP", "GROUP", group, consumer, "COUNT", "1", "BLOCK", str(block_ms), "STREAMS", stream, ">"]
+            [
+                "XREADGROUP",
+                "GROUP",
+                group,
+                consumer,
+                "COUNT",
+                "1",
+                "BLOCK",
+                str(block_ms),
+                "STREAMS",
+                stream,
+                ">",
+            ]
         )
         entries = _stream_reply(reply, stream)
         return entries[0] if entries else None
@@ -140,7 +162,9 @@ class GlideStore:
         else:
             raise StoreError(f"unsupported Redis URL {url!r}: use redis://, rediss:// or unix://")
         credentials = (
-            glide.ServerCredentials(password=unquote(parsed.password), username=parsed.username or None)
+            glide.ServerCredentials(
+                password=unquote(parsed.password), username=parsed.username or None
+            )
             if parsed.password
             else None
         )
@@ -168,7 +192,11 @@ class GlideStore:
         return _text(await self._cmd("XADD", stream, *trim, "*", "p", payload))
 
     async def read_after(self, stream: str, after: str, *, count: int = 100) -> list[Entry]:
-        return _entries(await self._cmd("XRANGE", stream, f"({after}" if after != "0" else "-", "+", "COUNT", str(count)))
+        return _entries(
+            await self._cmd(
+                "XRANGE", stream, f"({after}" if after != "0" else "-", "+", "COUNT", str(count)
+            )
+        )
 
     async def last_id(self, stream: str) -> str | None:
         reply = await self._cmd("XREVRANGE", stream, "+", "-", "COUNT", "1")
@@ -252,7 +280,9 @@ class _MemoryReader:
     def __init__(self, store: MemoryStore) -> None:
         self._store = store
 
-    async def read(self, stream: str, after: str, *, block_ms: int = 1000, count: int = 100) -> list[Entry]:
+    async def read(
+        self, stream: str, after: str, *, block_ms: int = 1000, count: int = 100
+    ) -> list[Entry]:
         with trio.move_on_after(block_ms / 1000):
             while True:
                 entries = self._store._after(stream, _parse_id(after), count)
@@ -261,7 +291,9 @@ class _MemoryReader:
                 await self._store._changed.wait()
         return []
 
-    async def read_group(self, stream: str, group: str, consumer: str, *, block_ms: int = 1000) -> Entry | None:
+    async def read_group(
+        self, stream: str, group: str, consumer: str, *, block_ms: int = 1000
+    ) -> Entry | None:
         with trio.move_on_after(block_ms / 1000):
             while True:
                 s = self._store._streams.get(stream)
@@ -349,12 +381,14 @@ class MemoryStore:
 
     async def zrange_desc(self, key: str, count: int) -> list[str]:
         z = self._zsets.get(key, {})
-        return [m for m, _ in sorted(z.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)][:count]
+        return [m for m, _ in sorted(z.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)][
+            :count
+        ]
 
     async def delete(self, *keys: str) -> None:
         for key in keys:
             for space in (self._streams, self._hashes, self._strings, self._zsets):
-                space.pop(key, None)  # type: ignore[attr-defined]
+                space.pop(key, None)
 
     def keys(self, pattern: str = "*") -> list[str]:
         every = [*self._streams, *self._hashes, *self._strings, *self._zsets]

@@ -51,7 +51,9 @@ def _binary(kind: str) -> str:
     if kind == "system":
         found = shutil.which("redis-server")
         if not found:
-            raise RuntimeError("TETHER_TEST_REDIS_SERVERS asks for 'system' but no redis-server is on the PATH")
+            raise RuntimeError(
+                "TETHER_TEST_REDIS_SERVERS asks for 'system' but no redis-server is on the PATH"
+            )
         return found
     raise RuntimeError(f"unknown server kind {kind!r} in TETHER_TEST_REDIS_SERVERS")
 
@@ -83,9 +85,25 @@ class _Servers:
             tmp = Path(tempfile.mkdtemp(prefix=f"tether-redis-{kind}-"))
             sock = tmp / "redis.sock"
             argv = [
-                _binary(kind), "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700",
-                "--dir", str(tmp), "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-                "--daemonize", "no", "--logfile", str(tmp / "server.log"),
+                _binary(kind),
+                "--port",
+                "0",
+                "--unixsocket",
+                str(sock),
+                "--unixsocketperm",
+                "700",
+                "--dir",
+                str(tmp),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+                "--logfile",
+                str(tmp / "server.log"),
             ]
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
             self._running[kind] = (f"unix://{sock}", process, tmp)
@@ -125,7 +143,9 @@ async def redis_store(redis_server: str) -> AsyncIterator[Store]:
 
 
 @pytest.fixture(params=["memory", *REDIS_SERVERS])
-async def any_store(request: pytest.FixtureRequest, redis_servers: _Servers) -> AsyncIterator[Store]:
+async def any_store(
+    request: pytest.FixtureRequest, redis_servers: _Servers
+) -> AsyncIterator[Store]:
     """The fake and every real server: the conformance suite runs against all of them."""
     url = "memory://" if request.param == "memory" else redis_servers.url(request.param)
     async with open_store(url) as store:

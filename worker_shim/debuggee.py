@@ -29,7 +29,14 @@ from pathlib import Path
 
 import trio
 
-__all__ = ["Debuggee", "DebuggeeStartError", "build_debug_argv", "split_python_command", "start_debuggee", "start_plain"]
+__all__ = [
+    "Debuggee",
+    "DebuggeeStartError",
+    "build_debug_argv",
+    "split_python_command",
+    "start_debuggee",
+    "start_plain",
+]
 
 READY_TIMEOUT = 60.0
 _PYTHON_OPTS_WITH_VALUE = {"-X", "-W", "--check-hash-based-pycs"}
@@ -42,7 +49,12 @@ class DebuggeeStartError(RuntimeError):
 
 def _is_python(program: str) -> bool:
     name = Path(program).name
-    return name == "python" or name.startswith("python3") or name == "python2" or program == sys.executable
+    return (
+        name == "python"
+        or name.startswith("python3")
+        or name == "python2"
+        or program == sys.executable
+    )
 
 
 def split_python_command(user_argv: list[str]) -> tuple[list[str], list[str]]:
@@ -72,7 +84,9 @@ def split_python_command(user_argv: list[str]) -> tuple[list[str], list[str]]:
             opts += rest[i : i + 2]
             i += 2
             continue
-        if arg.startswith(("-X", "-W")) or (arg.startswith("-") and len(arg) > 1 and set(arg[1:]) <= _PYTHON_FLAGS):
+        if arg.startswith(("-X", "-W")) or (
+            arg.startswith("-") and len(arg) > 1 and set(arg[1:]) <= _PYTHON_FLAGS
+        ):
             opts.append(arg)
             i += 1
             continue
@@ -85,9 +99,17 @@ def split_python_command(user_argv: list[str]) -> tuple[list[str], list[str]]:
 def build_debug_argv(user_argv: list[str], *, python: str = sys.executable) -> list[str]:
     opts, target = split_python_command(user_argv)
     return [
-        python, "-X", "frozen_modules=off", *opts,
-        "-m", "debugpy", "--listen", "127.0.0.1:0", "--wait-for-client",
-        "--configure-subProcess", "false",
+        python,
+        "-X",
+        "frozen_modules=off",
+        *opts,
+        "-m",
+        "debugpy",
+        "--listen",
+        "127.0.0.1:0",
+        "--wait-for-client",
+        "--configure-subProcess",
+        "false",
         *target,
     ]
 
@@ -136,22 +158,36 @@ def _tail(path: str, lines: int = 20) -> str:
 
 
 async def _open(argv: list[str], *, cwd: str, env: dict[str, str], log_path: str) -> trio.Process:
-    with open(log_path, "ab") as log:
+    with open(log_path, "ab") as log:  # noqa: ASYNC230 (opening a local log file)
         return await trio.lowlevel.open_process(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
 
 @asynccontextmanager
 async def start_debuggee(
-    user_argv: list[str], *, cwd: str, env: dict[str, str], log_path: str, python: str = sys.executable
+    user_argv: list[str],
+    *,
+    cwd: str,
+    env: dict[str, str],
+    log_path: str,
+    python: str = sys.executable,
 ) -> AsyncIterator[Debuggee]:
     """Start the program under debugpy, held before user code; on exit it is terminated if alive."""
     argv = build_debug_argv(user_argv, python=python)
     with tempfile.TemporaryDirectory(prefix="tether-debugpy-") as tmp:
         endpoints = Path(tmp) / "endpoints.json"
-        child_env = {**env, "DEBUGPY_ADAPTER_ENDPOINTS": str(endpoints), "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+        child_env = {
+            **env,
+            "DEBUGPY_ADAPTER_ENDPOINTS": str(endpoints),
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        }
         process = await _open(argv, cwd=cwd, env=child_env, log_path=log_path)
         try:
             port = await _wait_endpoints(endpoints, process, log_path)
@@ -169,16 +205,22 @@ async def _wait_endpoints(path: Path, process: trio.Process, log_path: str) -> i
                     f"the program exited with {process.returncode} before debugpy was ready:\n{_tail(log_path)}"
                 )
             try:
-                data = json.loads(path.read_text())
+                data = json.loads(path.read_text())  # noqa: ASYNC240 (a tiny local file)
                 return int(data["client"]["port"])
             except (OSError, ValueError, KeyError):
                 pass
-            await trio.sleep(0.02)  # product code polling a file debugpy writes; not test synchronisation
+            await trio.sleep(
+                0.02
+            )  # product code polling a file debugpy writes; not test synchronisation
     assert scope.cancelled_caught
-    raise DebuggeeStartError(f"debugpy was not ready within {READY_TIMEOUT:g} s:\n{_tail(log_path)}")
+    raise DebuggeeStartError(
+        f"debugpy was not ready within {READY_TIMEOUT:g} s:\n{_tail(log_path)}"
+    )
 
 
-async def start_plain(user_argv: list[str], *, cwd: str, env: dict[str, str], log_path: str) -> trio.Process:
+async def start_plain(
+    user_argv: list[str], *, cwd: str, env: dict[str, str], log_path: str
+) -> trio.Process:
     """Run the command as given (no debugger)."""
     argv = list(user_argv)
     if argv and _is_python(argv[0]) and argv[0] in ("python", "python3"):

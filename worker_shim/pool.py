@@ -37,12 +37,19 @@ async def run_pool(
     runs_dir.mkdir(parents=True, exist_ok=True)
     async with trio.open_nursery() as nursery:
         for slot in range(slots):
-            nursery.start_soon(_slot, relay_url, f"{base}-{slot}", start_delay, runs_dir, python, say)
+            nursery.start_soon(
+                _slot, relay_url, f"{base}-{slot}", start_delay, runs_dir, python, say
+            )
         task_status.started()
 
 
 async def _slot(
-    relay_url: str, worker: str, start_delay: float, runs_dir: Path, python: str, say: Callable[[str], None]
+    relay_url: str,
+    worker: str,
+    start_delay: float,
+    runs_dir: Path,
+    python: str,
+    say: Callable[[str], None],
 ) -> None:
     backoff = 0.2
     while True:
@@ -53,10 +60,19 @@ async def _slot(
                     record, snapshot = await control.claim(worker)
                     say(f"{worker}: claimed run {record.id}")
                     if start_delay > 0:
-                        say(f"{worker}: waiting {start_delay:g} s before starting run {record.id} (--start-delay)")
+                        say(
+                            f"{worker}: waiting {start_delay:g} s before starting run {record.id} (--start-delay)"
+                        )
                         await trio.sleep(start_delay)
                     try:
-                        await run_shim(relay_url, record, snapshot, runs_dir=runs_dir, python=python, on_event=say)
+                        await run_shim(
+                            relay_url,
+                            record,
+                            snapshot,
+                            runs_dir=runs_dir,
+                            python=python,
+                            on_event=say,
+                        )
                     except RelayError as exc:
                         say(f"{worker}: lost the relay while running {record.id}: {exc}")
         except RelayError as exc:

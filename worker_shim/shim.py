@@ -61,7 +61,9 @@ DEFAULT_INITIALIZE: dict[str, Any] = {
 #: reverse requests (subprocess debugging is off; no terminal on the worker).
 _NOT_SUPPORTED = {"supportsStartDebuggingRequest": False, "supportsRunInTerminalRequest": False}
 #: debugpy's own events that are about the worker-side connection, not the program
-_DROPPED_EVENTS = frozenset({"initialized", "debugpyWaitingForServer", "debugpySockets", "terminated"})
+_DROPPED_EVENTS = frozenset(
+    {"initialized", "debugpyWaitingForServer", "debugpySockets", "terminated"}
+)
 HANDSHAKE_TIMEOUT = 60.0
 
 
@@ -87,7 +89,9 @@ class _DebugpyLink:
         self.closed = trio.Event()
         self._send_lock = trio.Lock()
 
-    async def send(self, command: str, arguments: Any, *, origin: str | None = None, seq: int = 0) -> _Sent:
+    async def send(
+        self, command: str, arguments: Any, *, origin: str | None = None, seq: int = 0
+    ) -> _Sent:
         async with self._send_lock:
             self.seq += 1
             sent = _Sent(command, origin, seq)
@@ -160,11 +164,16 @@ class _DebugpyLink:
                 await self.stream.send_all(dap_framing.encode_message(reply))
 
 
-def _default_path_mappings(attach: dict[str, Any], record: RunRecord, run_dir: Path) -> dict[str, Any]:
+def _default_path_mappings(
+    attach: dict[str, Any], record: RunRecord, run_dir: Path
+) -> dict[str, Any]:
     mappings = attach.get("pathMappings")
     if mappings:
         return attach
-    return {**attach, "pathMappings": [{"localRoot": record.spec.workdir, "remoteRoot": str(run_dir)}]}
+    return {
+        **attach,
+        "pathMappings": [{"localRoot": record.spec.workdir, "remoteRoot": str(run_dir)}],
+    }
 
 
 async def run_shim(
@@ -181,21 +190,29 @@ async def run_shim(
     run_dir = runs_dir / record.id
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir.parent / f"{record.id}.log"
-    async with open_run_link(relay_url, role=Role.WORKER, run=record.id, client="tether-worker") as link:
+    async with open_run_link(
+        relay_url, role=Role.WORKER, run=record.id, client="tether-worker"
+    ) as link:
         if link.run.finished:
             say(f"run {record.id} is {link.run.state.value}; not starting it")
             return None
         try:
             extract_snapshot(snapshot, run_dir)
         except Exception as exc:  # a broken snapshot is the run's failure, not the worker's
-            await _status(link, StatusEvent.START_FAILED, detail=f"cannot unpack the snapshot: {exc}")
+            await _status(
+                link, StatusEvent.START_FAILED, detail=f"cannot unpack the snapshot: {exc}"
+            )
             return None
         env = {**os.environ, **record.spec.env}
         if not record.spec.debug:
             return await _run_plain(link, record, run_dir, env, log_path, say)
         try:
             async with start_debuggee(
-                record.spec.command, cwd=str(run_dir), env=env, log_path=str(log_path), python=python
+                record.spec.command,
+                cwd=str(run_dir),
+                env=env,
+                log_path=str(log_path),
+                python=python,
             ) as debuggee:
                 return await _run_debug(link, record, run_dir, debuggee, say)
         except (ValueError, OSError, RuntimeError) as exc:
@@ -209,10 +226,17 @@ async def _status(link: RunLink, event: str, **fields: Any) -> None:
 
 
 async def _run_plain(
-    link: RunLink, record: RunRecord, run_dir: Path, env: dict[str, str], log_path: Path, say: Callable[[str], None]
+    link: RunLink,
+    record: RunRecord,
+    run_dir: Path,
+    env: dict[str, str],
+    log_path: Path,
+    say: Callable[[str], None],
 ) -> int | None:
     try:
-        process = await start_plain(record.spec.command, cwd=str(run_dir), env=env, log_path=str(log_path))
+        process = await start_plain(
+            record.spec.command, cwd=str(run_dir), env=env, log_path=str(log_path)
+        )
     except (OSError, ValueError) as exc:
         await _status(link, StatusEvent.START_FAILED, detail=str(exc))
         return None
@@ -245,7 +269,9 @@ async def _run_debug(
     stream = await debuggee.connect()
     dbg = _DebugpyLink(stream, link)
     await _status(
-        link, StatusEvent.STARTED, data={"pid": debuggee.process.pid, "run_dir": str(run_dir), "debugpy": "1.8.22"}
+        link,
+        StatusEvent.STARTED,
+        data={"pid": debuggee.process.pid, "run_dir": str(run_dir), "debugpy": "1.8.22"},
     )
     terminate = trio.Event()
 
@@ -262,10 +288,14 @@ async def _run_debug(
         tail = link.welcome.tails.get(StreamName.TO_WORKER.value, "0")
         waiting_said = False
         while True:
-            if session.configuration_done or (not record.spec.wait_for_ide and _reached(pending, tail)):
+            if session.configuration_done or (
+                not record.spec.wait_for_ide and _reached(pending, tail)
+            ):
                 break
             if not waiting_said and _reached(pending, tail):
-                await _status(link, StatusEvent.WAITING_FOR_IDE, detail="waiting for the IDE's configuration")
+                await _status(
+                    link, StatusEvent.WAITING_FOR_IDE, detail="waiting for the IDE's configuration"
+                )
                 say(f"run {record.id}: debugger ready, waiting for the IDE's configuration")
                 waiting_said = True
             delivery = await link.deliveries.receive()
@@ -313,11 +343,15 @@ def _decode(delivery: wire.Deliver) -> wire.DapEntry | wire.StatusEntry | wire.C
         return None
 
 
-async def _replay(dbg: _DebugpyLink, session: DebugSession, record: RunRecord, run_dir: Path) -> None:
+async def _replay(
+    dbg: _DebugpyLink, session: DebugSession, record: RunRecord, run_dir: Path
+) -> None:
     init_args = {**(session.initialize_args or DEFAULT_INITIALIZE), **_NOT_SUPPORTED}
     init_args.setdefault("adapterID", "debugpy")
     response = await dbg.request("initialize", init_args)
-    session.capabilities_delta = capabilities_delta(DEBUGPY_CAPABILITIES, response.get("body") or {})
+    session.capabilities_delta = capabilities_delta(
+        DEBUGPY_CAPABILITIES, response.get("body") or {}
+    )
     attach_args = _default_path_mappings(dict(session.attach_args or {}), record, run_dir)
     attach = await dbg.send("attach", attach_args)
     with trio.fail_after(HANDSHAKE_TIMEOUT):

@@ -56,7 +56,9 @@ class Proc:
                         return m
                 seen = len(self.lines)
                 if self.eof:
-                    raise AssertionError(f"{self.name} ended without printing {pattern!r}:\n{self.output}")
+                    raise AssertionError(
+                        f"{self.name} ended without printing {pattern!r}:\n{self.output}"
+                    )
                 await self._changed.wait()
 
     @property
@@ -66,7 +68,11 @@ class Proc:
 
 @asynccontextmanager
 async def tether(
-    *args: str, home: Path, name: str | None = None, cwd: Path | None = None, extra_env: dict[str, str] | None = None
+    *args: str,
+    home: Path,
+    name: str | None = None,
+    cwd: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> AsyncIterator[Proc]:
     env = {**os.environ, "TETHER_HOME": str(home), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     process = await trio.lowlevel.open_process(
@@ -108,7 +114,14 @@ async def stop(process: trio.Process, *, grace: float = 10) -> None:
 async def relay_stack(home: Path, *, workers: int = 0) -> AsyncIterator[tuple[Proc, str]]:
     """`tether up` with the bundled server; yields (process, relay URL)."""
     async with tether(
-        "up", "--data-dir", str(home / "data"), "--workers", str(workers), "--relay-port", "0", home=home
+        "up",
+        "--data-dir",
+        str(home / "data"),
+        "--workers",
+        str(workers),
+        "--relay-port",
+        "0",
+        home=home,
     ) as up:
         m = await up.wait_line(r"tether up: ready relay=(\S+)")
         yield up, m.group(1)
@@ -117,7 +130,14 @@ async def relay_stack(home: Path, *, workers: int = 0) -> AsyncIterator[tuple[Pr
 @asynccontextmanager
 async def worker(home: Path, relay: str, *, slots: int = 1) -> AsyncIterator[Proc]:
     async with tether(
-        "worker", "--relay", relay, "--slots", str(slots), "--work-dir", str(home / "worker"), home=home
+        "worker",
+        "--relay",
+        relay,
+        "--slots",
+        str(slots),
+        "--work-dir",
+        str(home / "worker"),
+        home=home,
     ) as proc:
         await proc.wait_line(r"tether worker: ready")
         yield proc
@@ -129,8 +149,18 @@ async def debug_run(
 ) -> AsyncIterator[tuple[Proc, str, int]]:
     """`tether debug --port 0`; yields (process, run id, adapter port)."""
     async with tether(
-        "debug", "--relay", relay, "--port", "0", "--workdir", str(workdir), *extra, "--", *command,
-        home=home, name="debug",
+        "debug",
+        "--relay",
+        relay,
+        "--port",
+        "0",
+        "--workdir",
+        str(workdir),
+        *extra,
+        "--",
+        *command,
+        home=home,
+        name="debug",
     ) as proc:
         m = await proc.wait_line(r"tether debug: run (\S+) \w+; adapter on 127\.0\.0\.1:(\d+)")
         yield proc, m.group(1), int(m.group(2))

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 import trio
+from stack import debug_run, relay_stack, worker
 
 from adapter.dap_client import DapClient, open_dap_client
 from adapter.demo import VSCODE_INITIALIZE
 from protocol_specs.dap_schema import validate_message
-from stack import debug_run, relay_stack, worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -31,7 +31,11 @@ def src(workdir: Path, name: str) -> dict[str, str]:
 
 
 def bp_args(workdir: Path, name: str, *lines: int, **extra: Any) -> dict[str, Any]:
-    return {"source": src(workdir, name), "lines": list(lines), "breakpoints": [{"line": n, **extra} for n in lines]}
+    return {
+        "source": src(workdir, name),
+        "lines": list(lines),
+        "breakpoints": [{"line": n, **extra} for n in lines],
+    }
 
 
 @pytest.fixture
@@ -45,16 +49,32 @@ def workdir(tmp_path: Path) -> Path:
 
 
 @asynccontextmanager
-async def ide_session(client: DapClient, breakpoints: list[dict[str, Any]], *, filters: list[str] | None = None) -> AsyncIterator[list[dict[str, Any]]]:
+async def ide_session(
+    client: DapClient, breakpoints: list[dict[str, Any]], *, filters: list[str] | None = None
+) -> AsyncIterator[list[dict[str, Any]]]:
     """VS Code's sequence: initialize, attach (not awaited), initialized, config in parallel, configurationDone."""
     init = await client.request("initialize", VSCODE_INITIALIZE)
     assert init["success"] and init["body"]["supportsConfigurationDoneRequest"]
-    attach = client.send_request_nowait("attach", {"name": "tether", "type": "debugpy", "request": "attach", "connect": {"host": "127.0.0.1", "port": 0}, "justMyCode": True,
-                                                   "debugOptions": ["RedirectOutput", "ShowReturnValue"], "showReturnValue": True})
+    attach = client.send_request_nowait(
+        "attach",
+        {
+            "name": "tether",
+            "type": "debugpy",
+            "request": "attach",
+            "connect": {"host": "127.0.0.1", "port": 0},
+            "justMyCode": True,
+            "debugOptions": ["RedirectOutput", "ShowReturnValue"],
+            "showReturnValue": True,
+        },
+    )
     await client.wait_event("initialized", timeout=10)
     seqs = [client.send_request_nowait("setBreakpoints", args) for args in breakpoints]
     seqs.append(client.send_request_nowait("setFunctionBreakpoints", {"breakpoints": []}))
-    seqs.append(client.send_request_nowait("setExceptionBreakpoints", {"filters": filters if filters is not None else ["uncaught"]}))
+    seqs.append(
+        client.send_request_nowait(
+            "setExceptionBreakpoints", {"filters": filters if filters is not None else ["uncaught"]}
+        )
+    )
     responses = [await client.response(s) for s in seqs]
     done = await client.request("configurationDone")
     assert done["success"]
@@ -67,6 +87,14 @@ def assert_schema_valid(client: DapClient) -> None:
         validate_message(message)
 
 
+async def resume(client: DapClient, command: str, thread: int) -> dict[str, Any]:
+    """Step or continue; stops reported before it are stale (debugpy may report one stop twice)."""
+    client.discard_events("stopped")
+    response = await client.request(command, {"threadId": thread})
+    assert response["success"], response
+    return response
+
+
 async def stopped_frame(client: DapClient) -> tuple[dict[str, Any], dict[str, Any]]:
     stopped = await client.wait_event("stopped", timeout=60)
     thread = stopped["body"]["threadId"]
@@ -75,11 +103,18 @@ async def stopped_frame(client: DapClient) -> tuple[dict[str, Any], dict[str, An
     return stopped, stack["body"]["stackFrames"][0]
 
 
-async def test_breakpoints_set_while_queued_apply_when_the_worker_starts(tmp_path: Path, workdir: Path) -> None:
+async def test_breakpoints_set_while_queued_apply_when_the_worker_starts(
+    tmp_path: Path, workdir: Path
+) -> None:
     home = tmp_path / "home"
-    async with relay_stack(home) as (_up, relay), debug_run(home, relay, workdir, "python", "app.py") as (debug, run_id, port):
+    async with (
+        relay_stack(home) as (_up, relay),
+        debug_run(home, relay, workdir, "python", "app.py") as (debug, _run_id, port),
+    ):
         async with open_dap_client("127.0.0.1", port) as ide:
-            async with ide_session(ide, [bp_args(workdir, "app.py", 11), bp_args(workdir, "helpers.py", 5)]) as responses:
+            async with ide_session(
+                ide, [bp_args(workdir, "app.py", 11), bp_args(workdir, "helpers.py", 5)]
+            ) as responses:
                 app_bp, helper_bp = (r["body"]["breakpoints"][0] for r in responses[:2])
                 # answered before any worker exists
                 assert not app_bp["verified"] and "waiting for a worker" in app_bp["message"]
@@ -91,7 +126,11 @@ async def test_breakpoints_set_while_queued_apply_when_the_worker_starts(tmp_pat
             async with worker(home, relay):
                 verified = {}
                 while len(verified) < 2:
-                    event = await ide.wait_event("breakpoint", timeout=60, predicate=lambda e: e["body"]["breakpoint"]["id"] not in verified)
+                    event = await ide.wait_event(
+                        "breakpoint",
+                        timeout=60,
+                        predicate=lambda e: e["body"]["breakpoint"]["id"] not in verified,
+                    )
                     bp = event["body"]["breakpoint"]
                     assert event["body"]["reason"] == "changed" and bp["verified"] is True
                     verified[bp["id"]] = bp
@@ -100,12 +139,18 @@ async def test_breakpoints_set_while_queued_apply_when_the_worker_starts(tmp_pat
                 stopped, frame = await stopped_frame(ide)
                 assert stopped["body"]["reason"] == "breakpoint"
                 assert stopped["body"]["hitBreakpointIds"] == [app_bp["id"]]
-                assert (frame["name"], frame["line"], frame["source"]["path"]) == ("compute", 11, str(workdir / "app.py"))
+                assert (frame["name"], frame["line"], frame["source"]["path"]) == (
+                    "compute",
+                    11,
+                    str(workdir / "app.py"),
+                )
                 thread = stopped["body"]["threadId"]
 
                 threads = await ide.request("threads")
                 assert thread in [t["id"] for t in threads["body"]["threads"]]
-                rest = await ide.request("stackTrace", {"threadId": thread, "startFrame": 1, "levels": 19})
+                rest = await ide.request(
+                    "stackTrace", {"threadId": thread, "startFrame": 1, "levels": 19}
+                )
                 assert [f["name"] for f in rest["body"]["stackFrames"]][:2] == ["main", "<module>"]
 
                 scopes = await ide.request("scopes", {"frameId": frame["id"]})
@@ -114,40 +159,69 @@ async def test_breakpoints_set_while_queued_apply_when_the_worker_starts(tmp_pat
                 values = {v["name"]: v["value"] for v in variables["body"]["variables"]}
                 assert values["factor"] == "10" and values["total"] == "0" and values["i"] == "0"
                 for context in ("repl", "hover", "watch"):
-                    result = await ide.request("evaluate", {"expression": "factor * 2", "frameId": frame["id"], "context": context})
+                    result = await ide.request(
+                        "evaluate",
+                        {"expression": "factor * 2", "frameId": frame["id"], "context": context},
+                    )
                     assert result["body"]["result"] == "20"
-                changed = await ide.request("setVariable", {"variablesReference": local_ref, "name": "factor", "value": "100"})
+                changed = await ide.request(
+                    "setVariable",
+                    {"variablesReference": local_ref, "name": "factor", "value": "100"},
+                )
                 assert changed["body"]["value"] == "100"
 
-                await ide.request("stepIn", {"threadId": thread})
+                await resume(ide, "stepIn", thread)
                 _, frame = await stopped_frame(ide)
-                assert (frame["name"], frame["source"]["path"]) == ("scale", str(workdir / "helpers.py"))
-                await ide.request("next", {"threadId": thread})
+                assert (frame["name"], frame["source"]["path"]) == (
+                    "scale",
+                    str(workdir / "helpers.py"),
+                )
+                await resume(ide, "next", thread)
                 _, frame = await stopped_frame(ide)
                 assert frame["name"] == "scale" and frame["line"] == 6
-                await ide.request("stepOut", {"threadId": thread})
+                await resume(ide, "stepOut", thread)
                 _, frame = await stopped_frame(ide)
                 assert frame["name"] == "compute"
 
                 # a breakpoint added while live takes effect; conditional, plus a logpoint
-                live = await ide.request("setBreakpoints", {
-                    "source": src(workdir, "app.py"), "lines": [11, 12],
-                    "breakpoints": [{"line": 11, "condition": "i == 3"}, {"line": 12, "logMessage": "total is {total}"}],
-                })
+                live = await ide.request(
+                    "setBreakpoints",
+                    {
+                        "source": src(workdir, "app.py"),
+                        "lines": [11, 12],
+                        "breakpoints": [
+                            {"line": 11, "condition": "i == 3"},
+                            {"line": 12, "logMessage": "total is {total}"},
+                        ],
+                    },
+                )
                 assert [b["verified"] for b in live["body"]["breakpoints"]] == [True, True]
                 assert live["body"]["breakpoints"][0]["id"] == app_bp["id"]  # stable across edits
-                await ide.request("setBreakpoints", {"source": src(workdir, "helpers.py"), "lines": [], "breakpoints": []})
-                await ide.request("continue", {"threadId": thread})
+                await ide.request(
+                    "setBreakpoints",
+                    {"source": src(workdir, "helpers.py"), "lines": [], "breakpoints": []},
+                )
+                await resume(ide, "continue", thread)
                 _, frame = await stopped_frame(ide)
                 scopes = await ide.request("scopes", {"frameId": frame["id"]})
-                variables = await ide.request("variables", {"variablesReference": scopes["body"]["scopes"][0]["variablesReference"]})
+                variables = await ide.request(
+                    "variables",
+                    {"variablesReference": scopes["body"]["scopes"][0]["variablesReference"]},
+                )
                 assert {v["name"]: v["value"] for v in variables["body"]["variables"]}["i"] == "3"
 
-                await ide.request("setBreakpoints", {
-                    "source": src(workdir, "app.py"), "lines": [12], "breakpoints": [{"line": 12, "logMessage": "total is {total}"}],
-                })
-                await ide.request("continue", {"threadId": thread})
-                log = await ide.wait_event("output", timeout=30, predicate=lambda e: "total is" in e["body"]["output"])
+                await ide.request(
+                    "setBreakpoints",
+                    {
+                        "source": src(workdir, "app.py"),
+                        "lines": [12],
+                        "breakpoints": [{"line": 12, "logMessage": "total is {total}"}],
+                    },
+                )
+                await resume(ide, "continue", thread)
+                log = await ide.wait_event(
+                    "output", timeout=30, predicate=lambda e: "total is" in e["body"]["output"]
+                )
                 assert log["body"]["output"].startswith("total is")
                 exited = await ide.wait_event("exited", timeout=60)
                 assert exited["body"]["exitCode"] == 0
@@ -157,11 +231,18 @@ async def test_breakpoints_set_while_queued_apply_when_the_worker_starts(tmp_pat
         await debug.wait_line(r"ended \(exited, exit code 0\)")
 
 
-async def test_only_the_last_configuration_per_source_applies(tmp_path: Path, workdir: Path) -> None:
+async def test_only_the_last_configuration_per_source_applies(
+    tmp_path: Path, workdir: Path
+) -> None:
     home = tmp_path / "home"
-    async with relay_stack(home) as (_up, relay), debug_run(home, relay, workdir, "python", "app.py") as (_debug, _run, port):
+    async with (
+        relay_stack(home) as (_up, relay),
+        debug_run(home, relay, workdir, "python", "app.py") as (_debug, _run, port),
+    ):
         async with open_dap_client("127.0.0.1", port) as ide:
-            async with ide_session(ide, [bp_args(workdir, "app.py", 9), bp_args(workdir, "helpers.py", 5)]):
+            async with ide_session(
+                ide, [bp_args(workdir, "app.py", 9), bp_args(workdir, "helpers.py", 5)]
+            ):
                 pass
             await ide.request("setBreakpoints", bp_args(workdir, "app.py", 19))
             await ide.request("setBreakpoints", bp_args(workdir, "helpers.py"))
@@ -176,16 +257,24 @@ async def test_only_the_last_configuration_per_source_applies(tmp_path: Path, wo
         assert_schema_valid(ide)
 
 
-async def test_uncaught_exception_stops_with_exception_info_and_fails_the_run(tmp_path: Path, workdir: Path) -> None:
+async def test_uncaught_exception_stops_with_exception_info_and_fails_the_run(
+    tmp_path: Path, workdir: Path
+) -> None:
     home = tmp_path / "home"
-    async with relay_stack(home, workers=1) as (_up, relay), debug_run(home, relay, workdir, "python", "app.py", "crash") as (debug, _run, port):
+    async with (
+        relay_stack(home, workers=1) as (_up, relay),
+        debug_run(home, relay, workdir, "python", "app.py", "crash") as (debug, _run, port),
+    ):
         async with open_dap_client("127.0.0.1", port) as ide:
             async with ide_session(ide, []):
                 pass
-            stopped, frame = await stopped_frame(ide)
+            stopped, _frame = await stopped_frame(ide)
             assert stopped["body"]["reason"] == "exception"
             info = await ide.request("exceptionInfo", {"threadId": stopped["body"]["threadId"]})
-            assert info["body"]["exceptionId"].endswith("ValueError") and "boom: 150" in info["body"]["description"]
+            assert (
+                info["body"]["exceptionId"].endswith("ValueError")
+                and "boom: 150" in info["body"]["description"]
+            )
             await ide.request("continue", {"threadId": stopped["body"]["threadId"]})
             exited = await ide.wait_event("exited", timeout=60)
             assert exited["body"]["exitCode"] == 1
@@ -195,15 +284,23 @@ async def test_uncaught_exception_stops_with_exception_info_and_fails_the_run(tm
 
 async def test_multiprocessing_pool_runs_to_completion(tmp_path: Path, workdir: Path) -> None:
     home = tmp_path / "home"
-    async with relay_stack(home, workers=1) as (_up, relay), debug_run(home, relay, workdir, "python", "pool.py") as (_debug, _run, port):
+    async with (
+        relay_stack(home, workers=1) as (_up, relay),
+        debug_run(home, relay, workdir, "python", "pool.py") as (_debug, _run, port),
+    ):
         async with open_dap_client("127.0.0.1", port) as ide:
             async with ide_session(ide, [bp_args(workdir, "pool.py", 14)]):
                 pass
             stopped, frame = await stopped_frame(ide)
             assert frame["line"] == 14
             scopes = await ide.request("scopes", {"frameId": frame["id"]})
-            variables = await ide.request("variables", {"variablesReference": scopes["body"]["scopes"][0]["variablesReference"]})
-            assert {v["name"]: v["value"] for v in variables["body"]["variables"]}["results"] == "[0, 1, 4, 9, 16, 25, 36, 49]"
+            variables = await ide.request(
+                "variables",
+                {"variablesReference": scopes["body"]["scopes"][0]["variablesReference"]},
+            )
+            assert {v["name"]: v["value"] for v in variables["body"]["variables"]}[
+                "results"
+            ] == "[0, 1, 4, 9, 16, 25, 36, 49]"
             await ide.request("continue", {"threadId": stopped["body"]["threadId"]})
             exited = await ide.wait_event("exited", timeout=60)
             assert exited["body"]["exitCode"] == 0
@@ -213,18 +310,25 @@ async def test_pause_detach_reattach_and_terminate(tmp_path: Path, workdir: Path
     """Pause a running program; a closed IDE connection only detaches (the program stays paused);
     a new IDE sees the stop replayed; disconnect with terminateDebuggee cancels the run."""
     home = tmp_path / "home"
-    async with relay_stack(home, workers=1) as (_up, relay), debug_run(home, relay, workdir, "python", "app.py", "spin") as (debug, run_id, port):
+    async with (
+        relay_stack(home, workers=1) as (_up, relay),
+        debug_run(home, relay, workdir, "python", "app.py", "spin") as (debug, _run_id, port),
+    ):
         async with open_dap_client("127.0.0.1", port) as ide:
             async with ide_session(ide, []):
                 pass
             thread_event = await ide.wait_event("thread", timeout=60)
             thread = thread_event["body"]["threadId"]
             # the program's own output reaches the IDE; once it printed, it is spinning in main()
-            await ide.wait_event("output", timeout=60, predicate=lambda e: "outcome" in e["body"]["output"])
+            await ide.wait_event(
+                "output", timeout=60, predicate=lambda e: "outcome" in e["body"]["output"]
+            )
             paused = await ide.request("pause", {"threadId": thread})
             assert paused["success"]
             stopped, frame = await stopped_frame(ide)
-            assert stopped["body"]["reason"] == "pause" and frame["source"]["path"] == str(workdir / "app.py"), frame
+            assert stopped["body"]["reason"] == "pause" and frame["source"]["path"] == str(
+                workdir / "app.py"
+            ), frame
             assert frame["name"] == "main", frame
         # the IDE is gone; a new one attaches and is told the thread is stopped
         async with open_dap_client("127.0.0.1", port) as ide:
@@ -232,15 +336,26 @@ async def test_pause_detach_reattach_and_terminate(tmp_path: Path, workdir: Path
                 pass
             stopped = await ide.wait_event("stopped", timeout=10)
             assert stopped["body"]["threadId"] == thread
-            stack = await ide.request("stackTrace", {"threadId": thread, "startFrame": 0, "levels": 1})
+            stack = await ide.request(
+                "stackTrace", {"threadId": thread, "startFrame": 0, "levels": 1}
+            )
             assert stack["body"]["stackFrames"][0]["name"] == "main", stack["body"]
             await ide.request("disconnect", {"terminateDebuggee": True})
         await debug.wait_line(r"ended \(cancelled", timeout=60)
 
 
-async def test_bad_input_gets_errors_and_the_adapter_survives(tmp_path: Path, workdir: Path) -> None:
+async def test_bad_input_gets_errors_and_the_adapter_survives(
+    tmp_path: Path, workdir: Path
+) -> None:
     home = tmp_path / "home"
-    async with relay_stack(home, workers=1) as (_up, relay), debug_run(home, relay, workdir, "python", "app.py", extra=("--request-timeout", "2")) as (debug, _run, port):
+    async with (
+        relay_stack(home, workers=1) as (_up, relay),
+        debug_run(home, relay, workdir, "python", "app.py", extra=("--request-timeout", "2")) as (
+            debug,
+            _run,
+            port,
+        ),
+    ):
         # non-JSON body with a valid header: an error response, the connection stays usable
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(b"Content-Length: 5\r\n\r\nhello")
@@ -251,7 +366,16 @@ async def test_bad_input_gets_errors_and_the_adapter_survives(tmp_path: Path, wo
             while (msg := framer.next_message()) is None:
                 framer.receive_data(await stream.receive_some(65536))
         assert msg["event"] == "output" and "malformed" in msg["body"]["output"]
-        await stream.send_all(encode_message({"seq": 1, "type": "request", "command": "initialize", "arguments": {"adapterID": "x"}}))
+        await stream.send_all(
+            encode_message(
+                {
+                    "seq": 1,
+                    "type": "request",
+                    "command": "initialize",
+                    "arguments": {"adapterID": "x"},
+                }
+            )
+        )
         with trio.fail_after(10):
             while (msg := framer.next_message()) is None:
                 framer.receive_data(await stream.receive_some(65536))

@@ -28,8 +28,10 @@ SPEC = RunSpec(command=["python", "app.py"], workdir="/home/me/project")
 
 @pytest.fixture
 async def relay_url(redis_store: Store, nursery: trio.Nursery) -> AsyncIterator[str]:
-    server = await nursery.start(lambda task_status: serve_relay(redis_store, port=0, task_status=task_status))
-    yield f"ws://127.0.0.1:{server_port(server)}"
+    server = await nursery.start(
+        lambda task_status: serve_relay(redis_store, port=0, task_status=task_status)
+    )
+    return f"ws://127.0.0.1:{server_port(server)}"
 
 
 async def raw_exchange(url: str, *messages: bytes | str) -> list[Any]:
@@ -58,12 +60,20 @@ async def test_submit_claim_publish_deliver_and_finish(relay_url: str, redis_sto
         record = await control.submit(SPEC, b"snapshot-bytes")
         assert record.state is RunState.QUEUED
         claimed, snapshot = await control.claim("w-0")
-        assert (claimed.id, claimed.state, claimed.worker, snapshot) == (record.id, RunState.STARTING, "w-0", b"snapshot-bytes")
-    async with open_run_link(relay_url, role=Role.IDE, run=record.id) as ide, open_run_link(
-        relay_url, role=Role.WORKER, run=record.id
-    ) as worker:
+        assert (claimed.id, claimed.state, claimed.worker, snapshot) == (
+            record.id,
+            RunState.STARTING,
+            "w-0",
+            b"snapshot-bytes",
+        )
+    async with (
+        open_run_link(relay_url, role=Role.IDE, run=record.id) as ide,
+        open_run_link(relay_url, role=Role.WORKER, run=record.id) as worker,
+    ):
         # ide -> worker: acknowledged only once stored, delivered from the stream
-        await ide.publish(wire.DapEntry(origin="a", body=b'{"seq":1,"type":"request","command":"threads"}'))
+        await ide.publish(
+            wire.DapEntry(origin="a", body=b'{"seq":1,"type":"request","command":"threads"}')
+        )
         with trio.fail_after(5):
             delivered = await worker.deliveries.receive()
         assert delivered.stream is StreamName.TO_WORKER
@@ -88,7 +98,9 @@ async def test_a_reconnecting_peer_resumes_after_its_cursor(relay_url: str) -> N
         run = (await control.submit(SPEC)).id
     async with open_run_link(relay_url, role=Role.WORKER, run=run) as worker:
         for n in range(3):
-            await worker.publish(wire.DapEntry(body=orjson.dumps({"seq": n + 1, "type": "event", "event": "output"})))
+            await worker.publish(
+                wire.DapEntry(body=orjson.dumps({"seq": n + 1, "type": "event", "event": "output"}))
+            )
     async with open_run_link(relay_url, role=Role.IDE, run=run) as ide:
         with trio.fail_after(5):
             first = [await ide.deliveries.receive() for _ in range(3)]  # queued + 2 outputs
@@ -129,31 +141,61 @@ async def test_a_cancelled_queued_run_is_never_claimed(relay_url: str) -> None:
         (["hello as text"], ErrorCode.BAD_FRAME),
         ([b"\xc1\xc1"], ErrorCode.BAD_FRAME),
         ([msgpack.packb({"t": "publish", "n": 1, "entry": b""})], ErrorCode.HANDSHAKE_REQUIRED),
-        ([msgpack.packb({"t": "hello", "v": 99, "role": "ide", "run": "x"})], ErrorCode.UNSUPPORTED_VERSION),
-        ([msgpack.packb({"t": "hello", "v": 1, "role": "ide", "run": "nope"})], ErrorCode.NO_SUCH_RUN),
+        (
+            [msgpack.packb({"t": "hello", "v": 99, "role": "ide", "run": "x"})],
+            ErrorCode.UNSUPPORTED_VERSION,
+        ),
+        (
+            [msgpack.packb({"t": "hello", "v": 1, "role": "ide", "run": "nope"})],
+            ErrorCode.NO_SUCH_RUN,
+        ),
         ([msgpack.packb({"t": "hello", "v": 1, "role": "ide"})], ErrorCode.BAD_FRAME),
         ([msgpack.packb({"t": "hello", "v": 1, "role": "spy"})], ErrorCode.BAD_FRAME),
     ],
 )
-async def test_bad_handshakes_get_a_fatal_error_and_a_close(relay_url: str, messages: list[bytes | str], code: ErrorCode) -> None:
-    replies = await raw_exchange(relay_url, *messages)
-    assert replies[-1]["t"] == "error" and replies[-1]["code"] == code.value and replies[-1]["fatal"] is True
+async def test_bad_handshakes_get_a_fatal_error_and_a_close(
+    relay_url: str, messages: list[bytes | str], code: ErrorCode
+) -> None:
+    replies: list[Any] = []
+    async with connect(relay_url, compression=None) as ws:
+        for message in messages:
+            await ws.send(message)
+        with trio.fail_after(15), pytest.raises(ConnectionClosed):  # noqa: PT012
+            while True:
+                replies.append(msgpack.unpackb(await ws.recv(), raw=False))
+        assert ws.close_code == 1008  # policy violation: closed by the relay on purpose
+    assert replies[-1]["t"] == "error" and replies[-1]["code"] == code.value
+    assert replies[-1]["fatal"] is True
 
 
-async def test_bad_frames_after_the_handshake_are_refused_and_nothing_is_lost(relay_url: str, redis_store: Store) -> None:
+async def test_bad_frames_after_the_handshake_are_refused_and_nothing_is_lost(
+    relay_url: str, redis_store: Store
+) -> None:
     async with open_control(relay_url) as control:
         run = (await control.submit(SPEC)).id
     hello = wire.encode_frame(wire.Hello(role=Role.WORKER, run=run))
-    good = wire.encode_frame(wire.Publish(n=9, entry=dap({"seq": 1, "type": "event", "event": "output"})))
+    good = wire.encode_frame(
+        wire.Publish(n=9, entry=dap({"seq": 1, "type": "event", "event": "output"}))
+    )
     replies = await raw_exchange(
         relay_url,
         hello,
         b"garbage",
         msgpack.packb({"t": "publish", "n": 1, "entry": b"not an entry"}),
-        wire.encode_frame(wire.Publish(n=2, entry=wire.encode_entry(wire.StatusEntry(event="queued")))),
-        wire.encode_frame(wire.Publish(n=3, entry=wire.encode_entry(wire.ControlEntry(action="terminate")))),
+        wire.encode_frame(
+            wire.Publish(n=2, entry=wire.encode_entry(wire.StatusEntry(event="queued")))
+        ),
+        wire.encode_frame(
+            wire.Publish(n=3, entry=wire.encode_entry(wire.ControlEntry(action="terminate")))
+        ),
         wire.encode_frame(wire.Claim(rid=1, worker="x")),
-        msgpack.packb({"t": "publish", "n": 4, "entry": msgpack.packb({"k": "dap", "body": b"x" * (wire.MAX_DAP_BODY_BYTES + 1)})}),
+        msgpack.packb(
+            {
+                "t": "publish",
+                "n": 4,
+                "entry": msgpack.packb({"k": "dap", "body": b"x" * (wire.MAX_DAP_BODY_BYTES + 1)}),
+            }
+        ),
         good,
     )
     kinds = [(r["t"], r.get("code"), r.get("n")) for r in replies[1:]]
@@ -177,7 +219,7 @@ async def test_oversized_messages_close_only_that_connection(relay_url: str) -> 
             await ws.send(wire.encode_frame(wire.Hello(role=Role.WORKER, run=run)))
             await ws.recv()
             await ws.send(b"\x00" * (wire.MAX_FRAME_BYTES + 1))
-            with trio.fail_after(10), pytest.raises(ConnectionClosed):
+            with trio.fail_after(10), pytest.raises(ConnectionClosed):  # noqa: PT012
                 while True:
                     await ws.recv()
             assert ws.close_code == 1009  # message too big

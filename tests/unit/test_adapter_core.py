@@ -73,16 +73,26 @@ class Harness:
         out += self.request("configurationDone")
         return out
 
-    def deliver(self, entry: DapEntry | StatusEntry, stream: StreamName = StreamName.TO_IDE) -> list[dict[str, Any]]:
+    def deliver(
+        self, entry: DapEntry | StatusEntry, stream: StreamName = StreamName.TO_IDE
+    ) -> list[dict[str, Any]]:
         return self.sent(self.core.on_delivery(stream, entry))
 
     def status(self, event: str, **fields: Any) -> list[dict[str, Any]]:
         return self.deliver(StatusEntry(event=event, **fields))
 
-    def respond(self, entry: DapEntry, body: dict[str, Any] | None = None, success: bool = True) -> list[dict[str, Any]]:
+    def respond(
+        self, entry: DapEntry, body: dict[str, Any] | None = None, success: bool = True
+    ) -> list[dict[str, Any]]:
         """The worker's response to a published request."""
         req = orjson.loads(entry.body)
-        msg: dict[str, Any] = {"seq": 900, "type": "response", "request_seq": req["seq"], "success": success, "command": req["command"]}
+        msg: dict[str, Any] = {
+            "seq": 900,
+            "type": "response",
+            "request_seq": req["seq"],
+            "success": success,
+            "command": req["command"],
+        }
         if body is not None:
             msg["body"] = body
         return self.deliver(DapEntry(origin=entry.origin, body=orjson.dumps(msg)))
@@ -94,11 +104,17 @@ class Harness:
         return self.deliver(DapEntry(body=orjson.dumps(msg)))
 
     def last_published(self, command: str) -> DapEntry:
-        return next(e for e in reversed(self.published) if orjson.loads(e.body).get("command") == command)
+        return next(
+            e for e in reversed(self.published) if orjson.loads(e.body).get("command") == command
+        )
 
 
 def bp_args(path: str, lines: list[int]) -> dict[str, Any]:
-    return {"source": {"name": path.rsplit("/", 1)[-1], "path": path}, "breakpoints": [{"line": n} for n in lines], "lines": lines}
+    return {
+        "source": {"name": path.rsplit("/", 1)[-1], "path": path},
+        "breakpoints": [{"line": n} for n in lines],
+        "lines": lines,
+    }
 
 
 def kinds(messages: list[dict[str, Any]]) -> list[str]:
@@ -143,18 +159,33 @@ def test_worker_verification_becomes_breakpoint_events_under_the_ides_ids() -> N
     h.handshake(supportsProgressReporting=True)
     entry = h.last_published("setBreakpoints")
     assert kinds(h.status(StatusEvent.CLAIMED, detail="w-0")) == ["output", "progressUpdate"]
-    out = h.respond(entry, {"breakpoints": [
-        {"id": 0, "verified": True, "line": 11, "source": {"path": MAIN}},
-        {"id": 1, "verified": True, "line": 16, "source": {"path": MAIN}},  # adjusted by debugpy
-    ]})
+    out = h.respond(
+        entry,
+        {
+            "breakpoints": [
+                {"id": 0, "verified": True, "line": 11, "source": {"path": MAIN}},
+                {
+                    "id": 1,
+                    "verified": True,
+                    "line": 16,
+                    "source": {"path": MAIN},
+                },  # adjusted by debugpy
+            ]
+        },
+    )
     assert kinds(out) == ["breakpoint", "breakpoint"]
-    assert [(e["body"]["reason"], e["body"]["breakpoint"]["id"], e["body"]["breakpoint"]["line"]) for e in out] == [
-        ("changed", 1, 11), ("changed", 2, 16)]
+    assert [
+        (e["body"]["reason"], e["body"]["breakpoint"]["id"], e["body"]["breakpoint"]["line"])
+        for e in out
+    ] == [("changed", 1, 11), ("changed", 2, 16)]
     out = h.status(StatusEvent.DEBUGGER_LIVE)
     assert kinds(out) == ["output", "progressEnd"]
     # debugpy's own ids are translated in stops
     h.event("thread", {"reason": "started", "threadId": 1})
-    out = h.event("stopped", {"reason": "breakpoint", "threadId": 1, "allThreadsStopped": True, "hitBreakpointIds": [1]})
+    out = h.event(
+        "stopped",
+        {"reason": "breakpoint", "threadId": 1, "allThreadsStopped": True, "hitBreakpointIds": [1]},
+    )
     assert out[0]["body"]["hitBreakpointIds"] == [2]
 
 
@@ -176,7 +207,18 @@ def test_live_requests_are_forwarded_and_answers_mapped_back() -> None:
     out = h.respond(entry, {"stackFrames": [], "totalFrames": 0})
     assert out[0]["request_seq"] == h.ide_seq and out[0]["command"] == "stackTrace"
     # someone else's response is not ours to forward
-    other = DapEntry(origin="else", body=orjson.dumps({"seq": 1, "type": "response", "request_seq": published_seq, "success": True, "command": "stackTrace"}))
+    other = DapEntry(
+        origin="else",
+        body=orjson.dumps(
+            {
+                "seq": 1,
+                "type": "response",
+                "request_seq": published_seq,
+                "success": True,
+                "command": "stackTrace",
+            }
+        ),
+    )
     assert h.deliver(other) == []
 
 
@@ -185,8 +227,17 @@ def test_live_breakpoints_are_answered_with_stable_ids() -> None:
     assert h.request("setBreakpoints", bp_args(DATA, [3])) == []
     entry = h.last_published("setBreakpoints")
     assert entry.bp_ids == [3]
-    out = h.respond(entry, {"breakpoints": [{"id": 7, "verified": False, "message": "Breakpoint in file that does not exist."}]})
-    assert out[0]["body"]["breakpoints"] == [{"id": 3, "verified": False, "message": "Breakpoint in file that does not exist."}]
+    out = h.respond(
+        entry,
+        {
+            "breakpoints": [
+                {"id": 7, "verified": False, "message": "Breakpoint in file that does not exist."}
+            ]
+        },
+    )
+    assert out[0]["body"]["breakpoints"] == [
+        {"id": 3, "verified": False, "message": "Breakpoint in file that does not exist."}
+    ]
 
 
 def test_requests_debugpy_never_answers_are_refused_at_once() -> None:
@@ -221,7 +272,14 @@ def test_responses_for_a_departed_ide_are_dropped_and_state_is_replayed() -> Non
     out = h.request("initialize", {"adapterID": "debugpy"})
     out += h.request("attach", {})
     out += h.request("configurationDone")
-    assert kinds(out) == ["initialize", "initialized", "configurationDone", "attach", "thread", "stopped"]
+    assert kinds(out) == [
+        "initialize",
+        "initialized",
+        "configurationDone",
+        "attach",
+        "thread",
+        "stopped",
+    ]
     assert out[-1]["body"]["threadId"] == 1 and out[-1]["body"]["reason"] == "breakpoint"
 
 
@@ -237,11 +295,20 @@ def test_disconnect_detaches_and_terminate_debuggee_cancels() -> None:
     h = Harness()
     h.connect()
     h.handshake()
-    actions = h.core.on_ide_message({"seq": 50, "type": "request", "command": "disconnect", "arguments": {"restart": False}})
+    actions = h.core.on_ide_message(
+        {"seq": 50, "type": "request", "command": "disconnect", "arguments": {"restart": False}}
+    )
     assert not any(isinstance(a, CancelRun) for a in actions)
     assert any(isinstance(a, CloseIde) for a in actions)
     h.connect()
-    actions = h.core.on_ide_message({"seq": 51, "type": "request", "command": "disconnect", "arguments": {"terminateDebuggee": True}})
+    actions = h.core.on_ide_message(
+        {
+            "seq": 51,
+            "type": "request",
+            "command": "disconnect",
+            "arguments": {"terminateDebuggee": True},
+        }
+    )
     assert any(isinstance(a, CancelRun) for a in actions)
 
 
@@ -279,7 +346,14 @@ def test_history_replay_folds_without_talking() -> None:
     h = Harness()
     for e in entries:
         assert h.sent(h.core.on_delivery(StreamName.TO_WORKER, e, replaying=True)) == []
-    assert h.sent(h.core.on_delivery(StreamName.TO_IDE, StatusEntry(event=StatusEvent.DEBUGGER_LIVE), replaying=True)) == []
+    assert (
+        h.sent(
+            h.core.on_delivery(
+                StreamName.TO_IDE, StatusEntry(event=StatusEvent.DEBUGGER_LIVE), replaying=True
+            )
+        )
+        == []
+    )
     assert h.core.session.configuration_done and h.core.session.live
     assert list(h.core.session.breakpoints) == [MAIN]
     # the new adapter never reuses the ids the first one handed out

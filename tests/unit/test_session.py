@@ -10,7 +10,14 @@ from protocol_specs.session import DebugSession, StatusEvent
 from protocol_specs.wire import DapEntry, StatusEntry
 
 
-def req(seq: int, command: str, arguments: Any = None, *, bp_ids: list[int] | None = None, origin: str = "a") -> DapEntry:
+def req(
+    seq: int,
+    command: str,
+    arguments: Any = None,
+    *,
+    bp_ids: list[int] | None = None,
+    origin: str = "a",
+) -> DapEntry:
     msg: dict[str, Any] = {"seq": seq, "type": "request", "command": command}
     if arguments is not None:
         msg["arguments"] = arguments
@@ -30,11 +37,17 @@ def test_only_the_latest_configuration_per_source_is_replayed() -> None:
     s.apply_to_worker(req(5, "setBreakpoints", bps("/p/a.py", 5, 6), bp_ids=[3, 4]))
     s.apply_to_worker(req(6, "setExceptionBreakpoints", {"filters": []}))
     s.apply_to_worker(req(7, "setExceptionBreakpoints", {"filters": ["raised"]}))
-    s.apply_to_worker(req(8, "setFunctionBreakpoints", {"breakpoints": [{"name": "f"}]}, bp_ids=[5]))
+    s.apply_to_worker(
+        req(8, "setFunctionBreakpoints", {"breakpoints": [{"name": "f"}]}, bp_ids=[5])
+    )
     s.apply_to_worker(req(9, "configurationDone"))
     plan = s.configuration()
     assert [(p.command, p.seq) for p in plan] == [
-        ("setBreakpoints", 5), ("setBreakpoints", 4), ("setFunctionBreakpoints", 8), ("setExceptionBreakpoints", 7)]
+        ("setBreakpoints", 5),
+        ("setBreakpoints", 4),
+        ("setFunctionBreakpoints", 8),
+        ("setExceptionBreakpoints", 7),
+    ]
     assert plan[0].ids == [3, 4]
     assert s.configuration_done and s.attach_args == {"justMyCode": False}
 
@@ -47,14 +60,18 @@ def test_assigned_ids_reuse_unchanged_lines_and_never_collide() -> None:
     assert first == [1, 2] and second == [2, 3]
     # an id folded from another adapter moves the counter past it
     s.apply_to_worker(req(2, "setBreakpoints", bps("/p/b.py", 9), bp_ids=[40], origin="b"))
-    assert s.assign_breakpoint_ids("setFunctionBreakpoints", {"breakpoints": [{"name": "g"}]}) == [41]
+    assert s.assign_breakpoint_ids("setFunctionBreakpoints", {"breakpoints": [{"name": "g"}]}) == [
+        41
+    ]
 
 
 def test_threads_and_stops_are_tracked_from_events() -> None:
     s = DebugSession()
 
     def ev(name: str, body: dict[str, Any]) -> None:
-        s.apply_to_ide(DapEntry(body=orjson.dumps({"seq": 1, "type": "event", "event": name, "body": body})))
+        s.apply_to_ide(
+            DapEntry(body=orjson.dumps({"seq": 1, "type": "event", "event": name, "body": body}))
+        )
 
     s.apply_to_ide(StatusEntry(event=StatusEvent.STARTED))
     ev("thread", {"reason": "started", "threadId": 1})
@@ -74,11 +91,24 @@ def test_threads_and_stops_are_tracked_from_events() -> None:
 def test_debugpy_ids_map_to_adapter_ids_through_responses_and_events() -> None:
     s = DebugSession()
     s.apply_to_worker(req(3, "setBreakpoints", bps("/p/a.py", 1, 2), bp_ids=[1, 2]))
-    resp = {"seq": 9, "type": "response", "request_seq": 3, "success": True, "command": "setBreakpoints",
-            "body": {"breakpoints": [{"id": 10, "verified": True, "line": 1}, {"id": 11, "verified": False}]}}
+    resp = {
+        "seq": 9,
+        "type": "response",
+        "request_seq": 3,
+        "success": True,
+        "command": "setBreakpoints",
+        "body": {
+            "breakpoints": [{"id": 10, "verified": True, "line": 1}, {"id": 11, "verified": False}]
+        },
+    }
     assert s.apply_to_ide(DapEntry(origin="a", body=orjson.dumps(resp))) == [1, 2]
     assert s.verification[2] == {"id": 2, "verified": False}
-    event = {"seq": 10, "type": "event", "event": "breakpoint", "body": {"reason": "changed", "breakpoint": {"id": 11, "verified": True, "line": 2}}}
+    event = {
+        "seq": 10,
+        "type": "event",
+        "event": "breakpoint",
+        "body": {"reason": "changed", "breakpoint": {"id": 11, "verified": True, "line": 2}},
+    }
     assert s.apply_to_ide(DapEntry(body=orjson.dumps(event))) == [2]
     assert s.verification[2]["verified"] is True
     assert s.to_adapter_id(99) == 3  # unknown debugpy id: a fresh adapter id

@@ -59,7 +59,9 @@ def test_entries_round_trip(entry: wire.DapEntry | wire.StatusEntry | wire.Contr
         (b"\x00" * (wire.MAX_FRAME_BYTES + 1), ErrorCode.TOO_LARGE, "exceeds"),
     ],
 )
-def test_bad_frames_get_a_code_and_a_reason(data: bytes | str, code: ErrorCode, needle: str) -> None:
+def test_bad_frames_get_a_code_and_a_reason(
+    data: bytes | str, code: ErrorCode, needle: str
+) -> None:
     with pytest.raises(WireError) as info:
         wire.decode_frame(data)
     assert info.value.code is code

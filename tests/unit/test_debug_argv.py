@@ -1,0 +1,54 @@
+"""How a user's command becomes a debugpy launch that holds the program before user code."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker_shim.debuggee import build_debug_argv
+
+PY = "/venv/bin/python"
+HEAD = [PY, "-X", "frozen_modules=off"]
+DEBUGPY = [
+    "-m",
+    "debugpy",
+    "--listen",
+    "127.0.0.1:0",
+    "--wait-for-client",
+    "--configure-subProcess",
+    "false",
+]
+
+
+@pytest.mark.parametrize(
+    ("user", "expected"),
+    [
+        (["python", "train.py", "--lr", "3"], [*HEAD, *DEBUGPY, "train.py", "--lr", "3"]),
+        (
+            ["python3", "-u", "-m", "pkg.train", "x"],
+            [*HEAD, "-u", *DEBUGPY, "-m", "pkg.train", "x"],
+        ),
+        (
+            ["python3.11", "-X", "dev", "-c", "print(1)"],
+            [*HEAD, "-X", "dev", *DEBUGPY, "-c", "print(1)"],
+        ),
+        (["train.py", "a"], [*HEAD, *DEBUGPY, "train.py", "a"]),
+        (["/usr/bin/python3", "-W", "ignore", "t.py"], [*HEAD, "-W", "ignore", *DEBUGPY, "t.py"]),
+    ],
+)
+def test_python_commands(user: list[str], expected: list[str]) -> None:
+    assert build_debug_argv(user, python=PY) == expected
+
+
+@pytest.mark.parametrize(
+    ("user", "needle"),
+    [
+        (["torchrun", "train.py"], "needs a Python command"),
+        (["python"], "names no script"),
+        (["python", "-m"], "needs an argument"),
+        (["python", "--weird", "t.py"], "unsupported python option"),
+        ([], "empty"),
+    ],
+)
+def test_other_commands_are_refused_clearly(user: list[str], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        build_debug_argv(user, python=PY)
