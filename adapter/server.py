@@ -168,6 +168,10 @@ class AdapterServer:
                         pass
             elif isinstance(action, Publish):
                 await self.link.publish(action.entry)
+                if action.entry.local:
+                    # what the adapter answers itself must be stored before it answers: the user
+                    # may close the laptop right after setting a breakpoint
+                    await self.link.flush()
             elif isinstance(action, CancelRun):
                 assert self._nursery is not None
                 self._nursery.start_soon(self._cancel, action.detail)

@@ -34,7 +34,7 @@ import trio
 from protocol_specs import dap_framing, wire
 from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, capabilities_delta
 from protocol_specs.runs import RunRecord
-from protocol_specs.session import CONFIGURATION_COMMANDS, DebugSession, StatusEvent
+from protocol_specs.session import CONFIGURATION_COMMANDS, BreakpointSet, DebugSession, StatusEvent
 from protocol_specs.wire import DapEntry, Role, StatusEntry, StreamName, WireError
 from relay.client import RunLink, open_run_link
 
@@ -283,32 +283,28 @@ async def _run_debug(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(dbg.pump)
         nursery.start_soon(stop_on_terminate)
-        # 3. fold the IDE side until it is configured (or, without waiting, until caught up)
-        pending: list[wire.Deliver] = []
-        tail = link.welcome.tails.get(StreamName.TO_WORKER.value, "0")
+        # 3. fold the IDE side: everything stored before we connected, then (unless the run
+        #    does not wait) until the IDE finished its configuration
+        tail = _id(link.welcome.tails.get(StreamName.TO_WORKER.value, "0"))
+        seen = (0, 0)
         waiting_said = False
-        while True:
-            if session.configuration_done or (
-                not record.spec.wait_for_ide and _reached(pending, tail)
-            ):
+        while not terminate.is_set():
+            caught_up = seen >= tail
+            if caught_up and (session.configuration_done or not record.spec.wait_for_ide):
                 break
-            if not waiting_said and _reached(pending, tail):
+            if caught_up and not waiting_said:
                 await _status(
                     link, StatusEvent.WAITING_FOR_IDE, detail="waiting for the IDE's configuration"
                 )
                 say(f"run {record.id}: debugger ready, waiting for the IDE's configuration")
                 waiting_said = True
             delivery = await link.deliveries.receive()
-            pending.append(delivery)
-            entry = _decode(delivery)
-            if isinstance(entry, DapEntry):
-                session.apply_to_worker(entry)
-            elif isinstance(entry, wire.ControlEntry):
-                terminate.set()
-                break
+            seen = _id(delivery.cursor)
+            _fold(delivery, session, terminate)
+        _drain(link, session, terminate)  # configuration that is already here counts too
         if not terminate.is_set():
             # 4. replay the compacted configuration
-            await _replay(dbg, session, record, run_dir)
+            await _replay(dbg, session, record, run_dir, lambda: _drain(link, session, terminate))
             await _status(
                 link,
                 StatusEvent.DEBUGGER_LIVE,
@@ -324,10 +320,23 @@ async def _run_debug(
     return code
 
 
-def _reached(pending: list[wire.Deliver], tail: str) -> bool:
-    if tail == "0":
-        return True
-    return bool(pending) and _id(pending[-1].cursor) >= _id(tail)
+def _fold(delivery: wire.Deliver, session: DebugSession, terminate: trio.Event) -> None:
+    entry = _decode(delivery)
+    if isinstance(entry, DapEntry):
+        session.apply_to_worker(entry)
+    elif isinstance(entry, wire.ControlEntry):
+        terminate.set()
+
+
+def _drain(link: RunLink, session: DebugSession, terminate: trio.Event) -> None:
+    """Fold every delivery already received, without waiting (before debugpy starts the program,
+    configuration entries are only ever folded, never forwarded)."""
+    while True:
+        try:
+            delivery = link.deliveries.receive_nowait()
+        except trio.WouldBlock:
+            return
+        _fold(delivery, session, terminate)
 
 
 def _id(cursor: str) -> tuple[int, int]:
@@ -344,8 +353,17 @@ def _decode(delivery: wire.Deliver) -> wire.DapEntry | wire.StatusEntry | wire.C
 
 
 async def _replay(
-    dbg: _DebugpyLink, session: DebugSession, record: RunRecord, run_dir: Path
+    dbg: _DebugpyLink,
+    session: DebugSession,
+    record: RunRecord,
+    run_dir: Path,
+    catch_up: Callable[[], None],
 ) -> None:
+    """The handshake and the latest configuration, before debugpy lets user code run.
+
+    Configuration that arrives while the replay is in flight is folded (``catch_up``) and sent
+    too, still before ``configurationDone``: only the latest state per source ever applies.
+    """
     init_args = {**(session.initialize_args or DEFAULT_INITIALIZE), **_NOT_SUPPORTED}
     init_args.setdefault("adapterID", "debugpy")
     response = await dbg.request("initialize", init_args)
@@ -356,16 +374,31 @@ async def _replay(
     attach = await dbg.send("attach", attach_args)
     with trio.fail_after(HANDSHAKE_TIMEOUT):
         await dbg.initialized.wait()
-    sent = [
-        await dbg.send(bset.command, bset.arguments, origin=bset.origin, seq=bset.seq)
-        for bset in session.configuration()
-    ]
-    with trio.fail_after(HANDSHAKE_TIMEOUT):
-        for s in sent:
-            await s.done.wait()
+    applied: dict[tuple[str, str], int] = {}
+    while True:
+        sent = []
+        for bset in session.configuration():
+            key = (bset.command, _source_of(bset))
+            if applied.get(key) == bset.seq:
+                continue
+            applied[key] = bset.seq
+            sent.append(
+                await dbg.send(bset.command, bset.arguments, origin=bset.origin, seq=bset.seq)
+            )
+        if not sent:
+            break
+        with trio.fail_after(HANDSHAKE_TIMEOUT):
+            for s in sent:
+                await s.done.wait()
+        catch_up()
     await dbg.request("configurationDone", None)
     with trio.fail_after(HANDSHAKE_TIMEOUT):
         await attach.done.wait()
+
+
+def _source_of(bset: BreakpointSet) -> str:
+    source = bset.arguments.get("source") or {}
+    return str(source.get("path") or source.get("sourceReference") or source.get("name") or "")
 
 
 async def _forward_live(link: RunLink, dbg: _DebugpyLink, terminate: trio.Event) -> None:

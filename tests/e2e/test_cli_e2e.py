@@ -1,0 +1,91 @@
+"""The README's demo command, `tether attach` rebuilding a session from the relay alone, and the
+parts run as separate processes (`tether relay --redis URL`, `tether worker`, `tether debug`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from adapter.dap_client import open_dap_client
+from stack import PROJECT, debug_run, relay_stack, tether, worker
+from test_session_e2e import bp_args, ide_session, resume, stopped_frame
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+async def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
+    async with tether("demo", "--start-delay", "0.5", home=tmp_path, name="demo") as demo:
+        await demo.wait_line(r"To debug your own code with VS Code instead", timeout=120)
+        await demo.process.wait()
+    assert demo.process.returncode == 0, demo.output
+    out = demo.output
+    for needle in [
+        "submitted run",
+        "verified=False",
+        "attached; the run is still queued",
+        "verified on the worker (line 18)",
+        "train.py:18 in train_step()",
+        "grad_w=",
+        "evaluate 'weights - lr * grad_w' ->",
+        "finished with exit code 0",
+        "tether debug -- python train.py",
+    ]:
+        assert needle in out, f"{needle!r} missing from:\n{out}"
+    lines = out.splitlines()
+    order = ["attached; the run is still queued", "started on a worker", "verified on the worker", "stopped (breakpoint)", "terminated"]
+    positions = [next(i for i, line in enumerate(lines) if key in line) for key in order]
+    assert positions == sorted(positions)
+
+
+async def test_attach_rebuilds_a_paused_session_after_the_ide_side_is_gone(tmp_path: Path) -> None:
+    """The user's side ends (laptop off) while the program is paused; `tether attach` rebuilds the
+    IDE-facing state from the relay alone and the IDE carries on."""
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    for f in PROJECT.glob("*.py"):
+        (workdir / f.name).write_text(f.read_text())
+    home = tmp_path / "home"
+    async with relay_stack(home, workers=1) as (_up, relay):
+        async with debug_run(home, relay, workdir, "python", "app.py") as (debug, run_id, port):
+            async with open_dap_client("127.0.0.1", port) as ide:
+                async with ide_session(ide, [bp_args(workdir, "app.py", 11)]) as responses:
+                    bp_id = responses[0]["body"]["breakpoints"][0]["id"]
+                stopped, frame = await stopped_frame(ide)
+                assert frame["line"] == 11
+            os.killpg(debug.process.pid, signal.SIGKILL)  # every process on the user's side ends
+            await debug.process.wait()
+        async with tether("attach", run_id, "--relay", relay, "--port", "0", home=home, name="attach") as attach:
+            m = await attach.wait_line(r"adapter on 127\.0\.0\.1:(\d+)")
+            async with open_dap_client("127.0.0.1", int(m.group(1))) as ide:
+                async with ide_session(ide, [bp_args(workdir, "app.py", 11)]) as responses:
+                    assert responses[0]["body"]["breakpoints"][0]["id"] == bp_id  # same id as before
+                replayed = await ide.wait_event("stopped", timeout=10)
+                thread = replayed["body"]["threadId"]
+                assert replayed["body"]["reason"] == "breakpoint"
+                stack = await ide.request("stackTrace", {"threadId": thread, "startFrame": 0, "levels": 1})
+                top = stack["body"]["stackFrames"][0]
+                assert (top["name"], top["line"], top["source"]["path"]) == ("compute", 11, str(workdir / "app.py"))
+                scopes = await ide.request("scopes", {"frameId": top["id"]})
+                variables = await ide.request("variables", {"variablesReference": scopes["body"]["scopes"][0]["variablesReference"]})
+                assert {v["name"]: v["value"] for v in variables["body"]["variables"]}["i"] == "0"
+                await ide.request("setBreakpoints", bp_args(workdir, "app.py"))
+                await resume(ide, "continue", thread)
+                exited = await ide.wait_event("exited", timeout=60)
+                assert exited["body"]["exitCode"] == 0
+            await attach.wait_line(r"ended \(exited, exit code 0\)")
+
+
+@pytest.mark.redis
+async def test_separate_processes_relay_worker_and_debug(tmp_path: Path, redis_server: str) -> None:
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    for f in PROJECT.glob("*.py"):
+        (workdir / f.name).write_text(f.read_text())
+    home = tmp_path / "home"
+    async with tether("relay", "--redis", redis_server, "--port", "0", home=home, name="relay") as relay_proc:
+        relay = (await relay_proc.wait_line(r"ready relay=(\S+)")).group(1)
+        async with worker(home, relay), debug_run(home, relay, workdir, "python", "app.py", extra=("--no-wait",)) as (debug, _run, _port):
+            await debug.wait_line(r"ended \(exited, exit code 0\)", timeout=60)
