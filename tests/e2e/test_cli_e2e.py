@@ -8,10 +8,10 @@ import signal
 from pathlib import Path
 
 import pytest
-
-from adapter.dap_client import open_dap_client
 from stack import PROJECT, debug_run, relay_stack, tether, worker
 from test_session_e2e import bp_args, ide_session, resume, stopped_frame
+
+from adapter.dap_client import open_dap_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -35,7 +35,13 @@ async def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
     ]:
         assert needle in out, f"{needle!r} missing from:\n{out}"
     lines = out.splitlines()
-    order = ["attached; the run is still queued", "started on a worker", "verified on the worker", "stopped (breakpoint)", "terminated"]
+    order = [
+        "attached; the run is still queued",
+        "started on a worker",
+        "verified on the worker",
+        "stopped (breakpoint)",
+        "terminated",
+    ]
     positions = [next(i for i, line in enumerate(lines) if key in line) for key in order]
     assert positions == sorted(positions)
 
@@ -53,23 +59,36 @@ async def test_attach_rebuilds_a_paused_session_after_the_ide_side_is_gone(tmp_p
             async with open_dap_client("127.0.0.1", port) as ide:
                 async with ide_session(ide, [bp_args(workdir, "app.py", 11)]) as responses:
                     bp_id = responses[0]["body"]["breakpoints"][0]["id"]
-                stopped, frame = await stopped_frame(ide)
+                _stopped, frame = await stopped_frame(ide)
                 assert frame["line"] == 11
             os.killpg(debug.process.pid, signal.SIGKILL)  # every process on the user's side ends
             await debug.process.wait()
-        async with tether("attach", run_id, "--relay", relay, "--port", "0", home=home, name="attach") as attach:
+        async with tether(
+            "attach", run_id, "--relay", relay, "--port", "0", home=home, name="attach"
+        ) as attach:
             m = await attach.wait_line(r"adapter on 127\.0\.0\.1:(\d+)")
             async with open_dap_client("127.0.0.1", int(m.group(1))) as ide:
                 async with ide_session(ide, [bp_args(workdir, "app.py", 11)]) as responses:
-                    assert responses[0]["body"]["breakpoints"][0]["id"] == bp_id  # same id as before
+                    assert (
+                        responses[0]["body"]["breakpoints"][0]["id"] == bp_id
+                    )  # same id as before
                 replayed = await ide.wait_event("stopped", timeout=10)
                 thread = replayed["body"]["threadId"]
                 assert replayed["body"]["reason"] == "breakpoint"
-                stack = await ide.request("stackTrace", {"threadId": thread, "startFrame": 0, "levels": 1})
+                stack = await ide.request(
+                    "stackTrace", {"threadId": thread, "startFrame": 0, "levels": 1}
+                )
                 top = stack["body"]["stackFrames"][0]
-                assert (top["name"], top["line"], top["source"]["path"]) == ("compute", 11, str(workdir / "app.py"))
+                assert (top["name"], top["line"], top["source"]["path"]) == (
+                    "compute",
+                    11,
+                    str(workdir / "app.py"),
+                )
                 scopes = await ide.request("scopes", {"frameId": top["id"]})
-                variables = await ide.request("variables", {"variablesReference": scopes["body"]["scopes"][0]["variablesReference"]})
+                variables = await ide.request(
+                    "variables",
+                    {"variablesReference": scopes["body"]["scopes"][0]["variablesReference"]},
+                )
                 assert {v["name"]: v["value"] for v in variables["body"]["variables"]}["i"] == "0"
                 await ide.request("setBreakpoints", bp_args(workdir, "app.py"))
                 await resume(ide, "continue", thread)
@@ -85,7 +104,52 @@ async def test_separate_processes_relay_worker_and_debug(tmp_path: Path, redis_s
     for f in PROJECT.glob("*.py"):
         (workdir / f.name).write_text(f.read_text())
     home = tmp_path / "home"
-    async with tether("relay", "--redis", redis_server, "--port", "0", home=home, name="relay") as relay_proc:
+    async with tether(
+        "relay", "--redis", redis_server, "--port", "0", home=home, name="relay"
+    ) as relay_proc:
         relay = (await relay_proc.wait_line(r"ready relay=(\S+)")).group(1)
-        async with worker(home, relay), debug_run(home, relay, workdir, "python", "app.py", extra=("--no-wait",)) as (debug, _run, _port):
+        async with (
+            worker(home, relay),
+            debug_run(home, relay, workdir, "python", "app.py", extra=("--no-wait",)) as (
+                debug,
+                _run,
+                _port,
+            ),
+        ):
             await debug.wait_line(r"ended \(exited, exit code 0\)", timeout=60)
+
+
+async def test_run_without_debugger_and_commands_find_tether_up_on_their_own(
+    tmp_path: Path,
+) -> None:
+    """`tether up` records its address: `tether run` and `tether status` need no --relay."""
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    for f in PROJECT.glob("*.py"):
+        (workdir / f.name).write_text(f.read_text())
+    home = tmp_path / "home"
+    async with relay_stack(home, workers=1):
+        async with tether(
+            "run",
+            "--workdir",
+            str(workdir),
+            "--",
+            "python",
+            "app.py",
+            "crash",
+            home=home,
+            name="run",
+        ) as run:
+            run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+            await run.process.wait()
+        for _ in range(600):  # the run takes about a second; poll its record (bounded)
+            async with tether("status", run_id, home=home, name="status") as status:
+                await status.process.wait()
+            if '"state": "failed"' in status.output:
+                break
+        assert '"exit_code": 1' in status.output, status.output
+    async with tether("status", run_id, home=home, name="status") as status:
+        await status.process.wait()
+    assert (
+        status.process.returncode != 0 and "tether up" in status.output
+    )  # nothing recorded any more
