@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -12,6 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import trio
+from pydantic import ValidationError
+
+from protocol_specs.runs import RunRecord, RunSpec
 
 __all__ = ["main"]
 
@@ -119,7 +123,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
     async with (
         run_embedded_server(data_dir / "redis")
         if not args.redis
-        else _nullcontext(args.redis) as redis_url
+        else contextlib.nullcontext(args.redis) as redis_url
     ):
         async with open_store(redis_url) as store, trio.open_nursery() as nursery:
             server = await nursery.start(
@@ -160,20 +164,8 @@ async def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-class _nullcontext:
-    def __init__(self, value: str) -> None:
-        self.value = value
-
-    async def __aenter__(self) -> str:
-        return self.value
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
-def build_spec(args: argparse.Namespace, *, debug: bool):  # type: ignore[no-untyped-def]
-    from protocol_specs.runs import RunSpec
-
+def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
+    """The run spec for ``tether debug`` / ``tether run`` arguments (refuses a missing command)."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -181,34 +173,36 @@ def build_spec(args: argparse.Namespace, *, debug: bool):  # type: ignore[no-unt
         raise SystemExit(
             "tether: give the command to run after --, e.g. tether debug -- python train.py"
         )
-    workdir = Path(args.workdir or os.getcwd()).resolve()
     env = {}
     for item in args.env or []:
         name, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"tether: --env expects NAME=VALUE, got {item!r}")
         env[name] = value
-    return RunSpec(
-        command=command,
-        workdir=str(workdir),
-        debug=debug,
-        wait_for_ide=not getattr(args, "no_wait", False),
-        env=env,
-        name=args.name or "",
-        client_os="windows" if os.name == "nt" else "unix",
-    )
+    try:
+        return RunSpec(
+            command=command,
+            workdir=str(Path(args.workdir or os.getcwd()).resolve()),
+            debug=debug,
+            wait_for_ide=not getattr(args, "no_wait", False),
+            env=env,
+            name=args.name or "",
+            client_os="windows" if os.name == "nt" else "unix",
+        )
+    except ValidationError as exc:
+        raise SystemExit(f"tether: invalid run: {exc.errors()[0]['msg']}") from None
 
 
-async def _submit(relay: str, spec, say: Callable[[str], None]):  # type: ignore[no-untyped-def]
+async def submit_run(relay: str, spec: RunSpec, say: Callable[[str], None]) -> RunRecord:
+    """Snapshot the working directory and submit the run."""
     from adapter.snapshot import make_snapshot
     from relay.client import open_control
 
     data, count = make_snapshot(Path(spec.workdir))
     async with open_control(relay, client="tether-cli") as control:
         record = await control.submit(spec, data)
-    say(
-        f"submitted run {record.id}: {' '.join(spec.command)} ({count} files, {len(data) / 1024:.0f} KiB)"
-    )
+    size = f"{count} files, {len(data) / 1024:.0f} KiB"
+    say(f"submitted run {record.id}: {' '.join(spec.command)} ({size})")
     return record
 
 
@@ -216,7 +210,7 @@ async def cmd_debug(args: argparse.Namespace) -> int:
     relay = resolve_relay(args.relay)
     clock = Clock("")
     spec = build_spec(args, debug=True)
-    record = await _submit(relay, spec, clock.say)
+    record = await submit_run(relay, spec, clock.say)
     return await _serve(relay, record.id, args.port, args.request_timeout, clock, announce="queued")
 
 
@@ -231,12 +225,14 @@ async def cmd_attach(args: argparse.Namespace) -> int:
 async def _serve(
     relay: str, run_id: str, port: int, request_timeout: float, clock: Clock, *, announce: str
 ) -> int:
+    from adapter.core import AdapterCore
     from adapter.server import serve_adapter
 
     async with trio.open_nursery() as nursery:
+        result: dict[str, AdapterCore] = {}
 
-        def started(task_status: trio.TaskStatus[int]):  # type: ignore[no-untyped-def]
-            return serve_adapter(
+        async def serve(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+            result["core"] = await serve_adapter(
                 relay,
                 run_id,
                 port=port,
@@ -245,26 +241,21 @@ async def _serve(
                 task_status=task_status,
             )
 
-        result: dict[str, object] = {}
-
-        async def serve(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-            result["core"] = await started(task_status)
-
         bound = await nursery.start(serve)
         print(f"tether debug: run {run_id} {announce}; adapter on 127.0.0.1:{bound}", flush=True)
         print("Attach your IDE to it. VS Code launch.json entry:", flush=True)
         print(launch_json(bound, run_id), flush=True)
-    core = result.get("core")
-    session = getattr(core, "session", None)
-    code = getattr(session, "exit_code", None)
-    clock.say(f"run {run_id} ended ({getattr(session, 'status', '?')}, exit code {code})")
-    return code if isinstance(code, int) and code >= 0 else (0 if code is None else 1)
+    session = result["core"].session
+    code = session.exit_code
+    clock.say(f"run {run_id} ended ({session.status}, exit code {code})")
+    # the program's own exit code; a run that never exited normally (cancelled, killed) is a failure
+    return code if code is not None and code >= 0 else 1
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
     relay = resolve_relay(args.relay)
     clock = Clock("")
-    record = await _submit(relay, build_spec(args, debug=False), clock.say)
+    record = await submit_run(relay, build_spec(args, debug=False), clock.say)
     print(f"tether run: run {record.id} queued", flush=True)
     return 0
 

@@ -271,7 +271,7 @@ class AdapterCore:
                         {
                             "progressId": self._progress_id,
                             "title": "tether",
-                            "message": self._status_text(),
+                            "message": self.status_text(),
                         },
                     )
                 )
@@ -449,7 +449,7 @@ class AdapterCore:
                     self._emit(
                         dap.event(
                             "progressEnd",
-                            {"progressId": self._progress_id, "message": self._status_text()},
+                            {"progressId": self._progress_id, "message": self.status_text()},
                         )
                     )
                 )
@@ -459,7 +459,7 @@ class AdapterCore:
                     self._emit(
                         dap.event(
                             "progressUpdate",
-                            {"progressId": self._progress_id, "message": self._status_text()},
+                            {"progressId": self._progress_id, "message": self.status_text()},
                         )
                     )
                 )
@@ -515,7 +515,7 @@ class AdapterCore:
 
     # --- text -----------------------------------------------------------------------------------
 
-    def _status_text(self) -> str:
+    def status_text(self) -> str:
         s = self.session
         run = f"Run {self.run_id}"
         match s.status:
@@ -537,18 +537,18 @@ class AdapterCore:
 
     def _waiting_text(self) -> str:
         if self.session.finished:
-            return f"{self._status_text()} Breakpoints apply to a new run."
+            return f"{self.status_text()} Breakpoints apply to a new run."
         return WAITING_MESSAGE
 
     def _not_live_text(self, command: str) -> str:
         return (
-            f"{self._status_text()} No debugger is attached yet, so {command!r} cannot be answered."
+            f"{self.status_text()} No debugger is attached yet, so {command!r} cannot be answered."
         )
 
     def _status_output(self) -> Action:
         return self._emit(
             dap.event(
-                "output", {"category": "console", "output": f"tether: {self._status_text()}\n"}
+                "output", {"category": "console", "output": f"tether: {self.status_text()}\n"}
             )
         )
 

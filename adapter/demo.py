@@ -58,7 +58,7 @@ async def run_demo(*, start_delay: float = 3.0, keep: bool = False) -> int:
     from relay.store import open_store
     from worker_shim.pool import run_pool
 
-    from .cli import _submit, build_spec
+    from .cli import build_spec, submit_run
     from .server import serve_adapter
 
     say = _Printer()
@@ -95,7 +95,9 @@ async def run_demo(*, start_delay: float = 3.0, keep: bool = False) -> int:
                     name="demo",
                     no_wait=False,
                 )
-                record = await _submit(relay, build_spec(args, debug=True), lambda t: say("cli", t))
+                record = await submit_run(
+                    relay, build_spec(args, debug=True), lambda t: say("cli", t)
+                )
                 port = await nursery.start(
                     lambda task_status: serve_adapter(
                         relay,

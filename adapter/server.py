@@ -98,7 +98,7 @@ class AdapterServer:
                 before = self.core.session.status
                 await self._perform(self._fold(delivery, replaying=False))
                 if self.core.session.status != before:
-                    self.on_event(self.core._status_text())
+                    self.on_event(self.core.status_text())
                 if self.core.session.finished:
                     self.finished.set()
             self._wake_timer.set()

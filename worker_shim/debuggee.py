@@ -96,15 +96,26 @@ def split_python_command(user_argv: list[str]) -> tuple[list[str], list[str]]:
     raise ValueError("the python command names no script, -m module or -c code")
 
 
-def build_debug_argv(user_argv: list[str], *, python: str = sys.executable) -> list[str]:
+#: debugpy's command line with pydevd's socket made TCP_NODELAY (see ``_tether_debugpy_boot.py``)
+BOOT = Path(__file__).resolve().with_name("_tether_debugpy_boot.py")
+
+
+def build_debug_argv(
+    user_argv: list[str], *, python: str = sys.executable, fast: bool = True
+) -> list[str]:
+    """The debuggee's argv: the user's Python options, debugpy held before user code, the target.
+
+    ``fast`` runs debugpy through ``_tether_debugpy_boot.py`` (no 40 ms stall per message); otherwise it is
+    plain ``python -m debugpy``.
+    """
     opts, target = split_python_command(user_argv)
+    launcher = [str(BOOT)] if fast else ["-m", "debugpy"]
     return [
         python,
         "-X",
         "frozen_modules=off",
         *opts,
-        "-m",
-        "debugpy",
+        *launcher,
         "--listen",
         "127.0.0.1:0",
         "--wait-for-client",

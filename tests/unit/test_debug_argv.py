@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker_shim.debuggee import build_debug_argv
+from worker_shim.debuggee import BOOT, build_debug_argv
 
 PY = "/venv/bin/python"
 HEAD = [PY, "-X", "frozen_modules=off"]
@@ -36,7 +36,13 @@ DEBUGPY = [
     ],
 )
 def test_python_commands(user: list[str], expected: list[str]) -> None:
-    assert build_debug_argv(user, python=PY) == expected
+    assert build_debug_argv(user, python=PY, fast=False) == expected
+
+
+def test_the_fast_launch_only_swaps_the_launcher() -> None:
+    plain = build_debug_argv(["python", "-u", "t.py"], python=PY, fast=False)
+    fast = build_debug_argv(["python", "-u", "t.py"], python=PY)
+    assert fast == [str(BOOT) if part == "-m" else part for part in plain if part != "debugpy"]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,176 @@
+"""Round-trip latency of DAP requests while paused: straight to debugpy vs through tether.
+
+    .venv/bin/python bench/roundtrip.py [--requests N]
+
+Both measured in the same run on this machine (ratios, not absolutes, are the point): the baseline
+is a DAP client attached to ``python -m debugpy --listen`` directly; tether's path is IDE -> adapter
+-> relay -> Redis -> worker shim -> debugpy and back, all on loopback with the bundled server.
+Writes a JSON report to ``bench/results/roundtrip.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from adapter.dap_client import DapClient, open_dap_client  # noqa: E402
+from adapter.demo import VSCODE_INITIALIZE  # noqa: E402
+
+PROGRAM = ROOT / "tests" / "e2e" / "project"
+COMMANDS: list[tuple[str, Any]] = [
+    ("threads", None),
+    ("stackTrace", "frames"),
+    ("evaluate", "expr"),
+]
+
+
+async def configure(client: DapClient, workdir: Path, *, mappings: bool) -> dict[str, Any]:
+    await client.request("initialize", VSCODE_INITIALIZE)
+    attach_args: dict[str, Any] = {"justMyCode": True}
+    if mappings:
+        attach_args["pathMappings"] = [{"localRoot": str(workdir), "remoteRoot": "."}]
+    attach = client.send_request_nowait("attach", attach_args)
+    await client.wait_event("initialized")
+    source = {"path": str(workdir / "app.py")}
+    await client.request("setBreakpoints", {"source": source, "breakpoints": [{"line": 11}]})
+    await client.request("configurationDone")
+    await client.response(attach)
+    return await client.wait_event("stopped", timeout=120)
+
+
+async def measure(client: DapClient, thread: int, n: int) -> dict[str, float]:
+    stack = await client.request("stackTrace", {"threadId": thread, "levels": 1})
+    frame = stack["body"]["stackFrames"][0]["id"]
+    args = {
+        "threads": None,
+        "stackTrace": {"threadId": thread, "startFrame": 0, "levels": 20},
+        "evaluate": {"expression": "factor * 2", "frameId": frame, "context": "watch"},
+    }
+    result = {}
+    for command, arguments in args.items():
+        samples = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            response = await client.request(command, arguments)
+            samples.append((time.perf_counter() - t0) * 1000)
+            assert response["success"], response
+        result[command] = statistics.median(samples)
+    return result
+
+
+async def direct(workdir: Path, n: int) -> dict[str, float]:
+    endpoints = workdir / "endpoints.json"
+    argv = [
+        sys.executable,
+        "-X",
+        "frozen_modules=off",
+        "-m",
+        "debugpy",
+        "--listen",
+        "127.0.0.1:0",
+        "--wait-for-client",
+        "--configure-subProcess",
+        "false",
+        "app.py",
+    ]
+    env = {
+        **os.environ,
+        "DEBUGPY_ADAPTER_ENDPOINTS": str(endpoints),
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+    }
+    process = await trio.lowlevel.open_process(
+        argv, cwd=str(workdir), env=env, stdout=subprocess.DEVNULL
+    )
+    try:
+        with trio.fail_after(30):
+            while not endpoints.exists() or not endpoints.read_text():  # noqa: ASYNC110
+                await trio.sleep(0.02)
+        port = json.loads(endpoints.read_text())["client"]["port"]
+        async with open_dap_client("127.0.0.1", port) as client:
+            stopped = await configure(client, workdir, mappings=True)
+            return await measure(client, stopped["body"]["threadId"], n)
+    finally:
+        process.kill()
+        await process.wait()
+
+
+async def through_tether(workdir: Path, tmp: Path, n: int) -> dict[str, float]:
+    from adapter.cli import build_spec, submit_run
+    from adapter.server import serve_adapter
+    from relay.embedded import run_embedded_server
+    from relay.server import serve_relay, server_port
+    from relay.store import open_store
+    from worker_shim.pool import run_pool
+
+    async with run_embedded_server(tmp / "redis") as url, open_store(url) as store:
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(
+                lambda task_status: serve_relay(store, port=0, task_status=task_status)
+            )
+            relay = f"ws://127.0.0.1:{server_port(server)}"
+            await nursery.start(
+                lambda task_status: run_pool(
+                    relay, slots=1, work_dir=tmp / "worker", task_status=task_status
+                )
+            )
+            args = argparse.Namespace(
+                command=["python", "app.py"],
+                workdir=str(workdir),
+                env=[],
+                name="bench",
+                no_wait=False,
+            )
+            record = await submit_run(relay, build_spec(args, debug=True), lambda _t: None)
+            port = await nursery.start(
+                lambda task_status: serve_adapter(relay, record.id, port=0, task_status=task_status)
+            )
+            async with open_dap_client("127.0.0.1", port) as client:
+                stopped = await configure(client, workdir, mappings=False)
+                result = await measure(client, stopped["body"]["threadId"], n)
+            nursery.cancel_scope.cancel()
+    return result
+
+
+async def main(n: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="tether-bench-"))
+    workdir = tmp / "project"
+    shutil.copytree(PROGRAM, workdir)
+    try:
+        baseline = await direct(workdir, n)
+        tethered = await through_tether(workdir, tmp, n)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report = {
+        "requests_per_command": n,
+        "median_ms": {"debugpy_direct": baseline, "through_tether": tethered},
+        "ratio_tether_over_direct": {k: tethered[k] / baseline[k] for k in baseline},
+    }
+    out = ROOT / "bench" / "results" / "roundtrip.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"{'request':<12}{'debugpy direct':>16}{'through tether':>16}{'ratio':>8}")
+    for k in baseline:
+        print(
+            f"{k:<12}{baseline[k]:>13.2f} ms{tethered[k]:>13.2f} ms{tethered[k] / baseline[k]:>8.2f}"
+        )
+    print(f"report: {out}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=20)
+    trio.run(main, parser.parse_args().requests)
