@@ -1,9 +1,25 @@
 """A small trio DAP client: the demo's scripted IDE and the Python test client.
 
-Every message received is kept in ``received`` (tests validate them all against the DAP schema) and
-events are buffered, so a wait never misses an event that arrived before it started (the trap of
-``@vscode/debugadapter-testsupport``'s ``waitForEvent``). Requests can be pipelined the way VS Code
-sends its configuration: ``send_request_nowait`` then ``response``.
+Theory of operation. :func:`open_dap_client` connects and runs two tasks for the life of the
+``async with`` block: a reader that splits the adapter's bytes into messages
+(:class:`~protocol_specs.dap_framing.DapFramer`) and files them, and the one writer of the
+connection, which sends queued messages in order. Everything else is plain bookkeeping:
+
+- ``received`` keeps every message received, in order; tests validate them all against the schema.
+- Events are buffered until a :meth:`DapClient.wait_event` takes them, so a wait never misses an
+  event that arrived before it started (the trap of ``@vscode/debugadapter-testsupport``'s
+  ``waitForEvent``, research/dap.md section 8).
+- Responses are matched by ``request_seq``, never by arrival order: debugpy answers ``attach`` only
+  after ``configurationDone``. Requests can be pipelined the way VS Code sends its configuration:
+  :meth:`DapClient.send_request_nowait`, then :meth:`DapClient.response` for each.
+- Reverse requests from the adapter (``runInTerminal``, ``startDebugging``) are answered
+  ``success: false`` at once, so the adapter never waits on this client.
+- Waits take a timeout and raise :class:`TimeoutError` saying what did not arrive; once the
+  connection is gone (closed by either side, or the adapter sent bytes that are not DAP) they raise
+  :class:`ConnectionError` with the reason instead of waiting out the timeout.
+
+Cancelling a wait leaves the client usable: a response that arrives later stays filed under its
+``seq``. Leaving the ``async with`` block closes the connection.
 """
 
 from __future__ import annotations
@@ -14,39 +30,64 @@ from typing import Any
 
 import trio
 
-from protocol_specs.dap_framing import DapFramer, encode_message
+from protocol_specs.dap_framing import DapFramer, DapFramingError, encode_message
 
-__all__ = ["DapClient", "open_dap_client"]
+__all__ = ["DapClient", "open_dap_client", "open_dap_client_on_stream"]
+
+_RECEIVE_SIZE = 65536
+_CLOSE_TIMEOUT = 5.0
 
 
 class DapClient:
-    def __init__(self, stream: trio.SocketStream) -> None:
+    """The client side of one DAP connection. Create it with :func:`open_dap_client`."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
         self._stream = stream
         self._seq = 0
-        self._responses: dict[int, dict[str, Any]] = {}
-        self._events: list[dict[str, Any]] = []  # unconsumed
-        self._changed = trio.Event()
-        self._outbox: list[bytes] = []
-        self._send_lock = trio.Lock()
+        self._outbox: list[bytes] = []  # encoded messages the writer has not sent yet
+        self._commands: dict[int, str] = {}  # seq -> command of requests not yet answered
+        self._responses: dict[int, dict[str, Any]] = {}  # request_seq -> response, until taken
+        self._events: list[dict[str, Any]] = []  # events no wait_event() has taken, in order
+        self._changed = trio.Event()  # set (and replaced) whenever anything above changes
+        self._closed_because: str | None = None
+        #: Every message received, in order (events, responses and reverse requests).
         self.received: list[dict[str, Any]] = []
-        self.closed = False
+
+    def __repr__(self) -> str:
+        state = "open" if self._closed_because is None else f"closed ({self._closed_because})"
+        return (
+            f"<DapClient {state} sent={self._seq} received={len(self.received)}"
+            f" pending={sorted(self._commands)} unconsumed_events={len(self._events)}>"
+        )
+
+    @property
+    def closed(self) -> bool:
+        """The connection is gone: nothing more will be received or sent."""
+        return self._closed_because is not None
+
+    @property
+    def closed_because(self) -> str | None:
+        """Why the connection is gone (``None`` while it is open)."""
+        return self._closed_because
 
     def send_request_nowait(self, command: str, arguments: dict[str, Any] | None = None) -> int:
-        """Queue a request (sent in order by the writer); returns its ``seq``."""
-        self._seq += 1
-        msg: dict[str, Any] = {"seq": self._seq, "type": "request", "command": command}
-        if arguments is not None:
-            msg["arguments"] = arguments
-        self._outbox.append(encode_message(msg))
-        self._notify()
-        return self._seq
+        """Queue a request for the writer (requests go out in call order); returns its ``seq``."""
+        self._check_open(f"cannot send {command!r}")
+        seq = self._queue({"type": "request", "command": command} | _args(arguments))
+        self._commands[seq] = command
+        return seq
 
     async def response(self, seq: int, *, timeout: float = 30) -> dict[str, Any]:
-        with trio.fail_after(timeout):
-            while seq not in self._responses:
-                if self.closed:
-                    raise ConnectionError(f"connection closed before the response to request {seq}")
-                await self._changed.wait()
+        """The response to request ``seq`` (even when ``success`` is false), waiting if needed."""
+        what = f"request {seq} ({self._commands.get(seq, '?')!r})"
+        try:
+            with trio.fail_after(timeout):
+                while seq not in self._responses:
+                    self._check_open(f"no response to {what}")
+                    await self._changed.wait()
+        except trio.TooSlowError:
+            raise TimeoutError(f"no response to {what} within {timeout} s") from None
+        self._commands.pop(seq, None)
         return self._responses.pop(seq)
 
     async def request(
@@ -54,10 +95,7 @@ class DapClient:
     ) -> dict[str, Any]:
         """Send a request and wait for its response (returned even when ``success`` is false)."""
         seq = self.send_request_nowait(command, arguments)
-        try:
-            return await self.response(seq, timeout=timeout)
-        except trio.TooSlowError:
-            raise TimeoutError(f"no response to {command!r} within {timeout} s") from None
+        return await self.response(seq, timeout=timeout)
 
     async def wait_event(
         self,
@@ -66,20 +104,23 @@ class DapClient:
         timeout: float = 30,
         predicate: Callable[[dict[str, Any]], bool] | None = None,
     ) -> dict[str, Any]:
-        """The first unconsumed ``event`` (matching ``predicate``), waiting for it if needed."""
+        """Take the first unconsumed ``event`` matching ``predicate``, waiting for it if needed.
+
+        Events that arrived before the call count: they are buffered until taken.
+        """
         try:
             with trio.fail_after(timeout):
                 while True:
                     for i, msg in enumerate(self._events):
                         if msg.get("event") == event and (predicate is None or predicate(msg)):
                             return self._events.pop(i)
-                    if self.closed:
-                        raise ConnectionError(f"connection closed while waiting for {event!r}")
+                    self._check_open(f"no {event!r} event")
                     await self._changed.wait()
         except trio.TooSlowError:
             seen = [m.get("event") for m in self._events]
             raise TimeoutError(
-                f"no {event!r} event within {timeout} s (unconsumed events: {seen})"
+                f"no {event!r} event{'' if predicate is None else ' matching the predicate'}"
+                f" within {timeout} s (unconsumed events: {seen})"
             ) from None
 
     def discard_events(self, event: str) -> int:
@@ -88,61 +129,122 @@ class DapClient:
         self._events = [m for m in self._events if m.get("event") != event]
         return before - len(self._events)
 
+    async def aclose(self) -> None:
+        """Close the connection; waits in progress raise ConnectionError."""
+        self._close("closed by the client")
+        with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+            await self._stream.aclose()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _queue(self, message: dict[str, Any]) -> int:
+        self._seq += 1
+        self._outbox.append(encode_message({"seq": self._seq} | message))
+        self._notify()
+        return self._seq
+
+    def _check_open(self, what: str) -> None:
+        if self._closed_because is not None:
+            raise ConnectionError(f"{what}: the connection is {self._closed_because}")
+
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
 
-    async def _writer(self) -> None:
-        while True:
-            while not self._outbox:
-                await self._changed.wait()
-            data, self._outbox = b"".join(self._outbox), []
-            await self._stream.send_all(data)
+    def _close(self, reason: str) -> None:
+        if self._closed_because is None:
+            self._closed_because = reason
+            self._notify()
 
-    async def _reader(self) -> None:
+    def _file(self, msg: dict[str, Any]) -> None:
+        self.received.append(msg)
+        kind = msg["type"]  # the framer guarantees request, response or event
+        if kind == "response":
+            request_seq = msg.get("request_seq")
+            if isinstance(request_seq, int):
+                self._responses[request_seq] = msg
+        elif kind == "event":
+            self._events.append(msg)
+        else:  # a reverse request: this client serves none, and says so at once
+            command = msg.get("command")
+            self._queue(
+                {
+                    "type": "response",
+                    "request_seq": msg.get("seq"),
+                    "success": False,
+                    "command": command,
+                    "message": f"the tether test client does not serve {command!r} requests",
+                }
+            )
+        self._notify()
+
+    async def _read_loop(self) -> None:
         framer = DapFramer()
+        reason = "closed (the client was cancelled)"
         try:
-            while data := await self._stream.receive_some(65536):
+            while True:
+                data = await self._stream.receive_some(_RECEIVE_SIZE)
                 framer.receive_data(data)
                 while (msg := framer.next_message()) is not None:
-                    self.received.append(msg)
-                    kind = msg.get("type")
-                    if kind == "response":
-                        self._responses[msg.get("request_seq", -1)] = msg
-                    elif kind == "event":
-                        self._events.append(msg)
-                    elif kind == "request":  # reverse requests: this client serves none
-                        self._seq += 1
-                        self._outbox.append(
-                            encode_message(
-                                {
-                                    "seq": self._seq,
-                                    "type": "response",
-                                    "request_seq": msg.get("seq", 0),
-                                    "success": False,
-                                    "command": msg.get("command", ""),
-                                    "message": "not supported",
-                                }
-                            )
-                        )
-                    self._notify()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+                    self._file(msg)
+                if not data:
+                    reason = "closed by the debug adapter"
+                    break
+        except DapFramingError as exc:
+            reason = f"broken: the debug adapter sent invalid DAP ({exc})"
+        except trio.ClosedResourceError:
+            reason = "closed by the client"
+        except trio.BrokenResourceError as exc:
+            reason = f"broken ({exc!r})"
         finally:
-            self.closed = True
-            self._notify()
+            self._close(reason)
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                while not self._outbox:
+                    if self.closed:
+                        return
+                    await self._changed.wait()
+                data, self._outbox = b"".join(self._outbox), []
+                await self._stream.send_all(data)
+        except trio.ClosedResourceError:
+            self._close("closed by the client")
+        except trio.BrokenResourceError as exc:
+            self._close(f"broken: sending failed ({exc!r})")
+
+
+def _args(arguments: dict[str, Any] | None) -> dict[str, Any]:
+    return {} if arguments is None else {"arguments": arguments}
+
+
+@asynccontextmanager
+async def open_dap_client_on_stream(stream: trio.abc.Stream) -> AsyncIterator[DapClient]:
+    """Run a :class:`DapClient` over an open stream; the stream is closed on exit."""
+    client = DapClient(stream)
+    unwrapped: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client._read_loop)
+            nursery.start_soon(client._write_loop)
+            try:
+                yield client
+            finally:
+                nursery.cancel_scope.cancel()
+                await client.aclose()
+    except BaseExceptionGroup as group:
+        # The two tasks never raise, so a group holds the body's own exception: let it through
+        # unwrapped, so that callers can catch TimeoutError or ConnectionError as they are.
+        if len(group.exceptions) != 1:
+            raise
+        unwrapped = group.exceptions[0]
+    if unwrapped is not None:
+        raise unwrapped
 
 
 @asynccontextmanager
 async def open_dap_client(host: str, port: int) -> AsyncIterator[DapClient]:
+    """Connect to a DAP server (a debug adapter) at ``host:port``."""
     stream = await trio.open_tcp_stream(host, port)
-    client = DapClient(stream)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(client._reader)
-        nursery.start_soon(client._writer)
-        try:
-            yield client
-        finally:
-            nursery.cancel_scope.cancel()
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+    async with open_dap_client_on_stream(stream) as client:
+        yield client

@@ -68,13 +68,16 @@ DEBUGPY_CAPABILITIES: dict[str, Any] = {
 def capabilities_delta(pinned: dict[str, Any], actual: dict[str, Any]) -> dict[str, Any]:
     """What a ``capabilities`` event must carry to turn ``pinned`` into ``actual``.
 
-    Keys that changed or appeared take their new value; keys that disappeared become ``False``
-    (every boolean capability defaults to false in DAP), or an empty list for lists.
+    The IDE merges the event's capabilities into the ones it has (VS Code ``mergeCapabilities``),
+    so a key can be changed or added but not removed: keys that changed or appeared take their new
+    value; keys that disappeared take the empty value of their kind, ``False`` for a flag (every
+    boolean capability defaults to false in DAP), ``[]`` for a list, ``{}`` for an object. Empty when
+    nothing differs. Neither argument is modified.
     """
-    delta = {k: v for k, v in actual.items() if pinned.get(k) != v}
+    delta = {k: v for k, v in actual.items() if k not in pinned or pinned[k] != v}
     for key, value in pinned.items():
         if key not in actual:
-            delta[key] = [] if isinstance(value, list) else False
+            delta[key] = [] if isinstance(value, list) else {} if isinstance(value, dict) else False
     return delta
 
 
