@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -73,39 +72,21 @@ async def measure(client: DapClient, thread: int, n: int) -> dict[str, float]:
 
 
 async def direct(workdir: Path, n: int) -> dict[str, float]:
-    endpoints = workdir / "endpoints.json"
-    argv = [
-        sys.executable,
-        "-X",
-        "frozen_modules=off",
-        "-m",
-        "debugpy",
-        "--listen",
-        "127.0.0.1:0",
-        "--wait-for-client",
-        "--configure-subProcess",
-        "false",
-        "app.py",
-    ]
-    env = {
-        **os.environ,
-        "DEBUGPY_ADAPTER_ENDPOINTS": str(endpoints),
-        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-    }
-    process = await trio.lowlevel.open_process(
-        argv, cwd=str(workdir), env=env, stdout=subprocess.DEVNULL
-    )
-    try:
-        with trio.fail_after(30):
-            while not endpoints.exists() or not endpoints.read_text():  # noqa: ASYNC110
-                await trio.sleep(0.02)
-        port = json.loads(endpoints.read_text())["client"]["port"]
-        async with open_dap_client("127.0.0.1", port) as client:
-            stopped = await configure(client, workdir, mappings=True)
-            return await measure(client, stopped["body"]["threadId"], n)
-    finally:
-        process.kill()
-        await process.wait()
+    """Stock debugpy (``python -m debugpy --listen``), the program in the workspace itself."""
+    from worker_shim.debuggee import start_debuggee
+
+    async with (
+        start_debuggee(
+            ["python", "app.py"],
+            cwd=str(workdir),
+            env=dict(os.environ),
+            log_path=str(workdir.parent / "direct.log"),
+            fast=False,
+        ) as debuggee,
+        open_dap_client("127.0.0.1", debuggee.port) as client,
+    ):
+        stopped = await configure(client, workdir, mappings=True)
+        return await measure(client, stopped["body"]["threadId"], n)
 
 
 async def through_tether(workdir: Path, tmp: Path, n: int) -> dict[str, float]:

@@ -189,9 +189,13 @@ async def start_debuggee(
     env: dict[str, str],
     log_path: str,
     python: str = sys.executable,
+    fast: bool = True,
 ) -> AsyncIterator[Debuggee]:
-    """Start the program under debugpy, held before user code; on exit it is terminated if alive."""
-    argv = build_debug_argv(user_argv, python=python)
+    """Start the program under debugpy, held before user code; on exit it is terminated if alive.
+
+    ``fast=False`` starts stock ``python -m debugpy`` (the benchmark's baseline).
+    """
+    argv = build_debug_argv(user_argv, python=python, fast=fast)
     with tempfile.TemporaryDirectory(prefix="tether-debugpy-") as tmp:
         endpoints = Path(tmp) / "endpoints.json"
         child_env = {
