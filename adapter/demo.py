@@ -18,6 +18,8 @@ from typing import Any
 
 import trio
 
+from protocol_specs import capabilities
+
 from .dap_client import open_dap_client
 
 __all__ = ["EXAMPLES", "VSCODE_INITIALIZE", "run_demo"]
@@ -25,21 +27,10 @@ __all__ = ["EXAMPLES", "VSCODE_INITIALIZE", "run_demo"]
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 BREAK_FILE, BREAK_LINE = "train.py", 18
 
-#: what VS Code sends (research/dap.md §2.2), minus reverse requests this client does not serve
+#: VS Code's initialize arguments, minus the reverse requests this scripted client does not serve
 VSCODE_INITIALIZE: dict[str, Any] = {
-    "clientID": "vscode",
-    "clientName": "Visual Studio Code",
-    "adapterID": "debugpy",
-    "pathFormat": "path",
-    "linesStartAt1": True,
-    "columnsStartAt1": True,
-    "supportsVariableType": True,
-    "supportsVariablePaging": True,
+    **capabilities.VSCODE_INITIALIZE,
     "supportsRunInTerminalRequest": False,
-    "locale": "en",
-    "supportsProgressReporting": True,
-    "supportsInvalidatedEvent": True,
-    "supportsMemoryReferences": True,
     "supportsStartDebuggingRequest": False,
 }
 

@@ -15,6 +15,7 @@ __all__ = [
     "DEBUGPY_CAPABILITIES",
     "DEBUGPY_REQUESTS",
     "DEBUGPY_VERSION",
+    "VSCODE_INITIALIZE",
     "capabilities_delta",
     "debugpy_answers",
 ]
@@ -127,3 +128,27 @@ DEBUGPY_REQUESTS = frozenset(
 
 def debugpy_answers(command: str) -> bool:
     return command.lower() in DEBUGPY_REQUESTS
+
+
+#: The ``initialize`` arguments VS Code sends when attaching to debugpy (``shared/research/dap.md``
+#: §2.2; the same bytes appear in a capture in debugpy #1973). The demo's scripted IDE and the tests
+#: speak as VS Code does; the worker uses it when no IDE ever configured the run.
+VSCODE_INITIALIZE: dict[str, Any] = {
+    "clientID": "vscode",
+    "clientName": "Visual Studio Code",
+    "adapterID": "debugpy",
+    "pathFormat": "path",
+    "linesStartAt1": True,
+    "columnsStartAt1": True,
+    "supportsVariableType": True,
+    "supportsVariablePaging": True,
+    "supportsRunInTerminalRequest": True,
+    "locale": "en",
+    "supportsProgressReporting": True,
+    "supportsInvalidatedEvent": True,
+    "supportsMemoryReferences": True,
+    "supportsArgsCanBeInterpretedByShell": True,
+    "supportsMemoryEvent": True,
+    "supportsStartDebuggingRequest": True,
+    "supportsANSIStyling": True,
+}

@@ -32,7 +32,11 @@ import orjson
 import trio
 
 from protocol_specs import dap_framing, wire
-from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, capabilities_delta
+from protocol_specs.capabilities import (
+    DEBUGPY_CAPABILITIES,
+    VSCODE_INITIALIZE,
+    capabilities_delta,
+)
 from protocol_specs.runs import RunRecord
 from protocol_specs.session import CONFIGURATION_COMMANDS, BreakpointSet, DebugSession, StatusEvent
 from protocol_specs.wire import DapEntry, Role, StatusEntry, StreamName, WireError
@@ -47,15 +51,9 @@ log = logging.getLogger("tether.worker")
 
 #: initialize arguments when no IDE ever sent its own (a run started without waiting for one)
 DEFAULT_INITIALIZE: dict[str, Any] = {
+    **VSCODE_INITIALIZE,
     "clientID": "tether",
     "clientName": "tether worker",
-    "adapterID": "debugpy",
-    "pathFormat": "path",
-    "linesStartAt1": True,
-    "columnsStartAt1": True,
-    "supportsVariableType": True,
-    "supportsVariablePaging": True,
-    "supportsProgressReporting": True,
 }
 #: client capabilities the shim never claims towards debugpy, whatever the IDE said: it answers no
 #: reverse requests (subprocess debugging is off; no terminal on the worker).

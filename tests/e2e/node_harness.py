@@ -26,6 +26,8 @@ from typing import Any
 
 import trio
 
+from protocol_specs.capabilities import VSCODE_INITIALIZE
+
 __all__ = [
     "NODE_DIR",
     "RUNNER",
@@ -79,25 +81,7 @@ def vscode_initialize(**overrides: Any) -> dict[str, Any]:
     """VS Code's ``initialize`` arguments, except ``supportsStartDebuggingRequest: false``: DebugClient
     cannot serve reverse requests, and with false debugpy announces children with ``debugpyAttach``
     events instead of blocking on a ``startDebugging`` request nobody answers."""
-    args: dict[str, Any] = {
-        "clientID": "vscode",
-        "clientName": "Visual Studio Code",
-        "adapterID": "debugpy",
-        "pathFormat": "path",
-        "linesStartAt1": True,
-        "columnsStartAt1": True,
-        "supportsVariableType": True,
-        "supportsVariablePaging": True,
-        "supportsRunInTerminalRequest": True,
-        "locale": "en",
-        "supportsProgressReporting": True,
-        "supportsInvalidatedEvent": True,
-        "supportsMemoryReferences": True,
-        "supportsArgsCanBeInterpretedByShell": True,
-        "supportsMemoryEvent": True,
-        "supportsStartDebuggingRequest": False,
-        "supportsANSIStyling": True,
-    }
+    args: dict[str, Any] = {**VSCODE_INITIALIZE, "supportsStartDebuggingRequest": False}
     args.update(overrides)
     return args
 

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from adapter.dap_client import open_dap_client
-from protocol_specs.capabilities import DEBUGPY_CAPABILITIES
+from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, VSCODE_INITIALIZE
 from protocol_specs.dap_schema import validate_message
 
 pytestmark = pytest.mark.slow
@@ -37,27 +37,6 @@ print("result", compute(21))
 sys.exit(3)
 """
 BREAKPOINT_LINE = 5
-
-# What VS Code sends (research/dap.md section 2.2).
-VSCODE_INITIALIZE = {
-    "clientID": "vscode",
-    "clientName": "Visual Studio Code",
-    "adapterID": "debugpy",
-    "pathFormat": "path",
-    "linesStartAt1": True,
-    "columnsStartAt1": True,
-    "supportsVariableType": True,
-    "supportsVariablePaging": True,
-    "supportsRunInTerminalRequest": True,
-    "locale": "en",
-    "supportsProgressReporting": True,
-    "supportsInvalidatedEvent": True,
-    "supportsMemoryReferences": True,
-    "supportsArgsCanBeInterpretedByShell": True,
-    "supportsMemoryEvent": True,
-    "supportsStartDebuggingRequest": True,
-    "supportsANSIStyling": True,
-}
 
 
 async def wait_for_endpoints(path: Path, process: trio.Process, log: Path) -> dict[str, Any]:
