@@ -282,21 +282,6 @@ class Error(BaseModel):
     n: int | None = None
 
 
-Frame = Annotated[
-    Hello
-    | Welcome
-    | Publish
-    | Ack
-    | Deliver
-    | Submit
-    | Cancel
-    | GetRun
-    | Claim
-    | RunInfo
-    | Assigned
-    | Error,
-    Field(discriminator="t"),
-]
 AnyFrame = (
     Hello
     | Welcome
@@ -311,6 +296,7 @@ AnyFrame = (
     | Assigned
     | Error
 )
+Frame = Annotated[AnyFrame, Field(discriminator="t")]
 _FRAME: TypeAdapter[AnyFrame] = TypeAdapter(Frame)
 
 

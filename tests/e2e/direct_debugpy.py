@@ -12,12 +12,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from worker_shim.debuggee import build_debug_argv
 
 __all__ = ["PROGRAMS", "DebugpyProcess", "copy_programs", "listening_debugpy"]
 
@@ -63,20 +64,8 @@ def listening_debugpy(
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         "PYTHONUNBUFFERED": "1",
     }
-    argv = [
-        sys.executable,
-        "-X",
-        "frozen_modules=off",
-        "-m",
-        "debugpy",
-        "--listen",
-        "127.0.0.1:0",
-        "--wait-for-client",
-        "--configure-subProcess",
-        "false",
-        script,
-        *args,
-    ]
+    # stock debugpy, exactly as a user would start it (tether's worker uses its faster boot script)
+    argv = build_debug_argv(["python", script, *args], fast=False)
     with log.open("wb") as out:
         process = subprocess.Popen(
             argv, cwd=workspace, env=env, stdout=out, stderr=subprocess.STDOUT
