@@ -6,35 +6,47 @@ pydevd writes every message as two ``sendall`` calls (header, then body) on a so
 ``TCP_NODELAY``, so Nagle's algorithm holds the body until the header is acknowledged, and the
 receiver (debugpy's own adapter process) delays that acknowledgement by about 40 ms on Linux: every
 DAP round trip costs ~44 ms before any work (``shared/research/perf-notes.md``). This script sets
-``TCP_NODELAY`` on pydevd's socket by wrapping ``start_client``, the one function that creates it,
-then hands over to debugpy's own ``cli.main()`` unchanged.
+``TCP_NODELAY`` on pydevd's socket by wrapping ``start_client``, the one function that creates it
+(``PyDB.connect``, debugpy 1.8.22), then hands over to debugpy's own ``cli.main()`` unchanged. The
+other direction needs nothing: debugpy's adapter writes each message in one piece.
 
-It is defensive: if debugpy's internals are not what this was written against (debugpy 1.8.22),
-nothing is patched and debugpy runs exactly as ``python -m debugpy`` would.
+It is defensive: if debugpy's internals are not what this was written against (debugpy 1.8.22:
+``pydevd.start_client`` is ``pydevd_comm.start_client``), nothing is patched, a note goes to
+stderr (the run's log), and debugpy runs exactly as ``python -m debugpy`` would. The wrapper
+passes every argument through and only adds a socket option, so a changed signature cannot break
+debugging either.
+``tests/integration/test_debuggee.py`` checks both the fix (pydevd's socket has ``TCP_NODELAY``)
+and the fallback against the installed debugpy.
+
+Child processes are not affected (tether runs with ``--configure-subProcess false``; with
+subprocess debugging on, children would start through stock debugpy).
 """
 
+import functools
+import os
 import socket
 import sys
-from collections.abc import Callable
 from typing import Any
 
 
-def _patch_pydevd() -> bool:
+def _patch_pydevd() -> str | None:
+    """Make pydevd's socket TCP_NODELAY; ``None`` when done, else why not."""
     try:
-        import pydevd  # put on sys.path by debugpy.server.api
+        import pydevd  # put on sys.path by debugpy.server
         from _pydevd_bundle import pydevd_comm
         from _pydevd_bundle.pydevd_dont_trace_files import DONT_TRACE, PYDEV_FILE
-    except ImportError:
-        return False
-    # like debugpy's own files, this one is the debugger's: never traced, never in a stack trace
-    DONT_TRACE[__file__.replace("\\", "/").rsplit("/", 1)[-1]] = PYDEV_FILE
-    create: Callable[[str, int], Any] | None = getattr(pydevd_comm, "start_client", None)
-    if create is None or getattr(pydevd, "start_client", None) is not create:
-        return False
+    except ImportError as exc:
+        return f"cannot import pydevd ({exc})"
+    # like debugpy's own files, this one is the debugger's: never traced, not in stack traces
+    DONT_TRACE[os.path.basename(__file__)] = PYDEV_FILE
+    original: Any = getattr(pydevd_comm, "start_client", None)
+    used: Any = getattr(pydevd, "start_client", None)  # what PyDB.connect() calls
+    if not callable(original) or used is not original:
+        return "pydevd.start_client is not pydevd_comm.start_client"
 
-    def start_client(host: str, port: int) -> Any:
-        assert create is not None
-        sock = create(host, port)
+    @functools.wraps(original)
+    def start_client(*args: Any, **kwargs: Any) -> Any:
+        sock = original(*args, **kwargs)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except (OSError, AttributeError):
@@ -43,15 +55,29 @@ def _patch_pydevd() -> bool:
 
     pydevd_comm.start_client = start_client
     pydevd.start_client = start_client
-    return True
+    return None
 
 
 def main() -> None:
-    # this script's directory must not be importable by the user's program
-    del sys.path[0]
-    from debugpy.server import api, cli  # noqa: F401  (imports pydevd, vendored)
+    # Python put this script's directory (worker_shim/) first on sys.path, unless -P or -I: take
+    # it out, so that the program's sys.path is what plain ``python script.py`` would give it.
+    here = os.path.dirname(os.path.realpath(__file__))
+    if sys.path and os.path.realpath(sys.path[0] or ".") == here:
+        del sys.path[0]
+    from debugpy.server import cli  # imports pydevd (vendored) and puts it on sys.path
 
-    _patch_pydevd()
+    try:
+        why_not = _patch_pydevd()
+    except Exception as exc:  # anything unexpected: run as stock debugpy
+        why_not = f"{type(exc).__name__}: {exc}"
+    if why_not is not None:
+        import debugpy
+
+        print(
+            f"tether: debugpy {debugpy.__version__} is not as tether knows it (1.8.22): {why_not}; "
+            "running without the TCP_NODELAY fix (each DAP round trip ~40 ms slower)",
+            file=sys.stderr,
+        )
     cli.main()  # type: ignore[no-untyped-call]
 
 

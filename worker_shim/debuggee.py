@@ -1,35 +1,50 @@
 """Starting the user's program under debugpy, held before user code, and its one connection.
 
-The program runs as ``python -m debugpy --listen 127.0.0.1:0 --wait-for-client
---configure-subProcess false ...``: debugpy's adapter listens on an ephemeral loopback port and
-nothing of the user's code runs until a client finished the configuration (``configurationDone``).
-Readiness comes from ``DEBUGPY_ADAPTER_ENDPOINTS`` (a file debugpy writes once it listens), never from
-a TCP probe: a bare connect-and-close leaves debugpy's adapter unable to accept anyone (debugpy #1308).
+Theory of operation. The program runs as ``python -X frozen_modules=off [user's python options]
+_tether_debugpy_boot.py --listen 127.0.0.1:0 --wait-for-client --configure-subProcess false
+TARGET ARGS`` (``fast=False``: ``-m debugpy`` instead of the boot script). The boot script is
+debugpy's own command line plus ``TCP_NODELAY`` on pydevd's socket, which removes a ~40 ms
+Nagle/delayed-ACK stall from every DAP round trip (see ``_tether_debugpy_boot.py``).
 
-Subprocess debugging is off: debugpy blocks every child process until a client attaches to it, so a
-``multiprocessing`` or DataLoader pool would hang; children run undebugged instead.
+- debugpy's adapter listens on an ephemeral loopback port, and nothing of the user's code runs
+  until a client has finished the configuration (``configurationDone``).
+- Readiness comes from ``DEBUGPY_ADAPTER_ENDPOINTS``, a file debugpy's adapter writes once it
+  listens; never from a TCP probe: a bare connect-and-close leaves the adapter unable to accept
+  anyone (debugpy #1308, research/dap.md section 6.1).
+- Subprocess debugging is off: debugpy would block every child process until a client attached to
+  it, so a ``multiprocessing`` or DataLoader pool would hang. Children run undebugged instead.
+- The program runs in a session (process group) of its own; ending the run signals the whole group,
+  so its children go with it.
+- debugpy's adapter is not in that group: it calls ``setsid()`` and double-forks. It exits by
+  itself once the program is gone and its client has disconnected, except when the program dies
+  before pydevd connected to it: then it waits for that first connection forever. So when
+  :func:`start_debuggee` exits it also kills every process that still carries this run's
+  ``DEBUGPY_ADAPTER_ENDPOINTS`` value in its environment (the adapter, and any descendant that left
+  the group). That scan uses Linux's ``/proc``; elsewhere it finds nothing.
 
-The program runs in its own session (process group), so terminating it also ends debugpy's adapter
-process and any children.
+What a cancel leaves behind: nothing. The exit of :func:`start_debuggee` always runs shielded and
+bounded (at most about 12 s): SIGTERM to the group, up to ``TERMINATE_GRACE`` (5 s), SIGKILL to the
+group, up to 5 s for the program to go, then the stragglers' scan (up to 2 s).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from pathlib import Path
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path, PurePath
 
 import trio
 
 __all__ = [
+    "BOOT",
     "Debuggee",
     "DebuggeeStartError",
     "build_debug_argv",
@@ -38,66 +53,99 @@ __all__ = [
     "start_plain",
 ]
 
+#: How long debugpy may take to listen (usually ~0.3 s; the first start on a cold disk is slower).
 READY_TIMEOUT = 60.0
-_PYTHON_OPTS_WITH_VALUE = {"-X", "-W", "--check-hash-based-pycs"}
-_PYTHON_FLAGS = set("bBdEhiIOPqsSuvx")
+#: SIGTERM to SIGKILL, when the context manager ends the program.
+TERMINATE_GRACE = 5.0
+_POLL_INTERVAL = 0.02
+#: After SIGKILL, how long to wait for the program: a process stuck in the kernel (a hung GPU
+#: driver) may never go, and cleanup must not hang with it.
+_KILL_WAIT = 5.0
+_STRAGGLERS_WAIT = 2.0
+_LOG_TAIL_BYTES = 4096
+
+#: debugpy's command line with pydevd's socket made TCP_NODELAY
+BOOT = Path(__file__).resolve().with_name("_tether_debugpy_boot.py")
+
+_USAGE = (
+    "debug mode needs a Python command: python [options] script.py|-m module|-c code [args], "
+    "or script.py [args]"
+)
+_PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
+_FLAGS = frozenset("bBdEiIOPqsuv")  # CPython's short options without a value that can be kept
+_REFUSED = {
+    "S": "python -S cannot be debugged: it hides site-packages, where debugpy is installed",
+    "x": "python -x cannot be debugged: debugpy, not the interpreter, reads the script",
+    "h": "python -h runs no program",
+    "?": "python -? runs no program",
+    "V": "python -V runs no program",
+}
 
 
 class DebuggeeStartError(RuntimeError):
-    pass
+    """The program did not get as far as debugpy listening; the message ends with its log's tail."""
 
 
 def _is_python(program: str) -> bool:
-    name = Path(program).name
-    return (
-        name == "python"
-        or name.startswith("python3")
-        or name == "python2"
-        or program == sys.executable
-    )
+    return _PYTHON_NAME.fullmatch(PurePath(program).name) is not None or program == sys.executable
 
 
 def split_python_command(user_argv: list[str]) -> tuple[list[str], list[str]]:
-    """``(python options, target and its args)`` of a Python command; raises ``ValueError``.
+    """``(python options, target)`` of a Python command; ``ValueError`` says why not.
 
-    The target is ``script.py ARGS``, ``-m module ARGS`` or ``-c code ARGS``.
+    The target is ``[script, args...]``, ``["-m", module, args...]`` or ``["-c", code, args...]``.
+    Short options are parsed the way CPython does (``-uOO``, ``-Xdev``, ``-um pkg``, ``-cCODE``)
+    and come back one per item: ``["-u", "-O", "-O", "-X", "dev"]``.
     """
     if not user_argv:
-        raise ValueError("empty command")
-    if user_argv[0].endswith(".py"):
-        return [], list(user_argv)
-    if not _is_python(user_argv[0]):
-        raise ValueError(
-            f"debug mode needs a Python command (python script.py, python -m module, script.py); "
-            f"got {user_argv[0]!r}"
-        )
+        raise ValueError(f"{_USAGE}; got an empty command")
+    program, *rest = user_argv
+    if not _is_python(program):
+        if program.endswith(".py"):
+            return [], list(user_argv)
+        raise ValueError(f"{_USAGE}; got {program!r}")
     opts: list[str] = []
-    rest = user_argv[1:]
     i = 0
     while i < len(rest):
         arg = rest[i]
-        if arg in ("-m", "-c"):
-            if i + 1 >= len(rest):
+        i += 1
+        if arg == "--check-hash-based-pycs":
+            if i >= len(rest):
                 raise ValueError(f"python {arg} needs an argument")
-            return opts, rest[i:]
-        if arg in _PYTHON_OPTS_WITH_VALUE:
-            opts += rest[i : i + 2]
-            i += 2
-            continue
-        if arg.startswith(("-X", "-W")) or (
-            arg.startswith("-") and len(arg) > 1 and set(arg[1:]) <= _PYTHON_FLAGS
-        ):
-            opts.append(arg)
+            opts += [arg, rest[i]]
             i += 1
             continue
-        if arg.startswith("-"):
+        if arg == "--":
+            break
+        if arg == "-" or arg.startswith("--"):
             raise ValueError(f"unsupported python option {arg!r} in debug mode")
+        if not arg.startswith("-"):
+            return opts, rest[i - 1 :]
+        for j, letter in enumerate(arg[1:], start=2):
+            if letter in "cmWX":
+                value = arg[j:]
+                if not value:
+                    if i >= len(rest):
+                        raise ValueError(f"python -{letter} needs an argument")
+                    value = rest[i]
+                    i += 1
+                if letter == "m" and value.split(".")[0] == "debugpy":
+                    raise ValueError(
+                        "the command already runs debugpy; tether starts debugpy itself, "
+                        "give the program's own command"
+                    )
+                if letter in "cm":
+                    return opts, [f"-{letter}", value, *rest[i:]]
+                opts += [f"-{letter}", value]
+                break
+            if letter in _REFUSED:
+                raise ValueError(_REFUSED[letter])
+            if letter not in _FLAGS:
+                raise ValueError(f"unsupported python option -{letter} in debug mode")
+            opts.append(f"-{letter}")
+    if i < len(rest) and not rest[i].startswith("-"):  # after "--"
         return opts, rest[i:]
     raise ValueError("the python command names no script, -m module or -c code")
-
-
-#: debugpy's command line with pydevd's socket made TCP_NODELAY (see ``_tether_debugpy_boot.py``)
-BOOT = Path(__file__).resolve().with_name("_tether_debugpy_boot.py")
 
 
 def build_debug_argv(
@@ -105,8 +153,9 @@ def build_debug_argv(
 ) -> list[str]:
     """The debuggee's argv: the user's Python options, debugpy held before user code, the target.
 
-    ``fast`` runs debugpy through ``_tether_debugpy_boot.py`` (no 40 ms stall per message); otherwise it is
-    plain ``python -m debugpy``.
+    Whatever interpreter the user named, the program runs on ``python`` (the worker's, which has
+    debugpy). ``fast`` runs debugpy's command line through ``_tether_debugpy_boot.py`` (no 40 ms
+    stall per message); ``fast=False`` is stock ``python -m debugpy``.
     """
     opts, target = split_python_command(user_argv)
     launcher = [str(BOOT)] if fast else ["-m", "debugpy"]
@@ -125,47 +174,92 @@ def build_debug_argv(
     ]
 
 
-@dataclass
 class Debuggee:
-    process: trio.Process
-    port: int
+    """A program started by :func:`start_debuggee`, held until a client configures debugpy."""
+
+    def __init__(self, process: trio.Process, port: int) -> None:
+        self.process = process
+        #: debugpy's adapter's client port on 127.0.0.1
+        self.port = port
+        self._connected = False
+
+    def __repr__(self) -> str:
+        code = self.process.returncode
+        state = "running" if code is None else f"exited {code}"
+        return f"<Debuggee pid={self.process.pid} port={self.port} {state}>"
 
     async def connect(self) -> trio.SocketStream:
-        """The one connection to debugpy's adapter, for the whole life of the program."""
+        """The one connection to debugpy's adapter, for the whole life of the program.
+
+        Only one attempt is allowed: debugpy resumes the program and forgets all breakpoints when
+        its client goes, and a connection closed before it spoke (a failed or cancelled attempt)
+        can leave the adapter accepting no one again (debugpy #1308). End the run instead.
+        """
+        if self._connected:
+            raise RuntimeError("debugpy takes one connection for the life of the program")
+        self._connected = True
         stream = await trio.open_tcp_stream("127.0.0.1", self.port)
+        # trio sets it already; the point of this connection is latency, so say it here too
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return stream
 
     async def wait(self) -> int:
+        """The program's exit code (negative: killed by that signal)."""
         return await self.process.wait()
 
-    async def terminate(self, grace: float = 5.0) -> None:
-        await _terminate_group(self.process, grace)
+    async def terminate(self, grace: float = TERMINATE_GRACE) -> None:
+        """End the program and its process group: SIGTERM, up to ``grace`` s, then SIGKILL.
+
+        debugpy's adapter stays until its client disconnects, so that client still receives
+        ``terminated``; leaving :func:`start_debuggee` removes it in any case.
+        """
+        await _end_group(self.process, grace)
 
 
-async def _terminate_group(process: trio.Process, grace: float) -> None:
-    if process.returncode is not None:
-        _kill_group(process.pid, signal.SIGKILL)  # stragglers: debugpy's adapter, children
-        return
-    _kill_group(process.pid, signal.SIGTERM)
-    with trio.move_on_after(grace):
-        await process.wait()
-    _kill_group(process.pid, signal.SIGKILL)
-    await process.wait()
+@asynccontextmanager
+async def start_debuggee(
+    user_argv: list[str],
+    *,
+    cwd: str,
+    env: dict[str, str],
+    log_path: str,
+    python: str = sys.executable,
+    fast: bool = True,
+) -> AsyncIterator[Debuggee]:
+    """Start the program under debugpy, held before user code, and yield once debugpy listens.
+
+    stdout and stderr are appended to ``log_path``. Raises ``ValueError`` for a command that is not
+    Python, :class:`DebuggeeStartError` when debugpy does not get to listen. On exit (normal,
+    error or cancel), shielded: the program's group is ended (:meth:`Debuggee.terminate`), then
+    debugpy's adapter and any other process of this run still alive are killed.
+    """
+    argv = build_debug_argv(user_argv, python=python, fast=fast)
+    with tempfile.TemporaryDirectory(prefix="tether-debugpy-") as tmp:
+        endpoints = Path(tmp) / "endpoints.json"
+        child_env = {
+            **env,
+            "DEBUGPY_ADAPTER_ENDPOINTS": str(endpoints),
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        }
+        marker = os.fsencode(f"DEBUGPY_ADAPTER_ENDPOINTS={endpoints}")
+        process = await _open(argv, cwd=cwd, env=child_env, log_path=log_path)
+        try:
+            port = await _wait_endpoints(endpoints, process, log_path)
+            yield Debuggee(process, port)
+        finally:
+            with trio.CancelScope(shield=True):
+                await _end_group(process, TERMINATE_GRACE)
+                await _kill_stragglers(marker)
 
 
-def _kill_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _tail(path: str, lines: int = 20) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
+async def start_plain(
+    user_argv: list[str], *, cwd: str, env: dict[str, str], log_path: str
+) -> trio.Process:
+    """Run the command as given (no debugger), in its own process group, output to ``log_path``."""
+    argv = list(user_argv)
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return await _open(argv, cwd=cwd, env=env, log_path=log_path)
 
 
 async def _open(argv: list[str], *, cwd: str, env: dict[str, str], log_path: str) -> trio.Process:
@@ -181,63 +275,100 @@ async def _open(argv: list[str], *, cwd: str, env: dict[str, str], log_path: str
         )
 
 
-@asynccontextmanager
-async def start_debuggee(
-    user_argv: list[str],
-    *,
-    cwd: str,
-    env: dict[str, str],
-    log_path: str,
-    python: str = sys.executable,
-    fast: bool = True,
-) -> AsyncIterator[Debuggee]:
-    """Start the program under debugpy, held before user code; on exit it is terminated if alive.
-
-    ``fast=False`` starts stock ``python -m debugpy`` (the benchmark's baseline).
-    """
-    argv = build_debug_argv(user_argv, python=python, fast=fast)
-    with tempfile.TemporaryDirectory(prefix="tether-debugpy-") as tmp:
-        endpoints = Path(tmp) / "endpoints.json"
-        child_env = {
-            **env,
-            "DEBUGPY_ADAPTER_ENDPOINTS": str(endpoints),
-            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-        }
-        process = await _open(argv, cwd=cwd, env=child_env, log_path=log_path)
-        try:
-            port = await _wait_endpoints(endpoints, process, log_path)
-            yield Debuggee(process, port)
-        finally:
-            with trio.CancelScope(shield=True):
-                await _terminate_group(process, 5.0)
-
-
 async def _wait_endpoints(path: Path, process: trio.Process, log_path: str) -> int:
-    with trio.move_on_after(READY_TIMEOUT) as scope:
-        while True:
-            if process.returncode is not None or process.poll() is not None:
-                raise DebuggeeStartError(
-                    f"the program exited with {process.returncode} before debugpy was ready:\n{_tail(log_path)}"
-                )
-            try:
-                data = json.loads(path.read_text())  # noqa: ASYNC240 (a tiny local file)
-                return int(data["client"]["port"])
-            except (OSError, ValueError, KeyError):
-                pass
-            await trio.sleep(
-                0.02
-            )  # product code polling a file debugpy writes; not test synchronisation
-    assert scope.cancelled_caught
+    """debugpy's client port, from the file its adapter writes once it listens (polled)."""
+    with trio.move_on_after(READY_TIMEOUT):
+        while process.poll() is None:
+            port = _read_port(path)
+            if port is not None:
+                return port
+            await trio.sleep(_POLL_INTERVAL)  # product code waiting for a file, not a test
+        raise DebuggeeStartError(
+            f"the program exited with {process.returncode} before debugpy was ready; "
+            f"end of its log:\n{_tail(log_path)}"
+        )
     raise DebuggeeStartError(
-        f"debugpy was not ready within {READY_TIMEOUT:g} s:\n{_tail(log_path)}"
+        f"debugpy was not ready within {READY_TIMEOUT:g} s; end of the log:\n{_tail(log_path)}"
     )
 
 
-async def start_plain(
-    user_argv: list[str], *, cwd: str, env: dict[str, str], log_path: str
-) -> trio.Process:
-    """Run the command as given (no debugger)."""
-    argv = list(user_argv)
-    if argv and _is_python(argv[0]) and argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
-    return await _open(argv, cwd=cwd, env=env, log_path=log_path)
+def _read_port(path: Path) -> int | None:
+    try:
+        endpoints = json.loads(path.read_bytes())
+        return int(endpoints["client"]["port"])
+    except (OSError, ValueError, KeyError, TypeError):  # not there yet, or half written
+        return None
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - _LOG_TAIL_BYTES))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+async def _end_group(process: trio.Process, grace: float) -> None:
+    """SIGTERM the program's group, wait up to ``grace``, SIGKILL the group (always: children the
+    program left behind), wait up to ``_KILL_WAIT``."""
+    if process.returncode is None:
+        _signal_group(process.pid, signal.SIGTERM)
+        with trio.move_on_after(grace):
+            await process.wait()
+    _signal_group(process.pid, signal.SIGKILL)
+    with trio.move_on_after(_KILL_WAIT):
+        await process.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def _kill_stragglers(marker: bytes) -> None:
+    """SIGKILL the processes whose environment holds ``marker`` until none is left (bounded)."""
+    with trio.move_on_after(_STRAGGLERS_WAIT):
+        while await trio.to_thread.run_sync(_kill_marked, marker):  # noqa: ASYNC110 (polls /proc)
+            await trio.sleep(_POLL_INTERVAL)
+
+
+def _kill_marked(marker: bytes) -> list[int]:
+    """SIGKILL every live process (but this one) whose environment holds ``marker``; their pids."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:  # no procfs: nothing to find
+        return []
+    found = []
+    for name in names:
+        if name.isdigit() and int(name) != os.getpid() and _has_marker(int(name), marker):
+            found.append(int(name))
+            _kill_if_marked(int(name), marker)
+    return found
+
+
+def _has_marker(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:  # empty for a zombie
+            return marker in f.read().split(b"\0")
+    except OSError:  # gone, or not ours to read
+        return False
+
+
+def _kill_if_marked(pid: int, marker: bytes) -> None:
+    """SIGKILL ``pid`` unless, since the scan, it died and its pid went to another process."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except AttributeError:  # no pidfd_open (not Linux): the scan was a moment ago
+        with suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        return
+    except OSError:  # gone already
+        return
+    try:
+        if _has_marker(pid, marker):  # the pidfd pins the process this check reads
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)

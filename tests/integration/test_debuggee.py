@@ -1,86 +1,394 @@
-"""Starting programs under real debugpy: readiness without probing, exit codes, cleanup."""
+"""Starting programs under real debugpy: readiness without probing, a debug session over the one
+connection, exit codes, child processes, and nothing left behind however the run ends.
+
+Every run gets an environment variable of its own (``TETHER_TEST_RUN``); every process of the run
+inherits it, debugpy's adapter included (which leaves the program's process group), so "nothing is
+left behind" means: no live process carries it.
+
+Faults debugpy does not offer a switch for are injected with a ``sitecustomize`` module that the
+debuggee's interpreter imports before anything else (``fault`` fixture).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
 
-from adapter.dap_client import open_dap_client
-from worker_shim.debuggee import start_debuggee
+from adapter.dap_client import DapClient, open_dap_client, open_dap_client_on_stream
+from protocol_specs.capabilities import VSCODE_INITIALIZE
+from worker_shim.debuggee import BOOT, Debuggee, DebuggeeStartError, start_debuggee
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+LOCAL_ROOT = "/home/dev/project"  # the IDE's side of pathMappings; does not exist here
+NODELAY = "__import__('pydevd').get_global_debugger()._client_socket.getsockopt(6, 1)"
+
+PROGRAM = """\
+def compute(n):
+    total = 0
+    for i in range(n):
+        total += i
+    return total
 
 
-def _group_members(pgid: int) -> list[int]:
-    members = []
+print("result", compute(4))
+"""
+RETURN_LINE = 5
+
+POOL_PROGRAM = """\
+import multiprocessing
+
+
+def square(x):
+    return x * x
+
+
+def main():
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        squares = pool.map(square, range(10))
+    total = sum(squares)
+    print("total", total)
+
+
+if __name__ == "__main__":
+    main()
+"""
+POOL_SUM_LINE = 11
+
+SITECUSTOMIZE = """\
+import os, sys, time
+
+fault = os.environ.pop("TETHER_TEST_FAULT", None)  # popped: debugpy's adapter must not see it
+if fault == "exit-before-debugpy":
+    print("boom: exiting before debugpy starts", file=sys.stderr, flush=True)
+    os._exit(5)
+elif fault == "hold-before-debugpy":
+    open(os.environ["TETHER_TEST_FIFO"], "w").close()  # returns once the test opened it
+    time.sleep(3600)
+elif fault == "hold-before-pydevd-connects":
+    from debugpy.server import api
+    api._settrace = lambda **kwargs: time.sleep(3600)  # the adapter runs, pydevd never connects
+elif fault == "foreign-start-client":
+    from debugpy.server import api  # imports pydevd
+    import pydevd
+    original = pydevd.start_client
+    pydevd.start_client = lambda *args, **kwargs: original(*args, **kwargs)
+"""
+
+
+def _live_processes(mark: str) -> list[str]:
+    """``pid cmdline`` of every live process whose environment holds ``TETHER_TEST_RUN=mark``."""
+    needle = f"TETHER_TEST_RUN={mark}".encode()
+    found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid:
-                members.append(int(entry.name))
-    return members
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):  # empty for a zombie
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                found.append(f"{entry.name} {cmdline}")
+        except OSError:
+            continue
+    return found
 
 
-async def _run_to_end(port: int) -> None:
-    async with open_dap_client("127.0.0.1", port) as ide:
-        await ide.request("initialize", {"adapterID": "debugpy"})
-        attach = ide.send_request_nowait("attach", {"justMyCode": True})
-        await ide.wait_event("initialized")
-        await ide.request("configurationDone")
-        await ide.response(attach)
-        await ide.wait_event("terminated", timeout=30)
+class Run:
+    """A program's workspace, environment and log; ``start()`` runs it under debugpy."""
+
+    def __init__(self, tmp_path: Path, source: str = PROGRAM) -> None:
+        self.dir = tmp_path / "work"
+        self.dir.mkdir()
+        (self.dir / "prog.py").write_text(source)
+        self.mark = uuid.uuid4().hex
+        self.env = {**os.environ, "TETHER_TEST_RUN": self.mark}
+        self.log = tmp_path / "run.log"
+
+    def start(self, *options: str, fast: bool = True) -> AbstractAsyncContextManager[Debuggee]:
+        return start_debuggee(
+            ["python", *options, "prog.py"],
+            cwd=str(self.dir),
+            env=self.env,
+            log_path=str(self.log),
+            fast=fast,
+        )
+
+    def leftovers(self) -> list[str]:
+        return _live_processes(self.mark)
 
 
-@pytest.mark.parametrize("fast", [True, False])
-async def test_held_until_configured_then_exit_code_is_reported(tmp_path: Path, fast: bool) -> None:
-    (tmp_path / "prog.py").write_text(
-        "import pathlib, sys\npathlib.Path('ran').write_text('yes')\nsys.exit(3)\n"
+@pytest.fixture
+def run(tmp_path: Path) -> Run:
+    return Run(tmp_path)
+
+
+@pytest.fixture
+def fault(tmp_path: Path) -> Callable[[Run, str], None]:
+    """``fault(run, name)``: the run's interpreter injects fault ``name`` (see SITECUSTOMIZE)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+
+    def inject(run: Run, name: str) -> None:
+        path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+        run.env |= {"PYTHONPATH": path, "TETHER_TEST_FAULT": name}
+
+    return inject
+
+
+@asynccontextmanager
+async def _client(debuggee: Debuggee) -> AsyncIterator[DapClient]:
+    async with open_dap_client_on_stream(await debuggee.connect()) as ide:
+        yield ide
+
+
+async def _configure(
+    ide: DapClient,
+    *,
+    breakpoints: Sequence[int] = (),
+    just_my_code: bool = True,
+    initialize: dict[str, Any] = VSCODE_INITIALIZE,
+) -> list[dict[str, Any]]:
+    """VS Code's handshake with pathMappings; the setBreakpoints response's breakpoints."""
+    await ide.request("initialize", initialize)
+    attach = ide.send_request_nowait(
+        "attach",
+        {
+            "justMyCode": just_my_code,
+            "pathMappings": [{"localRoot": LOCAL_ROOT, "remoteRoot": "."}],
+        },
     )
-    async with start_debuggee(
-        ["python", "prog.py"],
-        cwd=str(tmp_path),
-        env=dict(os.environ),
-        log_path=str(tmp_path / "log"),
-        fast=fast,
-    ) as debuggee:
-        assert not (tmp_path / "ran").exists()  # nothing of the program ran before configuration
-        await _run_to_end(debuggee.port)
+    await ide.wait_event("initialized")
+    response = await ide.request(
+        "setBreakpoints",
+        {
+            "source": {"path": f"{LOCAL_ROOT}/prog.py"},
+            "breakpoints": [{"line": line} for line in breakpoints],
+        },
+    )
+    assert response["success"], response
+    await ide.request("setExceptionBreakpoints", {"filters": []})
+    assert (await ide.request("configurationDone"))["success"]
+    assert (await ide.response(attach))["success"]
+    result: list[dict[str, Any]] = response["body"]["breakpoints"]
+    return result
+
+
+async def _evaluate(ide: DapClient, frame_id: int, expression: str) -> str:
+    response = await ide.request(
+        "evaluate", {"expression": expression, "frameId": frame_id, "context": "repl"}
+    )
+    assert response["success"], response
+    result: str = response["body"]["result"]
+    return result
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["boot", "stock"])
+async def test_a_breakpoint_session_over_the_one_connection(run: Run, fast: bool) -> None:
+    async with run.start(fast=fast) as debuggee:
+        async with _client(debuggee) as ide:
+            (bp,) = await _configure(ide, breakpoints=[RETURN_LINE], just_my_code=False)
+            assert bp["verified"] and bp["line"] == RETURN_LINE
+            stopped = await ide.wait_event("stopped")
+            assert stopped["body"]["reason"] == "breakpoint"
+            thread = stopped["body"]["threadId"]
+            frames = (await ide.request("stackTrace", {"threadId": thread}))["body"]["stackFrames"]
+            top = frames[0]
+            assert (top["name"], top["line"]) == ("compute", RETURN_LINE)
+            assert top["source"]["path"] == f"{LOCAL_ROOT}/prog.py"  # mapped back to the IDE's side
+            # neither debugpy's nor tether's launcher shows, even with justMyCode off
+            paths = [f.get("source", {}).get("path", "") for f in frames]
+            assert not [p for p in paths if "debugpy" in p or BOOT.name in p], paths
+            assert await _evaluate(ide, top["id"], "total") == "6"
+            # the boot script's point: pydevd's socket has TCP_NODELAY (pinned to this debugpy)
+            assert await _evaluate(ide, top["id"], NODELAY) == ("1" if fast else "0")
+            assert (await ide.request("continue", {"threadId": thread}))["success"]
+            await ide.wait_event("terminated")
+        assert await debuggee.wait() == 0
+        with pytest.raises(RuntimeError, match="one connection"):
+            await debuggee.connect()
+    assert "result 6" in run.log.read_text()
+    assert run.leftovers() == []
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["boot", "stock"])
+async def test_held_until_configured_then_exit_code_is_reported(tmp_path: Path, fast: bool) -> None:
+    run = Run(tmp_path, "import pathlib, sys\npathlib.Path('ran').write_text('yes')\nsys.exit(3)\n")
+    async with run.start(fast=fast) as debuggee:
+        assert not (run.dir / "ran").exists()  # nothing of the program ran before configuration
+        async with _client(debuggee) as ide:
+            await _configure(ide)
+            await ide.wait_event("terminated")
         assert await debuggee.wait() == 3
-    assert (tmp_path / "ran").read_text() == "yes"
+    assert (run.dir / "ran").read_text() == "yes"
+    assert run.leftovers() == []
 
 
-async def test_terminate_leaves_no_process_behind(tmp_path: Path) -> None:
-    (tmp_path / "prog.py").write_text("import time\nwhile True:\n    time.sleep(0.1)\n")
-    async with start_debuggee(
-        ["python", "prog.py"],
-        cwd=str(tmp_path),
-        env=dict(os.environ),
-        log_path=str(tmp_path / "log"),
-    ) as debuggee:
+async def test_a_spawn_pool_runs_to_completion_under_the_debugger(tmp_path: Path) -> None:
+    # With subprocess debugging on, debugpy announces each child (the pool's two workers and
+    # multiprocessing's resource tracker) with a ``debugpyAttach`` event to a client without
+    # ``startDebugging``, and holds it until someone attaches: pool.map never returns.
+    run = Run(tmp_path, POOL_PROGRAM)
+    without_start_debugging = {**VSCODE_INITIALIZE, "supportsStartDebuggingRequest": False}
+    with trio.fail_after(60):
+        async with run.start() as debuggee, _client(debuggee) as ide:
+            (bp,) = await _configure(
+                ide, breakpoints=[POOL_SUM_LINE], initialize=without_start_debugging
+            )
+            assert bp["verified"]
+            stopped = await ide.wait_event("stopped", timeout=30)
+            thread = stopped["body"]["threadId"]
+            stack = await ide.request("stackTrace", {"threadId": thread, "levels": 1})
+            top = stack["body"]["stackFrames"][0]
+            assert (top["name"], top["line"]) == ("main", POOL_SUM_LINE)
+            assert await _evaluate(ide, top["id"], "squares[-1]") == "81"
+            await ide.request("continue", {"threadId": thread})
+            await ide.wait_event("terminated")
+            assert await debuggee.wait() == 0
+            # no child was offered for debugging
+            assert not [
+                m
+                for m in ide.received
+                if m.get("command") == "startDebugging" or m.get("event") == "debugpyAttach"
+            ]
+    assert "total 285" in run.log.read_text()
+    assert run.leftovers() == []
+
+
+@pytest.mark.parametrize("options", [[], ["-I"]], ids=["default", "isolated"])
+async def test_the_program_sees_the_sys_path_plain_python_gives_it(
+    tmp_path: Path, options: list[str]
+) -> None:
+    run = Run(tmp_path, "import json, sys\nprint('PATH', json.dumps(sys.path))\n")
+    async with run.start(*options) as debuggee, _client(debuggee) as ide:
+        await _configure(ide)
+        await ide.wait_event("terminated")
+    (line,) = [x for x in run.log.read_text().splitlines() if x.startswith("PATH ")]
+    debugged = json.loads(line.removeprefix("PATH "))
+    plain = await trio.run_process(
+        [sys.executable, *options, "prog.py"], cwd=run.dir, capture_stdout=True, env=run.env
+    )
+    expected = json.loads(plain.stdout.decode().removeprefix("PATH "))
+    assert str(BOOT.parent) not in debugged
+    if not options:  # the script's directory comes first, relative to the cwd (debugpy's way)
+        assert debugged[0] == ""
+        debugged[0] = str(run.dir)
+    assert debugged == expected
+
+
+async def test_terminate_ends_the_program_its_children_and_then_debugpy(run: Run) -> None:
+    (run.dir / "prog.py").write_text(
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "while True:\n"
+        "    time.sleep(0.1)\n"
+    )
+    async with run.start() as debuggee, _client(debuggee) as ide:
+        await _configure(ide)
+        await ide.wait_event("thread")  # the program runs its endless loop
+        await debuggee.terminate(grace=5)
+        # debugpy's adapter outlives the program until its client goes, and tells it
+        await ide.wait_event("terminated")
+        assert debuggee.process.returncode is not None
+    assert run.leftovers() == []
+
+
+async def test_cancelled_while_paused_and_connected_leaves_nothing(run: Run) -> None:
+    # debugpy's adapter waits for its client to disconnect; here the client outlives the run
+    async def hold_client(debuggee: Debuggee, *, task_status: Any) -> None:
+        async with _client(debuggee) as ide:
+            task_status.started(ide)
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as scope:
+            async with run.start() as debuggee:
+                ide: DapClient = await nursery.start(hold_client, debuggee)
+                await _configure(ide, breakpoints=[RETURN_LINE])
+                await ide.wait_event("stopped")
+                scope.cancel()
+                await trio.sleep_forever()
+        assert scope.cancelled_caught
+        assert run.leftovers() == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_cancelled_while_waiting_for_debugpy_leaves_nothing(
+    run: Run, fault: Callable[[Run, str], None]
+) -> None:
+    fifo = run.dir / "held"
+    os.mkfifo(fifo)
+    fault(run, "hold-before-debugpy")
+    run.env["TETHER_TEST_FIFO"] = str(fifo)
+    started = False
+    async with trio.open_nursery() as nursery:
+
+        async def start() -> None:
+            nonlocal started
+            async with run.start():
+                started = True
+
+        nursery.start_soon(start)
+        with trio.fail_after(30):  # opening the FIFO returns once the program holds it open
+            await trio.to_thread.run_sync(lambda: open(fifo, "rb").close(), abandon_on_cancel=True)
+        nursery.cancel_scope.cancel()
+    assert not started
+    assert run.leftovers() == []
+
+
+async def test_a_program_gone_before_pydevd_connected_leaves_no_adapter(
+    run: Run, fault: Callable[[Run, str], None]
+) -> None:
+    # debugpy's adapter waits for pydevd's first connection forever, outside the program's group
+    fault(run, "hold-before-pydevd-connects")
+    async with run.start():
+        assert [p for p in run.leftovers() if "debugpy/adapter" in p]
+    assert run.leftovers() == []
+
+
+async def test_a_program_that_cannot_start_is_reported_with_its_log(
+    run: Run, fault: Callable[[Run, str], None]
+) -> None:
+    fault(run, "exit-before-debugpy")
+    with pytest.raises(DebuggeeStartError, match="exited with 5") as caught:
+        async with run.start():
+            pytest.fail("started")
+    assert "boom: exiting before debugpy starts" in str(caught.value)
+    assert run.leftovers() == []
+
+
+async def test_when_debugpy_internals_differ_the_boot_falls_back_to_stock_debugpy(
+    run: Run, fault: Callable[[Run, str], None]
+) -> None:
+    fault(run, "foreign-start-client")
+    async with run.start() as debuggee, _client(debuggee) as ide:
+        await _configure(ide, breakpoints=[RETURN_LINE])
+        stopped = await ide.wait_event("stopped")
+        thread = stopped["body"]["threadId"]
+        stack = await ide.request("stackTrace", {"threadId": thread, "levels": 1})
+        frame = stack["body"]["stackFrames"][0]
+        assert frame["line"] == RETURN_LINE
+        assert await _evaluate(ide, frame["id"], NODELAY) == "0"
+        await ide.request("continue", {"threadId": thread})
+        await ide.wait_event("terminated")
+        assert await debuggee.wait() == 0
+    log = run.log.read_text()
+    assert "running without the TCP_NODELAY fix" in log and "result 6" in log
+
+
+async def test_a_missing_script_fails_the_run_with_the_reason_in_its_log(run: Run) -> None:
+    (run.dir / "prog.py").unlink()
+    async with run.start() as debuggee:
         async with open_dap_client("127.0.0.1", debuggee.port) as ide:
-            await ide.request("initialize", {"adapterID": "debugpy"})
-            attach = ide.send_request_nowait("attach", {"justMyCode": True})
-            await ide.wait_event("initialized")
-            await ide.request("configurationDone")
-            await ide.response(attach)
-            await ide.wait_event("thread")  # the program runs its endless loop
-            pgid = debuggee.process.pid
-            await debuggee.terminate(grace=5)
-            await ide.wait_event("terminated", timeout=30)  # debugpy's adapter saw it go
-    assert debuggee.process.returncode is not None
-    assert _group_members(pgid) == []
-
-
-async def test_a_missing_script_fails_the_run_with_the_reason_in_its_log(tmp_path: Path) -> None:
-    log = tmp_path / "log"
-    async with start_debuggee(
-        ["python", "missing.py"], cwd=str(tmp_path), env=dict(os.environ), log_path=str(log)
-    ) as debuggee:
-        await _run_to_end(debuggee.port)
+            await _configure(ide)
+            await ide.wait_event("terminated")
         assert await debuggee.wait() != 0
-    assert "missing.py" in log.read_text()
+    assert "prog.py" in run.log.read_text()
