@@ -51,6 +51,7 @@ __all__ = [
     "split_python_command",
     "start_debuggee",
     "start_plain",
+    "terminate_group",
 ]
 
 #: How long debugpy may take to listen (usually ~0.3 s; the first start on a cold disk is slower).
@@ -307,6 +308,11 @@ def _tail(path: str) -> str:
             return f.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+async def terminate_group(process: trio.Process, grace: float = TERMINATE_GRACE) -> None:
+    """End a program started here and everything in its process group (its children too)."""
+    await _end_group(process, grace)
 
 
 async def _end_group(process: trio.Process, grace: float) -> None:

@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from protocol_specs.session import CONFIGURATION_COMMANDS, BreakpointSet, DebugS
 from protocol_specs.wire import DapEntry, Role, StatusEntry, StreamName, WireError
 from relay.client import RunLink, open_run_link
 
-from .debuggee import Debuggee, start_debuggee, start_plain
+from .debuggee import Debuggee, start_debuggee, start_plain, terminate_group
 from .files import extract_snapshot
 
 __all__ = ["DEFAULT_INITIALIZE", "run_shim"]
@@ -240,7 +241,7 @@ async def _run_plain(
         return None
     await _status(link, StatusEvent.STARTED, data={"pid": process.pid, "run_dir": str(run_dir)})
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_terminate, link, process.terminate)
+        nursery.start_soon(_watch_terminate, link, partial(terminate_group, process))
         code = await process.wait()
         nursery.cancel_scope.cancel()
     await _status(link, StatusEvent.EXITED, exit_code=code)
@@ -248,16 +249,11 @@ async def _run_plain(
     return code
 
 
-async def _watch_terminate(link: RunLink, terminate: Callable[[], Any]) -> None:
+async def _watch_terminate(link: RunLink, terminate: Callable[[], Awaitable[None]]) -> None:
     async for delivery in link.deliveries:
-        try:
-            entry = wire.decode_entry(delivery.entry)
-        except WireError:
-            continue
+        entry = _decode(delivery)
         if isinstance(entry, wire.ControlEntry) and entry.action == "terminate":
-            result = terminate()
-            if hasattr(result, "__await__"):
-                await result
+            await terminate()
 
 
 async def _run_debug(

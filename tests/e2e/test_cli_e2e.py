@@ -153,3 +153,37 @@ async def test_run_without_debugger_and_commands_find_tether_up_on_their_own(
     assert (
         status.process.returncode != 0 and "tether up" in status.output
     )  # nothing recorded any more
+
+
+async def test_cancelling_a_plain_run_ends_its_whole_process_group(tmp_path: Path) -> None:
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "spawner.py").write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "print('child', child.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    home = tmp_path / "home"
+    async with relay_stack(home, workers=1) as (up, _relay):
+        async with tether(
+            "run", "--workdir", str(workdir), "--", "python", "spawner.py", home=home, name="run"
+        ) as run:
+            run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+        await up.wait_line(rf"claimed run {run_id}")
+        log = home / "data" / "worker" / "runs" / f"{run_id}.log"
+        for _ in range(
+            2000
+        ):  # bounded: the child's pid appears in the run's log within a second or so
+            if log.exists() and "child" in log.read_text():
+                break
+            async with tether("status", run_id, home=home, name="status") as status:
+                await status.process.wait()
+        child = int(log.read_text().split()[1])
+        async with tether("cancel", run_id, home=home, name="cancel") as cancel:
+            await cancel.wait_line(r"cancelled")
+        await up.wait_line(rf"run {run_id} exited with -15")
+        assert (
+            not Path(f"/proc/{child}").exists()
+            or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+        )
