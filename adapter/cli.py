@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -112,55 +111,38 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
-    from relay.embedded import run_embedded_server
-    from relay.server import serve_relay, server_port
-    from relay.store import open_store
-    from worker_shim.pool import run_pool
+    from adapter.local_stack import open_local_stack
 
     data_dir = Path(args.data_dir or tether_home() / "data").resolve()  # noqa: ASYNC240 (startup)
     data_dir.mkdir(parents=True, exist_ok=True)
     clock = Clock("")
-    async with (
-        run_embedded_server(data_dir / "redis")
-        if not args.redis
-        else contextlib.nullcontext(args.redis) as redis_url
-    ):
-        async with open_store(redis_url) as store, trio.open_nursery() as nursery:
-            server = await nursery.start(
-                lambda task_status: serve_relay(
-                    store, host="127.0.0.1", port=args.relay_port, task_status=task_status
-                )
-            )
-            relay = f"ws://127.0.0.1:{server_port(server)}"
-            if args.workers > 0:
-                await nursery.start(
-                    lambda task_status: run_pool(
-                        relay,
-                        slots=args.workers,
-                        start_delay=args.start_delay,
-                        work_dir=data_dir / "worker",
-                        on_event=clock.say,
-                        task_status=task_status,
-                    )
-                )
-            endpoint_file().parent.mkdir(parents=True, exist_ok=True)
-            endpoint_file().write_text(
-                json.dumps({"relay": relay, "pid": os.getpid(), "data_dir": str(data_dir)})
-            )
-            print(f"tether up: ready relay={relay} data={data_dir}", flush=True)
-            print(
-                f"  redis: {redis_url}\n  workers: {args.workers} (start delay {args.start_delay:g} s)\n"
-                "  in another terminal: tether debug -- python your_script.py",
-                flush=True,
-            )
+    async with open_local_stack(
+        data_dir,
+        redis=args.redis,
+        relay_port=args.relay_port,
+        workers=args.workers,
+        start_delay=args.start_delay,
+        on_worker_event=clock.say,
+    ) as stack:
+        relay, redis_url = stack.relay, stack.redis
+        endpoint_file().parent.mkdir(parents=True, exist_ok=True)
+        endpoint_file().write_text(
+            json.dumps({"relay": relay, "pid": os.getpid(), "data_dir": str(data_dir)})
+        )
+        print(f"tether up: ready relay={relay} data={data_dir}", flush=True)
+        print(
+            f"  redis: {redis_url}\n  workers: {args.workers} (start delay {args.start_delay:g} s)\n"
+            "  in another terminal: tether debug -- python your_script.py",
+            flush=True,
+        )
+        try:
+            await trio.sleep_forever()
+        finally:
             try:
-                await trio.sleep_forever()
-            finally:
-                try:
-                    if json.loads(endpoint_file().read_text()).get("pid") == os.getpid():
-                        endpoint_file().unlink()
-                except (OSError, ValueError):
-                    pass
+                if json.loads(endpoint_file().read_text()).get("pid") == os.getpid():
+                    endpoint_file().unlink()
+            except (OSError, ValueError):
+                pass
     return 0
 
 

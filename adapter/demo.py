@@ -44,12 +44,8 @@ class _Printer:
 
 
 async def run_demo(*, start_delay: float = 3.0, keep: bool = False) -> int:
-    from relay.embedded import run_embedded_server
-    from relay.server import serve_relay, server_port
-    from relay.store import open_store
-    from worker_shim.pool import run_pool
-
     from .cli import build_spec, submit_run
+    from .local_stack import open_local_stack
     from .server import serve_adapter
 
     say = _Printer()
@@ -57,50 +53,41 @@ async def run_demo(*, start_delay: float = 3.0, keep: bool = False) -> int:
     workdir = tmp / "project"
     shutil.copytree(EXAMPLES, workdir, ignore=shutil.ignore_patterns("__pycache__"))
     try:
-        async with run_embedded_server(tmp / "redis") as redis_url, open_store(redis_url) as store:
-            async with trio.open_nursery() as nursery:
-                server = await nursery.start(
-                    lambda task_status: serve_relay(store, port=0, task_status=task_status)
+        async with (
+            open_local_stack(
+                tmp,
+                workers=1,
+                start_delay=start_delay,
+                on_worker_event=lambda text: say("worker", text),
+            ) as stack,
+            trio.open_nursery() as nursery,
+        ):
+            relay = stack.relay
+            say("stack", f"bundled server at {stack.redis}; relay at {relay}")
+            say(
+                "stack",
+                f"local worker pool: 1 slot, start delay {start_delay:g} s (a stand-in GPU queue)",
+            )
+            args = argparse.Namespace(
+                command=["python", "train.py"],
+                workdir=str(workdir),
+                env=[],
+                name="demo",
+                no_wait=False,
+            )
+            record = await submit_run(relay, build_spec(args, debug=True), lambda t: say("cli", t))
+            port = await nursery.start(
+                lambda task_status: serve_adapter(
+                    relay,
+                    record.id,
+                    port=0,
+                    on_event=lambda t: say("adapter", t),
+                    task_status=task_status,
                 )
-                relay = f"ws://127.0.0.1:{server_port(server)}"
-                say("stack", f"bundled server at {redis_url}; relay at {relay}")
-                await nursery.start(
-                    lambda task_status: run_pool(
-                        relay,
-                        slots=1,
-                        start_delay=start_delay,
-                        work_dir=tmp / "worker",
-                        on_event=lambda text: say("worker", text),
-                        task_status=task_status,
-                    )
-                )
-                say(
-                    "stack",
-                    f"local worker pool: 1 slot, start delay {start_delay:g} s (a stand-in GPU queue)",
-                )
-
-                args = argparse.Namespace(
-                    command=["python", "train.py"],
-                    workdir=str(workdir),
-                    env=[],
-                    name="demo",
-                    no_wait=False,
-                )
-                record = await submit_run(
-                    relay, build_spec(args, debug=True), lambda t: say("cli", t)
-                )
-                port = await nursery.start(
-                    lambda task_status: serve_adapter(
-                        relay,
-                        record.id,
-                        port=0,
-                        on_event=lambda t: say("adapter", t),
-                        task_status=task_status,
-                    )
-                )
-                say("adapter", f"listening on 127.0.0.1:{port}")
-                code = await _play_ide(port, workdir, say)
-                nursery.cancel_scope.cancel()
+            )
+            say("adapter", f"listening on 127.0.0.1:{port}")
+            code = await _play_ide(port, workdir, say)
+            nursery.cancel_scope.cancel()
     finally:
         if keep:
             print(f"demo files kept in {tmp}")

@@ -91,38 +91,26 @@ async def direct(workdir: Path, n: int) -> dict[str, float]:
 
 async def through_tether(workdir: Path, tmp: Path, n: int) -> dict[str, float]:
     from adapter.cli import build_spec, submit_run
+    from adapter.local_stack import open_local_stack
     from adapter.server import serve_adapter
-    from relay.embedded import run_embedded_server
-    from relay.server import serve_relay, server_port
-    from relay.store import open_store
-    from worker_shim.pool import run_pool
 
-    async with run_embedded_server(tmp / "redis") as url, open_store(url) as store:
-        async with trio.open_nursery() as nursery:
-            server = await nursery.start(
-                lambda task_status: serve_relay(store, port=0, task_status=task_status)
-            )
-            relay = f"ws://127.0.0.1:{server_port(server)}"
-            await nursery.start(
-                lambda task_status: run_pool(
-                    relay, slots=1, work_dir=tmp / "worker", task_status=task_status
-                )
-            )
-            args = argparse.Namespace(
-                command=["python", "app.py"],
-                workdir=str(workdir),
-                env=[],
-                name="bench",
-                no_wait=False,
-            )
-            record = await submit_run(relay, build_spec(args, debug=True), lambda _t: None)
-            port = await nursery.start(
-                lambda task_status: serve_adapter(relay, record.id, port=0, task_status=task_status)
-            )
-            async with open_dap_client("127.0.0.1", port) as client:
-                stopped = await configure(client, workdir, mappings=False)
-                result = await measure(client, stopped["body"]["threadId"], n)
-            nursery.cancel_scope.cancel()
+    async with open_local_stack(tmp, workers=1) as stack, trio.open_nursery() as nursery:
+        relay = stack.relay
+        args = argparse.Namespace(
+            command=["python", "app.py"],
+            workdir=str(workdir),
+            env=[],
+            name="bench",
+            no_wait=False,
+        )
+        record = await submit_run(relay, build_spec(args, debug=True), lambda _t: None)
+        port = await nursery.start(
+            lambda task_status: serve_adapter(relay, record.id, port=0, task_status=task_status)
+        )
+        async with open_dap_client("127.0.0.1", port) as client:
+            stopped = await configure(client, workdir, mappings=False)
+            result = await measure(client, stopped["body"]["threadId"], n)
+        nursery.cancel_scope.cancel()
     return result
 
 
