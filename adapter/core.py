@@ -40,8 +40,8 @@ import orjson
 
 from protocol_specs import dap_models as dap
 from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, debugpy_answers
-from protocol_specs.session import DebugSession, StatusEvent
-from protocol_specs.wire import DapEntry, StatusEntry, StreamName
+from protocol_specs.session import NOTICES, DebugSession, StatusEvent, is_transient
+from protocol_specs.wire import AnyEntry, DapEntry, PresenceEntry, StatusEntry, StreamName
 
 __all__ = [
     "ADAPTER_CAPABILITIES",
@@ -73,7 +73,7 @@ class ToIde:
 
 @dataclass(frozen=True)
 class Publish:
-    entry: DapEntry
+    entry: DapEntry | PresenceEntry
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,7 @@ class AdapterCore:
         self._client_args: dict[str, Any] = {}
         self._progress_id: str | None = None
         self._terminated_sent = False
+        self._presence_epoch = 0
         self._handlers: dict[str, Callable[[dict[str, Any]], list[Action]]] = {
             "initialize": self._initialize,
             "attach": self._attach,
@@ -162,13 +163,58 @@ class AdapterCore:
         self._client_args = {}
         self._progress_id = None
         self._terminated_sent = False
+        actions.append(self._presence())
         return actions
 
     def ide_disconnected(self, generation: int) -> list[Action]:
         """The IDE went away: detach only. Its pending requests will be dropped when answered."""
-        if generation == self.generation:
-            self.phase = IdePhase.NONE
-        return []
+        if generation != self.generation or self.phase is IdePhase.NONE:
+            return []
+        self.phase = IdePhase.NONE
+        return [self._presence()]
+
+    def _presence(self) -> Publish:
+        """Tell the worker whether an IDE is attached here (it decides about unattended stops)."""
+        self._presence_epoch += 1
+        attached = self.phase is not IdePhase.NONE
+        return Publish(
+            PresenceEntry(origin=self.origin, epoch=self._presence_epoch, attached=attached)
+        )
+
+    # --- the relay link ---------------------------------------------------------------------------
+
+    def relay_link_changed(self, up: bool, detail: str) -> list[Action]:
+        """The relay link dropped or came back (publishes wait in the link's outbox meanwhile)."""
+        actions: list[Action] = []
+        if up:
+            actions.append(self._presence())  # the relay may have recorded us as gone
+            text = f"tether: {detail}; nothing was lost.\n"
+        else:
+            text = f"tether: lost the relay connection ({detail}); reconnecting.\n"
+        if self.phase is IdePhase.CONFIGURED:
+            actions.append(self._emit(dap.event("output", {"category": "console", "output": text})))
+        return actions
+
+    def publish_refused(self, entry: DapEntry | PresenceEntry, message: str) -> list[Action]:
+        """The relay refused an entry (e.g. the run's buffer is full): fail the request it carried."""
+        text = f"tether: the relay refused a message: {message}"
+        if isinstance(entry, DapEntry):
+            origin_seq = orjson.loads(entry.body).get("seq", -1)
+            pending = self._pending.pop(origin_seq, None)
+            if pending is not None:
+                if pending.generation != self.generation or self.phase is IdePhase.NONE:
+                    return []
+                return [
+                    self._emit(
+                        dap.error_response(
+                            {"seq": pending.ide_seq, "command": pending.command}, text
+                        )
+                    )
+                ]
+        if self.phase is not IdePhase.CONFIGURED:
+            return []
+        out = {"category": "important", "output": text + "\n"}
+        return [self._emit(dap.event("output", out))]
 
     # --- from the IDE -----------------------------------------------------------------------------
 
@@ -321,7 +367,7 @@ class AdapterCore:
             actions.append(CancelRun("the IDE disconnected with terminateDebuggee"))
         actions.append(self._emit(dap.response(msg)))
         actions.append(CloseIde(self.generation, "the IDE disconnected"))
-        self.phase = IdePhase.NONE
+        actions.extend(self.ide_disconnected(self.generation))
         return actions
 
     def _terminate(self, msg: dict[str, Any]) -> list[Action]:
@@ -355,24 +401,35 @@ class AdapterCore:
     ) -> Publish:
         self._origin_seq += 1
         body = orjson.dumps({**msg, "seq": self._origin_seq})
-        entry = DapEntry(origin=self.origin, body=body, local=local, bp_ids=bp_ids)
+        entry = DapEntry(
+            origin=self.origin,
+            body=body,
+            local=local,
+            bp_ids=bp_ids,
+            transient=is_transient(msg),
+        )
         self.session.apply_to_worker(entry)
         return Publish(entry)
 
     # --- from the relay -------------------------------------------------------------------------
 
     def on_delivery(
-        self, stream: StreamName, entry: DapEntry | StatusEntry | Any, *, replaying: bool = False
+        self, stream: StreamName, entry: AnyEntry | Any, *, replaying: bool = False
     ) -> list[Action]:
         """Fold one delivered entry; unless ``replaying`` history, produce what the IDE must see."""
         if stream is StreamName.TO_WORKER:
-            if isinstance(entry, DapEntry):
+            # our own requests were folded when we published them
+            if isinstance(entry, DapEntry) and entry.origin != self.origin:
                 self.session.apply_to_worker(entry)
             return []
         if isinstance(entry, StatusEntry):
             was_live = self.session.live
             self.session.apply_to_ide(entry)
-            return [] if replaying else self._on_status(entry, was_live)
+            if replaying:
+                return []
+            if entry.event in NOTICES:
+                return self._on_notice(entry)
+            return self._on_status(entry, was_live)
         if not isinstance(entry, DapEntry):
             return []
         msg = orjson.loads(entry.body)
@@ -471,6 +528,12 @@ class AdapterCore:
             actions.extend(self._end_of_run())
         return actions
 
+    def _on_notice(self, entry: StatusEntry) -> list[Action]:
+        if self.phase is not IdePhase.CONFIGURED:
+            return []
+        text = f"tether: {entry.detail}\n"
+        return [self._emit(dap.event("output", {"category": "important", "output": text}))]
+
     def _end_of_run(self) -> list[Action]:
         if self._terminated_sent:
             return []
@@ -533,6 +596,8 @@ class AdapterCore:
                 return f"{run} could not start: {s.status_detail}"
             case StatusEvent.CANCELLED:
                 return f"{run} was cancelled: {s.status_detail}"
+            case StatusEvent.WORKER_LOST:
+                return f"{run} was lost: {s.status_detail}"
         return f"{run}: {s.status}"
 
     def _waiting_text(self) -> str:

@@ -4,6 +4,10 @@ It listens on 127.0.0.1 only (the debug channel executes code; it is never expos
 holds the run's relay link in the ``ide`` role, and performs what the core decides. Decisions and their
 I/O happen under one lock, so what reaches the IDE is in ``seq`` order and publishes keep the order the
 IDE sent them in.
+
+The relay link reconnects by itself (``relay.client.RunLink``); while it is down, publishes wait in
+its outbox and the IDE is told in its debug console. The adapter ends when the run ends, or when the
+link gives up for good.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ from dataclasses import dataclass, field
 import trio
 
 from protocol_specs import dap_framing, wire
-from protocol_specs.wire import Role, StreamName, WireError
-from relay.client import RunLink, open_control, open_run_link
+from protocol_specs.wire import DapEntry, PresenceEntry, Role, StreamName, WireError
+from relay.client import LinkPolicy, RunLink, open_control, open_run_link
 
 from .core import Action, AdapterCore, CancelRun, CloseIde, Publish, ToIde
 
@@ -57,10 +61,35 @@ class AdapterServer:
         self._nursery: trio.Nursery | None = None
         self.finished = trio.Event()
         self._wake_timer = trio.Event()
+        self._published: dict[int, DapEntry | PresenceEntry] = {}
+        self._link_news_in, self._link_news = trio.open_memory_channel[
+            tuple[int, wire.Error] | tuple[bool, str]
+        ](1000)
+
+    def link_refused(self, n: int, error: wire.Error) -> None:
+        """``RunLink.on_refused``: handled in order with everything else, under the lock."""
+        self._link_news_in.send_nowait((n, error))
+
+    def link_state(self, up: bool, detail: str) -> None:
+        """``RunLink.on_state``."""
+        self.on_event(f"relay link {'up' if up else 'down'}: {detail}")
+        self._link_news_in.send_nowait((up, detail))
+
+    async def _link_news_loop(self) -> None:
+        async for news in self._link_news:
+            async with self._lock:
+                if isinstance(news[1], wire.Error):
+                    n, error = news
+                    entry = self._published.pop(int(n), None)
+                    if entry is not None:
+                        await self._perform(self.core.publish_refused(entry, error.message))
+                else:
+                    up, detail = news
+                    await self._perform(self.core.relay_link_changed(bool(up), str(detail)))
 
     async def catch_up(self) -> None:
         """Fold the run's history (``to_worker`` then ``to_ide``) before serving any IDE."""
-        tails = self.link.welcome.tails
+        tails = self.link.tails
         need = {name: _id_tuple(tails.get(name.value, "0")) for name in StreamName}
         seen = {name: (0, 0) for name in StreamName}
         while any(seen[n] < need[n] for n in StreamName):
@@ -83,6 +112,7 @@ class AdapterServer:
             self._nursery = nursery
             nursery.start_soon(self._deliveries)
             nursery.start_soon(self._timer)
+            nursery.start_soon(self._link_news_loop)
             nursery.start_soon(trio.serve_listeners, self._handle_ide, listeners)
             await self.finished.wait()
             ide = self._ide
@@ -102,7 +132,7 @@ class AdapterServer:
                 if self.core.session.finished:
                     self.finished.set()
             self._wake_timer.set()
-        self.on_event("lost the connection to the relay")
+        self.on_event(f"gave up on the relay: {self.link.failed}")
         self.finished.set()
 
     async def _timer(self) -> None:
@@ -167,8 +197,11 @@ class AdapterServer:
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         pass
             elif isinstance(action, Publish):
-                await self.link.publish(action.entry)
-                if action.entry.local:
+                n = await self.link.publish(action.entry)
+                self._published[n] = action.entry
+                if len(self._published) > 10_000:  # answered long ago: forget the oldest
+                    del self._published[next(iter(self._published))]
+                if isinstance(action.entry, DapEntry) and action.entry.local:
                     # what the adapter answers itself must be stored before it answers: the user
                     # may close the laptop right after setting a breakpoint
                     await self.link.flush()
@@ -192,6 +225,7 @@ async def serve_adapter(
     *,
     port: int = 5678,
     request_timeout: float = 30.0,
+    policy: LinkPolicy | None = None,
     on_event: Callable[[str], None] | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> AdapterCore:
@@ -200,10 +234,28 @@ async def serve_adapter(
     ``task_status.started`` receives the bound port once the run's history is folded and the
     listener accepts connections. Returns the core (its ``session`` holds the run's end state).
     """
+    core = AdapterCore(run_id, request_timeout=request_timeout, clock=trio.current_time)
+    server: AdapterServer | None = None
+
+    def refused(n: int, error: wire.Error) -> None:
+        if server is not None:
+            server.link_refused(n, error)
+
+    def state(up: bool, detail: str) -> None:
+        if server is not None:
+            server.link_state(up, detail)
+
     async with open_run_link(
-        relay_url, role=Role.IDE, run=run_id, history=True, client="tether-adapter"
+        relay_url,
+        role=Role.IDE,
+        run=run_id,
+        history=True,
+        producer=core.origin,
+        client="tether-adapter",
+        policy=policy,
+        on_refused=refused,
+        on_state=state,
     ) as link:
-        core = AdapterCore(run_id, request_timeout=request_timeout, clock=trio.current_time)
         server = AdapterServer(relay_url, link, core, on_event=on_event)
         await server.catch_up()
         listeners = await trio.open_tcp_listeners(port, host=LOCALHOST)

@@ -40,6 +40,7 @@ def run_states_markdown() -> str:
         RunState.SUCCEEDED: "exited with status 0",
         RunState.FAILED: "exited non-zero, or could not start",
         RunState.CANCELLED: "cancelled by the user",
+        RunState.LOST: "the worker's lease expired (host down, or cut off for too long)",
     }
     for state in RunState:
         lines.append(f"| `{state.value}` | {doc[state]} |")

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -40,6 +41,7 @@ class RunState(StrEnum):
     SUCCEEDED = "succeeded"  #: exited with status 0
     FAILED = "failed"  #: exited non-zero, or could not start
     CANCELLED = "cancelled"  #: cancelled by the user (terminateDebuggee, ``tether cancel``)
+    LOST = "lost"  #: the worker stopped renewing its lease (host down, network cut for too long)
 
 
 class RunEvent(StrEnum):
@@ -49,6 +51,7 @@ class RunEvent(StrEnum):
     EXIT_ERROR = "exit_error"
     START_FAILED = "start_failed"
     CANCEL = "cancel"
+    LEASE_EXPIRED = "lease_expired"
 
 
 TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = {
@@ -60,9 +63,13 @@ TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = {
     (RunState.RUNNING, RunEvent.EXIT_OK): RunState.SUCCEEDED,
     (RunState.RUNNING, RunEvent.EXIT_ERROR): RunState.FAILED,
     (RunState.RUNNING, RunEvent.CANCEL): RunState.CANCELLED,
+    (RunState.STARTING, RunEvent.LEASE_EXPIRED): RunState.LOST,
+    (RunState.RUNNING, RunEvent.LEASE_EXPIRED): RunState.LOST,
 }
 
-TERMINAL_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
+TERMINAL_STATES = frozenset(
+    {RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED, RunState.LOST}
+)
 
 
 class IllegalTransition(Exception):
@@ -98,6 +105,24 @@ class RunSpec(BaseModel):
     name: str = Field(default="", max_length=200)
     #: the client OS of the submitting machine, for path separators ("unix" or "windows")
     client_os: str = "unix"
+    #: what the worker does when the program is paused and no IDE is attached
+    #: (``protocol_specs.attention``): wait, continue or terminate after ``unattended_timeout`` s
+    on_unattended_stop: Literal["wait", "continue", "terminate"] = "wait"
+    unattended_timeout: float = Field(default=1800.0, ge=0, le=30 * 24 * 3600)
+    #: POSTed a JSON notice when the program stops with no IDE attached (http or https)
+    webhook: str = Field(default="", max_length=2048)
+
+    @field_validator("webhook")
+    @classmethod
+    def _webhook_url(cls, value: str) -> str:
+        if not value:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("webhook must be an http:// or https:// URL with a host")
+        if any(c.isspace() for c in value):
+            raise ValueError("webhook must not contain whitespace")
+        return value
 
     @field_validator("command")
     @classmethod

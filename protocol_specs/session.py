@@ -34,11 +34,32 @@ import orjson
 from .dap_models import SetBreakpointsArguments, source_key
 from .wire import DapEntry, StatusEntry
 
-__all__ = ["BreakpointSet", "DebugSession", "StatusEvent"]
+__all__ = ["BreakpointSet", "DebugSession", "StatusEvent", "is_transient"]
 
 CONFIGURATION_COMMANDS = frozenset(
     {"setBreakpoints", "setFunctionBreakpoints", "setExceptionBreakpoints"}
 )
+#: requests the fold keeps; answers to every other request only matter to the IDE that asked
+FOLDED_REQUESTS = CONFIGURATION_COMMANDS | {"initialize", "attach", "configurationDone"}
+#: events the fold uses; the rest (output, module, loadedSource, ...) only matter live
+FOLDED_EVENTS = frozenset(
+    {"thread", "stopped", "continued", "process", "breakpoint", "terminated", "exited"}
+)
+
+
+def is_transient(msg: dict[str, Any], request_command: str | None = None) -> bool:
+    """Whether a DAP message may be deleted once its reader received it (see ``DapEntry``).
+
+    A response is transient when the request it answers (``request_command``) is.
+    """
+    kind = msg.get("type")
+    if kind == "request":
+        return msg.get("command") not in FOLDED_REQUESTS
+    if kind == "response":
+        return (request_command or msg.get("command")) not in FOLDED_REQUESTS
+    if kind == "event":
+        return msg.get("event") not in FOLDED_EVENTS
+    return False
 
 
 class StatusEvent:
@@ -52,6 +73,13 @@ class StatusEvent:
     EXITED = "exited"  #: worker: the program ended (exit_code)
     START_FAILED = "start_failed"  #: worker: the program could not be started (detail)
     CANCELLED = "cancelled"  #: relay: the user cancelled the run
+    WORKER_LOST = "worker_lost"  #: relay: the worker's lease expired; the run is lost
+    UNATTENDED_STOP = "unattended_stop"  #: worker: stopped with no IDE attached (data: policy...)
+    BUFFER_FULL = "buffer_full"  #: worker: the to_ide buffer is full; output is being dropped
+
+
+#: status events that report something about the run without moving its lifecycle
+NOTICES = frozenset({StatusEvent.UNATTENDED_STOP, StatusEvent.BUFFER_FULL})
 
 
 @dataclass
@@ -93,6 +121,8 @@ class DebugSession:
     stopped: dict[int, dict[str, Any]] = field(default_factory=dict)
     process_event: dict[str, Any] | None = None
     capabilities_delta: dict[str, Any] = field(default_factory=dict)
+    #: the latest notice (:data:`NOTICES`) about the run
+    notice: StatusEntry | None = None
     _next_id: int = 1
     _debugpy_ids: dict[int, int] = field(default_factory=dict)
     _requests: dict[tuple[str, int], _Request] = field(default_factory=dict)
@@ -200,6 +230,9 @@ class DebugSession:
         return (req.command, req.bp_ids, req.local) if req else None
 
     def _apply_status(self, entry: StatusEntry) -> None:
+        if entry.event in NOTICES:
+            self.notice = entry  # news about the run, not a step of its lifecycle
+            return
         self.status = entry.event
         self.status_detail = entry.detail
         if entry.state:
@@ -219,6 +252,7 @@ class DebugSession:
             StatusEvent.EXITED,
             StatusEvent.START_FAILED,
             StatusEvent.CANCELLED,
+            StatusEvent.WORKER_LOST,
         ):
             self.live = False
             self.finished = True

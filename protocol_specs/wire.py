@@ -36,6 +36,7 @@ __all__ = [
     "MAX_SNAPSHOT_BYTES",
     "PROTOCOL_VERSION",
     "Ack",
+    "AnyEntry",
     "Assigned",
     "Cancel",
     "Claim",
@@ -47,8 +48,11 @@ __all__ = [
     "ErrorCode",
     "Frame",
     "GetRun",
+    "Heartbeat",
     "Hello",
+    "PresenceEntry",
     "Publish",
+    "Received",
     "Role",
     "RunInfo",
     "StatusEntry",
@@ -94,6 +98,12 @@ class ErrorCode(StrEnum):
     NO_SUCH_RUN = "no_such_run"
     RUN_FINISHED = "run_finished"
     TOO_LARGE = "too_large"
+    #: a publish skipped a frame number of its producer (resend from the first unacknowledged)
+    OUT_OF_ORDER = "out_of_order"
+    #: the run's buffer for this stream is full (entries or bytes not yet read by the other side)
+    BUFFER_FULL = "buffer_full"
+    #: the worker's lease on the run expired; the run was marked lost
+    LEASE_LOST = "lease_lost"
     BAD_SPEC = "bad_spec"
     INTERNAL = "internal"
 
@@ -130,6 +140,9 @@ class DapEntry(BaseModel):
     body: bytes = Field(max_length=MAX_DAP_BODY_BYTES)
     local: bool = False
     bp_ids: list[int] | None = None
+    #: not needed to rebuild the session (output, answers to live requests): the relay may delete
+    #: it once the other side has received it (``protocol_specs.session.is_transient``)
+    transient: bool = False
 
 
 class StatusEntry(BaseModel):
@@ -154,15 +167,32 @@ class ControlEntry(BaseModel):
     detail: str = ""
 
 
-Entry = Annotated[DapEntry | StatusEntry | ControlEntry, Field(discriminator="k")]
-_ENTRY: TypeAdapter[DapEntry | StatusEntry | ControlEntry] = TypeAdapter(Entry)
+class PresenceEntry(BaseModel):
+    """Whether an IDE is attached to the adapter ``origin``, written into ``to_worker``.
+
+    The adapter writes one when an IDE connects or leaves and after every reconnect of its relay
+    link; the relay writes ``attached=False`` when an ``ide`` connection that last reported
+    ``attached=True`` closes. ``epoch`` numbers the adapter's relay connections: an entry for an
+    older epoch than one already seen for the same origin is stale and ignored.
+    """
+
+    model_config = _FROZEN
+    k: Literal["presence"] = "presence"
+    origin: str
+    epoch: int = Field(ge=0)
+    attached: bool
 
 
-def encode_entry(entry: DapEntry | StatusEntry | ControlEntry) -> bytes:
+AnyEntry = DapEntry | StatusEntry | ControlEntry | PresenceEntry
+Entry = Annotated[AnyEntry, Field(discriminator="k")]
+_ENTRY: TypeAdapter[AnyEntry] = TypeAdapter(Entry)
+
+
+def encode_entry(entry: AnyEntry) -> bytes:
     return msgpack.packb(entry.model_dump(exclude_defaults=False), use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def decode_entry(data: bytes) -> DapEntry | StatusEntry | ControlEntry:
+def decode_entry(data: bytes) -> AnyEntry:
     """Decode a stream entry; raises :class:`WireError` (``bad_entry``)."""
     try:
         raw = msgpack.unpackb(data, raw=False)
@@ -186,8 +216,12 @@ class Hello(BaseModel):
     token: str | None = None
     #: resume cursor: deliver entries strictly after this stream id ("0" = from the beginning)
     cursor: str = "0"
-    #: ide role only: also deliver the run's to_worker history (for rebuilding session state)
+    #: ide role only: first deliver the run's to_worker entries after ``history_cursor``
     history: bool = False
+    history_cursor: str = "0"
+    #: names the sender across reconnects: the relay keeps, per producer, the last ``Publish.n`` it
+    #: stored and drops re-sent duplicates ("" = this connection only)
+    producer: str = ""
     client: str = ""
 
 
@@ -202,19 +236,42 @@ class Welcome(BaseModel):
 
 
 class Publish(BaseModel):
-    """Store ``entry`` in the role's outbound stream. ``n`` numbers the sender's frames."""
+    """Store ``entry`` in the role's outbound stream.
+
+    ``n`` numbers the producer's entries 1, 2, 3, ... without gaps, across reconnects: a sender
+    re-sends every unacknowledged publish, in order, after reconnecting.
+    """
 
     model_config = _FROZEN
     t: Literal["publish"] = "publish"
-    n: int
+    n: int = Field(ge=1)
     entry: bytes
 
 
 class Ack(BaseModel):
+    """Publishes up to ``n`` are answered. ``duplicate``: ``n`` was stored before (a re-send)."""
+
     model_config = _FROZEN
     t: Literal["ack"] = "ack"
     n: int
     cursor: str
+    duplicate: bool = False
+
+
+class Received(BaseModel):
+    """The peer has received every entry of ``stream`` up to ``cursor`` (lets the relay trim)."""
+
+    model_config = _FROZEN
+    t: Literal["received"] = "received"
+    stream: StreamName
+    cursor: str
+
+
+class Heartbeat(BaseModel):
+    """A run connection is alive; on a worker connection it renews the run's lease."""
+
+    model_config = _FROZEN
+    t: Literal["heartbeat"] = "heartbeat"
 
 
 class Deliver(BaseModel):
@@ -287,6 +344,8 @@ AnyFrame = (
     | Welcome
     | Publish
     | Ack
+    | Received
+    | Heartbeat
     | Deliver
     | Submit
     | Cancel

@@ -3,24 +3,52 @@
 - :func:`open_control` gives a :class:`ControlClient` (submit, cancel, get, claim).
 - :func:`open_run_link` gives a :class:`RunLink` bound to one run in the ``ide`` or ``worker`` role:
   ``publish`` entries (acknowledged by the relay once stored) and receive ``deliveries``.
+
+Theory of operation: a link that survives
+-----------------------------------------
+A :class:`RunLink` outlives its WebSocket connections. It reconnects after any drop (backoff with
+full jitter, :class:`LinkPolicy`) and resumes both directions without losing or repeating anything:
+
+- *Outbound*: every publish gets the next number ``n`` of this link's ``producer`` and waits in a
+  bounded outbox until the relay answers it (``ack``, or an ``error`` naming ``n``). After a
+  reconnect, a single sender task re-sends the outbox in order; the relay stores each ``(producer,
+  n)`` once and acknowledges re-sent duplicates without storing them again.
+- *Inbound*: the link remembers the cursor of the last entry it handed to ``deliveries`` (per
+  stream) and names it in the next ``hello``; an entry at or before that cursor is dropped. It
+  reports what it received (``received`` frames) so the relay can trim transient entries.
+- *Liveness*: WebSocket pings (``ping_interval``/``ping_timeout``) close a dead connection; the
+  sender also sends a ``heartbeat`` frame every ``heartbeat`` seconds (a worker's renews its lease).
+
+Only a refusal that retrying cannot fix (``no_such_run``, ``unauthorized``, ``unsupported_version``,
+a failed handshake) or ``give_up_after`` seconds without a connection end the link: ``failed`` is
+set, ``deliveries`` closes and ``publish`` raises :class:`RelayError`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import random
+import uuid
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidURI, WebSocketException
 from websockets.trio.client import ClientConnection, connect
 
 from protocol_specs import wire
 from protocol_specs.runs import RunRecord, RunSpec
-from protocol_specs.wire import ErrorCode, Role, WireError
+from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 
-__all__ = ["ControlClient", "RelayError", "RunLink", "open_control", "open_run_link"]
+__all__ = [
+    "ControlClient",
+    "LinkPolicy",
+    "RelayError",
+    "RunLink",
+    "open_control",
+    "open_run_link",
+]
 
 log = logging.getLogger("tether.relay.client")
 
@@ -98,88 +126,375 @@ async def open_control(url: str, *, client: str = "") -> AsyncIterator[ControlCl
         yield ControlClient(ws)
 
 
-@dataclass
-class RunLink:
-    """One run's connection in the ``ide`` or ``worker`` role.
+@dataclass(frozen=True)
+class LinkPolicy:
+    """How a :class:`RunLink` keeps its connection; the defaults suit a laptop on Wi-Fi."""
 
-    Publishes go out in order; ``acked`` is the cursor of the last acknowledged one. Entries from the
-    other direction arrive on ``deliveries`` (and, for ``history=True``, first the ``to_worker``
-    history). ``welcome.tails`` says where each stream ended when the link opened.
+    #: first and largest pause between reconnect attempts (each pause is random in [0, bound])
+    backoff_initial: float = 0.1
+    backoff_max: float = 5.0
+    #: give up after this long without a connection (None: never; the first connect: see below)
+    give_up_after: float | None = None
+    #: how long the *first* connection may take to succeed (0: fail at the first error)
+    first_connect_within: float = 0.0
+    ping_interval: float = 15.0
+    ping_timeout: float = 15.0
+    close_timeout: float = 5.0
+    #: heartbeat frames (a worker's renew the run's lease)
+    heartbeat: float = 10.0
+    #: the outbox holds at most this many unanswered publishes / bytes; ``publish`` waits beyond
+    outbox_entries: int = 10_000
+    outbox_bytes: int = 64 * 1024 * 1024
+    #: tell the relay what was received after this many entries, or this long after the first
+    report_every: int = 100
+    report_after: float = 0.2
+
+    def backoff(self, attempt: int) -> float:
+        return random.uniform(0, min(self.backoff_max, self.backoff_initial * 2**attempt))
+
+
+#: handshake refusals that reconnecting cannot fix
+_PERMANENT = frozenset(
+    {
+        ErrorCode.NO_SUCH_RUN,
+        ErrorCode.UNAUTHORIZED,
+        ErrorCode.UNSUPPORTED_VERSION,
+        ErrorCode.HANDSHAKE_REQUIRED,
+        ErrorCode.BAD_FRAME,
+    }
+)
+
+
+def _after(cursor: str, than: str) -> bool:
+    return _id(cursor) > _id(than)
+
+
+def _id(cursor: str) -> tuple[int, int]:
+    ms, _, seq = cursor.partition("-")
+    return int(ms or 0), int(seq or 0)
+
+
+class RunLink:
+    """One run in the ``ide`` or ``worker`` role, across any number of connections.
+
+    ``welcome`` is the first connection's welcome (``tails`` say where each stream ended then);
+    ``latest`` the current one's. ``on_refused(n, error)`` hears about publishes the relay refused;
+    ``on_state(connected, detail)`` about the connection coming and going.
     """
 
-    welcome: wire.Welcome
-    deliveries: trio.MemoryReceiveChannel[wire.Deliver]
-    _ws: ClientConnection
-    _send_lock: trio.Lock = field(default_factory=trio.Lock)
-    _n: int = 0
-    _answered: int = 0  # highest frame number the relay acknowledged or refused
-    _answer: trio.Event = field(default_factory=trio.Event)
-    acked: str = ""
-    errors: list[wire.Error] = field(default_factory=list)
-    closed: bool = False
+    def __init__(
+        self,
+        url: str,
+        *,
+        role: Role,
+        run: str,
+        cursor: str = "0",
+        history: bool = False,
+        producer: str | None = None,
+        client: str = "",
+        policy: LinkPolicy | None = None,
+        on_refused: Callable[[int, wire.Error], None] | None = None,
+        on_state: Callable[[bool, str], None] | None = None,
+    ) -> None:
+        self.url = url
+        self.role = role
+        self.run_id = run
+        self.history = history
+        self.producer = producer or f"{role.value}-{uuid.uuid4().hex[:12]}"
+        self.client = client
+        self.policy = policy or LinkPolicy()
+        self.on_refused = on_refused or (lambda _n, _error: None)
+        self.on_state = on_state or (lambda _up, _detail: None)
+        self.inbound = StreamName.TO_IDE if role is Role.IDE else StreamName.TO_WORKER
+        self.cursors = {name: "0" for name in StreamName}
+        self.cursors[self.inbound] = cursor
+        self._send_deliveries, self.deliveries = trio.open_memory_channel[wire.Deliver](256)
+        self.welcome: wire.Welcome | None = None
+        self.latest: wire.Welcome | None = None
+        self.epoch = 0  #: connections made so far
+        self.connected = False
+        self.failed: RelayError | None = None
+        self.acked = ""  #: cursor of the last entry the relay stored for us
+        self.errors: list[wire.Error] = []
+        self.duplicates = 0  #: re-sent publishes the relay had already stored
+        self._n = 0
+        self._answered = 0
+        self._outbox: dict[int, bytes] = {}
+        self._outbox_bytes = 0
+        self._changed = trio.Event()  # answers, failure: wakes flush and a full outbox
+        self._wake = trio.Event()  # new publishes or deliveries to report: wakes the sender
+        self._unreported = 0
+        self._reported: dict[StreamName, str] = {}
+
+    def __repr__(self) -> str:
+        state = "failed" if self.failed else "up" if self.connected else "down"
+        return (
+            f"<RunLink {self.role.value} run={self.run_id} {state} epoch={self.epoch} "
+            f"outbox={len(self._outbox)}>"
+        )
 
     @property
     def run(self) -> RunRecord:
-        assert self.welcome.run is not None
-        return self.welcome.run
+        """The run record as of the latest connection."""
+        welcome = self.latest or self.welcome
+        assert welcome is not None and welcome.run is not None
+        return welcome.run
 
-    async def publish(self, entry: wire.DapEntry | wire.StatusEntry) -> int:
-        """Send one entry; returns its frame number. Raises ``RelayError`` if the link is gone."""
+    @property
+    def tails(self) -> dict[str, str]:
+        """Where each of the run's streams ended when the first connection began."""
+        assert self.welcome is not None
+        return self.welcome.tails
+
+    @property
+    def unanswered(self) -> int:
+        return len(self._outbox)
+
+    # --- publishing -------------------------------------------------------------------------------
+
+    async def publish(self, entry: wire.AnyEntry) -> int:
+        """Queue one entry for the relay; returns its number. Waits while the outbox is full.
+
+        Raises :class:`RelayError` once the link has failed for good.
+        """
         data = wire.encode_entry(entry)
-        async with self._send_lock:
-            self._n += 1
-            try:
-                await self._ws.send(wire.encode_frame(wire.Publish(n=self._n, entry=data)))
-            except ConnectionClosed as exc:
-                raise RelayError("closed", f"relay connection closed: {exc}") from exc
-            return self._n
+        while not self._outbox_has_room(len(data)):
+            if self.failed:
+                raise self.failed
+            await self._changed.wait()
+        if self.failed:
+            raise self.failed
+        self._n += 1
+        frame = wire.encode_frame(wire.Publish(n=self._n, entry=data))
+        self._outbox[self._n] = frame
+        self._outbox_bytes += len(frame)
+        self._wake.set()
+        return self._n
+
+    def _outbox_has_room(self, size: int) -> bool:
+        if not self._outbox:
+            return True  # one entry always fits, whatever its size
+        return (
+            len(self._outbox) < self.policy.outbox_entries
+            and self._outbox_bytes + size <= self.policy.outbox_bytes
+        )
 
     async def flush(self) -> None:
-        """Wait until the relay answered every publish so far (stored, or refused with an error)."""
-        while self._answered < self._n and not self.closed:
-            await self._answer.wait()
+        """Wait until the relay answered every publish so far (or the link failed)."""
+        while self._answered < self._n and not self.failed:
+            await self._changed.wait()
 
-    def _answered_up_to(self, n: int) -> None:
+    def _answer(self, n: int) -> None:
+        for number in [k for k in self._outbox if k <= n]:
+            self._outbox_bytes -= len(self._outbox.pop(number))
         self._answered = max(self._answered, n)
-        self._answer.set()
-        self._answer = trio.Event()
+        self._changed.set()
+        self._changed = trio.Event()
 
-    async def _receive(self, send: trio.MemorySendChannel[wire.Deliver]) -> None:
-        async with send:
-            try:
-                while True:
-                    data = await self._ws.recv()
+    def _fail(self, error: RelayError) -> None:
+        if self.failed is None:
+            self.failed = error
+            log.warning("run link %s gave up: %s", self.run_id, error)
+        self._send_deliveries.close()
+        self._changed.set()
+
+    # --- the connection loop ----------------------------------------------------------------------
+
+    async def maintain(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Connect, serve, reconnect; ``task_status.started`` after the first welcome."""
+        started = False
+        attempt = 0
+        down_since = trio.current_time()
+        first_deadline = down_since + self.policy.first_connect_within
+        try:
+            while True:
+                detail = await self._connect_once(task_status if not started else None)
+                if self.failed:
+                    if not started:
+                        raise self.failed
+                    return
+                if self.epoch and not started:
+                    started = True
+                if self.connected:
+                    self.connected = False
+                    down_since = trio.current_time()
+                    attempt = 0
+                    self.on_state(False, detail)
+                now = trio.current_time()
+                if not started and now >= first_deadline:
+                    self._fail(RelayError("unreachable", detail))
+                    raise self.failed  # type: ignore[misc]
+                give_up = self.policy.give_up_after
+                if started and give_up is not None and now - down_since >= give_up:
+                    self._fail(RelayError("unreachable", f"no relay for {give_up:g} s: {detail}"))
+                    return
+                await trio.sleep(self.policy.backoff(attempt))
+                attempt += 1
+        finally:
+            self._send_deliveries.close()
+
+    async def _connect_once(self, task_status: trio.TaskStatus[None] | None) -> str:
+        """One connection, served until it drops; returns why it ended ("" if it never began)."""
+        hello = wire.Hello(
+            role=self.role,
+            run=self.run_id,
+            cursor=self.cursors[self.inbound],
+            history=self.history,
+            history_cursor=self.cursors[StreamName.TO_WORKER],
+            producer=self.producer,
+            client=self.client,
+        )
+        p = self.policy
+        try:
+            async with connect(
+                self.url,
+                compression=None,
+                max_size=wire.MAX_FRAME_BYTES,
+                open_timeout=10,
+                ping_interval=p.ping_interval,
+                ping_timeout=p.ping_timeout,
+                close_timeout=p.close_timeout,
+            ) as ws:
+                await ws.send(wire.encode_frame(hello))
+                with trio.fail_after(10):
+                    frame = wire.decode_frame(await ws.recv())
+                if isinstance(frame, wire.Error):
+                    if frame.code in _PERMANENT:
+                        self._fail(RelayError(frame.code, frame.message))
+                    return f"the relay refused the connection: {frame.message}"
+                if not isinstance(frame, wire.Welcome) or frame.run is None:
+                    self._fail(
+                        RelayError(ErrorCode.BAD_FRAME, f"expected 'welcome', got {frame.t!r}")
+                    )
+                    return "bad handshake"
+                self.welcome = self.welcome or frame
+                self.latest = frame
+                self.epoch += 1
+                self.connected = True
+                if self.epoch > 1:
+                    self.on_state(True, f"reconnected to the relay (connection {self.epoch})")
+                if task_status is not None:
+                    task_status.started()
+                return await self._serve(ws)
+        except InvalidURI as exc:
+            self._fail(RelayError("bad_url", str(exc)))
+            return str(exc)
+        except (OSError, WebSocketException, TimeoutError, trio.TooSlowError, WireError) as exc:
+            return f"cannot reach the relay at {self.url}: {exc or type(exc).__name__}"
+
+    async def _serve(self, ws: ClientConnection) -> str:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._sender, ws)
+            reason = await self._receiver(ws)
+            nursery.cancel_scope.cancel()
+        return reason
+
+    async def _sender(self, ws: ClientConnection) -> None:
+        next_n = self._answered + 1
+        p = self.policy
+        heartbeat_at = trio.current_time() + p.heartbeat
+        report_at: float | None = None
+        try:
+            while True:
+                while next_n <= self._n:
+                    frame = self._outbox.get(next_n)
+                    if frame is not None:
+                        await ws.send(frame)
+                    next_n += 1
+                now = trio.current_time()
+                if self._unreported and report_at is None:
+                    report_at = now + p.report_after
+                if report_at is not None and (
+                    now >= report_at or self._unreported >= p.report_every
+                ):
+                    await self._report(ws)
+                    report_at = None
+                if now >= heartbeat_at:
+                    await ws.send(wire.encode_frame(wire.Heartbeat()))
+                    heartbeat_at = now + p.heartbeat
+                self._wake = trio.Event()
+                if next_n <= self._n:
+                    continue
+                with trio.move_on_at(min(heartbeat_at, report_at or heartbeat_at)):
+                    await self._wake.wait()
+        except ConnectionClosed:
+            pass  # the receiver sees it too and ends the connection
+
+    async def _report(self, ws: ClientConnection) -> None:
+        self._unreported = 0
+        for name, cursor in self.cursors.items():
+            if cursor != "0" and self._reported.get(name) != cursor:
+                await ws.send(wire.encode_frame(wire.Received(stream=name, cursor=cursor)))
+                self._reported[name] = cursor
+
+    async def _receiver(self, ws: ClientConnection) -> str:
+        try:
+            while True:
+                data = await ws.recv()
+                try:
+                    frame = wire.decode_frame(data)
+                except WireError as exc:
+                    log.warning("bad frame from the relay: %s", exc.message)
+                    continue
+                if isinstance(frame, wire.Deliver):
+                    if not _after(frame.cursor, self.cursors[frame.stream]):
+                        continue  # already handed over before a reconnect
                     try:
-                        frame = wire.decode_frame(data)
-                    except WireError as exc:
-                        log.warning("bad frame from the relay: %s", exc.message)
-                        continue
-                    if isinstance(frame, wire.Deliver):
-                        await send.send(frame)
-                    elif isinstance(frame, wire.Ack):
+                        await self._send_deliveries.send(frame)
+                    except (trio.ClosedResourceError, trio.BrokenResourceError):
+                        return "closed"
+                    self.cursors[frame.stream] = frame.cursor
+                    self._unreported += 1
+                    if self._unreported >= self.policy.report_every or self._unreported == 1:
+                        self._wake.set()
+                elif isinstance(frame, wire.Ack):
+                    if frame.cursor:
                         self.acked = frame.cursor
-                        self._answered_up_to(frame.n)
-                    elif isinstance(frame, wire.Error):
-                        log.warning("relay error %s: %s", frame.code.value, frame.message)
-                        self.errors.append(frame)
-                        if frame.n is not None:
-                            self._answered_up_to(frame.n)
-            except ConnectionClosed:
-                pass
-            finally:
-                self.closed = True
-                self._answer.set()
+                    self.duplicates += frame.duplicate
+                    self._answer(frame.n)
+                elif isinstance(frame, wire.Error):
+                    log.warning("relay error %s: %s", frame.code.value, frame.message)
+                    self.errors.append(frame)
+                    if frame.n is not None and not frame.fatal:
+                        self._answer(frame.n)
+                        self.on_refused(frame.n, frame)
+                    if frame.fatal:
+                        return f"the relay closed the connection: {frame.message}"
+        except ConnectionClosed as exc:
+            return f"the relay connection closed: {exc}"
 
 
 @asynccontextmanager
 async def open_run_link(
-    url: str, *, role: Role, run: str, cursor: str = "0", history: bool = False, client: str = ""
+    url: str,
+    *,
+    role: Role,
+    run: str,
+    cursor: str = "0",
+    history: bool = False,
+    client: str = "",
+    producer: str | None = None,
+    policy: LinkPolicy | None = None,
+    on_refused: Callable[[int, wire.Error], None] | None = None,
+    on_state: Callable[[bool, str], None] | None = None,
 ) -> AsyncIterator[RunLink]:
-    hello = wire.Hello(role=role, run=run, cursor=cursor, history=history, client=client)
-    async with _connect(url, hello) as (ws, welcome), trio.open_nursery() as nursery:
-        send, receive = trio.open_memory_channel[wire.Deliver](256)
-        link = RunLink(welcome=welcome, deliveries=receive, _ws=ws)
-        nursery.start_soon(link._receive, send)
+    """A :class:`RunLink`, connected once before this returns (else :class:`RelayError`)."""
+    link = RunLink(
+        url,
+        role=role,
+        run=run,
+        cursor=cursor,
+        history=history,
+        producer=producer,
+        client=client,
+        policy=policy,
+        on_refused=on_refused,
+        on_state=on_state,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(link.maintain)
         try:
             yield link
             with trio.move_on_after(FLUSH_TIMEOUT):

@@ -8,9 +8,18 @@ Each connection starts with a ``hello`` frame naming its role (see ``protocol_sp
   stream from the peer's cursor on, from Redis, so a peer can be on any relay process.
 - ``control`` connections submit, cancel and inspect runs, and let the worker pool claim queued runs.
 
-The relay keeps no state of its own beyond Redis. A malformed frame gets an ``error`` frame and the
-connection goes on; only a failed handshake closes it. One connection's failure never reaches another's
-handler (each runs in its own task under ``websockets``' server nursery).
+The relay keeps no state of its own beyond Redis, so any number of relay processes can serve one Redis
+and a relay can be killed at any moment:
+
+- publishes are stored exactly once per producer (``Store.append_once``: a Lua script numbers each
+  producer's entries), so a peer re-sending after a reconnect never duplicates anything;
+- deliveries are read from Redis after the cursor the peer names, so nothing is skipped;
+- worker leases are a sorted set every relay sweeps; the relay whose ``ZREM`` wins marks the run lost.
+
+A malformed frame gets an ``error`` frame and the connection goes on; only a failed handshake closes
+it. If Redis fails under a connection, the peer gets ``internal`` and the connection closes (the peer
+reconnects and resends). One connection's failure never reaches another's handler (each runs in its
+own task under ``websockets``' server nursery).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -32,9 +42,9 @@ from protocol_specs.session import StatusEvent
 from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 
 from . import keys
-from .store import Store
+from .store import Cap, Store, StoreError
 
-__all__ = ["Relay", "serve_relay"]
+__all__ = ["Relay", "RelayConfig", "serve_relay"]
 
 log = logging.getLogger("tether.relay")
 
@@ -55,11 +65,37 @@ def new_run_id() -> str:
     return f"{int(time.time()):x}{secrets.token_hex(3)}"
 
 
+@dataclass(frozen=True)
+class RelayConfig:
+    """What an operator tunes; the defaults suit a relay on the open internet."""
+
+    #: most entries / bytes one of a run's streams may hold before publishes are refused
+    buffer_cap: Cap = field(default_factory=lambda: Cap(entries=100_000, bytes=256 * 1024 * 1024))
+    #: a worker that does not renew its lease (heartbeats) for this long loses its run
+    lease: float = 90.0
+    #: how long a finished run's keys stay in Redis
+    retention: float = 7 * 24 * 3600.0
+    #: WebSocket pings: a peer that misses a pong for ``ping_timeout`` is disconnected
+    ping_interval: float = 15.0
+    ping_timeout: float = 15.0
+
+    @property
+    def sweep_interval(self) -> float:
+        return max(self.lease / 6, 0.05)
+
+
 class Relay:
     """Connection handlers bound to one :class:`~relay.store.Store`."""
 
-    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        config: RelayConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
+        self.config = config or RelayConfig()
         self.clock = clock
 
     # --- records ----------------------------------------------------------------------------------
@@ -87,8 +123,12 @@ class Relay:
             log.info("run %s: %s", run_id, exc)
             return None
         await self.save(updated)
-        if updated.finished and updated.queue_entry:
-            await self.store.ack(keys.QUEUE, keys.POOL_GROUP, updated.queue_entry)
+        if updated.finished:
+            await self.store.zrem(keys.LEASES, run_id)
+            if updated.queue_entry:
+                await self.store.ack(keys.QUEUE, keys.POOL_GROUP, updated.queue_entry)
+            for key in keys.run_keys(run_id):
+                await self.store.expire(key, self.config.retention)
         return updated
 
     async def submit(self, spec: RunSpec, snapshot: bytes) -> RunRecord:
@@ -130,9 +170,50 @@ class Relay:
                 if record is None:  # cancelled while queued, or unknown: nothing to run
                     await self.store.ack(keys.QUEUE, keys.POOL_GROUP, entry_id)
                     continue
+                await self.store.zadd(keys.LEASES, run_id, self.clock() + self.config.lease)
                 await self.append_status(run_id, StatusEvent.CLAIMED, record, detail=worker)
                 snapshot = await self.store.get_bytes(keys.snapshot(run_id)) or b""
                 return record, snapshot
+
+    async def renew_lease(self, run_id: str) -> bool:
+        """Push the worker's lease on ``run_id`` forward; False if it already expired."""
+        return await self.store.zadd(
+            keys.LEASES, run_id, self.clock() + self.config.lease, only_existing=True
+        )
+
+    async def sweep(self) -> list[str]:
+        """Mark the runs whose worker lease expired as lost; returns their ids.
+
+        Every relay sweeps; the one whose ``ZREM`` removes a lease handles that run.
+        """
+        lost = []
+        now = self.clock()
+        for run_id in await self.store.zrange_by_score(keys.LEASES, now, 100):
+            if not await self.store.zrem(keys.LEASES, run_id):
+                continue  # another relay took it
+            detail = (
+                f"the worker stopped renewing its lease for over {self.config.lease:g} s "
+                "(its host is down, or it has been cut off from the relay)"
+            )
+            record = await self.transition(run_id, RunEvent.LEASE_EXPIRED, detail=detail)
+            if record is None:
+                continue
+            log.warning("run %s: worker %s lost: lease expired", run_id, record.worker)
+            await self.append_status(run_id, StatusEvent.WORKER_LOST, record, detail=detail)
+            control = wire.ControlEntry(action="terminate", detail="the run was marked lost")
+            await self.store.append(
+                keys.stream(run_id, StreamName.TO_WORKER), wire.encode_entry(control)
+            )
+            lost.append(run_id)
+        return lost
+
+    async def sweep_forever(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except StoreError as exc:
+                log.warning("lease sweep failed: %s", exc)
+            await trio.sleep(self.config.sweep_interval)
 
     async def worker_status(self, run_id: str, entry: wire.StatusEntry) -> None:
         """Move the run record along with a status the worker published."""
@@ -159,6 +240,11 @@ class Relay:
                 await self._serve_run(ws, hello)
         except* ConnectionClosed:
             pass  # the peer went away; its stream entries stay in Redis
+        except* StoreError as group:
+            # Redis is down or restarting: the peer reconnects, resends and resumes
+            log.warning("closing connection from %s: %s", ws.remote_address, group.exceptions[0])
+            with trio.move_on_after(1):
+                await self._fatal(ws, ErrorCode.INTERNAL, "the relay lost its store; reconnect")
 
     async def _handshake(self, ws: ServerConnection) -> wire.Hello | None:
         with trio.move_on_after(HANDSHAKE_TIMEOUT):
@@ -215,17 +301,38 @@ class Relay:
             name.value: (await self.store.last_id(keys.stream(run_id, name))) or "0"
             for name in StreamName
         }
+        if hello.role is Role.WORKER and not record.finished:
+            await self.renew_lease(run_id)
         await ws.send(wire.encode_frame(wire.Welcome(server=SERVER_NAME, run=record, tails=tails)))
-        async with trio.open_nursery() as nursery:
-            if hello.role is Role.IDE and hello.history:
-                await self._deliver_history(ws, run_id, StreamName.TO_WORKER)
-            nursery.start_soon(self._deliver, ws, run_id, inbound, hello.cursor)
-            await self._receive_publishes(ws, run_id, hello.role, outbound)
-            nursery.cancel_scope.cancel()
+        conn = _RunConnection(
+            ws, run_id, hello.role, outbound, inbound, hello.producer or secrets.token_hex(8)
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                if hello.role is Role.IDE and hello.history:
+                    await self._deliver_history(
+                        ws, run_id, StreamName.TO_WORKER, hello.history_cursor
+                    )
+                nursery.start_soon(self._deliver, ws, run_id, inbound, hello.cursor)
+                await self._receive(conn)
+                nursery.cancel_scope.cancel()
+        finally:
+            if conn.presence is not None and conn.presence.attached:
+                # the adapter's relay link is gone, and with it its IDE, as far as anyone can tell
+                gone = conn.presence.model_copy(update={"attached": False})
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    try:
+                        await self.store.append(
+                            keys.stream(run_id, StreamName.TO_WORKER), wire.encode_entry(gone)
+                        )
+                    except StoreError as exc:
+                        log.warning("run %s: cannot record an IDE leaving: %s", run_id, exc)
 
-    async def _deliver_history(self, ws: ServerConnection, run_id: str, name: StreamName) -> None:
+    async def _deliver_history(
+        self, ws: ServerConnection, run_id: str, name: StreamName, after: str
+    ) -> None:
         key = keys.stream(run_id, name)
-        cursor = "0"
+        cursor = after
         while batch := await self.store.read_after(key, cursor, count=500):
             for entry_id, payload in batch:
                 await ws.send(
@@ -245,10 +352,8 @@ class Relay:
                     await ws.send(wire.encode_frame(frame))
                     cursor = entry_id
 
-    async def _receive_publishes(
-        self, ws: ServerConnection, run_id: str, role: Role, outbound: StreamName
-    ) -> None:
-        key = keys.stream(run_id, outbound)
+    async def _receive(self, conn: _RunConnection) -> None:
+        ws = conn.ws
         while True:
             data = await ws.recv()
             try:
@@ -256,26 +361,82 @@ class Relay:
             except WireError as exc:
                 await self._send_error(ws, exc.code, exc.message)
                 continue
-            if not isinstance(frame, wire.Publish):
+            if isinstance(frame, wire.Publish):
+                if not await self._publish(conn, frame):
+                    return
+            elif isinstance(frame, wire.Received):
+                if frame.stream is conn.inbound:
+                    key = keys.stream(conn.run_id, conn.inbound)
+                    while await self.store.trim_received(key, frame.cursor) > 0:
+                        pass
+            elif isinstance(frame, wire.Heartbeat):
+                if conn.role is Role.WORKER and not await self.renew_lease(conn.run_id):
+                    record = await self.load(conn.run_id)
+                    if record is not None and not record.finished:
+                        continue  # a run without a lease yet (claimed before leases existed)
+                    await self._fatal(
+                        ws, ErrorCode.LEASE_LOST, f"run {conn.run_id} is no longer yours"
+                    )
+                    return
+            else:
                 await self._send_error(
                     ws,
                     ErrorCode.NOT_ALLOWED,
                     f"{frame.t!r} frames are not valid on a run connection",
                 )
-                continue
-            try:
-                entry = wire.decode_entry(frame.entry)
-            except WireError as exc:
-                await self._send_error(ws, exc.code, exc.message, n=frame.n)
-                continue
-            problem = _entry_not_allowed(role, entry)
-            if problem:
-                await self._send_error(ws, ErrorCode.NOT_ALLOWED, problem, n=frame.n)
-                continue
-            cursor = await self.store.append(key, frame.entry)
+
+    async def _publish(self, conn: _RunConnection, frame: wire.Publish) -> bool:
+        """Store one published entry exactly once; False if the connection must close."""
+        ws = conn.ws
+        try:
+            entry = wire.decode_entry(frame.entry)
+        except WireError as exc:
+            await self._send_error(ws, exc.code, exc.message, n=frame.n)
+            return await self._skip(conn, frame.n)
+        problem = _entry_not_allowed(conn.role, entry)
+        if problem:
+            await self._send_error(ws, ErrorCode.NOT_ALLOWED, problem, n=frame.n)
+            return await self._skip(conn, frame.n)
+        # status and presence entries are small and rare: never refused for a full buffer
+        cap = self.config.buffer_cap if isinstance(entry, wire.DapEntry) else Cap()
+        transient = isinstance(entry, wire.DapEntry) and entry.transient
+        key = keys.stream(conn.run_id, conn.outbound)
+        got = await self.store.append_once(
+            key, conn.producer, frame.n, frame.entry, transient=transient, cap=cap
+        )
+        if got.outcome == "gap":
+            await self._fatal(
+                ws,
+                ErrorCode.OUT_OF_ORDER,
+                f"publish {frame.n} skips ahead of {got.last + 1}; resend from there",
+            )
+            return False
+        if got.outcome == "full":
+            await self._send_error(
+                ws,
+                ErrorCode.BUFFER_FULL,
+                f"run {conn.run_id}: {conn.outbound.value} holds {got.size} entries "
+                f"(cap {cap.entries}) or its {cap.bytes} bytes are used up; nobody has read them",
+                n=frame.n,
+            )
+            return True
+        if got.outcome == "stored":
             if isinstance(entry, wire.StatusEntry):
-                await self.worker_status(run_id, entry)
-            await ws.send(wire.encode_frame(wire.Ack(n=frame.n, cursor=cursor)))
+                await self.worker_status(conn.run_id, entry)
+            elif isinstance(entry, wire.PresenceEntry):
+                conn.presence = entry
+        await ws.send(
+            wire.encode_frame(
+                wire.Ack(n=frame.n, cursor=got.cursor, duplicate=got.outcome == "duplicate")
+            )
+        )
+        return True
+
+    async def _skip(self, conn: _RunConnection, n: int) -> bool:
+        """Count a refused publish as answered, so the producer's numbering has no gap."""
+        key = keys.stream(conn.run_id, conn.outbound)
+        await self.store.append_once(key, conn.producer, n, None)
+        return True
 
     async def _serve_control(self, ws: ServerConnection) -> None:
         while True:
@@ -314,10 +475,22 @@ class Relay:
             await ws.send(wire.encode_frame(reply))
 
 
-def _entry_not_allowed(
-    role: Role, entry: wire.DapEntry | wire.StatusEntry | wire.ControlEntry
-) -> str:
+@dataclass
+class _RunConnection:
+    ws: ServerConnection
+    run_id: str
+    role: Role
+    outbound: StreamName
+    inbound: StreamName
+    producer: str
+    #: the last presence the adapter on this connection reported
+    presence: wire.PresenceEntry | None = None
+
+
+def _entry_not_allowed(role: Role, entry: wire.AnyEntry) -> str:
     if isinstance(entry, wire.DapEntry):
+        return ""
+    if role is Role.IDE and isinstance(entry, wire.PresenceEntry):
         return ""
     if role is Role.WORKER and isinstance(entry, wire.StatusEntry):
         if entry.event in _WORKER_STATUS:
@@ -340,21 +513,24 @@ async def serve_relay(
     *,
     host: str = "127.0.0.1",
     port: int = 0,
+    config: RelayConfig | None = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the relay until cancelled; ``task_status.started`` gets the websockets ``Server``."""
-    relay = Relay(store)
+    relay = Relay(store, config=config)
     await store.ensure_group(keys.QUEUE, keys.POOL_GROUP)
-    await serve(
-        relay.handle,
-        port,
-        host=host,
-        compression=None,
-        max_size=wire.MAX_FRAME_BYTES,
-        ping_interval=20,
-        ping_timeout=20,
-        task_status=task_status,
-    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(relay.sweep_forever)
+        await serve(
+            relay.handle,
+            port,
+            host=host,
+            compression=None,
+            max_size=wire.MAX_FRAME_BYTES,
+            ping_interval=relay.config.ping_interval,
+            ping_timeout=relay.config.ping_timeout,
+            task_status=task_status,
+        )
 
 
 def server_port(server: Server) -> int:

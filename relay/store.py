@@ -54,13 +54,17 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_MS",
     "PAYLOAD_FIELD",
+    "Appended",
     "BlockingReader",
+    "Cap",
     "Entry",
     "GlideStore",
     "MemoryStore",
     "Store",
     "StoreError",
+    "meta_key",
     "open_store",
+    "transient_key",
 ]
 
 Entry = tuple[str, bytes]
@@ -71,6 +75,32 @@ _PAYLOAD_FIELD_BYTES = PAYLOAD_FIELD.encode()
 DEFAULT_REQUEST_TIMEOUT_MS = 5000
 
 _T = TypeVar("_T")
+
+
+def meta_key(stream: str) -> str:
+    """The hash :meth:`Store.append_once` keeps a stream's producers and byte count in."""
+    return f"{stream}:meta"
+
+
+def transient_key(stream: str) -> str:
+    """The list of a stream's transient entries (``"<id> <size>"``) not yet trimmed."""
+    return f"{stream}:transient"
+
+
+@dataclass(frozen=True)
+class Cap:
+    """Most entries and payload bytes a stream may hold; 0 means unlimited."""
+
+    entries: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Appended:
+    outcome: str  #: ``stored``, ``duplicate``, ``gap``, ``full`` or ``skipped``
+    cursor: str = ""  #: the entry's id (stored; duplicate of the last stored: its id, else "")
+    last: int = 0  #: the producer's last answered number (gap)
+    size: int = 0  #: entries in the stream (full)
 
 
 class StoreError(Exception):
@@ -130,12 +160,62 @@ class Store(Protocol):
         """The group's delivered but unacknowledged entries, oldest first: ``(entry id, consumer)``."""
         ...
 
+    # exactly-once appends with a buffer cap, and trimming what the reader received
+    async def append_once(
+        self,
+        stream: str,
+        producer: str,
+        n: int,
+        payload: bytes | None,
+        *,
+        transient: bool = False,
+        cap: Cap = Cap(),
+    ) -> Appended:
+        """Append ``payload`` as producer ``producer``'s entry number ``n``, atomically.
+
+        ``n`` must be the producer's last answered number + 1 (else :attr:`Appended.outcome` is
+        ``duplicate`` for ``n`` at or below it, ``gap`` above it). ``payload=None`` answers ``n``
+        without storing anything (``skipped``: the relay refused that entry). Bookkeeping lives in the hash
+        :func:`meta_key` (``stream``); ``transient`` entries are also listed for :meth:`trim_received`.
+        Refused with ``full`` (and ``n`` counted as answered) when the stream holds ``cap.entries``
+        entries or ``cap.bytes`` payload bytes.
+        """
+        ...
+
+    async def trim_received(self, stream: str, cursor: str, *, limit: int = 1000) -> int:
+        """Delete up to ``limit`` transient entries with ids up to ``cursor``; returns how many."""
+        ...
+
+    async def buffered_bytes(self, stream: str) -> int:
+        """Payload bytes of the entries :meth:`append_once` stored and :meth:`trim_received` kept."""
+        ...
+
     # hashes, strings, sorted set
     async def hset(self, key: str, mapping: Mapping[str, bytes | str]) -> None: ...
     async def hgetall(self, key: str) -> dict[str, bytes]: ...
     async def set_bytes(self, key: str, value: bytes) -> None: ...
     async def get_bytes(self, key: str) -> bytes | None: ...
-    async def zadd(self, key: str, member: str, score: float) -> None: ...
+    async def zadd(
+        self, key: str, member: str, score: float, *, only_existing: bool = False
+    ) -> bool:
+        """Set ``member``'s score; with ``only_existing`` never add. True if anything changed."""
+        ...
+
+    async def zrem(self, key: str, member: str) -> bool:
+        """Remove ``member``; True if it was there (one caller wins when several race)."""
+        ...
+
+    async def zrange_by_score(self, key: str, max_score: float, count: int) -> list[str]:
+        """Up to ``count`` members with scores up to ``max_score``, lowest score first."""
+        ...
+
+    async def expire(self, key: str, seconds: float) -> None:
+        """Delete ``key`` after ``seconds`` (millisecond precision); no-op for a missing key."""
+        ...
+
+    async def ttl(self, key: str) -> float | None:
+        """Seconds until ``key`` expires; ``None`` if it does not exist or never expires."""
+        ...
 
     async def zrange_desc(self, key: str, count: int) -> list[str]:
         """The ``count`` members with the highest scores, highest first (ties: member descending)."""
@@ -336,6 +416,75 @@ class _GlideReader:
         return entries[0] if entries else None
 
 
+#: KEYS: stream, meta, transient list. ARGV: producer, n, payload, transient (0/1), max entries,
+#: max bytes, skip (0/1). Returns {outcome, cursor-or-number}: 1 stored, 0 duplicate, -1 gap,
+#: -2 full, 2 skipped.
+_APPEND_ONCE = """
+local last = tonumber(redis.call('HGET', KEYS[2], 'n:' .. ARGV[1]) or '0')
+local n = tonumber(ARGV[2])
+if n <= last then
+  if n == last then return {0, redis.call('HGET', KEYS[2], 'c:' .. ARGV[1]) or ''} end
+  return {0, ''}
+end
+if n ~= last + 1 then return {-1, tostring(last)} end
+if ARGV[7] == '1' then
+  redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], '')
+  return {2, ''}
+end
+local size = string.len(ARGV[3])
+local max_entries = tonumber(ARGV[5])
+local max_bytes = tonumber(ARGV[6])
+local held = redis.call('XLEN', KEYS[1])
+local bytes = tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0')
+if (max_entries > 0 and held >= max_entries) or (max_bytes > 0 and bytes + size > max_bytes) then
+  redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], '')
+  return {-2, tostring(held)}
+end
+local id = redis.call('XADD', KEYS[1], '*', 'p', ARGV[3])
+redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], id)
+redis.call('HINCRBY', KEYS[2], 'bytes', size)
+if ARGV[4] == '1' then redis.call('RPUSH', KEYS[3], id .. ' ' .. size) end
+return {1, id}
+"""
+
+#: KEYS: stream, meta, transient list. ARGV: cursor ms, cursor seq, limit. Returns entries deleted.
+_TRIM_RECEIVED = """
+local cms = tonumber(ARGV[1])
+local cseq = tonumber(ARGV[2])
+local head = redis.call('LRANGE', KEYS[3], 0, tonumber(ARGV[3]) - 1)
+local removed = 0
+local freed = 0
+for _, item in ipairs(head) do
+  local ms, seq, size = string.match(item, '^(%d+)-(%d+) (%d+)$')
+  ms = tonumber(ms)
+  seq = tonumber(seq)
+  if ms > cms or (ms == cms and seq > cseq) then break end
+  redis.call('XDEL', KEYS[1], ms .. '-' .. seq)
+  freed = freed + tonumber(size)
+  removed = removed + 1
+end
+if removed > 0 then
+  redis.call('LTRIM', KEYS[3], removed, -1)
+  redis.call('HINCRBY', KEYS[2], 'bytes', -freed)
+end
+return removed
+"""
+
+
+def _appended(reply: object) -> Appended:
+    assert isinstance(reply, list) and len(reply) == 2
+    code, value = int(reply[0]), _text(reply[1])
+    if code == 1:
+        return Appended("stored", cursor=value)
+    if code == 0:
+        return Appended("duplicate", cursor=value)
+    if code == 2:
+        return Appended("skipped")
+    if code == -1:
+        return Appended("gap", last=int(value))
+    return Appended("full", size=int(value))
+
+
 class GlideStore:
     """A :class:`Store` on a Redis-compatible server through valkey-glide. Use :func:`open_store`."""
 
@@ -358,6 +507,59 @@ class GlideStore:
         with _glide_errors(f"cannot connect to {_redact(url)}"):
             client = await glide.GlideClient.create(config)
         return cls(client, config, url)
+
+    async def _script(
+        self, what: str, source: str, keys: list[str], args: list[str | bytes]
+    ) -> object:
+        import glide
+
+        script = _SCRIPTS.get(source)
+        if script is None:
+            script = _SCRIPTS[source] = glide.Script(source)  # type: ignore[no-untyped-call]
+        with _glide_errors(what):
+            return await self._client.invoke_script(script, keys=keys, args=args)  # type: ignore[arg-type]
+
+    async def append_once(
+        self,
+        stream: str,
+        producer: str,
+        n: int,
+        payload: bytes | None,
+        *,
+        transient: bool = False,
+        cap: Cap = Cap(),
+    ) -> Appended:
+        reply = await self._script(
+            f"append to {stream}",
+            _APPEND_ONCE,
+            [stream, meta_key(stream), transient_key(stream)],
+            [
+                producer,
+                str(n),
+                payload or b"",
+                "1" if transient else "0",
+                str(cap.entries),
+                str(cap.bytes),
+                "1" if payload is None else "0",
+            ],
+        )
+        return _appended(reply)
+
+    async def trim_received(self, stream: str, cursor: str, *, limit: int = 1000) -> int:
+        ms, seq = _parse_id(cursor)
+        reply = await self._script(
+            f"trim {stream}",
+            _TRIM_RECEIVED,
+            [stream, meta_key(stream), transient_key(stream)],
+            [str(ms), str(seq), str(limit)],
+        )
+        assert isinstance(reply, int)
+        return reply
+
+    async def buffered_bytes(self, stream: str) -> int:
+        with _glide_errors(f"HGET {meta_key(stream)}"):
+            value = await self._client.hget(meta_key(stream), "bytes")
+        return int(value or 0)
 
     async def append(self, stream: str, payload: bytes, *, maxlen: int | None = None) -> str:
         import glide
@@ -446,9 +648,42 @@ class GlideStore:
         with _glide_errors(f"GET {key}"):
             return await self._client.get(key)
 
-    async def zadd(self, key: str, member: str, score: float) -> None:
+    async def zadd(
+        self, key: str, member: str, score: float, *, only_existing: bool = False
+    ) -> bool:
+        import glide
+
+        condition = glide.ConditionalChange.ONLY_IF_EXISTS if only_existing else None
         with _glide_errors(f"ZADD {key}"):
-            await self._client.zadd(key, {member: float(score)})
+            changed = await self._client.zadd(
+                key, {member: float(score)}, existing_options=condition, changed=True
+            )
+        return changed > 0
+
+    async def zrem(self, key: str, member: str) -> bool:
+        with _glide_errors(f"ZREM {key}"):
+            return await self._client.zrem(key, [member]) > 0
+
+    async def zrange_by_score(self, key: str, max_score: float, count: int) -> list[str]:
+        import glide
+
+        if count < 1:
+            return []
+        query = glide.RangeByScore(
+            glide.InfBound.NEG_INF, glide.ScoreBoundary(max_score), glide.Limit(0, count)
+        )
+        with _glide_errors(f"ZRANGE {key} BYSCORE"):
+            members = await self._client.zrange(key, query)
+        return [_text(m) for m in members]
+
+    async def expire(self, key: str, seconds: float) -> None:
+        with _glide_errors(f"PEXPIRE {key}"):
+            await self._client.pexpire(key, max(1, round(seconds * 1000)))
+
+    async def ttl(self, key: str) -> float | None:
+        with _glide_errors(f"PTTL {key}"):
+            ms = await self._client.pttl(key)
+        return ms / 1000 if ms >= 0 else None
 
     async def zrange_desc(self, key: str, count: int) -> list[str]:
         import glide
@@ -471,6 +706,9 @@ class GlideStore:
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
             await self._client.close()
+
+
+_SCRIPTS: dict[str, object] = {}
 
 
 # --- in-memory fake -------------------------------------------------------------------------------
@@ -516,12 +754,16 @@ class _Hash(dict[str, bytes]):
     pass
 
 
+class _List(list[bytes]):
+    pass
+
+
 class _ZSet(dict[str, float]):
     pass
 
 
-_Value = _Stream | _Hash | _ZSet | bytes
-_V = TypeVar("_V", _Stream, _Hash, _ZSet, bytes)
+_Value = _Stream | _Hash | _ZSet | _List | bytes
+_V = TypeVar("_V", _Stream, _Hash, _ZSet, _List, bytes)
 
 
 class _MemoryReader:
@@ -576,14 +818,23 @@ class _MemoryReader:
 class MemoryStore:
     """An in-process :class:`Store` for tests and ``memory://``; nothing survives the process."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._data: dict[str, _Value] = {}
         self._waiters: dict[str, trio.Event] = {}
+        self._expiry: dict[str, float] = {}
+        self._clock = clock
 
     def __repr__(self) -> str:
         return f"<MemoryStore keys={len(self._data)}>"
 
+    def _expire_if_due(self, key: str) -> None:
+        deadline = self._expiry.get(key)
+        if deadline is not None and self._clock() >= deadline:
+            del self._expiry[key]
+            self._data.pop(key, None)
+
     def _get(self, key: str, kind: type[_V]) -> _V | None:
+        self._expire_if_due(key)
         value = self._data.get(key)
         if value is None:
             return None
@@ -611,6 +862,9 @@ class MemoryStore:
 
     async def append(self, stream: str, payload: bytes, *, maxlen: int | None = None) -> str:
         await trio.lowlevel.checkpoint()
+        return self._xadd(stream, payload, maxlen)
+
+    def _xadd(self, stream: str, payload: bytes, maxlen: int | None = None) -> str:
         s = self._get_or_create(stream, _Stream, _Stream)
         now_ms = time.time_ns() // 1_000_000
         s.last = (now_ms, 0) if now_ms > s.last[0] else (s.last[0], s.last[1] + 1)
@@ -628,6 +882,72 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         s = self._get(stream, _Stream)
         return s.after(cursor, count) if s else []
+
+    async def append_once(
+        self,
+        stream: str,
+        producer: str,
+        n: int,
+        payload: bytes | None,
+        *,
+        transient: bool = False,
+        cap: Cap = Cap(),
+    ) -> Appended:
+        await trio.lowlevel.checkpoint()
+        meta = self._get_or_create(meta_key(stream), _Hash, _Hash)
+        last = int(meta.get(f"n:{producer}", b"0"))
+        if n <= last:
+            cursor = meta.get(f"c:{producer}", b"").decode() if n == last else ""
+            return Appended("duplicate", cursor=cursor)
+        if n != last + 1:
+            return Appended("gap", last=last)
+        if payload is None:
+            meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), b""
+            return Appended("skipped")
+        s = self._get(stream, _Stream)
+        held = len(s.ids) if s else 0
+        held_bytes = int(meta.get("bytes", b"0"))
+        if (cap.entries and held >= cap.entries) or (
+            cap.bytes and held_bytes + len(payload) > cap.bytes
+        ):
+            meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), b""
+            return Appended("full", size=held)
+        entry_id = self._xadd(stream, payload)
+        meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), entry_id.encode()
+        meta["bytes"] = str(held_bytes + len(payload)).encode()
+        if transient:
+            listed = self._get_or_create(transient_key(stream), _List, _List)
+            listed.append(f"{entry_id} {len(payload)}".encode())
+        return Appended("stored", cursor=entry_id)
+
+    async def trim_received(self, stream: str, cursor: str, *, limit: int = 1000) -> int:
+        upto = _parse_id(cursor)
+        await trio.lowlevel.checkpoint()
+        listed = self._get(transient_key(stream), _List)
+        s = self._get(stream, _Stream)
+        if not listed:
+            return 0
+        removed = freed = 0
+        for item in listed[:limit]:
+            text, size = item.decode().split(" ")
+            entry_id = _parse_id(text)
+            if entry_id > upto:
+                break
+            if s is not None:
+                at = bisect.bisect_left(s.ids, entry_id)
+                if at < len(s.ids) and s.ids[at] == entry_id:
+                    del s.ids[at], s.payloads[at]
+            freed += int(size)
+            removed += 1
+        del listed[:removed]
+        meta = self._get_or_create(meta_key(stream), _Hash, _Hash)
+        meta["bytes"] = str(int(meta.get("bytes", b"0")) - freed).encode()
+        return removed
+
+    async def buffered_bytes(self, stream: str) -> int:
+        await trio.lowlevel.checkpoint()
+        meta: Mapping[str, bytes] = self._get(meta_key(stream), _Hash) or {}
+        return int(meta.get("bytes", b"0"))
 
     async def last_id(self, stream: str) -> str | None:
         await trio.lowlevel.checkpoint()
@@ -684,10 +1004,46 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         return self._get(key, bytes)
 
-    async def zadd(self, key: str, member: str, score: float) -> None:
+    async def zadd(
+        self, key: str, member: str, score: float, *, only_existing: bool = False
+    ) -> bool:
         await trio.lowlevel.checkpoint()
-        self._get_or_create(key, _ZSet, _ZSet)[member] = float(score)
+        z = self._get(key, _ZSet)
+        if only_existing and (z is None or member not in z):
+            return False
+        z = self._get_or_create(key, _ZSet, _ZSet)
+        changed = z.get(member) != float(score)
+        z[member] = float(score)
         self._notify(key)
+        return changed
+
+    async def zrem(self, key: str, member: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        z = self._get(key, _ZSet)
+        if z is None or member not in z:
+            return False
+        del z[member]
+        if not z:
+            del self._data[key]
+        return True
+
+    async def zrange_by_score(self, key: str, max_score: float, count: int) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        z: Mapping[str, float] = self._get(key, _ZSet) or {}
+        ranked = sorted((score, member) for member, score in z.items() if score <= max_score)
+        return [member for _, member in ranked[: max(count, 0)]]
+
+    async def expire(self, key: str, seconds: float) -> None:
+        await trio.lowlevel.checkpoint()
+        self._expire_if_due(key)
+        if key in self._data:
+            self._expiry[key] = self._clock() + max(seconds, 0.001)
+
+    async def ttl(self, key: str) -> float | None:
+        await trio.lowlevel.checkpoint()
+        self._expire_if_due(key)
+        deadline = self._expiry.get(key)
+        return None if deadline is None or key not in self._data else deadline - self._clock()
 
     async def zrange_desc(self, key: str, count: int) -> list[str]:
         await trio.lowlevel.checkpoint()
@@ -698,6 +1054,7 @@ class MemoryStore:
     async def delete(self, *keys: str) -> None:
         await trio.lowlevel.checkpoint()
         for key in keys:
+            self._expiry.pop(key, None)
             if self._data.pop(key, None) is not None:
                 self._notify(key)
 

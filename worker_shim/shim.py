@@ -16,6 +16,12 @@ Sequence for a run in debug mode:
    back with the adapter's; events go to ``to_ide``. An IDE leaving is never forwarded (debugpy would
    resume the program and drop every breakpoint).
 6. When the program exits, publish its exit status.
+
+Throughout, the relay link reconnects by itself and resends what the relay has not acknowledged
+(``relay.client.RunLink``); debugpy never notices a network drop. If the run was ended meanwhile
+(cancelled, or marked lost because the link stayed down past the lease), the program is terminated.
+While the program is paused and no IDE is attached, :class:`protocol_specs.attention.Attention`
+decides what happens (the run's ``on_unattended_stop`` policy).
 """
 
 from __future__ import annotations
@@ -33,15 +39,22 @@ import orjson
 import trio
 
 from protocol_specs import dap_framing, wire
+from protocol_specs.attention import Attention, Notice, Resume, Terminate, UnattendedPolicy
 from protocol_specs.capabilities import (
     DEBUGPY_CAPABILITIES,
     VSCODE_INITIALIZE,
     capabilities_delta,
 )
 from protocol_specs.runs import RunRecord
-from protocol_specs.session import CONFIGURATION_COMMANDS, BreakpointSet, DebugSession, StatusEvent
-from protocol_specs.wire import DapEntry, Role, StatusEntry, StreamName, WireError
-from relay.client import RunLink, open_run_link
+from protocol_specs.session import (
+    CONFIGURATION_COMMANDS,
+    BreakpointSet,
+    DebugSession,
+    StatusEvent,
+    is_transient,
+)
+from protocol_specs.wire import DapEntry, PresenceEntry, Role, StatusEntry, StreamName, WireError
+from relay.client import LinkPolicy, RunLink, open_run_link
 
 from .debuggee import Debuggee, start_debuggee, start_plain, terminate_group
 from .files import extract_snapshot
@@ -64,6 +77,9 @@ _DROPPED_EVENTS = frozenset(
     {"initialized", "debugpyWaitingForServer", "debugpySockets", "terminated"}
 )
 HANDSHAKE_TIMEOUT = 60.0
+#: the worker's relay link: keep trying for a minute when the run starts (the pool just reached
+#: the relay), then for ever (the lease decides when the run is given up)
+WORKER_LINK = LinkPolicy(first_connect_within=60.0)
 
 
 @dataclass
@@ -78,9 +94,15 @@ class _Sent:
 class _DebugpyLink:
     """The shim's connection to debugpy: numbering, routing of responses, filtering of events."""
 
-    def __init__(self, stream: trio.SocketStream, link: RunLink) -> None:
+    def __init__(
+        self,
+        stream: trio.SocketStream,
+        link: RunLink,
+        on_event: Callable[[dict[str, Any]], None] = lambda _msg: None,
+    ) -> None:
         self.stream = stream
         self.link = link
+        self.on_event = on_event
         self.framer = dap_framing.DapFramer()
         self.seq = 0
         self.sent: dict[int, _Sent] = {}
@@ -137,7 +159,10 @@ class _DebugpyLink:
             sent.done.set()
             if sent.origin is not None:
                 body = orjson.dumps({**msg, "request_seq": sent.seq})
-                await self.link.publish(DapEntry(origin=sent.origin, body=body))
+                transient = is_transient(msg, sent.command)
+                await self.link.publish(
+                    DapEntry(origin=sent.origin, body=body, transient=transient)
+                )
         elif kind == "event":
             name = msg.get("event")
             if name == "initialized":
@@ -146,7 +171,8 @@ class _DebugpyLink:
                 return
             if name == "output" and (msg.get("body") or {}).get("category") == "telemetry":
                 return
-            await self.link.publish(DapEntry(body=raw))
+            self.on_event(msg)
+            await self.link.publish(DapEntry(body=raw, transient=is_transient(msg)))
         elif kind == "request":
             # reverse requests (startDebugging, runInTerminal): the shim supports none of them
             reply = {
@@ -182,6 +208,7 @@ async def run_shim(
     *,
     runs_dir: Path,
     python: str = sys.executable,
+    policy: LinkPolicy = WORKER_LINK,
     on_event: Callable[[str], None] | None = None,
 ) -> int | None:
     """Run one claimed run to its end; returns the program's exit code (None if it never started)."""
@@ -189,9 +216,17 @@ async def run_shim(
     run_dir = runs_dir / record.id
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir.parent / f"{record.id}.log"
+    news = _LinkNews(say, record.id)
     async with open_run_link(
-        relay_url, role=Role.WORKER, run=record.id, client="tether-worker"
+        relay_url,
+        role=Role.WORKER,
+        run=record.id,
+        client="tether-worker",
+        policy=policy,
+        on_refused=news.refused,
+        on_state=news.state,
     ) as link:
+        news.link = link
         if link.run.finished:
             say(f"run {record.id} is {link.run.state.value}; not starting it")
             return None
@@ -204,7 +239,7 @@ async def run_shim(
             return None
         env = {**os.environ, **record.spec.env}
         if not record.spec.debug:
-            return await _run_plain(link, record, run_dir, env, log_path, say)
+            return await _run_plain(link, record, run_dir, env, log_path, say, news)
         try:
             async with start_debuggee(
                 record.spec.command,
@@ -213,11 +248,53 @@ async def run_shim(
                 log_path=str(log_path),
                 python=python,
             ) as debuggee:
-                return await _run_debug(link, record, run_dir, debuggee, say)
+                return await _run_debug(link, record, run_dir, debuggee, say, news)
         except (ValueError, OSError, RuntimeError) as exc:
             await _status(link, StatusEvent.START_FAILED, detail=str(exc))
             say(f"run {record.id} could not start: {exc}")
             return None
+
+
+class _LinkNews:
+    """What the run link reports: drops and returns, and entries the relay refused."""
+
+    def __init__(self, say: Callable[[str], None], run_id: str) -> None:
+        self.say = say
+        self.run_id = run_id
+        self.link: RunLink | None = None
+        self.ended = trio.Event()  #: the run was ended while we were away
+        self.dropped = 0
+        self.last_refusal = ""
+        self.refusal = trio.Event()
+
+    def state(self, up: bool, detail: str) -> None:
+        self.say(f"run {self.run_id}: relay link {'up' if up else 'down'}: {detail}")
+        if up and self.link is not None and self.link.run.finished:
+            self.say(f"run {self.run_id} is {self.link.run.state.value}: stopping the program")
+            self.ended.set()
+
+    def refused(self, n: int, error: wire.Error) -> None:
+        del n
+        self.dropped += 1
+        self.last_refusal = error.message
+        self.refusal.set()
+
+
+async def _report_refusals(link: RunLink, news: _LinkNews) -> None:
+    """Entries the relay refuses (the IDE side's buffer is full) are dropped, but never silently."""
+    while True:
+        await news.refusal.wait()
+        news.refusal = trio.Event()
+        await _status(
+            link,
+            StatusEvent.BUFFER_FULL,
+            detail=(
+                f"{news.dropped} messages from the program were dropped so far: {news.last_refusal}. "
+                "Attach an IDE (or run tether attach) to read the backlog."
+            ),
+            data={"dropped": news.dropped},
+        )
+        await trio.sleep(30)  # at most one notice per 30 s
 
 
 async def _status(link: RunLink, event: str, **fields: Any) -> None:
@@ -231,6 +308,7 @@ async def _run_plain(
     env: dict[str, str],
     log_path: Path,
     say: Callable[[str], None],
+    news: _LinkNews,
 ) -> int | None:
     try:
         process = await start_plain(
@@ -242,11 +320,17 @@ async def _run_plain(
     await _status(link, StatusEvent.STARTED, data={"pid": process.pid, "run_dir": str(run_dir)})
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_terminate, link, partial(terminate_group, process))
+        nursery.start_soon(_terminate_when, news.ended, partial(terminate_group, process))
         code = await process.wait()
         nursery.cancel_scope.cancel()
     await _status(link, StatusEvent.EXITED, exit_code=code)
     say(f"run {record.id} exited with {code}")
     return code
+
+
+async def _terminate_when(event: trio.Event, terminate: Callable[[], Awaitable[None]]) -> None:
+    await event.wait()
+    await terminate()
 
 
 async def _watch_terminate(link: RunLink, terminate: Callable[[], Awaitable[None]]) -> None:
@@ -257,11 +341,18 @@ async def _watch_terminate(link: RunLink, terminate: Callable[[], Awaitable[None
 
 
 async def _run_debug(
-    link: RunLink, record: RunRecord, run_dir: Path, debuggee: Debuggee, say: Callable[[str], None]
+    link: RunLink,
+    record: RunRecord,
+    run_dir: Path,
+    debuggee: Debuggee,
+    say: Callable[[str], None],
+    news: _LinkNews,
 ) -> int | None:
     session = DebugSession()
     stream = await debuggee.connect()
-    dbg = _DebugpyLink(stream, link)
+    attention = _Watch(record, run_dir, say)
+    dbg = _DebugpyLink(stream, link, attention.debugger_event)
+    attention.dbg = dbg
     await _status(
         link,
         StatusEvent.STARTED,
@@ -277,9 +368,12 @@ async def _run_debug(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(dbg.pump)
         nursery.start_soon(stop_on_terminate)
+        nursery.start_soon(_terminate_when, news.ended, _set_event(terminate))
+        nursery.start_soon(_report_refusals, link, news)
+        nursery.start_soon(attention.run, link, terminate)
         # 3. fold the IDE side: everything stored before we connected, then (unless the run
         #    does not wait) until the IDE finished its configuration
-        tail = _id(link.welcome.tails.get(StreamName.TO_WORKER.value, "0"))
+        tail = _id(link.tails.get(StreamName.TO_WORKER.value, "0"))
         seen = (0, 0)
         waiting_said = False
         while not terminate.is_set():
@@ -294,11 +388,13 @@ async def _run_debug(
                 waiting_said = True
             delivery = await link.deliveries.receive()
             seen = _id(delivery.cursor)
-            _fold(delivery, session, terminate)
-        _drain(link, session, terminate)  # configuration that is already here counts too
+            _fold(delivery, session, terminate, attention)
+        _drain(link, session, terminate, attention)  # configuration already here counts too
         if not terminate.is_set():
             # 4. replay the compacted configuration
-            await _replay(dbg, session, record, run_dir, lambda: _drain(link, session, terminate))
+            await _replay(
+                dbg, session, record, run_dir, lambda: _drain(link, session, terminate, attention)
+            )
             await _status(
                 link,
                 StatusEvent.DEBUGGER_LIVE,
@@ -306,7 +402,7 @@ async def _run_debug(
             )
             say(f"run {record.id}: debugger live")
             # 5. live traffic
-            nursery.start_soon(_forward_live, link, dbg, terminate)
+            nursery.start_soon(_forward_live, link, dbg, terminate, attention)
         code = await debuggee.wait()
         nursery.cancel_scope.cancel()
     await _status(link, StatusEvent.EXITED, exit_code=code)
@@ -314,15 +410,26 @@ async def _run_debug(
     return code
 
 
-def _fold(delivery: wire.Deliver, session: DebugSession, terminate: trio.Event) -> None:
+def _set_event(event: trio.Event) -> Callable[[], Awaitable[None]]:
+    async def set_it() -> None:
+        event.set()
+
+    return set_it
+
+
+def _fold(
+    delivery: wire.Deliver, session: DebugSession, terminate: trio.Event, attention: _Watch
+) -> None:
     entry = _decode(delivery)
     if isinstance(entry, DapEntry):
         session.apply_to_worker(entry)
+    elif isinstance(entry, PresenceEntry):
+        attention.presence(entry)
     elif isinstance(entry, wire.ControlEntry):
         terminate.set()
 
 
-def _drain(link: RunLink, session: DebugSession, terminate: trio.Event) -> None:
+def _drain(link: RunLink, session: DebugSession, terminate: trio.Event, attention: _Watch) -> None:
     """Fold every delivery already received, without waiting (before debugpy starts the program,
     configuration entries are only ever folded, never forwarded)."""
     while True:
@@ -330,7 +437,7 @@ def _drain(link: RunLink, session: DebugSession, terminate: trio.Event) -> None:
             delivery = link.deliveries.receive_nowait()
         except trio.WouldBlock:
             return
-        _fold(delivery, session, terminate)
+        _fold(delivery, session, terminate, attention)
 
 
 def _id(cursor: str) -> tuple[int, int]:
@@ -338,7 +445,7 @@ def _id(cursor: str) -> tuple[int, int]:
     return int(ms or 0), int(seq or 0)
 
 
-def _decode(delivery: wire.Deliver) -> wire.DapEntry | wire.StatusEntry | wire.ControlEntry | None:
+def _decode(delivery: wire.Deliver) -> wire.AnyEntry | None:
     try:
         return wire.decode_entry(delivery.entry)
     except WireError as exc:
@@ -395,11 +502,16 @@ def _source_of(bset: BreakpointSet) -> str:
     return str(source.get("path") or source.get("sourceReference") or source.get("name") or "")
 
 
-async def _forward_live(link: RunLink, dbg: _DebugpyLink, terminate: trio.Event) -> None:
+async def _forward_live(
+    link: RunLink, dbg: _DebugpyLink, terminate: trio.Event, attention: _Watch
+) -> None:
     async for delivery in link.deliveries:
         entry = _decode(delivery)
         if isinstance(entry, wire.ControlEntry):
             terminate.set()
+            continue
+        if isinstance(entry, PresenceEntry):
+            attention.presence(entry)
             continue
         if not isinstance(entry, DapEntry):
             continue
@@ -410,3 +522,100 @@ async def _forward_live(link: RunLink, dbg: _DebugpyLink, terminate: trio.Event)
         if entry.local and command not in CONFIGURATION_COMMANDS:
             continue  # a handshake request the adapter answered (initialize, attach, ...)
         await dbg.send(command, msg.get("arguments"), origin=entry.origin, seq=msg.get("seq", 0))
+
+
+class _Watch:
+    """Performs what :class:`~protocol_specs.attention.Attention` decides about unattended stops."""
+
+    def __init__(self, record: RunRecord, run_dir: Path, say: Callable[[str], None]) -> None:
+        spec = record.spec
+        self.record = record
+        self.run_dir = run_dir
+        self.say = say
+        self.attention = Attention(
+            UnattendedPolicy(spec.on_unattended_stop), spec.unattended_timeout
+        )
+        self.dbg: _DebugpyLink | None = None
+        self._decisions: list[Notice | Resume | Terminate] = []
+        self._changed = trio.Event()
+
+    def presence(self, entry: PresenceEntry) -> None:
+        self._add(self.attention.on_presence(entry, trio.current_time()))
+
+    def debugger_event(self, msg: dict[str, Any]) -> None:
+        self._add(self.attention.on_debugger_event(msg, trio.current_time()))
+
+    def _add(self, decisions: list[Notice | Resume | Terminate]) -> None:
+        self._decisions += decisions
+        self._changed.set()
+
+    async def run(self, link: RunLink, terminate: trio.Event) -> None:
+        while True:
+            deadline = self.attention.deadline
+            with trio.move_on_at(deadline if deadline is not None else float("inf")):
+                await self._changed.wait()
+            self._changed = trio.Event()
+            self._decisions += self.attention.tick(trio.current_time())
+            decisions, self._decisions = self._decisions, []
+            for decision in decisions:
+                if isinstance(decision, Notice):
+                    await self._notice(link, decision)
+                elif isinstance(decision, Resume) and self.dbg is not None:
+                    self.say(f"run {self.record.id}: unattended stop timed out; continuing")
+                    await self.dbg.send("continue", {"threadId": decision.thread_id})
+                elif isinstance(decision, Terminate):
+                    self.say(f"run {self.record.id}: {decision.detail}; terminating")
+                    await _status(
+                        link, StatusEvent.UNATTENDED_STOP, detail=f"Terminating: {decision.detail}."
+                    )
+                    terminate.set()
+
+    async def _notice(self, link: RunLink, notice: Notice) -> None:
+        where = await self._where(notice.thread_id)
+        spec = self.record.spec
+        policy = spec.on_unattended_stop
+        if policy == "wait":
+            then = (
+                "It stays paused until an IDE attaches (--on-unattended-stop wait): "
+                "its GPUs stay allocated meanwhile."
+            )
+        else:
+            then = f"If no IDE attaches within {spec.unattended_timeout:g} s, it will {policy}."
+        detail = (
+            f"Run {self.record.id} is paused{where} ({notice.reason or 'stopped'}) "
+            f"and no IDE is attached. {then} Attach with: tether attach {self.record.id}"
+        )
+        self.say(detail)
+        await _status(
+            link,
+            StatusEvent.UNATTENDED_STOP,
+            detail=detail,
+            data={
+                "policy": policy,
+                "timeout": spec.unattended_timeout,
+                "thread_id": notice.thread_id,
+                "reason": notice.reason,
+                "where": where.removeprefix(" at "),
+            },
+        )
+
+    async def _where(self, thread_id: int) -> str:
+        """`` at train.py:18 in train_step`` (the submitted path), or "" if debugpy won't say."""
+        if self.dbg is None:
+            return ""
+        try:
+            sent = await self.dbg.send("stackTrace", {"threadId": thread_id, "levels": 1})
+            with trio.move_on_after(5):
+                await sent.done.wait()
+            frames = ((sent.response or {}).get("body") or {}).get("stackFrames") or []
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return ""
+        if not frames:
+            return ""
+        frame = frames[0]
+        path = str((frame.get("source") or {}).get("path") or "")
+        try:
+            path = str(Path(path).relative_to(self.run_dir))
+        except ValueError:
+            pass
+        return f" at {path}:{frame.get('line')} in {frame.get('name')}"

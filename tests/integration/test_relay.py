@@ -51,6 +51,18 @@ async def raw_exchange(url: str, *messages: bytes | str) -> list[Any]:
     return replies
 
 
+async def exchange(url: str, *messages: bytes, replies: int) -> list[Any]:
+    """Send messages on a fresh connection and read exactly ``replies`` frames."""
+    got: list[Any] = []
+    async with connect(url, compression=None) as ws:
+        for message in messages:
+            await ws.send(message)
+        with trio.fail_after(10):
+            while len(got) < replies:
+                got.append(msgpack.unpackb(await ws.recv(), raw=False))
+    return got
+
+
 def dap(body: dict[str, Any], **fields: Any) -> bytes:
     return wire.encode_entry(wire.DapEntry(body=orjson.dumps(body), **fields))
 
@@ -175,7 +187,7 @@ async def test_bad_frames_after_the_handshake_are_refused_and_nothing_is_lost(
         run = (await control.submit(SPEC)).id
     hello = wire.encode_frame(wire.Hello(role=Role.WORKER, run=run))
     good = wire.encode_frame(
-        wire.Publish(n=9, entry=dap({"seq": 1, "type": "event", "event": "output"}))
+        wire.Publish(n=5, entry=dap({"seq": 1, "type": "event", "event": "output"}))
     )
     replies = await raw_exchange(
         relay_url,
@@ -206,10 +218,39 @@ async def test_bad_frames_after_the_handshake_are_refused_and_nothing_is_lost(
         ("error", "not_allowed", 3),
         ("error", "not_allowed", None),
         ("error", "bad_entry", 4),
-        ("ack", None, 9),
+        ("ack", None, 5),  # refused numbers count as answered: no gap
     ]
     stored = await redis_store.read_after(keys.stream(run, "to_ide"), "0")
     assert len(stored) == 2  # the relay's "queued" and the one good entry
+
+
+async def test_resent_publishes_are_stored_once_and_gaps_are_refused(
+    relay_url: str, redis_store: Store
+) -> None:
+    async with open_control(relay_url) as control:
+        run = (await control.submit(SPEC)).id
+    hello = wire.encode_frame(wire.Hello(role=Role.WORKER, run=run, producer="w1"))
+
+    def publish(n: int) -> bytes:
+        body = {"seq": n, "type": "event", "event": "output", "body": {"output": str(n)}}
+        return wire.encode_frame(wire.Publish(n=n, entry=dap(body)))
+
+    first = await exchange(relay_url, hello, publish(1), publish(2), replies=3)
+    # a reconnect re-sends 2 (its ack was lost), then goes on; another connection skips ahead
+    second = await exchange(relay_url, hello, publish(2), publish(3), replies=3)
+    third = await exchange(relay_url, hello, publish(5), replies=2)
+    assert [(r["t"], r["n"], r.get("duplicate")) for r in first[1:]] == [
+        ("ack", 1, False),
+        ("ack", 2, False),
+    ]
+    assert [(r["t"], r["n"], r["duplicate"]) for r in second[1:]] == [
+        ("ack", 2, True),
+        ("ack", 3, False),
+    ]
+    assert second[1]["cursor"] == first[2]["cursor"]
+    assert third[-1]["code"] == "out_of_order" and third[-1]["fatal"] is True
+    stored = await redis_store.read_after(keys.stream(run, "to_ide"), "0")
+    assert len(stored) == 4  # "queued" and publishes 1, 2, 3 once each
 
 
 async def test_oversized_messages_close_only_that_connection(relay_url: str) -> None:

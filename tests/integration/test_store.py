@@ -17,7 +17,17 @@ import trio
 import trio.testing
 
 from relay.embedded import bundled_server_binary, find_server_binary, run_embedded_server
-from relay.store import BlockingReader, Entry, MemoryStore, Store, StoreError, open_store
+from relay.store import (
+    BlockingReader,
+    Cap,
+    Entry,
+    MemoryStore,
+    Store,
+    StoreError,
+    meta_key,
+    open_store,
+    transient_key,
+)
 
 
 class _Server(Protocol):  # tests/conftest.py's RedisServer
@@ -262,6 +272,67 @@ async def test_reading_from_a_missing_group_is_refused(store: Store) -> None:
     await store.ack("q", "nobody", "1-0")  # like XACK: nothing to acknowledge, no error
 
 
+# --- exactly-once appends, caps, trimming --------------------------------------------------------
+
+NO_CAP = Cap()
+
+
+async def test_append_once_stores_each_number_once_in_order(store: Store) -> None:
+    first = await store.append_once("s", "p1", 1, b"a", transient=False, cap=NO_CAP)
+    assert first.outcome == "stored"
+    again = await store.append_once("s", "p1", 1, b"a", transient=False, cap=NO_CAP)
+    assert (again.outcome, again.cursor) == ("duplicate", first.cursor)
+    second = await store.append_once("s", "p1", 2, b"b", transient=False, cap=NO_CAP)
+    old = await store.append_once("s", "p1", 1, b"a", transient=False, cap=NO_CAP)
+    assert (old.outcome, old.cursor) == ("duplicate", "")
+    gap = await store.append_once("s", "p1", 4, b"d", transient=False, cap=NO_CAP)
+    assert (gap.outcome, gap.last) == ("gap", 2)
+    other = await store.append_once("s", "p2", 1, b"x", transient=False, cap=NO_CAP)
+    assert other.outcome == "stored"  # producers are numbered independently
+    assert await store.read_after("s", "0") == [
+        (first.cursor, b"a"),
+        (second.cursor, b"b"),
+        (other.cursor, b"x"),
+    ]
+    assert await store.buffered_bytes("s") == 3
+
+
+async def test_append_once_refuses_past_the_cap_and_counts_the_number(store: Store) -> None:
+    cap = Cap(entries=2, bytes=100)
+    for n in (1, 2):
+        assert (await store.append_once("s", "p", n, b"x", transient=True, cap=cap)).outcome == (
+            "stored"
+        )
+    full = await store.append_once("s", "p", 3, b"x", transient=True, cap=cap)
+    assert (full.outcome, full.size) == ("full", 2)
+    # the refused number is answered: the producer goes on with the next one
+    assert (await store.append_once("s", "p", 4, b"x", transient=True, cap=cap)).outcome == "full"
+    big = await store.append_once("t", "p", 1, b"y" * 101, transient=False, cap=cap)
+    assert big.outcome == "full"
+    assert (await store.append_once("t", "p", 2, b"y" * 100, transient=False, cap=cap)).outcome == (
+        "stored"
+    )
+
+
+async def test_trim_received_deletes_transient_entries_up_to_the_cursor(store: Store) -> None:
+    cursors = []
+    for n, transient in enumerate([True, False, True, True], start=1):
+        got = await store.append_once("s", "p", n, b"%d" % n, transient=transient, cap=NO_CAP)
+        cursors.append(got.cursor)
+    assert await store.trim_received("s", cursors[2]) == 2  # entries 1 and 3; 2 is kept
+    assert [p for _, p in await store.read_after("s", "0")] == [b"2", b"4"]
+    assert await store.buffered_bytes("s") == 2
+    assert await store.trim_received("s", cursors[2]) == 0
+    assert await store.trim_received("s", cursors[3], limit=1) == 1
+    assert [p for _, p in await store.read_after("s", "0")] == [b"2"]
+    assert await store.trim_received("missing", "1-0") == 0
+    # trimming frees room under the cap
+    cap = Cap(entries=2)
+    assert (await store.append_once("s", "p", 5, b"5", transient=True, cap=cap)).outcome == "stored"
+    assert (await store.append_once("s", "p", 6, b"6", transient=True, cap=cap)).outcome == "full"
+    assert meta_key("s") != transient_key("s")
+
+
 # --- hashes, strings, sorted set, keys ------------------------------------------------------------
 
 
@@ -289,6 +360,42 @@ async def test_sorted_set_newest_first(store: Store) -> None:
     assert await store.zrange_desc("runs", 10) == ["old", "new", "mid2", "mid"]
     assert await store.zrange_desc("runs", 0) == []
     assert await store.zrange_desc("missing", 5) == []
+
+
+async def test_sorted_set_conditional_add_remove_and_range_by_score(store: Store) -> None:
+    assert not await store.zadd("leases", "r1", 10, only_existing=True)  # never adds
+    assert await store.zadd("leases", "r1", 10)
+    assert await store.zadd("leases", "r2", 5)
+    assert not await store.zadd("leases", "r2", 5)  # unchanged
+    assert await store.zadd("leases", "r1", 20, only_existing=True)
+    assert await store.zrange_by_score("leases", 20, 10) == ["r2", "r1"]
+    assert await store.zrange_by_score("leases", 19.5, 10) == ["r2"]
+    assert await store.zrange_by_score("leases", 100, 1) == ["r2"]
+    assert await store.zrem("leases", "r2")
+    assert not await store.zrem("leases", "r2")  # one caller wins a race
+    assert await store.zrange_by_score("missing", 100, 5) == []
+
+
+async def test_expire_sets_a_time_to_live(store: Store) -> None:
+    await store.set_bytes("k", b"v")
+    await store.set_bytes("keep", b"v")
+    await store.expire("k", 100)
+    await store.expire("missing", 100)
+    ttl = await store.ttl("k")
+    assert ttl is not None and 99 < ttl <= 100
+    assert await store.ttl("keep") is None
+    assert await store.ttl("missing") is None
+
+
+async def test_the_fakes_expiry_follows_its_clock() -> None:
+    now = [100.0]
+    store = MemoryStore(clock=lambda: now[0])
+    await store.hset("h", {"a": "1"})
+    await store.expire("h", 60)
+    now[0] = 159.0
+    assert await store.hgetall("h") == {"a": b"1"}
+    now[0] = 160.0
+    assert await store.hgetall("h") == {}
 
 
 async def test_delete(store: Store) -> None:

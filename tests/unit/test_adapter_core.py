@@ -22,7 +22,7 @@ from adapter.core import (
 )
 from protocol_specs.dap_schema import validate_message
 from protocol_specs.session import StatusEvent
-from protocol_specs.wire import DapEntry, StatusEntry, StreamName
+from protocol_specs.wire import DapEntry, PresenceEntry, StatusEntry, StreamName
 
 MAIN = "/home/me/project/train.py"
 DATA = "/home/me/project/data.py"
@@ -39,11 +39,12 @@ class Clock:
 class Harness:
     """An IDE on one side of the core, the relay on the other."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, origin: str = "me", **kwargs: Any) -> None:
         self.clock = Clock()
-        self.core = AdapterCore("r1", origin="me", clock=self.clock, **kwargs)
+        self.core = AdapterCore("r1", origin=origin, clock=self.clock, **kwargs)
         self.ide_seq = 100  # the IDE's numbering differs from the adapter's on purpose
         self.published: list[DapEntry] = []
+        self.presence: list[PresenceEntry] = []
 
     def sent(self, actions: list[Action]) -> list[dict[str, Any]]:
         out = []
@@ -52,7 +53,10 @@ class Harness:
                 validate_message(action.message)
                 out.append(action.message)
             elif isinstance(action, Publish):
-                self.published.append(action.entry)
+                if isinstance(action.entry, PresenceEntry):
+                    self.presence.append(action.entry)
+                else:
+                    self.published.append(action.entry)
         return out
 
     def connect(self) -> None:
@@ -288,7 +292,43 @@ def test_second_ide_takes_over() -> None:
     h.connect()
     first = h.core.generation
     actions = h.core.ide_connected()
-    assert actions == [CloseIde(first, "another IDE connection took over")]
+    assert actions[0] == CloseIde(first, "another IDE connection took over")
+    assert [a.entry for a in actions[1:] if isinstance(a, Publish)] == [
+        PresenceEntry(origin="me", epoch=2, attached=True)
+    ]
+
+
+def test_presence_follows_the_ide_and_the_relay_link() -> None:
+    h = Harness()
+    h.connect()
+    h.handshake()
+    h.request("disconnect", {"restart": False})
+    h.sent(h.core.ide_disconnected(h.core.generation))  # the socket closes after: nothing new
+    h.connect()
+    h.handshake()
+    out = h.sent(h.core.relay_link_changed(False, "connection reset"))
+    assert "reconnecting" in out[0]["body"]["output"]
+    out = h.sent(h.core.relay_link_changed(True, "reconnected to the relay (connection 2)"))
+    assert "nothing was lost" in out[0]["body"]["output"]
+    assert [(p.epoch, p.attached) for p in h.presence] == [
+        (1, True),
+        (2, False),
+        (3, True),
+        (4, True),  # re-announced after the reconnect
+    ]
+
+
+def test_a_refused_live_request_gets_an_error_response() -> None:
+    h = Harness()
+    h.connect()
+    h.handshake()
+    h.deliver(StatusEntry(event=StatusEvent.DEBUGGER_LIVE))
+    assert h.request("evaluate", {"expression": "1"}) == []
+    entry = h.published[-1]
+    (response,) = h.sent(h.core.publish_refused(entry, "the run's buffer is full"))
+    assert response["success"] is False and response["request_seq"] == h.ide_seq
+    assert "buffer is full" in response["message"]
+    assert h.core.next_deadline is None  # nothing left pending
 
 
 def test_disconnect_detaches_and_terminate_debuggee_cancels() -> None:
@@ -343,7 +383,7 @@ def test_history_replay_folds_without_talking() -> None:
     first.connect()
     first.handshake()
     entries = list(first.published)
-    h = Harness()
+    h = Harness(origin="second")
     for e in entries:
         assert h.sent(h.core.on_delivery(StreamName.TO_WORKER, e, replaying=True)) == []
     assert (

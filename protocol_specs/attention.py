@@ -1,0 +1,126 @@
+"""Unattended stops: what the worker does when the program is paused and no IDE is attached.
+
+Theory of operation
+-------------------
+A paused program holds its GPUs. The worker shim feeds :class:`Attention` two kinds of facts:
+
+- presence, from the run's ``to_worker`` stream (:class:`~protocol_specs.wire.PresenceEntry`): which
+  adapters have an IDE attached. Per adapter (``origin``) the entry with the highest ``epoch`` wins;
+  at equal epochs a departure wins (the relay writes the departure of a connection with the epoch of
+  that connection's last arrival);
+- debugger events from debugpy: ``stopped``, ``continued``, ``thread`` exits.
+
+A stop is *unattended* while some thread is stopped and no IDE is attached. When one begins,
+:class:`Attention` returns a :class:`Notice` (the shim publishes it; the adapter's terminal, the
+desktop and the run's webhook tell the user). Unless the policy is ``wait``, it also sets a
+deadline ``timeout`` seconds later; :meth:`Attention.tick` at or after it returns the policy's
+action (:class:`Resume` or :class:`Terminate`). An IDE attaching, or the program resuming, clears the
+deadline; the next unattended stop starts a new one.
+
+Sans-I/O: the caller passes the time in and performs the decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from .wire import PresenceEntry
+
+__all__ = ["Attention", "Notice", "Resume", "Terminate", "UnattendedPolicy"]
+
+
+class UnattendedPolicy(StrEnum):
+    WAIT = "wait"  #: stay paused until an IDE attaches (the GPUs stay allocated)
+    CONTINUE = "continue"  #: after the timeout, resume the program (the breakpoint is missed)
+    TERMINATE = "terminate"  #: after the timeout, end the run (frees the GPUs)
+
+
+@dataclass(frozen=True)
+class Notice:
+    thread_id: int
+    reason: str
+    deadline: float | None  #: when the policy acts (None: ``wait``)
+
+
+@dataclass(frozen=True)
+class Resume:
+    thread_id: int
+
+
+@dataclass(frozen=True)
+class Terminate:
+    detail: str
+
+
+Decision = Notice | Resume | Terminate
+
+
+@dataclass
+class Attention:
+    policy: UnattendedPolicy
+    timeout: float
+    #: origin -> (epoch, attached)
+    presence: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    #: thread id -> the stopped event's body
+    stopped: dict[int, dict[str, Any]] = field(default_factory=dict)
+    deadline: float | None = None
+    _unattended: bool = False
+
+    @property
+    def attended(self) -> bool:
+        return any(attached for _, attached in self.presence.values())
+
+    def on_presence(self, entry: PresenceEntry, now: float) -> list[Decision]:
+        epoch, _ = self.presence.get(entry.origin, (-1, False))
+        if entry.epoch > epoch or (entry.epoch == epoch and not entry.attached):
+            self.presence[entry.origin] = (entry.epoch, entry.attached)
+        return self._update(now)
+
+    def on_debugger_event(self, msg: dict[str, Any], now: float) -> list[Decision]:
+        name = msg.get("event")
+        body = msg.get("body") or {}
+        tid = body.get("threadId")
+        if name == "stopped" and isinstance(tid, int):
+            self.stopped[tid] = body
+        elif name == "continued":
+            if body.get("allThreadsContinued", True):
+                self.stopped.clear()
+            elif isinstance(tid, int):
+                self.stopped.pop(tid, None)
+        elif name == "thread" and body.get("reason") == "exited" and isinstance(tid, int):
+            self.stopped.pop(tid, None)
+        elif name in ("terminated", "exited"):
+            self.stopped.clear()
+        else:
+            return []
+        return self._update(now)
+
+    def tick(self, now: float) -> list[Decision]:
+        """The policy's action once the deadline passed (and clears it)."""
+        if self.deadline is None or now < self.deadline or not self._unattended:
+            return []
+        self.deadline = None
+        tid = next(iter(self.stopped))
+        if self.policy is UnattendedPolicy.CONTINUE:
+            return [Resume(tid)]
+        return [
+            Terminate(
+                f"the program stayed paused with no IDE attached for {self.timeout:g} s "
+                "(--on-unattended-stop terminate)"
+            )
+        ]
+
+    def _update(self, now: float) -> list[Decision]:
+        unattended = bool(self.stopped) and not self.attended
+        if unattended == self._unattended:
+            return []
+        self._unattended = unattended
+        if not unattended:
+            self.deadline = None
+            return []
+        if self.policy is not UnattendedPolicy.WAIT:
+            self.deadline = now + self.timeout
+        tid, body = next(iter(self.stopped.items()))
+        return [Notice(tid, str(body.get("reason", "")), self.deadline)]
