@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 from pydantic import ValidationError
@@ -70,14 +71,45 @@ def launch_json(port: int, run_id: str) -> str:
 # --- commands --------------------------------------------------------------------------------------
 
 
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``2h``, ``1d`` -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    scale = units.get(text[-1:], 0)
+    number = text[:-1] if scale else text
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration (examples: 90, 90s, 30m, 2h, 1d)"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("a duration cannot be negative")
+    return value
+
+
+def relay_config(args: argparse.Namespace) -> Any:
+    from relay.server import RelayConfig
+    from relay.store import Cap
+
+    return RelayConfig(
+        buffer_cap=Cap(entries=args.buffer_entries, bytes=args.buffer_mib * 1024 * 1024),
+        lease=args.lease,
+        retention=args.retention,
+        ping_interval=args.ping_interval,
+        ping_timeout=args.ping_timeout,
+    )
+
+
 async def cmd_relay(args: argparse.Namespace) -> int:
     from relay.server import serve_relay, server_port
     from relay.store import open_store
 
+    config = relay_config(args)
     async with open_store(args.redis) as store, trio.open_nursery() as nursery:
         server = await nursery.start(
             lambda task_status: serve_relay(
-                store, host=args.host, port=args.port, task_status=task_status
+                store, host=args.host, port=args.port, config=config, task_status=task_status
             )
         )
         print(
@@ -119,6 +151,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
     async with open_local_stack(
         data_dir,
         redis=args.redis,
+        relay_config=relay_config(args),
         relay_port=args.relay_port,
         workers=args.workers,
         start_delay=args.start_delay,
@@ -170,6 +203,9 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
             env=env,
             name=args.name or "",
             client_os="windows" if os.name == "nt" else "unix",
+            on_unattended_stop=getattr(args, "on_unattended_stop", "wait"),
+            unattended_timeout=getattr(args, "unattended_timeout", 1800.0),
+            webhook=getattr(args, "webhook", None) or "",
         )
     except ValidationError as exc:
         raise SystemExit(f"tether: invalid run: {exc.errors()[0]['msg']}") from None
@@ -213,6 +249,11 @@ async def _serve(
     async with trio.open_nursery() as nursery:
         result: dict[str, AdapterCore] = {}
 
+        def unattended(text: str) -> None:
+            # the user may be anywhere but at the IDE: the terminal rings, the desktop shows it
+            print(f"\a{text}", flush=True)
+            nursery.start_soon(_desktop_notice, text)
+
         async def serve(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
             result["core"] = await serve_adapter(
                 relay,
@@ -220,6 +261,7 @@ async def _serve(
                 port=port,
                 request_timeout=request_timeout,
                 on_event=clock.say,
+                on_unattended=unattended,
                 task_status=task_status,
             )
 
@@ -232,6 +274,12 @@ async def _serve(
     clock.say(f"run {run_id} ended ({session.status}, exit code {code})")
     # the program's own exit code; a run that never exited normally (cancelled, killed) is a failure
     return code if code is not None and code >= 0 else 1
+
+
+async def _desktop_notice(text: str) -> None:
+    from adapter.notify import notify_desktop
+
+    await notify_desktop("tether: a breakpoint is waiting", text)
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
@@ -269,6 +317,55 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 # --- parser ----------------------------------------------------------------------------------------
 
 
+def relay_options(s: argparse.ArgumentParser) -> None:
+    from relay.server import RelayConfig
+
+    d = RelayConfig()
+    g = s.add_argument_group("relay")
+    g.add_argument(
+        "--lease",
+        type=parse_duration,
+        default=d.lease,
+        metavar="DURATION",
+        help=f"a worker silent this long loses its run (default {d.lease:g}s)",
+    )
+    g.add_argument(
+        "--retention",
+        type=parse_duration,
+        default=d.retention,
+        metavar="DURATION",
+        help="keep a finished run's messages this long (default 7d)",
+    )
+    g.add_argument(
+        "--buffer-entries",
+        type=int,
+        default=d.buffer_cap.entries,
+        metavar="N",
+        help=f"most unread messages per run and direction (default {d.buffer_cap.entries})",
+    )
+    g.add_argument(
+        "--buffer-mib",
+        type=int,
+        default=d.buffer_cap.bytes // (1024 * 1024),
+        metavar="MIB",
+        help=f"most unread bytes per run and direction (default {d.buffer_cap.bytes >> 20})",
+    )
+    g.add_argument(
+        "--ping-interval",
+        type=parse_duration,
+        default=d.ping_interval,
+        metavar="DURATION",
+        help=f"WebSocket ping interval (default {d.ping_interval:g}s)",
+    )
+    g.add_argument(
+        "--ping-timeout",
+        type=parse_duration,
+        default=d.ping_timeout,
+        metavar="DURATION",
+        help=f"drop a peer that misses a pong this long (default {d.ping_timeout:g}s)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether", description="Asynchronous debugging for ML runs.")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
@@ -302,6 +399,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--redis", help="use this Redis/Valkey URL instead of starting the bundled server"
     )
+    relay_options(s)
     s.set_defaults(fn=cmd_up)
 
     for name, help_text, fn in (
@@ -328,6 +426,28 @@ def _parser() -> argparse.ArgumentParser:
                 default=30.0,
                 metavar="S",
                 help="error a request the debugger leaves unanswered after S seconds (default 30)",
+            )
+        if name == "debug":
+            s.add_argument(
+                "--on-unattended-stop",
+                choices=["wait", "continue", "terminate"],
+                default="wait",
+                help="when the program pauses and no IDE is attached: wait for one (default; "
+                "the run keeps its GPUs meanwhile), or continue / terminate after "
+                "--unattended-timeout",
+            )
+            s.add_argument(
+                "--unattended-timeout",
+                type=parse_duration,
+                default=1800.0,
+                metavar="DURATION",
+                help="how long an unattended stop lasts before continue/terminate act "
+                "(e.g. 90s, 30m, 2h; default 30m)",
+            )
+            s.add_argument(
+                "--webhook",
+                metavar="URL",
+                help="POST a JSON notice here when the program pauses with no IDE attached",
             )
         s.add_argument(
             "--workdir",
@@ -367,6 +487,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=DEFAULT_RELAY_PORT)
+    relay_options(s)
     s.set_defaults(fn=cmd_relay)
 
     s = sub.add_parser("worker", help="run a worker pool that claims queued runs")

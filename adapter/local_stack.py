@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -27,6 +28,7 @@ async def open_local_stack(
     data_dir: Path,
     *,
     redis: str | None = None,
+    relay_config: Any = None,
     relay_port: int = 0,
     workers: int = 1,
     start_delay: float = 0.0,
@@ -46,7 +48,11 @@ async def open_local_stack(
         async with trio.open_nursery() as nursery:
             server = await nursery.start(
                 lambda task_status: serve_relay(
-                    store, host="127.0.0.1", port=relay_port, task_status=task_status
+                    store,
+                    host="127.0.0.1",
+                    port=relay_port,
+                    config=relay_config,
+                    task_status=task_status,
                 )
             )
             relay = f"ws://127.0.0.1:{server_port(server)}"

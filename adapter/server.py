@@ -51,11 +51,15 @@ class AdapterServer:
         core: AdapterCore,
         *,
         on_event: Callable[[str], None] | None = None,
+        on_unattended: Callable[[str], None] | None = None,
     ) -> None:
         self.relay_url = relay_url
+        self.on_unattended = on_unattended or (lambda _text: None)
         self.link = link
         self.core = core
         self.on_event = on_event or (lambda _text: None)
+        if on_unattended is None:
+            self.on_unattended = self.on_event
         self._lock = trio.Lock()
         self._ide: _Ide | None = None
         self._nursery: trio.Nursery | None = None
@@ -126,9 +130,16 @@ class AdapterServer:
         async for delivery in self.link.deliveries:
             async with self._lock:
                 before = self.core.session.status
+                notice = self.core.session.notice
                 await self._perform(self._fold(delivery, replaying=False))
                 if self.core.session.status != before:
                     self.on_event(self.core.status_text())
+                news = self.core.session.notice
+                if news is not notice and news is not None:
+                    if news.event == "unattended_stop" and self._ide is None:
+                        self.on_unattended(news.detail)
+                    else:
+                        self.on_event(news.detail)
                 if self.core.session.finished:
                     self.finished.set()
             self._wake_timer.set()
@@ -227,6 +238,7 @@ async def serve_adapter(
     request_timeout: float = 30.0,
     policy: LinkPolicy | None = None,
     on_event: Callable[[str], None] | None = None,
+    on_unattended: Callable[[str], None] | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> AdapterCore:
     """Serve the run's DAP adapter on 127.0.0.1:``port`` until the run ends.
@@ -252,11 +264,13 @@ async def serve_adapter(
         history=True,
         producer=core.origin,
         client="tether-adapter",
-        policy=policy,
+        policy=policy or LinkPolicy.from_env(),
         on_refused=refused,
         on_state=state,
     ) as link:
-        server = AdapterServer(relay_url, link, core, on_event=on_event)
+        server = AdapterServer(
+            relay_url, link, core, on_event=on_event, on_unattended=on_unattended
+        )
         await server.catch_up()
         listeners = await trio.open_tcp_listeners(port, host=LOCALHOST)
         bound = listeners[0].socket.getsockname()[1]

@@ -233,6 +233,8 @@ class Welcome(BaseModel):
     run: RunRecord | None = None
     #: run connections: the last entry id of each of the run's streams when the connection began
     tails: dict[str, str] = Field(default_factory=dict)
+    #: send a ``heartbeat`` frame at least this often (seconds; 0: the peer's own default)
+    heartbeat: float = 0.0
 
 
 class Publish(BaseModel):

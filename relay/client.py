@@ -27,6 +27,7 @@ set, ``deliveries`` closes and ``publish`` raises :class:`RelayError`.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -148,6 +149,18 @@ class LinkPolicy:
     #: tell the relay what was received after this many entries, or this long after the first
     report_every: int = 100
     report_after: float = 0.2
+
+    @classmethod
+    def from_env(cls, **overrides: float) -> LinkPolicy:
+        """The defaults, with ``TETHER_PING_INTERVAL`` / ``TETHER_PING_TIMEOUT`` (seconds) applied."""
+        env: dict[str, float] = {}
+        for name, field_name in (
+            ("TETHER_PING_INTERVAL", "ping_interval"),
+            ("TETHER_PING_TIMEOUT", "ping_timeout"),
+        ):
+            if value := os.environ.get(name):
+                env[field_name] = float(value)
+        return cls(**{**env, **overrides})  # type: ignore[arg-type]
 
     def backoff(self, attempt: int) -> float:
         return random.uniform(0, min(self.backoff_max, self.backoff_initial * 2**attempt))
@@ -394,7 +407,10 @@ class RunLink:
     async def _sender(self, ws: ClientConnection) -> None:
         next_n = self._answered + 1
         p = self.policy
-        heartbeat_at = trio.current_time() + p.heartbeat
+        every = p.heartbeat
+        if self.latest is not None and self.latest.heartbeat > 0:
+            every = min(every, self.latest.heartbeat)
+        heartbeat_at = trio.current_time() + every
         report_at: float | None = None
         try:
             while True:
@@ -413,7 +429,7 @@ class RunLink:
                     report_at = None
                 if now >= heartbeat_at:
                     await ws.send(wire.encode_frame(wire.Heartbeat()))
-                    heartbeat_at = now + p.heartbeat
+                    heartbeat_at = now + every
                 self._wake = trio.Event()
                 if next_n <= self._n:
                     continue

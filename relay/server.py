@@ -58,6 +58,8 @@ _WORKER_STATUS: dict[str, RunEvent | None] = {
     StatusEvent.DEBUGGER_LIVE: None,
     StatusEvent.EXITED: None,  # EXIT_OK or EXIT_ERROR by exit code
     StatusEvent.START_FAILED: RunEvent.START_FAILED,
+    StatusEvent.UNATTENDED_STOP: None,
+    StatusEvent.BUFFER_FULL: None,
 }
 
 
@@ -97,6 +99,8 @@ class Relay:
         self.store = store
         self.config = config or RelayConfig()
         self.clock = clock
+        #: where background work (webhooks) runs; set by :func:`serve_relay`
+        self.background: trio.Nursery | None = None
 
     # --- records ----------------------------------------------------------------------------------
 
@@ -207,6 +211,26 @@ class Relay:
             lost.append(run_id)
         return lost
 
+    async def _webhook(self, record: RunRecord, entry: wire.StatusEntry) -> None:
+        from .webhook import WebhookError, post_json
+
+        payload = {
+            "event": entry.event,
+            "run": record.id,
+            "name": record.spec.name,
+            "command": record.spec.command,
+            "detail": entry.detail,
+            "data": entry.data,
+            "at": entry.at,
+        }
+        try:
+            status = await post_json(record.spec.webhook, payload)
+        except WebhookError as exc:
+            log.warning("run %s: webhook failed: %s", record.id, exc)
+            return
+        if not 200 <= status < 300:
+            log.warning("run %s: webhook answered HTTP %d", record.id, status)
+
     async def sweep_forever(self) -> None:
         while True:
             try:
@@ -217,6 +241,11 @@ class Relay:
 
     async def worker_status(self, run_id: str, entry: wire.StatusEntry) -> None:
         """Move the run record along with a status the worker published."""
+        if entry.event == StatusEvent.UNATTENDED_STOP:
+            record = await self.load(run_id)
+            if record is not None and record.spec.webhook and self.background is not None:
+                self.background.start_soon(self._webhook, record, entry)
+            return
         if entry.event == StatusEvent.EXITED:
             event = RunEvent.EXIT_OK if entry.exit_code == 0 else RunEvent.EXIT_ERROR
         else:
@@ -303,7 +332,10 @@ class Relay:
         }
         if hello.role is Role.WORKER and not record.finished:
             await self.renew_lease(run_id)
-        await ws.send(wire.encode_frame(wire.Welcome(server=SERVER_NAME, run=record, tails=tails)))
+        welcome = wire.Welcome(
+            server=SERVER_NAME, run=record, tails=tails, heartbeat=self.config.lease / 3
+        )
+        await ws.send(wire.encode_frame(welcome))
         conn = _RunConnection(
             ws, run_id, hello.role, outbound, inbound, hello.producer or secrets.token_hex(8)
         )
@@ -520,6 +552,7 @@ async def serve_relay(
     relay = Relay(store, config=config)
     await store.ensure_group(keys.QUEUE, keys.POOL_GROUP)
     async with trio.open_nursery() as nursery:
+        relay.background = nursery
         nursery.start_soon(relay.sweep_forever)
         await serve(
             relay.handle,

@@ -77,9 +77,12 @@ _DROPPED_EVENTS = frozenset(
     {"initialized", "debugpyWaitingForServer", "debugpySockets", "terminated"}
 )
 HANDSHAKE_TIMEOUT = 60.0
+
+
 #: the worker's relay link: keep trying for a minute when the run starts (the pool just reached
 #: the relay), then for ever (the lease decides when the run is given up)
-WORKER_LINK = LinkPolicy(first_connect_within=60.0)
+def worker_link_policy() -> LinkPolicy:
+    return LinkPolicy.from_env(first_connect_within=60.0)
 
 
 @dataclass
@@ -208,7 +211,7 @@ async def run_shim(
     *,
     runs_dir: Path,
     python: str = sys.executable,
-    policy: LinkPolicy = WORKER_LINK,
+    policy: LinkPolicy | None = None,
     on_event: Callable[[str], None] | None = None,
 ) -> int | None:
     """Run one claimed run to its end; returns the program's exit code (None if it never started)."""
@@ -222,7 +225,7 @@ async def run_shim(
         role=Role.WORKER,
         run=record.id,
         client="tether-worker",
-        policy=policy,
+        policy=policy or worker_link_policy(),
         on_refused=news.refused,
         on_state=news.state,
     ) as link:
