@@ -238,6 +238,7 @@ class RunLink:
         self._wake = trio.Event()  # new publishes or deliveries to report: wakes the sender
         self._unreported = 0
         self._reported: dict[StreamName, str] = {}
+        self._report_now = False
 
     def __repr__(self) -> str:
         state = "failed" if self.failed else "up" if self.connected else "down"
@@ -291,6 +292,11 @@ class RunLink:
             len(self._outbox) < self.policy.outbox_entries
             and self._outbox_bytes + size <= self.policy.outbox_bytes
         )
+
+    def report_now(self) -> None:
+        """Tell the relay what was received before anything published after this call."""
+        self._report_now = True
+        self._wake.set()
 
     async def flush(self) -> None:
         """Wait until the relay answered every publish so far (or the link failed)."""
@@ -414,6 +420,11 @@ class RunLink:
         report_at: float | None = None
         try:
             while True:
+                self._wake = trio.Event()  # anything after this point wakes the wait below
+                if self._report_now:
+                    self._report_now = False
+                    await self._report(ws)
+                    report_at = None
                 while next_n <= self._n:
                     frame = self._outbox.get(next_n)
                     if frame is not None:
@@ -430,8 +441,7 @@ class RunLink:
                 if now >= heartbeat_at:
                     await ws.send(wire.encode_frame(wire.Heartbeat()))
                     heartbeat_at = now + every
-                self._wake = trio.Event()
-                if next_n <= self._n:
+                if next_n <= self._n or self._report_now:
                     continue
                 with trio.move_on_at(min(heartbeat_at, report_at or heartbeat_at)):
                     await self._wake.wait()

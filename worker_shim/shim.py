@@ -617,8 +617,10 @@ class _Watch:
             return ""
         frame = frames[0]
         path = str((frame.get("source") or {}).get("path") or "")
-        try:
-            path = str(Path(path).relative_to(self.run_dir))
-        except ValueError:
-            pass
+        for root in (self.run_dir, Path(self.record.spec.workdir)):  # debugpy maps to the latter
+            try:
+                path = str(Path(path).relative_to(root))
+                break
+            except ValueError:
+                continue
         return f" at {path}:{frame.get('line')} in {frame.get('name')}"
