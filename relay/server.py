@@ -273,7 +273,10 @@ class Relay:
             # Redis is down or restarting: the peer reconnects, resends and resumes
             log.warning("closing connection from %s: %s", ws.remote_address, group.exceptions[0])
             with trio.move_on_after(1):
-                await self._fatal(ws, ErrorCode.INTERNAL, "the relay lost its store; reconnect")
+                try:
+                    await self._fatal(ws, ErrorCode.INTERNAL, "the relay lost its store; reconnect")
+                except ConnectionClosed:
+                    pass
 
     async def _handshake(self, ws: ServerConnection) -> wire.Hello | None:
         with trio.move_on_after(HANDSHAKE_TIMEOUT):
