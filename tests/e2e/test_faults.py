@@ -184,9 +184,18 @@ class Session:
         self.flooded += count
 
     async def resume(self) -> None:
+        """One step (``next``), then ``continue`` back to the breakpoint."""
+        self.ide.discard_events("stopped")
+        response = await self.ide.request("next", {"threadId": self.thread}, timeout=90)
+        assert response["success"], response
+        await self.ide.wait_event("stopped", timeout=90)
+        stack = await self.ide.request(
+            "stackTrace", {"threadId": self.thread, "levels": 1}, timeout=90
+        )
+        assert stack["body"]["stackFrames"][0]["line"] == BREAKPOINT_LINE + 1, stack
         self.ide.discard_events("stopped")
         response = await self.ide.request("continue", {"threadId": self.thread}, timeout=90)
-        self.requests += 1
+        self.requests += 3
         assert response["success"], response
         await self.stop()
 
