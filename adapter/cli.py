@@ -8,16 +8,20 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 from pydantic import ValidationError
 
-from protocol_specs.runs import RunRecord, RunSpec
+from adapter.config import ConfigError, Profile, load_profile
+from protocol_specs.runs import Resources, RunRecord, RunSpec
+from relay.client import RelayError
 
 __all__ = ["main"]
+
+_T = TypeVar("_T")
 
 DEFAULT_ADAPTER_PORT = 5678
 DEFAULT_RELAY_PORT = 8765
@@ -31,12 +35,15 @@ def endpoint_file() -> Path:
     return tether_home() / "endpoint.json"
 
 
-def resolve_relay(flag: str | None) -> str:
-    """``--relay``, else ``TETHER_RELAY``, else what ``tether up`` recorded."""
+def resolve_relay(flag: str | None, args: argparse.Namespace | None = None) -> str:
+    """``--relay``, else ``TETHER_RELAY``, else the config profile's, else what ``tether up``
+    recorded."""
     if flag:
         return flag
     if env := os.environ.get("TETHER_RELAY"):
         return env
+    if args is not None and (from_profile := _profile(args).relay):
+        return from_profile
     try:
         return str(json.loads(endpoint_file().read_text())["relay"])
     except (OSError, ValueError, KeyError):
@@ -102,29 +109,81 @@ def relay_config(args: argparse.Namespace) -> Any:
 
 
 async def cmd_relay(args: argparse.Namespace) -> int:
+    from relay.blobs import FileBlobStore
     from relay.server import serve_relay, server_port
     from relay.store import open_store
 
     config = relay_config(args)
+    blobs = FileBlobStore(Path(args.blobs or tether_home() / "data" / "blobs"))
     async with open_store(args.redis) as store, trio.open_nursery() as nursery:
         server = await nursery.start(
             lambda task_status: serve_relay(
-                store, host=args.host, port=args.port, config=config, task_status=task_status
+                store,
+                host=args.host,
+                port=args.port,
+                config=config,
+                blobs=blobs,
+                task_status=task_status,
             )
         )
         print(
-            f"tether relay: ready relay=ws://{args.host}:{server_port(server)} redis={args.redis}",
+            f"tether relay: ready relay=ws://{args.host}:{server_port(server)} redis={args.redis} "
+            f"blobs={blobs.root}",
             flush=True,
         )
     return 0
 
 
-async def cmd_worker(args: argparse.Namespace) -> int:
-    from worker_shim.pool import run_pool
+def read_credentials(path: str) -> dict[str, Any]:
+    """The worker's credentials file (JSON: relay, run, attempt); refused unless only its owner
+    can read it."""
+    file = Path(path)
+    try:
+        mode = file.stat().st_mode
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"tether: cannot read the credentials file {path}: {exc}") from None
+    if mode & 0o077:
+        raise SystemExit(
+            f"tether: the credentials file {path} is readable by others "
+            f"(mode {mode & 0o777:o}); it must be 0600"
+        )
+    if not isinstance(data, dict) or not isinstance(data.get("relay"), str):
+        raise SystemExit(f"tether: the credentials file {path} names no relay")
+    return data
 
-    relay = resolve_relay(args.relay)
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    from worker_shim.pool import run_one, run_pool
+
     clock = Clock("worker: ")
     work_dir = Path(args.work_dir or tether_home() / "worker").resolve()  # noqa: ASYNC240 (startup)
+    if args.credentials:
+        creds = read_credentials(args.credentials)
+        relay = creds["relay"]
+        run_id = args.run or str(creds.get("run") or "")
+        attempt = args.attempt or int(creds.get("attempt") or 0)
+    else:
+        relay = resolve_relay(args.relay, args)
+        run_id, attempt = args.run or "", args.attempt or 0
+    if run_id:
+        if not attempt:
+            raise SystemExit("tether: --run needs --attempt N (the attempt this job runs)")
+        import socket
+
+        try:
+            code = await run_one(
+                relay,
+                run_id,
+                attempt,
+                work_dir=work_dir,
+                worker=f"{socket.gethostname()}-{os.getpid()}",
+                on_event=clock.say,
+            )
+        except RelayError as exc:
+            raise SystemExit(f"tether worker: {exc.message}") from None
+        return code if code is not None and code >= 0 else 1
+    gpus = [g for g in args.gpus.split(",") if g] if args.gpus is not None else None
     async with trio.open_nursery() as nursery:
         await nursery.start(
             lambda task_status: run_pool(
@@ -132,6 +191,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
                 slots=args.slots,
                 start_delay=args.start_delay,
                 work_dir=work_dir,
+                gpus=gpus,
                 on_event=clock.say,
                 task_status=task_status,
             )
@@ -155,6 +215,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         relay_port=args.relay_port,
         workers=args.workers,
         start_delay=args.start_delay,
+        gpus=[g for g in args.gpus.split(",") if g] if args.gpus is not None else None,
         on_worker_event=clock.say,
     ) as stack:
         relay, redis_url = stack.relay, stack.redis
@@ -179,8 +240,45 @@ async def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_memory(text: str) -> int:
+    """``16G``, ``512M``, ``2048`` (MiB) -> MiB."""
+    units = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+    raw = text.strip().lower().removesuffix("b").removesuffix("i")
+    scale = units.get(raw[-1:], 0)
+    try:
+        value = float(raw[:-1] if scale else raw) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an amount of memory (examples: 512M, 16G)"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("memory cannot be negative")
+    return int(value)
+
+
+def _profile(args: argparse.Namespace) -> Profile:
+    try:
+        return load_profile(getattr(args, "profile", None))
+    except ConfigError as exc:
+        raise SystemExit(f"tether: {exc}") from None
+
+
+def _pairs(items: list[str] | None, what: str, base: dict[str, str]) -> dict[str, str]:
+    out = dict(base)
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"tether: {what} expects NAME=VALUE, got {item!r}")
+        out[name] = value
+    return out
+
+
 def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
-    """The run spec for ``tether debug`` / ``tether run`` arguments (refuses a missing command)."""
+    """The run spec for ``tether debug`` / ``tether run`` arguments over the config profile."""
+    profile = _profile(args)
+    for name in ("env", "mount", "tag", "mem", "time", "retry_backoff", "name", "workdir"):
+        if not hasattr(args, name):
+            setattr(args, name, None)
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -188,52 +286,128 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
         raise SystemExit(
             "tether: give the command to run after --, e.g. tether debug -- python train.py"
         )
-    env = {}
-    for item in args.env or []:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"tether: --env expects NAME=VALUE, got {item!r}")
-        env[name] = value
+
+    def pick(name: str, default: Any) -> Any:
+        value = getattr(args, name, None)
+        if value is not None:
+            return value
+        from_profile = getattr(profile, name, None)
+        return from_profile if from_profile not in (None, "") else default
+
     try:
+        memory = args.mem if args.mem is not None else parse_memory(profile.memory or "0")
+        time_limit = args.time if args.time is not None else parse_duration(profile.time or "0")
+        backoff = (
+            args.retry_backoff
+            if args.retry_backoff is not None
+            else parse_duration(profile.retry_backoff or "10")
+        )
         return RunSpec(
             command=command,
             workdir=str(Path(args.workdir or os.getcwd()).resolve()),
             debug=debug,
             wait_for_ide=not getattr(args, "no_wait", False),
-            env=env,
+            env=_pairs(args.env, "--env", profile.env),
             name=args.name or "",
             client_os="windows" if os.name == "nt" else "unix",
-            on_unattended_stop=getattr(args, "on_unattended_stop", "wait"),
-            unattended_timeout=getattr(args, "unattended_timeout", 1800.0),
+            on_unattended_stop=pick("on_unattended_stop", "wait"),
+            unattended_timeout=getattr(args, "unattended_timeout", None) or 1800.0,
             webhook=getattr(args, "webhook", None) or "",
+            resources=Resources(
+                gpus=pick("gpus", 0),
+                cpus=pick("cpus", 1),
+                memory_mb=memory,
+                time_limit=time_limit,
+                partition=pick("partition", ""),
+            ),
+            mounts=_pairs(args.mount, "--mount", profile.mounts),
+            max_retries=pick("max_retries", 0),
+            retry_backoff=backoff,
+            tags=[*profile.tags, *(args.tag or [])],
+            backend=pick("backend", "local"),
         )
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"tether: in the config profile: {exc}") from None
     except ValidationError as exc:
-        raise SystemExit(f"tether: invalid run: {exc.errors()[0]['msg']}") from None
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise SystemExit(f"tether: invalid run: {where}: {err['msg']}") from None
 
 
-async def submit_run(relay: str, spec: RunSpec, say: Callable[[str], None]) -> RunRecord:
-    """Snapshot the working directory and submit the run."""
-    from adapter.snapshot import make_snapshot
+class Progress:
+    """One line of progress: redrawn in place on a terminal, a few lines elsewhere."""
+
+    def __init__(self, clock: Clock, what: str) -> None:
+        self.clock = clock
+        self.what = what
+        self.tty = sys.stdout.isatty()
+        self.shown = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        if total < 4 * 1024 * 1024:
+            return  # over in a moment: the summary line says what was sent
+        pct = int(done * 100 / total)
+        step = pct if self.tty else pct // 25 * 25
+        if step == self.shown:
+            return
+        self.shown = step
+        text = f"{self.what}: {_mib(done)} of {_mib(total)} ({pct}%)"
+        if self.tty:
+            end = "\n" if done >= total else ""
+            print(f"\r[{time.monotonic() - self.clock.start:7.2f}s] {text}", end=end, flush=True)
+        else:
+            self.clock.say(text)
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1024 * 1024):.1f} MiB"
+
+
+async def submit_run(
+    relay: str,
+    spec: RunSpec,
+    say: Callable[[str], None],
+    *,
+    limit: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> RunRecord:
+    """Snapshot the working directory, upload what the relay lacks, submit the run."""
+    from adapter.snapshot import DEFAULT_LIMIT, SnapshotError, build_snapshot, upload_snapshot
     from relay.client import open_control
 
-    data, count = make_snapshot(Path(spec.workdir))
+    try:
+        snapshot = build_snapshot(Path(spec.workdir), limit=limit or DEFAULT_LIMIT)
+    except SnapshotError as exc:
+        raise SystemExit(f"tether: {exc}") from None
+    for warning in snapshot.warnings:
+        say(f"warning: {warning}")
+    manifest = snapshot.manifest
     async with open_control(relay, client="tether-cli") as control:
-        record = await control.submit(spec, data)
-    size = f"{count} files, {len(data) / 1024:.0f} KiB"
-    say(f"submitted run {record.id}: {' '.join(spec.command)} ({size})")
+        try:
+            uploaded = await upload_snapshot(control, snapshot, progress or (lambda _d, _t: None))
+        except SnapshotError as exc:
+            raise SystemExit(f"tether: {exc}") from None
+        record = await _control_call(control.submit(spec, manifest))
+    say(
+        f"submitted run {record.id}: {' '.join(spec.command)} ({len(manifest.entries)} files, "
+        f"{_mib(manifest.total_bytes)}; uploaded {uploaded.blobs} new files, "
+        f"{_mib(uploaded.bytes)}; {uploaded.reused} already on the relay)"
+    )
     return record
 
 
 async def cmd_debug(args: argparse.Namespace) -> int:
-    relay = resolve_relay(args.relay)
+    relay = resolve_relay(args.relay, args)
     clock = Clock("")
     spec = build_spec(args, debug=True)
-    record = await submit_run(relay, spec, clock.say)
+    record = await submit_run(
+        relay, spec, clock.say, limit=args.snapshot_limit, progress=Progress(clock, "uploading")
+    )
     return await _serve(relay, record.id, args.port, args.request_timeout, clock, announce="queued")
 
 
 async def cmd_attach(args: argparse.Namespace) -> int:
-    relay = resolve_relay(args.relay)
+    relay = resolve_relay(args.relay, args)
     clock = Clock("")
     return await _serve(
         relay, args.run, args.port, args.request_timeout, clock, announce="attached"
@@ -283,28 +457,215 @@ async def _desktop_notice(text: str) -> None:
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
-    relay = resolve_relay(args.relay)
+    relay = resolve_relay(args.relay, args)
     clock = Clock("")
-    record = await submit_run(relay, build_spec(args, debug=False), clock.say)
+    record = await submit_run(
+        relay,
+        build_spec(args, debug=False),
+        clock.say,
+        limit=args.snapshot_limit,
+        progress=Progress(clock, "uploading"),
+    )
     print(f"tether run: run {record.id} queued", flush=True)
+    if not args.follow:
+        return 0
+    return await _follow(relay, record.id)
+
+
+async def _follow(relay: str, run_id: str, *, follow: bool = True) -> int:
+    """Print a run's output as it comes; the run's exit code once it ends (follow)."""
+    from protocol_specs import wire
+    from relay.client import follow_logs
+
+    out, err = sys.stdout.buffer, sys.stderr.buffer
+    ended: dict[str, wire.StatusEntry] = {}
+
+    def show(entry: wire.LogEntry | wire.StatusEntry) -> None:
+        if isinstance(entry, wire.LogEntry):
+            (out if entry.stream == "stdout" else err).write(entry.data)
+            (out if entry.stream == "stdout" else err).flush()
+            return
+        if entry.event == "finished":
+            ended["entry"] = entry
+            code = f", exit code {entry.exit_code}" if entry.exit_code is not None else ""
+            text = f"run {run_id} {entry.state}{code}"
+            if entry.detail and entry.state != "succeeded":
+                text += f": {entry.detail}"
+        else:
+            text = entry.detail or entry.event
+        print(f"-- tether: {text}", file=sys.stderr, flush=True)
+
+    try:
+        await follow_logs(relay, run_id, show, follow=follow)
+    except RelayError as exc:
+        raise SystemExit(f"tether: {exc.message}") from None
+    final = ended.get("entry")
+    if final is None:
+        return 0
+    return 0 if final.state == "succeeded" else (final.exit_code or 1)
+
+
+async def cmd_logs(args: argparse.Namespace) -> int:
+    code = await _follow(resolve_relay(args.relay, args), args.run, follow=args.follow)
+    return code if args.follow else 0
+
+
+async def cmd_rerun(args: argparse.Namespace) -> int:
+    from relay.client import open_control
+
+    relay = resolve_relay(args.relay, args)
+    clock = Clock("")
+    async with open_control(relay, client="tether-cli") as control:
+        record = await _control_call(control.rerun(args.run))
+    clock.say(
+        f"run {record.id} queued: a rerun of {args.run} (same snapshot {record.snapshot[:12]}, "
+        f"same command: {' '.join(record.spec.command)})"
+    )
+    if record.spec.debug:
+        return await _serve(
+            relay, record.id, args.port, args.request_timeout, clock, announce="queued"
+        )
+    if args.follow:
+        return await _follow(relay, record.id)
     return 0
+
+
+async def _control_call(call: Awaitable[_T]) -> _T:
+    try:
+        return await call
+    except RelayError as exc:
+        raise SystemExit(f"tether: {exc.message}") from None
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
     from relay.client import open_control
 
-    async with open_control(resolve_relay(args.relay), client="tether-cli") as control:
-        record = await control.cancel(args.run)
+    async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
+        record = await _control_call(control.cancel(args.run))
     print(f"run {record.id}: {record.state.value}")
     return 0
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _where(record: RunRecord) -> str:
+    if record.paused_at:
+        return record.paused_at
+    if record.finished and record.exit_code is not None:
+        return f"exit {record.exit_code}"
+    attempt = record.attempts[-1] if record.attempts else None
+    if record.state.value == "queued" and attempt and attempt.job:
+        return f"job {attempt.job}"
+    return record.detail[:40] if record.finished else ""
+
+
+def runs_table(records: Sequence[RunRecord], now: float) -> str:
+    rows = [("ID", "NAME", "STATE", "BACKEND", "AGE", "ATTEMPT", "WHERE")]
+    for r in records:
+        tries = f"{r.attempt}/{r.spec.max_retries + 1}"
+        rows.append(
+            (
+                r.id,
+                (r.spec.name or " ".join(r.spec.command))[:28],
+                r.state.value,
+                r.spec.backend,
+                _age(now - r.created_at),
+                tries,
+                _where(r),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+    )
+
+
+async def cmd_ls(args: argparse.Namespace) -> int:
+    from relay.client import open_control
+
+    async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
+        records = await _control_call(control.list_runs(args.limit))
+    if args.json:
+        print(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
+    else:
+        print(runs_table(records, time.time()))
+    return 0
+
+
+def status_text(record: RunRecord, now: float) -> str:
+    spec = record.spec
+    res = spec.resources
+    lines = [
+        f"run        {record.id}{f'  ({spec.name})' if spec.name else ''}",
+        f"state      {record.state.value}{f': {record.detail}' if record.detail else ''}",
+        f"command    {' '.join(spec.command)}",
+        f"mode       {'debug' if spec.debug else 'run'} on {spec.backend}",
+        f"snapshot   {record.snapshot[:12]} ({record.files} files, {_mib(record.size)}) "
+        f"from {spec.workdir}",
+        f"resources  gpus={res.gpus} cpus={res.cpus}"
+        + (f" mem={res.memory_mb}M" if res.memory_mb else "")
+        + (f" time={_age(res.time_limit)}" if res.time_limit else "")
+        + (f" partition={res.partition}" if res.partition else ""),
+        f"submitted  {_age(now - record.created_at)} ago",
+    ]
+    if record.paused_at:
+        lines.append(f"paused at  {record.paused_at}")
+    if record.rerun_of:
+        lines.append(f"rerun of   {record.rerun_of}")
+    if spec.tags:
+        lines.append(f"tags       {', '.join(spec.tags)}")
+    lines.append(f"attempts   {record.attempt} of at most {spec.max_retries + 1}")
+    for a in record.attempts:
+        parts = [f"  #{a.n}"]
+        if a.worker:
+            parts.append(f"on {a.worker}")
+        if a.job:
+            parts.append(f"job {a.job}")
+        if a.started_at:
+            parts.append(f"started {_age(now - a.started_at)} ago")
+        if a.outcome:
+            code = f" (exit {a.exit_code})" if a.exit_code is not None else ""
+            parts.append(f"-> {a.outcome}{code}")
+        if a.detail and a.outcome not in ("", "succeeded"):
+            parts.append(f": {a.detail[:100]}")
+        lines.append(" ".join(parts))
+    return "\n".join(lines)
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
     from relay.client import open_control
 
-    async with open_control(resolve_relay(args.relay), client="tether-cli") as control:
-        record = await control.get_run(args.run)
-    print(record.model_dump_json(indent=2))
+    async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
+        record = await _control_call(control.get_run(args.run))
+    if args.json:
+        print(record.model_dump_json(indent=2))
+    else:
+        print(status_text(record, time.time()))
+    return 0
+
+
+async def cmd_backend(args: argparse.Namespace) -> int:
+    from worker_shim.slurm import SlurmBackend
+
+    relay = resolve_relay(args.relay, args)
+    clock = Clock("slurm: ")
+    state_dir = Path(args.state_dir or tether_home() / "slurm").resolve()  # noqa: ASYNC240 (startup)
+    backend = SlurmBackend(
+        relay,
+        state_dir=state_dir,
+        worker_relay=args.worker_relay or relay,
+        python=args.python,
+        poll=args.poll,
+        sbatch_args=args.sbatch_arg or [],
+        on_event=clock.say,
+    )
+    print(f"tether backend slurm: ready relay={relay} state_dir={state_dir}", flush=True)
+    await backend.serve()
     return 0
 
 
@@ -366,6 +727,77 @@ def relay_options(s: argparse.ArgumentParser) -> None:
     )
 
 
+def _run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
+    """Options of ``tether run`` and ``tether debug`` (defaults: the config profile's)."""
+    s.add_argument("--profile", help="config profile (default: $TETHER_PROFILE, else default)")
+    s.add_argument(
+        "--workdir", help="the directory to snapshot and run in (default: the current directory)"
+    )
+    s.add_argument(
+        "--env", action="append", metavar="NAME=VALUE", help="environment for the program"
+    )
+    s.add_argument("--name", help="a label for the run")
+    s.add_argument("--tag", action="append", metavar="TAG", help="a tag for the run (repeatable)")
+    g = s.add_argument_group("resources and placement")
+    g.add_argument("--backend", help="where to run: local (default) or slurm")
+    g.add_argument("--gpus", type=int, metavar="N", help="GPUs for the run (default 0)")
+    g.add_argument("--cpus", type=int, metavar="N", help="CPUs for the run (default 1)")
+    g.add_argument(
+        "--mem", type=parse_memory, metavar="SIZE", help="memory, e.g. 16G (Slurm --mem)"
+    )
+    g.add_argument(
+        "--time", type=parse_duration, metavar="DURATION", help="time limit, e.g. 4h (Slurm --time)"
+    )
+    g.add_argument("--partition", help="Slurm partition")
+    g.add_argument(
+        "--mount",
+        action="append",
+        metavar="NAME=PATH_OR_URL",
+        help="data for the run, given to it as $TETHER_MOUNT_<NAME> (repeatable)",
+    )
+    g = s.add_argument_group("retries")
+    g.add_argument(
+        "--max-retries",
+        type=int,
+        metavar="N",
+        help="retry a failed or lost attempt up to N times (default 0)",
+    )
+    g.add_argument(
+        "--retry-backoff",
+        type=parse_duration,
+        metavar="DURATION",
+        help="wait before the first retry, doubling each time (default 10s)",
+    )
+    s.add_argument(
+        "--snapshot-limit",
+        type=lambda text: parse_memory(text) * 1024 * 1024,
+        default=0,
+        metavar="SIZE",
+        help="refuse to snapshot more than this (default 2G)",
+    )
+    if not debug:
+        s.add_argument(
+            "-f", "--follow", action="store_true", help="print the run's output until it ends"
+        )
+    s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+
+def _adapter_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_ADAPTER_PORT,
+        help=f"adapter port on 127.0.0.1 (default {DEFAULT_ADAPTER_PORT}; 0 = any free)",
+    )
+    s.add_argument(
+        "--request-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="error a request the debugger leaves unanswered after S seconds (default 30)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether", description="Asynchronous debugging for ML runs.")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
@@ -373,7 +805,18 @@ def _parser() -> argparse.ArgumentParser:
 
     def relay_flag(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
-            "--relay", help="relay URL (default: $TETHER_RELAY, else what `tether up` recorded)"
+            "--relay",
+            help="relay URL (default: $TETHER_RELAY, the config profile's, else what `tether up` "
+            "recorded)",
+        )
+        if not any(a.dest == "profile" for a in sp._actions):
+            sp.add_argument("--profile", help="config profile (default: $TETHER_PROFILE)")
+
+    def gpus_flag(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--gpus",
+            metavar="LIST",
+            help="GPU indices the pool hands out, e.g. 0,1,2,3 (default: what nvidia-smi lists)",
         )
 
     s = sub.add_parser(
@@ -383,6 +826,7 @@ def _parser() -> argparse.ArgumentParser:
         "--data-dir", help="where data lives (default: $TETHER_HOME/data, TETHER_HOME=~/.tether)"
     )
     s.add_argument("--workers", type=int, default=2, help="local worker slots (default 2)")
+    gpus_flag(s)
     s.add_argument(
         "--start-delay",
         type=float,
@@ -402,82 +846,78 @@ def _parser() -> argparse.ArgumentParser:
     relay_options(s)
     s.set_defaults(fn=cmd_up)
 
-    for name, help_text, fn in (
-        ("debug", "submit a run in debug mode and serve the local DAP adapter for it", cmd_debug),
-        ("run", "submit a run without the debugger", cmd_run),
-    ):
-        s = sub.add_parser(name, help=help_text)
-        relay_flag(s)
-        if name == "debug":
-            s.add_argument(
-                "--port",
-                type=int,
-                default=DEFAULT_ADAPTER_PORT,
-                help=f"adapter port on 127.0.0.1 (default {DEFAULT_ADAPTER_PORT}; 0 = any free)",
-            )
-            s.add_argument(
-                "--no-wait",
-                action="store_true",
-                help="start the program when the worker starts, even if no IDE configured breakpoints yet",
-            )
-            s.add_argument(
-                "--request-timeout",
-                type=float,
-                default=30.0,
-                metavar="S",
-                help="error a request the debugger leaves unanswered after S seconds (default 30)",
-            )
-        if name == "debug":
-            s.add_argument(
-                "--on-unattended-stop",
-                choices=["wait", "continue", "terminate"],
-                default="wait",
-                help="when the program pauses and no IDE is attached: wait for one (default; "
-                "the run keeps its GPUs meanwhile), or continue / terminate after "
-                "--unattended-timeout",
-            )
-            s.add_argument(
-                "--unattended-timeout",
-                type=parse_duration,
-                default=1800.0,
-                metavar="DURATION",
-                help="how long an unattended stop lasts before continue/terminate act "
-                "(e.g. 90s, 30m, 2h; default 30m)",
-            )
-            s.add_argument(
-                "--webhook",
-                metavar="URL",
-                help="POST a JSON notice here when the program pauses with no IDE attached",
-            )
-        s.add_argument(
-            "--workdir",
-            help="the directory to snapshot and run in (default: the current directory)",
-        )
-        s.add_argument(
-            "--env",
-            action="append",
-            metavar="NAME=VALUE",
-            help="environment for the program (repeatable)",
-        )
-        s.add_argument("--name", help="a label for the run")
-        s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
-        s.set_defaults(fn=fn)
+    s = sub.add_parser("debug", help="submit a run in debug mode and serve the local DAP adapter")
+    _run_options(s, debug=True)
+    relay_flag(s)
+    _adapter_options(s)
+    s.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="start the program when the worker starts, even if no IDE configured breakpoints yet",
+    )
+    s.add_argument(
+        "--on-unattended-stop",
+        choices=["wait", "continue", "terminate"],
+        help="when the program pauses and no IDE is attached: wait for one (default; "
+        "the run keeps its GPUs meanwhile), or continue / terminate after --unattended-timeout",
+    )
+    s.add_argument(
+        "--unattended-timeout",
+        type=parse_duration,
+        default=1800.0,
+        metavar="DURATION",
+        help="how long an unattended stop lasts before continue/terminate act "
+        "(e.g. 90s, 30m, 2h; default 30m)",
+    )
+    s.add_argument(
+        "--webhook",
+        metavar="URL",
+        help="POST a JSON notice here when the program pauses with no IDE attached",
+    )
+    s.set_defaults(fn=cmd_debug)
+
+    s = sub.add_parser("run", help="submit a run without the debugger")
+    _run_options(s, debug=False)
+    relay_flag(s)
+    s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("attach", help="serve the local DAP adapter for an existing run")
     relay_flag(s)
     s.add_argument("run")
-    s.add_argument("--port", type=int, default=DEFAULT_ADAPTER_PORT)
-    s.add_argument("--request-timeout", type=float, default=30.0, metavar="S")
+    _adapter_options(s)
     s.set_defaults(fn=cmd_attach)
 
-    for name, help_text, fn in (
-        ("cancel", "cancel a run", cmd_cancel),
-        ("status", "show a run's record", cmd_status),
-    ):
-        s = sub.add_parser(name, help=help_text)
-        relay_flag(s)
-        s.add_argument("run")
-        s.set_defaults(fn=fn)
+    s = sub.add_parser("ls", help="list runs, newest first")
+    relay_flag(s)
+    s.add_argument("-n", "--limit", type=int, default=30, help="how many (default 30)")
+    s.add_argument("--json", action="store_true", help="the run records as JSON")
+    s.set_defaults(fn=cmd_ls)
+
+    s = sub.add_parser("status", help="show a run: state, snapshot, resources, attempts")
+    relay_flag(s)
+    s.add_argument("run")
+    s.add_argument("--json", action="store_true", help="the run record as JSON")
+    s.set_defaults(fn=cmd_status)
+
+    s = sub.add_parser("logs", help="print a run's output (stdout and stderr)")
+    relay_flag(s)
+    s.add_argument("run")
+    s.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+    s.set_defaults(fn=cmd_logs)
+
+    s = sub.add_parser("cancel", help="cancel a run (queued, running or paused)")
+    relay_flag(s)
+    s.add_argument("run")
+    s.set_defaults(fn=cmd_cancel)
+
+    s = sub.add_parser(
+        "rerun", help="run again with the same snapshot and command (debug runs get an adapter)"
+    )
+    relay_flag(s)
+    s.add_argument("run")
+    s.add_argument("-f", "--follow", action="store_true", help="print the new run's output")
+    _adapter_options(s)
+    s.set_defaults(fn=cmd_rerun)
 
     s = sub.add_parser("relay", help="run the relay service")
     s.add_argument(
@@ -487,17 +927,64 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=DEFAULT_RELAY_PORT)
+    s.add_argument(
+        "--blobs",
+        metavar="DIR",
+        help="where snapshot blobs live (default $TETHER_HOME/data/blobs; relays sharing a Redis "
+        "must share it)",
+    )
     relay_options(s)
     s.set_defaults(fn=cmd_relay)
 
-    s = sub.add_parser("worker", help="run a worker pool that claims queued runs")
+    s = sub.add_parser(
+        "worker", help="run a worker pool, or (--run) the one attempt a scheduler job was made for"
+    )
     relay_flag(s)
     s.add_argument("--slots", type=int, default=1)
+    gpus_flag(s)
     s.add_argument("--start-delay", type=float, default=0.0, metavar="S")
     s.add_argument(
         "--work-dir", help="where run directories are made (default: $TETHER_HOME/worker)"
     )
+    s.add_argument("--run", help="run this run's attempt only, then exit")
+    s.add_argument("--attempt", type=int, default=0, help="with --run: the attempt number")
+    s.add_argument(
+        "--credentials",
+        metavar="FILE",
+        help="a 0600 JSON file naming the relay (and run, attempt); never put these on the "
+        "command line",
+    )
     s.set_defaults(fn=cmd_worker)
+
+    s = sub.add_parser(
+        "backend", help="run a scheduler backend: submits queued runs as scheduler jobs"
+    )
+    relay_flag(s)
+    s.add_argument("kind", choices=["slurm"], help="the scheduler")
+    s.add_argument(
+        "--state-dir",
+        help="where job scripts, credentials and job logs go (default $TETHER_HOME/slurm)",
+    )
+    s.add_argument(
+        "--worker-relay",
+        metavar="URL",
+        help="the relay URL as compute nodes reach it (default: the --relay URL)",
+    )
+    s.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the Python with tether installed on the compute nodes (default: this one)",
+    )
+    s.add_argument(
+        "--poll", type=parse_duration, default=5.0, metavar="DURATION", help="squeue interval"
+    )
+    s.add_argument(
+        "--sbatch-arg",
+        action="append",
+        metavar="ARG",
+        help="extra sbatch argument for every job, e.g. --account=ml (repeatable)",
+    )
+    s.set_defaults(fn=cmd_backend)
 
     s = sub.add_parser("demo", help="the whole story on one machine, with a scripted IDE")
     s.add_argument("--start-delay", type=float, default=3.0, metavar="S")

@@ -40,7 +40,7 @@ import orjson
 
 from protocol_specs import dap_models as dap
 from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, debugpy_answers
-from protocol_specs.session import NOTICES, DebugSession, StatusEvent, is_transient
+from protocol_specs.session import NOTICES, QUIET, DebugSession, StatusEvent, is_transient
 from protocol_specs.wire import AnyEntry, DapEntry, PresenceEntry, StatusEntry, StreamName
 
 __all__ = [
@@ -424,11 +424,16 @@ class AdapterCore:
             return []
         if isinstance(entry, StatusEntry):
             was_live = self.session.live
+            threads, stopped = list(self.session.threads), bool(self.session.stopped)
             self.session.apply_to_ide(entry)
-            if replaying:
+            if replaying or entry.event in QUIET:
                 return []
             if entry.event in NOTICES:
                 return self._on_notice(entry)
+            if entry.event == StatusEvent.RETRYING:
+                return self._on_retry(entry, threads, stopped)
+            if entry.event == StatusEvent.EXITED and entry.data.get("final") is False:
+                return []  # the relay's ``retrying`` says what happens next
             return self._on_status(entry, was_live)
         if not isinstance(entry, DapEntry):
             return []
@@ -528,6 +533,38 @@ class AdapterCore:
             actions.extend(self._end_of_run())
         return actions
 
+    def _on_retry(self, entry: StatusEntry, threads: list[int], stopped: bool) -> list[Action]:
+        """An attempt ended and another follows: the old program's threads go, the session stays
+        (the next attempt replays the same breakpoints)."""
+        actions: list[Action] = list(
+            self._fail_pending(f"attempt {entry.data.get('previous')} ended")
+        )
+        if self.phase is not IdePhase.CONFIGURED:
+            return actions
+        if stopped:
+            actions.append(
+                self._emit(
+                    dap.event(
+                        "continued",
+                        {"threadId": threads[0] if threads else 0, "allThreadsContinued": True},
+                    )
+                )
+            )
+        for tid in threads:
+            actions.append(self._emit(dap.event("thread", {"reason": "exited", "threadId": tid})))
+        actions.append(
+            self._emit(
+                dap.event(
+                    "output",
+                    {
+                        "category": "important",
+                        "output": f"tether: Run {self.run_id}: {entry.detail}\n",
+                    },
+                )
+            )
+        )
+        return actions
+
     def _on_notice(self, entry: StatusEntry) -> list[Action]:
         if self.phase is not IdePhase.CONFIGURED:
             return []
@@ -587,6 +624,8 @@ class AdapterCore:
             case StatusEvent.CLAIMED:
                 return f"{run} was claimed by a worker ({s.status_detail}); starting."
             case StatusEvent.STARTED | StatusEvent.WAITING_FOR_IDE:
+                if s.attempt > 1:
+                    return f"{run}: attempt {s.attempt} started on a worker; applying breakpoints."
                 return f"{run} started on a worker; applying breakpoints."
             case StatusEvent.DEBUGGER_LIVE:
                 return f"{run} is live: the debugger is attached on the worker."

@@ -32,10 +32,13 @@ async def open_local_stack(
     relay_port: int = 0,
     workers: int = 1,
     start_delay: float = 0.0,
+    gpus: list[str] | None = None,
     on_worker_event: Callable[[str], None] | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Run the stack until the block exits; the server's data lives in ``data_dir/redis`` (unless
-    ``redis`` names an existing server), run directories in ``data_dir/worker``."""
+    ``redis`` names an existing server), snapshot blobs in ``data_dir/blobs``, run directories in
+    ``data_dir/worker``."""
+    from relay.blobs import FileBlobStore
     from relay.embedded import run_embedded_server
     from relay.server import serve_relay, server_port
     from relay.store import open_store
@@ -52,6 +55,7 @@ async def open_local_stack(
                     host="127.0.0.1",
                     port=relay_port,
                     config=relay_config,
+                    blobs=FileBlobStore(data_dir / "blobs"),
                     task_status=task_status,
                 )
             )
@@ -63,6 +67,7 @@ async def open_local_stack(
                         slots=workers,
                         start_delay=start_delay,
                         work_dir=data_dir / "worker",
+                        gpus=gpus,
                         on_event=on_worker_event,
                         task_status=task_status,
                     )

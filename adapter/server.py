@@ -94,9 +94,10 @@ class AdapterServer:
     async def catch_up(self) -> None:
         """Fold the run's history (``to_worker`` then ``to_ide``) before serving any IDE."""
         tails = self.link.tails
-        need = {name: _id_tuple(tails.get(name.value, "0")) for name in StreamName}
-        seen = {name: (0, 0) for name in StreamName}
-        while any(seen[n] < need[n] for n in StreamName):
+        streams = (StreamName.TO_WORKER, StreamName.TO_IDE)
+        need = {name: _id_tuple(tails.get(name.value, "0")) for name in streams}
+        seen = {name: (0, 0) for name in streams}
+        while any(seen[n] < need[n] for n in streams):
             delivery = await self.link.deliveries.receive()
             seen[delivery.stream] = _id_tuple(delivery.cursor)
             self._fold(delivery, replaying=True)

@@ -34,13 +34,14 @@ def run_states_markdown() -> str:
     lines.append("| state | meaning |")
     lines.append("|---|---|")
     doc = {
-        RunState.QUEUED: "submitted, waiting for a worker slot",
+        RunState.QUEUED: "submitted (or retried after a failed or lost attempt), waiting for a worker",
         RunState.STARTING: "claimed by a worker: fetching files, starting the program",
         RunState.RUNNING: "the program's process is running (under debugpy in debug mode)",
+        RunState.PAUSED: "debug mode: the program is stopped at a breakpoint, a step or an exception",
         RunState.SUCCEEDED: "exited with status 0",
         RunState.FAILED: "exited non-zero, or could not start",
         RunState.CANCELLED: "cancelled by the user",
-        RunState.LOST: "the worker's lease expired (host down, or cut off for too long)",
+        RunState.LOST: "the worker's lease expired or its scheduler job was lost (no retries left)",
     }
     for state in RunState:
         lines.append(f"| `{state.value}` | {doc[state]} |")

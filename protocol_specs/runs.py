@@ -2,12 +2,20 @@
 
 Theory of operation
 -------------------
-A run is submitted as a :class:`RunSpec` (what to run, where it came from, debug or not). The relay keeps
-a :class:`RunRecord` per run and moves it through :class:`RunState` only along :data:`TRANSITIONS`,
-a table keyed by ``(state, event)``. An event not in the table for the current state raises
-:class:`IllegalTransition` naming the event and the state, and leaves the record unchanged. Terminal
-states (``succeeded``, ``failed``, ``cancelled``) have no outgoing transitions: a worker reporting an
-exit after the user cancelled is reported as illegal and ignored by the caller.
+A run is submitted as a :class:`RunSpec` (what to run, where it came from, resources, retries, debug
+or not). The relay keeps a :class:`RunRecord` per run and moves it through :class:`RunState` only along
+:data:`TRANSITIONS`, a table keyed by ``(state, event)``. An event not in the table for the current
+state raises :class:`IllegalTransition` naming the event and the state, and leaves the record
+unchanged. Terminal states (``succeeded``, ``failed``, ``cancelled``, ``lost``) have no outgoing
+transitions: a worker reporting an exit after the user cancelled is reported as illegal and ignored
+by the caller.
+
+Attempts: a run is tried up to ``1 + max_retries`` times. When an attempt fails (the program exits
+non-zero) or is lost (its worker's lease expired, or the scheduler preempted or killed its job) and
+:func:`retry_delay` allows another, the ``retry`` event puts the run back to ``queued`` instead of a
+terminal state; the record's :class:`Attempt` list keeps each attempt's worker, times and outcome.
+A program that could not be started (``start_failed``: a bad command, a broken snapshot) is not
+retried: the next attempt would fail the same way.
 
 The diagram in ``docs/run-states.md`` is generated from :data:`TRANSITIONS` (``python -m
 protocol_specs.diagrams``).
@@ -25,12 +33,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 __all__ = [
     "TERMINAL_STATES",
     "TRANSITIONS",
+    "Attempt",
     "IllegalTransition",
+    "Resources",
     "RunEvent",
     "RunRecord",
     "RunSpec",
     "RunState",
     "next_state",
+    "retry_delay",
 ]
 
 
@@ -38,10 +49,13 @@ class RunState(StrEnum):
     QUEUED = "queued"  #: submitted, waiting for a worker slot
     STARTING = "starting"  #: claimed by a worker: fetching files, starting the program
     RUNNING = "running"  #: the program's process is running (under debugpy in debug mode)
+    PAUSED = "paused"  #: debug mode: the program is stopped (a breakpoint, a step, an exception)
     SUCCEEDED = "succeeded"  #: exited with status 0
     FAILED = "failed"  #: exited non-zero, or could not start
     CANCELLED = "cancelled"  #: cancelled by the user (terminateDebuggee, ``tether cancel``)
-    LOST = "lost"  #: the worker stopped renewing its lease (host down, network cut for too long)
+    #: the worker stopped renewing its lease (host down, network cut for too long), or the
+    #: scheduler's job ended without it
+    LOST = "lost"
 
 
 class RunEvent(StrEnum):
@@ -52,6 +66,11 @@ class RunEvent(StrEnum):
     START_FAILED = "start_failed"
     CANCEL = "cancel"
     LEASE_EXPIRED = "lease_expired"
+    #: the scheduler's job ended, was cancelled or preempted without the worker finishing
+    JOB_LOST = "job_lost"
+    PAUSE = "pause"
+    RESUME = "resume"
+    RETRY = "retry"
 
 
 TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = {
@@ -63,8 +82,22 @@ TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = {
     (RunState.RUNNING, RunEvent.EXIT_OK): RunState.SUCCEEDED,
     (RunState.RUNNING, RunEvent.EXIT_ERROR): RunState.FAILED,
     (RunState.RUNNING, RunEvent.CANCEL): RunState.CANCELLED,
+    (RunState.RUNNING, RunEvent.PAUSE): RunState.PAUSED,
+    (RunState.PAUSED, RunEvent.RESUME): RunState.RUNNING,
+    (RunState.PAUSED, RunEvent.EXIT_OK): RunState.SUCCEEDED,
+    (RunState.PAUSED, RunEvent.EXIT_ERROR): RunState.FAILED,
+    (RunState.PAUSED, RunEvent.CANCEL): RunState.CANCELLED,
     (RunState.STARTING, RunEvent.LEASE_EXPIRED): RunState.LOST,
     (RunState.RUNNING, RunEvent.LEASE_EXPIRED): RunState.LOST,
+    (RunState.PAUSED, RunEvent.LEASE_EXPIRED): RunState.LOST,
+    (RunState.QUEUED, RunEvent.JOB_LOST): RunState.LOST,
+    (RunState.STARTING, RunEvent.JOB_LOST): RunState.LOST,
+    (RunState.RUNNING, RunEvent.JOB_LOST): RunState.LOST,
+    (RunState.PAUSED, RunEvent.JOB_LOST): RunState.LOST,
+    (RunState.QUEUED, RunEvent.RETRY): RunState.QUEUED,
+    (RunState.STARTING, RunEvent.RETRY): RunState.QUEUED,
+    (RunState.RUNNING, RunEvent.RETRY): RunState.QUEUED,
+    (RunState.PAUSED, RunEvent.RETRY): RunState.QUEUED,
 }
 
 TERMINAL_STATES = frozenset(
@@ -88,6 +121,42 @@ def next_state(state: RunState, event: RunEvent) -> RunState:
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+_MOUNT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=/-]{0,63}$")
+_PARTITION = re.compile(r"^[A-Za-z0-9_.-]{0,64}$")
+
+
+class Resources(BaseModel):
+    """What the run asks its scheduler for (the local pool honours ``gpus``; Slurm all of it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpus: int = Field(default=0, ge=0, le=64)
+    cpus: int = Field(default=1, ge=1, le=1024)
+    #: memory in MiB (0: the scheduler's default)
+    memory_mb: int = Field(default=0, ge=0, le=64 * 1024 * 1024)
+    #: wall-clock limit in seconds (0: none / the partition's)
+    time_limit: float = Field(default=0.0, ge=0, le=365 * 86400)
+    #: Slurm partition ("" : the cluster's default)
+    partition: str = Field(default="", max_length=64)
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, value: str) -> str:
+        if not _PARTITION.match(value):
+            raise ValueError(f"invalid partition name {value!r}")
+        return value
+
+
+def retry_delay(attempt: int, max_retries: int, backoff: float) -> float | None:
+    """Seconds before attempt ``attempt + 1`` after attempt ``attempt`` failed; None: no retry.
+
+    Exponential: ``backoff``, ``2 * backoff``, ``4 * backoff``... capped at one hour.
+    """
+    if attempt > max_retries:
+        return None
+    return float(min(backoff * 2 ** (attempt - 1), 3600.0))
 
 
 class RunSpec(BaseModel):
@@ -111,6 +180,45 @@ class RunSpec(BaseModel):
     unattended_timeout: float = Field(default=1800.0, ge=0, le=30 * 24 * 3600)
     #: POSTed a JSON notice when the program stops with no IDE attached (http or https)
     webhook: str = Field(default="", max_length=2048)
+    resources: Resources = Field(default_factory=Resources)
+    #: data handed to the run: name -> path or URL, given to the program as ``TETHER_MOUNT_<NAME>``
+    mounts: dict[str, str] = Field(default_factory=dict, max_length=64)
+    #: a failed or lost attempt is retried this many times, waiting ``retry_backoff`` s, doubling
+    max_retries: int = Field(default=0, ge=0, le=100)
+    retry_backoff: float = Field(default=10.0, ge=0, le=3600)
+    tags: list[str] = Field(default_factory=list, max_length=32)
+    #: where the run goes: ``local`` (the worker pool of ``tether up``) or ``slurm``
+    backend: str = "local"
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        if not _BACKEND.match(value):
+            raise ValueError(f"invalid backend name {value!r}")
+        return value
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, where in value.items():
+            if not _MOUNT_NAME.match(name):
+                raise ValueError(f"invalid mount name {name!r} (letters, digits, _)")
+            if not where or len(where) > 4096 or "\x00" in where:
+                raise ValueError(f"mount {name!r} needs a path or URL")
+        return value
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, value: list[str]) -> list[str]:
+        for tag in value:
+            if not _TAG.match(tag):
+                raise ValueError(f"invalid tag {tag!r}")
+        return value
+
+    def program_env(self) -> dict[str, str]:
+        """The environment the program gets on top of the worker's: ``env`` and the mounts."""
+        mounts = {f"TETHER_MOUNT_{name.upper()}": where for name, where in self.mounts.items()}
+        return {**mounts, **self.env}
 
     @field_validator("webhook")
     @classmethod
@@ -149,6 +257,25 @@ class RunSpec(BaseModel):
         return value
 
 
+class Attempt(BaseModel):
+    """One try at running the program."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    n: int
+    queued_at: float = 0.0
+    claimed_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    worker: str = ""
+    #: the scheduler's id for this attempt (a Slurm job id), if any
+    job: str = ""
+    #: how it ended: the terminal state or ``retried``-worthy outcome (``failed``, ``lost``, ...)
+    outcome: str = ""
+    exit_code: int | None = None
+    detail: str = ""
+
+
 class RunRecord(BaseModel):
     """The relay's record of a run (stored as one Redis hash, see ``relay/keys.py``)."""
 
@@ -162,8 +289,29 @@ class RunRecord(BaseModel):
     worker: str = ""
     exit_code: int | None = None
     detail: str = ""
-    #: the queue entry a worker claimed (acknowledged when the run ends)
+    #: the queue entry a worker claimed (acknowledged when the attempt ends)
     queue_entry: str = ""
+    #: the snapshot (manifest id), its file count and bytes
+    snapshot: str = ""
+    files: int = 0
+    size: int = 0
+    #: the current attempt's number (1-based) and every attempt so far
+    attempt: int = 1
+    attempts: list[Attempt] = Field(default_factory=list)
+    #: where the program is paused (``train.py:18 in step``), while ``paused``
+    paused_at: str = ""
+    #: a retried run is not claimed before this time
+    not_before: float = 0.0
+    #: the run this one reruns (``tether rerun``)
+    rerun_of: str = ""
+
+    def with_attempt(self, **changes: Any) -> RunRecord:
+        """The record with the current attempt's entry updated (created if missing)."""
+        attempts = list(self.attempts)
+        if not attempts or attempts[-1].n != self.attempt:
+            attempts.append(Attempt(n=self.attempt, queued_at=self.updated_at))
+        attempts[-1] = attempts[-1].model_copy(update=changes)
+        return self.model_copy(update={"attempts": attempts})
 
     def apply(self, event: RunEvent, *, at: float, **changes: Any) -> RunRecord:
         """The record after ``event``; raises :class:`IllegalTransition` and changes nothing."""

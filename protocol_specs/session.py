@@ -76,10 +76,17 @@ class StatusEvent:
     WORKER_LOST = "worker_lost"  #: relay: the worker's lease expired; the run is lost
     UNATTENDED_STOP = "unattended_stop"  #: worker: stopped with no IDE attached (data: policy...)
     BUFFER_FULL = "buffer_full"  #: worker: the to_ide buffer is full; output is being dropped
+    PAUSED = "paused"  #: worker: the program stopped (data: where, reason); for ``tether ls``
+    RESUMED = "resumed"  #: worker: the program continued
+    #: relay: the attempt failed or was lost and another follows (data: attempt, delay)
+    RETRYING = "retrying"
+    FINISHED = "finished"  #: relay, logs stream only: the run reached a terminal state
 
 
 #: status events that report something about the run without moving its lifecycle
 NOTICES = frozenset({StatusEvent.UNATTENDED_STOP, StatusEvent.BUFFER_FULL})
+#: status events the debug session ignores (the IDE learns the same from debugpy's events)
+QUIET = frozenset({StatusEvent.PAUSED, StatusEvent.RESUMED})
 
 
 @dataclass
@@ -123,6 +130,8 @@ class DebugSession:
     capabilities_delta: dict[str, Any] = field(default_factory=dict)
     #: the latest notice (:data:`NOTICES`) about the run
     notice: StatusEntry | None = None
+    #: the attempt the latest status was about
+    attempt: int = 1
     _next_id: int = 1
     _debugpy_ids: dict[int, int] = field(default_factory=dict)
     _requests: dict[tuple[str, int], _Request] = field(default_factory=dict)
@@ -230,6 +239,8 @@ class DebugSession:
         return (req.command, req.bp_ids, req.local) if req else None
 
     def _apply_status(self, entry: StatusEntry) -> None:
+        if entry.event in QUIET:
+            return
         if entry.event in NOTICES:
             self.notice = entry  # news about the run, not a step of its lifecycle
             return
@@ -237,6 +248,17 @@ class DebugSession:
         self.status_detail = entry.detail
         if entry.state:
             self.run_state = entry.state
+        if isinstance(entry.data.get("attempt"), int):
+            self.attempt = entry.data["attempt"]
+        if entry.event == StatusEvent.RETRYING or (
+            entry.event in (StatusEvent.EXITED, StatusEvent.WORKER_LOST)
+            and entry.data.get("final") is False
+        ):
+            # this attempt is over and another follows: the session goes on
+            self.live = False
+            self.threads.clear()
+            self.stopped.clear()
+            return
         if entry.event == StatusEvent.STARTED:
             # a new process: old threads, stops and debugpy ids belong to the previous one
             self.threads.clear()

@@ -10,8 +10,12 @@ closes). After that a peer's frames depend on its role:
   answers each with :class:`Ack` once the entry is stored in Redis, and pushes :class:`Deliver` frames
   from the run's ``to_ide`` stream, starting after the cursor given in ``Hello``.
 - ``worker`` (the worker shim, one run): the mirror image (publishes ``to_ide``, receives ``to_worker``).
-- ``control`` (the CLI and the worker pool): request/reply frames correlated by ``rid``: submit, cancel,
-  get a run, claim the next queued run, report.
+- ``control`` (the CLI, the worker pool and scheduler backends): request/reply frames correlated by
+  ``rid``: upload snapshot blobs, submit, rerun, cancel, list and get runs, claim the next queued run,
+  report a scheduler's view of an attempt.
+- ``logs`` (``tether logs``, one run): the relay pushes :class:`Deliver` frames from the run's ``logs``
+  stream (:class:`LogEntry` output chunks, and :class:`StatusEntry` markers such as an attempt
+  starting or the run ending) after the cursor given in ``Hello``, following it live.
 
 Stream entries (:class:`DapEntry`, :class:`StatusEntry`, :class:`ControlEntry`) are themselves msgpack
 maps, carried as opaque ``bytes`` inside ``Publish``/``Deliver``; DAP bodies inside a ``DapEntry`` are
@@ -26,36 +30,48 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from .runs import RunRecord, RunSpec
+from .snapshots import BLOB_CHUNK, Manifest, check_digest
 
 __all__ = [
     "MAX_DAP_BODY_BYTES",
     "MAX_FRAME_BYTES",
-    "MAX_SNAPSHOT_BYTES",
     "PROTOCOL_VERSION",
     "Ack",
     "AnyEntry",
     "Assigned",
+    "BlobData",
     "Cancel",
     "Claim",
     "ControlEntry",
     "DapEntry",
     "Deliver",
+    "Dispatch",
     "Entry",
     "Error",
     "ErrorCode",
     "Frame",
+    "GetBlob",
     "GetRun",
+    "HaveBlobs",
     "Heartbeat",
     "Hello",
+    "ListRuns",
+    "LogEntry",
+    "Missing",
     "PresenceEntry",
     "Publish",
+    "PutBlob",
     "Received",
+    "Report",
+    "Rerun",
     "Role",
     "RunInfo",
+    "RunList",
     "StatusEntry",
+    "Stored",
     "StreamName",
     "Submit",
     "Welcome",
@@ -67,10 +83,8 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
-#: Largest WebSocket message the relay accepts (a submit frame carries the working-directory snapshot).
+#: Largest WebSocket message the relay accepts (a submit frame carries the snapshot's manifest).
 MAX_FRAME_BYTES = 80 * 1024 * 1024
-#: Largest working-directory snapshot (compressed) a run may carry.
-MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024
 #: Largest DAP message body carried in one entry (same as the adapter's DAP framer limit).
 MAX_DAP_BODY_BYTES = 16 * 1024 * 1024
 
@@ -79,11 +93,13 @@ class Role(StrEnum):
     IDE = "ide"
     WORKER = "worker"
     CONTROL = "control"
+    LOGS = "logs"
 
 
 class StreamName(StrEnum):
     TO_WORKER = "to_worker"
     TO_IDE = "to_ide"
+    LOGS = "logs"
 
 
 class ErrorCode(StrEnum):
@@ -105,6 +121,13 @@ class ErrorCode(StrEnum):
     #: the worker's lease on the run expired; the run was marked lost
     LEASE_LOST = "lease_lost"
     BAD_SPEC = "bad_spec"
+    #: a submit names blobs the relay does not hold (upload them first)
+    MISSING_BLOBS = "missing_blobs"
+    #: an uploaded blob's bytes do not match its digest
+    BAD_BLOB = "bad_blob"
+    NO_SUCH_BLOB = "no_such_blob"
+    #: a worker of an attempt that is no longer the run's current one
+    STALE_ATTEMPT = "stale_attempt"
     INTERNAL = "internal"
 
 
@@ -159,12 +182,26 @@ class StatusEntry(BaseModel):
 
 
 class ControlEntry(BaseModel):
-    """An instruction for the worker shim, written into ``to_worker`` (e.g. ``terminate``)."""
+    """An instruction for the worker shim, written into ``to_worker`` (e.g. ``terminate``).
+
+    ``attempt`` names the attempt it is for (0: every attempt); a later attempt ignores it.
+    """
 
     model_config = _FROZEN
     k: Literal["control"] = "control"
     action: Literal["terminate"]
     detail: str = ""
+    attempt: int = 0
+
+
+class LogEntry(BaseModel):
+    """A chunk of the program's stdout or stderr, written by the worker into the ``logs`` stream."""
+
+    model_config = _FROZEN
+    k: Literal["log"] = "log"
+    stream: Literal["stdout", "stderr"]
+    data: bytes = Field(max_length=1024 * 1024)
+    attempt: int = 1
 
 
 class PresenceEntry(BaseModel):
@@ -183,7 +220,7 @@ class PresenceEntry(BaseModel):
     attached: bool
 
 
-AnyEntry = DapEntry | StatusEntry | ControlEntry | PresenceEntry
+AnyEntry = DapEntry | StatusEntry | ControlEntry | PresenceEntry | LogEntry
 Entry = Annotated[AnyEntry, Field(discriminator="k")]
 _ENTRY: TypeAdapter[AnyEntry] = TypeAdapter(Entry)
 
@@ -223,6 +260,8 @@ class Hello(BaseModel):
     #: stored and drops re-sent duplicates ("" = this connection only)
     producer: str = ""
     client: str = ""
+    #: worker role: the attempt this worker runs (the relay refuses an attempt that is not current)
+    attempt: int = 0
 
 
 class Welcome(BaseModel):
@@ -285,11 +324,127 @@ class Deliver(BaseModel):
 
 
 class Submit(BaseModel):
+    """Queue a run of ``spec`` on the snapshot ``manifest`` (whose blobs the relay must hold)."""
+
     model_config = _FROZEN
     t: Literal["submit"] = "submit"
     rid: int
     spec: RunSpec
-    snapshot: bytes = Field(default=b"", max_length=MAX_SNAPSHOT_BYTES)
+    manifest: Manifest = Field(default_factory=Manifest)
+
+
+class Rerun(BaseModel):
+    """Queue a new run with the spec and snapshot of ``run`` (reproduction)."""
+
+    model_config = _FROZEN
+    t: Literal["rerun"] = "rerun"
+    rid: int
+    run: str
+
+
+class HaveBlobs(BaseModel):
+    """Which of ``digests`` does the relay lack? Answered by :class:`Missing`."""
+
+    model_config = _FROZEN
+    t: Literal["have_blobs"] = "have_blobs"
+    rid: int
+    digests: list[str] = Field(max_length=10_000)
+
+    @field_validator("digests")
+    @classmethod
+    def _digests(cls, value: list[str]) -> list[str]:
+        return [check_digest(d) for d in value]
+
+
+class Missing(BaseModel):
+    model_config = _FROZEN
+    t: Literal["missing"] = "missing"
+    rid: int
+    digests: list[str]
+
+
+class PutBlob(BaseModel):
+    """One piece of a blob of ``size`` bytes, at ``offset`` (pieces in order, from 0).
+
+    The relay checks the digest when the last piece arrives and answers :class:`Stored`.
+    """
+
+    model_config = _FROZEN
+    t: Literal["put_blob"] = "put_blob"
+    rid: int
+    digest: str
+    size: int = Field(ge=0)
+    offset: int = Field(ge=0)
+    data: bytes = Field(max_length=BLOB_CHUNK)
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, value: str) -> str:
+        return check_digest(value)
+
+
+class Stored(BaseModel):
+    """``received`` bytes of the blob are held; ``complete`` once all of it was checked."""
+
+    model_config = _FROZEN
+    t: Literal["stored"] = "stored"
+    rid: int
+    received: int
+    complete: bool = False
+
+
+class GetBlob(BaseModel):
+    model_config = _FROZEN
+    t: Literal["get_blob"] = "get_blob"
+    rid: int
+    digest: str
+    offset: int = Field(default=0, ge=0)
+    length: int = Field(default=BLOB_CHUNK, ge=1, le=BLOB_CHUNK)
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, value: str) -> str:
+        return check_digest(value)
+
+
+class BlobData(BaseModel):
+    model_config = _FROZEN
+    t: Literal["blob"] = "blob"
+    rid: int
+    size: int
+    offset: int
+    data: bytes
+
+
+class ListRuns(BaseModel):
+    model_config = _FROZEN
+    t: Literal["list_runs"] = "list_runs"
+    rid: int
+    limit: int = Field(default=50, ge=1, le=1000)
+
+
+class RunList(BaseModel):
+    model_config = _FROZEN
+    t: Literal["runs"] = "runs"
+    rid: int
+    runs: list[RunRecord]
+
+
+class Report(BaseModel):
+    """A scheduler backend's news about an attempt it launched.
+
+    ``job``: the scheduler accepted it (``job`` is its id); ``lost``: the job ended, was cancelled
+    or preempted without the worker finishing the attempt (retried like a lost lease).
+    """
+
+    model_config = _FROZEN
+    t: Literal["report"] = "report"
+    rid: int
+    run: str
+    attempt: int = Field(ge=1)
+    event: Literal["job", "lost"]
+    job: str = Field(default="", max_length=200)
+    detail: str = Field(default="", max_length=2000)
 
 
 class Cancel(BaseModel):
@@ -308,12 +463,30 @@ class GetRun(BaseModel):
 
 
 class Claim(BaseModel):
-    """Worker pool: block until a queued run is available, then take it."""
+    """Block until a queued run of ``backend`` is available, then take it.
+
+    With ``run``: take that run (a worker a scheduler started for it), if it is queued for
+    ``attempt``.
+    """
 
     model_config = _FROZEN
     t: Literal["claim"] = "claim"
     rid: int
     worker: str
+    backend: str = "local"
+    run: str = ""
+    attempt: int = 0
+
+
+class Dispatch(BaseModel):
+    """A scheduler backend: block until a run is queued for ``backend``, then hand it over (the
+    run stays ``queued`` until the worker its job starts claims it, naming its attempt)."""
+
+    model_config = _FROZEN
+    t: Literal["dispatch"] = "dispatch"
+    rid: int
+    backend: str
+    dispatcher: str
 
 
 class RunInfo(BaseModel):
@@ -328,7 +501,7 @@ class Assigned(BaseModel):
     t: Literal["assigned"] = "assigned"
     rid: int
     run: RunRecord
-    snapshot: bytes = b""
+    manifest: Manifest = Field(default_factory=Manifest)
 
 
 class Error(BaseModel):
@@ -350,9 +523,20 @@ AnyFrame = (
     | Heartbeat
     | Deliver
     | Submit
+    | Rerun
+    | HaveBlobs
+    | Missing
+    | PutBlob
+    | Stored
+    | GetBlob
+    | BlobData
+    | ListRuns
+    | RunList
+    | Report
     | Cancel
     | GetRun
     | Claim
+    | Dispatch
     | RunInfo
     | Assigned
     | Error

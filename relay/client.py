@@ -1,6 +1,8 @@
 """Client side of the relay wire protocol, used by the CLI, the adapter and the worker shim.
 
-- :func:`open_control` gives a :class:`ControlClient` (submit, cancel, get, claim).
+- :func:`open_control` gives a :class:`ControlClient` (blobs, submit, rerun, cancel, list, get,
+  claim, dispatch, report).
+- :func:`follow_logs` yields a run's output and attempt markers, reconnecting as needed.
 - :func:`open_run_link` gives a :class:`RunLink` bound to one run in the ``ide`` or ``worker`` role:
   ``publish`` entries (acknowledged by the relay once stored) and receive ``deliveries``.
 
@@ -30,9 +32,10 @@ import logging
 import os
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import trio
 from websockets.exceptions import ConnectionClosed, InvalidURI, WebSocketException
@@ -40,6 +43,7 @@ from websockets.trio.client import ClientConnection, connect
 
 from protocol_specs import wire
 from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.snapshots import BLOB_CHUNK, Manifest
 from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 
 __all__ = [
@@ -47,11 +51,14 @@ __all__ = [
     "LinkPolicy",
     "RelayError",
     "RunLink",
+    "follow_logs",
     "open_control",
     "open_run_link",
 ]
 
 log = logging.getLogger("tether.relay.client")
+
+_R = TypeVar("_R")
 
 #: how long closing a run link waits for the relay to acknowledge what was published
 FLUSH_TIMEOUT = 10.0
@@ -91,7 +98,7 @@ class ControlClient:
         self._rid = 0
         self._lock = trio.Lock()
 
-    async def _call(self, frame_type: type, **fields: object) -> wire.RunInfo | wire.Assigned:
+    async def _call(self, frame_type: type, expect: type[_R], **fields: object) -> _R:
         async with self._lock:
             self._rid += 1
             frame = frame_type(rid=self._rid, **fields)
@@ -102,29 +109,158 @@ class ControlClient:
                     continue
                 if isinstance(reply, wire.Error):
                     raise RelayError(reply.code, reply.message)
-                if isinstance(reply, wire.RunInfo | wire.Assigned):
+                if isinstance(reply, expect):
                     return reply
                 raise RelayError(ErrorCode.BAD_FRAME, f"unexpected reply {reply.t!r}")
 
-    async def submit(self, spec: RunSpec, snapshot: bytes = b"") -> RunRecord:
-        return (await self._call(wire.Submit, spec=spec, snapshot=snapshot)).run
+    async def _run(self, frame_type: type, **fields: object) -> RunRecord:
+        return (await self._call(frame_type, wire.RunInfo, **fields)).run
+
+    async def missing_blobs(self, digests: list[str]) -> list[str]:
+        """Which of ``digests`` the relay lacks (asked in batches)."""
+        out: list[str] = []
+        for i in range(0, len(digests), 5000):
+            reply = await self._call(wire.HaveBlobs, wire.Missing, digests=digests[i : i + 5000])
+            out += reply.digests
+        return out
+
+    async def put_blob(
+        self,
+        digest: str,
+        data: bytes | tuple[int, Callable[[int, int], Awaitable[bytes]]],
+        on_bytes: Callable[[int], None] = lambda _n: None,
+    ) -> None:
+        """Upload one blob in :data:`~protocol_specs.snapshots.BLOB_CHUNK` pieces: ``data`` is
+        its bytes, or ``(size, read(offset, length))``."""
+        if isinstance(data, bytes):
+            size, read = len(data), _reader(data)
+        else:
+            size, read = data
+        offset = 0
+        while True:
+            piece = await read(offset, BLOB_CHUNK)
+            reply = await self._call(
+                wire.PutBlob, wire.Stored, digest=digest, size=size, offset=offset, data=piece
+            )
+            offset += len(piece)
+            on_bytes(len(piece))
+            if reply.complete:
+                return
+            if not piece:
+                raise RelayError(ErrorCode.BAD_BLOB, f"blob {digest[:12]}: upload incomplete")
+
+    async def read_blob(self, digest: str, offset: int = 0) -> tuple[int, bytes]:
+        """``(blob size, up to one chunk of bytes from offset)``."""
+        reply = await self._call(wire.GetBlob, wire.BlobData, digest=digest, offset=offset)
+        return reply.size, reply.data
+
+    async def get_blob(self, digest: str) -> bytes:
+        parts: list[bytes] = []
+        offset = 0
+        while True:
+            reply = await self._call(wire.GetBlob, wire.BlobData, digest=digest, offset=offset)
+            parts.append(reply.data)
+            offset += len(reply.data)
+            if offset >= reply.size or not reply.data:
+                return b"".join(parts)
+
+    async def submit(self, spec: RunSpec, manifest: Manifest | None = None) -> RunRecord:
+        return await self._run(wire.Submit, spec=spec, manifest=manifest or Manifest())
+
+    async def rerun(self, run: str) -> RunRecord:
+        return await self._run(wire.Rerun, run=run)
 
     async def cancel(self, run: str, detail: str = "cancelled by the user") -> RunRecord:
-        return (await self._call(wire.Cancel, run=run, detail=detail)).run
+        return await self._run(wire.Cancel, run=run, detail=detail)
 
     async def get_run(self, run: str) -> RunRecord:
-        return (await self._call(wire.GetRun, run=run)).run
+        return await self._run(wire.GetRun, run=run)
 
-    async def claim(self, worker: str) -> tuple[RunRecord, bytes]:
-        reply = await self._call(wire.Claim, worker=worker)
-        assert isinstance(reply, wire.Assigned)
-        return reply.run, reply.snapshot
+    async def list_runs(self, limit: int = 50) -> list[RunRecord]:
+        return (await self._call(wire.ListRuns, wire.RunList, limit=limit)).runs
+
+    async def claim(
+        self, worker: str, *, backend: str = "local", run: str = "", attempt: int = 0
+    ) -> tuple[RunRecord, Manifest]:
+        """The next queued run of ``backend`` (blocks), or with ``run``: that run's ``attempt``."""
+        reply = await self._call(
+            wire.Claim, wire.Assigned, worker=worker, backend=backend, run=run, attempt=attempt
+        )
+        return reply.run, reply.manifest
+
+    async def dispatch(self, backend: str, dispatcher: str) -> RunRecord:
+        return await self._run(wire.Dispatch, backend=backend, dispatcher=dispatcher)
+
+    async def report(
+        self, run: str, attempt: int, event: str, *, job: str = "", detail: str = ""
+    ) -> RunRecord:
+        return await self._run(
+            wire.Report, run=run, attempt=attempt, event=event, job=job, detail=detail
+        )
+
+
+def _reader(data: bytes) -> Callable[[int, int], Awaitable[bytes]]:
+    async def read(offset: int, length: int) -> bytes:
+        return data[offset : offset + length]
+
+    return read
 
 
 @asynccontextmanager
 async def open_control(url: str, *, client: str = "") -> AsyncIterator[ControlClient]:
     async with _connect(url, wire.Hello(role=Role.CONTROL, client=client)) as (ws, _):
         yield ControlClient(ws)
+
+
+async def follow_logs(
+    url: str,
+    run: str,
+    on_entry: Callable[[wire.LogEntry | wire.StatusEntry], None],
+    *,
+    cursor: str = "0",
+    follow: bool = True,
+    policy: LinkPolicy | None = None,
+) -> str:
+    """Hand a run's logs stream after ``cursor`` to ``on_entry``: output chunks and status
+    markers, in order; returns the cursor of the last entry handed over.
+
+    Without ``follow``, ends once the stream's current end is reached; with it, ends after the
+    run's ``finished`` marker. Reconnects after a drop and resumes after the last entry handed over.
+    """
+    policy = policy or LinkPolicy()
+    attempt = 0
+    while True:
+        try:
+            async with _connect(url, wire.Hello(role=Role.LOGS, run=run, cursor=cursor)) as (
+                ws,
+                welcome,
+            ):
+                attempt = 0
+                tail = welcome.tails.get(StreamName.LOGS.value, "0")
+                finished = welcome.run is not None and welcome.run.finished
+                while True:
+                    if (not follow or finished) and not _after(tail, cursor):
+                        return cursor  # caught up with the end as it was when we asked
+                    frame = wire.decode_frame(await ws.recv())
+                    if isinstance(frame, wire.Error):
+                        raise RelayError(frame.code, frame.message)
+                    if not isinstance(frame, wire.Deliver):
+                        continue
+                    cursor = frame.cursor
+                    entry = wire.decode_entry(frame.entry)
+                    if isinstance(entry, wire.LogEntry | wire.StatusEntry):
+                        on_entry(entry)
+                        if isinstance(entry, wire.StatusEntry) and entry.event == "finished":
+                            finished = True
+                            if follow:
+                                return cursor
+        except (ConnectionClosed, RelayError) as exc:
+            if isinstance(exc, RelayError) and exc.code != "unreachable":
+                raise
+            if attempt * policy.backoff_max > 60:
+                raise RelayError("unreachable", f"lost the relay at {url}: {exc}") from exc
+            await trio.sleep(policy.backoff(attempt))
+            attempt += 1
 
 
 @dataclass(frozen=True)
@@ -174,6 +310,7 @@ _PERMANENT = frozenset(
         ErrorCode.UNSUPPORTED_VERSION,
         ErrorCode.HANDSHAKE_REQUIRED,
         ErrorCode.BAD_FRAME,
+        ErrorCode.STALE_ATTEMPT,
     }
 )
 
@@ -208,8 +345,10 @@ class RunLink:
         policy: LinkPolicy | None = None,
         on_refused: Callable[[int, wire.Error], None] | None = None,
         on_state: Callable[[bool, str], None] | None = None,
+        attempt: int = 0,
     ) -> None:
         self.url = url
+        self.attempt = attempt
         self.role = role
         self.run_id = run
         self.history = history
@@ -364,6 +503,7 @@ class RunLink:
             history_cursor=self.cursors[StreamName.TO_WORKER],
             producer=self.producer,
             client=self.client,
+            attempt=self.attempt,
         )
         p = self.policy
         try:
@@ -505,10 +645,12 @@ async def open_run_link(
     policy: LinkPolicy | None = None,
     on_refused: Callable[[int, wire.Error], None] | None = None,
     on_state: Callable[[bool, str], None] | None = None,
+    attempt: int = 0,
 ) -> AsyncIterator[RunLink]:
     """A :class:`RunLink`, connected once before this returns (else :class:`RelayError`)."""
     link = RunLink(
         url,
+        attempt=attempt,
         role=role,
         run=run,
         cursor=cursor,

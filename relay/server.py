@@ -37,12 +37,22 @@ from websockets.exceptions import ConnectionClosed
 from websockets.trio.server import Server, ServerConnection, serve
 
 from protocol_specs import wire
-from protocol_specs.runs import IllegalTransition, RunEvent, RunRecord, RunSpec
+from protocol_specs.runs import (
+    Attempt,
+    IllegalTransition,
+    RunEvent,
+    RunRecord,
+    RunSpec,
+    RunState,
+    retry_delay,
+)
 from protocol_specs.session import StatusEvent
+from protocol_specs.snapshots import Manifest
 from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 
 from . import keys
-from .store import Cap, Store, StoreError
+from .blobs import BlobError, BlobStore, MemoryBlobStore, Upload
+from .store import Cap, Diversion, Store, StoreError
 
 __all__ = ["Relay", "RelayConfig", "serve_relay"]
 
@@ -60,6 +70,8 @@ _WORKER_STATUS: dict[str, RunEvent | None] = {
     StatusEvent.START_FAILED: RunEvent.START_FAILED,
     StatusEvent.UNATTENDED_STOP: None,
     StatusEvent.BUFFER_FULL: None,
+    StatusEvent.PAUSED: RunEvent.PAUSE,
+    StatusEvent.RESUMED: RunEvent.RESUME,
 }
 
 
@@ -80,6 +92,8 @@ class RelayConfig:
     #: WebSocket pings: a peer that misses a pong for ``ping_timeout`` is disconnected
     ping_interval: float = 15.0
     ping_timeout: float = 15.0
+    #: a run's logs stream keeps about this many output chunks (each at most 16 KiB), oldest dropped
+    log_entries: int = 20_000
 
     @property
     def sweep_interval(self) -> float:
@@ -87,20 +101,23 @@ class RelayConfig:
 
 
 class Relay:
-    """Connection handlers bound to one :class:`~relay.store.Store`."""
+    """Connection handlers bound to one :class:`~relay.store.Store` and one blob store."""
 
     def __init__(
         self,
         store: Store,
         *,
+        blobs: BlobStore | None = None,
         config: RelayConfig | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
+        self.blobs: BlobStore = blobs if blobs is not None else MemoryBlobStore()
         self.config = config or RelayConfig()
         self.clock = clock
         #: where background work (webhooks) runs; set by :func:`serve_relay`
         self.background: trio.Nursery | None = None
+        self._groups: set[str] = set()
 
     # --- records ----------------------------------------------------------------------------------
 
@@ -112,72 +129,284 @@ class Relay:
     async def save(self, record: RunRecord) -> None:
         await self.store.hset(keys.record(record.id), {"record": record.model_dump_json()})
 
-    async def append_status(self, run_id: str, event: str, record: RunRecord, **extra: Any) -> None:
-        entry = wire.StatusEntry(event=event, state=record.state.value, at=self.clock(), **extra)
-        await self.store.append(keys.stream(run_id, StreamName.TO_IDE), wire.encode_entry(entry))
+    async def append_status(
+        self, run_id: str, event: str, record: RunRecord, *, logs: bool = False, **extra: Any
+    ) -> None:
+        """A status entry in the run's ``to_ide`` stream (and, with ``logs``, its logs stream)."""
+        data = {"attempt": record.attempt, **extra.pop("data", {})}
+        entry = wire.StatusEntry(
+            event=event, state=record.state.value, at=self.clock(), data=data, **extra
+        )
+        payload = wire.encode_entry(entry)
+        await self.store.append(keys.stream(run_id, StreamName.TO_IDE), payload)
+        if logs:
+            await self.log_marker(run_id, payload)
+
+    async def log_marker(self, run_id: str, payload: bytes) -> None:
+        await self.store.append(
+            keys.stream(run_id, StreamName.LOGS), payload, maxlen=self.config.log_entries
+        )
 
     async def transition(self, run_id: str, event: RunEvent, **changes: Any) -> RunRecord | None:
-        """Apply ``event`` to the run's record; ``None`` (and a log line) if it isn't legal now."""
+        """Apply ``event`` to the run's record; ``None`` (and a log line) if it isn't legal now.
+
+        Keeps the current attempt's times and outcome; when the run (or the attempt) ends, drops
+        its lease and acknowledges its queue entry; a finished run's keys get their retention.
+        """
         record = await self.load(run_id)
         if record is None:
             return None
+        now = self.clock()
         try:
-            updated = record.apply(event, at=self.clock(), **changes)
+            updated = record.apply(event, at=now, **changes)
         except IllegalTransition as exc:
             log.info("run %s: %s", run_id, exc)
             return None
+        if event is RunEvent.CLAIM:
+            updated = updated.with_attempt(claimed_at=now, worker=updated.worker)
+        elif event is RunEvent.START:
+            updated = updated.with_attempt(started_at=now)
+        elif updated.finished:
+            updated = updated.with_attempt(
+                ended_at=now,
+                outcome=updated.state.value,
+                exit_code=updated.exit_code,
+                detail=updated.detail,
+            )
+        if updated.state is not RunState.PAUSED:
+            updated = updated.model_copy(update={"paused_at": ""})
         await self.save(updated)
-        if updated.finished:
+        if updated.finished or event is RunEvent.RETRY:
             await self.store.zrem(keys.LEASES, run_id)
-            if updated.queue_entry:
-                await self.store.ack(keys.QUEUE, keys.POOL_GROUP, updated.queue_entry)
+            if record.queue_entry:
+                await self.store.ack(
+                    keys.queue(record.spec.backend), keys.POOL_GROUP, record.queue_entry
+                )
+        if updated.finished:
+            await self.log_marker(
+                run_id,
+                wire.encode_entry(
+                    wire.StatusEntry(
+                        event=StatusEvent.FINISHED,
+                        state=updated.state.value,
+                        at=now,
+                        exit_code=updated.exit_code,
+                        detail=updated.detail,
+                        data={"attempt": updated.attempt},
+                    )
+                ),
+            )
             for key in keys.run_keys(run_id):
                 await self.store.expire(key, self.config.retention)
         return updated
 
-    async def submit(self, spec: RunSpec, snapshot: bytes) -> RunRecord:
+    async def attempt_ended(
+        self, run_id: str, event: RunEvent, *, exit_code: int | None = None, detail: str = ""
+    ) -> RunRecord | None:
+        """The current attempt failed (``exit_error``) or was lost (``lease_expired``,
+        ``job_lost``): retry it if the spec allows another attempt, else end the run."""
+        record = await self.load(run_id)
+        if record is None or record.finished:
+            return None
+        if record.state is RunState.QUEUED and event is not RunEvent.JOB_LOST:
+            return None  # nothing of this run is running: news about an earlier attempt
+        delay = retry_delay(record.attempt, record.spec.max_retries, record.spec.retry_backoff)
+        if delay is None:
+            return await self.transition(run_id, event, exit_code=exit_code, detail=detail)
         now = self.clock()
-        record = RunRecord(id=new_run_id(), spec=spec, created_at=now, updated_at=now)
-        if snapshot:
-            await self.store.set_bytes(keys.snapshot(record.id), snapshot)
+        outcome = "failed" if event is RunEvent.EXIT_ERROR else "lost"
+        ended = record.with_attempt(
+            ended_at=now, outcome=outcome, exit_code=exit_code, detail=detail
+        )
+        attempts = [*ended.attempts, Attempt(n=record.attempt + 1, queued_at=now)]
+        await self.save(ended.model_copy(update={"attempts": attempts}))
+        updated = await self.transition(
+            run_id,
+            RunEvent.RETRY,
+            attempt=record.attempt + 1,
+            worker="",
+            exit_code=None,
+            queue_entry="",
+            not_before=now + delay,
+            detail=detail,
+        )
+        if updated is None:
+            return None
+        what = f"exited with code {exit_code}" if outcome == "failed" else f"was lost: {detail}"
+        text = (
+            f"attempt {record.attempt} {what}; attempt {updated.attempt} of "
+            f"{record.spec.max_retries + 1} starts in {delay:g} s"
+        )
+        log.info("run %s: %s", run_id, text)
+        # the previous attempt's worker, should it come back, stops its program
+        control = wire.ControlEntry(action="terminate", detail=text, attempt=record.attempt)
+        await self.store.append(
+            keys.stream(run_id, StreamName.TO_WORKER), wire.encode_entry(control)
+        )
+        await self.append_status(
+            run_id,
+            StatusEvent.RETRYING,
+            updated,
+            logs=True,
+            detail=text,
+            exit_code=exit_code,
+            data={"previous": record.attempt, "delay": delay, "outcome": outcome},
+        )
+        await self.store.zadd(keys.DELAYED, run_id, now + delay)
+        if delay == 0:
+            await self.requeue_due()
+        return updated
+
+    async def enqueue(self, record: RunRecord) -> None:
+        await self.store.append(keys.queue(record.spec.backend), record.id.encode())
+
+    async def _ensure_group(self, backend: str) -> None:
+        if backend not in self._groups:
+            await self.store.ensure_group(keys.queue(backend), keys.POOL_GROUP)
+            self._groups.add(backend)
+
+    async def submit(
+        self, spec: RunSpec, manifest: Manifest, *, rerun_of: str = ""
+    ) -> RunRecord | wire.Error:
+        missing = await self.blobs.missing(manifest.digests)
+        if missing:
+            return wire.Error(
+                code=ErrorCode.MISSING_BLOBS,
+                message=f"the relay lacks {len(missing)} of the snapshot's blobs "
+                f"(first: {missing[0][:12]}); upload them before submitting",
+            )
+        now = self.clock()
+        record = RunRecord(
+            id=new_run_id(),
+            spec=spec,
+            created_at=now,
+            updated_at=now,
+            snapshot=manifest.id,
+            files=len(manifest.entries),
+            size=manifest.total_bytes,
+            attempts=[Attempt(n=1, queued_at=now)],
+            rerun_of=rerun_of,
+        )
+        await self.store.set_bytes(keys.manifest(record.id), manifest.model_dump_json().encode())
         await self.save(record)
         await self.store.zadd(keys.RUNS, record.id, now)
         await self.append_status(
             record.id, StatusEvent.QUEUED, record, detail="waiting for a worker"
         )
-        await self.store.append(keys.QUEUE, record.id.encode())
+        await self._ensure_group(spec.backend)
+        await self.enqueue(record)
         return record
+
+    async def manifest_of(self, run_id: str) -> Manifest:
+        raw = await self.store.get_bytes(keys.manifest(run_id))
+        return Manifest.model_validate_json(raw) if raw else Manifest()
+
+    async def rerun(self, run_id: str) -> RunRecord | wire.Error:
+        record = await self.load(run_id)
+        if record is None:
+            return wire.Error(code=ErrorCode.NO_SUCH_RUN, message=f"no run {run_id!r}")
+        return await self.submit(record.spec, await self.manifest_of(run_id), rerun_of=run_id)
+
+    async def list_runs(self, limit: int) -> list[RunRecord]:
+        runs = []
+        for run_id in await self.store.zrange_desc(keys.RUNS, limit):
+            record = await self.load(run_id)
+            if record is not None:
+                runs.append(record)
+        return runs
 
     async def cancel(self, run_id: str, detail: str) -> RunRecord | None:
         record = await self.transition(run_id, RunEvent.CANCEL, detail=detail)
         if record is None:
             return await self.load(run_id)
+        await self.store.zrem(keys.DELAYED, run_id)
         await self.append_status(run_id, StatusEvent.CANCELLED, record, detail=detail)
-        control = wire.ControlEntry(action="terminate", detail=detail)
+        control = wire.ControlEntry(action="terminate", detail=detail, attempt=record.attempt)
         await self.store.append(
             keys.stream(run_id, StreamName.TO_WORKER), wire.encode_entry(control)
         )
         return record
 
-    async def claim(self, worker: str) -> tuple[RunRecord, bytes]:
-        """Block until a queued run can be taken by ``worker``; mark it claimed."""
+    async def next_queued(self, backend: str, consumer: str) -> tuple[str, str]:
+        """Block until ``backend``'s queue has an entry; ``(entry id, run id)``."""
+        await self._ensure_group(backend)
         async with self.store.blocking_reader() as reader:
             while True:
-                got = await reader.read_group(keys.QUEUE, keys.POOL_GROUP, worker, block_ms=1000)
-                if got is None:
-                    continue
-                entry_id, payload = got
-                run_id = payload.decode()
-                record = await self.transition(
-                    run_id, RunEvent.CLAIM, worker=worker, queue_entry=entry_id
+                got = await reader.read_group(
+                    keys.queue(backend), keys.POOL_GROUP, consumer, block_ms=1000
                 )
-                if record is None:  # cancelled while queued, or unknown: nothing to run
-                    await self.store.ack(keys.QUEUE, keys.POOL_GROUP, entry_id)
-                    continue
-                await self.store.zadd(keys.LEASES, run_id, self.clock() + self.config.lease)
-                await self.append_status(run_id, StatusEvent.CLAIMED, record, detail=worker)
-                snapshot = await self.store.get_bytes(keys.snapshot(run_id)) or b""
-                return record, snapshot
+                if got is not None:
+                    return got[0], got[1].decode()
+
+    async def claim(self, worker: str, backend: str = "local") -> tuple[RunRecord, Manifest]:
+        """Block until a queued run of ``backend`` can be taken by ``worker``; mark it claimed."""
+        while True:
+            entry_id, run_id = await self.next_queued(backend, worker)
+            claimed = await self._claimed(run_id, worker, entry_id)
+            if claimed is None:  # cancelled while queued, or unknown: nothing to run
+                await self.store.ack(keys.queue(backend), keys.POOL_GROUP, entry_id)
+                continue
+            return claimed, await self.manifest_of(run_id)
+
+    async def claim_run(
+        self, worker: str, run_id: str, attempt: int
+    ) -> tuple[RunRecord, Manifest] | wire.Error:
+        """Take ``run_id`` for its attempt ``attempt`` (a worker its scheduler job started)."""
+        record = await self.load(run_id)
+        if record is None:
+            return wire.Error(code=ErrorCode.NO_SUCH_RUN, message=f"no run {run_id!r}")
+        if record.finished:
+            return wire.Error(
+                code=ErrorCode.RUN_FINISHED, message=f"run {run_id} is {record.state.value}"
+            )
+        if record.attempt != attempt or record.state is not RunState.QUEUED:
+            return wire.Error(
+                code=ErrorCode.STALE_ATTEMPT,
+                message=f"run {run_id} is at attempt {record.attempt} ({record.state.value}); "
+                f"attempt {attempt} is not to be started",
+            )
+        claimed = await self._claimed(run_id, worker, "")
+        if claimed is None:
+            return wire.Error(code=ErrorCode.STALE_ATTEMPT, message=f"run {run_id} was taken")
+        return claimed, await self.manifest_of(run_id)
+
+    async def dispatch(self, backend: str, dispatcher: str) -> RunRecord:
+        """Block until a run is queued for ``backend``; hand it to that backend's dispatcher."""
+        while True:
+            entry_id, run_id = await self.next_queued(backend, dispatcher)
+            await self.store.ack(keys.queue(backend), keys.POOL_GROUP, entry_id)
+            record = await self.load(run_id)
+            if record is not None and record.state is RunState.QUEUED:
+                return record
+
+    async def _claimed(self, run_id: str, worker: str, entry_id: str) -> RunRecord | None:
+        record = await self.transition(run_id, RunEvent.CLAIM, worker=worker, queue_entry=entry_id)
+        if record is None:
+            return None
+        await self.store.zadd(keys.LEASES, run_id, self.clock() + self.config.lease)
+        await self.append_status(run_id, StatusEvent.CLAIMED, record, detail=worker)
+        return record
+
+    async def report(self, frame: wire.Report) -> RunRecord | wire.Error:
+        """A scheduler backend's news about an attempt it launched (see :class:`wire.Report`)."""
+        record = await self.load(frame.run)
+        if record is None:
+            return wire.Error(code=ErrorCode.NO_SUCH_RUN, message=f"no run {frame.run!r}")
+        if record.attempt != frame.attempt or record.finished:
+            return record  # news about an attempt that is over: nothing to do
+        if frame.event == "job":
+            record = record.with_attempt(job=frame.job)
+            await self.save(record)
+            await self.append_status(
+                record.id, StatusEvent.QUEUED, record, detail=frame.detail, data={"job": frame.job}
+            )
+            return record
+        await self.store.zrem(keys.LEASES, record.id)
+        detail = frame.detail or f"scheduler job {frame.job} ended without the worker"
+        updated = await self.attempt_ended(record.id, RunEvent.JOB_LOST, detail=detail)
+        if updated is not None and updated.finished:
+            await self.append_status(record.id, StatusEvent.WORKER_LOST, updated, detail=detail)
+        return updated or record
 
     async def renew_lease(self, run_id: str) -> bool:
         """Push the worker's lease on ``run_id`` forward; False if it already expired."""
@@ -186,9 +415,10 @@ class Relay:
         )
 
     async def sweep(self) -> list[str]:
-        """Mark the runs whose worker lease expired as lost; returns their ids.
+        """Handle the runs whose worker lease expired (retried, or marked lost); queue retried runs
+        that are due. Returns the ids of the runs whose lease expired.
 
-        Every relay sweeps; the one whose ``ZREM`` removes a lease handles that run.
+        Every relay sweeps; the one whose ``ZREM`` removes a lease (or a delayed run) handles it.
         """
         lost = []
         now = self.clock()
@@ -199,17 +429,32 @@ class Relay:
                 f"the worker stopped renewing its lease for over {self.config.lease:g} s "
                 "(its host is down, or it has been cut off from the relay)"
             )
-            record = await self.transition(run_id, RunEvent.LEASE_EXPIRED, detail=detail)
-            if record is None:
+            before = await self.load(run_id)
+            record = await self.attempt_ended(run_id, RunEvent.LEASE_EXPIRED, detail=detail)
+            if record is None or before is None:
                 continue
-            log.warning("run %s: worker %s lost: lease expired", run_id, record.worker)
-            await self.append_status(run_id, StatusEvent.WORKER_LOST, record, detail=detail)
-            control = wire.ControlEntry(action="terminate", detail="the run was marked lost")
-            await self.store.append(
-                keys.stream(run_id, StreamName.TO_WORKER), wire.encode_entry(control)
-            )
+            log.warning("run %s: worker %s lost: lease expired", run_id, before.worker)
+            if record.finished:
+                await self.append_status(run_id, StatusEvent.WORKER_LOST, record, detail=detail)
+                control = wire.ControlEntry(
+                    action="terminate", detail="the run was marked lost", attempt=before.attempt
+                )
+                await self.store.append(
+                    keys.stream(run_id, StreamName.TO_WORKER), wire.encode_entry(control)
+                )
             lost.append(run_id)
+        await self.requeue_due()
         return lost
+
+    async def requeue_due(self) -> None:
+        """Queue the retried runs whose backoff is over."""
+        for run_id in await self.store.zrange_by_score(keys.DELAYED, self.clock(), 100):
+            if not await self.store.zrem(keys.DELAYED, run_id):
+                continue
+            record = await self.load(run_id)
+            if record is not None and record.state is RunState.QUEUED:
+                await self._ensure_group(record.spec.backend)
+                await self.enqueue(record)
 
     async def _webhook(self, record: RunRecord, entry: wire.StatusEntry) -> None:
         from .webhook import WebhookError, post_json
@@ -247,13 +492,34 @@ class Relay:
                 self.background.start_soon(self._webhook, record, entry)
             return
         if entry.event == StatusEvent.EXITED:
-            event = RunEvent.EXIT_OK if entry.exit_code == 0 else RunEvent.EXIT_ERROR
+            if entry.exit_code != 0:
+                await self.attempt_ended(
+                    run_id, RunEvent.EXIT_ERROR, exit_code=entry.exit_code, detail=entry.detail
+                )
+                return
+            event = RunEvent.EXIT_OK
+        elif entry.event == StatusEvent.PAUSED:
+            where = str(entry.data.get("where") or entry.detail)
+            await self.transition(run_id, RunEvent.PAUSE, paused_at=where[:300])
+            return
         else:
             maybe = _WORKER_STATUS.get(entry.event)
             if maybe is None:
                 return
             event = maybe
-        await self.transition(run_id, event, exit_code=entry.exit_code, detail=entry.detail)
+        record = await self.transition(
+            run_id, event, exit_code=entry.exit_code, detail=entry.detail
+        )
+        if record is not None and event is RunEvent.START:
+            text = f"attempt {record.attempt} started on {record.worker}"
+            marker = wire.StatusEntry(
+                event=StatusEvent.STARTED,
+                state=record.state.value,
+                at=self.clock(),
+                detail=text,
+                data={"attempt": record.attempt, "worker": record.worker},
+            )
+            await self.log_marker(run_id, wire.encode_entry(marker))
 
     # --- connections ------------------------------------------------------------------------------
 
@@ -265,6 +531,8 @@ class Relay:
             if hello.role is Role.CONTROL:
                 await ws.send(wire.encode_frame(wire.Welcome(server=SERVER_NAME)))
                 await self._serve_control(ws)
+            elif hello.role is Role.LOGS:
+                await self._serve_logs(ws, hello)
             else:
                 await self._serve_run(ws, hello)
         except* ConnectionClosed:
@@ -325,13 +593,20 @@ class Relay:
             await self._fatal(ws, ErrorCode.NO_SUCH_RUN, f"no run {hello.run!r}")
             return
         run_id = record.id
+        if hello.role is Role.WORKER and hello.attempt and hello.attempt != record.attempt:
+            await self._fatal(
+                ws,
+                ErrorCode.STALE_ATTEMPT,
+                f"run {run_id} is at attempt {record.attempt}; attempt {hello.attempt} is over",
+            )
+            return
         if hello.role is Role.IDE:
             outbound, inbound = StreamName.TO_WORKER, StreamName.TO_IDE
         else:
             outbound, inbound = StreamName.TO_IDE, StreamName.TO_WORKER
         tails = {
             name.value: (await self.store.last_id(keys.stream(run_id, name))) or "0"
-            for name in StreamName
+            for name in (StreamName.TO_WORKER, StreamName.TO_IDE)
         }
         if hello.role is Role.WORKER and not record.finished:
             await self.renew_lease(run_id)
@@ -340,7 +615,13 @@ class Relay:
         )
         await ws.send(wire.encode_frame(welcome))
         conn = _RunConnection(
-            ws, run_id, hello.role, outbound, inbound, hello.producer or secrets.token_hex(8)
+            ws,
+            run_id,
+            hello.role,
+            outbound,
+            inbound,
+            hello.producer or secrets.token_hex(8),
+            attempt=hello.attempt,
         )
         try:
             async with trio.open_nursery() as nursery:
@@ -405,7 +686,11 @@ class Relay:
                     while await self.store.trim_received(key, frame.cursor) > 0:
                         pass
             elif isinstance(frame, wire.Heartbeat):
-                if conn.role is Role.WORKER and not await self.renew_lease(conn.run_id):
+                if conn.role is not Role.WORKER:
+                    continue
+                if conn.attempt and not await self._current(conn):
+                    return
+                if not await self.renew_lease(conn.run_id):
                     record = await self.load(conn.run_id)
                     if record is not None and not record.finished:
                         continue  # a run without a lease yet (claimed before leases existed)
@@ -420,6 +705,19 @@ class Relay:
                     f"{frame.t!r} frames are not valid on a run connection",
                 )
 
+    async def _current(self, conn: _RunConnection) -> bool:
+        """Whether a worker connection's attempt is still the run's; if not, close it."""
+        record = await self.load(conn.run_id)
+        if record is not None and record.attempt == conn.attempt:
+            return True
+        now = record.attempt if record else "?"
+        await self._fatal(
+            conn.ws,
+            ErrorCode.STALE_ATTEMPT,
+            f"run {conn.run_id} is at attempt {now}; attempt {conn.attempt} is over",
+        )
+        return False
+
     async def _publish(self, conn: _RunConnection, frame: wire.Publish) -> bool:
         """Store one published entry exactly once; False if the connection must close."""
         ws = conn.ws
@@ -432,12 +730,19 @@ class Relay:
         if problem:
             await self._send_error(ws, ErrorCode.NOT_ALLOWED, problem, n=frame.n)
             return await self._skip(conn, frame.n)
+        if isinstance(entry, wire.StatusEntry) and conn.attempt and not await self._current(conn):
+            return False
         # status and presence entries are small and rare: never refused for a full buffer
         cap = self.config.buffer_cap if isinstance(entry, wire.DapEntry) else Cap()
         transient = isinstance(entry, wire.DapEntry) and entry.transient
+        divert = None
+        if isinstance(entry, wire.LogEntry):
+            divert = Diversion(
+                keys.stream(conn.run_id, StreamName.LOGS), maxlen=self.config.log_entries
+            )
         key = keys.stream(conn.run_id, conn.outbound)
         got = await self.store.append_once(
-            key, conn.producer, frame.n, frame.entry, transient=transient, cap=cap
+            key, conn.producer, frame.n, frame.entry, transient=transient, cap=cap, divert=divert
         )
         if got.outcome == "gap":
             await self._fatal(
@@ -473,41 +778,121 @@ class Relay:
         await self.store.append_once(key, conn.producer, n, None)
         return True
 
-    async def _serve_control(self, ws: ServerConnection) -> None:
-        while True:
-            data = await ws.recv()
-            try:
-                frame = wire.decode_frame(data)
-            except WireError as exc:
-                await self._send_error(ws, exc.code, exc.message, rid=_rid_of(data))
-                continue
-            reply: wire.RunInfo | wire.Assigned | wire.Error
-            if isinstance(frame, wire.Submit):
-                record = await self.submit(frame.spec, frame.snapshot)
-                reply = wire.RunInfo(rid=frame.rid, run=record)
-            elif isinstance(frame, wire.Cancel | wire.GetRun):
-                found = (
-                    await self.cancel(frame.run, frame.detail)
-                    if isinstance(frame, wire.Cancel)
-                    else await self.load(frame.run)
-                )
-                reply = (
-                    wire.RunInfo(rid=frame.rid, run=found)
-                    if found
-                    else wire.Error(
-                        code=ErrorCode.NO_SUCH_RUN, message=f"no run {frame.run!r}", rid=frame.rid
+    async def _serve_logs(self, ws: ServerConnection, hello: wire.Hello) -> None:
+        """Deliver a run's logs stream from the cursor on, live, until the peer goes."""
+        record = await self.load(hello.run or "")
+        if record is None:
+            await self._fatal(ws, ErrorCode.NO_SUCH_RUN, f"no run {hello.run!r}")
+            return
+        tail = await self.store.last_id(keys.stream(record.id, StreamName.LOGS)) or "0"
+        welcome = wire.Welcome(server=SERVER_NAME, run=record, tails={StreamName.LOGS.value: tail})
+        await ws.send(wire.encode_frame(welcome))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._deliver, ws, record.id, StreamName.LOGS, hello.cursor)
+            while True:  # a logs connection publishes nothing; it may only say it is alive
+                data = await ws.recv()
+                try:
+                    frame = wire.decode_frame(data)
+                except WireError as exc:
+                    await self._send_error(ws, exc.code, exc.message)
+                    continue
+                if not isinstance(frame, wire.Heartbeat | wire.Received):
+                    await self._send_error(
+                        ws, ErrorCode.NOT_ALLOWED, f"{frame.t!r} frames are not valid on logs"
                     )
+
+    async def _serve_control(self, ws: ServerConnection) -> None:
+        uploads: dict[str, Upload] = {}
+        try:
+            while True:
+                data = await ws.recv()
+                try:
+                    frame = wire.decode_frame(data)
+                except WireError as exc:
+                    await self._send_error(ws, exc.code, exc.message, rid=_rid_of(data))
+                    continue
+                reply = await self._control(frame, uploads)
+                await ws.send(wire.encode_frame(reply))
+        finally:
+            for upload in uploads.values():
+                with trio.CancelScope(shield=True):
+                    await upload.abort()
+
+    async def _control(self, frame: wire.AnyFrame, uploads: dict[str, Upload]) -> wire.AnyFrame:
+        """The reply to one control frame."""
+        rid = getattr(frame, "rid", None)
+        assert rid is None or isinstance(rid, int)
+
+        def answer(got: RunRecord | wire.Error | None, missing: str = "") -> wire.AnyFrame:
+            if isinstance(got, wire.Error):
+                return got.model_copy(update={"rid": rid})
+            if got is None:
+                return wire.Error(code=ErrorCode.NO_SUCH_RUN, message=missing, rid=rid)
+            return wire.RunInfo(rid=rid or 0, run=got)
+
+        match frame:
+            case wire.HaveBlobs():
+                return wire.Missing(rid=frame.rid, digests=await self.blobs.missing(frame.digests))
+            case wire.PutBlob():
+                return await self._put_blob(frame, uploads)
+            case wire.GetBlob():
+                try:
+                    size, chunk = await self.blobs.read(frame.digest, frame.offset, frame.length)
+                except BlobError as exc:
+                    return wire.Error(code=ErrorCode.NO_SUCH_BLOB, message=str(exc), rid=rid)
+                return wire.BlobData(rid=frame.rid, size=size, offset=frame.offset, data=chunk)
+            case wire.Submit():
+                return answer(await self.submit(frame.spec, frame.manifest))
+            case wire.Rerun():
+                return answer(await self.rerun(frame.run))
+            case wire.Cancel():
+                return answer(await self.cancel(frame.run, frame.detail), f"no run {frame.run!r}")
+            case wire.GetRun():
+                return answer(await self.load(frame.run), f"no run {frame.run!r}")
+            case wire.ListRuns():
+                return wire.RunList(rid=frame.rid, runs=await self.list_runs(frame.limit))
+            case wire.Report():
+                return answer(await self.report(frame))
+            case wire.Claim() if frame.run:
+                got = await self.claim_run(frame.worker, frame.run, frame.attempt)
+                if isinstance(got, wire.Error):
+                    return answer(got)
+                return wire.Assigned(rid=frame.rid, run=got[0], manifest=got[1])
+            case wire.Claim():
+                record, manifest = await self.claim(frame.worker, frame.backend)
+                return wire.Assigned(rid=frame.rid, run=record, manifest=manifest)
+            case wire.Dispatch():
+                return answer(await self.dispatch(frame.backend, frame.dispatcher))
+        return wire.Error(
+            code=ErrorCode.NOT_ALLOWED,
+            message=f"{frame.t!r} frames are not valid on a control connection",
+            rid=rid,
+        )
+
+    async def _put_blob(self, frame: wire.PutBlob, uploads: dict[str, Upload]) -> wire.AnyFrame:
+        upload = uploads.get(frame.digest)
+        try:
+            if frame.offset == 0:
+                if upload is not None:
+                    await upload.abort()
+                upload = uploads[frame.digest] = await self.blobs.begin(frame.digest, frame.size)
+            elif upload is None or upload.received != frame.offset or upload.size != frame.size:
+                expected = upload.received if upload else 0
+                raise BlobError(
+                    f"blob {frame.digest[:12]}: expected a piece at offset {expected}, "
+                    f"got {frame.offset}; restart the upload from 0"
                 )
-            elif isinstance(frame, wire.Claim):
-                record, snapshot = await self.claim(frame.worker)
-                reply = wire.Assigned(rid=frame.rid, run=record, snapshot=snapshot)
-            else:
-                reply = wire.Error(
-                    code=ErrorCode.NOT_ALLOWED,
-                    message=f"{frame.t!r} frames are not valid on a control connection",
-                    rid=getattr(frame, "rid", None),
-                )
-            await ws.send(wire.encode_frame(reply))
+            await upload.write(frame.data)
+            if upload.received < upload.size:
+                return wire.Stored(rid=frame.rid, received=upload.received)
+            del uploads[frame.digest]
+            await upload.commit()
+            return wire.Stored(rid=frame.rid, received=upload.received, complete=True)
+        except BlobError as exc:
+            dropped = uploads.pop(frame.digest, None)
+            if dropped is not None:
+                await dropped.abort()
+            return wire.Error(code=ErrorCode.BAD_BLOB, message=str(exc), rid=frame.rid)
 
 
 @dataclass
@@ -518,6 +903,8 @@ class _RunConnection:
     outbound: StreamName
     inbound: StreamName
     producer: str
+    #: worker connections: the attempt the worker runs (0: not said)
+    attempt: int = 0
     #: the last presence the adapter on this connection reported
     presence: wire.PresenceEntry | None = None
 
@@ -526,6 +913,8 @@ def _entry_not_allowed(role: Role, entry: wire.AnyEntry) -> str:
     if isinstance(entry, wire.DapEntry):
         return ""
     if role is Role.IDE and isinstance(entry, wire.PresenceEntry):
+        return ""
+    if role is Role.WORKER and isinstance(entry, wire.LogEntry):
         return ""
     if role is Role.WORKER and isinstance(entry, wire.StatusEntry):
         if entry.event in _WORKER_STATUS:
@@ -549,11 +938,11 @@ async def serve_relay(
     host: str = "127.0.0.1",
     port: int = 0,
     config: RelayConfig | None = None,
+    blobs: BlobStore | None = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the relay until cancelled; ``task_status.started`` gets the websockets ``Server``."""
-    relay = Relay(store, config=config)
-    await store.ensure_group(keys.QUEUE, keys.POOL_GROUP)
+    relay = Relay(store, blobs=blobs, config=config)
     async with trio.open_nursery() as nursery:
         relay.background = nursery
         nursery.start_soon(relay.sweep_forever)

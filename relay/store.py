@@ -57,6 +57,7 @@ __all__ = [
     "Appended",
     "BlockingReader",
     "Cap",
+    "Diversion",
     "Entry",
     "GlideStore",
     "MemoryStore",
@@ -93,6 +94,14 @@ class Cap:
 
     entries: int = 0
     bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Diversion:
+    """Where :meth:`Store.append_once` stores an entry other than its numbered stream."""
+
+    stream: str
+    maxlen: int = 0  #: 0: unbounded
 
 
 @dataclass(frozen=True)
@@ -170,6 +179,7 @@ class Store(Protocol):
         *,
         transient: bool = False,
         cap: Cap = Cap(),
+        divert: Diversion | None = None,
     ) -> Appended:
         """Append ``payload`` as producer ``producer``'s entry number ``n``, atomically.
 
@@ -179,6 +189,10 @@ class Store(Protocol):
         :func:`meta_key` (``stream``); ``transient`` entries are also listed for :meth:`trim_received`.
         Refused with ``full`` (and ``n`` counted as answered) when the stream holds ``cap.entries``
         entries or ``cap.bytes`` payload bytes.
+
+        ``divert``: store the entry in ``divert.stream`` instead (trimmed to about ``divert.maxlen``
+        entries, oldest first; no cap, no byte count), still numbered in ``stream``'s bookkeeping,
+        so one producer's entries to several streams are deduplicated as one sequence.
         """
         ...
 
@@ -417,7 +431,8 @@ class _GlideReader:
 
 
 #: KEYS: stream, meta, transient list. ARGV: producer, n, payload, transient (0/1), max entries,
-#: max bytes, skip (0/1). Returns {outcome, cursor-or-number}: 1 stored, 0 duplicate, -1 gap,
+#: max bytes, skip (0/1), diverted maxlen; KEYS[4]: the stream to store in (KEYS[1] unless
+#: diverted). Returns {outcome, cursor-or-number}: 1 stored, 0 duplicate, -1 gap,
 #: -2 full, 2 skipped.
 _APPEND_ONCE = """
 local last = tonumber(redis.call('HGET', KEYS[2], 'n:' .. ARGV[1]) or '0')
@@ -430,6 +445,16 @@ if n ~= last + 1 then return {-1, tostring(last)} end
 if ARGV[7] == '1' then
   redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], '')
   return {2, ''}
+end
+if KEYS[4] ~= KEYS[1] then
+  local did
+  if tonumber(ARGV[8]) > 0 then
+    did = redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', 'p', ARGV[3])
+  else
+    did = redis.call('XADD', KEYS[4], '*', 'p', ARGV[3])
+  end
+  redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], did)
+  return {1, did}
 end
 local size = string.len(ARGV[3])
 local max_entries = tonumber(ARGV[5])
@@ -528,11 +553,12 @@ class GlideStore:
         *,
         transient: bool = False,
         cap: Cap = Cap(),
+        divert: Diversion | None = None,
     ) -> Appended:
         reply = await self._script(
             f"append to {stream}",
             _APPEND_ONCE,
-            [stream, meta_key(stream), transient_key(stream)],
+            [stream, meta_key(stream), transient_key(stream), divert.stream if divert else stream],
             [
                 producer,
                 str(n),
@@ -541,6 +567,7 @@ class GlideStore:
                 str(cap.entries),
                 str(cap.bytes),
                 "1" if payload is None else "0",
+                str(divert.maxlen if divert else 0),
             ],
         )
         return _appended(reply)
@@ -892,6 +919,7 @@ class MemoryStore:
         *,
         transient: bool = False,
         cap: Cap = Cap(),
+        divert: Diversion | None = None,
     ) -> Appended:
         await trio.lowlevel.checkpoint()
         meta = self._get_or_create(meta_key(stream), _Hash, _Hash)
@@ -904,6 +932,10 @@ class MemoryStore:
         if payload is None:
             meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), b""
             return Appended("skipped")
+        if divert is not None and divert.stream != stream:
+            entry_id = self._xadd(divert.stream, payload, divert.maxlen or None)
+            meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), entry_id.encode()
+            return Appended("stored", cursor=entry_id)
         s = self._get(stream, _Stream)
         held = len(s.ids) if s else 0
         held_bytes = int(meta.get("bytes", b"0"))

@@ -22,6 +22,10 @@ Nagle/delayed-ACK stall from every DAP round trip (see ``_tether_debugpy_boot.py
   ``DEBUGPY_ADAPTER_ENDPOINTS`` value in its environment (the adapter, and any descendant that left
   the group). That scan uses Linux's ``/proc``; elsewhere it finds nothing.
 
+Output: the program's stdout and stderr are pipes read by an :class:`OutputPump`, which appends them
+to the worker's log file and hands every chunk to ``on_output`` (the shim publishes them to the
+run's logs stream); :attr:`OutputPump.done` is set once both pipes reached their end.
+
 What a cancel leaves behind: nothing. The exit of :func:`start_debuggee` always runs shielded and
 bounded (at most about 12 s): SIGTERM to the group, up to ``TERMINATE_GRACE`` (5 s), SIGKILL to the
 group, up to 5 s for the program to go, then the stragglers' scan (up to 2 s).
@@ -30,6 +34,7 @@ group, up to 5 s for the program to go, then the stragglers' scan (up to 2 s).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -37,7 +42,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path, PurePath
 
@@ -47,6 +52,7 @@ __all__ = [
     "BOOT",
     "Debuggee",
     "DebuggeeStartError",
+    "OutputPump",
     "build_debug_argv",
     "split_python_command",
     "start_debuggee",
@@ -64,6 +70,65 @@ _POLL_INTERVAL = 0.02
 _KILL_WAIT = 5.0
 _STRAGGLERS_WAIT = 2.0
 _LOG_TAIL_BYTES = 4096
+#: the most bytes of output handed over at once
+OUTPUT_CHUNK = 16 * 1024
+#: after the program exited, how long to wait for the rest of its output (a daemon it left
+#: behind may hold the pipe open for ever)
+OUTPUT_DRAIN = 5.0
+
+#: on_output(stream name, bytes): "stdout" or "stderr"
+Output = Callable[[str, bytes], Awaitable[None]]
+
+
+class OutputPump:
+    """Reads a process's stdout and stderr pipes into a log file and ``on_output``."""
+
+    def __init__(self, process: trio.Process, log_path: str, on_output: Output | None) -> None:
+        self.process = process
+        self.log_path = log_path
+        self.on_output = on_output
+        self.tail = bytearray()
+        self.done = trio.Event()
+        self._failed = False
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                for name, stream in (
+                    ("stdout", self.process.stdout),
+                    ("stderr", self.process.stderr),
+                ):
+                    if stream is not None:
+                        nursery.start_soon(self._pump, name, stream)
+        finally:
+            self.done.set()
+
+    async def drained(self, timeout: float = OUTPUT_DRAIN) -> None:
+        with trio.move_on_after(timeout):
+            await self.done.wait()
+
+    async def _pump(self, name: str, stream: trio.abc.ReceiveStream) -> None:
+        with open(self.log_path, "ab") as log:  # noqa: ASYNC230 (the worker's local log)
+            while True:
+                try:
+                    chunk = await stream.receive_some(OUTPUT_CHUNK)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                if not chunk:
+                    return
+                log.write(chunk)
+                log.flush()
+                self.tail += chunk
+                del self.tail[:-_LOG_TAIL_BYTES]
+                if self.on_output is not None and not self._failed:
+                    try:
+                        await self.on_output(name, bytes(chunk))
+                    except Exception as exc:  # the log file keeps the rest
+                        self._failed = True
+                        logging.getLogger("tether.worker").warning(
+                            "cannot forward the program's output any more: %s", exc
+                        )
+
 
 #: debugpy's command line with pydevd's socket made TCP_NODELAY
 BOOT = Path(__file__).resolve().with_name("_tether_debugpy_boot.py")
@@ -178,8 +243,10 @@ def build_debug_argv(
 class Debuggee:
     """A program started by :func:`start_debuggee`, held until a client configures debugpy."""
 
-    def __init__(self, process: trio.Process, port: int) -> None:
+    def __init__(self, process: trio.Process, port: int, output: OutputPump) -> None:
         self.process = process
+        #: the program's output; ``output.done`` once all of it was handed over
+        self.output = output
         #: debugpy's adapter's client port on 127.0.0.1
         self.port = port
         self._connected = False
@@ -226,6 +293,7 @@ async def start_debuggee(
     log_path: str,
     python: str = sys.executable,
     fast: bool = True,
+    on_output: Output | None = None,
 ) -> AsyncIterator[Debuggee]:
     """Start the program under debugpy, held before user code, and yield once debugpy listens.
 
@@ -243,40 +311,49 @@ async def start_debuggee(
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         }
         marker = os.fsencode(f"DEBUGPY_ADAPTER_ENDPOINTS={endpoints}")
-        process = await _open(argv, cwd=cwd, env=child_env, log_path=log_path)
+        process = await _open(argv, cwd=cwd, env=child_env)
+        output = OutputPump(process, log_path, on_output)
         try:
-            port = await _wait_endpoints(endpoints, process, log_path)
-            yield Debuggee(process, port)
-        finally:
-            with trio.CancelScope(shield=True):
-                await _end_group(process, TERMINATE_GRACE)
-                await _kill_stragglers(marker)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(output.run)
+                try:
+                    port = await _wait_endpoints(endpoints, process, output)
+                    yield Debuggee(process, port, output)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await _end_group(process, TERMINATE_GRACE)
+                        await _kill_stragglers(marker)
+                        await output.drained()
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # the pump never raises: whatever is in the group came from the body; pass it on as is
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
 
 
-async def start_plain(
-    user_argv: list[str], *, cwd: str, env: dict[str, str], log_path: str
-) -> trio.Process:
-    """Run the command as given (no debugger), in its own process group, output to ``log_path``."""
+async def start_plain(user_argv: list[str], *, cwd: str, env: dict[str, str]) -> trio.Process:
+    """Run the command as given (no debugger), in its own process group, stdout and stderr piped
+    (read them with an :class:`OutputPump`)."""
     argv = list(user_argv)
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable
-    return await _open(argv, cwd=cwd, env=env, log_path=log_path)
+    return await _open(argv, cwd=cwd, env=env)
 
 
-async def _open(argv: list[str], *, cwd: str, env: dict[str, str], log_path: str) -> trio.Process:
-    with open(log_path, "ab") as log:  # noqa: ASYNC230 (opening a local log file)
-        return await trio.lowlevel.open_process(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+async def _open(argv: list[str], *, cwd: str, env: dict[str, str]) -> trio.Process:
+    return await trio.lowlevel.open_process(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
-async def _wait_endpoints(path: Path, process: trio.Process, log_path: str) -> int:
+async def _wait_endpoints(path: Path, process: trio.Process, output: OutputPump) -> int:
     """debugpy's client port, from the file its adapter writes once it listens (polled)."""
     with trio.move_on_after(READY_TIMEOUT):
         while process.poll() is None:
@@ -284,12 +361,14 @@ async def _wait_endpoints(path: Path, process: trio.Process, log_path: str) -> i
             if port is not None:
                 return port
             await trio.sleep(_POLL_INTERVAL)  # product code waiting for a file, not a test
+        await output.drained(2.0)
         raise DebuggeeStartError(
             f"the program exited with {process.returncode} before debugpy was ready; "
-            f"end of its log:\n{_tail(log_path)}"
+            f"end of its output:\n{output.tail.decode(errors='replace')}"
         )
     raise DebuggeeStartError(
-        f"debugpy was not ready within {READY_TIMEOUT:g} s; end of the log:\n{_tail(log_path)}"
+        f"debugpy was not ready within {READY_TIMEOUT:g} s; end of its output:\n"
+        f"{output.tail.decode(errors='replace')}"
     )
 
 
@@ -299,15 +378,6 @@ def _read_port(path: Path) -> int | None:
         return int(endpoints["client"]["port"])
     except (OSError, ValueError, KeyError, TypeError):  # not there yet, or half written
         return None
-
-
-def _tail(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - _LOG_TAIL_BYTES))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 async def terminate_group(process: trio.Process, grace: float = TERMINATE_GRACE) -> None:

@@ -1,22 +1,73 @@
-"""The worker pool: N slots, each claiming queued runs from the relay and running them to the end."""
+"""Workers: the local pool of ``tether up`` / ``tether worker``, and the one-run worker a scheduler
+job starts (``tether worker --run RUN --attempt N``).
+
+The pool runs N slots; each claims queued runs of the ``local`` backend from the relay and runs them
+to the end, one at a time. With GPUs (``--gpus 0,1,2,3``, else what ``nvidia-smi -L`` lists, else
+none), a run asking for ``k`` GPUs waits until ``k`` are free and gets them pinned through
+``CUDA_VISIBLE_DEVICES``; a run asking for more GPUs than the pool has fails at once with a clear
+reason rather than waiting for ever.
+"""
 
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import trio
 
-from relay.client import RelayError, open_control
+from protocol_specs import wire
+from protocol_specs.runs import RunRecord
+from protocol_specs.session import StatusEvent
+from relay.client import RelayError, open_control, open_run_link
 
-from .shim import run_shim
+from .shim import run_shim, worker_link_policy
 
-__all__ = ["run_pool"]
+__all__ = ["GpuPool", "detect_gpus", "run_one", "run_pool"]
 
 log = logging.getLogger("tether.worker")
+
+
+def detect_gpus() -> list[str]:
+    """The indices ``nvidia-smi -L`` lists (none without it)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+class GpuPool:
+    """Which of the pool's GPUs are free; runs wait for theirs."""
+
+    def __init__(self, gpus: list[str]) -> None:
+        self.gpus = list(gpus)
+        self.free = list(gpus)
+        self._changed = trio.Condition()
+
+    async def take(self, count: int) -> list[str]:
+        if count > len(self.gpus):
+            raise ValueError(
+                f"the run asks for {count} GPUs; this worker pool has {len(self.gpus)}"
+            )
+        async with self._changed:
+            while len(self.free) < count:
+                await self._changed.wait()
+            taken, self.free = self.free[:count], self.free[count:]
+            return taken
+
+    async def give_back(self, gpus: list[str]) -> None:
+        async with self._changed:
+            self.free += gpus
+            self._changed.notify_all()
 
 
 async def run_pool(
@@ -25,6 +76,7 @@ async def run_pool(
     slots: int = 1,
     start_delay: float = 0.0,
     work_dir: Path,
+    gpus: list[str] | None = None,
     name: str | None = None,
     python: str = sys.executable,
     on_event: Callable[[str], None] | None = None,
@@ -33,12 +85,12 @@ async def run_pool(
     """Run ``slots`` claim loops until cancelled. ``start_delay`` stands in for a GPU queue."""
     say = on_event or (lambda _text: None)
     base = name or f"{socket.gethostname()}-pool"
-    runs_dir = work_dir / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / "runs").mkdir(parents=True, exist_ok=True)
+    pool = GpuPool(detect_gpus() if gpus is None else gpus)
     async with trio.open_nursery() as nursery:
         for slot in range(slots):
             nursery.start_soon(
-                _slot, relay_url, f"{base}-{slot}", start_delay, runs_dir, python, say
+                _slot, relay_url, f"{base}-{slot}", start_delay, work_dir, python, pool, say
             )
         task_status.started()
 
@@ -47,8 +99,9 @@ async def _slot(
     relay_url: str,
     worker: str,
     start_delay: float,
-    runs_dir: Path,
+    work_dir: Path,
     python: str,
+    gpus: GpuPool,
     say: Callable[[str], None],
 ) -> None:
     backoff = 0.2
@@ -57,25 +110,76 @@ async def _slot(
             async with open_control(relay_url, client=f"tether-worker {worker}") as control:
                 backoff = 0.2
                 while True:
-                    record, snapshot = await control.claim(worker)
-                    say(f"{worker}: claimed run {record.id}")
+                    record, manifest = await control.claim(worker)
+                    say(f"{worker}: claimed run {record.id} (attempt {record.attempt})")
                     if start_delay > 0:
                         say(
                             f"{worker}: waiting {start_delay:g} s before starting run {record.id} (--start-delay)"
                         )
                         await trio.sleep(start_delay)
                     try:
+                        taken = await gpus.take(record.spec.resources.gpus)
+                    except ValueError as exc:
+                        await _start_failed(relay_url, record, str(exc))
+                        say(f"{worker}: run {record.id}: {exc}")
+                        continue
+                    env = {"CUDA_VISIBLE_DEVICES": ",".join(taken)} if gpus.gpus else {}
+                    try:
                         await run_shim(
                             relay_url,
                             record,
-                            snapshot,
-                            runs_dir=runs_dir,
+                            manifest,
+                            runs_dir=work_dir / "runs",
+                            fetch=control.read_blob,
+                            cache=work_dir / "blobs",
+                            env=env,
                             python=python,
                             on_event=say,
                         )
                     except RelayError as exc:
                         say(f"{worker}: lost the relay while running {record.id}: {exc}")
+                    finally:
+                        await gpus.give_back(taken)
         except RelayError as exc:
             log.warning("%s: %s; retrying in %.1f s", worker, exc, backoff)
             await trio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
+
+
+async def _start_failed(relay_url: str, record: RunRecord, detail: str) -> None:
+    async with open_run_link(
+        relay_url,
+        role=wire.Role.WORKER,
+        run=record.id,
+        attempt=record.attempt,
+        client="tether-worker",
+        policy=worker_link_policy(),
+    ) as link:
+        await link.publish(wire.StatusEntry(event=StatusEvent.START_FAILED, detail=detail))
+
+
+async def run_one(
+    relay_url: str,
+    run_id: str,
+    attempt: int,
+    *,
+    work_dir: Path,
+    worker: str,
+    python: str = sys.executable,
+    on_event: Callable[[str], None] | None = None,
+) -> int | None:
+    """Claim ``run_id``'s attempt ``attempt`` and run it (a scheduler job's worker)."""
+    say = on_event or (lambda _text: None)
+    async with open_control(relay_url, client=f"tether-worker {worker}") as control:
+        record, manifest = await control.claim(worker, run=run_id, attempt=attempt)
+        say(f"{worker}: claimed run {record.id} (attempt {record.attempt})")
+        return await run_shim(
+            relay_url,
+            record,
+            manifest,
+            runs_dir=work_dir / "runs",
+            fetch=control.read_blob,
+            cache=work_dir / "blobs",
+            python=python,
+            on_event=say,
+        )

@@ -2,7 +2,9 @@
 
 Sequence for a run in debug mode:
 
-1. Materialise the snapshot in a run directory of its own, connect to the relay (``worker`` role).
+1. Connect to the relay (``worker`` role, naming the attempt), materialise the snapshot in a new
+   directory of this attempt's own (``worker_shim.files``: blobs checked against their digests, no
+   path leaving the directory).
 2. Start the program under ``debugpy --listen 127.0.0.1:0 --wait-for-client`` with subprocess
    debugging off (``worker_shim.debuggee``); nothing of the user's code runs yet.
 3. Fold the run's ``to_worker`` stream until the IDE side finished its configuration
@@ -15,7 +17,13 @@ Sequence for a run in debug mode:
 5. Relay live: requests from ``to_worker`` go to debugpy with the shim's own ``seq``; responses go
    back with the adapter's; events go to ``to_ide``. An IDE leaving is never forwarded (debugpy would
    resume the program and drop every breakpoint).
-6. When the program exits, publish its exit status.
+6. When the program exits, publish its exit status (after all of its output), saying whether the
+   relay will retry (``final``: :func:`protocol_specs.runs.retry_delay`).
+
+The program's stdout and stderr go to the run's logs stream (``LogEntry`` chunks) as well as to a
+log file beside the run directory. While the program stays stopped for more than
+:data:`PAUSE_REPORT_AFTER`, the shim reports ``paused`` (with where) for ``tether ls``, and
+``resumed`` when it goes on; short stops (stepping) are not reported.
 
 Throughout, the relay link reconnects by itself and resends what the relay has not acknowledged
 (``relay.client.RunLink``); debugpy never notices a network drop. If the run was ended meanwhile
@@ -45,7 +53,7 @@ from protocol_specs.capabilities import (
     VSCODE_INITIALIZE,
     capabilities_delta,
 )
-from protocol_specs.runs import RunRecord
+from protocol_specs.runs import RunRecord, retry_delay
 from protocol_specs.session import (
     CONFIGURATION_COMMANDS,
     BreakpointSet,
@@ -53,11 +61,12 @@ from protocol_specs.session import (
     StatusEvent,
     is_transient,
 )
+from protocol_specs.snapshots import Manifest
 from protocol_specs.wire import DapEntry, PresenceEntry, Role, StatusEntry, StreamName, WireError
 from relay.client import LinkPolicy, RunLink, open_run_link
 
-from .debuggee import Debuggee, start_debuggee, start_plain, terminate_group
-from .files import extract_snapshot
+from .debuggee import Debuggee, OutputPump, start_debuggee, start_plain, terminate_group
+from .files import Fetch, materialise
 
 __all__ = ["DEFAULT_INITIALIZE", "run_shim"]
 
@@ -77,6 +86,8 @@ _DROPPED_EVENTS = frozenset(
     {"initialized", "debugpyWaitingForServer", "debugpySockets", "terminated"}
 )
 HANDSHAKE_TIMEOUT = 60.0
+#: a stop shorter than this (a step) is not reported as the run being paused
+PAUSE_REPORT_AFTER = 0.5
 
 
 #: the worker's relay link: keep trying for a minute when the run starts (the pool just reached
@@ -207,23 +218,28 @@ def _default_path_mappings(
 async def run_shim(
     relay_url: str,
     record: RunRecord,
-    snapshot: bytes,
+    manifest: Manifest,
     *,
     runs_dir: Path,
+    fetch: Fetch,
+    cache: Path,
+    env: dict[str, str] | None = None,
     python: str = sys.executable,
     policy: LinkPolicy | None = None,
     on_event: Callable[[str], None] | None = None,
 ) -> int | None:
-    """Run one claimed run to its end; returns the program's exit code (None if it never started)."""
+    """Run one claimed attempt to its end; returns the program's exit code (None if it never
+    started). ``fetch`` downloads snapshot blobs (kept in ``cache``); ``env`` is added to the
+    program's environment (the worker's own ``CUDA_VISIBLE_DEVICES``, for one)."""
     say = on_event or (lambda _text: None)
-    run_dir = runs_dir / record.id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log_path = run_dir.parent / f"{record.id}.log"
+    run_dir = runs_dir / f"{record.id}-{record.attempt}"
+    log_path = runs_dir / f"{record.id}-{record.attempt}.log"
     news = _LinkNews(say, record.id)
     async with open_run_link(
         relay_url,
         role=Role.WORKER,
         run=record.id,
+        attempt=record.attempt,
         client="tether-worker",
         policy=policy or worker_link_policy(),
         on_refused=news.refused,
@@ -234,15 +250,18 @@ async def run_shim(
             say(f"run {record.id} is {link.run.state.value}; not starting it")
             return None
         try:
-            extract_snapshot(snapshot, run_dir)
+            files = await materialise(manifest, run_dir, fetch, cache=cache)
         except Exception as exc:  # a broken snapshot is the run's failure, not the worker's
             await _status(
-                link, StatusEvent.START_FAILED, detail=f"cannot unpack the snapshot: {exc}"
+                link, StatusEvent.START_FAILED, detail=f"cannot materialise the snapshot: {exc}"
             )
+            say(f"run {record.id}: cannot materialise the snapshot: {exc}")
             return None
-        env = {**os.environ, **record.spec.env}
+        say(f"run {record.id} attempt {record.attempt}: {files} files in {run_dir}")
+        env = {**os.environ, **record.spec.program_env(), **(env or {})}
+        output = _output_to(link, record.attempt)
         if not record.spec.debug:
-            return await _run_plain(link, record, run_dir, env, log_path, say, news)
+            return await _run_plain(link, record, run_dir, env, log_path, say, news, output)
         try:
             async with start_debuggee(
                 record.spec.command,
@@ -250,12 +269,33 @@ async def run_shim(
                 env=env,
                 log_path=str(log_path),
                 python=python,
+                on_output=output,
             ) as debuggee:
                 return await _run_debug(link, record, run_dir, debuggee, say, news)
         except (ValueError, OSError, RuntimeError) as exc:
             await _status(link, StatusEvent.START_FAILED, detail=str(exc))
             say(f"run {record.id} could not start: {exc}")
             return None
+
+
+def _output_to(link: RunLink, attempt: int) -> Callable[[str, bytes], Awaitable[None]]:
+    async def publish(stream: str, data: bytes) -> None:
+        assert stream in ("stdout", "stderr")
+        await link.publish(wire.LogEntry(stream=stream, data=data, attempt=attempt))  # type: ignore[arg-type]
+
+    return publish
+
+
+async def _exited(link: RunLink, record: RunRecord, code: int) -> None:
+    """The program's exit status; ``final``: no further attempt follows."""
+    spec = record.spec
+    final = code == 0 or retry_delay(record.attempt, spec.max_retries, spec.retry_backoff) is None
+    await _status(
+        link,
+        StatusEvent.EXITED,
+        exit_code=code,
+        data={"attempt": record.attempt, "final": final},
+    )
 
 
 class _LinkNews:
@@ -312,21 +352,28 @@ async def _run_plain(
     log_path: Path,
     say: Callable[[str], None],
     news: _LinkNews,
+    on_output: Callable[[str, bytes], Awaitable[None]],
 ) -> int | None:
     try:
-        process = await start_plain(
-            record.spec.command, cwd=str(run_dir), env=env, log_path=str(log_path)
-        )
+        process = await start_plain(record.spec.command, cwd=str(run_dir), env=env)
     except (OSError, ValueError) as exc:
         await _status(link, StatusEvent.START_FAILED, detail=str(exc))
+        say(f"run {record.id} could not start: {exc}")
         return None
-    await _status(link, StatusEvent.STARTED, data={"pid": process.pid, "run_dir": str(run_dir)})
+    output = OutputPump(process, str(log_path), on_output)
+    await _status(
+        link,
+        StatusEvent.STARTED,
+        data={"pid": process.pid, "run_dir": str(run_dir), "attempt": record.attempt},
+    )
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_terminate, link, partial(terminate_group, process))
+        nursery.start_soon(output.run)
+        nursery.start_soon(_watch_terminate, link, record, partial(terminate_group, process))
         nursery.start_soon(_terminate_when, news.ended, partial(terminate_group, process))
         code = await process.wait()
+        await output.drained()
         nursery.cancel_scope.cancel()
-    await _status(link, StatusEvent.EXITED, exit_code=code)
+    await _exited(link, record, code)
     say(f"run {record.id} exited with {code}")
     return code
 
@@ -336,11 +383,22 @@ async def _terminate_when(event: trio.Event, terminate: Callable[[], Awaitable[N
     await terminate()
 
 
-async def _watch_terminate(link: RunLink, terminate: Callable[[], Awaitable[None]]) -> None:
+async def _watch_terminate(
+    link: RunLink, record: RunRecord, terminate: Callable[[], Awaitable[None]]
+) -> None:
     async for delivery in link.deliveries:
         entry = _decode(delivery)
-        if isinstance(entry, wire.ControlEntry) and entry.action == "terminate":
+        if _terminates(entry, record):
             await terminate()
+
+
+def _terminates(entry: wire.AnyEntry | None, record: RunRecord) -> bool:
+    """A ``terminate`` meant for this attempt (not one an earlier attempt was sent)."""
+    return (
+        isinstance(entry, wire.ControlEntry)
+        and entry.action == "terminate"
+        and entry.attempt in (0, record.attempt)
+    )
 
 
 async def _run_debug(
@@ -359,7 +417,12 @@ async def _run_debug(
     await _status(
         link,
         StatusEvent.STARTED,
-        data={"pid": debuggee.process.pid, "run_dir": str(run_dir), "debugpy": "1.8.22"},
+        data={
+            "pid": debuggee.process.pid,
+            "run_dir": str(run_dir),
+            "debugpy": "1.8.22",
+            "attempt": record.attempt,
+        },
     )
     terminate = trio.Event()
 
@@ -391,12 +454,16 @@ async def _run_debug(
                 waiting_said = True
             delivery = await link.deliveries.receive()
             seen = _id(delivery.cursor)
-            _fold(delivery, session, terminate, attention)
-        _drain(link, session, terminate, attention)  # configuration already here counts too
+            _fold(delivery, session, terminate, attention, record)
+        _drain(link, session, terminate, attention, record)  # configuration here counts too
         if not terminate.is_set():
             # 4. replay the compacted configuration
             await _replay(
-                dbg, session, record, run_dir, lambda: _drain(link, session, terminate, attention)
+                dbg,
+                session,
+                record,
+                run_dir,
+                lambda: _drain(link, session, terminate, attention, record),
             )
             await _status(
                 link,
@@ -405,10 +472,11 @@ async def _run_debug(
             )
             say(f"run {record.id}: debugger live")
             # 5. live traffic
-            nursery.start_soon(_forward_live, link, dbg, terminate, attention)
+            nursery.start_soon(_forward_live, link, dbg, terminate, attention, record)
         code = await debuggee.wait()
+        await debuggee.output.drained()
         nursery.cancel_scope.cancel()
-    await _status(link, StatusEvent.EXITED, exit_code=code)
+    await _exited(link, record, code)
     say(f"run {record.id} exited with {code}")
     return code
 
@@ -421,18 +489,28 @@ def _set_event(event: trio.Event) -> Callable[[], Awaitable[None]]:
 
 
 def _fold(
-    delivery: wire.Deliver, session: DebugSession, terminate: trio.Event, attention: _Watch
+    delivery: wire.Deliver,
+    session: DebugSession,
+    terminate: trio.Event,
+    attention: _Watch,
+    record: RunRecord,
 ) -> None:
     entry = _decode(delivery)
     if isinstance(entry, DapEntry):
         session.apply_to_worker(entry)
     elif isinstance(entry, PresenceEntry):
         attention.presence(entry)
-    elif isinstance(entry, wire.ControlEntry):
+    elif _terminates(entry, record):
         terminate.set()
 
 
-def _drain(link: RunLink, session: DebugSession, terminate: trio.Event, attention: _Watch) -> None:
+def _drain(
+    link: RunLink,
+    session: DebugSession,
+    terminate: trio.Event,
+    attention: _Watch,
+    record: RunRecord,
+) -> None:
     """Fold every delivery already received, without waiting (before debugpy starts the program,
     configuration entries are only ever folded, never forwarded)."""
     while True:
@@ -440,7 +518,7 @@ def _drain(link: RunLink, session: DebugSession, terminate: trio.Event, attentio
             delivery = link.deliveries.receive_nowait()
         except trio.WouldBlock:
             return
-        _fold(delivery, session, terminate, attention)
+        _fold(delivery, session, terminate, attention, record)
 
 
 def _id(cursor: str) -> tuple[int, int]:
@@ -506,12 +584,13 @@ def _source_of(bset: BreakpointSet) -> str:
 
 
 async def _forward_live(
-    link: RunLink, dbg: _DebugpyLink, terminate: trio.Event, attention: _Watch
+    link: RunLink, dbg: _DebugpyLink, terminate: trio.Event, attention: _Watch, record: RunRecord
 ) -> None:
     async for delivery in link.deliveries:
         entry = _decode(delivery)
         if isinstance(entry, wire.ControlEntry):
-            terminate.set()
+            if _terminates(entry, record):
+                terminate.set()
             continue
         if isinstance(entry, PresenceEntry):
             attention.presence(entry)
@@ -541,12 +620,20 @@ class _Watch:
         self.dbg: _DebugpyLink | None = None
         self._decisions: list[Notice | Resume | Terminate] = []
         self._changed = trio.Event()
+        #: when the program last went from running to stopped (None: running)
+        self._stopped_since: float | None = None
+        self._paused_reported = False
 
     def presence(self, entry: PresenceEntry) -> None:
         self._add(self.attention.on_presence(entry, trio.current_time()))
 
     def debugger_event(self, msg: dict[str, Any]) -> None:
-        self._add(self.attention.on_debugger_event(msg, trio.current_time()))
+        now = trio.current_time()
+        self._add(self.attention.on_debugger_event(msg, now))
+        if self.attention.stopped and self._stopped_since is None:
+            self._stopped_since = now
+        elif not self.attention.stopped:
+            self._stopped_since = None
 
     def _add(self, decisions: list[Notice | Resume | Terminate]) -> None:
         self._decisions += decisions
@@ -555,9 +642,13 @@ class _Watch:
     async def run(self, link: RunLink, terminate: trio.Event) -> None:
         while True:
             deadline = self.attention.deadline
+            if self._stopped_since is not None and not self._paused_reported:
+                report_at = self._stopped_since + PAUSE_REPORT_AFTER
+                deadline = report_at if deadline is None else min(deadline, report_at)
             with trio.move_on_at(deadline if deadline is not None else float("inf")):
                 await self._changed.wait()
             self._changed = trio.Event()
+            await self._report_pause(link)
             self._decisions += self.attention.tick(trio.current_time())
             decisions, self._decisions = self._decisions, []
             for decision in decisions:
@@ -572,6 +663,26 @@ class _Watch:
                         link, StatusEvent.UNATTENDED_STOP, detail=f"Terminating: {decision.detail}."
                     )
                     terminate.set()
+
+    async def _report_pause(self, link: RunLink) -> None:
+        """``paused`` (with where) once a stop lasted :data:`PAUSE_REPORT_AFTER`; ``resumed``."""
+        since = self._stopped_since
+        if since is None:
+            if self._paused_reported:
+                self._paused_reported = False
+                await _status(link, StatusEvent.RESUMED)
+            return
+        if self._paused_reported or trio.current_time() < since + PAUSE_REPORT_AFTER:
+            return
+        self._paused_reported = True
+        tid, body = next(iter(self.attention.stopped.items()))
+        where = (await self._where(tid)).removeprefix(" at ")
+        await _status(
+            link,
+            StatusEvent.PAUSED,
+            detail=where,
+            data={"where": where, "reason": body.get("reason", ""), "thread_id": tid},
+        )
 
     async def _notice(self, link: RunLink, notice: Notice) -> None:
         where = await self._where(notice.thread_id)

@@ -49,7 +49,7 @@ class Proc:
     async def wait_line(self, pattern: str, *, timeout: float = 60) -> re.Match[str]:
         regex = re.compile(pattern)
         seen = 0
-        with trio.fail_after(timeout):
+        with trio.move_on_after(timeout):
             while True:
                 for line in self.lines[seen:]:
                     if m := regex.search(line):
@@ -60,6 +60,9 @@ class Proc:
                         f"{self.name} ended without printing {pattern!r}:\n{self.output}"
                     )
                 await self._changed.wait()
+        raise AssertionError(
+            f"{self.name} did not print {pattern!r} within {timeout:g} s:\n{self.output}"
+        )
 
     @property
     def output(self) -> str:

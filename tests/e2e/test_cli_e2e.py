@@ -4,6 +4,7 @@ parts run as separate processes (`tether relay --redis URL`, `tether worker`, `t
 from __future__ import annotations
 
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -122,7 +123,8 @@ async def test_separate_processes_relay_worker_and_debug(tmp_path: Path, redis_s
 async def test_run_without_debugger_and_commands_find_tether_up_on_their_own(
     tmp_path: Path,
 ) -> None:
-    """`tether up` records its address: `tether run` and `tether status` need no --relay."""
+    """`tether up` records its address: `tether run`, `status` and `logs` need no --relay.
+    `run --follow` streams the program's output and ends with its exit code."""
     workdir = tmp_path / "project"
     workdir.mkdir()
     for f in PROJECT.glob("*.py"):
@@ -131,6 +133,9 @@ async def test_run_without_debugger_and_commands_find_tether_up_on_their_own(
     async with relay_stack(home, workers=1):
         async with tether(
             "run",
+            "--follow",
+            "--name",
+            "crashy",
             "--workdir",
             str(workdir),
             "--",
@@ -141,13 +146,19 @@ async def test_run_without_debugger_and_commands_find_tether_up_on_their_own(
             name="run",
         ) as run:
             run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
-            await run.process.wait()
-        for _ in range(600):  # the run takes about a second; poll its record (bounded)
-            async with tether("status", run_id, home=home, name="status") as status:
-                await status.process.wait()
-            if '"state": "failed"' in status.output:
-                break
-        assert '"exit_code": 1' in status.output, status.output
+            await run.wait_line(r"ValueError: boom: 150")
+            await run.wait_line(r"-- tether: run \S+ failed, exit code 1")
+            assert await run.process.wait() == 1
+        async with tether("status", run_id, home=home, name="status") as status:
+            assert await status.process.wait() == 0
+        assert re.search(r"state\s+failed", status.output), status.output
+        assert re.search(r"#1 on \S+ .*-> failed \(exit 1\)", status.output), status.output
+        async with tether("logs", run_id, home=home, name="logs") as logs:
+            assert await logs.process.wait() == 0
+        assert "ValueError: boom: 150" in logs.output
+        async with tether("ls", home=home, name="ls") as ls:
+            assert await ls.process.wait() == 0
+        assert re.search(rf"{run_id}\s+crashy\s+failed\s+local\s+\S+\s+1/1\s+exit 1", ls.output)
     async with tether("status", run_id, home=home, name="status") as status:
         await status.process.wait()
     assert (
@@ -170,18 +181,12 @@ async def test_cancelling_a_plain_run_ends_its_whole_process_group(tmp_path: Pat
             "run", "--workdir", str(workdir), "--", "python", "spawner.py", home=home, name="run"
         ) as run:
             run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
-        await up.wait_line(rf"claimed run {run_id}")
-        log = home / "data" / "worker" / "runs" / f"{run_id}.log"
-        for _ in range(
-            2000
-        ):  # bounded: the child's pid appears in the run's log within a second or so
-            if log.exists() and "child" in log.read_text():
-                break
-            async with tether("status", run_id, home=home, name="status") as status:
-                await status.process.wait()
-        child = int(log.read_text().split()[1])
-        async with tether("cancel", run_id, home=home, name="cancel") as cancel:
-            await cancel.wait_line(r"cancelled")
+        async with tether("logs", "--follow", run_id, home=home, name="logs") as logs:
+            child = int((await logs.wait_line(r"^child (\d+)")).group(1))
+            async with tether("cancel", run_id, home=home, name="cancel") as cancel:
+                await cancel.wait_line(r"cancelled")
+            await logs.wait_line(rf"-- tether: run {run_id} cancelled")
+            assert await logs.process.wait() == 1
         await up.wait_line(rf"run {run_id} exited with -15")
         assert (
             not Path(f"/proc/{child}").exists()

@@ -176,8 +176,8 @@ async def test_the_buffer_cap_refuses_with_a_clear_error_until_the_reader_catche
 async def test_finished_runs_expire_after_the_retention(redis_store: Store) -> None:
     async with relay(redis_store, RelayConfig(retention=3600)) as url:
         async with open_control(url) as control:
-            run = (await control.submit(SPEC, b"snap")).id
+            run = (await control.submit(SPEC)).id
             await control.cancel(run)
-        for key in (keys.record(run), keys.snapshot(run), keys.stream(run, StreamName.TO_IDE)):
+        for key in (keys.record(run), keys.manifest(run), keys.stream(run, StreamName.TO_IDE)):
             ttl = await redis_store.ttl(key)
             assert ttl is not None and 3590 < ttl <= 3600, key

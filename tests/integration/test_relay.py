@@ -15,6 +15,7 @@ from websockets.trio.client import connect
 from protocol_specs import wire
 from protocol_specs.runs import RunSpec, RunState
 from protocol_specs.session import StatusEvent
+from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
 from protocol_specs.wire import ErrorCode, Role, StreamName
 from relay import keys
 from relay.client import RelayError, open_control, open_run_link
@@ -67,17 +68,29 @@ def dap(body: dict[str, Any], **fields: Any) -> bytes:
     return wire.encode_entry(wire.DapEntry(body=orjson.dumps(body), **fields))
 
 
+MANIFEST = Manifest(
+    entries=[ManifestEntry(path="train.py", digest=digest_of(b"print(1)\n"), size=9)]
+)
+
+
 async def test_submit_claim_publish_deliver_and_finish(relay_url: str, redis_store: Store) -> None:
     async with open_control(relay_url) as control:
-        record = await control.submit(SPEC, b"snapshot-bytes")
+        with pytest.raises(RelayError, match="lacks 1 of the snapshot's blobs"):
+            await control.submit(SPEC, MANIFEST)
+        assert await control.missing_blobs(MANIFEST.digests) == MANIFEST.digests
+        await control.put_blob(MANIFEST.digests[0], b"print(1)\n")
+        assert await control.missing_blobs(MANIFEST.digests) == []
+        record = await control.submit(SPEC, MANIFEST)
         assert record.state is RunState.QUEUED
-        claimed, snapshot = await control.claim("w-0")
-        assert (claimed.id, claimed.state, claimed.worker, snapshot) == (
+        assert (record.snapshot, record.files, record.size) == (MANIFEST.id, 1, 9)
+        claimed, manifest = await control.claim("w-0")
+        assert (claimed.id, claimed.state, claimed.worker, manifest) == (
             record.id,
             RunState.STARTING,
             "w-0",
-            b"snapshot-bytes",
+            MANIFEST,
         )
+        assert await control.get_blob(MANIFEST.digests[0]) == b"print(1)\n"
     async with (
         open_run_link(relay_url, role=Role.IDE, run=record.id) as ide,
         open_run_link(relay_url, role=Role.WORKER, run=record.id) as worker,

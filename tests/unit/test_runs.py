@@ -14,6 +14,7 @@ from protocol_specs.runs import (
     RunSpec,
     RunState,
     next_state,
+    retry_delay,
 )
 
 SPEC = RunSpec(command=["python", "train.py"], workdir="/home/me/project")
@@ -79,3 +80,50 @@ def test_the_run_state_diagram_in_docs_is_generated_from_the_table() -> None:
     assert TARGET.read_text() == run_states_markdown(), "run: python -m protocol_specs.diagrams"
     for (state, event), target in TRANSITIONS.items():
         assert f"{state.value} --> {target.value}: {event.value}" in TARGET.read_text()
+
+
+def test_paused_is_entered_and_left_and_ends_like_running() -> None:
+    record = RunRecord(id="r1", spec=SPEC, state=RunState.RUNNING)
+    paused = record.apply(RunEvent.PAUSE, at=1.0, paused_at="train.py:3 in main")
+    assert paused.state is RunState.PAUSED
+    assert paused.apply(RunEvent.RESUME, at=2.0).state is RunState.RUNNING
+    assert paused.apply(RunEvent.CANCEL, at=2.0).state is RunState.CANCELLED
+    assert paused.apply(RunEvent.LEASE_EXPIRED, at=2.0).state is RunState.LOST
+
+
+@pytest.mark.parametrize("state", [RunState.STARTING, RunState.RUNNING, RunState.PAUSED])
+def test_a_retry_queues_the_run_again(state: RunState) -> None:
+    record = RunRecord(id="r1", spec=SPEC, state=state)
+    assert record.apply(RunEvent.RETRY, at=1.0, attempt=2).state is RunState.QUEUED
+
+
+def test_retry_delay_doubles_and_stops_after_max_retries() -> None:
+    assert [retry_delay(n, 3, 5.0) for n in (1, 2, 3, 4)] == [5.0, 10.0, 20.0, None]
+    assert retry_delay(1, 0, 5.0) is None
+    assert retry_delay(30, 100, 10.0) == 3600.0
+
+
+def test_attempts_are_kept_per_number() -> None:
+    record = RunRecord(id="r1", spec=SPEC, updated_at=5.0)
+    record = record.with_attempt(worker="w1", claimed_at=6.0)
+    record = record.with_attempt(outcome="failed", exit_code=3)
+    record = record.model_copy(update={"attempt": 2}).with_attempt(worker="w2")
+    assert [(a.n, a.worker, a.outcome) for a in record.attempts] == [
+        (1, "w1", "failed"),
+        (2, "w2", ""),
+    ]
+
+
+def test_spec_refuses_bad_backends_mounts_and_tags() -> None:
+    for bad in (
+        {"backend": "Slurm; rm"},
+        {"mounts": {"1x": "/data"}},
+        {"mounts": {"data": ""}},
+        {"tags": ["has space"]},
+        {"resources": {"gpus": -1}},
+        {"resources": {"partition": "gpu;x"}},
+    ):
+        with pytest.raises(ValidationError):
+            RunSpec(command=["x"], workdir="/w", **bad)  # type: ignore[arg-type]
+    spec = RunSpec(command=["x"], workdir="/w", mounts={"imagenet": "s3://b/i"}, env={"A": "1"})
+    assert spec.program_env() == {"TETHER_MOUNT_IMAGENET": "s3://b/i", "A": "1"}

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from protocol_specs import wire
 from protocol_specs.runs import RunSpec
+from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.wire import ErrorCode, WireError
 
 SPEC = RunSpec(command=["python", "train.py"], workdir="/w")
@@ -21,9 +22,21 @@ SPEC = RunSpec(command=["python", "train.py"], workdir="/w")
         wire.Publish(n=3, entry=b"\x81\xa1k\xa3dap"),
         wire.Ack(n=3, cursor="1-1"),
         wire.Deliver(stream=wire.StreamName.TO_IDE, cursor="1-2", entry=b"x"),
-        wire.Submit(rid=1, spec=SPEC, snapshot=b"tar"),
+        wire.Submit(
+            rid=1,
+            spec=SPEC,
+            manifest=Manifest(entries=[ManifestEntry(path="a.py", digest="ab" * 32, size=3)]),
+        ),
         wire.Cancel(rid=2, run="r1"),
         wire.Claim(rid=3, worker="w-0"),
+        wire.Claim(rid=3, worker="w-0", backend="slurm", run="r1", attempt=2),
+        wire.Dispatch(rid=4, backend="slurm", dispatcher="d"),
+        wire.HaveBlobs(rid=5, digests=["ab" * 32]),
+        wire.PutBlob(rid=6, digest="ab" * 32, size=10, offset=4, data=b"abcdef"),
+        wire.GetBlob(rid=7, digest="ab" * 32, offset=8),
+        wire.Report(rid=8, run="r1", attempt=1, event="lost", job="12", detail="preempted"),
+        wire.Rerun(rid=9, run="r1"),
+        wire.ListRuns(rid=10, limit=5),
         wire.Error(code=ErrorCode.BAD_FRAME, message="nope", fatal=True),
     ],
 )
@@ -37,6 +50,8 @@ def test_frames_round_trip(frame: wire.AnyFrame) -> None:
         wire.DapEntry(origin="a", body=b'{"seq":1}', local=True, bp_ids=[1, 2]),
         wire.StatusEntry(event="exited", state="succeeded", exit_code=0, data={"pid": 3}),
         wire.ControlEntry(action="terminate", detail="user"),
+        wire.ControlEntry(action="terminate", detail="user", attempt=2),
+        wire.LogEntry(stream="stderr", data=b"Traceback...\n", attempt=2),
     ],
 )
 def test_entries_round_trip(entry: wire.DapEntry | wire.StatusEntry | wire.ControlEntry) -> None:
@@ -57,6 +72,23 @@ def test_entries_round_trip(entry: wire.DapEntry | wire.StatusEntry | wire.Contr
             "command",
         ),
         (b"\x00" * (wire.MAX_FRAME_BYTES + 1), ErrorCode.TOO_LARGE, "exceeds"),
+        (
+            msgpack.packb(
+                {
+                    "t": "submit",
+                    "rid": 1,
+                    "spec": {"command": ["x"], "workdir": "/w"},
+                    "manifest": {"entries": [{"path": "../x", "digest": "ab" * 32}]},
+                }
+            ),
+            ErrorCode.BAD_SPEC,
+            "'..' component",
+        ),
+        (
+            msgpack.packb({"t": "have_blobs", "rid": 1, "digests": ["../../etc/passwd"]}),
+            ErrorCode.BAD_FRAME,
+            "SHA-256",
+        ),
     ],
 )
 def test_bad_frames_get_a_code_and_a_reason(
