@@ -1002,6 +1002,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(trio.run(args.fn, args))
     except KeyboardInterrupt:
         return 130
+    except (RelayError, BaseExceptionGroup) as exc:
+        relay_error = _relay_error(exc)
+        if relay_error is None:
+            raise
+        print(f"tether: {relay_error.message}", file=sys.stderr)
+        return 1
+
+
+def _relay_error(exc: BaseException) -> RelayError | None:
+    """The relay error a command failed with, if that is all it failed with (no traceback then)."""
+    if isinstance(exc, RelayError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        found = [_relay_error(e) for e in exc.exceptions]
+        if found and all(found):
+            return found[0]
+    return None
 
 
 if __name__ == "__main__":

@@ -159,6 +159,14 @@ async def test_run_without_debugger_and_commands_find_tether_up_on_their_own(
         async with tether("ls", home=home, name="ls") as ls:
             assert await ls.process.wait() == 0
         assert re.search(rf"{run_id}\s+crashy\s+failed\s+local\s+\S+\s+1/1\s+exit 1", ls.output)
+        (workdir / "app.py").write_text("changed locally since\n")  # a rerun does not care
+        async with tether("rerun", run_id, "--follow", home=home, name="rerun") as rerun:
+            again = (await rerun.wait_line(rf"run (\S+) queued: a rerun of {run_id}")).group(1)
+            await rerun.wait_line(r"ValueError: boom: 150")
+            assert await rerun.process.wait() == 1
+        async with tether("status", again, home=home, name="status") as status:
+            assert await status.process.wait() == 0
+        assert f"rerun of   {run_id}" in status.output
     async with tether("status", run_id, home=home, name="status") as status:
         await status.process.wait()
     assert (

@@ -4,12 +4,13 @@ on (breakpoints re-applied, the stop seen on attempt 2)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
 import trio
-from stack import debug_run, relay_stack, tether, worker
+from stack import TETHER, debug_run, relay_stack, tether, worker
 from test_session_e2e import assert_schema_valid, bp_args, ide_session, resume, stopped_frame
 
 from adapter.dap_client import open_dap_client
@@ -182,3 +183,32 @@ async def test_a_crashed_attempt_is_retried_and_the_ide_sees_the_stop_on_attempt
     ]
     positions = [next(i for i, line in enumerate(lines) if key in line) for key in order]
     assert positions == sorted(positions), logs.output
+
+
+async def test_logs_are_complete_and_in_order(tmp_path: Path) -> None:
+    """20,000 numbered lines on stdout and 2,000 on stderr, printed as fast as Python can."""
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "main.py").write_text(
+        "import sys\n"
+        "for i in range(20000):\n"
+        "    print(f'out {i}')\n"
+        "    if i % 10 == 0:\n"
+        "        print(f'err {i // 10}', file=sys.stderr)\n"
+    )
+    home = tmp_path / "home"
+    async with relay_stack(home, workers=1):
+        run_id = (await submit(home, workdir)).group(1)
+        with trio.fail_after(60):
+            logs = await trio.run_process(
+                [TETHER, "logs", "--follow", run_id],
+                capture_stdout=True,
+                capture_stderr=True,
+                env={**os.environ, "TETHER_HOME": str(home)},
+            )
+    stdout, stderr = logs.stdout.decode().splitlines(), logs.stderr.decode().splitlines()
+    assert stdout == [f"out {i}" for i in range(20000)]
+    assert [line for line in stderr if not line.startswith("-- tether:")] == [
+        f"err {i}" for i in range(2000)
+    ]
+    assert stderr[-1] == f"-- tether: run {run_id} succeeded, exit code 0"

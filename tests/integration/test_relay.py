@@ -296,3 +296,29 @@ async def test_unknown_run_for_the_cli(relay_url: str) -> None:
         with pytest.raises(RelayError) as info:
             await control.get_run("does-not-exist")
     assert info.value.code == ErrorCode.NO_SUCH_RUN
+
+
+async def test_a_hostile_manifest_is_refused_and_the_relay_serves_on(relay_url: str) -> None:
+    spec = SPEC.model_dump(mode="json")
+    hostile = [
+        {"path": "../../.bashrc", "digest": "ab" * 32},
+        {"path": "/etc/cron.d/x", "digest": "ab" * 32},
+        {"path": "link", "kind": "symlink", "target": "../../../etc"},
+    ]
+    frames = [
+        msgpack.packb(
+            {"t": "submit", "rid": i, "spec": spec, "manifest": {"entries": [entry]}},
+            use_bin_type=True,
+        )
+        for i, entry in enumerate(hostile, start=1)
+    ]
+    hello = wire.encode_frame(wire.Hello(role=Role.CONTROL))
+    replies = await exchange(relay_url, hello, *frames, replies=1 + len(frames))
+    errors = replies[1:]
+    assert [e["code"] for e in errors] == ["bad_spec"] * 3
+    assert [e["rid"] for e in errors] == [1, 2, 3]
+    assert "'..' component" in errors[0]["message"]
+    assert "absolute" in errors[1]["message"]
+    assert "points out of the snapshot" in errors[2]["message"]
+    async with open_control(relay_url) as control:  # still serving
+        assert (await control.submit(SPEC)).state is RunState.QUEUED

@@ -1,0 +1,223 @@
+"""The Slurm backend against a real single-node Slurm (munged, slurmctld, slurmd started here):
+submit, queue, run, logs, debug with a breakpoint set while the job is pending, cancel while
+pending, and a requeued job retried as a new attempt."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+from slurm_cluster import SlurmCluster, slurm_available
+from stack import Proc, debug_run, relay_stack, tether
+from test_runs_e2e import FLAKY, FLAKY_BREAKPOINT
+from test_session_e2e import assert_schema_valid, bp_args, ide_session, resume, stopped_frame
+
+from adapter.dap_client import open_dap_client
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    reason = slurm_available()
+    if reason and os.environ.get("TETHER_REQUIRE_SLURM"):
+        pytest.fail(f"Slurm is required here (TETHER_REQUIRE_SLURM) but: {reason}")
+    if reason:
+        pytest.skip(f"no Slurm here: {reason}")
+    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+@asynccontextmanager
+async def slurm_backend(
+    home: Path, relay: str, cluster: SlurmCluster, *extra: str
+) -> AsyncIterator[Proc]:
+    async with tether(
+        "backend",
+        "slurm",
+        "--relay",
+        relay,
+        "--state-dir",
+        str(home / "slurm"),
+        "--poll",
+        "0.3",
+        *extra,
+        home=home,
+        name="slurm",
+        extra_env=cluster.env,
+    ) as proc:
+        await proc.wait_line(r"tether backend slurm: ready")
+        yield proc
+
+
+def project(tmp_path: Path) -> Path:
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "flaky.py").write_text(FLAKY)
+    (workdir / "hello.py").write_text(
+        "import os\nprint('hello from job', os.environ['SLURM_JOB_ID'])\n"
+    )
+    return workdir
+
+
+async def test_run_on_slurm_with_logs_status_and_the_job_id(
+    tmp_path: Path, slurm: SlurmCluster
+) -> None:
+    workdir = project(tmp_path)
+    home = tmp_path / "home"
+    async with relay_stack(home, workers=0) as (_up, relay):
+        async with slurm_backend(home, relay, slurm) as backend:
+            async with tether(
+                "run",
+                "--backend",
+                "slurm",
+                "--cpus",
+                "1",
+                "--mem",
+                "200M",
+                "--time",
+                "10m",
+                "--follow",
+                "--workdir",
+                str(workdir),
+                "--",
+                "python",
+                "hello.py",
+                home=home,
+                name="run",
+            ) as run:
+                run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+                job = (
+                    await backend.wait_line(
+                        rf"run {run_id} attempt 1: submitted as Slurm job (\d+)"
+                    )
+                ).group(1)
+                await run.wait_line(rf"hello from job {job}")
+                await run.wait_line(rf"-- tether: run {run_id} succeeded")
+                assert await run.process.wait() == 0
+            info = await trio.to_thread.run_sync(slurm.wait_job_state, job, {"COMPLETED"}, 30)
+            assert info["TimeLimit"] == "00:10:00" and info["NumCPUs"] == "1"
+            async with tether("status", run_id, home=home, name="status") as status:
+                await status.process.wait()
+            assert re.search(rf"#1 on \S+ job {job} .*-> succeeded", status.output), status.output
+            script = (home / "slurm" / "jobs" / f"{run_id}-1.sh").read_text()
+            assert "--credentials" in script and relay not in script  # never on the command line
+            assert not list((home / "slurm" / "credentials").iterdir())  # removed once done
+
+
+async def test_a_breakpoint_set_while_the_job_is_pending_is_hit(
+    tmp_path: Path, slurm: SlurmCluster
+) -> None:
+    workdir = project(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "attempted").touch()  # flaky.py goes straight to the breakpoint
+    home = tmp_path / "home"
+    async with (
+        relay_stack(home, workers=0) as (_up, relay),
+        slurm_backend(home, relay, slurm, "--sbatch-arg=--hold") as backend,
+    ):
+        extra = ("--backend", "slurm", "--mount", f"state={state}")
+        async with (
+            debug_run(home, relay, workdir, "python", "flaky.py", extra=extra) as (
+                _d,
+                run_id,
+                port,
+            ),
+            open_dap_client("127.0.0.1", port) as ide,
+        ):
+            job = (
+                await backend.wait_line(rf"run {run_id} attempt 1: submitted as Slurm job (\d+)")
+            ).group(1)
+            async with ide_session(ide, [bp_args(workdir, "flaky.py", FLAKY_BREAKPOINT)]) as got:
+                assert got[0]["body"]["breakpoints"][0]["verified"] is False  # nothing runs yet
+            assert slurm.job_state(job) == "PENDING"
+            slurm.run("scontrol", "release", job)
+            stopped, frame = await stopped_frame(ide)
+            assert (frame["line"], frame["source"]["path"]) == (
+                FLAKY_BREAKPOINT,
+                str(workdir / "flaky.py"),
+            )
+            assert slurm.job_state(job) == "RUNNING"
+            await resume(ide, "continue", stopped["body"]["threadId"])
+            assert (await ide.wait_event("exited", timeout=60))["body"]["exitCode"] == 0
+            assert_schema_valid(ide)
+        # cancelling a run whose job is still pending cancels the job
+        async with tether(
+            "run",
+            "--backend",
+            "slurm",
+            "--workdir",
+            str(workdir),
+            "--",
+            "python",
+            "hello.py",
+            home=home,
+            name="run",
+        ) as run:
+            queued = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+        held = (
+            await backend.wait_line(rf"run {queued} attempt 1: submitted as Slurm job (\d+)")
+        ).group(1)
+        async with tether("cancel", queued, home=home, name="cancel") as cancel:
+            await cancel.wait_line(rf"run {queued}: cancelled")
+        await backend.wait_line(rf"run {queued}: cancelling Slurm job {held}")
+        await trio.to_thread.run_sync(slurm.wait_job_state, held, {"CANCELLED"}, 30)
+
+
+async def test_a_requeued_job_is_retried_as_a_new_attempt(
+    tmp_path: Path, slurm: SlurmCluster
+) -> None:
+    workdir = project(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    home = tmp_path / "home"
+    async with (
+        relay_stack(home, workers=0) as (_up, relay),
+        slurm_backend(home, relay, slurm) as backend,
+    ):
+        async with tether(
+            "run",
+            "--backend",
+            "slurm",
+            "--max-retries",
+            "1",
+            "--retry-backoff",
+            "0",
+            "--mount",
+            f"state={state}",
+            "--follow",
+            "--workdir",
+            str(workdir),
+            "--",
+            "python",
+            "flaky.py",
+            "hang",
+            home=home,
+            name="run",
+        ) as run:
+            run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+            first = (
+                await backend.wait_line(rf"run {run_id} attempt 1: submitted as Slurm job (\d+)")
+            ).group(1)
+            await run.wait_line(r"^attempt first")
+            slurm.run("scontrol", "requeue", first)  # what preemption with PreemptMode=REQUEUE does
+            await backend.wait_line(rf"run {run_id} attempt 1: Slurm requeued job {first}")
+            second = (
+                await backend.wait_line(rf"run {run_id} attempt 2: submitted as Slurm job (\d+)")
+            ).group(1)
+            assert second != first
+            await run.wait_line(r"attempt 1 was lost: Slurm requeued job")
+            await run.wait_line(r"^attempt again")
+            await run.wait_line(rf"-- tether: run {run_id} succeeded")
+            assert await run.process.wait() == 0
+        assert slurm.job_state(first) in ("CANCELLED", None)
+        async with tether("status", run_id, home=home, name="status") as status:
+            await status.process.wait()
+        assert re.search(rf"#1 .*job {first} .*-> lost", status.output), status.output
+        assert re.search(rf"#2 on \S+ job {second} .*-> succeeded", status.output), status.output

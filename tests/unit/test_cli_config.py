@@ -1,0 +1,118 @@
+"""The config file's profiles, duration and memory parsing, and the worker's credentials file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from adapter.cli import build_spec, parse_duration, parse_memory, read_credentials
+from adapter.config import ConfigError, load_profile
+
+CONFIG = """
+[default]
+relay = "ws://127.0.0.1:8765"
+max_retries = 1
+[default.env]
+A = "1"
+
+[profiles.cluster]
+relay = "ws://relay:8765"
+backend = "slurm"
+gpus = 2
+memory = "32G"
+time = "4h"
+[profiles.cluster.env]
+B = "2"
+"""
+
+
+def test_a_profile_is_laid_over_the_default(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(CONFIG)
+    default = load_profile("default", path)
+    assert (default.relay, default.max_retries, default.backend) == ("ws://127.0.0.1:8765", 1, "")
+    cluster = load_profile("cluster", path)
+    assert (cluster.relay, cluster.backend, cluster.gpus, cluster.max_retries) == (
+        "ws://relay:8765",
+        "slurm",
+        2,
+        1,
+    )
+    assert cluster.env == {"A": "1", "B": "2"}
+
+
+def test_unknown_profiles_and_keys_are_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(CONFIG)
+    with pytest.raises(ConfigError, match="no profile 'gpu' \\(profiles: cluster\\)"):
+        load_profile("gpu", path)
+    path.write_text("[default]\nrealy = 'x'\n")
+    with pytest.raises(ConfigError, match="realy"):
+        load_profile(None, path)
+    assert load_profile(None, tmp_path / "absent.toml").relay == ""
+
+
+def test_options_win_over_the_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(CONFIG)
+    monkeypatch.setenv("TETHER_CONFIG", str(path))
+    args = argparse.Namespace(
+        command=["--", "python", "t.py"],
+        profile="cluster",
+        gpus=1,
+        cpus=None,
+        mem=None,
+        time=None,
+        partition=None,
+        backend=None,
+        max_retries=None,
+        retry_backoff=None,
+        env=["C=3"],
+        mount=None,
+        tag=None,
+        name=None,
+        workdir=str(tmp_path),
+    )
+    spec = build_spec(args, debug=False)
+    assert (spec.resources.gpus, spec.resources.memory_mb, spec.resources.time_limit) == (
+        1,
+        32 * 1024,
+        4 * 3600,
+    )
+    assert (spec.backend, spec.max_retries, spec.env) == (
+        "slurm",
+        1,
+        {"A": "1", "B": "2", "C": "3"},
+    )
+
+
+def test_durations_and_memory() -> None:
+    assert [parse_duration(t) for t in ("90", "90s", "30m", "2h", "1d")] == [
+        90,
+        90,
+        1800,
+        7200,
+        86400,
+    ]
+    assert [parse_memory(t) for t in ("512M", "16G", "16GiB", "2048", "1T")] == [
+        512,
+        16384,
+        16384,
+        2048,
+        1024 * 1024,
+    ]
+    with pytest.raises(argparse.ArgumentTypeError, match="not an amount of memory"):
+        parse_memory("lots")
+
+
+def test_credentials_must_be_private(tmp_path: Path) -> None:
+    path = tmp_path / "creds.json"
+    path.write_text(json.dumps({"relay": "ws://r:1", "run": "abc", "attempt": 2}))
+    path.chmod(0o644)
+    with pytest.raises(SystemExit, match=r"readable by others .*must be 0600"):
+        read_credentials(str(path))
+    path.chmod(0o600)
+    assert read_credentials(str(path))["attempt"] == 2
