@@ -291,7 +291,11 @@ class Relay:
         await self.save(record)
         await self.store.zadd(keys.RUNS, record.id, now)
         await self.append_status(
-            record.id, StatusEvent.QUEUED, record, detail="waiting for a worker"
+            record.id,
+            StatusEvent.QUEUED,
+            record,
+            logs=True,
+            detail=f"queued on {spec.backend}: waiting for a worker",
         )
         await self._ensure_group(spec.backend)
         await self.enqueue(record)
@@ -398,7 +402,12 @@ class Relay:
             record = record.with_attempt(job=frame.job)
             await self.save(record)
             await self.append_status(
-                record.id, StatusEvent.QUEUED, record, detail=frame.detail, data={"job": frame.job}
+                record.id,
+                StatusEvent.QUEUED,
+                record,
+                logs=True,
+                detail=f"{frame.detail}; pending in the scheduler's queue",
+                data={"job": frame.job},
             )
             return record
         await self.store.zrem(keys.LEASES, record.id)
