@@ -28,9 +28,16 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "BLOB_CHUNK",
@@ -38,6 +45,7 @@ __all__ = [
     "MAX_FILE_BYTES",
     "MAX_PATH_CHARS",
     "MAX_TOTAL_BYTES",
+    "Digest",
     "Manifest",
     "ManifestEntry",
     "check_digest",
@@ -63,6 +71,10 @@ def check_digest(value: str) -> str:
     if not _DIGEST.match(value):
         raise ValueError(f"{value[:80]!r} is not a SHA-256 hex digest")
     return value
+
+
+#: a SHA-256 hex digest, checked wherever one is decoded
+Digest = Annotated[str, AfterValidator(check_digest)]
 
 
 def check_relative_path(path: str) -> str:

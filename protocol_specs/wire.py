@@ -30,10 +30,10 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from .runs import RunRecord, RunSpec
-from .snapshots import BLOB_CHUNK, Manifest, check_digest
+from .snapshots import BLOB_CHUNK, Digest, Manifest
 
 __all__ = [
     "MAX_DAP_BODY_BYTES",
@@ -348,12 +348,7 @@ class HaveBlobs(BaseModel):
     model_config = _FROZEN
     t: Literal["have_blobs"] = "have_blobs"
     rid: int
-    digests: list[str] = Field(max_length=10_000)
-
-    @field_validator("digests")
-    @classmethod
-    def _digests(cls, value: list[str]) -> list[str]:
-        return [check_digest(d) for d in value]
+    digests: list[Digest] = Field(max_length=10_000)
 
 
 class Missing(BaseModel):
@@ -372,15 +367,10 @@ class PutBlob(BaseModel):
     model_config = _FROZEN
     t: Literal["put_blob"] = "put_blob"
     rid: int
-    digest: str
+    digest: Digest
     size: int = Field(ge=0)
     offset: int = Field(ge=0)
     data: bytes = Field(max_length=BLOB_CHUNK)
-
-    @field_validator("digest")
-    @classmethod
-    def _digest(cls, value: str) -> str:
-        return check_digest(value)
 
 
 class Stored(BaseModel):
@@ -397,14 +387,9 @@ class GetBlob(BaseModel):
     model_config = _FROZEN
     t: Literal["get_blob"] = "get_blob"
     rid: int
-    digest: str
+    digest: Digest
     offset: int = Field(default=0, ge=0)
     length: int = Field(default=BLOB_CHUNK, ge=1, le=BLOB_CHUNK)
-
-    @field_validator("digest")
-    @classmethod
-    def _digest(cls, value: str) -> str:
-        return check_digest(value)
 
 
 class BlobData(BaseModel):

@@ -229,13 +229,14 @@ async def follow_logs(
     """
     policy = policy or LinkPolicy()
     attempt = 0
+    down_since: float | None = None
     while True:
         try:
             async with _connect(url, wire.Hello(role=Role.LOGS, run=run, cursor=cursor)) as (
                 ws,
                 welcome,
             ):
-                attempt = 0
+                attempt, down_since = 0, None
                 tail = welcome.tails.get(StreamName.LOGS.value, "0")
                 finished = welcome.run is not None and welcome.run.finished
                 while True:
@@ -257,7 +258,8 @@ async def follow_logs(
         except (ConnectionClosed, RelayError) as exc:
             if isinstance(exc, RelayError) and exc.code != "unreachable":
                 raise
-            if attempt * policy.backoff_max > 60:
+            down_since = trio.current_time() if down_since is None else down_since
+            if trio.current_time() - down_since > 60:
                 raise RelayError("unreachable", f"lost the relay at {url}: {exc}") from exc
             await trio.sleep(policy.backoff(attempt))
             attempt += 1

@@ -23,7 +23,8 @@ import trio
 from protocol_specs import wire
 from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
-from relay.client import RelayError, open_control, open_run_link
+from protocol_specs.snapshots import Manifest
+from relay.client import ControlClient, RelayError, open_control, open_run_link
 
 from .shim import run_shim, worker_link_policy
 
@@ -125,17 +126,7 @@ async def _slot(
                         continue
                     env = {"CUDA_VISIBLE_DEVICES": ",".join(taken)} if gpus.gpus else {}
                     try:
-                        await run_shim(
-                            relay_url,
-                            record,
-                            manifest,
-                            runs_dir=work_dir / "runs",
-                            fetch=control.read_blob,
-                            cache=work_dir / "blobs",
-                            env=env,
-                            python=python,
-                            on_event=say,
-                        )
+                        await _run(relay_url, record, manifest, control, work_dir, python, say, env)
                     except RelayError as exc:
                         say(f"{worker}: lost the relay while running {record.id}: {exc}")
                     finally:
@@ -173,13 +164,28 @@ async def run_one(
     async with open_control(relay_url, client=f"tether-worker {worker}") as control:
         record, manifest = await control.claim(worker, run=run_id, attempt=attempt)
         say(f"{worker}: claimed run {record.id} (attempt {record.attempt})")
-        return await run_shim(
-            relay_url,
-            record,
-            manifest,
-            runs_dir=work_dir / "runs",
-            fetch=control.read_blob,
-            cache=work_dir / "blobs",
-            python=python,
-            on_event=say,
-        )
+        return await _run(relay_url, record, manifest, control, work_dir, python, say)
+
+
+async def _run(
+    relay_url: str,
+    record: RunRecord,
+    manifest: Manifest,
+    control: ControlClient,
+    work_dir: Path,
+    python: str,
+    say: Callable[[str], None],
+    env: dict[str, str] | None = None,
+) -> int | None:
+    """One claimed attempt, its blobs fetched over ``control`` into the worker's cache."""
+    return await run_shim(
+        relay_url,
+        record,
+        manifest,
+        runs_dir=work_dir / "runs",
+        fetch=control.read_blob,
+        cache=work_dir / "blobs",
+        env=env,
+        python=python,
+        on_event=say,
+    )
