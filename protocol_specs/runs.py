@@ -28,9 +28,10 @@ from enum import StrEnum
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
+    "REDACTED",
     "TERMINAL_STATES",
     "TRANSITIONS",
     "Attempt",
@@ -124,6 +125,9 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 _MOUNT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=/-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+#: what a secret environment value looks like wherever users can see it
+REDACTED = "<secret>"
 _PARTITION = re.compile(r"^[A-Za-z0-9_.-]{0,64}$")
 
 
@@ -170,7 +174,10 @@ class RunSpec(BaseModel):
     debug: bool = True
     #: debug mode: hold the program before user code until an IDE finished its configuration
     wait_for_ide: bool = True
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, max_length=1000)
+    #: names in ``env`` whose values are secret: the worker's program gets them, but ``tether ls``,
+    #: ``status`` and the logs show :data:`REDACTED` (and the program's output has them blanked)
+    secret_env: list[str] = Field(default_factory=list, max_length=1000)
     name: str = Field(default="", max_length=200)
     #: the client OS of the submitting machine, for path separators ("unix" or "windows")
     client_os: str = "unix"
@@ -206,6 +213,35 @@ class RunSpec(BaseModel):
             if not where or len(where) > 4096 or "\x00" in where:
                 raise ValueError(f"mount {name!r} needs a path or URL")
         return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"invalid environment variable name {name[:100]!r}")
+            if "\x00" in text or len(text) > 128 * 1024:
+                raise ValueError(f"environment variable {name}: NUL byte or over 128 KiB")
+        return value
+
+    @model_validator(mode="after")
+    def _secrets_are_in_env(self) -> RunSpec:
+        unknown = [name for name in self.secret_env if name not in self.env]
+        if unknown:
+            raise ValueError(f"secret_env names variables not in env: {', '.join(unknown[:5])}")
+        return self
+
+    def secrets(self) -> list[str]:
+        """The secret values (non-empty), longest first."""
+        values = {self.env[name] for name in self.secret_env if self.env.get(name)}
+        return sorted(values, key=len, reverse=True)
+
+    def redacted(self) -> RunSpec:
+        """The spec with every secret environment value replaced by :data:`REDACTED`."""
+        if not self.secret_env:
+            return self
+        env = {k: REDACTED if k in self.secret_env else v for k, v in self.env.items()}
+        return self.model_copy(update={"env": env})
 
     @field_validator("tags")
     @classmethod
@@ -304,6 +340,14 @@ class RunRecord(BaseModel):
     not_before: float = 0.0
     #: the run this one reruns (``tether rerun``)
     rerun_of: str = ""
+    #: the user who submitted it (the only one besides admins who may see or debug it)
+    owner: str = ""
+
+    def redacted(self) -> RunRecord:
+        """The record as users see it: secret environment values hidden."""
+        if not self.spec.secret_env:
+            return self
+        return self.model_copy(update={"spec": self.spec.redacted()})
 
     def with_attempt(self, **changes: Any) -> RunRecord:
         """The record with the current attempt's entry updated (created if missing)."""

@@ -32,20 +32,26 @@ from typing import Annotated, Any, Literal
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from .auth import Scope, TokenInfo
 from .runs import RunRecord, RunSpec
 from .snapshots import BLOB_CHUNK, Digest, Manifest
 
 __all__ = [
     "MAX_DAP_BODY_BYTES",
     "MAX_FRAME_BYTES",
+    "MAX_HELLO_BYTES",
+    "MAX_RUN_FRAME_BYTES",
     "PROTOCOL_VERSION",
     "Ack",
     "AnyEntry",
     "Assigned",
+    "AuditEntry",
+    "AuditLog",
     "BlobData",
     "Cancel",
     "Claim",
     "ControlEntry",
+    "CreateToken",
     "DapEntry",
     "Deliver",
     "Dispatch",
@@ -53,12 +59,14 @@ __all__ = [
     "Error",
     "ErrorCode",
     "Frame",
+    "GetAudit",
     "GetBlob",
     "GetRun",
     "HaveBlobs",
     "Heartbeat",
     "Hello",
     "ListRuns",
+    "ListTokens",
     "LogEntry",
     "Missing",
     "PresenceEntry",
@@ -67,6 +75,7 @@ __all__ = [
     "Received",
     "Report",
     "Rerun",
+    "RevokeToken",
     "Role",
     "RunInfo",
     "RunList",
@@ -74,6 +83,8 @@ __all__ = [
     "Stored",
     "StreamName",
     "Submit",
+    "TokenCreated",
+    "TokenList",
     "Welcome",
     "WireError",
     "decode_entry",
@@ -87,6 +98,10 @@ PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 80 * 1024 * 1024
 #: Largest DAP message body carried in one entry (same as the adapter's DAP framer limit).
 MAX_DAP_BODY_BYTES = 16 * 1024 * 1024
+#: Largest message before the handshake is done: nobody unauthenticated makes the relay buffer more.
+MAX_HELLO_BYTES = 64 * 1024
+#: Largest message on an ``ide``/``worker`` connection (a DAP body and its envelope).
+MAX_RUN_FRAME_BYTES = MAX_DAP_BODY_BYTES + 64 * 1024
 
 
 class Role(StrEnum):
@@ -128,6 +143,15 @@ class ErrorCode(StrEnum):
     NO_SUCH_BLOB = "no_such_blob"
     #: a worker of an attempt that is no longer the run's current one
     STALE_ATTEMPT = "stale_attempt"
+    #: the token may not do this: a wrong role or scope, or another run's worker token
+    FORBIDDEN = "forbidden"
+    #: too many failed authentications from this address lately: answers are slowed down
+    TOO_MANY_FAILURES = "too_many_failures"
+    #: the user has ``RelayConfig.max_connections`` connections open on this relay already
+    TOO_MANY_CONNECTIONS = "too_many_connections"
+    #: the user has ``RelayConfig.max_active_runs`` runs not yet finished
+    TOO_MANY_RUNS = "too_many_runs"
+    NO_SUCH_TOKEN = "no_such_token"
     INTERNAL = "internal"
 
 
@@ -274,6 +298,8 @@ class Welcome(BaseModel):
     tails: dict[str, str] = Field(default_factory=dict)
     #: send a ``heartbeat`` frame at least this often (seconds; 0: the peer's own default)
     heartbeat: float = 0.0
+    #: who the relay took the token's holder to be (a user name, or ``worker``)
+    user: str = ""
 
 
 class Publish(BaseModel):
@@ -482,11 +508,91 @@ class RunInfo(BaseModel):
 
 
 class Assigned(BaseModel):
+    """A run's attempt handed to a worker (``claim``) or a scheduler backend (``dispatch``), with
+    the worker token minted for it ("" when the claimer already holds that attempt's token)."""
+
     model_config = _FROZEN
     t: Literal["assigned"] = "assigned"
     rid: int
     run: RunRecord
     manifest: Manifest = Field(default_factory=Manifest)
+    token: str = ""
+
+
+class CreateToken(BaseModel):
+    """A new user token; ``user`` other than one's own, or ``admin``/``backend`` scopes need an
+    admin token. ``expires_in`` seconds (0: never)."""
+
+    model_config = _FROZEN
+    t: Literal["create_token"] = "create_token"
+    rid: int
+    user: str = Field(default="", max_length=64)
+    scopes: list[Scope] = Field(default_factory=lambda: [Scope.RUNS], max_length=3)
+    label: str = Field(default="", max_length=200)
+    expires_in: float = Field(default=0.0, ge=0)
+
+
+class TokenCreated(BaseModel):
+    """The new token: the only time the relay ever sends one."""
+
+    model_config = _FROZEN
+    t: Literal["token_created"] = "token_created"
+    rid: int
+    token: str
+    info: TokenInfo
+
+
+class ListTokens(BaseModel):
+    """One's own tokens (admins: everyone's, or ``user``'s)."""
+
+    model_config = _FROZEN
+    t: Literal["list_tokens"] = "list_tokens"
+    rid: int
+    user: str = Field(default="", max_length=64)
+
+
+class TokenList(BaseModel):
+    model_config = _FROZEN
+    t: Literal["tokens"] = "tokens"
+    rid: int
+    tokens: list[TokenInfo]
+
+
+class RevokeToken(BaseModel):
+    model_config = _FROZEN
+    t: Literal["revoke_token"] = "revoke_token"
+    rid: int
+    id: str = Field(max_length=64)
+
+
+class AuditEntry(BaseModel):
+    """Who did what to a run, and when: kept per run by the relay, read with ``tether audit``."""
+
+    model_config = _FROZEN
+    at: float
+    #: ``submit``, ``attach``, ``detach``, ``logs``, ``cancel``, ``rerun``, ``worker``, ``refused``
+    event: str
+    user: str = ""
+    token: str = ""  #: the token's id
+    role: str = ""
+    source: str = ""  #: the peer's address
+    client: str = ""
+    detail: str = ""
+
+
+class GetAudit(BaseModel):
+    model_config = _FROZEN
+    t: Literal["get_audit"] = "get_audit"
+    rid: int
+    run: str
+
+
+class AuditLog(BaseModel):
+    model_config = _FROZEN
+    t: Literal["audit"] = "audit"
+    rid: int
+    run: str
+    entries: list[AuditEntry]
 
 
 class Error(BaseModel):
@@ -524,6 +630,13 @@ AnyFrame = (
     | Dispatch
     | RunInfo
     | Assigned
+    | CreateToken
+    | TokenCreated
+    | ListTokens
+    | TokenList
+    | RevokeToken
+    | GetAudit
+    | AuditLog
     | Error
 )
 Frame = Annotated[AnyFrame, Field(discriminator="t")]
