@@ -31,26 +31,31 @@ from __future__ import annotations
 import logging
 import os
 import random
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import trio
 from websockets.exceptions import ConnectionClosed, InvalidURI, WebSocketException
 from websockets.trio.client import ClientConnection, connect
 
 from protocol_specs import wire
+from protocol_specs.auth import Scope, TokenInfo
 from protocol_specs.runs import RunRecord, RunSpec
 from protocol_specs.snapshots import BLOB_CHUNK, Manifest
 from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 
 __all__ = [
     "ControlClient",
+    "Endpoint",
     "LinkPolicy",
     "RelayError",
     "RunLink",
+    "Target",
+    "endpoint",
     "follow_logs",
     "open_control",
     "open_run_link",
@@ -73,13 +78,50 @@ class RelayError(Exception):
         self.message = message
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """A relay and how to talk to it: its URL, the token to present, the CA file to verify a
+    ``wss://`` relay with (empty: the system's CAs). The token is never shown (``repr``, ``str``)."""
+
+    url: str
+    token: str = field(default="", repr=False)
+    ca_file: str = ""
+
+    def __str__(self) -> str:
+        return self.url
+
+    def with_token(self, token: str) -> Endpoint:
+        return replace(self, token=token)
+
+    def connect_options(self) -> dict[str, Any]:
+        """``websockets`` options: TLS verified against ``ca_file`` or the system CAs."""
+        if not self.url.startswith("wss://"):
+            return {}
+        return {"ssl": ssl.create_default_context(cafile=self.ca_file or None)}
+
+
+#: a relay: an :class:`Endpoint`, or just a URL (no token: only for a relay's refusals)
+Target = Endpoint | str
+
+
+def endpoint(target: Target) -> Endpoint:
+    return target if isinstance(target, Endpoint) else Endpoint(target)
+
+
 @asynccontextmanager
 async def _connect(
-    url: str, hello: wire.Hello
+    target: Target, hello: wire.Hello
 ) -> AsyncIterator[tuple[ClientConnection, wire.Welcome]]:
+    ep = endpoint(target)
+    url = ep.url
+    hello = hello.model_copy(update={"token": ep.token or None})
     try:
         async with connect(
-            url, compression=None, max_size=wire.MAX_FRAME_BYTES, open_timeout=10
+            url,
+            compression=None,
+            max_size=wire.MAX_FRAME_BYTES,
+            open_timeout=10,
+            **ep.connect_options(),
         ) as ws:
             await ws.send(wire.encode_frame(hello))
             frame = wire.decode_frame(await ws.recv())
@@ -88,13 +130,20 @@ async def _connect(
             if not isinstance(frame, wire.Welcome):
                 raise RelayError(ErrorCode.BAD_FRAME, f"expected 'welcome', got {frame.t!r}")
             yield ws, frame
+    except ssl.SSLError as exc:
+        raise RelayError("tls", f"TLS with the relay at {url} failed: {exc}") from exc
+    except trio.BrokenResourceError as exc:
+        if isinstance(exc.__cause__, ssl.SSLError):  # trio's SSLStream wraps the handshake's
+            raise RelayError("tls", f"TLS with the relay at {url} failed: {exc.__cause__}") from exc
+        raise RelayError("unreachable", f"lost the relay at {url}: {exc}") from exc
     except OSError as exc:
         raise RelayError("unreachable", f"cannot reach the relay at {url}: {exc}") from exc
 
 
 class ControlClient:
-    def __init__(self, ws: ClientConnection) -> None:
+    def __init__(self, ws: ClientConnection, user: str = "") -> None:
         self._ws = ws
+        self.user = user  #: who the relay took us to be
         self._rid = 0
         self._lock = trio.Lock()
 
@@ -181,15 +230,45 @@ class ControlClient:
 
     async def claim(
         self, worker: str, *, backend: str = "local", run: str = "", attempt: int = 0
-    ) -> tuple[RunRecord, Manifest]:
-        """The next queued run of ``backend`` (blocks), or with ``run``: that run's ``attempt``."""
-        reply = await self._call(
+    ) -> wire.Assigned:
+        """The next queued run of ``backend`` (blocks), or with ``run``: that run's ``attempt``;
+        with the worker token for the attempt (``token``)."""
+        return await self._call(
             wire.Claim, wire.Assigned, worker=worker, backend=backend, run=run, attempt=attempt
         )
-        return reply.run, reply.manifest
 
-    async def dispatch(self, backend: str, dispatcher: str) -> RunRecord:
-        return await self._run(wire.Dispatch, backend=backend, dispatcher=dispatcher)
+    async def dispatch(self, backend: str, dispatcher: str) -> wire.Assigned:
+        """The next run queued for ``backend``, and a worker token for its attempt."""
+        return await self._call(
+            wire.Dispatch, wire.Assigned, backend=backend, dispatcher=dispatcher
+        )
+
+    async def create_token(
+        self,
+        *,
+        user: str = "",
+        scopes: list[Scope] | None = None,
+        label: str = "",
+        expires_in: float = 0.0,
+    ) -> tuple[str, TokenInfo]:
+        reply = await self._call(
+            wire.CreateToken,
+            wire.TokenCreated,
+            user=user,
+            scopes=scopes or [Scope.RUNS],
+            label=label,
+            expires_in=expires_in,
+        )
+        return reply.token, reply.info
+
+    async def list_tokens(self, user: str = "") -> list[TokenInfo]:
+        return (await self._call(wire.ListTokens, wire.TokenList, user=user)).tokens
+
+    async def revoke_token(self, token_id: str) -> TokenInfo:
+        return (await self._call(wire.RevokeToken, wire.TokenList, id=token_id)).tokens[0]
+
+    async def audit(self, run: str) -> list[wire.AuditEntry]:
+        return (await self._call(wire.GetAudit, wire.AuditLog, run=run)).entries
 
     async def report(
         self, run: str, attempt: int, event: str, *, job: str = "", detail: str = ""
@@ -207,13 +286,13 @@ def _reader(data: bytes) -> Callable[[int, int], Awaitable[bytes]]:
 
 
 @asynccontextmanager
-async def open_control(url: str, *, client: str = "") -> AsyncIterator[ControlClient]:
-    async with _connect(url, wire.Hello(role=Role.CONTROL, client=client)) as (ws, _):
-        yield ControlClient(ws)
+async def open_control(target: Target, *, client: str = "") -> AsyncIterator[ControlClient]:
+    async with _connect(target, wire.Hello(role=Role.CONTROL, client=client)) as (ws, welcome):
+        yield ControlClient(ws, welcome.user)
 
 
 async def follow_logs(
-    url: str,
+    target: Target,
     run: str,
     on_entry: Callable[[wire.LogEntry | wire.StatusEntry], None],
     *,
@@ -232,7 +311,7 @@ async def follow_logs(
     down_since: float | None = None
     while True:
         try:
-            async with _connect(url, wire.Hello(role=Role.LOGS, run=run, cursor=cursor)) as (
+            async with _connect(target, wire.Hello(role=Role.LOGS, run=run, cursor=cursor)) as (
                 ws,
                 welcome,
             ):
@@ -260,7 +339,7 @@ async def follow_logs(
                 raise
             down_since = trio.current_time() if down_since is None else down_since
             if trio.current_time() - down_since > 60:
-                raise RelayError("unreachable", f"lost the relay at {url}: {exc}") from exc
+                raise RelayError("unreachable", f"lost the relay at {target}: {exc}") from exc
             await trio.sleep(policy.backoff(attempt))
             attempt += 1
 
@@ -313,6 +392,8 @@ _PERMANENT = frozenset(
         ErrorCode.HANDSHAKE_REQUIRED,
         ErrorCode.BAD_FRAME,
         ErrorCode.STALE_ATTEMPT,
+        ErrorCode.FORBIDDEN,
+        ErrorCode.TOO_MANY_FAILURES,
     }
 )
 
@@ -336,7 +417,7 @@ class RunLink:
 
     def __init__(
         self,
-        url: str,
+        target: Target,
         *,
         role: Role,
         run: str,
@@ -349,7 +430,8 @@ class RunLink:
         on_state: Callable[[bool, str], None] | None = None,
         attempt: int = 0,
     ) -> None:
-        self.url = url
+        self.endpoint = endpoint(target)
+        self.url = self.endpoint.url
         self.attempt = attempt
         self.role = role
         self.run_id = run
@@ -506,6 +588,7 @@ class RunLink:
             producer=self.producer,
             client=self.client,
             attempt=self.attempt,
+            token=self.endpoint.token or None,
         )
         p = self.policy
         try:
@@ -517,6 +600,7 @@ class RunLink:
                 ping_interval=p.ping_interval,
                 ping_timeout=p.ping_timeout,
                 close_timeout=p.close_timeout,
+                **self.endpoint.connect_options(),
             ) as ws:
                 await ws.send(wire.encode_frame(hello))
                 with trio.fail_after(10):
@@ -542,6 +626,15 @@ class RunLink:
         except InvalidURI as exc:
             self._fail(RelayError("bad_url", str(exc)))
             return str(exc)
+        except ssl.SSLCertVerificationError as exc:
+            self._fail(RelayError("tls", f"the relay's certificate is not trusted: {exc}"))
+            return str(exc)
+        except trio.BrokenResourceError as exc:
+            if isinstance(exc.__cause__, ssl.SSLCertVerificationError):
+                error = f"the relay's certificate is not trusted: {exc.__cause__}"
+                self._fail(RelayError("tls", error))
+                return error
+            return f"lost the relay at {self.url}: {exc}"
         except (OSError, WebSocketException, TimeoutError, trio.TooSlowError, WireError) as exc:
             return f"cannot reach the relay at {self.url}: {exc or type(exc).__name__}"
 
@@ -636,7 +729,7 @@ class RunLink:
 
 @asynccontextmanager
 async def open_run_link(
-    url: str,
+    target: Target,
     *,
     role: Role,
     run: str,
@@ -651,7 +744,7 @@ async def open_run_link(
 ) -> AsyncIterator[RunLink]:
     """A :class:`RunLink`, connected once before this returns (else :class:`RelayError`)."""
     link = RunLink(
-        url,
+        target,
         attempt=attempt,
         role=role,
         run=run,

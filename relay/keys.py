@@ -14,7 +14,14 @@ key                            type    contents                                 
 ``tether:run:{R}:<s>:meta``    hash    per producer: last number and its entry id; relay         relay
                                        ``bytes``: payload bytes held in stream <s>
 ``tether:run:{R}:<s>:transient``  list  ``"<id> <size>"`` of <s>'s transient entries relay         relay (trim)
+``tether:run:{R}:audit``       stream  who attached, submitted, cancelled, was     relay         ``tether audit``
+                                       refused (``AuditEntry`` msgpack)
 ``tether:runs``                zset    run ids scored by submit time               relay         CLI (list)
+``tether:user:<u>:runs``       zset    the user's run ids by submit time           relay         CLI (list)
+``tether:user:<u>:active``     zset    the user's unfinished runs (the runs cap)   relay         relay
+``tether:token:<id>``          hash    ``record``: TokenRecord JSON (hash, never   relay, CLI    relay
+                                       the secret); worker tokens expire           (bootstrap)
+``tether:tokens``              zset    user token ids by creation time             relay         token list
 ``tether:queue:<backend>``     stream  one entry per queued attempt (``p`` = id)   relay         claims
 ``tether:leases``              zset    running run ids scored by lease expiry      relay         relay sweeps
 ``tether:delayed``             zset    retried run ids scored by when they queue   relay         relay sweeps
@@ -33,17 +40,39 @@ __all__ = [
     "LEASES",
     "POOL_GROUP",
     "RUNS",
+    "TOKENS",
+    "audit",
     "manifest",
     "queue",
     "record",
     "run_keys",
     "stream",
+    "token",
+    "user_active",
+    "user_runs",
 ]
 
 POOL_GROUP = "pool"
 RUNS = "tether:runs"
 LEASES = "tether:leases"
 DELAYED = "tether:delayed"
+TOKENS = "tether:tokens"
+
+
+def token(token_id: str) -> str:
+    return f"tether:token:{token_id}"
+
+
+def user_runs(user: str) -> str:
+    return f"tether:user:{user}:runs"
+
+
+def user_active(user: str) -> str:
+    return f"tether:user:{user}:active"
+
+
+def audit(run_id: str) -> str:
+    return f"tether:run:{{{run_id}}}:audit"
 
 
 def queue(backend: str) -> str:
@@ -65,7 +94,7 @@ def stream(run_id: str, name: str) -> str:
 
 def run_keys(run_id: str) -> list[str]:
     """Every key of one run (they expire together when its retention ends)."""
-    out = [record(run_id), manifest(run_id), stream(run_id, "logs")]
+    out = [record(run_id), manifest(run_id), stream(run_id, "logs"), audit(run_id)]
     for name in ("to_worker", "to_ide"):
         base = stream(run_id, name)
         out += [base, f"{base}:meta", f"{base}:transient"]

@@ -29,6 +29,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from ssl import SSLContext
 from typing import Any
 
 import msgpack
@@ -37,6 +38,16 @@ from websockets.exceptions import ConnectionClosed
 from websockets.trio.server import Server, ServerConnection, serve
 
 from protocol_specs import wire
+from protocol_specs.auth import (
+    AuthThrottle,
+    Principal,
+    Refusal,
+    Scope,
+    check_token,
+    may_control,
+    may_open,
+    may_see,
+)
 from protocol_specs.runs import (
     Attempt,
     IllegalTransition,
@@ -51,6 +62,7 @@ from protocol_specs.snapshots import Manifest
 from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 
 from . import keys
+from .auth import TokenStore
 from .blobs import BlobError, BlobStore, MemoryBlobStore, Upload
 from .store import Cap, Diversion, Store, StoreError
 
@@ -94,6 +106,20 @@ class RelayConfig:
     ping_timeout: float = 15.0
     #: a run's logs stream keeps about this many output chunks (each at most 16 KiB), oldest dropped
     log_entries: int = 20_000
+    #: connections one user may have open to one relay process at once
+    max_connections: int = 64
+    #: connections one worker token may have open at once
+    max_worker_connections: int = 8
+    #: runs one user may have queued or running at once
+    max_active_runs: int = 1000
+    #: failed authentications from one address: the first ``auth_free`` in a minute are refused
+    #: after ``auth_delay`` s, each further one after twice as long as the last (up to 10 s)
+    auth_free: int = 5
+    auth_delay: float = 0.2
+    #: entries kept in a run's audit stream
+    audit_entries: int = 10_000
+    #: an open connection's token is looked at again (revoked? expired?) after this many seconds
+    recheck: float = 10.0
 
     @property
     def sweep_interval(self) -> float:
@@ -118,6 +144,10 @@ class Relay:
         #: where background work (webhooks) runs; set by :func:`serve_relay`
         self.background: trio.Nursery | None = None
         self._groups: set[str] = set()
+        self.tokens = TokenStore(store, clock=clock)
+        self.throttle = AuthThrottle(free=self.config.auth_free, base=self.config.auth_delay)
+        #: open connections per user (or per worker token) on this relay process
+        self.connections: dict[str, int] = {}
 
     # --- records ----------------------------------------------------------------------------------
 
@@ -183,6 +213,7 @@ class Relay:
                     keys.queue(record.spec.backend), keys.POOL_GROUP, record.queue_entry
                 )
         if updated.finished:
+            await self.store.zrem(keys.user_active(updated.owner), run_id)
             await self.log_marker(
                 run_id,
                 wire.encode_entry(
@@ -266,8 +297,16 @@ class Relay:
             self._groups.add(backend)
 
     async def submit(
-        self, spec: RunSpec, manifest: Manifest, *, rerun_of: str = ""
+        self, spec: RunSpec, manifest: Manifest, *, owner: str, rerun_of: str = ""
     ) -> RunRecord | wire.Error:
+        cap = self.config.max_active_runs
+        active = await self.store.zrange_by_score(keys.user_active(owner), float("inf"), cap)
+        if len(active) >= cap:
+            return wire.Error(
+                code=ErrorCode.TOO_MANY_RUNS,
+                message=f"{owner} has {len(active)} runs queued or running, the most this relay "
+                "allows; wait for some to finish or cancel some",
+            )
         missing = await self.blobs.missing(manifest.digests)
         if missing:
             return wire.Error(
@@ -286,10 +325,13 @@ class Relay:
             size=manifest.total_bytes,
             attempts=[Attempt(n=1, queued_at=now)],
             rerun_of=rerun_of,
+            owner=owner,
         )
         await self.store.set_bytes(keys.manifest(record.id), manifest.model_dump_json().encode())
         await self.save(record)
         await self.store.zadd(keys.RUNS, record.id, now)
+        await self.store.zadd(keys.user_runs(owner), record.id, now)
+        await self.store.zadd(keys.user_active(owner), record.id, now)
         await self.append_status(
             record.id,
             StatusEvent.QUEUED,
@@ -305,15 +347,19 @@ class Relay:
         raw = await self.store.get_bytes(keys.manifest(run_id))
         return Manifest.model_validate_json(raw) if raw else Manifest()
 
-    async def rerun(self, run_id: str) -> RunRecord | wire.Error:
+    async def rerun(self, run_id: str, owner: str) -> RunRecord | wire.Error:
         record = await self.load(run_id)
         if record is None:
             return wire.Error(code=ErrorCode.NO_SUCH_RUN, message=f"no run {run_id!r}")
-        return await self.submit(record.spec, await self.manifest_of(run_id), rerun_of=run_id)
+        return await self.submit(
+            record.spec, await self.manifest_of(run_id), owner=owner, rerun_of=run_id
+        )
 
-    async def list_runs(self, limit: int) -> list[RunRecord]:
+    async def list_runs(self, limit: int, user: str = "") -> list[RunRecord]:
+        """The newest runs (``user``: that user's only)."""
         runs = []
-        for run_id in await self.store.zrange_desc(keys.RUNS, limit):
+        key = keys.user_runs(user) if user else keys.RUNS
+        for run_id in await self.store.zrange_desc(key, limit):
             record = await self.load(run_id)
             if record is not None:
                 runs.append(record)
@@ -532,18 +578,76 @@ class Relay:
 
     # --- connections ------------------------------------------------------------------------------
 
+    async def audit(
+        self,
+        run_id: str,
+        event: str,
+        who: Principal | None,
+        ws: ServerConnection | None = None,
+        *,
+        role: str = "",
+        client: str = "",
+        detail: str = "",
+    ) -> None:
+        """One entry in the run's audit trail (``tether audit RUN``)."""
+        entry = wire.AuditEntry(
+            at=self.clock(),
+            event=event,
+            user=who.user if who else "",
+            token=who.token if who else "",
+            role=role,
+            source=_source(ws) if ws is not None else "",
+            client=client[:200],
+            detail=detail[:500],
+        )
+        payload = msgpack.packb(entry.model_dump(), use_bin_type=True)
+        await self.store.append(keys.audit(run_id), payload, maxlen=self.config.audit_entries)
+
+    async def audit_log(self, run_id: str) -> list[wire.AuditEntry]:
+        entries: list[wire.AuditEntry] = []
+        cursor = "0"
+        while batch := await self.store.read_after(keys.audit(run_id), cursor, count=1000):
+            for cursor, payload in batch:  # noqa: B007 (the last id is the next cursor)
+                entries.append(wire.AuditEntry.model_validate(msgpack.unpackb(payload)))
+        return entries
+
     async def handle(self, ws: ServerConnection) -> None:
         try:
             hello = await self._handshake(ws)
             if hello is None:
                 return
-            if hello.role is Role.CONTROL:
-                await ws.send(wire.encode_frame(wire.Welcome(server=SERVER_NAME)))
-                await self._serve_control(ws)
-            elif hello.role is Role.LOGS:
-                await self._serve_logs(ws, hello)
-            else:
-                await self._serve_run(ws, hello)
+            who = await self._authenticate(ws, hello)
+            if who is None:
+                return
+            slot = who.user if who.kind == "user" else f"worker:{who.token}"
+            cap = (
+                self.config.max_connections
+                if who.kind == "user"
+                else self.config.max_worker_connections
+            )
+            if self.connections.get(slot, 0) >= cap:
+                await self._fatal(
+                    ws,
+                    ErrorCode.TOO_MANY_CONNECTIONS,
+                    f"{who} has {cap} connections open to this relay already, the most it "
+                    "allows; close some (another tether process?)",
+                )
+                return
+            self.connections[slot] = self.connections.get(slot, 0) + 1
+            try:
+                ws.protocol.max_message_size = _MAX_MESSAGE[hello.role]
+                if hello.role is Role.CONTROL:
+                    welcome = wire.Welcome(server=SERVER_NAME, user=who.user)
+                    await ws.send(wire.encode_frame(welcome))
+                    await self._serve_control(ws, who, hello.token or "")
+                elif hello.role is Role.LOGS:
+                    await self._serve_logs(ws, hello, who)
+                else:
+                    await self._serve_run(ws, hello, who)
+            finally:
+                self.connections[slot] -= 1
+                if not self.connections[slot]:
+                    del self.connections[slot]
         except* ConnectionClosed:
             pass  # the peer went away; its stream entries stay in Redis
         except* StoreError as group:
@@ -582,6 +686,56 @@ class Relay:
         )
         return None
 
+    async def _authenticate(self, ws: ServerConnection, hello: wire.Hello) -> Principal | None:
+        """The token's holder, or ``None`` after refusing the connection (slowly: see
+        :class:`~protocol_specs.auth.AuthThrottle`). The token itself is never logged."""
+        got = check_token(hello.token, await self.tokens.lookup(hello.token), self.clock())
+        if isinstance(got, Principal):
+            return got
+        source = _source(ws).rpartition(":")[0]
+        delay, count = self.throttle.failed(source, trio.current_time())
+        code, message = ErrorCode(got.code), got.message
+        if self.throttle.throttled(count):
+            code = ErrorCode.TOO_MANY_FAILURES
+            message = (
+                f"{message}; {count} failed authentications from {source} in the last minute, "
+                f"so each refusal now waits {delay:g} s"
+            )
+        await trio.sleep(delay)
+        if hello.run and await self.load(hello.run) is not None:
+            await self.audit(
+                hello.run, "refused", None, ws, role=hello.role.value, detail=got.message
+            )
+        await self._fatal(ws, code, message)
+        return None
+
+    async def _still_good(self, ws: ServerConnection, token: str, check: _Recheck) -> bool:
+        """Whether a connection's token is still good (looked at every ``config.recheck`` s);
+        if it was revoked or expired meanwhile, the connection is closed."""
+        now = trio.current_time()
+        if now - check.at < self.config.recheck:
+            return True
+        check.at = now
+        got = check_token(token, await self.tokens.lookup(token), self.clock())
+        if isinstance(got, Principal):
+            return True
+        await self._fatal(ws, ErrorCode(got.code), got.message)
+        return False
+
+    async def _refuse(
+        self,
+        ws: ServerConnection,
+        hello: wire.Hello,
+        who: Principal,
+        refusal: Refusal,
+        run: RunRecord | None,
+    ) -> None:
+        if run is not None:
+            await self.audit(
+                run.id, "refused", who, ws, role=hello.role.value, detail=refusal.message
+            )
+        await self._fatal(ws, ErrorCode(refusal.code), refusal.message)
+
     async def _fatal(self, ws: ServerConnection, code: ErrorCode, message: str) -> None:
         log.info("closing connection from %s: %s: %s", ws.remote_address, code.value, message)
         await ws.send(wire.encode_frame(wire.Error(code=code, message=message, fatal=True)))
@@ -593,22 +747,26 @@ class Relay:
         log.info("error to %s: %s: %s", ws.remote_address, code.value, message)
         await ws.send(wire.encode_frame(wire.Error(code=code, message=message, **ref)))
 
-    async def _serve_run(self, ws: ServerConnection, hello: wire.Hello) -> None:
+    async def _serve_run(self, ws: ServerConnection, hello: wire.Hello, who: Principal) -> None:
         if not hello.run:
             await self._fatal(ws, ErrorCode.BAD_FRAME, f"role {hello.role.value!r} needs a run id")
             return
         record = await self.load(hello.run)
-        if record is None:
-            await self._fatal(ws, ErrorCode.NO_SUCH_RUN, f"no run {hello.run!r}")
+        refusal = may_open(who, hello.role.value, record, hello.attempt)
+        if refusal is not None or record is None:
+            refusal = refusal or Refusal(ErrorCode.NO_SUCH_RUN, f"no run {hello.run!r}")
+            await self._refuse(ws, hello, who, refusal, record)
             return
         run_id = record.id
-        if hello.role is Role.WORKER and hello.attempt and hello.attempt != record.attempt:
-            await self._fatal(
-                ws,
-                ErrorCode.STALE_ATTEMPT,
-                f"run {run_id} is at attempt {record.attempt}; attempt {hello.attempt} is over",
-            )
-            return
+        await self.audit(
+            run_id,
+            "connect",
+            who,
+            ws,
+            role=hello.role.value,
+            client=hello.client,
+            detail=f"attempt {who.attempt}" if who.kind == "worker" else "",
+        )
         if hello.role is Role.IDE:
             outbound, inbound = StreamName.TO_WORKER, StreamName.TO_IDE
         else:
@@ -620,7 +778,11 @@ class Relay:
         if hello.role is Role.WORKER and not record.finished:
             await self.renew_lease(run_id)
         welcome = wire.Welcome(
-            server=SERVER_NAME, run=record, tails=tails, heartbeat=self.config.lease / 3
+            server=SERVER_NAME,
+            run=record if hello.role is Role.WORKER else record.redacted(),
+            tails=tails,
+            heartbeat=self.config.lease / 3,
+            user=who.user,
         )
         await ws.send(wire.encode_frame(welcome))
         conn = _RunConnection(
@@ -630,7 +792,10 @@ class Relay:
             outbound,
             inbound,
             hello.producer or secrets.token_hex(8),
-            attempt=hello.attempt,
+            attempt=who.attempt,
+            who=who,
+            source=ws,
+            token=hello.token or "",
         )
         try:
             async with trio.open_nursery() as nursery:
@@ -695,6 +860,8 @@ class Relay:
                     while await self.store.trim_received(key, frame.cursor) > 0:
                         pass
             elif isinstance(frame, wire.Heartbeat):
+                if not await self._still_good(ws, conn.token, conn.check):
+                    return
                 if conn.role is not Role.WORKER:
                     continue
                 if conn.attempt and not await self._current(conn):
@@ -773,6 +940,9 @@ class Relay:
             if isinstance(entry, wire.StatusEntry):
                 await self.worker_status(conn.run_id, entry)
             elif isinstance(entry, wire.PresenceEntry):
+                if conn.presence is None or conn.presence.attached != entry.attached:
+                    event = "attach" if entry.attached else "detach"
+                    await self.audit(conn.run_id, event, conn.who, conn.source, role="ide")
                 conn.presence = entry
         await ws.send(
             wire.encode_frame(
@@ -787,14 +957,23 @@ class Relay:
         await self.store.append_once(key, conn.producer, n, None)
         return True
 
-    async def _serve_logs(self, ws: ServerConnection, hello: wire.Hello) -> None:
+    async def _serve_logs(self, ws: ServerConnection, hello: wire.Hello, who: Principal) -> None:
         """Deliver a run's logs stream from the cursor on, live, until the peer goes."""
         record = await self.load(hello.run or "")
-        if record is None:
-            await self._fatal(ws, ErrorCode.NO_SUCH_RUN, f"no run {hello.run!r}")
+        refusal = may_open(who, Role.LOGS.value, record)
+        if refusal is not None or record is None:
+            refusal = refusal or Refusal(ErrorCode.NO_SUCH_RUN, f"no run {hello.run!r}")
+            await self._refuse(ws, hello, who, refusal, record)
             return
+        if hello.cursor == "0":  # a reader starting over; not every reconnect of a follower
+            await self.audit(record.id, "logs", who, ws, role="logs", client=hello.client)
         tail = await self.store.last_id(keys.stream(record.id, StreamName.LOGS)) or "0"
-        welcome = wire.Welcome(server=SERVER_NAME, run=record, tails={StreamName.LOGS.value: tail})
+        welcome = wire.Welcome(
+            server=SERVER_NAME,
+            run=record.redacted(),
+            tails={StreamName.LOGS.value: tail},
+            user=who.user,
+        )
         await ws.send(wire.encode_frame(welcome))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._deliver, ws, record.id, StreamName.LOGS, hello.cursor)
@@ -810,73 +989,191 @@ class Relay:
                         ws, ErrorCode.NOT_ALLOWED, f"{frame.t!r} frames are not valid on logs"
                     )
 
-    async def _serve_control(self, ws: ServerConnection) -> None:
-        uploads: dict[str, Upload] = {}
+    async def _serve_control(self, ws: ServerConnection, who: Principal, token: str) -> None:
+        conn = _ControlConnection(ws, who, token)
         try:
             while True:
                 data = await ws.recv()
+                if not await self._still_good(ws, token, conn.check):
+                    return
                 try:
                     frame = wire.decode_frame(data)
                 except WireError as exc:
                     await self._send_error(ws, exc.code, exc.message, rid=_rid_of(data))
                     continue
-                reply = await self._control(frame, uploads)
+                reply = await self._control(frame, conn)
+                if isinstance(reply, wire.Error):
+                    log.info("error to %s: %s: %s", _source(ws), reply.code.value, reply.message)
                 await ws.send(wire.encode_frame(reply))
         finally:
-            for upload in uploads.values():
+            for upload in conn.uploads.values():
                 with trio.CancelScope(shield=True):
                     await upload.abort()
 
-    async def _control(self, frame: wire.AnyFrame, uploads: dict[str, Upload]) -> wire.AnyFrame:
+    async def _visible(self, who: Principal, run_id: str) -> RunRecord | wire.Error:
+        """``run_id``'s record if ``who`` may see it; a user cannot tell another's run from none."""
+        record = await self.load(run_id)
+        if record is None or not may_see(who, record):
+            return wire.Error(
+                code=ErrorCode.NO_SUCH_RUN, message=f"no run {run_id!r} (or not yours)"
+            )
+        return record
+
+    async def _control(self, frame: wire.AnyFrame, conn: _ControlConnection) -> wire.AnyFrame:
         """The reply to one control frame."""
         rid = getattr(frame, "rid", None)
         assert rid is None or isinstance(rid, int)
+        who = conn.who
 
         def answer(got: RunRecord | wire.Error | None, missing: str = "") -> wire.AnyFrame:
             if isinstance(got, wire.Error):
                 return got.model_copy(update={"rid": rid})
             if got is None:
                 return wire.Error(code=ErrorCode.NO_SUCH_RUN, message=missing, rid=rid)
-            return wire.RunInfo(rid=rid or 0, run=got)
+            return wire.RunInfo(rid=rid or 0, run=got.redacted())
 
+        refusal = may_control(who, frame.t)
+        if refusal is not None:
+            return wire.Error(code=ErrorCode(refusal.code), message=refusal.message, rid=rid)
         match frame:
             case wire.HaveBlobs():
                 return wire.Missing(rid=frame.rid, digests=await self.blobs.missing(frame.digests))
             case wire.PutBlob():
-                return await self._put_blob(frame, uploads)
+                return await self._put_blob(frame, conn.uploads)
             case wire.GetBlob():
+                if who.kind == "worker" and frame.digest not in await self._digests(conn):
+                    return wire.Error(
+                        code=ErrorCode.FORBIDDEN,
+                        message=f"blob {frame.digest[:12]} is not in run {who.run}'s snapshot",
+                        rid=rid,
+                    )
                 try:
                     size, chunk = await self.blobs.read(frame.digest, frame.offset, frame.length)
                 except BlobError as exc:
                     return wire.Error(code=ErrorCode.NO_SUCH_BLOB, message=str(exc), rid=rid)
                 return wire.BlobData(rid=frame.rid, size=size, offset=frame.offset, data=chunk)
             case wire.Submit():
-                return answer(await self.submit(frame.spec, frame.manifest))
+                got = await self.submit(frame.spec, frame.manifest, owner=who.user)
+                if isinstance(got, RunRecord):
+                    await self.audit(got.id, "submit", who, conn.ws, role="control")
+                return answer(got)
             case wire.Rerun():
-                return answer(await self.rerun(frame.run))
+                visible = await self._visible(who, frame.run)
+                if isinstance(visible, wire.Error):
+                    return answer(visible)
+                got = await self.rerun(frame.run, who.user)
+                if isinstance(got, RunRecord):
+                    await self.audit(got.id, "submit", who, conn.ws, detail=f"rerun of {frame.run}")
+                    await self.audit(frame.run, "rerun", who, conn.ws, detail=f"as {got.id}")
+                return answer(got)
             case wire.Cancel():
+                visible = await self._visible(who, frame.run)
+                if isinstance(visible, wire.Error):
+                    return answer(visible)
+                await self.audit(frame.run, "cancel", who, conn.ws, detail=frame.detail)
                 return answer(await self.cancel(frame.run, frame.detail), f"no run {frame.run!r}")
             case wire.GetRun():
-                return answer(await self.load(frame.run), f"no run {frame.run!r}")
+                return answer(await self._visible(who, frame.run))
+            case wire.GetAudit():
+                visible = await self._visible(who, frame.run)
+                if isinstance(visible, wire.Error):
+                    return answer(visible)
+                entries = await self.audit_log(frame.run)
+                return wire.AuditLog(rid=frame.rid, run=frame.run, entries=entries)
             case wire.ListRuns():
-                return wire.RunList(rid=frame.rid, runs=await self.list_runs(frame.limit))
+                runs = await self.list_runs(frame.limit, "" if who.admin else who.user)
+                return wire.RunList(rid=frame.rid, runs=[r.redacted() for r in runs])
             case wire.Report():
                 return answer(await self.report(frame))
             case wire.Claim() if frame.run:
-                got = await self.claim_run(frame.worker, frame.run, frame.attempt)
-                if isinstance(got, wire.Error):
-                    return answer(got)
-                return wire.Assigned(rid=frame.rid, run=got[0], manifest=got[1])
+                if who.kind == "worker" and (who.run, who.attempt) != (frame.run, frame.attempt):
+                    return wire.Error(
+                        code=ErrorCode.FORBIDDEN,
+                        message=f"this worker token is for run {who.run} attempt {who.attempt}",
+                        rid=rid,
+                    )
+                taken = await self.claim_run(frame.worker, frame.run, frame.attempt)
+                if isinstance(taken, wire.Error):
+                    return answer(taken)
+                return await self._assigned(frame.rid, who, conn, *taken)
             case wire.Claim():
-                record, manifest = await self.claim(frame.worker, frame.backend)
-                return wire.Assigned(rid=frame.rid, run=record, manifest=manifest)
+                claimed, manifest = await self.claim(frame.worker, frame.backend)
+                return await self._assigned(frame.rid, who, conn, claimed, manifest)
             case wire.Dispatch():
-                return answer(await self.dispatch(frame.backend, frame.dispatcher))
+                handed = await self.dispatch(frame.backend, frame.dispatcher)
+                return await self._assigned(frame.rid, who, conn, handed, Manifest())
+            case wire.CreateToken():
+                return await self._create_token(frame, who)
+            case wire.ListTokens():
+                user = frame.user if who.admin else who.user
+                records = await self.tokens.list(user)
+                return wire.TokenList(rid=frame.rid, tokens=[r.info() for r in records])
+            case wire.RevokeToken():
+                held = await self.tokens.get(frame.id)
+                if held is None or held.kind != "user" or not (who.admin or held.user == who.user):
+                    return wire.Error(
+                        code=ErrorCode.NO_SUCH_TOKEN,
+                        message=f"no token {frame.id!r} (or not yours)",
+                        rid=rid,
+                    )
+                revoked = await self.tokens.revoke(frame.id)
+                assert revoked is not None
+                log.info("token %s of %s revoked by %s", frame.id, held.user, who)
+                return wire.TokenList(rid=frame.rid, tokens=[revoked.info()])
         return wire.Error(
             code=ErrorCode.NOT_ALLOWED,
             message=f"{frame.t!r} frames are not valid on a control connection",
             rid=rid,
         )
+
+    async def _digests(self, conn: _ControlConnection) -> frozenset[str]:
+        """The blobs a worker token may read: its run's snapshot (looked up once)."""
+        if conn.digests is None:
+            conn.digests = frozenset((await self.manifest_of(conn.who.run)).digests)
+        return conn.digests
+
+    async def _assigned(
+        self,
+        rid: int,
+        who: Principal,
+        conn: _ControlConnection,
+        record: RunRecord,
+        manifest: Manifest,
+    ) -> wire.Assigned:
+        """A claimed or dispatched attempt, with a worker token for it (unless ``who`` is that
+        attempt's worker already)."""
+        token = ""
+        if who.kind != "worker":
+            ttl = self.config.retention + self.config.lease
+            token = await self.tokens.mint_worker(record.owner, record.id, record.attempt, ttl)
+        await self.audit(
+            record.id,
+            "claim",
+            who,
+            conn.ws,
+            role="control",
+            detail=f"attempt {record.attempt} to {record.worker or 'a scheduler job'}",
+        )
+        return wire.Assigned(rid=rid, run=record, manifest=manifest, token=token)
+
+    async def _create_token(self, frame: wire.CreateToken, who: Principal) -> wire.AnyFrame:
+        user = frame.user or who.user
+        if not who.admin and (user != who.user or set(frame.scopes) - {Scope.RUNS}):
+            return wire.Error(
+                code=ErrorCode.FORBIDDEN,
+                message="only an admin token may create tokens for other users or with the "
+                "'admin' or 'backend' scope",
+                rid=frame.rid,
+            )
+        token, record = await self.tokens.create(
+            user,
+            scopes=sorted(set(frame.scopes)),
+            label=frame.label,
+            expires_in=frame.expires_in,
+            created_by=who.user,
+        )
+        log.info("token %s for %s created by %s", record.id, user, who)
+        return wire.TokenCreated(rid=frame.rid, token=token, info=record.info())
 
     async def _put_blob(self, frame: wire.PutBlob, uploads: dict[str, Upload]) -> wire.AnyFrame:
         upload = uploads.get(frame.digest)
@@ -905,6 +1202,24 @@ class Relay:
 
 
 @dataclass
+class _Recheck:
+    """When a connection's token was last checked (a revoked or expired token ends it)."""
+
+    at: float = field(default_factory=trio.current_time)
+
+
+@dataclass
+class _ControlConnection:
+    ws: ServerConnection
+    who: Principal
+    token: str = field(default="", repr=False)
+    check: _Recheck = field(default_factory=_Recheck)
+    uploads: dict[str, Upload] = field(default_factory=dict)
+    #: worker tokens: the digests of their run's snapshot
+    digests: frozenset[str] | None = None
+
+
+@dataclass
 class _RunConnection:
     ws: ServerConnection
     run_id: str
@@ -914,6 +1229,10 @@ class _RunConnection:
     producer: str
     #: worker connections: the attempt the worker runs (0: not said)
     attempt: int = 0
+    who: Principal | None = None
+    source: ServerConnection | None = None
+    token: str = field(default="", repr=False)
+    check: _Recheck = field(default_factory=lambda: _Recheck())
     #: the last presence the adapter on this connection reported
     presence: wire.PresenceEntry | None = None
 
@@ -932,6 +1251,24 @@ def _entry_not_allowed(role: Role, entry: wire.AnyEntry) -> str:
     return f"role {role.value!r} may not publish {entry.k!r} entries"
 
 
+#: the largest message each role may send once it is authenticated (before: ``MAX_HELLO_BYTES``)
+_MAX_MESSAGE = {
+    Role.CONTROL: wire.MAX_FRAME_BYTES,
+    Role.IDE: wire.MAX_RUN_FRAME_BYTES,
+    Role.WORKER: wire.MAX_RUN_FRAME_BYTES,
+    Role.LOGS: wire.MAX_HELLO_BYTES,
+}
+
+
+def _source(ws: ServerConnection) -> str:
+    """The peer's ``host:port``."""
+    address = ws.remote_address
+    try:
+        return f"{address[0]}:{address[1]}"
+    except (TypeError, IndexError):
+        return str(address)
+
+
 def _rid_of(data: bytes | str) -> int | None:
     try:
         raw = msgpack.unpackb(data, raw=False) if isinstance(data, bytes) else None
@@ -948,9 +1285,11 @@ async def serve_relay(
     port: int = 0,
     config: RelayConfig | None = None,
     blobs: BlobStore | None = None,
+    ssl: SSLContext | None = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the relay until cancelled; ``task_status.started`` gets the websockets ``Server``."""
+    """Serve the relay until cancelled (over TLS with ``ssl``: ``wss://``);
+    ``task_status.started`` gets the websockets ``Server``."""
     relay = Relay(store, blobs=blobs, config=config)
     async with trio.open_nursery() as nursery:
         relay.background = nursery
@@ -960,7 +1299,8 @@ async def serve_relay(
             port,
             host=host,
             compression=None,
-            max_size=wire.MAX_FRAME_BYTES,
+            ssl=ssl,
+            max_size=wire.MAX_HELLO_BYTES,  # raised per role once the token is checked
             ping_interval=relay.config.ping_interval,
             ping_timeout=relay.config.ping_timeout,
             task_status=task_status,

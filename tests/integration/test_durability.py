@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 import orjson
 import pytest
 import trio
+from credentials import user_endpoint
 from faults.proxy import FaultProxy
 
 from protocol_specs import wire
@@ -19,7 +20,7 @@ from protocol_specs.runs import RunSpec, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import ErrorCode, Role, StreamName
 from relay import keys
-from relay.client import LinkPolicy, RunLink, open_control, open_run_link
+from relay.client import Endpoint, LinkPolicy, RunLink, open_control, open_run_link
 from relay.server import RelayConfig, serve_relay, server_port
 from relay.store import Cap, Store
 
@@ -33,20 +34,21 @@ QUICK = LinkPolicy(
 
 
 @asynccontextmanager
-async def relay(store: Store, config: RelayConfig) -> AsyncIterator[str]:
+async def relay(store: Store, config: RelayConfig) -> AsyncIterator[Endpoint]:
     async with trio.open_nursery() as nursery:
         server = await nursery.start(
             lambda task_status: serve_relay(store, port=0, config=config, task_status=task_status)
         )
-        yield f"ws://127.0.0.1:{server_port(server)}"
+        yield await user_endpoint(store, f"ws://127.0.0.1:{server_port(server)}")
         nursery.cancel_scope.cancel()
 
 
-async def claimed_run(url: str) -> str:
+async def claimed_run(url: Endpoint) -> tuple[str, str]:
+    """A claimed run's id, and the worker token its claim minted."""
     async with open_control(url) as control:
         run = (await control.submit(SPEC)).id
-        await control.claim("w-0")
-    return run
+        token = (await control.claim("w-0")).token
+    return run, token
 
 
 def output(n: int) -> wire.DapEntry:
@@ -66,12 +68,12 @@ async def next_status(link: RunLink, event: str) -> wire.StatusEntry:
 async def test_a_link_resumes_after_cuts_without_loss_or_duplicates(redis_store: Store) -> None:
     states: list[bool] = []
     async with relay(redis_store, RelayConfig()) as url, trio.open_nursery() as nursery:
-        run = await claimed_run(url)
-        proxy = FaultProxy("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        run, token = await claimed_run(url)
+        proxy = FaultProxy("127.0.0.1", int(url.url.rsplit(":", 1)[1]))
         await nursery.start(proxy.run)
         async with (
             open_run_link(
-                proxy.url_for(),
+                Endpoint(proxy.url_for(), token=token),
                 role=Role.WORKER,
                 run=run,
                 policy=QUICK,
@@ -105,12 +107,13 @@ async def test_a_worker_cut_off_past_its_lease_loses_the_run_and_learns_it(
 ) -> None:
     config = RelayConfig(lease=0.6)
     async with relay(redis_store, config) as url, trio.open_nursery() as nursery:
-        run = await claimed_run(url)
-        proxy = FaultProxy("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        run, token = await claimed_run(url)
+        proxy = FaultProxy("127.0.0.1", int(url.url.rsplit(":", 1)[1]))
         await nursery.start(proxy.run)
+        as_worker = Endpoint(proxy.url_for(), token=token)
         async with (
             open_run_link(url, role=Role.IDE, run=run, policy=QUICK) as ide,
-            open_run_link(proxy.url_for(), role=Role.WORKER, run=run, policy=QUICK) as worker,
+            open_run_link(as_worker, role=Role.WORKER, run=run, policy=QUICK) as worker,
         ):
             await worker.publish(wire.StatusEntry(event=StatusEvent.STARTED))
             await worker.flush()
@@ -131,8 +134,9 @@ async def test_a_worker_cut_off_past_its_lease_loses_the_run_and_learns_it(
 async def test_heartbeats_keep_a_quiet_worker_alive(redis_store: Store) -> None:
     config = RelayConfig(lease=0.6)
     async with relay(redis_store, config) as url:
-        run = await claimed_run(url)
-        async with open_run_link(url, role=Role.WORKER, run=run, policy=QUICK) as worker:
+        run, token = await claimed_run(url)
+        as_worker = url.with_token(token)
+        async with open_run_link(as_worker, role=Role.WORKER, run=run, policy=QUICK) as worker:
             await worker.publish(wire.StatusEntry(event=StatusEvent.STARTED))
             await trio.sleep(2.0)  # three leases of silence but for heartbeats
             async with open_control(url) as control:
@@ -145,9 +149,13 @@ async def test_the_buffer_cap_refuses_with_a_clear_error_until_the_reader_catche
     config = RelayConfig(buffer_cap=Cap(entries=10))
     refused: list[wire.Error] = []
     async with relay(redis_store, config) as url:
-        run = await claimed_run(url)  # "queued" and "claimed" are two entries of to_ide
+        run, token = await claimed_run(url)  # "queued" and "claimed" are two entries of to_ide
         async with open_run_link(
-            url, role=Role.WORKER, run=run, policy=QUICK, on_refused=lambda _n, e: refused.append(e)
+            url.with_token(token),
+            role=Role.WORKER,
+            run=run,
+            policy=QUICK,
+            on_refused=lambda _n, e: refused.append(e),
         ) as worker:
             for n in range(1, 13):
                 await worker.publish(output(n))

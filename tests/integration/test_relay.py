@@ -9,6 +9,7 @@ import msgpack
 import orjson
 import pytest
 import trio
+from credentials import user_endpoint, worker_endpoint
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
@@ -18,7 +19,7 @@ from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
 from protocol_specs.wire import ErrorCode, Role, StreamName
 from relay import keys
-from relay.client import RelayError, open_control, open_run_link
+from relay.client import Endpoint, RelayError, open_control, open_run_link
 from relay.server import serve_relay, server_port
 from relay.store import Store
 
@@ -28,18 +29,23 @@ SPEC = RunSpec(command=["python", "app.py"], workdir="/home/me/project")
 
 
 @pytest.fixture
-async def relay_url(redis_store: Store, nursery: trio.Nursery) -> AsyncIterator[str]:
+async def relay_url(redis_store: Store, nursery: trio.Nursery) -> AsyncIterator[Endpoint]:
+    """The relay, with a token of the user ``me`` (every scope)."""
     server = await nursery.start(
         lambda task_status: serve_relay(redis_store, port=0, task_status=task_status)
     )
-    return f"ws://127.0.0.1:{server_port(server)}"
+    return await user_endpoint(redis_store, f"ws://127.0.0.1:{server_port(server)}")
 
 
-async def raw_exchange(url: str, *messages: bytes | str) -> list[Any]:
+async def raw_exchange(url: Endpoint, *messages: bytes | str) -> list[Any]:
     """Send messages on a fresh connection; return the decoded frames received until it closes or idles."""
     replies: list[Any] = []
-    async with connect(url, compression=None) as ws:
-        for message in messages:
+    async with connect(url.url, compression=None) as ws:
+        # the hello, then its answer: before the welcome the relay takes no message over 64 KiB
+        await ws.send(messages[0])
+        with trio.fail_after(10):
+            replies.append(msgpack.unpackb(await ws.recv(), raw=False))
+        for message in messages[1:]:
             await ws.send(message)
         with trio.move_on_after(2):
             try:
@@ -52,10 +58,10 @@ async def raw_exchange(url: str, *messages: bytes | str) -> list[Any]:
     return replies
 
 
-async def exchange(url: str, *messages: bytes, replies: int) -> list[Any]:
+async def exchange(url: Endpoint, *messages: bytes, replies: int) -> list[Any]:
     """Send messages on a fresh connection and read exactly ``replies`` frames."""
     got: list[Any] = []
-    async with connect(url, compression=None) as ws:
+    async with connect(url.url, compression=None) as ws:
         for message in messages:
             await ws.send(message)
         with trio.fail_after(10):
@@ -73,7 +79,9 @@ MANIFEST = Manifest(
 )
 
 
-async def test_submit_claim_publish_deliver_and_finish(relay_url: str, redis_store: Store) -> None:
+async def test_submit_claim_publish_deliver_and_finish(
+    relay_url: Endpoint, redis_store: Store
+) -> None:
     async with open_control(relay_url) as control:
         with pytest.raises(RelayError, match="lacks 1 of the snapshot's blobs"):
             await control.submit(SPEC, MANIFEST)
@@ -83,7 +91,9 @@ async def test_submit_claim_publish_deliver_and_finish(relay_url: str, redis_sto
         record = await control.submit(SPEC, MANIFEST)
         assert record.state is RunState.QUEUED
         assert (record.snapshot, record.files, record.size) == (MANIFEST.id, 1, 9)
-        claimed, manifest = await control.claim("w-0")
+        assigned = await control.claim("w-0")
+        claimed, manifest = assigned.run, assigned.manifest
+        assert assigned.token.startswith("tthw_")
         assert (claimed.id, claimed.state, claimed.worker, manifest) == (
             record.id,
             RunState.STARTING,
@@ -93,7 +103,9 @@ async def test_submit_claim_publish_deliver_and_finish(relay_url: str, redis_sto
         assert await control.get_blob(MANIFEST.digests[0]) == b"print(1)\n"
     async with (
         open_run_link(relay_url, role=Role.IDE, run=record.id) as ide,
-        open_run_link(relay_url, role=Role.WORKER, run=record.id) as worker,
+        open_run_link(
+            relay_url.with_token(assigned.token), role=Role.WORKER, run=record.id
+        ) as worker,
     ):
         # ide -> worker: acknowledged only once stored, delivered from the stream
         await ide.publish(
@@ -118,10 +130,13 @@ async def test_submit_claim_publish_deliver_and_finish(relay_url: str, redis_sto
         assert (await control.get_run(record.id)).state is RunState.SUCCEEDED
 
 
-async def test_a_reconnecting_peer_resumes_after_its_cursor(relay_url: str) -> None:
+async def test_a_reconnecting_peer_resumes_after_its_cursor(
+    relay_url: Endpoint, redis_store: Store
+) -> None:
     async with open_control(relay_url) as control:
         run = (await control.submit(SPEC)).id
-    async with open_run_link(relay_url, role=Role.WORKER, run=run) as worker:
+    as_worker = await worker_endpoint(redis_store, relay_url, run)
+    async with open_run_link(as_worker, role=Role.WORKER, run=run) as worker:
         for n in range(3):
             await worker.publish(
                 wire.DapEntry(body=orjson.dumps({"seq": n + 1, "type": "event", "event": "output"}))
@@ -136,13 +151,13 @@ async def test_a_reconnecting_peer_resumes_after_its_cursor(relay_url: str) -> N
         assert ide.welcome.tails["to_ide"] == rest.cursor
 
 
-async def test_cancel_reaches_the_worker_and_wins_over_a_late_exit(relay_url: str) -> None:
+async def test_cancel_reaches_the_worker_and_wins_over_a_late_exit(relay_url: Endpoint) -> None:
     async with open_control(relay_url) as control:
         run = (await control.submit(SPEC)).id
-        await control.claim("w-0")
+        token = (await control.claim("w-0")).token
         cancelled = await control.cancel(run)
         assert cancelled.state is RunState.CANCELLED
-    async with open_run_link(relay_url, role=Role.WORKER, run=run) as worker:
+    async with open_run_link(relay_url.with_token(token), role=Role.WORKER, run=run) as worker:
         with trio.fail_after(5):
             entry = wire.decode_entry((await worker.deliveries.receive()).entry)
         assert isinstance(entry, wire.ControlEntry) and entry.action == "terminate"
@@ -151,13 +166,12 @@ async def test_cancel_reaches_the_worker_and_wins_over_a_late_exit(relay_url: st
         assert (await control.get_run(run)).state is RunState.CANCELLED
 
 
-async def test_a_cancelled_queued_run_is_never_claimed(relay_url: str) -> None:
+async def test_a_cancelled_queued_run_is_never_claimed(relay_url: Endpoint) -> None:
     async with open_control(relay_url) as control:
         first = (await control.submit(SPEC)).id
         second = (await control.submit(SPEC)).id
         await control.cancel(first)
-        claimed, _ = await control.claim("w-0")
-        assert claimed.id == second
+        assert (await control.claim("w-0")).run.id == second
 
 
 @pytest.mark.parametrize(
@@ -172,18 +186,28 @@ async def test_a_cancelled_queued_run_is_never_claimed(relay_url: str) -> None:
         ),
         (
             [msgpack.packb({"t": "hello", "v": 1, "role": "ide", "run": "nope"})],
+            ErrorCode.UNAUTHORIZED,
+        ),
+        (
+            [msgpack.packb({"t": "hello", "v": 1, "role": "ide", "run": "nope", "token": "TOKEN"})],
             ErrorCode.NO_SUCH_RUN,
         ),
-        ([msgpack.packb({"t": "hello", "v": 1, "role": "ide"})], ErrorCode.BAD_FRAME),
+        (
+            [msgpack.packb({"t": "hello", "v": 1, "role": "ide", "token": "TOKEN"})],
+            ErrorCode.BAD_FRAME,
+        ),
         ([msgpack.packb({"t": "hello", "v": 1, "role": "spy"})], ErrorCode.BAD_FRAME),
     ],
 )
 async def test_bad_handshakes_get_a_fatal_error_and_a_close(
-    relay_url: str, messages: list[bytes | str], code: ErrorCode
+    relay_url: Endpoint, messages: list[bytes | str], code: ErrorCode
 ) -> None:
     replies: list[Any] = []
-    async with connect(relay_url, compression=None) as ws:
+    async with connect(relay_url.url, compression=None) as ws:
         for message in messages:
+            if isinstance(message, bytes) and b"TOKEN" in message:  # the real token, please
+                fields = msgpack.unpackb(message)
+                message = msgpack.packb({**fields, "token": relay_url.token})
             await ws.send(message)
         with trio.fail_after(15), pytest.raises(ConnectionClosed):  # noqa: PT012
             while True:
@@ -194,11 +218,12 @@ async def test_bad_handshakes_get_a_fatal_error_and_a_close(
 
 
 async def test_bad_frames_after_the_handshake_are_refused_and_nothing_is_lost(
-    relay_url: str, redis_store: Store
+    relay_url: Endpoint, redis_store: Store
 ) -> None:
     async with open_control(relay_url) as control:
         run = (await control.submit(SPEC)).id
-    hello = wire.encode_frame(wire.Hello(role=Role.WORKER, run=run))
+    token = (await worker_endpoint(redis_store, relay_url, run)).token
+    hello = wire.encode_frame(wire.Hello(role=Role.WORKER, run=run, token=token))
     good = wire.encode_frame(
         wire.Publish(n=5, entry=dap({"seq": 1, "type": "event", "event": "output"}))
     )
@@ -238,11 +263,12 @@ async def test_bad_frames_after_the_handshake_are_refused_and_nothing_is_lost(
 
 
 async def test_resent_publishes_are_stored_once_and_gaps_are_refused(
-    relay_url: str, redis_store: Store
+    relay_url: Endpoint, redis_store: Store
 ) -> None:
     async with open_control(relay_url) as control:
         run = (await control.submit(SPEC)).id
-    hello = wire.encode_frame(wire.Hello(role=Role.WORKER, run=run, producer="w1"))
+    token = (await worker_endpoint(redis_store, relay_url, run)).token
+    hello = wire.encode_frame(wire.Hello(role=Role.WORKER, run=run, producer="w1", token=token))
 
     def publish(n: int) -> bytes:
         body = {"seq": n, "type": "event", "event": "output", "body": {"output": str(n)}}
@@ -266,11 +292,14 @@ async def test_resent_publishes_are_stored_once_and_gaps_are_refused(
     assert len(stored) == 4  # "queued" and publishes 1, 2, 3 once each
 
 
-async def test_oversized_messages_close_only_that_connection(relay_url: str) -> None:
+async def test_oversized_messages_close_only_that_connection(
+    relay_url: Endpoint, redis_store: Store
+) -> None:
     async with open_control(relay_url) as control:
         run = (await control.submit(SPEC)).id
-        async with connect(relay_url, compression=None, max_size=None) as ws:
-            await ws.send(wire.encode_frame(wire.Hello(role=Role.WORKER, run=run)))
+        token = (await worker_endpoint(redis_store, relay_url, run)).token
+        async with connect(relay_url.url, compression=None, max_size=None) as ws:
+            await ws.send(wire.encode_frame(wire.Hello(role=Role.WORKER, run=run, token=token)))
             await ws.recv()
             await ws.send(b"\x00" * (wire.MAX_FRAME_BYTES + 1))
             with trio.fail_after(10), pytest.raises(ConnectionClosed):  # noqa: PT012
@@ -281,24 +310,24 @@ async def test_oversized_messages_close_only_that_connection(relay_url: str) -> 
         assert (await control.get_run(run)).id == run
 
 
-async def test_broken_spec_gets_a_clear_error(relay_url: str) -> None:
+async def test_broken_spec_gets_a_clear_error(relay_url: Endpoint) -> None:
     replies = await raw_exchange(
         relay_url,
-        wire.encode_frame(wire.Hello(role=Role.CONTROL)),
+        wire.encode_frame(wire.Hello(role=Role.CONTROL, token=relay_url.token)),
         msgpack.packb({"t": "submit", "rid": 5, "spec": {"command": [], "workdir": "rel"}}),
     )
     error = replies[-1]
     assert error["code"] == "bad_spec" and error["rid"] == 5 and "command" in error["message"]
 
 
-async def test_unknown_run_for_the_cli(relay_url: str) -> None:
+async def test_unknown_run_for_the_cli(relay_url: Endpoint) -> None:
     async with open_control(relay_url) as control:
         with pytest.raises(RelayError) as info:
             await control.get_run("does-not-exist")
     assert info.value.code == ErrorCode.NO_SUCH_RUN
 
 
-async def test_a_hostile_manifest_is_refused_and_the_relay_serves_on(relay_url: str) -> None:
+async def test_a_hostile_manifest_is_refused_and_the_relay_serves_on(relay_url: Endpoint) -> None:
     spec = SPEC.model_dump(mode="json")
     hostile = [
         {"path": "../../.bashrc", "digest": "ab" * 32},
@@ -312,7 +341,7 @@ async def test_a_hostile_manifest_is_refused_and_the_relay_serves_on(relay_url: 
         )
         for i, entry in enumerate(hostile, start=1)
     ]
-    hello = wire.encode_frame(wire.Hello(role=Role.CONTROL))
+    hello = wire.encode_frame(wire.Hello(role=Role.CONTROL, token=relay_url.token))
     replies = await exchange(relay_url, hello, *frames, replies=1 + len(frames))
     errors = replies[1:]
     assert [e["code"] for e in errors] == ["bad_spec"] * 3
