@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 import trio
 from pydantic import ValidationError
 
-from adapter.config import ConfigError, Profile, load_profile
+from adapter.config import ConfigError, Profile, load_profile, profile_token, save_token
 from protocol_specs.runs import Resources, RunRecord, RunSpec
-from relay.client import RelayError
+from relay.client import Endpoint, RelayError
 
 __all__ = ["main"]
 
@@ -35,22 +35,24 @@ def endpoint_file() -> Path:
     return tether_home() / "endpoint.json"
 
 
-def resolve_relay(flag: str | None, args: argparse.Namespace | None = None) -> str:
-    """``--relay``, else ``TETHER_RELAY``, else the config profile's, else what ``tether up``
-    recorded."""
-    if flag:
-        return flag
-    if env := os.environ.get("TETHER_RELAY"):
-        return env
-    if args is not None and (from_profile := _profile(args).relay):
-        return from_profile
-    try:
-        return str(json.loads(endpoint_file().read_text())["relay"])
-    except (OSError, ValueError, KeyError):
-        raise SystemExit(
-            "tether: no relay to talk to. Start one with `tether up` (in another terminal), "
-            "or pass --relay ws://HOST:PORT / set TETHER_RELAY."
-        ) from None
+def resolve_relay(flag: str | None, args: argparse.Namespace | None = None) -> Endpoint:
+    """The relay: ``--relay``, else ``TETHER_RELAY``, else the config profile's, else what
+    ``tether up`` recorded; with the token to present: ``TETHER_TOKEN``, else the profile's (the
+    config file: ``tether up`` writes the local user's there), and the CA file to verify a
+    ``wss://`` relay with (``--ca-file``, ``TETHER_CA_FILE``, the profile's ``ca_file``)."""
+    profile = _profile(args) if args is not None else Profile()
+    url = flag or os.environ.get("TETHER_RELAY") or profile.relay
+    if not url:
+        try:
+            url = str(json.loads(endpoint_file().read_text())["relay"])
+        except (OSError, ValueError, KeyError):
+            raise SystemExit(
+                "tether: no relay to talk to. Start one with `tether up` (in another terminal), "
+                "or pass --relay ws://HOST:PORT / set TETHER_RELAY."
+            ) from None
+    token = os.environ.get("TETHER_TOKEN") or profile.token
+    ca_file = getattr(args, "ca_file", None) or os.environ.get("TETHER_CA_FILE") or profile.ca_file
+    return Endpoint(url, token=token, ca_file=ca_file)
 
 
 class Clock:
@@ -108,11 +110,47 @@ def relay_config(args: argparse.Namespace) -> Any:
     )
 
 
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def tls_context(cert: str | None, key: str | None) -> Any:
+    """The relay's TLS context (``None`` without ``--tls-cert``); refuses half a configuration."""
+    import ssl
+
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise SystemExit("tether relay: --tls-cert and --tls-key go together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise SystemExit(f"tether relay: cannot load the TLS certificate or key: {exc}") from None
+    return context
+
+
 async def cmd_relay(args: argparse.Namespace) -> int:
     from relay.blobs import FileBlobStore
     from relay.server import serve_relay, server_port
     from relay.store import open_store
 
+    tls = tls_context(args.tls_cert, args.tls_key)
+    if tls is None and not is_loopback(args.host) and not args.insecure:
+        raise SystemExit(
+            f"tether relay: refusing to serve plain ws:// on {args.host}: tokens and every "
+            "debugger message (which can run code on the workers) would cross the network "
+            "unencrypted. Give --tls-cert and --tls-key (wss://), put a TLS-terminating proxy "
+            "in front and bind to 127.0.0.1, or pass --insecure if this network is trusted."
+        )
     config = relay_config(args)
     blobs = FileBlobStore(Path(args.blobs or tether_home() / "data" / "blobs"))
     async with open_store(args.redis) as store, trio.open_nursery() as nursery:
@@ -123,20 +161,34 @@ async def cmd_relay(args: argparse.Namespace) -> int:
                 port=args.port,
                 config=config,
                 blobs=blobs,
+                ssl=tls,
                 task_status=task_status,
             )
         )
+        scheme = "wss" if tls is not None else "ws"
         print(
-            f"tether relay: ready relay=ws://{args.host}:{server_port(server)} redis={args.redis} "
-            f"blobs={blobs.root}",
+            f"tether relay: ready relay={scheme}://{args.host}:{server_port(server)} "
+            f"redis={redact_url(args.redis)} blobs={blobs.root}",
             flush=True,
         )
+        if tls is None and not is_loopback(args.host):
+            print("tether relay: warning: serving without TLS (--insecure)", flush=True)
     return 0
 
 
+def redact_url(url: str) -> str:
+    """A URL with its password, if any, hidden."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@", 1)
+    return url
+
+
 def read_credentials(path: str) -> dict[str, Any]:
-    """The worker's credentials file (JSON: relay, run, attempt); refused unless only its owner
-    can read it."""
+    """The worker's credentials file (JSON: relay, run, attempt, token, ca_file); refused unless
+    only its owner can read it."""
     file = Path(path)
     try:
         mode = file.stat().st_mode
@@ -158,9 +210,14 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
     clock = Clock("worker: ")
     work_dir = Path(args.work_dir or tether_home() / "worker").resolve()  # noqa: ASYNC240 (startup)
+    relay: Endpoint
     if args.credentials:
         creds = read_credentials(args.credentials)
-        relay = creds["relay"]
+        relay = Endpoint(
+            creds["relay"],
+            token=str(creds.get("token") or ""),
+            ca_file=str(creds.get("ca_file") or ""),
+        )
         run_id = args.run or str(creds.get("run") or "")
         attempt = args.attempt or int(creds.get("attempt") or 0)
     else:
@@ -197,7 +254,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             )
         )
         print(
-            f"tether worker: ready relay={relay} slots={args.slots} work_dir={work_dir}", flush=True
+            f"tether worker: ready relay={relay.url} slots={args.slots} work_dir={work_dir}",
+            flush=True,
         )
     return 0
 
@@ -208,8 +266,11 @@ async def cmd_up(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir or tether_home() / "data").resolve()  # noqa: ASYNC240 (startup)
     data_dir.mkdir(parents=True, exist_ok=True)
     clock = Clock("")
+    from adapter.config import config_path
+
     async with open_local_stack(
         data_dir,
+        token=os.environ.get("TETHER_TOKEN") or profile_token(),
         redis=args.redis,
         relay_config=relay_config(args),
         relay_port=args.relay_port,
@@ -219,6 +280,14 @@ async def cmd_up(args: argparse.Namespace) -> int:
         on_worker_event=clock.say,
     ) as stack:
         relay, redis_url = stack.relay, stack.redis
+        if stack.minted:
+            try:
+                where = save_token(stack.token)
+            except OSError as exc:
+                raise SystemExit(f"tether up: cannot save the token: {exc}") from None
+            print(f"tether up: a token for {stack.user} is in {where} (mode 0600)", flush=True)
+        else:
+            print(f"tether up: using {stack.user}'s token from {config_path()}", flush=True)
         endpoint_file().parent.mkdir(parents=True, exist_ok=True)
         endpoint_file().write_text(
             json.dumps({"relay": relay, "pid": os.getpid(), "data_dir": str(data_dir)})
@@ -276,7 +345,17 @@ def _pairs(items: list[str] | None, what: str, base: dict[str, str]) -> dict[str
 def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
     """The run spec for ``tether debug`` / ``tether run`` arguments over the config profile."""
     profile = _profile(args)
-    for name in ("env", "mount", "tag", "mem", "time", "retry_backoff", "name", "workdir"):
+    for name in (
+        "env",
+        "secret",
+        "mount",
+        "tag",
+        "mem",
+        "time",
+        "retry_backoff",
+        "name",
+        "workdir",
+    ):
         if not hasattr(args, name):
             setattr(args, name, None)
     command = list(args.command)
@@ -294,6 +373,14 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
         from_profile = getattr(profile, name, None)
         return from_profile if from_profile not in (None, "") else default
 
+    secrets = {}
+    for item in args.secret or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            if name not in os.environ:
+                raise SystemExit(f"tether: --secret {name}: no such variable in your environment")
+            value = os.environ[name]
+        secrets[name] = value
     try:
         memory = args.mem if args.mem is not None else parse_memory(profile.memory or "0")
         time_limit = args.time if args.time is not None else parse_duration(profile.time or "0")
@@ -307,7 +394,8 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
             workdir=str(Path(args.workdir or os.getcwd()).resolve()),
             debug=debug,
             wait_for_ide=not getattr(args, "no_wait", False),
-            env=_pairs(args.env, "--env", profile.env),
+            env={**_pairs(args.env, "--env", profile.env), **secrets},
+            secret_env=sorted(secrets),
             name=args.name or "",
             client_os="windows" if os.name == "nt" else "unix",
             on_unattended_stop=pick("on_unattended_stop", "wait"),
@@ -364,7 +452,7 @@ def _mib(n: float) -> str:
 
 
 async def submit_run(
-    relay: str,
+    relay: Endpoint,
     spec: RunSpec,
     say: Callable[[str], None],
     *,
@@ -415,7 +503,7 @@ async def cmd_attach(args: argparse.Namespace) -> int:
 
 
 async def _serve(
-    relay: str, run_id: str, port: int, request_timeout: float, clock: Clock, *, announce: str
+    relay: Endpoint, run_id: str, port: int, request_timeout: float, clock: Clock, *, announce: str
 ) -> int:
     from adapter.core import AdapterCore
     from adapter.server import serve_adapter
@@ -472,7 +560,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     return await _follow(relay, record.id)
 
 
-async def _follow(relay: str, run_id: str, *, follow: bool = True) -> int:
+async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
     """Print a run's output as it comes; the run's exit code once it ends (follow)."""
     from protocol_specs import wire
     from relay.client import follow_logs
@@ -611,8 +699,11 @@ def status_text(record: RunRecord, now: float) -> str:
         + (f" mem={res.memory_mb}M" if res.memory_mb else "")
         + (f" time={_age(res.time_limit)}" if res.time_limit else "")
         + (f" partition={res.partition}" if res.partition else ""),
-        f"submitted  {_age(now - record.created_at)} ago",
+        f"submitted  {_age(now - record.created_at)} ago"
+        + (f" by {record.owner}" if record.owner else ""),
     ]
+    if spec.env:
+        lines.append("env        " + " ".join(f"{k}={v}" for k, v in sorted(spec.env.items())))
     if record.paused_at:
         lines.append(f"paused at  {record.paused_at}")
     if record.rerun_of:
@@ -658,7 +749,7 @@ async def cmd_backend(args: argparse.Namespace) -> int:
     backend = SlurmBackend(
         relay,
         state_dir=state_dir,
-        worker_relay=args.worker_relay or relay,
+        worker_relay=args.worker_relay or relay.url,
         python=args.python,
         poll=args.poll,
         sbatch_args=args.sbatch_arg or [],
@@ -666,6 +757,105 @@ async def cmd_backend(args: argparse.Namespace) -> int:
     )
     print(f"tether backend slurm: ready relay={relay} state_dir={state_dir}", flush=True)
     await backend.serve()
+    return 0
+
+
+def _scopes(args: argparse.Namespace) -> list[Any]:
+    from protocol_specs.auth import Scope
+
+    return sorted({Scope(name) for name in (args.scope or ["runs"])})
+
+
+async def cmd_token_create(args: argparse.Namespace) -> int:
+    from protocol_specs.auth import TokenInfo
+
+    if args.redis:
+        import getpass
+
+        from relay.auth import TokenStore
+        from relay.store import open_store
+
+        async with open_store(args.redis) as store:
+            token, record = await TokenStore(store).create(
+                args.user or getpass.getuser(),
+                scopes=_scopes(args),
+                label=args.label,
+                expires_in=args.expires,
+                created_by="tether token create --redis",
+            )
+        info: TokenInfo = record.info()
+    else:
+        from relay.client import open_control
+
+        async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
+            token, info = await _control_call(
+                control.create_token(
+                    user=args.user, scopes=_scopes(args), label=args.label, expires_in=args.expires
+                )
+            )
+    what = f"token {info.id} for {info.user} ({', '.join(info.scopes)})"
+    if args.save:
+        where = save_token(token, getattr(args, "profile", None) or "default")
+        print(f"tether: {what} saved in {where}")
+    else:
+        print(token)
+        print(f"tether: {what}; shown once: keep it like a password", file=sys.stderr)
+    return 0
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if at else "-"
+
+
+async def cmd_token_list(args: argparse.Namespace) -> int:
+    from relay.client import open_control
+
+    async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
+        tokens = await _control_call(control.list_tokens(args.user))
+    if args.json:
+        print(json.dumps([t.model_dump(mode="json") for t in tokens], indent=2))
+        return 0
+    now = time.time()
+    print(f"{'ID':<17} {'USER':<12} {'SCOPES':<18} {'CREATED':<16} {'STATE':<18} LABEL")
+    for t in tokens:
+        state = "active"
+        if t.revoked_at:
+            state = f"revoked {_when(t.revoked_at)[5:]}"
+        elif t.expires_at and t.expires_at <= now:
+            state = "expired"
+        elif t.expires_at:
+            state = f"until {_when(t.expires_at)[:10]}"
+        scopes = ",".join(t.scopes)
+        print(
+            f"{t.id:<17} {t.user:<12} {scopes:<18} {_when(t.created_at):<16} {state:<18} {t.label}"
+        )
+    return 0
+
+
+async def cmd_token_revoke(args: argparse.Namespace) -> int:
+    from relay.client import open_control
+
+    async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
+        info = await _control_call(control.revoke_token(args.id))
+    print(f"tether: token {info.id} of {info.user} revoked")
+    return 0
+
+
+async def cmd_audit(args: argparse.Namespace) -> int:
+    from relay.client import open_control
+
+    async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
+        entries = await _control_call(control.audit(args.run))
+    if args.json:
+        print(json.dumps([e.model_dump(mode="json") for e in entries], indent=2))
+        return 0
+    for e in entries:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
+        who = f"{e.user or '?'} (token {e.token or '-'})"
+        role = f" as {e.role}" if e.role else ""
+        detail = f": {e.detail}" if e.detail else ""
+        client = f" [{e.client}]" if e.client else ""
+        print(f"{when}  {e.event:<8} {who}{role} from {e.source or '?'}{client}{detail}")
     return 0
 
 
@@ -735,6 +925,13 @@ def _run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
     )
     s.add_argument(
         "--env", action="append", metavar="NAME=VALUE", help="environment for the program"
+    )
+    s.add_argument(
+        "--secret",
+        action="append",
+        metavar="NAME[=VALUE]",
+        help="a secret environment variable for the program (its value from your environment "
+        "if not given): hidden in tether ls/status and blanked in the logs (repeatable)",
     )
     s.add_argument("--name", help="a label for the run")
     s.add_argument("--tag", action="append", metavar="TAG", help="a tag for the run (repeatable)")
@@ -808,6 +1005,12 @@ def _parser() -> argparse.ArgumentParser:
             "--relay",
             help="relay URL (default: $TETHER_RELAY, the config profile's, else what `tether up` "
             "recorded)",
+        )
+        sp.add_argument(
+            "--ca-file",
+            metavar="FILE",
+            help="verify a wss:// relay's certificate against this CA file (default: "
+            "$TETHER_CA_FILE, the profile's ca_file, else the system CAs)",
         )
         if not any(a.dest == "profile" for a in sp._actions):
             sp.add_argument("--profile", help="config profile (default: $TETHER_PROFILE)")
@@ -927,6 +1130,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=DEFAULT_RELAY_PORT)
+    s.add_argument("--tls-cert", metavar="PEM", help="serve wss:// with this certificate (chain)")
+    s.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    s.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow plain ws:// on an address other than loopback (a trusted network only)",
+    )
     s.add_argument(
         "--blobs",
         metavar="DIR",
@@ -986,6 +1196,50 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(fn=cmd_backend)
 
+    s = sub.add_parser("token", help="create, list and revoke user tokens")
+    tsub = s.add_subparsers(dest="token_cmd", required=True, metavar="ACTION")
+    t = tsub.add_parser("create", help="create a token (printed once; the relay keeps a hash)")
+    relay_flag(t)
+    t.add_argument("--user", default="", help="for this user (admins only; default: yourself)")
+    t.add_argument(
+        "--scope",
+        action="append",
+        choices=["runs", "admin", "backend"],
+        help="runs (default): submit and debug one's own runs; admin: everyone's runs and "
+        "tokens; backend: worker pools and scheduler backends (repeatable)",
+    )
+    t.add_argument("--label", default="", help="what the token is for")
+    t.add_argument(
+        "--expires", type=parse_duration, default=0.0, metavar="DURATION", help="e.g. 30d"
+    )
+    t.add_argument(
+        "--redis",
+        metavar="URL",
+        help="create it in this store directly, without a relay or token (the first admin "
+        "token of a new relay, on the relay's host)",
+    )
+    t.add_argument(
+        "--save",
+        action="store_true",
+        help="write it into the config file's profile (mode 0600) instead of printing it",
+    )
+    t.set_defaults(fn=cmd_token_create)
+    t = tsub.add_parser("list", help="your tokens (admins: everyone's)")
+    relay_flag(t)
+    t.add_argument("--user", default="", help="admins: only this user's")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(fn=cmd_token_list)
+    t = tsub.add_parser("revoke", help="revoke a token by its id (see `tether token list`)")
+    relay_flag(t)
+    t.add_argument("id")
+    t.set_defaults(fn=cmd_token_revoke)
+
+    s = sub.add_parser("audit", help="who attached to a run, submitted, cancelled it, and when")
+    relay_flag(s)
+    s.add_argument("run")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_audit)
+
     s = sub.add_parser("demo", help="the whole story on one machine, with a scripted IDE")
     s.add_argument("--start-delay", type=float, default=3.0, metavar="S")
     s.add_argument("--keep", action="store_true", help="keep the demo's temporary data directory")
@@ -997,6 +1251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # never its debug log: it prints frames, and a hello frame carries the token
     logging.getLogger("websockets").setLevel(max(level, logging.WARNING))
     try:
         return int(trio.run(args.fn, args))

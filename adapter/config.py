@@ -20,18 +20,23 @@
 
 A profile's keys are laid over ``[default]``; command-line options win over both. Unknown keys are
 refused with the file's name, so a typo does not silently do nothing.
+
+A file that holds a ``token`` must be readable by its owner only (mode 0600), as ssh insists for
+its keys: the token lets anyone run code on the user's runs. ``tether up`` writes the local user's
+token here (:func:`save_token`) and creates the file with that mode.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["ConfigError", "Profile", "config_path", "load_profile"]
+__all__ = ["ConfigError", "Profile", "config_path", "load_profile", "profile_token", "save_token"]
 
 
 class ConfigError(ValueError):
@@ -43,6 +48,8 @@ class Profile(BaseModel):
 
     relay: str = ""
     token: str = ""
+    #: a ``wss://`` relay's certificate is checked against this CA file (default: the system CAs)
+    ca_file: str = ""
     backend: str = ""
     gpus: int | None = None
     cpus: int | None = None
@@ -69,13 +76,19 @@ def load_profile(name: str | None = None, path: Path | None = None) -> Profile:
     path = path or config_path()
     name = name or os.environ.get("TETHER_PROFILE") or "default"
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
+        data = tomllib.loads(text)
     except FileNotFoundError:
         if name != "default":
             raise ConfigError(f"profile {name!r}: there is no config file at {path}") from None
         return Profile()
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    if _TOKEN_LINE.search(text) and path.stat().st_mode & 0o077:
+        raise ConfigError(
+            f"{path} holds a token but others can read it (mode "
+            f"{path.stat().st_mode & 0o777:o}); run: chmod 600 {path}"
+        )
     base: dict[str, Any] = dict(data.get("default") or {})
     if name != "default":
         profiles = data.get("profiles") or {}
@@ -93,3 +106,48 @@ def load_profile(name: str | None = None, path: Path | None = None) -> Profile:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise ConfigError(f"{path}: profile {name!r}: {where}: {err['msg']}") from None
+
+
+_TOKEN_LINE = re.compile(r"^\s*token\s*=", re.MULTILINE)
+
+
+def profile_token(name: str = "default", path: Path | None = None) -> str:
+    """The token a profile names in the file (not merged with ``[default]``), or ""."""
+    try:
+        data = tomllib.loads((path or config_path()).read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return ""
+    table = data.get("default") if name == "default" else (data.get("profiles") or {}).get(name)
+    token = (table or {}).get("token", "")
+    return token if isinstance(token, str) else ""
+
+
+def save_token(token: str, name: str = "default", path: Path | None = None) -> Path:
+    """Set ``token`` in profile ``name`` of the config file, keeping everything else as written;
+    the file ends up (or is created) readable by its owner only."""
+    path = path or config_path()
+    header = "[default]" if name == "default" else f"[profiles.{name}]"
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        lines = []
+    line = f'token = "{token}"'
+    start = next((i for i, text in enumerate(lines) if text.strip() == header), None)
+    if start is None:
+        lines = [header, line, "", *lines]
+    else:
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")),
+            len(lines),
+        )
+        found = [i for i in range(start + 1, end) if re.match(r"\s*token\s*=", lines[i])]
+        if found:
+            lines[found[0]] = line
+        else:
+            lines.insert(start + 1, line)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path

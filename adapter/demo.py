@@ -62,8 +62,8 @@ async def run_demo(*, start_delay: float = 3.0, keep: bool = False) -> int:
             ) as stack,
             trio.open_nursery() as nursery,
         ):
-            relay = stack.relay
-            say("stack", f"bundled server at {stack.redis}; relay at {relay}")
+            relay = stack.endpoint
+            say("stack", f"bundled server at {stack.redis}; relay at {stack.relay}")
             say(
                 "stack",
                 f"local worker pool: 1 slot, start delay {start_delay:g} s (a stand-in GPU queue)",

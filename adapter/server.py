@@ -15,13 +15,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
 from protocol_specs import dap_framing, wire
 from protocol_specs.wire import DapEntry, PresenceEntry, Role, StreamName, WireError
-from relay.client import LinkPolicy, RunLink, open_control, open_run_link
+from relay.client import LinkPolicy, RunLink, Target, open_control, open_run_link
 
+from . import peer
 from .core import Action, AdapterCore, CancelRun, CloseIde, Publish, ToIde
 
 __all__ = ["AdapterServer", "serve_adapter"]
@@ -29,6 +31,9 @@ __all__ = ["AdapterServer", "serve_adapter"]
 log = logging.getLogger("tether.adapter")
 
 LOCALHOST = "127.0.0.1"
+#: a new connection has this long, and this many bytes, to send its ``initialize`` request
+GREETING_TIMEOUT = 30.0
+GREETING_MAX_BYTES = 1024 * 1024
 
 
 def _id_tuple(cursor: str) -> tuple[int, int]:
@@ -46,7 +51,7 @@ class _Ide:
 class AdapterServer:
     def __init__(
         self,
-        relay_url: str,
+        relay_url: Target,
         link: RunLink,
         core: AdapterCore,
         *,
@@ -161,32 +166,38 @@ class AdapterServer:
                     await self._perform(self.core.on_tick())
 
     async def _handle_ide(self, stream: trio.SocketStream) -> None:
+        why = await trio.to_thread.run_sync(
+            peer.refusal, stream.socket.getsockname(), stream.socket.getpeername()
+        )
+        if why is not None:
+            self._refuse(why)
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+            return
+        framer = dap_framing.DapFramer()
+        try:
+            first = await self._greeting(stream, framer)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            first = None
+        if first is None:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+            return
         async with self._lock:
             actions = self.core.ide_connected()
             ide = _Ide(stream, self.core.generation)
             await self._perform(actions)
             self._ide = ide
         self.on_event("an IDE connected")
-        framer = dap_framing.DapFramer()
         try:
-            while data := await stream.receive_some(65536):
+            async with self._lock:
+                await self._perform(self.core.on_ide_message(first))
+                self._wake_timer.set()
+            while await self._ide_messages(framer):
+                data = await stream.receive_some(65536)
+                if not data:
+                    break
                 framer.receive_data(data)
-                while True:
-                    try:
-                        msg = framer.next_message()
-                    except dap_framing.DapFramingError as exc:
-                        log.warning("bad DAP input from the IDE: %s", exc)
-                        if exc.fatal:
-                            self.on_event(f"closed the IDE connection: {exc}")
-                            return
-                        async with self._lock:
-                            await self._perform(self.core.on_ide_garbage(str(exc)))
-                        continue
-                    if msg is None:
-                        break
-                    async with self._lock:
-                        await self._perform(self.core.on_ide_message(msg))
-                        self._wake_timer.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
@@ -198,6 +209,84 @@ class AdapterServer:
                 await stream.aclose()
             ide.gone.set()
             self.on_event("the IDE disconnected")
+
+    async def _ide_messages(self, framer: dap_framing.DapFramer) -> bool:
+        """Handle what the IDE sent so far; False if the connection must close."""
+        while True:
+            try:
+                msg = framer.next_message()
+            except dap_framing.DapFramingError as exc:
+                log.warning("bad DAP input from the IDE: %s", exc)
+                if exc.fatal:
+                    self.on_event(f"closed the IDE connection: {exc}")
+                    return False
+                async with self._lock:
+                    await self._perform(self.core.on_ide_garbage(str(exc)))
+                continue
+            if msg is None:
+                return True
+            async with self._lock:
+                await self._perform(self.core.on_ide_message(msg))
+                self._wake_timer.set()
+
+    async def _greeting(
+        self, stream: trio.SocketStream, framer: dap_framing.DapFramer
+    ) -> dict[str, Any] | None:
+        """A new connection's first message, if it is an ``initialize`` request (what every DAP
+        client sends first). Only then does the connection take over from the IDE attached now
+        (an IDE restarting); a port scanner, a stray or broken client, or anything sending
+        something else first is closed without touching the session."""
+        received = 0
+        with trio.move_on_after(GREETING_TIMEOUT):
+            while True:
+                try:
+                    msg = framer.next_message()
+                except dap_framing.DapFramingError as exc:
+                    if exc.fatal:
+                        self._refuse(f"not DAP: {exc}")
+                        return None
+                    # a malformed message in a well-framed stream: said, skipped, as later on
+                    log.warning("bad DAP input from a new connection: %s", exc)
+                    text = f"tether: ignored a malformed DAP message from the IDE: {exc}\n"
+                    note = {"category": "important", "output": text}
+                    event = {"seq": 0, "type": "event", "event": "output", "body": note}
+                    with trio.move_on_after(1):
+                        await stream.send_all(dap_framing.encode_message(event))
+                    continue
+                if msg is not None:
+                    if msg.get("type") == "request" and msg.get("command") == "initialize":
+                        return msg
+                    await self._refuse_first(stream, msg)
+                    return None
+                data = await stream.receive_some(65536)
+                if not data:
+                    return None
+                received += len(data)
+                if received > GREETING_MAX_BYTES:
+                    self._refuse(f"over {GREETING_MAX_BYTES} bytes before an initialize request")
+                    return None
+                framer.receive_data(data)
+        self._refuse(f"no initialize request within {GREETING_TIMEOUT:g} s")
+        return None
+
+    def _refuse(self, why: str) -> None:
+        log.warning("refused a connection: %s", why)
+        self.on_event(f"refused a connection: {why}")
+
+    async def _refuse_first(self, stream: trio.SocketStream, msg: dict[str, Any]) -> None:
+        what = msg.get("command") or msg.get("event") or msg.get("type")
+        self._refuse(f"its first message was {str(what)[:50]!r}, not an initialize request")
+        if msg.get("type") == "request" and isinstance(msg.get("seq"), int):
+            answer = {
+                "seq": 1,
+                "type": "response",
+                "request_seq": msg["seq"],
+                "success": False,
+                "command": str(msg.get("command", ""))[:100],
+                "message": "a DAP session starts with an 'initialize' request",
+            }
+            with trio.move_on_after(1):
+                await stream.send_all(dap_framing.encode_message(answer))
 
     async def _perform(self, actions: list[Action]) -> None:
         for action in actions:
@@ -232,7 +321,7 @@ class AdapterServer:
 
 
 async def serve_adapter(
-    relay_url: str,
+    relay_url: Target,
     run_id: str,
     *,
     port: int = 5678,

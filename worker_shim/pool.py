@@ -24,7 +24,15 @@ from protocol_specs import wire
 from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
-from relay.client import ControlClient, RelayError, open_control, open_run_link
+from relay.client import (
+    ControlClient,
+    Endpoint,
+    RelayError,
+    Target,
+    endpoint,
+    open_control,
+    open_run_link,
+)
 
 from .shim import run_shim, worker_link_policy
 
@@ -72,7 +80,7 @@ class GpuPool:
 
 
 async def run_pool(
-    relay_url: str,
+    relay_url: Target,
     *,
     slots: int = 1,
     start_delay: float = 0.0,
@@ -83,7 +91,10 @@ async def run_pool(
     on_event: Callable[[str], None] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run ``slots`` claim loops until cancelled. ``start_delay`` stands in for a GPU queue."""
+    """Run ``slots`` claim loops until cancelled. ``start_delay`` stands in for a GPU queue.
+
+    ``relay_url``'s token needs the ``backend`` scope; each claimed attempt runs with the worker
+    token the relay minted for it."""
     say = on_event or (lambda _text: None)
     base = name or f"{socket.gethostname()}-pool"
     (work_dir / "runs").mkdir(parents=True, exist_ok=True)
@@ -97,7 +108,7 @@ async def run_pool(
 
 
 async def _slot(
-    relay_url: str,
+    relay_url: Target,
     worker: str,
     start_delay: float,
     work_dir: Path,
@@ -111,7 +122,9 @@ async def _slot(
             async with open_control(relay_url, client=f"tether-worker {worker}") as control:
                 backoff = 0.2
                 while True:
-                    record, manifest = await control.claim(worker)
+                    assigned = await control.claim(worker)
+                    record, manifest = assigned.run, assigned.manifest
+                    as_worker = endpoint(relay_url).with_token(assigned.token)
                     say(f"{worker}: claimed run {record.id} (attempt {record.attempt})")
                     if start_delay > 0:
                         say(
@@ -121,12 +134,12 @@ async def _slot(
                     try:
                         taken = await gpus.take(record.spec.resources.gpus)
                     except ValueError as exc:
-                        await _start_failed(relay_url, record, str(exc))
+                        await _start_failed(as_worker, record, str(exc))
                         say(f"{worker}: run {record.id}: {exc}")
                         continue
                     env = {"CUDA_VISIBLE_DEVICES": ",".join(taken)} if gpus.gpus else {}
                     try:
-                        await _run(relay_url, record, manifest, control, work_dir, python, say, env)
+                        await _run(as_worker, record, manifest, control, work_dir, python, say, env)
                     except RelayError as exc:
                         say(f"{worker}: lost the relay while running {record.id}: {exc}")
                     finally:
@@ -137,7 +150,7 @@ async def _slot(
             backoff = min(backoff * 2, 5.0)
 
 
-async def _start_failed(relay_url: str, record: RunRecord, detail: str) -> None:
+async def _start_failed(relay_url: Endpoint, record: RunRecord, detail: str) -> None:
     async with open_run_link(
         relay_url,
         role=wire.Role.WORKER,
@@ -150,7 +163,7 @@ async def _start_failed(relay_url: str, record: RunRecord, detail: str) -> None:
 
 
 async def run_one(
-    relay_url: str,
+    relay_url: Target,
     run_id: str,
     attempt: int,
     *,
@@ -159,16 +172,21 @@ async def run_one(
     python: str = sys.executable,
     on_event: Callable[[str], None] | None = None,
 ) -> int | None:
-    """Claim ``run_id``'s attempt ``attempt`` and run it (a scheduler job's worker)."""
+    """Claim ``run_id``'s attempt ``attempt`` and run it (a scheduler job's worker, holding the
+    attempt's worker token)."""
     say = on_event or (lambda _text: None)
     async with open_control(relay_url, client=f"tether-worker {worker}") as control:
-        record, manifest = await control.claim(worker, run=run_id, attempt=attempt)
+        assigned = await control.claim(worker, run=run_id, attempt=attempt)
+        record = assigned.run
+        as_worker = endpoint(relay_url)
+        if assigned.token:
+            as_worker = as_worker.with_token(assigned.token)
         say(f"{worker}: claimed run {record.id} (attempt {record.attempt})")
-        return await _run(relay_url, record, manifest, control, work_dir, python, say)
+        return await _run(as_worker, record, assigned.manifest, control, work_dir, python, say)
 
 
 async def _run(
-    relay_url: str,
+    relay_url: Endpoint,
     record: RunRecord,
     manifest: Manifest,
     control: ControlClient,

@@ -53,6 +53,7 @@ from protocol_specs.capabilities import (
     VSCODE_INITIALIZE,
     capabilities_delta,
 )
+from protocol_specs.redact import Redactor
 from protocol_specs.runs import RunRecord, retry_delay
 from protocol_specs.session import (
     CONFIGURATION_COMMANDS,
@@ -63,7 +64,7 @@ from protocol_specs.session import (
 )
 from protocol_specs.snapshots import Manifest
 from protocol_specs.wire import DapEntry, PresenceEntry, Role, StatusEntry, StreamName, WireError
-from relay.client import LinkPolicy, RunLink, open_run_link
+from relay.client import LinkPolicy, RunLink, Target, open_run_link
 
 from .debuggee import Debuggee, OutputPump, start_debuggee, start_plain, terminate_group
 from .files import Fetch, materialise
@@ -216,7 +217,7 @@ def _default_path_mappings(
 
 
 async def run_shim(
-    relay_url: str,
+    relay_url: Target,
     record: RunRecord,
     manifest: Manifest,
     *,
@@ -258,32 +259,61 @@ async def run_shim(
             say(f"run {record.id}: cannot materialise the snapshot: {exc}")
             return None
         say(f"run {record.id} attempt {record.attempt}: {files} files in {run_dir}")
-        env = {**os.environ, **record.spec.program_env(), **(env or {})}
-        output = _output_to(link, record.attempt)
-        if not record.spec.debug:
-            return await _run_plain(link, record, run_dir, env, log_path, say, news, output)
+        inherited = {k: v for k, v in os.environ.items() if k not in WORKER_ONLY_ENV}
+        env = {**inherited, **record.spec.program_env(), **(env or {})}
+        output = _Output(link, record.attempt, record.spec.secrets())
         try:
-            async with start_debuggee(
-                record.spec.command,
-                cwd=str(run_dir),
-                env=env,
-                log_path=str(log_path),
-                python=python,
-                on_output=output,
-            ) as debuggee:
-                return await _run_debug(link, record, run_dir, debuggee, say, news)
-        except (ValueError, OSError, RuntimeError) as exc:
-            await _status(link, StatusEvent.START_FAILED, detail=str(exc))
-            say(f"run {record.id} could not start: {exc}")
-            return None
+            if not record.spec.debug:
+                return await _run_plain(link, record, run_dir, env, log_path, say, news, output)
+            try:
+                async with start_debuggee(
+                    record.spec.command,
+                    cwd=str(run_dir),
+                    env=env,
+                    log_path=str(log_path),
+                    python=python,
+                    on_output=output,
+                ) as debuggee:
+                    return await _run_debug(link, record, run_dir, debuggee, say, news)
+            except (ValueError, OSError, RuntimeError) as exc:
+                detail = output.blank(str(exc))
+                await _status(link, StatusEvent.START_FAILED, detail=detail)
+                say(f"run {record.id} could not start: {detail}")
+                return None
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await output.flush()
 
 
-def _output_to(link: RunLink, attempt: int) -> Callable[[str, bytes], Awaitable[None]]:
-    async def publish(stream: str, data: bytes) -> None:
+#: the worker's own credentials: never handed down to the program it runs
+WORKER_ONLY_ENV = frozenset({"TETHER_TOKEN", "TETHER_CONFIG"})
+
+
+class _Output:
+    """The program's output into the run's logs stream, its secret values blanked."""
+
+    def __init__(self, link: RunLink, attempt: int, secrets: list[str]) -> None:
+        self.link = link
+        self.attempt = attempt
+        self.redactors = {name: Redactor(secrets) for name in ("stdout", "stderr")}
+
+    def blank(self, text: str) -> str:
+        return self.redactors["stdout"].text(text)
+
+    async def __call__(self, stream: str, data: bytes) -> None:
         assert stream in ("stdout", "stderr")
-        await link.publish(wire.LogEntry(stream=stream, data=data, attempt=attempt))  # type: ignore[arg-type]
+        data = self.redactors[stream].feed(data)
+        if data:
+            await self._publish(stream, data)
 
-    return publish
+    async def flush(self) -> None:
+        for stream, redactor in self.redactors.items():
+            if held := redactor.flush():
+                await self._publish(stream, held)
+
+    async def _publish(self, stream: str, data: bytes) -> None:
+        entry = wire.LogEntry(stream=stream, data=data, attempt=self.attempt)  # type: ignore[arg-type]
+        await self.link.publish(entry)
 
 
 async def _exited(link: RunLink, record: RunRecord, code: int) -> None:

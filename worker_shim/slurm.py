@@ -39,7 +39,7 @@ from pathlib import Path
 import trio
 
 from protocol_specs.runs import RunRecord
-from relay.client import ControlClient, RelayError, open_control
+from relay.client import ControlClient, RelayError, Target, endpoint, open_control
 
 __all__ = ["SlurmBackend", "SlurmError", "job_script", "sbatch_options"]
 
@@ -61,6 +61,9 @@ ENDED = frozenset(
     }
 )
 NAME = "slurm"
+#: a job whose attempt is over (the run ended, or a later attempt began) may take this long to end
+#: by itself (its worker was told to stop) before the backend cancels it
+STALE_GRACE = 30.0
 
 
 class SlurmError(Exception):
@@ -107,7 +110,7 @@ def job_script(
 class SlurmBackend:
     def __init__(
         self,
-        relay: str,
+        relay: Target,
         *,
         state_dir: Path,
         worker_relay: str | None = None,
@@ -118,7 +121,7 @@ class SlurmBackend:
         on_event: Callable[[str], None] | None = None,
     ) -> None:
         self.relay = relay
-        self.worker_relay = worker_relay or relay
+        self.worker_relay = worker_relay or endpoint(relay).url
         self.state_dir = state_dir
         self.python = python
         self.poll = poll
@@ -126,6 +129,8 @@ class SlurmBackend:
         self.env = {**os.environ, **(env or {})}
         self.say = on_event or (lambda _text: None)
         self.jobs: dict[str, Job] = {}
+        #: jobs whose attempt is over but that still run: since when (they get ``STALE_GRACE``)
+        self._stale: dict[str, float] = {}
         for sub in ("jobs", "credentials", "work"):
             (state_dir / sub).mkdir(parents=True, exist_ok=True)
         (state_dir / "credentials").chmod(0o700)
@@ -187,19 +192,28 @@ class SlurmBackend:
                 async with open_control(self.relay, client="tether-backend slurm") as control:
                     backoff = 0.2
                     while True:
-                        record = await control.dispatch(NAME, "slurm-backend")
-                        await self.submit(control, record)
+                        assigned = await control.dispatch(NAME, "slurm-backend")
+                        await self.submit(control, assigned.run, assigned.token)
             except (RelayError, OSError) as exc:
                 log.warning("slurm backend: %s; retrying in %.1f s", exc, backoff)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
-    async def submit(self, control: ControlClient, record: RunRecord) -> None:
+    async def submit(self, control: ControlClient, record: RunRecord, token: str) -> None:
+        """Write the attempt's credentials (its worker token: never on a command line) and
+        submit its job."""
         key = f"{record.id}-{record.attempt}"
         credentials = self.state_dir / "credentials" / f"{key}.json"
         fd = os.open(credentials, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        creds = {
+            "relay": self.worker_relay,
+            "run": record.id,
+            "attempt": record.attempt,
+            "token": token,
+            "ca_file": endpoint(self.relay).ca_file,
+        }
         with os.fdopen(fd, "w") as f:
-            json.dump({"relay": self.worker_relay, "run": record.id, "attempt": record.attempt}, f)
+            json.dump(creds, f)
         script = self.state_dir / "jobs" / f"{key}.sh"
         script.write_text(
             job_script(
@@ -263,7 +277,12 @@ class SlurmBackend:
                     self._forget(job)
                 continue
             if not current:
-                # the run was cancelled or went on to another attempt: its job has no purpose
+                # the run ended or went on to another attempt: a pending job is cancelled; a
+                # running one's worker stops by itself (it was told), else it is cancelled after
+                # a grace period
+                first = self._stale.setdefault(job_id, trio.current_time())
+                if base != "PENDING" and trio.current_time() - first < STALE_GRACE:
+                    continue
                 self.say(
                     f"run {job.run}: cancelling Slurm job {job_id} (attempt {job.attempt} over)"
                 )
@@ -277,5 +296,6 @@ class SlurmBackend:
 
     def _forget(self, job: Job) -> None:
         self.jobs.pop(job.job, None)
+        self._stale.pop(job.job, None)
         self._save()
         (self.state_dir / "credentials" / f"{job.run}-{job.attempt}.json").unlink(missing_ok=True)
