@@ -19,6 +19,7 @@ Every test that touches a real server carries the ``redis`` marker (``-m "not re
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -202,3 +203,38 @@ async def store(
     url = "memory://" if request.param == "memory" else redis_servers.get(request.param).url
     async with _empty_store(url) as each:
         yield each
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(self.format(record))
+        except Exception:  # a broken record is the test's problem, not the scan's
+            self.lines.append(str(record.msg))
+
+
+@pytest.fixture(autouse=True)
+def no_secrets_in_logs() -> Iterator[None]:
+    """After every test: no token and no secret value in any log line of this process (tether's
+    loggers at INFO) or of the tether processes it started (``tests/leaks.py``)."""
+    from leaks import PROCESS_LINES, leaked
+
+    handler = _Lines()
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+    tether = logging.getLogger("tether")
+    root = logging.getLogger()
+    level = tether.level
+    tether.setLevel(min(level or logging.INFO, logging.INFO))
+    root.addHandler(handler)
+    PROCESS_LINES.clear()
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        tether.setLevel(level)
+    found = leaked(handler.lines) + leaked(PROCESS_LINES)
+    assert not found, "secrets in log lines:\n" + "\n".join(found[:10])

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
+from leaks import PROCESS_LINES
 
 TETHER = str(Path(sys.executable).with_name("tether"))
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +40,7 @@ class Proc:
             *complete, buffer = buffer.split(b"\n")
             for raw in complete:
                 self.lines.append(raw.decode(errors="replace"))
+                PROCESS_LINES.append(self.lines[-1])  # scanned for secrets after the test
             self._changed.set()
             self._changed = trio.Event()
         if buffer:
@@ -69,6 +71,12 @@ class Proc:
         return "\n".join(self.lines)
 
 
+def home_env(home: Path) -> dict[str, str]:
+    """The environment of a tether command living in ``home`` (its config file too: where
+    `tether up` keeps the local user's token)."""
+    return {**os.environ, "TETHER_HOME": str(home), "TETHER_CONFIG": str(home / "config.toml")}
+
+
 @asynccontextmanager
 async def tether(
     *args: str,
@@ -77,7 +85,7 @@ async def tether(
     cwd: Path | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> AsyncIterator[Proc]:
-    env = {**os.environ, "TETHER_HOME": str(home), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    env = {**home_env(home), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     process = await trio.lowlevel.open_process(
         [TETHER, *args],
         stdout=subprocess.PIPE,
@@ -111,6 +119,18 @@ async def stop(process: trio.Process, *, grace: float = 10) -> None:
         except ProcessLookupError:
             pass
         await process.wait()
+
+
+async def admin_token(home: Path, redis: str) -> None:
+    """The first token of a standalone relay, made in its store as an operator does
+    (`tether token create --redis URL --save`), saved in ``home``'s config file."""
+    async with tether(
+        "token", "create", "--redis", redis, "--scope", "admin", "--scope", "runs",
+        "--scope", "backend", "--save", home=home, name="token",
+    ) as proc:  # fmt: skip
+        await proc.wait_line(r"saved in")
+        with trio.fail_after(30):
+            assert await proc.process.wait() == 0, proc.output
 
 
 @asynccontextmanager

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import trio
 from faults.proxy import FaultProxy
-from stack import Proc, tether
+from stack import Proc, admin_token, tether
 
 from adapter.dap_client import DapClient, open_dap_client
 from adapter.demo import VSCODE_INITIALIZE
@@ -241,6 +241,7 @@ async def test_nothing_is_lost_duplicated_or_reordered_under_faults(
     redis = Redis(tmp_path / "redis")
     async with trio.open_nursery() as nursery:
         redis_url = await nursery.start(redis.run)
+        await admin_token(home, redis_url)
         async with (
             relay_process(home, redis_url, "relay-a") as (relay_a, port_a),
             relay_process(home, redis_url, "relay-b") as (_relay_b, port_b),

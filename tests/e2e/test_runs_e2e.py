@@ -4,13 +4,12 @@ on (breakpoints re-applied, the stop seen on attempt 2)."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 import trio
-from stack import TETHER, debug_run, relay_stack, tether, worker
+from stack import TETHER, debug_run, home_env, relay_stack, tether, worker
 from test_session_e2e import assert_schema_valid, bp_args, ide_session, resume, stopped_frame
 
 from adapter.dap_client import open_dap_client
@@ -204,7 +203,7 @@ async def test_logs_are_complete_and_in_order(tmp_path: Path) -> None:
                 [TETHER, "logs", "--follow", run_id],
                 capture_stdout=True,
                 capture_stderr=True,
-                env={**os.environ, "TETHER_HOME": str(home)},
+                env=home_env(home),
             )
     stdout, stderr = logs.stdout.decode().splitlines(), logs.stderr.decode().splitlines()
     assert stdout == [f"out {i}" for i in range(20000)]
