@@ -95,7 +95,7 @@ async def through_tether(workdir: Path, tmp: Path, n: int) -> dict[str, float]:
     from adapter.server import serve_adapter
 
     async with open_local_stack(tmp, workers=1) as stack, trio.open_nursery() as nursery:
-        relay = stack.relay
+        relay = stack.endpoint
         args = argparse.Namespace(
             command=["python", "app.py"],
             workdir=str(workdir),
