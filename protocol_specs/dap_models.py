@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 __all__ = [
@@ -20,9 +21,11 @@ __all__ = [
     "SetBreakpointsArguments",
     "Source",
     "SourceBreakpoint",
+    "coalesce_output",
     "error_response",
     "event",
     "parse_arguments",
+    "plain_output",
     "response",
     "source_key",
 ]
@@ -155,3 +158,66 @@ def event(name: str, body: dict[str, Any] | None = None, *, seq: int = 0) -> dic
     if body is not None:
         msg["body"] = body
     return msg
+
+
+#: the most output text one merged event carries
+MAX_MERGED_OUTPUT = 64 * 1024
+
+
+def plain_output(raw: bytes) -> tuple[str, str] | None:
+    """(category, text) of an ``output`` event carrying nothing else (no source, no variables;
+    debugpy sends an empty ``source``)."""
+    if b'"output"' not in raw:
+        return None
+    try:
+        msg = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    body = msg.get("body") if isinstance(msg, dict) else None
+    if msg.get("type") != "event" or msg.get("event") != "output" or not isinstance(body, dict):
+        return None
+    category, text = body.get("category", "console"), body.get("output")
+    if any(body[k] for k in set(body) - {"category", "output"}) or not isinstance(text, str):
+        return None
+    if not isinstance(category, str) or category == "telemetry":
+        return None
+    return category, text
+
+
+def coalesce_output(messages: list[bytes]) -> list[bytes]:
+    """Merge runs of consecutive plain ``output`` events of one category into one event each.
+
+    pydevd sends an event per ``write()`` (``print("a", 1)`` is four). Merged, the IDE shows the same
+    text in the same order; every other message, and its place among the output, is kept. A merged
+    event holds at most :data:`MAX_MERGED_OUTPUT` characters (a longer single event stays whole).
+    """
+    out: list[bytes] = []
+    run: tuple[str, list[str], int, bytes] | None = None  # category, texts, size, first raw
+
+    def close() -> None:
+        if run is None:
+            return
+        category, texts, _size, first = run
+        if len(texts) == 1:
+            out.append(first)
+        else:
+            seq = orjson.loads(first).get("seq", 0)
+            body = {"category": category, "output": "".join(texts)}
+            out.append(orjson.dumps(event("output", body, seq=seq)))
+
+    for raw in messages:
+        plain = plain_output(raw)
+        if plain is None:
+            close()
+            run = None
+            out.append(raw)
+            continue
+        category, text = plain
+        if run is not None and run[0] == category and run[2] + len(text) <= MAX_MERGED_OUTPUT:
+            run[1].append(text)
+            run = (category, run[1], run[2] + len(text), run[3])
+        else:
+            close()
+            run = (category, [text], len(text), raw)
+    close()
+    return out

@@ -521,13 +521,27 @@ class RunLink:
         self._report_now = True
         self._wake.set()
 
+    @property
+    def answered(self) -> int:
+        """The highest publish number the relay answered."""
+        return self._answered
+
+    async def wait_answered(self, n: int) -> None:
+        """Wait until the relay answered publish ``n`` (or the link failed)."""
+        while self._answered < n and not self.failed:
+            await self._changed.wait()
+
     async def flush(self) -> None:
         """Wait until the relay answered every publish so far (or the link failed)."""
         while self._answered < self._n and not self.failed:
             await self._changed.wait()
 
     def _answer(self, n: int) -> None:
-        for number in [k for k in self._outbox if k <= n]:
+        # the outbox is in publish order: answered numbers are at its front
+        while self._outbox:
+            number = next(iter(self._outbox))
+            if number > n:
+                break
             self._outbox_bytes -= len(self._outbox.pop(number))
         self._answered = max(self._answered, n)
         self._changed.set()

@@ -53,6 +53,7 @@ from protocol_specs.capabilities import (
     VSCODE_INITIALIZE,
     capabilities_delta,
 )
+from protocol_specs.dap_models import coalesce_output, plain_output
 from protocol_specs.redact import Redactor
 from protocol_specs.runs import RunRecord, retry_delay
 from protocol_specs.session import (
@@ -87,6 +88,9 @@ _DROPPED_EVENTS = frozenset(
     {"initialized", "debugpyWaitingForServer", "debugpySockets", "terminated"}
 )
 HANDSHAKE_TIMEOUT = 60.0
+#: how long debugpy may take, after the program exited, to hand over its last events
+FINISH_TIMEOUT = 10.0
+RECEIVE_SIZE = 256 * 1024
 #: a stop shorter than this (a step) is not reported as the run being paused
 PAUSE_REPORT_AFTER = 0.5
 
@@ -123,7 +127,15 @@ class _DebugpyLink:
         self.sent: dict[int, _Sent] = {}
         self.initialized = trio.Event()
         self.closed = trio.Event()
+        #: debugpy said ``terminated`` (after every event of the program) or the connection closed
+        self.finished = trio.Event()
         self._send_lock = trio.Lock()
+        # Output waits while the previous output entry is unanswered by the relay, and goes out
+        # merged after it (Nagle's idea, no timer): a trickle is sent at once, a flood in chunks.
+        self._publish_lock = trio.Lock()  # publishes in the order they were decided
+        self._output: list[bytes] = []  # plain output events held back, in order
+        self._output_held = trio.Event()
+        self._output_in_flight = 0  # the publish number of the last output entry sent
 
     async def send(
         self, command: str, arguments: Any, *, origin: str | None = None, seq: int = 0
@@ -150,20 +162,58 @@ class _DebugpyLink:
     async def pump(self) -> None:
         """Read debugpy's messages until it closes the connection; publish what the IDE needs."""
         try:
-            while data := await self.stream.receive_some(65536):
+            while data := await self.stream.receive_some(RECEIVE_SIZE):
                 self.framer.receive_data(data)
+                batch = []
                 while (raw := self.framer.next_raw()) is not None:
-                    await self._dispatch(raw)
+                    batch.append(raw)
+                # pydevd sends an event per write(): merged, a flood costs a few entries per read,
+                # and debugpy is read as fast as it writes (pydevd drops what it cannot send
+                # before the program exits)
+                for raw in coalesce_output(batch):
+                    if plain_output(raw) is not None:
+                        await self._output_event(raw)
+                    else:
+                        await self.flush_output()
+                        await self._dispatch(raw)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except dap_framing.DapFramingError as exc:
             log.error("debugpy sent bad DAP data: %s", exc)
         finally:
             self.closed.set()
+            self.finished.set()
             for sent in self.sent.values():
                 sent.done.set()
 
-    async def _dispatch(self, raw: bytes) -> None:
+    async def _output_event(self, raw: bytes) -> None:
+        if self._output or self.link.answered < self._output_in_flight:
+            self._output.append(raw)
+            self._output_held.set()
+        else:
+            await self._dispatch(raw)
+
+    async def flush_output(self) -> None:
+        async with self._publish_lock:
+            held, self._output = self._output, []
+            for raw in coalesce_output(held):
+                await self._dispatch(raw, locked=True)
+
+    async def flush_output_when_answered(self) -> None:
+        """Send held output as soon as the relay answered the output entry before it."""
+        while True:
+            await self._output_held.wait()
+            self._output_held = trio.Event()
+            await self.link.wait_answered(self._output_in_flight)
+            await self.flush_output()
+
+    async def _publish(self, entry: DapEntry, *, locked: bool) -> int:
+        if locked:
+            return await self.link.publish(entry)
+        async with self._publish_lock:
+            return await self.link.publish(entry)
+
+    async def _dispatch(self, raw: bytes, *, locked: bool = False) -> None:
         msg = orjson.loads(raw)
         kind = msg.get("type")
         if kind == "response":
@@ -175,19 +225,22 @@ class _DebugpyLink:
             if sent.origin is not None:
                 body = orjson.dumps({**msg, "request_seq": sent.seq})
                 transient = is_transient(msg, sent.command)
-                await self.link.publish(
-                    DapEntry(origin=sent.origin, body=body, transient=transient)
-                )
+                entry = DapEntry(origin=sent.origin, body=body, transient=transient)
+                await self._publish(entry, locked=locked)
         elif kind == "event":
             name = msg.get("event")
             if name == "initialized":
                 self.initialized.set()
+            if name == "terminated":
+                self.finished.set()
             if name in _DROPPED_EVENTS:
                 return
             if name == "output" and (msg.get("body") or {}).get("category") == "telemetry":
                 return
             self.on_event(msg)
-            await self.link.publish(DapEntry(body=raw, transient=is_transient(msg)))
+            n = await self._publish(DapEntry(body=raw, transient=is_transient(msg)), locked=locked)
+            if name == "output":
+                self._output_in_flight = n
         elif kind == "request":
             # reverse requests (startDebugging, runInTerminal): the shim supports none of them
             reply = {
@@ -463,6 +516,7 @@ async def _run_debug(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(dbg.pump)
+        nursery.start_soon(dbg.flush_output_when_answered)
         nursery.start_soon(stop_on_terminate)
         nursery.start_soon(_terminate_when, news.ended, _set_event(terminate))
         nursery.start_soon(_report_refusals, link, news)
@@ -505,6 +559,11 @@ async def _run_debug(
             nursery.start_soon(_forward_live, link, dbg, terminate, attention, record)
         code = await debuggee.wait()
         await debuggee.output.drained()
+        # debugpy may still hold the program's last output events: they come before its
+        # ``terminated``, which the pump sees after publishing them, before the exit status below
+        with trio.move_on_after(FINISH_TIMEOUT):
+            await dbg.finished.wait()
+            await dbg.flush_output()
         nursery.cancel_scope.cancel()
     await _exited(link, record, code)
     say(f"run {record.id} exited with {code}")
