@@ -1,0 +1,120 @@
+"""tether's benchmarks: ``./dev bench`` (or ``.venv/bin/python -m bench [--quick] [--only NAME]``).
+
+Runs every benchmark on loopback and writes ``bench/report.md`` (with ``bench/latency.png``) and the
+raw figures in ``bench/results/figures.json``. ``--quick`` is the tiny version the test suite runs
+(``--out DIR`` to write elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common
+import first_stop
+import flood
+import idle
+import latency
+import report
+import resume
+import snapshot
+
+BENCHES = ("latency", "flood", "first_stop", "idle", "snapshot", "resume")
+
+#: (full, quick) sizes
+SIZES: dict[str, tuple[int, int]] = {
+    "requests": (200, 5),
+    "steps": (500, 5),
+    "stops": (100, 3),
+    "flood_lines": (200_000, 2_000),
+    "first_stops": (10, 1),
+    "idle_sessions": (10_000, 20),
+    "snapshot_files": (20_000, 200),
+    "snapshot_mib": (500, 2),
+    "resumes": (30, 2),
+}
+
+
+async def run(only: set[str], quick: bool, tmp: Path) -> dict[str, Any]:
+    size = {k: v[1] if quick else v[0] for k, v in SIZES.items()}
+    figures: dict[str, Any] = {"machine": common.machine(), "quick": quick, "sizes": size}
+    if "latency" in only:
+        async with AsyncExitStack() as stack:
+            tether = await stack.enter_async_context(common.tether_stack(tmp / "home-latency"))
+            sessions = await latency.open_sessions(stack, tether, tmp, "latency")
+            figures["requests"] = await latency.requests(sessions, size["requests"])
+            figures["stepping"] = await latency.stepping(sessions, size["steps"], size["stops"])
+    if "flood" in only:
+        async with common.tether_stack(tmp / "home-flood") as tether:
+            lines, rates, peaks = size["flood_lines"], {"tether": [], "debugpy": []}, []
+            for i, n in enumerate((lines // 4, lines)):  # 200k lines take minutes each way
+                rate, peak = await flood.through_tether(tether, tmp, n, f"flood-t{i}")
+                if n == lines:
+                    rates["tether"].append(rate)
+                    rates["debugpy"].append(await flood.straight(tmp, n, f"flood-d{i}"))
+                peaks.append({"lines": n, "peak_kib": peak})
+            figures["flood"] = {"lines": lines, "lines_per_s": rates, "peaks": peaks}
+    if "first_stop" in only:
+        home = tmp / "home-first"
+        async with common.relay_stack(home, workers=0) as (_up, relay):
+            got: dict[str, list[float]] = {"tether": [], "debugpy": []}
+            for i in range(size["first_stops"]):
+                got["tether"].append(await first_stop.through_tether(home, relay, tmp, f"fs-t{i}"))
+                got["debugpy"].append(await first_stop.straight(tmp, f"fs-d{i}"))
+            figures["first_stop"] = {k: common.Dist(v) for k, v in got.items()}
+    if "idle" in only:
+        async with AsyncExitStack() as stack:
+            tether = await stack.enter_async_context(common.tether_stack(tmp / "home-idle"))
+            sessions = await latency.open_sessions(stack, tether, tmp, "idle", ways=("tether",))
+            url = await tether.redis_url()
+            figures["idle"] = await idle.run(
+                tether.endpoint(),
+                tether.up.process.pid,
+                lambda: common.redis_used_memory(url),
+                sessions["tether"],
+                size["idle_sessions"],
+                size["requests"],
+            )
+    if "snapshot" in only:
+        async with common.tether_stack(tmp / "home-snapshot") as tether:
+            figures["snapshot"] = await snapshot.run(
+                tether.endpoint(), tmp, size["snapshot_files"], size["snapshot_mib"], 3
+            )
+    if "resume" in only:
+        async with common.tether_stack(tmp / "home-resume") as tether:
+            figures["resume"] = await resume.run(tether.endpoint(), size["resumes"])
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (the test suite's)")
+    parser.add_argument("--only", action="append", choices=BENCHES, help="run only these")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    args = parser.parse_args()
+    only = set(args.only or BENCHES)
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
+        figures = trio.run(run, only, args.quick, Path(tmp))
+    figures["wall_s"] = time.time() - started
+    figures["date"] = time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
+    out: Path = args.out
+    (out / "results").mkdir(parents=True, exist_ok=True)
+    (out / "results" / "figures.json").write_text(json.dumps(figures, indent=2, default=vars))
+    written = report.write(figures, out)
+    print("\n".join(f"wrote {p}" for p in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""``bench/report.md`` and ``bench/latency.png`` from the figures of one run."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from common import DEBUGPY, FLOOR, TETHER, WAY_NAMES, Dist
+
+
+def _ms(x: float) -> str:
+    return f"{x:.2f} ms" if x < 100 else f"{x:.0f} ms"
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "**not met**"
+
+
+def _latency_rows(table: dict[str, dict[str, Dist]]) -> list[str]:
+    rows = [
+        "| | tether median | p99 | stock debugpy median | p99 | floor median | p99 | tether / debugpy | tether - floor | target (<= 0.1, <= +1 ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, ways in table.items():
+        t, d, f = ways[TETHER], ways[DEBUGPY], ways[FLOOR]
+        ratio = t.median / d.median
+        above = t.median - f.median
+        rows.append(
+            f"| {name} | {_ms(t.median)} | {_ms(t.p99)} | {_ms(d.median)} | {_ms(d.p99)} "
+            f"| {_ms(f.median)} | {_ms(f.p99)} | {ratio:.3f} | {above:+.2f} ms "
+            f"| {_verdict(ratio <= 0.1 and above <= 1.0)} |"
+        )
+    return rows
+
+
+def _plot(figures: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    panels = {**figures.get("requests", {}), **figures.get("stepping", {})}
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(3 * len(panels), 4), sharey=True)
+    for ax, (name, ways) in zip(axes, panels.items(), strict=True):
+        data = [ways[w].samples for w in (TETHER, DEBUGPY, FLOOR)]
+        ax.boxplot(data, whis=(1, 99), showfliers=False)
+        ax.set_xticks([1, 2, 3], ["tether", "debugpy", "floor"], rotation=30)
+        ax.set_yscale("log")
+        ax.set_title(name, fontsize=9)
+    axes[0].set_ylabel("round trip, ms (log; whiskers p1-p99)")
+    fig.suptitle("DAP latency on a paused program, measured interleaved in one run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def _mib(kib: float) -> str:
+    return f"{kib / 1024:.0f} MiB"
+
+
+def _flood(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
+    t, d = f["lines_per_s"]["tether"], f["lines_per_s"]["debugpy"]
+    ratio = min(t) / max(d) if d else 0
+    best = max(t) / min(d) if d else 0
+    roles = sorted(f["peaks"][0]["peak_kib"])
+    rows = [
+        "## 3. Output flood",
+        "",
+        f"A program printing {f['lines']:,} short lines under the debugger; lines per second "
+        "reaching the DAP client as `output` events (runs alternating).",
+        "",
+        "| | runs (lines/s) |",
+        "|---|---|",
+        f"| through tether | {', '.join(f'{x:,.0f}' for x in t)} |",
+        f"| stock debugpy | {', '.join(f'{x:,.0f}' for x in d)} |",
+        f"| ratio (worst / best pairing) | {ratio:.2f} / {best:.2f}: target >= 0.9 "
+        f"{_verdict(ratio >= 0.9)} |",
+        "",
+        "Peak resident memory (VmHWM) of each tether process after each run (the adapter is a new "
+        "process per run; the others serve every run). Bounded if the full runs' peaks stay at "
+        "the quarter runs'.",
+        "",
+        "| run (lines) | " + " | ".join(roles) + " |",
+        "|---" * (len(roles) + 1) + "|",
+    ]
+    for p in f["peaks"]:
+        rows.append(
+            f"| {p['lines']:,} | " + " | ".join(_mib(p["peak_kib"].get(r, 0)) for r in roles) + " |"
+        )
+    return [*rows, ""]
+
+
+def _first_stop(f: dict[str, Dist], _n: dict[str, int]) -> list[str]:
+    t, d = f["tether"], f["debugpy"]
+    ratio = t.median / d.median
+    return [
+        "## 4. Time to first stop",
+        "",
+        "From the program's process starting to the IDE holding `stopped` at a breakpoint on an "
+        "early line. tether: the IDE configured the run while it was queued, then a worker "
+        "started it; stock debugpy: started directly, the client attaching as soon as it listens.",
+        "",
+        "| | median | p99 | runs |",
+        "|---|---|---|---|",
+        f"| through tether | {_ms(t.median)} | {_ms(t.p99)} | {len(t.samples)} |",
+        f"| stock debugpy | {_ms(d.median)} | {_ms(d.p99)} | {len(d.samples)} |",
+        f"| ratio | {ratio:.2f} (target <= 1.2: {_verdict(ratio <= 1.2)}) | | |",
+        "",
+    ]
+
+
+def _idle(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
+    relay, redis = f["relay_kib_per_session"], f["redis_bytes_per_session"] / 1024
+    rows = [
+        "## 5. Idle scale",
+        "",
+        f"{f['sessions']:,} queued debug sessions on one relay process, each with an adapter's "
+        f"relay link and its configuration (20 breakpoints); set up in {f['setup_s']:.0f} s.",
+        "",
+        "| | per idle session | target |",
+        "|---|---|---|",
+        f"| relay resident memory | {relay:.1f} KiB | <= 50 KB: {_verdict(relay * 1024 <= 50_000)} |",
+        f"| Redis used_memory | {redis:.1f} KiB | <= 10 KB: {_verdict(redis * 1024 <= 10_000)} |",
+        "",
+        "A live session's round trips (through tether) before and after the idle sessions joined:",
+        "",
+        "| | before: median | p99 | after: median | p99 |",
+        "|---|---|---|---|---|",
+    ]
+    for c, before in f["live_before"].items():
+        after = f["live_after"][c]
+        rows.append(
+            f"| {c} | {_ms(before.median)} | {_ms(before.p99)} | {_ms(after.median)} "
+            f"| {_ms(after.p99)} |"
+        )
+    return [*rows, ""]
+
+
+def _snapshot(f: dict[str, Any], n: dict[str, int]) -> list[str]:
+    t, r = f["rounds"]["tether"], f["rounds"]["rsync"]
+    rows = [
+        "## 6. Snapshot",
+        "",
+        f"A tree of {n['snapshot_files']:,} files, {n['snapshot_mib']} MiB; first submit "
+        f"{f['first']['ms'] / 1000:.1f} s. Then one file ({f['file_bytes']:,} bytes) changes and "
+        "the tree is submitted again (tether: snapshot, upload what the relay lacks, submit) or "
+        "synced (`rsync -a` between two local directories), alternating.",
+        "",
+        "| round | tether: bytes sent (blobs + manifest) | wall | rsync: bytes sent | wall |",
+        "|---|---|---|---|---|",
+    ]
+    for i, tt in enumerate(t):
+        rr = r[i] if i < len(r) else {"bytes": -1, "ms": float("nan")}
+        rows.append(
+            f"| {i + 1} | {tt['bytes']:,} ({tt['blob_bytes']:,} + {tt['manifest_bytes']:,}) "
+            f"| {_ms(tt['ms'])} | {rr['bytes']:,} | {_ms(rr['ms'])} |"
+        )
+    if r:
+        only_changed = all(tt["blob_bytes"] == f["file_bytes"] for tt in t)
+        faster = statistics.median(x["ms"] for x in t) < statistics.median(x["ms"] for x in r)
+        rows += [
+            "",
+            f"Only the changed file's bytes uploaded: {_verdict(only_changed)}; faster than "
+            f"rsync (median): {_verdict(faster)}.",
+        ]
+    return [*rows, ""]
+
+
+def _resume(f: dict[str, Dist], _n: dict[str, int]) -> list[str]:
+    r, b = f["reconnect"], f["first message after welcome"]
+    return [
+        "## 7. Resume",
+        "",
+        "A worker link reconnects while an entry waits for it in the relay: the reconnect itself "
+        "(WebSocket handshake, `hello` to `welcome`), then the wait for the buffered entry.",
+        "",
+        "| | median | p99 |",
+        "|---|---|---|",
+        f"| reconnect | {_ms(r.median)} | {_ms(r.p99)} |",
+        f"| first buffered message after it | {_ms(b.median)} | {_ms(b.p99)} |",
+        f"| target: < 100 ms beyond the reconnect | {_verdict(b.p99 < 100)} (p99) | |",
+        "",
+    ]
+
+
+SECTIONS = {
+    "flood": _flood,
+    "first_stop": _first_stop,
+    "idle": _idle,
+    "snapshot": _snapshot,
+    "resume": _resume,
+}
+
+
+def write(figures: dict[str, Any], out: Path) -> list[Path]:
+    m = figures["machine"]
+    lines = [
+        "# tether benchmarks",
+        "",
+        f"Measured {figures['date']} in {figures['wall_s']:.0f} s by `./dev bench`"
+        f"{' --quick (tiny sizes: not figures to quote)' if figures['quick'] else ''}, on "
+        f"{m['cpu']} ({m['cores']} cores, {m['memory_mib']} MiB), {m['os']}, Python "
+        f"{m['python']}, debugpy {m['debugpy']}. Everything on loopback; each figure is tether "
+        "against its baseline measured in the same run, interleaved.",
+        "",
+    ]
+    written = []
+    if "requests" in figures:
+        n = figures["sizes"]
+        lines += [
+            "## 1. Request latency (paused program, 20 frames deep)",
+            "",
+            f"{n['requests']} round trips per request and way. Ways: "
+            + "; ".join(f"**{w}**: {WAY_NAMES[w]}" for w in (TETHER, DEBUGPY, FLOOR))
+            + ".",
+            "",
+            *_latency_rows(figures["requests"]),
+            "",
+            "## 2. Stepping",
+            "",
+            f"`next` until `stopped` ({n['steps']} steps per way), and a whole VS Code stop "
+            f"({n['stops']} per way): `next`, `stopped`, `threads`, `stackTrace` 1 + 19 frames, "
+            "`scopes`, `variables`, two watch `evaluate`s.",
+            "",
+            *_latency_rows(figures["stepping"]),
+            "",
+        ]
+        png = out / "latency.png"
+        if _plot(figures, png):
+            lines += ["![latency distributions](latency.png)", ""]
+            written.append(png)
+    for name, section in SECTIONS.items():
+        if name in figures:
+            lines += section(figures[name], figures["sizes"])
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return [path, *written]

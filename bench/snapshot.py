@@ -1,0 +1,88 @@
+"""Benchmark 6: a second submit after changing one file of a big tree, against ``rsync -a``.
+
+tether: snapshot the tree (hash, manifest), upload what the relay lacks, submit; the bytes sent are
+the new blobs' plus the manifest's (msgpack). rsync: ``rsync -a --stats`` of the same change between
+two local directories (its quick check needs no hashing), its ``Total bytes sent``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import trio
+from common import timed
+
+from adapter.snapshot import build_snapshot, upload_snapshot
+from protocol_specs.runs import RunSpec
+from relay.client import Endpoint, open_control
+
+
+def make_tree(root: Path, files: int, total_mib: int) -> None:
+    """``files`` files of random bytes in 100 directories, ``total_mib`` MiB in all."""
+    size = total_mib * 1024 * 1024 // files
+    rng = random.Random(6)
+    for i in range(files):
+        d = root / f"pkg{i % 100:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i:05d}.bin").write_bytes(rng.randbytes(size))
+
+
+async def submit(relay: Endpoint, root: Path) -> dict[str, Any]:
+    async def once() -> dict[str, Any]:
+        snapshot = await trio.to_thread.run_sync(build_snapshot, root)
+        async with open_control(relay, client="bench") as control:
+            uploaded = await upload_snapshot(control, snapshot)
+            spec = RunSpec(command=["python", "-c", "pass"], workdir=str(root), name="snapshot")
+            await control.submit(spec, snapshot.manifest)
+        manifest = len(msgpack.packb(snapshot.manifest.model_dump(mode="json")))
+        return {"blob_bytes": uploaded.bytes, "manifest_bytes": manifest, "blobs": uploaded.blobs}
+
+    ms, got = await timed(once())
+    return {**got, "ms": ms, "bytes": got["blob_bytes"] + got["manifest_bytes"]}
+
+
+def rsync(src: Path, dst: Path) -> dict[str, Any]:
+    t0 = _now()
+    done = subprocess.run(
+        ["rsync", "-a", "--stats", f"{src}/", f"{dst}/"], capture_output=True, text=True, check=True
+    )
+    ms = (_now() - t0) * 1000
+    sent = re.search(r"Total bytes sent: ([\d,.]+)", done.stdout)
+    return {"ms": ms, "bytes": int(re.sub(r"[,.]", "", sent.group(1))) if sent else -1}
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+def change_one(root: Path, n: int) -> None:
+    target = root / "pkg00" / "f00000.bin"
+    data = bytearray(target.read_bytes())
+    data[n % len(data)] ^= 0xFF
+    target.write_bytes(bytes(data))
+
+
+async def run(relay: Endpoint, tmp: Path, files: int, mib: int, rounds: int) -> dict[str, Any]:
+    src, mirror = tmp / "tree", tmp / "mirror"
+    await trio.to_thread.run_sync(make_tree, src, files, mib)
+    first = await submit(relay, src)
+    have_rsync = shutil.which("rsync") is not None
+    if have_rsync:
+        await trio.to_thread.run_sync(rsync, src, mirror)
+    results: dict[str, list[dict[str, Any]]] = {"tether": [], "rsync": []}
+    for i in range(rounds):
+        change_one(src, i)
+        results["tether"].append(await submit(relay, src))
+        if have_rsync:
+            results["rsync"].append(await trio.to_thread.run_sync(rsync, src, mirror))
+    os.sync()
+    return {"first": first, "rounds": results, "file_bytes": mib * 1024 * 1024 // files}

@@ -1,0 +1,50 @@
+"""The benchmarks keep working: their tiny version (``python -m bench --quick``) runs end to end and
+writes a report with every figure. No time is asserted here; the figures live in bench/report.md."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
+    with trio.fail_after(560):
+        done = await trio.run_process(
+            [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
+            cwd=str(REPO),
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    output = done.stdout.decode() + done.stderr.decode()
+    assert done.returncode == 0, output
+    figures = json.loads((tmp_path / "results" / "figures.json").read_text())
+    for key in ("requests", "stepping", "flood", "first_stop", "idle", "snapshot", "resume"):
+        assert key in figures, (key, sorted(figures))
+    # every latency figure has samples of all three ways
+    for table in (figures["requests"], figures["stepping"]):
+        for ways in table.values():
+            assert set(ways) == {"tether", "debugpy", "floor"}
+            assert all(len(w["samples"]) > 0 for w in ways.values())
+    assert figures["idle"]["sessions"] == 20
+    assert all(r["blob_bytes"] == figures["snapshot"]["file_bytes"]
+               for r in figures["snapshot"]["rounds"]["tether"])  # fmt: skip
+    report = (tmp_path / "report.md").read_text()
+    for heading in (
+        "1. Request latency",
+        "2. Stepping",
+        "3. Output flood",
+        "4. Time to first stop",
+        "5. Idle scale",
+        "6. Snapshot",
+        "7. Resume",
+    ):
+        assert f"## {heading}" in report, heading
