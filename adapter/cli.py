@@ -460,11 +460,19 @@ async def submit_run(
     progress: Callable[[int, int], None] | None = None,
 ) -> RunRecord:
     """Snapshot the working directory, upload what the relay lacks, submit the run."""
-    from adapter.snapshot import DEFAULT_LIMIT, SnapshotError, build_snapshot, upload_snapshot
+    from adapter.snapshot import (
+        DEFAULT_LIMIT,
+        HashCache,
+        SnapshotError,
+        build_snapshot,
+        upload_snapshot,
+    )
     from relay.client import open_control
 
+    root = Path(spec.workdir)
+    cache = HashCache.for_tree(tether_home() / "cache" / "snapshots", root)
     try:
-        snapshot = build_snapshot(Path(spec.workdir), limit=limit or DEFAULT_LIMIT)
+        snapshot = build_snapshot(root, limit=limit or DEFAULT_LIMIT, cache=cache)
     except SnapshotError as exc:
         raise SystemExit(f"tether: {exc}") from None
     for warning in snapshot.warnings:

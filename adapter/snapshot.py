@@ -11,18 +11,26 @@ Symlinks are kept as symlinks when they point inside the tree; one pointing out 
 
 :func:`build_snapshot` hashes every file (SHA-256) into a :class:`~protocol_specs.snapshots.Manifest`;
 :func:`upload_snapshot` asks the relay which blobs it lacks and uploads those alone.
+
+Hashing a big tree on every submit would cost more than the upload it saves, so a
+:class:`HashCache` (one small file per working directory under ``$TETHER_HOME/cache``) remembers
+each file's digest with its size, mtime, ctime and inode, as git's index does: a file whose stat
+is unchanged is not read again. A file modified within :data:`RACY_SECONDS` of when its digest was
+taken is never trusted (a write in the same clock tick would leave its stat unchanged).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import os
 import stat
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from time import time_ns
 from typing import BinaryIO
 
 import trio
@@ -34,6 +42,7 @@ from relay.client import ControlClient, RelayError
 
 __all__ = [
     "DEFAULT_LIMIT",
+    "HashCache",
     "Snapshot",
     "SnapshotError",
     "Uploaded",
@@ -162,8 +171,60 @@ def _hash_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_snapshot(root: Path, *, limit: int = DEFAULT_LIMIT) -> Snapshot:
-    """Hash the files of ``root`` into a manifest; :class:`SnapshotError` says what is wrong."""
+#: a digest taken this close to the file's last change is not reused
+RACY_SECONDS = 2.0
+
+
+class HashCache:
+    """Digests of a tree's files by stat, kept in ``path`` between snapshots (see the module doc)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._old: dict[str, list[int | str]] = {}
+        self._new: dict[str, list[int | str]] = {}
+        try:
+            loaded = json.loads(path.read_text())
+            if isinstance(loaded, dict):
+                self._old = loaded
+        except (OSError, ValueError):
+            pass
+
+    @classmethod
+    def for_tree(cls, cache_dir: Path, root: Path) -> HashCache:
+        key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:32]
+        return cls(cache_dir / f"{key}.json")
+
+    @staticmethod
+    def _stamp(st: os.stat_result) -> list[int | str]:
+        return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+    def digest(self, rel: str, path: Path, st: os.stat_result) -> str:
+        stamp = self._stamp(st)
+        known = self._old.get(rel)
+        if known is not None and known[:4] == stamp:
+            digest = str(known[4])
+        else:
+            digest = _hash_file(path)
+        if time_ns() - st.st_mtime_ns > RACY_SECONDS * 1e9:
+            self._new[rel] = [*stamp, digest]
+        return digest
+
+    def save(self) -> None:
+        """Keep what this snapshot learnt (only the files it saw); a failure only costs speed."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self._new, separators=(",", ":")))
+            tmp.replace(self.path)
+        except OSError:
+            pass
+
+
+def build_snapshot(
+    root: Path, *, limit: int = DEFAULT_LIMIT, cache: HashCache | None = None
+) -> Snapshot:
+    """Hash the files of ``root`` into a manifest; :class:`SnapshotError` says what is wrong.
+    With ``cache``, files whose stat did not change are not read again."""
     entries: list[ManifestEntry] = []
     sources: dict[str, str] = {}
     warnings: list[str] = []
@@ -194,7 +255,7 @@ def build_snapshot(root: Path, *, limit: int = DEFAULT_LIMIT) -> Snapshot:
                     "add large files (data, checkpoints) to .tetherignore or .gitignore, or raise "
                     "--snapshot-limit"
                 )
-            digest = _hash_file(path)
+            digest = cache.digest(rel, path, st) if cache else _hash_file(path)
         except PermissionError:
             raise SnapshotError(
                 f"cannot read {rel}: permission denied; add it to .tetherignore"
@@ -209,6 +270,8 @@ def build_snapshot(root: Path, *, limit: int = DEFAULT_LIMIT) -> Snapshot:
         manifest = Manifest(entries=entries)
     except ValidationError as exc:
         raise SnapshotError(f"cannot snapshot {root}: {exc.errors()[0]['msg']}") from None
+    if cache is not None:
+        cache.save()
     return Snapshot(root, manifest, sources, warnings)
 
 

@@ -12,6 +12,7 @@ import random
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +20,31 @@ import msgpack
 import trio
 from common import timed
 
-from adapter.snapshot import build_snapshot, upload_snapshot
+from adapter.snapshot import HashCache, build_snapshot, upload_snapshot
 from protocol_specs.runs import RunSpec
 from relay.client import Endpoint, open_control
 
 
 def make_tree(root: Path, files: int, total_mib: int) -> None:
-    """``files`` files of random bytes in 100 directories, ``total_mib`` MiB in all."""
+    """``files`` files of random bytes in 100 directories, ``total_mib`` MiB in all, last
+    modified an hour ago (a working tree is mostly old files)."""
     size = total_mib * 1024 * 1024 // files
     rng = random.Random(6)
+    hour_ago = time.time() - 3600
     for i in range(files):
         d = root / f"pkg{i % 100:02d}"
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"f{i:05d}.bin").write_bytes(rng.randbytes(size))
+        path = d / f"f{i:05d}.bin"
+        path.write_bytes(rng.randbytes(size))
+        os.utime(path, (hour_ago, hour_ago))
 
 
-async def submit(relay: Endpoint, root: Path) -> dict[str, Any]:
+async def submit(relay: Endpoint, root: Path, cache_dir: Path) -> dict[str, Any]:
+    """What `tether run` does: snapshot (with its digest cache), upload, submit."""
+
     async def once() -> dict[str, Any]:
-        snapshot = await trio.to_thread.run_sync(build_snapshot, root)
+        cache = HashCache.for_tree(cache_dir, root)
+        snapshot = await trio.to_thread.run_sync(lambda: build_snapshot(root, cache=cache))
         async with open_control(relay, client="bench") as control:
             uploaded = await upload_snapshot(control, snapshot)
             spec = RunSpec(command=["python", "-c", "pass"], workdir=str(root), name="snapshot")
@@ -59,8 +67,6 @@ def rsync(src: Path, dst: Path) -> dict[str, Any]:
 
 
 def _now() -> float:
-    import time
-
     return time.perf_counter()
 
 
@@ -74,14 +80,15 @@ def change_one(root: Path, n: int) -> None:
 async def run(relay: Endpoint, tmp: Path, files: int, mib: int, rounds: int) -> dict[str, Any]:
     src, mirror = tmp / "tree", tmp / "mirror"
     await trio.to_thread.run_sync(make_tree, src, files, mib)
-    first = await submit(relay, src)
+    cache = tmp / "hash-cache"
+    first = await submit(relay, src, cache)
     have_rsync = shutil.which("rsync") is not None
     if have_rsync:
         await trio.to_thread.run_sync(rsync, src, mirror)
     results: dict[str, list[dict[str, Any]]] = {"tether": [], "rsync": []}
     for i in range(rounds):
         change_one(src, i)
-        results["tether"].append(await submit(relay, src))
+        results["tether"].append(await submit(relay, src, cache))
         if have_rsync:
             results["rsync"].append(await trio.to_thread.run_sync(rsync, src, mirror))
     os.sync()
