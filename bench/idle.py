@@ -77,16 +77,25 @@ async def run(
             )
             runs.append((await control.submit(spec)).id)
     done = trio.Event()
+    failure = ""
+    opened = 0
     async with trio.open_nursery() as idle:
         for i in range(0, sessions, 100):  # 100 connecting at a time
-            async with trio.open_nursery() as batch:
-                for run in runs[i : i + 100]:
-                    batch.start_soon(idle.start, _idle_session, relay, run, done)
+            try:
+                async with trio.open_nursery() as batch:
+                    for run in runs[i : i + 100]:
+                        batch.start_soon(idle.start, _idle_session, relay, run, done)
+            except Exception as exc:  # a limit reached: report how far it got, and why
+                failure = f"{exc!r}"[:500]
+                break
+            opened = i + 100
+        sessions = max(opened, 1)
         setup_s = trio.current_time() - t0
         rss1, mem1 = rss_kib(relay_pid), await redis_mem()
         after = await live_latency(live, n)
         done.set()
     return {
+        "failure": failure,
         "sessions": sessions,
         "setup_s": setup_s,
         "relay_kib_per_session": (rss1 - rss0) / sessions,

@@ -45,14 +45,20 @@ def _plot(figures: dict[str, Any], path: Path) -> bool:
     panels = {**figures.get("requests", {}), **figures.get("stepping", {})}
     if not panels:
         return False
-    fig, axes = plt.subplots(1, len(panels), figsize=(3 * len(panels), 4), sharey=True)
-    for ax, (name, ways) in zip(axes, panels.items(), strict=True):
+    cols = 4
+    rows = -(-len(panels) // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(12, 3.6 * rows), sharey=True, squeeze=False)
+    axes = [ax for row in grid for ax in row]
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    for ax, (name, ways) in zip(axes, panels.items(), strict=False):
         data = [ways[w].samples for w in (TETHER, DEBUGPY, FLOOR)]
         ax.boxplot(data, whis=(1, 99), showfliers=False)
         ax.set_xticks([1, 2, 3], ["tether", "debugpy", "floor"], rotation=30)
         ax.set_yscale("log")
         ax.set_title(name, fontsize=9)
-    axes[0].set_ylabel("round trip, ms (log; whiskers p1-p99)")
+    for row in grid:
+        row[0].set_ylabel("ms (log scale; whiskers p1-p99)")
     fig.suptitle("DAP latency on a paused program, measured interleaved in one run")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -123,6 +129,7 @@ def _idle(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
         f"{f['sessions']:,} queued debug sessions on one relay process, each with an adapter's "
         f"relay link and its configuration (20 breakpoints); set up in {f['setup_s']:.0f} s.",
         "",
+        *([f"Opening more failed: `{f['failure']}`", ""] if f.get("failure") else []),
         "| | per idle session | target |",
         "|---|---|---|",
         f"| relay resident memory | {relay:.1f} KiB | <= 50 KB: {_verdict(relay * 1024 <= 50_000)} |",
