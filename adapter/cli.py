@@ -107,6 +107,8 @@ def relay_config(args: argparse.Namespace) -> Any:
         retention=args.retention,
         ping_interval=args.ping_interval,
         ping_timeout=args.ping_timeout,
+        max_connections=args.max_connections,
+        max_active_runs=args.max_runs,
     )
 
 
@@ -922,6 +924,20 @@ def relay_options(s: argparse.ArgumentParser) -> None:
         default=d.ping_timeout,
         metavar="DURATION",
         help=f"drop a peer that misses a pong this long (default {d.ping_timeout:g}s)",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        metavar="N",
+        help=f"most connections of one user to this relay process (default {d.max_connections})",
+    )
+    g.add_argument(
+        "--max-runs",
+        type=int,
+        default=d.max_active_runs,
+        metavar="N",
+        help=f"most unfinished runs of one user (default {d.max_active_runs})",
     )
 
 

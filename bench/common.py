@@ -239,9 +239,19 @@ def _cmdline(pid: int) -> bytes:
 
 
 @asynccontextmanager
-async def tether_stack(home: Path, *, slots: int = 1) -> AsyncIterator[Stack]:
-    async with relay_stack(home, workers=0) as (up, relay), worker(home, relay, slots=slots) as w:
-        yield Stack(home, relay, up, w)
+async def tether_stack(
+    home: Path, *, slots: int = 1, relay_args: tuple[str, ...] = ()
+) -> AsyncIterator[Stack]:
+    """``tether up --workers 0 [relay_args]`` and ``tether worker``."""
+    async with (
+        tether(
+            "up", "--data-dir", str(home / "data"), "--workers", "0", "--relay-port", "0",
+            *relay_args, home=home,
+        ) as up,
+    ):  # fmt: skip
+        relay = (await up.wait_line(r"tether up: ready relay=(\S+)")).group(1)
+        async with worker(home, relay, slots=slots) as w:
+            yield Stack(home, relay, up, w)
 
 
 @asynccontextmanager

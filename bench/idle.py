@@ -88,7 +88,7 @@ async def run(
             except Exception as exc:  # a limit reached: report how far it got, and why
                 failure = f"{exc!r}"[:500]
                 break
-            opened = i + 100
+            opened = min(i + 100, sessions)
         sessions = max(opened, 1)
         setup_s = trio.current_time() - t0
         rss1, mem1 = rss_kib(relay_pid), await redis_mem()

@@ -245,6 +245,8 @@ def write(figures: dict[str, Any], out: Path) -> list[Path]:
     for name, section in SECTIONS.items():
         if name in figures:
             lines += section(figures[name], figures["sizes"])
+    for name, error in figures.get("errors", {}).items():
+        lines += [f"## {name}: failed", "", f"`{error}`", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return [path, *written]
