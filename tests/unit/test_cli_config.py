@@ -116,3 +116,14 @@ def test_credentials_must_be_private(tmp_path: Path) -> None:
         read_credentials(str(path))
     path.chmod(0o600)
     assert read_credentials(str(path))["attempt"] == 2
+
+
+def test_the_per_user_caps_are_relay_options() -> None:
+    from adapter.cli import _parser, relay_config
+
+    config = relay_config(
+        _parser().parse_args(["relay", "--max-connections", "5", "--max-runs", "7"])
+    )
+    assert (config.max_connections, config.max_active_runs) == (5, 7)
+    defaults = relay_config(_parser().parse_args(["up"]))
+    assert (defaults.max_connections, defaults.max_active_runs) == (64, 1000)
