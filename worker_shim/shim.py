@@ -164,17 +164,15 @@ class _DebugpyLink:
         try:
             while data := await self.stream.receive_some(RECEIVE_SIZE):
                 self.framer.receive_data(data)
-                batch = []
+                # pydevd sends an event per write(): output held while the previous output entry
+                # is unanswered goes out merged, so debugpy is read as fast as it writes (pydevd
+                # drops what it has not sent when the program exits)
                 while (raw := self.framer.next_raw()) is not None:
-                    batch.append(raw)
-                # pydevd sends an event per write(): merged, a flood costs a few entries per read,
-                # and debugpy is read as fast as it writes (pydevd drops what it cannot send
-                # before the program exits)
-                for raw in coalesce_output(batch):
                     if plain_output(raw) is not None:
                         await self._output_event(raw)
                     else:
-                        await self.flush_output()
+                        if self._output:
+                            await self.flush_output()
                         await self._dispatch(raw)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
