@@ -94,8 +94,8 @@ def stream(run_id: str, name: str) -> str:
 
 def run_keys(run_id: str) -> list[str]:
     """Every key of one run (they expire together when its retention ends)."""
-    out = [record(run_id), manifest(run_id), stream(run_id, "logs"), audit(run_id)]
-    for name in ("to_worker", "to_ide"):
+    out = [record(run_id), manifest(run_id), audit(run_id)]
+    for name in ("to_worker", "to_ide", "logs"):
         base = stream(run_id, name)
-        out += [base, f"{base}:meta", f"{base}:transient"]
+        out += [base, f"{base}:meta", f"{base}:transient", f"{base}:watchers"]
     return out

@@ -5,7 +5,9 @@ Each connection starts with a ``hello`` frame naming its role (see ``protocol_sp
 
 - ``ide`` / ``worker`` connections are bound to one run. What they publish is appended to the run's
   outbound stream and acknowledged only after Redis stored it; a reader task delivers the run's inbound
-  stream from the peer's cursor on, from Redis, so a peer can be on any relay process.
+  stream from the peer's cursor on, so a peer can be on any relay process. The reader is woken by
+  ``relay/fanout.py`` (one Redis subscription per process): an append made here is handed over with
+  its payload, one made elsewhere is read from Redis.
 - ``control`` connections submit, cancel and inspect runs, and let the worker pool claim queued runs.
 
 The relay keeps no state of its own beyond Redis, so any number of relay processes can serve one Redis
@@ -64,6 +66,7 @@ from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 from . import keys
 from .auth import TokenStore
 from .blobs import BlobError, BlobStore, MemoryBlobStore, Upload
+from .fanout import Fanout
 from .store import Cap, Diversion, Store, StoreError
 
 __all__ = ["Relay", "RelayConfig", "serve_relay"]
@@ -71,6 +74,8 @@ __all__ = ["Relay", "RelayConfig", "serve_relay"]
 log = logging.getLogger("tether.relay")
 
 HANDSHAKE_TIMEOUT = 10.0
+#: transient entries one ``trim_received`` call deletes at most
+TRIM_BATCH = 1000
 SERVER_NAME = "tether-relay/1"
 
 #: status events a worker may publish, and the run transition each one makes
@@ -148,6 +153,8 @@ class Relay:
         self.throttle = AuthThrottle(free=self.config.auth_free, base=self.config.auth_delay)
         #: open connections per user (or per worker token) on this relay process
         self.connections: dict[str, int] = {}
+        #: the delivering connections of this process, woken by appends (see ``relay/fanout.py``)
+        self.fanout = Fanout(store)
 
     # --- records ----------------------------------------------------------------------------------
 
@@ -833,14 +840,11 @@ class Relay:
     async def _deliver(
         self, ws: ServerConnection, run_id: str, name: StreamName, cursor: str
     ) -> None:
-        key = keys.stream(run_id, name)
-        async with self.store.blocking_reader() as reader:
+        async with self.fanout.subscribe(keys.stream(run_id, name), cursor) as subscription:
             while True:
-                batch = await reader.read(key, cursor, block_ms=1000, count=200)
-                for entry_id, payload in batch:
+                for entry_id, payload in await subscription.next_batch(200):
                     frame = wire.Deliver(stream=name, cursor=entry_id, entry=payload)
                     await ws.send(wire.encode_frame(frame))
-                    cursor = entry_id
 
     async def _receive(self, conn: _RunConnection) -> None:
         ws = conn.ws
@@ -857,7 +861,10 @@ class Relay:
             elif isinstance(frame, wire.Received):
                 if frame.stream is conn.inbound:
                     key = keys.stream(conn.run_id, conn.inbound)
-                    while await self.store.trim_received(key, frame.cursor) > 0:
+                    while (
+                        await self.store.trim_received(key, frame.cursor, limit=TRIM_BATCH)
+                        >= TRIM_BATCH
+                    ):
                         pass
             elif isinstance(frame, wire.Heartbeat):
                 if not await self._still_good(ws, conn.token, conn.check):
@@ -917,9 +924,23 @@ class Relay:
                 keys.stream(conn.run_id, StreamName.LOGS), maxlen=self.config.log_entries
             )
         key = keys.stream(conn.run_id, conn.outbound)
-        got = await self.store.append_once(
-            key, conn.producer, frame.n, frame.entry, transient=transient, cap=cap, divert=divert
-        )
+        stored_in = divert.stream if divert else key
+        try:
+            got = await self.store.append_once(
+                key,
+                conn.producer,
+                frame.n,
+                frame.entry,
+                transient=transient,
+                cap=cap,
+                divert=divert,
+                notify_except=self.fanout.id,
+            )
+        except BaseException:
+            self.fanout.lost(stored_in)  # stored or not, nobody else will say
+            raise
+        if got.outcome == "stored":
+            self.fanout.appended(stored_in, got.prev, got.cursor, frame.entry)
         if got.outcome == "gap":
             await self._fatal(
                 ws,
@@ -1293,6 +1314,7 @@ async def serve_relay(
     relay = Relay(store, blobs=blobs, config=config)
     async with trio.open_nursery() as nursery:
         relay.background = nursery
+        await nursery.start(relay.fanout.listen)
         nursery.start_soon(relay.sweep_forever)
         await serve(
             relay.handle,

@@ -22,6 +22,16 @@ one conformance suite (``tests/integration/test_store.py``), run against both:
   cursors, exact ``maxlen`` trimming, consumer groups with pending entries, ``WRONGTYPE``), blocking
   reads built on trio events. Every method is a trio checkpoint, like real I/O.
 
+Notices: a listener (one per relay process, ``relay/fanout.py``) names the streams it watches
+(:meth:`Store.watch`, a set per stream), and every append publishes a small notice (the stream, its
+new entry's id and the id of the entry before it) from the same script to each watching listener's
+own channel (``tether:appended:<listener>``), except the appender's own (it knows already). So one
+subscriber connection per relay process wakes all its delivering connections, and a relay hears
+only of the streams it delivers (:meth:`Store.listen`). Pub/sub is at most once: the listener
+publishes its own numbered ticks on its channel and reports a gap (or a silence) as "notices may be
+lost"; the listening side then re-reads from Redis. The previous id is kept in the stream's meta
+hash (``last``) by every writer, so it stays right after entries are trimmed.
+
 Stream entries carry their payload in one field, ``p``. Ids are strings ``"<ms>-<seq>"``; ``"0"`` is
 the cursor before the first entry. Key names are the caller's business (``relay/keys.py``): this
 module is generic.
@@ -38,6 +48,8 @@ that consumer server-side; it then sits in the group's pending list (:meth:`Stor
 from __future__ import annotations
 
 import bisect
+import copy
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -77,10 +89,17 @@ DEFAULT_REQUEST_TIMEOUT_MS = 5000
 
 _T = TypeVar("_T")
 
+log = logging.getLogger("tether.store")
+
 
 def meta_key(stream: str) -> str:
     """The hash :meth:`Store.append_once` keeps a stream's producers and byte count in."""
     return f"{stream}:meta"
+
+
+def watchers_key(stream: str) -> str:
+    """The set of listeners (relay processes) that deliver ``stream`` and want its notices."""
+    return f"{stream}:watchers"
 
 
 def transient_key(stream: str) -> str:
@@ -108,8 +127,29 @@ class Diversion:
 class Appended:
     outcome: str  #: ``stored``, ``duplicate``, ``gap``, ``full`` or ``skipped``
     cursor: str = ""  #: the entry's id (stored; duplicate of the last stored: its id, else "")
+    prev: str = ""  #: stored: the id of the entry before it in its stream (``0-0``: the first)
     last: int = 0  #: the producer's last answered number (gap)
     size: int = 0  #: entries in the stream (full)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """An entry was appended to ``stream``: its id, and the id of the entry before it."""
+
+    stream: str
+    prev: str
+    entry_id: str
+
+
+#: what :meth:`Store.listen` hands over: a notice, or ``None`` for "notices may have been lost"
+NoticeSink = Callable[["Notice | None"], None]
+
+#: a listener's pub/sub channel is this prefix and its id
+NOTICE_CHANNEL = "tether:appended:"
+#: how often a listener publishes a tick to prove its subscription is alive
+TICK_SECONDS = 0.5
+#: a listener that has not seen its own tick for this long reports possible loss
+TICK_LATE_SECONDS = 3.0
 
 
 class StoreError(Exception):
@@ -156,6 +196,30 @@ class Store(Protocol):
         """A reader with its own connection, closed when the context exits."""
         ...
 
+    async def watch(self, stream: str, listener: str) -> None:
+        """From now on, appends to ``stream`` notify ``listener`` (see :meth:`listen`)."""
+        ...
+
+    async def unwatch(self, stream: str, listener: str) -> None:
+        """Undo :meth:`watch`."""
+        ...
+
+    async def listen(
+        self,
+        listener: str,
+        sink: NoticeSink,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Call ``sink`` with a :class:`Notice` for every append to a stream ``listener`` watches,
+        from now on, until cancelled (appends made with ``notify_except=listener`` excepted).
+
+        ``task_status.started()`` once subscribed. ``sink(None)`` means some notices may have been
+        lost (a dropped subscription): whoever relies on them must re-read what it watches.
+        Raises :class:`StoreError` if the subscription cannot be made.
+        """
+        ...
+
     # consumer-group queue
     async def ensure_group(self, stream: str, group: str) -> None:
         """Create ``group`` at the start of ``stream`` (creating the stream); no-op if it exists."""
@@ -180,6 +244,7 @@ class Store(Protocol):
         transient: bool = False,
         cap: Cap = Cap(),
         divert: Diversion | None = None,
+        notify_except: str = "",
     ) -> Appended:
         """Append ``payload`` as producer ``producer``'s entry number ``n``, atomically.
 
@@ -193,6 +258,9 @@ class Store(Protocol):
         ``divert``: store the entry in ``divert.stream`` instead (trimmed to about ``divert.maxlen``
         entries, oldest first; no cap, no byte count), still numbered in ``stream``'s bookkeeping,
         so one producer's entries to several streams are deduplicated as one sequence.
+
+        A stored entry is announced to the listeners watching the stream it went to (see
+        :meth:`listen`), except ``notify_except``: the appender's own, which hands it over itself.
         """
         ...
 
@@ -432,9 +500,16 @@ class _GlideReader:
 
 #: KEYS: stream, meta, transient list. ARGV: producer, n, payload, transient (0/1), max entries,
 #: max bytes, skip (0/1), diverted maxlen; KEYS[4]: the stream to store in (KEYS[1] unless
-#: diverted). Returns {outcome, cursor-or-number}: 1 stored, 0 duplicate, -1 gap,
-#: -2 full, 2 skipped.
+#: diverted), KEYS[5] its meta hash, KEYS[6] its watchers; ARGV[9] the notice channel prefix,
+#: ARGV[10] the listener not to notify. Returns {outcome, cursor-or-number, prev}: 1 stored,
+#: 0 duplicate, -1 gap, -2 full, 2 skipped. A stored entry's notice goes to its watchers.
 _APPEND_ONCE = """
+local function notify(prev, id)
+  local text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[4]
+  for _, listener in ipairs(redis.call('SMEMBERS', KEYS[6])) do
+    if listener ~= ARGV[10] then redis.call('PUBLISH', ARGV[9] .. listener, text) end
+  end
+end
 local last = tonumber(redis.call('HGET', KEYS[2], 'n:' .. ARGV[1]) or '0')
 local n = tonumber(ARGV[2])
 if n <= last then
@@ -454,7 +529,10 @@ if KEYS[4] ~= KEYS[1] then
     did = redis.call('XADD', KEYS[4], '*', 'p', ARGV[3])
   end
   redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], did)
-  return {1, did}
+  local dprev = redis.call('HGET', KEYS[5], 'last') or '0-0'
+  redis.call('HSET', KEYS[5], 'last', did)
+  notify(dprev, did)
+  return {1, did, dprev}
 end
 local size = string.len(ARGV[3])
 local max_entries = tonumber(ARGV[5])
@@ -466,10 +544,30 @@ if (max_entries > 0 and held >= max_entries) or (max_bytes > 0 and bytes + size 
   return {-2, tostring(held)}
 end
 local id = redis.call('XADD', KEYS[1], '*', 'p', ARGV[3])
-redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], id)
+local prev = redis.call('HGET', KEYS[2], 'last') or '0-0'
+redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], id, 'last', id)
 redis.call('HINCRBY', KEYS[2], 'bytes', size)
 if ARGV[4] == '1' then redis.call('RPUSH', KEYS[3], id .. ' ' .. size) end
-return {1, id}
+notify(prev, id)
+return {1, id, prev}
+"""
+
+#: KEYS: stream, meta, watchers. ARGV: payload, exact maxlen (-1: none), notice channel prefix.
+#: Returns the entry's id.
+_APPEND = """
+local id
+if tonumber(ARGV[2]) >= 0 then
+  id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[2], '*', 'p', ARGV[1])
+else
+  id = redis.call('XADD', KEYS[1], '*', 'p', ARGV[1])
+end
+local prev = redis.call('HGET', KEYS[2], 'last') or '0-0'
+redis.call('HSET', KEYS[2], 'last', id)
+local text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[1]
+for _, listener in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  redis.call('PUBLISH', ARGV[3] .. listener, text)
+end
+return id
 """
 
 #: KEYS: stream, meta, transient list. ARGV: cursor ms, cursor seq, limit. Returns entries deleted.
@@ -497,10 +595,10 @@ return removed
 
 
 def _appended(reply: object) -> Appended:
-    assert isinstance(reply, list) and len(reply) == 2
+    assert isinstance(reply, list) and len(reply) in (2, 3)
     code, value = int(reply[0]), _text(reply[1])
     if code == 1:
-        return Appended("stored", cursor=value)
+        return Appended("stored", cursor=value, prev=_text(reply[2]))
     if code == 0:
         return Appended("duplicate", cursor=value)
     if code == 2:
@@ -554,11 +652,19 @@ class GlideStore:
         transient: bool = False,
         cap: Cap = Cap(),
         divert: Diversion | None = None,
+        notify_except: str = "",
     ) -> Appended:
         reply = await self._script(
             f"append to {stream}",
             _APPEND_ONCE,
-            [stream, meta_key(stream), transient_key(stream), divert.stream if divert else stream],
+            [
+                stream,
+                meta_key(stream),
+                transient_key(stream),
+                divert.stream if divert else stream,
+                meta_key(divert.stream if divert else stream),
+                watchers_key(divert.stream if divert else stream),
+            ],
             [
                 producer,
                 str(n),
@@ -568,12 +674,14 @@ class GlideStore:
                 str(cap.bytes),
                 "1" if payload is None else "0",
                 str(divert.maxlen if divert else 0),
+                NOTICE_CHANNEL,
+                notify_except,
             ],
         )
         return _appended(reply)
 
     async def trim_received(self, stream: str, cursor: str, *, limit: int = 1000) -> int:
-        ms, seq = _parse_id(cursor)
+        ms, seq = parse_id(cursor)
         reply = await self._script(
             f"trim {stream}",
             _TRIM_RECEIVED,
@@ -589,15 +697,14 @@ class GlideStore:
         return int(value or 0)
 
     async def append(self, stream: str, payload: bytes, *, maxlen: int | None = None) -> str:
-        import glide
-
-        options = None
-        if maxlen is not None:
-            options = glide.StreamAddOptions(trim=glide.TrimByMaxLen(exact=True, threshold=maxlen))
-        with _glide_errors(f"XADD {stream}"):
-            entry_id = await self._client.xadd(stream, [(PAYLOAD_FIELD, payload)], options)
-        assert entry_id is not None  # None only with NOMKSTREAM
-        return _text(entry_id)
+        reply = await self._script(
+            f"XADD {stream}",
+            _APPEND,
+            [stream, meta_key(stream), watchers_key(stream)],
+            [payload, str(-1 if maxlen is None else maxlen), NOTICE_CHANNEL],
+        )
+        assert isinstance(reply, bytes | str)
+        return _text(reply)
 
     async def read_after(self, stream: str, after: str, *, count: int = 100) -> list[Entry]:
         import glide
@@ -624,6 +731,61 @@ class GlideStore:
             yield reader
         finally:
             await reader.aclose()
+
+    async def watch(self, stream: str, listener: str) -> None:
+        with _glide_errors(f"SADD {watchers_key(stream)}"):
+            await self._client.sadd(watchers_key(stream), [listener])
+
+    async def unwatch(self, stream: str, listener: str) -> None:
+        with _glide_errors(f"SREM {watchers_key(stream)}"):
+            await self._client.srem(watchers_key(stream), [listener])
+
+    async def listen(
+        self,
+        listener: str,
+        sink: NoticeSink,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        import glide
+
+        modes = glide.GlideClientConfiguration.PubSubChannelModes
+        config = copy.copy(self._config)
+        config.pubsub_subscriptions = glide.GlideClientConfiguration.PubSubSubscriptions(
+            channels_and_patterns={modes.Exact: {NOTICE_CHANNEL + listener}},
+            callback=None,
+            context=None,
+        )
+        with _glide_errors("cannot subscribe to append notices"):
+            subscriber = await glide.GlideClient.create(config)
+        ticks = _Ticks(listener, sink)
+        try:
+            async with trio.open_nursery() as nursery:
+                with _glide_errors("CLIENT ID"):
+                    ticks.connection(await subscriber.custom_command(["CLIENT", "ID"]))
+                nursery.start_soon(self._tick, ticks, subscriber)
+                task_status.started()
+                while True:
+                    message = await subscriber.get_pubsub_message()
+                    ticks.received(_text(message.message))
+        finally:
+            with trio.CancelScope(shield=True):
+                await subscriber.close()
+
+    async def _tick(self, ticks: _Ticks, subscriber: GlideClient) -> None:
+        """Every ``TICK_SECONDS``: has the subscriber connection been replaced (glide reconnects
+        and resubscribes by itself, and whatever was published meanwhile is gone)? Then publish a
+        numbered tick to ourselves, and say "maybe lost" when our own ticks are late."""
+        while True:
+            try:
+                with _glide_errors("CLIENT ID"):
+                    ticks.connection(await subscriber.custom_command(["CLIENT", "ID"]))
+                with _glide_errors("PUBLISH tick"):
+                    await self._client.publish(ticks.next(), NOTICE_CHANNEL + ticks.nonce)
+            except StoreError as exc:
+                log.debug("append notices: %s", exc)
+            ticks.check_late(trio.current_time())
+            await trio.sleep(TICK_SECONDS)
 
     async def ensure_group(self, stream: str, group: str) -> None:
         import glide
@@ -738,12 +900,61 @@ class GlideStore:
 _SCRIPTS: dict[str, object] = {}
 
 
+class _Ticks:
+    """A listener's own ticks (``t <nonce> <k>``) and how it reads the channel's messages.
+
+    Notices travel on a pub/sub connection that may drop and come back (glide resubscribes by
+    itself); anything published meanwhile is gone. A new connection id, a tick of ours that
+    arrives out of sequence, or none for ``TICK_LATE_SECONDS``, means that may have happened: the
+    sink gets ``None``.
+    """
+
+    def __init__(self, nonce: str, sink: NoticeSink) -> None:
+        self.nonce = nonce
+        self.sink = sink
+        self.sent = 0
+        self.seen = 0
+        self.seen_at = trio.current_time()
+        self.late = False
+        self.connection_id: object = None
+
+    def connection(self, connection_id: object) -> None:
+        if self.connection_id is not None and connection_id != self.connection_id:
+            log.info("append notices: the subscription was reconnected; re-reading")
+            self.sink(None)
+        self.connection_id = connection_id
+
+    def next(self) -> str:
+        self.sent += 1
+        return f"t {self.nonce} {self.sent}"
+
+    def check_late(self, now: float) -> None:
+        if not self.late and now - self.seen_at > TICK_LATE_SECONDS:
+            self.late = True
+            log.warning("append notices are late; connections re-read what they deliver")
+            self.sink(None)
+
+    def received(self, text: str) -> None:
+        kind, _, rest = text.partition(" ")
+        if kind == "n":
+            prev, entry_id, stream = rest.split(" ", 2)
+            self.sink(Notice(stream, prev, entry_id))
+        elif kind == "t":
+            nonce, _, k = rest.partition(" ")
+            if nonce != self.nonce:
+                return  # another relay process's tick
+            number = int(k)
+            if number != self.seen + 1 or self.late:
+                self.sink(None)
+            self.seen, self.seen_at, self.late = number, trio.current_time(), False
+
+
 # --- in-memory fake -------------------------------------------------------------------------------
 
 _Id = tuple[int, int]
 
 
-def _parse_id(text: str) -> _Id:
+def parse_id(text: str) -> _Id:
     """``"<ms>-<seq>"`` or ``"<ms>"``, like Redis (which answers "Invalid stream ID" otherwise)."""
     ms, sep, seq = text.partition("-")
     if not (ms.isascii() and ms.isdigit()) or (sep and not (seq.isascii() and seq.isdigit())):
@@ -810,7 +1021,7 @@ class _MemoryReader:
     ) -> list[Entry]:
         _check_read_args(block_ms, count)
         self._check_open()
-        cursor = _parse_id(after)
+        cursor = parse_id(after)
         await trio.lowlevel.checkpoint()
         with trio.move_on_after(block_ms / 1000 if block_ms else math.inf):
             while True:
@@ -848,6 +1059,8 @@ class MemoryStore:
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._data: dict[str, _Value] = {}
         self._waiters: dict[str, trio.Event] = {}
+        self._sinks: dict[str, NoticeSink] = {}
+        self._watchers: dict[str, set[str]] = {}
         self._expiry: dict[str, float] = {}
         self._clock = clock
 
@@ -892,7 +1105,14 @@ class MemoryStore:
         return self._xadd(stream, payload, maxlen)
 
     def _xadd(self, stream: str, payload: bytes, maxlen: int | None = None) -> str:
+        return self._xadd_prev(stream, payload, maxlen)[1]
+
+    def _xadd_prev(
+        self, stream: str, payload: bytes, maxlen: int | None = None, notify_except: str = ""
+    ) -> tuple[str, str]:
+        """Append; ``(previous id, new id)``, and the notice to every watching listener."""
         s = self._get_or_create(stream, _Stream, _Stream)
+        prev = _format_id(s.last)
         now_ms = time.time_ns() // 1_000_000
         s.last = (now_ms, 0) if now_ms > s.last[0] else (s.last[0], s.last[1] + 1)
         s.ids.append(s.last)
@@ -901,11 +1121,16 @@ class MemoryStore:
             drop = len(s.ids) - maxlen
             del s.ids[:drop], s.payloads[:drop]
         self._notify(stream)
-        return _format_id(s.last)
+        entry_id = _format_id(s.last)
+        for listener in list(self._watchers.get(stream, ())):
+            sink = self._sinks.get(listener)
+            if sink is not None and listener != notify_except:
+                sink(Notice(stream, prev, entry_id))
+        return prev, entry_id
 
     async def read_after(self, stream: str, after: str, *, count: int = 100) -> list[Entry]:
         _check_read_args(0, count)
-        cursor = _parse_id(after)
+        cursor = parse_id(after)
         await trio.lowlevel.checkpoint()
         s = self._get(stream, _Stream)
         return s.after(cursor, count) if s else []
@@ -920,6 +1145,7 @@ class MemoryStore:
         transient: bool = False,
         cap: Cap = Cap(),
         divert: Diversion | None = None,
+        notify_except: str = "",
     ) -> Appended:
         await trio.lowlevel.checkpoint()
         meta = self._get_or_create(meta_key(stream), _Hash, _Hash)
@@ -933,9 +1159,11 @@ class MemoryStore:
             meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), b""
             return Appended("skipped")
         if divert is not None and divert.stream != stream:
-            entry_id = self._xadd(divert.stream, payload, divert.maxlen or None)
+            prev, entry_id = self._xadd_prev(
+                divert.stream, payload, divert.maxlen or None, notify_except
+            )
             meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), entry_id.encode()
-            return Appended("stored", cursor=entry_id)
+            return Appended("stored", cursor=entry_id, prev=prev)
         s = self._get(stream, _Stream)
         held = len(s.ids) if s else 0
         held_bytes = int(meta.get("bytes", b"0"))
@@ -944,16 +1172,16 @@ class MemoryStore:
         ):
             meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), b""
             return Appended("full", size=held)
-        entry_id = self._xadd(stream, payload)
+        prev, entry_id = self._xadd_prev(stream, payload, None, notify_except)
         meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), entry_id.encode()
         meta["bytes"] = str(held_bytes + len(payload)).encode()
         if transient:
             listed = self._get_or_create(transient_key(stream), _List, _List)
             listed.append(f"{entry_id} {len(payload)}".encode())
-        return Appended("stored", cursor=entry_id)
+        return Appended("stored", cursor=entry_id, prev=prev)
 
     async def trim_received(self, stream: str, cursor: str, *, limit: int = 1000) -> int:
-        upto = _parse_id(cursor)
+        upto = parse_id(cursor)
         await trio.lowlevel.checkpoint()
         listed = self._get(transient_key(stream), _List)
         s = self._get(stream, _Stream)
@@ -962,7 +1190,7 @@ class MemoryStore:
         removed = freed = 0
         for item in listed[:limit]:
             text, size = item.decode().split(" ")
-            entry_id = _parse_id(text)
+            entry_id = parse_id(text)
             if entry_id > upto:
                 break
             if s is not None:
@@ -994,12 +1222,39 @@ class MemoryStore:
         finally:
             reader._closed = True
 
+    async def watch(self, stream: str, listener: str) -> None:
+        await trio.lowlevel.checkpoint()
+        self._watchers.setdefault(stream, set()).add(listener)
+
+    async def unwatch(self, stream: str, listener: str) -> None:
+        await trio.lowlevel.checkpoint()
+        watching = self._watchers.get(stream)
+        if watching is not None:
+            watching.discard(listener)
+            if not watching:
+                del self._watchers[stream]
+
+    async def listen(
+        self,
+        listener: str,
+        sink: NoticeSink,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        self._sinks[listener] = sink
+        try:
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            if self._sinks.get(listener) is sink:
+                del self._sinks[listener]
+
     async def ensure_group(self, stream: str, group: str) -> None:
         await trio.lowlevel.checkpoint()
         self._get_or_create(stream, _Stream, _Stream).groups.setdefault(group, _Group())
 
     async def ack(self, stream: str, group: str, entry_id: str) -> None:
-        parsed = _parse_id(entry_id)
+        parsed = parse_id(entry_id)
         await trio.lowlevel.checkpoint()
         s = self._get(stream, _Stream)
         if s is not None and group in s.groups:

@@ -8,7 +8,9 @@ server (``relay.embedded``).
 
 from __future__ import annotations
 
+import math
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -20,8 +22,10 @@ from relay.embedded import bundled_server_binary, find_server_binary, run_embedd
 from relay.store import (
     BlockingReader,
     Cap,
+    Diversion,
     Entry,
     MemoryStore,
+    Notice,
     Store,
     StoreError,
     meta_key,
@@ -549,3 +553,57 @@ async def test_embedded_server_refuses_a_socket_path_too_long(tmp_path: Path) ->
     with pytest.raises(ValueError, match="too long"):
         async with run_embedded_server(tmp_path / ("d" * 120)):
             pass
+
+
+# --- append notices -------------------------------------------------------------------------------
+
+
+async def _notices(
+    store: Store, listener: str, nursery: trio.Nursery
+) -> trio.MemoryReceiveChannel[Notice]:
+    """Start ``listener``; its notices (not its "maybe lost" signals) arrive on the channel."""
+    send, receive = trio.open_memory_channel[Notice](math.inf)
+
+    def sink(notice: Notice | None) -> None:
+        if notice is not None:
+            send.send_nowait(notice)
+
+    await nursery.start(partial(store.listen, listener, sink))
+    return receive
+
+
+async def test_appends_notify_the_listeners_watching_their_stream(store: Store) -> None:
+    async with trio.open_nursery() as nursery:
+        a = await _notices(store, "a", nursery)
+        b = await _notices(store, "b", nursery)
+        await store.watch("s", "a")
+        await store.watch("s", "b")
+        await store.watch("logs", "a")
+        first = await store.append("s", b"1")
+        second = await store.append_once("s", "p", 1, b"2", notify_except="b")
+        third = await store.append_once(
+            "s", "p", 2, b"3", divert=Diversion("logs"), notify_except="b"
+        )
+        await store.append("elsewhere", b"x")  # watched by nobody
+        await store.unwatch("s", "a")
+        fourth = await store.append("s", b"4")
+        with trio.fail_after(5):
+            got_a = [await a.receive() for _ in range(3)]
+            got_b = [await b.receive() for _ in range(2)]
+        assert got_a == [
+            Notice("s", "0-0", first),
+            Notice("s", first, second.cursor),
+            Notice("logs", "0-0", third.cursor),
+        ]
+        assert second.prev == first and third.prev == "0-0"
+        # b was spared the appends it made itself; notices on one channel keep their order
+        assert got_b == [Notice("s", "0-0", first), Notice("s", second.cursor, fourth)]
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_previous_id_survives_trimming(store: Store) -> None:
+    """A notice names the entry before it even after that entry was deleted (received, trimmed)."""
+    one = await store.append_once("s", "p", 1, b"1", transient=True)
+    assert await store.trim_received("s", one.cursor) == 1
+    two = await store.append_once("s", "p", 2, b"2", transient=True)
+    assert two.prev == one.cursor
