@@ -325,7 +325,7 @@ class Welcome(BaseModel):
     run: RunRecord | None = None
     #: run connections: the last entry id of each of the run's streams when the connection began
     tails: dict[str, str] = Field(default_factory=dict)
-    #: send a ``heartbeat`` frame at least this often (seconds; 0: the peer's own default)
+    #: send a ``heartbeat`` frame at least this often (seconds; 0: none needed, only workers send them)
     heartbeat: float = 0.0
     #: who the relay took the token's holder to be (a user name, or ``worker``)
     user: str = ""

@@ -29,6 +29,7 @@ set, ``deliveries`` closes and ``publish`` raises :class:`RelayError`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import ssl
@@ -665,6 +666,8 @@ class RunLink:
         every = p.heartbeat
         if self.latest is not None and self.latest.heartbeat > 0:
             every = min(every, self.latest.heartbeat)
+        elif self.latest is not None:
+            every = math.inf  # the relay wants no heartbeats on this link (WebSocket pings stay)
         heartbeat_at = trio.current_time() + every
         report_at: float | None = None
         try:

@@ -74,6 +74,8 @@ __all__ = ["Relay", "RelayConfig", "serve_relay"]
 log = logging.getLogger("tether.relay")
 
 HANDSHAKE_TIMEOUT = 10.0
+#: the shortest pause between two looks at the open connections' tokens
+MIN_RECHECK = 0.2
 #: transient entries one ``trim_received`` call deletes at most
 TRIM_BATCH = 1000
 SERVER_NAME = "tether-relay/1"
@@ -155,6 +157,8 @@ class Relay:
         self.connections: dict[str, int] = {}
         #: the delivering connections of this process, woken by appends (see ``relay/fanout.py``)
         self.fanout = Fanout(store)
+        #: open connections by the token they presented (looked at again by ``recheck_forever``)
+        self.holders: dict[str, set[ServerConnection]] = {}
 
     # --- records ----------------------------------------------------------------------------------
 
@@ -641,6 +645,8 @@ class Relay:
                 )
                 return
             self.connections[slot] = self.connections.get(slot, 0) + 1
+            token = hello.token or ""
+            self.holders.setdefault(token, set()).add(ws)
             try:
                 ws.protocol.max_message_size = _MAX_MESSAGE[hello.role]
                 if hello.role is Role.CONTROL:
@@ -655,6 +661,10 @@ class Relay:
                 self.connections[slot] -= 1
                 if not self.connections[slot]:
                     del self.connections[slot]
+                holding = self.holders[token]
+                holding.discard(ws)
+                if not holding:
+                    del self.holders[token]
         except* ConnectionClosed:
             pass  # the peer went away; its stream entries stay in Redis
         except* StoreError as group:
@@ -715,6 +725,31 @@ class Relay:
             )
         await self._fatal(ws, code, message)
         return None
+
+    async def recheck_forever(self) -> None:
+        """Every ``config.recheck`` seconds, look again at each token an open connection presented
+        (once per token, however many connections hold it) and close the connections of one that
+        was revoked or expired meanwhile. Idle connections send nothing that could trigger it."""
+        while True:
+            await trio.sleep(max(self.config.recheck, MIN_RECHECK))
+            for token, holding in list(self.holders.items()):
+                try:
+                    got = check_token(token, await self.tokens.lookup(token), self.clock())
+                except StoreError as exc:
+                    log.warning("cannot look at open connections' tokens again: %s", exc)
+                    break
+                if isinstance(got, Principal):
+                    continue
+                async with trio.open_nursery() as closing:
+                    for ws in list(holding):
+                        closing.start_soon(self._close_refused, ws, got)
+
+    async def _close_refused(self, ws: ServerConnection, refusal: Refusal) -> None:
+        with trio.move_on_after(HANDSHAKE_TIMEOUT):
+            try:
+                await self._fatal(ws, ErrorCode(refusal.code), refusal.message)
+            except ConnectionClosed:
+                pass
 
     async def _still_good(self, ws: ServerConnection, token: str, check: _Recheck) -> bool:
         """Whether a connection's token is still good (looked at every ``config.recheck`` s);
@@ -788,7 +823,8 @@ class Relay:
             server=SERVER_NAME,
             run=record if hello.role is Role.WORKER else record.redacted(),
             tails=tails,
-            heartbeat=self.config.lease / 3,
+            # only a worker's heartbeats mean something (its lease); an idle IDE link sends none
+            heartbeat=self.config.lease / 3 if hello.role is Role.WORKER else 0,
             user=who.user,
         )
         await ws.send(wire.encode_frame(welcome))
@@ -867,10 +903,8 @@ class Relay:
                     ):
                         pass
             elif isinstance(frame, wire.Heartbeat):
-                if not await self._still_good(ws, conn.token, conn.check):
-                    return
                 if conn.role is not Role.WORKER:
-                    continue
+                    continue  # tokens are looked at again by recheck_forever
                 if conn.attempt and not await self._current(conn):
                     return
                 if not await self.renew_lease(conn.run_id):
@@ -1316,6 +1350,7 @@ async def serve_relay(
         relay.background = nursery
         await nursery.start(relay.fanout.listen)
         nursery.start_soon(relay.sweep_forever)
+        nursery.start_soon(relay.recheck_forever)
         await serve(
             relay.handle,
             port,

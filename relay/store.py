@@ -148,8 +148,10 @@ NoticeSink = Callable[["Notice | None"], None]
 NOTICE_CHANNEL = "tether:appended:"
 #: how often a listener publishes a tick to prove its subscription is alive
 TICK_SECONDS = 0.5
-#: a listener that has not seen its own tick for this long reports possible loss
-TICK_LATE_SECONDS = 3.0
+#: a listener whose own tick has not come back this long after it was sent reports possible loss
+#: (long: an overloaded relay is slow to read its ticks, and every such report makes each of its
+#: connections read Redis once; a dropped connection is caught by its id and by tick gaps anyway)
+TICK_LATE_SECONDS = 30.0
 
 
 class StoreError(Exception):
@@ -905,8 +907,8 @@ class _Ticks:
 
     Notices travel on a pub/sub connection that may drop and come back (glide resubscribes by
     itself); anything published meanwhile is gone. A new connection id, a tick of ours that
-    arrives out of sequence, or none for ``TICK_LATE_SECONDS``, means that may have happened: the
-    sink gets ``None``.
+    arrives out of sequence, or one not back ``TICK_LATE_SECONDS`` after it was sent, means that
+    may have happened: the sink gets ``None``.
     """
 
     def __init__(self, nonce: str, sink: NoticeSink) -> None:
@@ -914,7 +916,7 @@ class _Ticks:
         self.sink = sink
         self.sent = 0
         self.seen = 0
-        self.seen_at = trio.current_time()
+        self.waiting_since: float | None = None  #: when the oldest tick not seen yet was sent
         self.late = False
         self.connection_id: object = None
 
@@ -926,10 +928,13 @@ class _Ticks:
 
     def next(self) -> str:
         self.sent += 1
+        if self.waiting_since is None:
+            self.waiting_since = trio.current_time()
         return f"t {self.nonce} {self.sent}"
 
     def check_late(self, now: float) -> None:
-        if not self.late and now - self.seen_at > TICK_LATE_SECONDS:
+        since = self.waiting_since
+        if not self.late and since is not None and now - since > TICK_LATE_SECONDS:
             self.late = True
             log.warning("append notices are late; connections re-read what they deliver")
             self.sink(None)
@@ -946,7 +951,9 @@ class _Ticks:
             number = int(k)
             if number != self.seen + 1 or self.late:
                 self.sink(None)
-            self.seen, self.seen_at, self.late = number, trio.current_time(), False
+            self.seen, self.late = number, False
+            if number >= self.sent:
+                self.waiting_since = None
 
 
 # --- in-memory fake -------------------------------------------------------------------------------

@@ -163,6 +163,26 @@ async def test_a_revoked_token_ends_a_connection_already_open(redis_store: Store
                 await control.get_run(run)  # the relay looked at the token again: closed
 
 
+async def test_a_revoked_token_ends_idle_ide_connections_that_send_nothing(
+    redis_store: Store,
+) -> None:
+    """An IDE link sends no heartbeats; the relay's own look at open tokens still ends it."""
+    async with live_relay(redis_store, RelayConfig(recheck=0)) as relay:
+        run = await submitted(relay.alice)
+        token, info = await TokenStore(relay.store).create("alice", scopes=[Scope.RUNS])
+        hello = wire.Hello(role=Role.IDE, run=run, token=token, cursor="0")
+        async with connect(relay.url, compression=None) as ws:
+            await ws.send(wire.encode_frame(hello))
+            welcome = wire.decode_frame(await ws.recv())
+            assert isinstance(welcome, wire.Welcome) and welcome.heartbeat == 0
+            await TokenStore(relay.store).revoke(info.id)
+            last = None
+            with trio.fail_after(20), pytest.raises(ConnectionClosed):
+                while True:
+                    last = wire.decode_frame(await ws.recv())
+            assert isinstance(last, wire.Error) and last.code == ErrorCode.UNAUTHORIZED
+
+
 # --- users and their runs ------------------------------------------------------------------------
 
 
