@@ -21,7 +21,7 @@ import pytest
 import trio
 import trustme
 from websockets.exceptions import ConnectionClosed
-from websockets.trio.client import connect
+from websockets.trio.client import ClientConnection, connect
 
 from protocol_specs import wire
 from protocol_specs.auth import Scope
@@ -176,11 +176,16 @@ async def test_a_revoked_token_ends_idle_ide_connections_that_send_nothing(
             welcome = wire.decode_frame(await ws.recv())
             assert isinstance(welcome, wire.Welcome) and welcome.heartbeat == 0
             await TokenStore(relay.store).revoke(info.id)
-            last = None
+            frames: list[wire.AnyFrame] = []
             with trio.fail_after(20), pytest.raises(ConnectionClosed):
-                while True:
-                    last = wire.decode_frame(await ws.recv())
+                await _read_until_closed(ws, frames)
+            last = frames[-1]
             assert isinstance(last, wire.Error) and last.code == ErrorCode.UNAUTHORIZED
+
+
+async def _read_until_closed(ws: ClientConnection, frames: list[wire.AnyFrame]) -> None:
+    while True:
+        frames.append(wire.decode_frame(await ws.recv()))
 
 
 # --- users and their runs ------------------------------------------------------------------------
