@@ -186,20 +186,29 @@ class Session:
 
 
 @asynccontextmanager
+async def direct_client(
+    workdir: Path, argv: list[str], log_path: Path, *, fast: bool
+) -> AsyncIterator[tuple[Debuggee, DapClient]]:
+    """``argv`` under debugpy in ``workdir`` (``fast``: pydevd's socket without the Nagle stall),
+    and a DAP client attached to it directly."""
+    async with (
+        start_debuggee(
+            argv, cwd=str(workdir), env=dict(os.environ), log_path=str(log_path), fast=fast
+        ) as debuggee,
+        open_dap_client("127.0.0.1", debuggee.port) as client,
+    ):
+        yield debuggee, client
+
+
+@asynccontextmanager
 async def direct_session(
     way: str, workdir: Path, argv: list[str], breakpoints: dict[str, list[int]]
 ) -> AsyncIterator[Session]:
     """Stock debugpy (``fast=False``: ``python -m debugpy --listen``) or the floor (``fast=True``:
     the same debuggee tether's worker starts, pydevd's socket without the Nagle stall)."""
-    async with (
-        start_debuggee(
-            argv,
-            cwd=str(workdir),
-            env=dict(os.environ),
-            log_path=str(workdir.parent / f"{way}.log"),
-            fast=way == FLOOR,
-        ) as debuggee,
-        open_dap_client("127.0.0.1", debuggee.port) as client,
+    async with direct_client(workdir, argv, workdir.parent / f"{way}.log", fast=way == FLOOR) as (
+        debuggee,
+        client,
     ):
         stopped = await configure(client, workdir, breakpoints, mappings=True)
         assert stopped is not None
@@ -329,6 +338,7 @@ __all__ = [
     "break_line",
     "children",
     "configure",
+    "direct_client",
     "direct_session",
     "machine",
     "peak_rss_kib",

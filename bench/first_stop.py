@@ -18,8 +18,8 @@ from common import (
     Stack,
     break_line,
     configure,
+    direct_client,
     open_dap_client,
-    start_debuggee,
     worker,
 )
 from stack import debug_run
@@ -78,15 +78,9 @@ async def through_tether(relay_home: Path, relay: str, tmp: Path, name: str) -> 
 async def straight(tmp: Path, name: str) -> float:
     workdir = _workdir(tmp, name)
     line = break_line("early.py")
-    async with (
-        start_debuggee(
-            ["python", "early.py"],
-            cwd=str(workdir),
-            env=dict(os.environ),
-            log_path=str(tmp / f"{name}.log"),
-            fast=False,
-        ) as debuggee,
-        open_dap_client("127.0.0.1", debuggee.port) as client,
+    async with direct_client(workdir, ["python", "early.py"], tmp / f"{name}.log", fast=False) as (
+        _,
+        client,
     ):
         await configure(client, workdir, {"early.py": [line]}, mappings=True, wait_stop=False)
         return await _stopped_after_birth(client)

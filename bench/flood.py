@@ -6,7 +6,6 @@ stock debugpy; and the peak resident memory of every tether process.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,8 @@ from common import (
     Stack,
     break_line,
     configure,
-    open_dap_client,
+    direct_client,
     peak_rss_kib,
-    start_debuggee,
     tether_session,
 )
 
@@ -76,14 +74,7 @@ async def through_tether(
 async def straight(tmp: Path, n: int, name: str, *, fast: bool = False) -> float:
     """Lines per second from stock debugpy, the client attached directly."""
     workdir = _workdir(tmp, name)
-    async with (
-        start_debuggee(
-            ["python", "flood.py", str(n)],
-            cwd=str(workdir),
-            env=dict(os.environ),
-            log_path=str(tmp / f"{name}.log"),
-            fast=fast,
-        ) as debuggee,
-        open_dap_client("127.0.0.1", debuggee.port) as client,
-    ):
+    async with direct_client(
+        workdir, ["python", "flood.py", str(n)], tmp / f"{name}.log", fast=fast
+    ) as (_, client):
         return await _flood(client, workdir, n, mappings=True)

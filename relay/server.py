@@ -838,7 +838,6 @@ class Relay:
             attempt=who.attempt,
             who=who,
             source=ws,
-            token=hello.token or "",
         )
         try:
             async with trio.open_nursery() as nursery:
@@ -1286,8 +1285,6 @@ class _RunConnection:
     attempt: int = 0
     who: Principal | None = None
     source: ServerConnection | None = None
-    token: str = field(default="", repr=False)
-    check: _Recheck = field(default_factory=lambda: _Recheck())
     #: the last presence the adapter on this connection reported
     presence: wire.PresenceEntry | None = None
 
