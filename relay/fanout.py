@@ -7,7 +7,7 @@ clients. Instead each relay process holds one :class:`Fanout`:
 
 - the first subscription to a stream in this process registers the process as a watcher of it in
   Redis; every append publishes a notice (stream, new id, previous id) to each watcher's channel
-  from the script that stores it (``relay/store.py``), and the fanout's listener hands each notice
+  from the script that stores it (``relay/store/scripts.py``), and the fanout's listener hands each notice
   to the stream's subscriptions here;
 - an append made by *this* process is handed over at once, with its payload (:meth:`Fanout.appended`);
   Redis does not echo it back;

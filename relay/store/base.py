@@ -1,0 +1,291 @@
+"""The store interface (:class:`Store`), what its calls return, and the helpers both
+implementations share. See the package's docstring (``relay/store/__init__.py``) for the theory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+__all__ = [
+    "DEFAULT_REQUEST_TIMEOUT_MS",
+    "NOTICE_CHANNEL",
+    "NO_CAP",
+    "PAYLOAD_FIELD",
+    "TICK_LATE_SECONDS",
+    "TICK_SECONDS",
+    "Appended",
+    "BlockingReader",
+    "Cap",
+    "Diversion",
+    "Entry",
+    "Notice",
+    "NoticeSink",
+    "Store",
+    "StoreError",
+    "StreamId",
+    "check_read_args",
+    "format_id",
+    "meta_key",
+    "parse_id",
+    "transient_key",
+    "watchers_key",
+]
+
+Entry = tuple[str, bytes]
+"""A stream entry: its id and its payload."""
+
+PAYLOAD_FIELD = "p"
+DEFAULT_REQUEST_TIMEOUT_MS = 5000
+
+
+def meta_key(stream: str) -> str:
+    """The hash :meth:`Store.append_once` keeps a stream's producers and byte count in."""
+    return f"{stream}:meta"
+
+
+def watchers_key(stream: str) -> str:
+    """The set of listeners (relay processes) that deliver ``stream`` and want its notices."""
+    return f"{stream}:watchers"
+
+
+def transient_key(stream: str) -> str:
+    """The list of a stream's transient entries (``"<id> <size>"``) not yet trimmed."""
+    return f"{stream}:transient"
+
+
+@dataclass(frozen=True)
+class Cap:
+    """Most entries and payload bytes a stream may hold; 0 means unlimited."""
+
+    entries: int = 0
+    bytes: int = 0
+
+
+#: no cap at all (the default of :meth:`Store.append_once`)
+NO_CAP = Cap()
+
+
+@dataclass(frozen=True)
+class Diversion:
+    """Where :meth:`Store.append_once` stores an entry other than its numbered stream."""
+
+    stream: str
+    maxlen: int = 0  #: 0: unbounded
+
+
+@dataclass(frozen=True)
+class Appended:
+    outcome: str  #: ``stored``, ``duplicate``, ``gap``, ``full`` or ``skipped``
+    cursor: str = ""  #: the entry's id (stored; duplicate of the last stored: its id, else "")
+    prev: str = ""  #: stored: the id of the entry before it in its stream (``0-0``: the first)
+    last: int = 0  #: the producer's last answered number (gap)
+    size: int = 0  #: entries in the stream (full)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """An entry was appended to ``stream``: its id, and the id of the entry before it."""
+
+    stream: str
+    prev: str
+    entry_id: str
+
+
+#: what :meth:`Store.listen` hands over: a notice, or ``None`` for "notices may have been lost"
+NoticeSink = Callable[["Notice | None"], None]
+
+#: a listener's pub/sub channel is this prefix and its id
+NOTICE_CHANNEL = "tether:appended:"
+#: how often a listener publishes a tick to prove its subscription is alive
+TICK_SECONDS = 0.5
+#: a listener whose own tick has not come back this long after it was sent reports possible loss
+#: (long: an overloaded relay is slow to read its ticks, and every such report makes each of its
+#: connections read Redis once; a dropped connection is caught by its id and by tick gaps anyway)
+TICK_LATE_SECONDS = 30.0
+
+
+class StoreError(Exception):
+    """The store refused a command or could not run it (server error, lost connection, timeout)."""
+
+
+class BlockingReader(Protocol):
+    """A dedicated connection for blocking reads; get one from :meth:`Store.blocking_reader`."""
+
+    async def read(
+        self, stream: str, after: str, *, block_ms: int = 1000, count: int = 100
+    ) -> list[Entry]:
+        """Entries after ``after`` (exclusive), waiting up to ``block_ms`` (0 = forever) for one.
+
+        Returns ``[]`` on timeout. Same result as :meth:`Store.read_after` when entries exist.
+        """
+        ...
+
+    async def read_group(
+        self, stream: str, group: str, consumer: str, *, block_ms: int = 1000
+    ) -> Entry | None:
+        """The next entry never delivered to ``group``, now pending for ``consumer``; ``None`` on timeout.
+
+        Raises :class:`StoreError` if the group does not exist (see :meth:`Store.ensure_group`).
+        """
+        ...
+
+
+class Store(Protocol):
+    # streams
+    async def append(self, stream: str, payload: bytes, *, maxlen: int | None = None) -> str:
+        """Add an entry (``XADD``); keep at most ``maxlen`` entries (exact trim). Returns its id."""
+        ...
+
+    async def read_after(self, stream: str, after: str, *, count: int = 100) -> list[Entry]:
+        """Up to ``count`` entries with ids greater than ``after``, oldest first; never blocks."""
+        ...
+
+    async def last_id(self, stream: str) -> str | None:
+        """The id of the newest entry still in the stream, ``None`` if there is none."""
+        ...
+
+    def blocking_reader(self) -> AbstractAsyncContextManager[BlockingReader]:
+        """A reader with its own connection, closed when the context exits."""
+        ...
+
+    async def watch(self, stream: str, listener: str) -> None:
+        """From now on, appends to ``stream`` notify ``listener`` (see :meth:`listen`)."""
+        ...
+
+    async def unwatch(self, stream: str, listener: str) -> None:
+        """Undo :meth:`watch`."""
+        ...
+
+    async def listen(
+        self,
+        listener: str,
+        sink: NoticeSink,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Call ``sink`` with a :class:`Notice` for every append to a stream ``listener`` watches,
+        from now on, until cancelled (appends made with ``notify_except=listener`` excepted).
+
+        ``task_status.started()`` once subscribed. ``sink(None)`` means some notices may have been
+        lost (a dropped subscription): whoever relies on them must re-read what it watches.
+        Raises :class:`StoreError` if the subscription cannot be made.
+        """
+        ...
+
+    # consumer-group queue
+    async def ensure_group(self, stream: str, group: str) -> None:
+        """Create ``group`` at the start of ``stream`` (creating the stream); no-op if it exists."""
+        ...
+
+    async def ack(self, stream: str, group: str, entry_id: str) -> None:
+        """Remove ``entry_id`` from the group's pending entries; unknown ids are ignored."""
+        ...
+
+    async def pending(self, stream: str, group: str, *, count: int = 100) -> list[tuple[str, str]]:
+        """The group's delivered but unacknowledged entries, oldest first: ``(entry id, consumer)``."""
+        ...
+
+    # exactly-once appends with a buffer cap, and trimming what the reader received
+    async def append_once(
+        self,
+        stream: str,
+        producer: str,
+        n: int,
+        payload: bytes | None,
+        *,
+        transient: bool = False,
+        cap: Cap = NO_CAP,
+        divert: Diversion | None = None,
+        notify_except: str = "",
+    ) -> Appended:
+        """Append ``payload`` as producer ``producer``'s entry number ``n``, atomically.
+
+        ``n`` must be the producer's last answered number + 1 (else :attr:`Appended.outcome` is
+        ``duplicate`` for ``n`` at or below it, ``gap`` above it). ``payload=None`` answers ``n``
+        without storing anything (``skipped``: the relay refused that entry). Bookkeeping lives in the hash
+        :func:`meta_key` (``stream``); ``transient`` entries are also listed for :meth:`trim_received`.
+        Refused with ``full`` (and ``n`` counted as answered) when the stream holds ``cap.entries``
+        entries or ``cap.bytes`` payload bytes.
+
+        ``divert``: store the entry in ``divert.stream`` instead (trimmed to about ``divert.maxlen``
+        entries, oldest first; no cap, no byte count), still numbered in ``stream``'s bookkeeping,
+        so one producer's entries to several streams are deduplicated as one sequence.
+
+        A stored entry is announced to the listeners watching the stream it went to (see
+        :meth:`listen`), except ``notify_except``: the appender's own, which hands it over itself.
+        """
+        ...
+
+    async def trim_received(self, stream: str, cursor: str, *, limit: int = 1000) -> int:
+        """Delete up to ``limit`` transient entries with ids up to ``cursor``; returns how many."""
+        ...
+
+    async def buffered_bytes(self, stream: str) -> int:
+        """Payload bytes of the entries :meth:`append_once` stored and :meth:`trim_received` kept."""
+        ...
+
+    # hashes, strings, sorted set
+    async def hset(self, key: str, mapping: Mapping[str, bytes | str]) -> None: ...
+    async def hgetall(self, key: str) -> dict[str, bytes]: ...
+    async def set_bytes(self, key: str, value: bytes) -> None: ...
+    async def get_bytes(self, key: str) -> bytes | None: ...
+    async def zadd(
+        self, key: str, member: str, score: float, *, only_existing: bool = False
+    ) -> bool:
+        """Set ``member``'s score; with ``only_existing`` never add. True if anything changed."""
+        ...
+
+    async def zrem(self, key: str, member: str) -> bool:
+        """Remove ``member``; True if it was there (one caller wins when several race)."""
+        ...
+
+    async def zrange_by_score(self, key: str, max_score: float, count: int) -> list[str]:
+        """Up to ``count`` members with scores up to ``max_score``, lowest score first."""
+        ...
+
+    async def expire(self, key: str, seconds: float) -> None:
+        """Delete ``key`` after ``seconds`` (millisecond precision); no-op for a missing key."""
+        ...
+
+    async def ttl(self, key: str) -> float | None:
+        """Seconds until ``key`` expires; ``None`` if it does not exist or never expires."""
+        ...
+
+    async def zrange_desc(self, key: str, count: int) -> list[str]:
+        """The ``count`` members with the highest scores, highest first (ties: member descending)."""
+        ...
+
+    async def delete(self, *keys: str) -> None: ...
+
+    async def flushall(self) -> None:
+        """Delete every key on the server (tests only: isolation between tests)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def check_read_args(block_ms: int, count: int) -> None:
+    if block_ms < 0:
+        raise ValueError(f"block_ms must be >= 0 (0 waits forever), not {block_ms}")
+    if count < 1:
+        raise ValueError(f"count must be >= 1, not {count}")
+
+
+#: a stream entry id as numbers: ``(ms, seq)``
+StreamId = tuple[int, int]
+
+
+def parse_id(text: str) -> StreamId:
+    """``"<ms>-<seq>"`` or ``"<ms>"``, like Redis (which answers "Invalid stream ID" otherwise)."""
+    ms, sep, seq = text.partition("-")
+    if not (ms.isascii() and ms.isdigit()) or (sep and not (seq.isascii() and seq.isdigit())):
+        raise StoreError(f"invalid stream id {text!r}")
+    return int(ms), int(seq) if sep else 0
+
+
+def format_id(entry_id: StreamId) -> str:
+    return f"{entry_id[0]}-{entry_id[1]}"

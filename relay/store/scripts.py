@@ -1,0 +1,101 @@
+"""The Lua scripts :class:`~relay.store.glide.GlideStore` runs: each is one atomic step on the
+server (``EVALSHA``; every key it touches is passed in ``KEYS``, so a cluster can route it)."""
+
+from __future__ import annotations
+
+__all__ = ["APPEND", "APPEND_ONCE", "TRIM_RECEIVED"]
+
+#: KEYS: stream, meta, transient list. ARGV: producer, n, payload, transient (0/1), max entries,
+#: max bytes, skip (0/1), diverted maxlen; KEYS[4]: the stream to store in (KEYS[1] unless
+#: diverted), KEYS[5] its meta hash, KEYS[6] its watchers; ARGV[9] the notice channel prefix,
+#: ARGV[10] the listener not to notify. Returns {outcome, cursor-or-number, prev}: 1 stored,
+#: 0 duplicate, -1 gap, -2 full, 2 skipped. A stored entry's notice goes to its watchers.
+APPEND_ONCE = """
+local function notify(prev, id)
+  local text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[4]
+  for _, listener in ipairs(redis.call('SMEMBERS', KEYS[6])) do
+    if listener ~= ARGV[10] then redis.call('PUBLISH', ARGV[9] .. listener, text) end
+  end
+end
+local last = tonumber(redis.call('HGET', KEYS[2], 'n:' .. ARGV[1]) or '0')
+local n = tonumber(ARGV[2])
+if n <= last then
+  if n == last then return {0, redis.call('HGET', KEYS[2], 'c:' .. ARGV[1]) or ''} end
+  return {0, ''}
+end
+if n ~= last + 1 then return {-1, tostring(last)} end
+if ARGV[7] == '1' then
+  redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], '')
+  return {2, ''}
+end
+if KEYS[4] ~= KEYS[1] then
+  local did
+  if tonumber(ARGV[8]) > 0 then
+    did = redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', 'p', ARGV[3])
+  else
+    did = redis.call('XADD', KEYS[4], '*', 'p', ARGV[3])
+  end
+  redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], did)
+  local dprev = redis.call('HGET', KEYS[5], 'last') or '0-0'
+  redis.call('HSET', KEYS[5], 'last', did)
+  notify(dprev, did)
+  return {1, did, dprev}
+end
+local size = string.len(ARGV[3])
+local max_entries = tonumber(ARGV[5])
+local max_bytes = tonumber(ARGV[6])
+local held = redis.call('XLEN', KEYS[1])
+local bytes = tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0')
+if (max_entries > 0 and held >= max_entries) or (max_bytes > 0 and bytes + size > max_bytes) then
+  redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], '')
+  return {-2, tostring(held)}
+end
+local id = redis.call('XADD', KEYS[1], '*', 'p', ARGV[3])
+local prev = redis.call('HGET', KEYS[2], 'last') or '0-0'
+redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], id, 'last', id)
+redis.call('HINCRBY', KEYS[2], 'bytes', size)
+if ARGV[4] == '1' then redis.call('RPUSH', KEYS[3], id .. ' ' .. size) end
+notify(prev, id)
+return {1, id, prev}
+"""
+
+#: KEYS: stream, meta, watchers. ARGV: payload, exact maxlen (-1: none), notice channel prefix.
+#: Returns the entry's id.
+APPEND = """
+local id
+if tonumber(ARGV[2]) >= 0 then
+  id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[2], '*', 'p', ARGV[1])
+else
+  id = redis.call('XADD', KEYS[1], '*', 'p', ARGV[1])
+end
+local prev = redis.call('HGET', KEYS[2], 'last') or '0-0'
+redis.call('HSET', KEYS[2], 'last', id)
+local text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[1]
+for _, listener in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  redis.call('PUBLISH', ARGV[3] .. listener, text)
+end
+return id
+"""
+
+#: KEYS: stream, meta, transient list. ARGV: cursor ms, cursor seq, limit. Returns entries deleted.
+TRIM_RECEIVED = """
+local cms = tonumber(ARGV[1])
+local cseq = tonumber(ARGV[2])
+local head = redis.call('LRANGE', KEYS[3], 0, tonumber(ARGV[3]) - 1)
+local removed = 0
+local freed = 0
+for _, item in ipairs(head) do
+  local ms, seq, size = string.match(item, '^(%d+)-(%d+) (%d+)$')
+  ms = tonumber(ms)
+  seq = tonumber(seq)
+  if ms > cms or (ms == cms and seq > cseq) then break end
+  redis.call('XDEL', KEYS[1], ms .. '-' .. seq)
+  freed = freed + tonumber(size)
+  removed = removed + 1
+end
+if removed > 0 then
+  redis.call('LTRIM', KEYS[3], removed, -1)
+  redis.call('HINCRBY', KEYS[2], 'bytes', -freed)
+end
+return removed
+"""
