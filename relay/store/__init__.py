@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 
 from .base import (
     DEFAULT_REQUEST_TIMEOUT_MS,
+    NO_CAP,
     PAYLOAD_FIELD,
     Appended,
     BlockingReader,
@@ -71,6 +72,7 @@ from .memory import MemoryStore
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_MS",
+    "NO_CAP",
     "PAYLOAD_FIELD",
     "Appended",
     "BlockingReader",

@@ -17,6 +17,7 @@ __all__ = [
     "PAYLOAD_FIELD",
     "TICK_LATE_SECONDS",
     "TICK_SECONDS",
+    "VERSION_FIELD",
     "Appended",
     "BlockingReader",
     "Cap",
@@ -39,6 +40,8 @@ Entry = tuple[str, bytes]
 """A stream entry: its id and its payload."""
 
 PAYLOAD_FIELD = "p"
+#: the field of a hash that :meth:`Store.set_versioned` counts its writes in
+VERSION_FIELD = "v"
 DEFAULT_REQUEST_TIMEOUT_MS = 5000
 
 
@@ -189,6 +192,15 @@ class Store(Protocol):
         """The group's delivered but unacknowledged entries, oldest first: ``(entry id, consumer)``."""
         ...
 
+    async def reclaim(
+        self, stream: str, group: str, consumer: str, *, min_idle: float, count: int = 100
+    ) -> list[Entry]:
+        """Up to ``count`` of the group's pending entries delivered over ``min_idle`` seconds ago
+        and never acknowledged, oldest first, now pending for ``consumer`` (``XAUTOCLAIM``): what
+        a consumer that died, or was cancelled, left behind. Entries deleted meanwhile are dropped
+        from the pending list and not returned."""
+        ...
+
     # exactly-once appends with a buffer cap, and trimming what the reader received
     async def append_once(
         self,
@@ -228,15 +240,39 @@ class Store(Protocol):
         """Payload bytes of the entries :meth:`append_once` stored and :meth:`trim_received` kept."""
         ...
 
+    # a versioned value: compare-and-set
+    async def get_versioned(self, key: str, field: str) -> tuple[bytes | None, int]:
+        """``field`` of the hash ``key`` and the hash's version: how many times
+        :meth:`set_versioned` wrote it (0 if never, or if the key does not exist)."""
+        ...
+
+    async def set_versioned(self, key: str, field: str, value: bytes, version: int) -> bool:
+        """Atomically: if the hash's version is still ``version``, set ``field`` to ``value`` and
+        the version to ``version + 1``; True. Else write nothing; False (someone else wrote it
+        since it was read: read again, decide again)."""
+        ...
+
     # hashes, strings, sorted set
     async def hset(self, key: str, mapping: Mapping[str, bytes | str]) -> None: ...
     async def hgetall(self, key: str) -> dict[str, bytes]: ...
     async def set_bytes(self, key: str, value: bytes) -> None: ...
     async def get_bytes(self, key: str) -> bytes | None: ...
+    async def sadd(self, key: str, members: list[str]) -> None:
+        """Add ``members`` to the set ``key``."""
+        ...
+
+    async def sismember(self, key: str, members: list[str]) -> list[bool]:
+        """For each of ``members``, whether it is in the set ``key`` (``SMISMEMBER``)."""
+        ...
+
     async def zadd(
         self, key: str, member: str, score: float, *, only_existing: bool = False
     ) -> bool:
         """Set ``member``'s score; with ``only_existing`` never add. True if anything changed."""
+        ...
+
+    async def zscore(self, key: str, member: str) -> float | None:
+        """``member``'s score, ``None`` if it is not in the set."""
         ...
 
     async def zrem(self, key: str, member: str) -> bool:

@@ -21,6 +21,7 @@ from .base import (
     PAYLOAD_FIELD,
     TICK_LATE_SECONDS,
     TICK_SECONDS,
+    VERSION_FIELD,
     Appended,
     BlockingReader,
     Cap,
@@ -432,6 +433,18 @@ class GlideStore:
         with _glide_errors(f"XACK {stream} {group} {entry_id}"):
             await self._client.xack(stream, group, [entry_id])
 
+    async def reclaim(
+        self, stream: str, group: str, consumer: str, *, min_idle: float, count: int = 100
+    ) -> list[Entry]:
+        check_read_args(0, count)
+        with _glide_errors(f"XAUTOCLAIM {stream} {group}"):
+            reply = await self._client.xautoclaim(
+                stream, group, consumer, max(0, round(min_idle * 1000)), "0-0", count
+            )
+        claimed = reply[1] if len(reply) > 1 else {}
+        assert isinstance(claimed, Mapping)
+        return _entries(claimed)
+
     async def pending(self, stream: str, group: str, *, count: int = 100) -> list[tuple[str, str]]:
         import glide
 
@@ -446,6 +459,20 @@ class GlideStore:
             assert isinstance(entry_id, bytes) and isinstance(consumer, bytes)
             out.append((entry_id.decode(), consumer.decode()))
         return out
+
+    async def get_versioned(self, key: str, field: str) -> tuple[bytes | None, int]:
+        with _glide_errors(f"HMGET {key}"):
+            value, version = await self._client.hmget(key, [field, VERSION_FIELD])
+        return value, int(version or 0)
+
+    async def set_versioned(self, key: str, field: str, value: bytes, version: int) -> bool:
+        reply = await self._script(
+            f"write {key} at version {version}",
+            scripts.SET_VERSIONED,
+            [key],
+            [field, value, str(version), VERSION_FIELD],
+        )
+        return reply == 1
 
     async def hset(self, key: str, mapping: Mapping[str, bytes | str]) -> None:
         if not mapping:
@@ -466,6 +493,17 @@ class GlideStore:
         with _glide_errors(f"GET {key}"):
             return await self._client.get(key)
 
+    async def sadd(self, key: str, members: list[str]) -> None:
+        if members:
+            with _glide_errors(f"SADD {key}"):
+                await self._client.sadd(key, list(members))
+
+    async def sismember(self, key: str, members: list[str]) -> list[bool]:
+        if not members:
+            return []
+        with _glide_errors(f"SMISMEMBER {key}"):
+            return list(await self._client.smismember(key, list(members)))
+
     async def zadd(
         self, key: str, member: str, score: float, *, only_existing: bool = False
     ) -> bool:
@@ -477,6 +515,10 @@ class GlideStore:
                 key, {member: float(score)}, existing_options=condition, changed=True
             )
         return changed > 0
+
+    async def zscore(self, key: str, member: str) -> float | None:
+        with _glide_errors(f"ZSCORE {key}"):
+            return await self._client.zscore(key, member)
 
     async def zrem(self, key: str, member: str) -> bool:
         with _glide_errors(f"ZREM {key}"):

@@ -16,6 +16,7 @@ import trio
 
 from .base import (
     NO_CAP,
+    VERSION_FIELD,
     Appended,
     BlockingReader,
     Cap,
@@ -39,6 +40,7 @@ __all__ = ["MemoryStore"]
 class _Group:
     delivered: StreamId = (0, 0)  # last id delivered to the group
     pending: dict[StreamId, str] = field(default_factory=dict)  # entry id -> consumer
+    since: dict[StreamId, float] = field(default_factory=dict)  # entry id -> when delivered
 
 
 @dataclass
@@ -69,8 +71,12 @@ class _ZSet(dict[str, float]):
     pass
 
 
-_Value = _Stream | _Hash | _ZSet | _List | bytes
-_V = TypeVar("_V", _Stream, _Hash, _ZSet, _List, bytes)
+class _Set(set[str]):
+    pass
+
+
+_Value = _Stream | _Hash | _ZSet | _List | _Set | bytes
+_V = TypeVar("_V", _Stream, _Hash, _ZSet, _List, _Set, bytes)
 
 
 class _MemoryReader:
@@ -117,6 +123,7 @@ class _MemoryReader:
                 if start < len(s.ids):
                     entry_id = g.delivered = s.ids[start]
                     g.pending[entry_id] = consumer
+                    g.since[entry_id] = self._store._clock()
                     return format_id(entry_id), s.payloads[start]
                 await self._store._changed(stream)
         return None
@@ -328,6 +335,32 @@ class MemoryStore:
         s = self._get(stream, _Stream)
         if s is not None and group in s.groups:
             s.groups[group].pending.pop(parsed, None)
+            s.groups[group].since.pop(parsed, None)
+
+    async def reclaim(
+        self, stream: str, group: str, consumer: str, *, min_idle: float, count: int = 100
+    ) -> list[Entry]:
+        check_read_args(0, count)
+        await trio.lowlevel.checkpoint()
+        s = self._get(stream, _Stream)
+        g = s.groups.get(group) if s else None
+        if s is None or g is None:
+            raise StoreError(f"NOGROUP no stream {stream!r} or no group {group!r} on it")
+        now = self._clock()
+        out: list[Entry] = []
+        for entry_id in sorted(g.pending):
+            if len(out) >= count:
+                break
+            if now - g.since.get(entry_id, now) < min_idle:
+                continue
+            at = bisect.bisect_left(s.ids, entry_id)
+            if at >= len(s.ids) or s.ids[at] != entry_id:  # trimmed away meanwhile
+                del g.pending[entry_id]
+                g.since.pop(entry_id, None)
+                continue
+            g.pending[entry_id], g.since[entry_id] = consumer, now
+            out.append((format_id(entry_id), s.payloads[at]))
+        return out
 
     async def pending(self, stream: str, group: str, *, count: int = 100) -> list[tuple[str, str]]:
         check_read_args(0, count)
@@ -337,6 +370,22 @@ class MemoryStore:
         if g is None:
             raise StoreError(f"NOGROUP no stream {stream!r} or no group {group!r} on it")
         return [(format_id(i), g.pending[i]) for i in sorted(g.pending)[:count]]
+
+    async def get_versioned(self, key: str, field: str) -> tuple[bytes | None, int]:
+        await trio.lowlevel.checkpoint()
+        h: Mapping[str, bytes] = self._get(key, _Hash) or {}
+        return h.get(field), int(h.get(VERSION_FIELD, b"0"))
+
+    async def set_versioned(self, key: str, field: str, value: bytes, version: int) -> bool:
+        await trio.lowlevel.checkpoint()
+        current: Mapping[str, bytes] = self._get(key, _Hash) or {}
+        if int(current.get(VERSION_FIELD, b"0")) != version:
+            return False
+        h = self._get_or_create(key, _Hash, _Hash)
+        h[field] = bytes(value)
+        h[VERSION_FIELD] = str(version + 1).encode()
+        self._notify(key)
+        return True
 
     async def hset(self, key: str, mapping: Mapping[str, bytes | str]) -> None:
         await trio.lowlevel.checkpoint()
@@ -360,6 +409,17 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         return self._get(key, bytes)
 
+    async def sadd(self, key: str, members: list[str]) -> None:
+        await trio.lowlevel.checkpoint()
+        if members:
+            self._get_or_create(key, _Set, _Set).update(members)
+            self._notify(key)
+
+    async def sismember(self, key: str, members: list[str]) -> list[bool]:
+        await trio.lowlevel.checkpoint()
+        held: set[str] = self._get(key, _Set) or set()
+        return [m in held for m in members]
+
     async def zadd(
         self, key: str, member: str, score: float, *, only_existing: bool = False
     ) -> bool:
@@ -372,6 +432,11 @@ class MemoryStore:
         z[member] = float(score)
         self._notify(key)
         return changed
+
+    async def zscore(self, key: str, member: str) -> float | None:
+        await trio.lowlevel.checkpoint()
+        z: Mapping[str, float] = self._get(key, _ZSet) or {}
+        return z.get(member)
 
     async def zrem(self, key: str, member: str) -> bool:
         await trio.lowlevel.checkpoint()

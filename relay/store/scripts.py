@@ -3,7 +3,7 @@ server (``EVALSHA``; every key it touches is passed in ``KEYS``, so a cluster ca
 
 from __future__ import annotations
 
-__all__ = ["APPEND", "APPEND_ONCE", "TRIM_RECEIVED"]
+__all__ = ["APPEND", "APPEND_ONCE", "SET_VERSIONED", "TRIM_RECEIVED"]
 
 #: KEYS: stream, meta, transient list. ARGV: producer, n, payload, transient (0/1), max entries,
 #: max bytes, skip (0/1), diverted maxlen; KEYS[4]: the stream to store in (KEYS[1] unless
@@ -98,4 +98,13 @@ if removed > 0 then
   redis.call('HINCRBY', KEYS[2], 'bytes', -freed)
 end
 return removed
+"""
+
+#: KEYS: the hash. ARGV: field, value, the version the writer read, the version field.
+#: Returns 1 (written, version + 1) or 0 (the version moved on: nothing written).
+SET_VERSIONED = """
+local v = tonumber(redis.call('HGET', KEYS[1], ARGV[4]) or '0')
+if v ~= tonumber(ARGV[3]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[4], v + 1)
+return 1
 """

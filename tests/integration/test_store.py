@@ -276,6 +276,22 @@ async def test_reading_from_a_missing_group_is_refused(store: Store) -> None:
     await store.ack("q", "nobody", "1-0")  # like XACK: nothing to acknowledge, no error
 
 
+async def test_reclaim_takes_over_what_a_consumer_left_pending(store: Store) -> None:
+    await store.ensure_group("q", "g")
+    ids = [await store.append("q", p) for p in (b"a", b"b", b"c")]
+    async with store.blocking_reader() as reader:
+        assert await reader.read_group("q", "g", "dead", block_ms=10) == (ids[0], b"a")
+        assert await reader.read_group("q", "g", "dead", block_ms=10) == (ids[1], b"b")
+    await store.ack("q", "g", ids[1])
+    assert await store.reclaim("q", "g", "alive", min_idle=3600) == []  # not idle long enough
+    assert await store.reclaim("q", "g", "alive", min_idle=0) == [(ids[0], b"a")]
+    assert await store.pending("q", "g") == [(ids[0], "alive")]
+    await store.ack("q", "g", ids[0])
+    assert await store.reclaim("q", "g", "alive", min_idle=0) == []
+    with pytest.raises(StoreError, match="NOGROUP"):
+        await store.reclaim("q", "nobody", "alive", min_idle=0)
+
+
 # --- exactly-once appends, caps, trimming --------------------------------------------------------
 
 NO_CAP = Cap()
@@ -348,12 +364,52 @@ async def test_hashes(store: Store) -> None:
     assert await store.hgetall("missing") == {}
 
 
+async def test_versioned_values_are_written_only_over_the_version_read(store: Store) -> None:
+    assert await store.get_versioned("h", "record") == (None, 0)
+    assert await store.set_versioned("h", "record", b"one", 0)
+    assert not await store.set_versioned("h", "record", b"lost", 0)  # a writer that read v0
+    assert await store.get_versioned("h", "record") == (b"one", 1)
+    assert await store.set_versioned("h", "record", b"\x00two", 1)
+    assert await store.get_versioned("h", "record") == (b"\x00two", 2)
+    await store.hset("h", {"other": b"x"})  # other fields leave the version alone
+    assert not await store.set_versioned("h", "record", b"stale", 1)
+    assert await store.get_versioned("h", "record") == (b"\x00two", 2)
+    await store.hset("plain", {"record": b"old"})  # written before versions existed: version 0
+    assert await store.get_versioned("plain", "record") == (b"old", 0)
+    assert await store.set_versioned("plain", "record", b"new", 0)
+
+
+async def test_concurrent_versioned_writers_never_lose_an_update(store: Store) -> None:
+    """Read, add one, write-if-unchanged, retry: N increments by concurrent tasks give N."""
+
+    async def increment() -> None:
+        while True:
+            raw, version = await store.get_versioned("counter", "n")
+            await trio.lowlevel.checkpoint()  # let the others read the same version
+            if await store.set_versioned("counter", "n", b"%d" % (int(raw or 0) + 1), version):
+                return
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(20):
+            nursery.start_soon(increment)
+    assert await store.get_versioned("counter", "n") == (b"20", 20)
+
+
 async def test_bytes_values(store: Store) -> None:
     assert await store.get_bytes("k") is None
     await store.set_bytes("k", b"\x00snap\xff")
     assert await store.get_bytes("k") == b"\x00snap\xff"
     await store.set_bytes("k", b"")
     assert await store.get_bytes("k") == b""
+
+
+async def test_sets(store: Store) -> None:
+    assert await store.sismember("blobs", ["a", "b"]) == [False, False]
+    await store.sadd("blobs", ["a", "c"])
+    await store.sadd("blobs", ["a"])
+    await store.sadd("blobs", [])
+    assert await store.sismember("blobs", ["a", "b", "c"]) == [True, False, True]
+    assert await store.sismember("blobs", []) == []
 
 
 async def test_sorted_set_newest_first(store: Store) -> None:
@@ -375,6 +431,9 @@ async def test_sorted_set_conditional_add_remove_and_range_by_score(store: Store
     assert await store.zrange_by_score("leases", 20, 10) == ["r2", "r1"]
     assert await store.zrange_by_score("leases", 19.5, 10) == ["r2"]
     assert await store.zrange_by_score("leases", 100, 1) == ["r2"]
+    assert await store.zscore("leases", "r1") == 20
+    assert await store.zscore("leases", "nobody") is None
+    assert await store.zscore("missing", "r1") is None
     assert await store.zrem("leases", "r2")
     assert not await store.zrem("leases", "r2")  # one caller wins a race
     assert await store.zrange_by_score("missing", 100, 5) == []
