@@ -108,6 +108,7 @@ def relay_config(args: argparse.Namespace) -> Any:
         ping_interval=args.ping_interval,
         ping_timeout=args.ping_timeout,
         max_connections=args.max_connections,
+        max_control_connections=args.max_control_connections,
         max_active_runs=args.max_runs,
     )
 
@@ -251,6 +252,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
                 start_delay=args.start_delay,
                 work_dir=work_dir,
                 gpus=gpus,
+                name=args.name,
                 on_event=clock.say,
                 task_status=task_status,
             )
@@ -651,6 +653,13 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
+def _state(record: RunRecord) -> str:
+    """The state, and whether its worker went silent (its host may be down: the lease decides)."""
+    if record.silent_for:
+        return f"{record.state.value} (worker silent {_age(record.silent_for)})"
+    return record.state.value
+
+
 def _where(record: RunRecord) -> str:
     if record.paused_at:
         return record.paused_at
@@ -670,7 +679,7 @@ def runs_table(records: Sequence[RunRecord], now: float) -> str:
             (
                 r.id,
                 (r.spec.name or " ".join(r.spec.command))[:28],
-                r.state.value,
+                _state(r),
                 r.spec.backend,
                 _age(now - r.created_at),
                 tries,
@@ -700,7 +709,7 @@ def status_text(record: RunRecord, now: float) -> str:
     res = spec.resources
     lines = [
         f"run        {record.id}{f'  ({spec.name})' if spec.name else ''}",
-        f"state      {record.state.value}{f': {record.detail}' if record.detail else ''}",
+        f"state      {_state(record)}{f': {record.detail}' if record.detail else ''}",
         f"command    {' '.join(spec.command)}",
         f"mode       {'debug' if spec.debug else 'run'} on {spec.backend}",
         f"snapshot   {record.snapshot[:12]} ({record.files} files, {_mib(record.size)}) "
@@ -716,6 +725,11 @@ def status_text(record: RunRecord, now: float) -> str:
         lines.append("env        " + " ".join(f"{k}={v}" for k, v in sorted(spec.env.items())))
     if record.paused_at:
         lines.append(f"paused at  {record.paused_at}")
+    if record.silent_for:
+        lines.append(
+            f"worker     silent for {_age(record.silent_for)}: its host may be down or cut off; "
+            "the run is marked lost (or retried) when its lease runs out"
+        )
     if record.rerun_of:
         lines.append(f"rerun of   {record.rerun_of}")
     if spec.tags:
@@ -930,7 +944,16 @@ def relay_options(s: argparse.ArgumentParser) -> None:
         type=int,
         default=d.max_connections,
         metavar="N",
-        help=f"most connections of one user to this relay process (default {d.max_connections})",
+        help="most IDE and logs connections of one user to this relay process "
+        f"(default {d.max_connections})",
+    )
+    g.add_argument(
+        "--max-control-connections",
+        type=int,
+        default=d.max_control_connections,
+        metavar="N",
+        help="most control connections (CLI, worker pools) of one user to this relay process, "
+        f"counted apart from IDE links (default {d.max_control_connections})",
     )
     g.add_argument(
         "--max-runs",
@@ -1179,6 +1202,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--start-delay", type=float, default=0.0, metavar="S")
     s.add_argument(
         "--work-dir", help="where run directories are made (default: $TETHER_HOME/worker)"
+    )
+    s.add_argument(
+        "--name", help="the pool's name in `tether status` (default HOST-pool; slots add -N)"
     )
     s.add_argument("--run", help="run this run's attempt only, then exit")
     s.add_argument("--attempt", type=int, default=0, help="with --run: the attempt number")

@@ -20,8 +20,9 @@ A token is ``tth<kind>_<id>_<secret>``. The relay stores the id with a SHA-256 h
 for connecting) and compares hashes in constant time. Tokens never appear in logs or error
 messages; :func:`describe` is what may be shown.
 
-The decisions (:func:`check_token`, :func:`may_open`, :func:`may_control`) are pure functions of the
-token's record, the request and the run: the relay performs them, tests step them directly.
+:func:`check_token` decides who a presented token's holder is; what they may then do is one table,
+``protocol_specs/permissions.py``. Both are pure functions: the relay performs them, tests step
+them directly.
 :class:`AuthThrottle` slows down failed authentications per source address.
 """
 
@@ -38,8 +39,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .runs import RunRecord
-
 __all__ = [
     "TOKEN_PATTERN",
     "AuthThrottle",
@@ -51,9 +50,6 @@ __all__ = [
     "check_token",
     "describe",
     "hash_secret",
-    "may_control",
-    "may_open",
-    "may_see",
     "new_token",
     "parse_token",
 ]
@@ -187,70 +183,6 @@ def check_token(token: str | None, record: TokenRecord | None, now: float) -> Pr
     if record.expires_at and now >= record.expires_at:
         return Refusal("unauthorized", f"token {record.id} has expired")
     return Principal.of(record)
-
-
-def may_see(who: Principal, run: RunRecord) -> bool:
-    """Whether a user may look at (and act on) ``run``: its owner, or an admin."""
-    return who.kind == "user" and (who.admin or (bool(run.owner) and run.owner == who.user))
-
-
-def may_open(who: Principal, role: str, run: RunRecord | None, attempt: int = 0) -> Refusal | None:
-    """Whether ``who`` may open a connection in ``role`` (``ide``, ``worker``, ``logs``, ``control``)
-    on ``run`` (``None`` for control, or a run that does not exist)."""
-    if role == "control":
-        return None  # each control frame is checked on its own (:func:`may_control`)
-    if role == "worker":
-        if who.kind != "worker":
-            return Refusal(
-                "forbidden", "only a worker token (minted for one attempt) may connect as a worker"
-            )
-        if run is None or run.id != who.run:
-            return Refusal("forbidden", f"this worker token is for run {who.run}, not another run")
-        if who.attempt != run.attempt or (attempt and attempt != who.attempt):
-            return Refusal(
-                "stale_attempt",
-                f"run {run.id} is at attempt {run.attempt}; this token's attempt "
-                f"{who.attempt} is over",
-            )
-        return None
-    if who.kind != "user" or (Scope.RUNS not in who.scopes and not who.admin):
-        return Refusal("forbidden", f"this token may not open a {role!r} connection")
-    if run is None or not may_see(who, run):
-        return Refusal("no_such_run", "no such run (or not yours)")
-    return None
-
-
-#: control frames and the scope they need; a worker token may send only the ``worker`` ones
-_CONTROL_SCOPE: dict[str, Scope | None] = {
-    "have_blobs": Scope.RUNS,
-    "put_blob": Scope.RUNS,
-    "submit": Scope.RUNS,
-    "rerun": Scope.RUNS,
-    "cancel": Scope.RUNS,
-    "get_run": Scope.RUNS,
-    "list_runs": Scope.RUNS,
-    "get_audit": Scope.RUNS,
-    "create_token": Scope.RUNS,
-    "list_tokens": Scope.RUNS,
-    "revoke_token": Scope.RUNS,
-    "claim": Scope.BACKEND,
-    "dispatch": Scope.BACKEND,
-    "report": Scope.BACKEND,
-    "get_blob": Scope.BACKEND,
-}
-_WORKER_FRAMES = {"claim", "get_blob"}
-
-
-def may_control(who: Principal, frame: str) -> Refusal | None:
-    """Whether ``who`` may send the control frame ``frame`` at all (runs are checked after)."""
-    if who.kind == "worker":
-        if frame in _WORKER_FRAMES:
-            return None
-        return Refusal("forbidden", f"a worker token may not send {frame!r}")
-    need = _CONTROL_SCOPE.get(frame)
-    if need is None or need in who.scopes or who.admin:
-        return None
-    return Refusal("forbidden", f"{frame!r} needs a token with the {need.value!r} scope")
 
 
 @dataclass

@@ -41,6 +41,7 @@ __all__ = [
     "RunRecord",
     "RunSpec",
     "RunState",
+    "StaleAttempt",
     "next_state",
     "retry_delay",
 ]
@@ -72,11 +73,14 @@ class RunEvent(StrEnum):
     PAUSE = "pause"
     RESUME = "resume"
     RETRY = "retry"
+    #: a claim that never reached its worker (its connection closed first): queued again, same attempt
+    RELEASE = "release"
 
 
 TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = {
     (RunState.QUEUED, RunEvent.CLAIM): RunState.STARTING,
     (RunState.QUEUED, RunEvent.CANCEL): RunState.CANCELLED,
+    (RunState.STARTING, RunEvent.RELEASE): RunState.QUEUED,
     (RunState.STARTING, RunEvent.START): RunState.RUNNING,
     (RunState.STARTING, RunEvent.START_FAILED): RunState.FAILED,
     (RunState.STARTING, RunEvent.CANCEL): RunState.CANCELLED,
@@ -111,6 +115,19 @@ class IllegalTransition(Exception):
         super().__init__(f"can't handle run event {event.value!r} in state {state.value!r}")
         self.event = event
         self.state = state
+
+
+class StaleAttempt(IllegalTransition):
+    """An event about an attempt that is not the run's current one (it ended, and another began)."""
+
+    def __init__(self, event: RunEvent, state: RunState, attempt: int, current: int) -> None:
+        super().__init__(event, state)
+        self.args = (
+            f"run event {event.value!r} is about attempt {attempt}; the run is at attempt "
+            f"{current} ({state.value})",
+        )
+        self.attempt = attempt
+        self.current = current
 
 
 def next_state(state: RunState, event: RunEvent) -> RunState:
@@ -325,7 +342,8 @@ class RunRecord(BaseModel):
     worker: str = ""
     exit_code: int | None = None
     detail: str = ""
-    #: the queue entry a worker claimed (acknowledged when the attempt ends)
+    #: records written before queue entries were acknowledged at claim time: the entry a worker
+    #: claimed (acknowledged when the attempt ends)
     queue_entry: str = ""
     #: the snapshot (manifest id), its file count and bytes
     snapshot: str = ""
@@ -342,6 +360,9 @@ class RunRecord(BaseModel):
     rerun_of: str = ""
     #: the user who submitted it (the only one besides admins who may see or debug it)
     owner: str = ""
+    #: seconds since the worker was last heard from, once that is longer than its heartbeats
+    #: allow (its host may be down); set by the relay when it answers, never stored
+    silent_for: float = 0.0
 
     def redacted(self) -> RunRecord:
         """The record as users see it: secret environment values hidden."""
@@ -361,6 +382,75 @@ class RunRecord(BaseModel):
         """The record after ``event``; raises :class:`IllegalTransition` and changes nothing."""
         state = next_state(self.state, event)
         return self.model_copy(update={"state": state, "updated_at": at, **changes})
+
+    def advance(
+        self, event: RunEvent, *, at: float, about: int | None = None, **changes: Any
+    ) -> RunRecord:
+        """:meth:`apply` with the current attempt's bookkeeping (claimed, started, ended).
+
+        ``about``: the attempt the event is about; another than the current one raises
+        :class:`StaleAttempt` (news from a worker whose attempt is over).
+        """
+        self.check_attempt(event, about)
+        updated = self.apply(event, at=at, **changes)
+        if event is RunEvent.CLAIM:
+            updated = updated.with_attempt(claimed_at=at, worker=updated.worker)
+        elif event is RunEvent.RELEASE:
+            updated = updated.with_attempt(claimed_at=None, worker="")
+        elif event is RunEvent.START:
+            updated = updated.with_attempt(started_at=at)
+        elif updated.finished:
+            updated = updated.with_attempt(
+                ended_at=at,
+                outcome=updated.state.value,
+                exit_code=updated.exit_code,
+                detail=updated.detail,
+            )
+        if updated.state is not RunState.PAUSED:
+            updated = updated.model_copy(update={"paused_at": ""})
+        return updated
+
+    def attempt_over(
+        self,
+        event: RunEvent,
+        *,
+        at: float,
+        about: int | None = None,
+        exit_code: int | None = None,
+        detail: str = "",
+    ) -> RunRecord:
+        """The current attempt failed (``exit_error``) or was lost (``lease_expired``,
+        ``job_lost``): the run queued again for the next attempt if :func:`retry_delay` allows
+        one (``not_before`` says when it may be claimed), else ended by ``event``.
+
+        Raises :class:`IllegalTransition` for a finished run, and for a queued run unless the
+        scheduler lost its job (nothing of a queued run is running).
+        """
+        self.check_attempt(event, about)
+        if self.state is RunState.QUEUED and event is not RunEvent.JOB_LOST:
+            raise IllegalTransition(event, self.state)
+        next_state(self.state, event)  # finished runs: IllegalTransition
+        delay = retry_delay(self.attempt, self.spec.max_retries, self.spec.retry_backoff)
+        if delay is None:
+            return self.advance(event, at=at, exit_code=exit_code, detail=detail)
+        outcome = "failed" if event is RunEvent.EXIT_ERROR else "lost"
+        ended = self.with_attempt(ended_at=at, outcome=outcome, exit_code=exit_code, detail=detail)
+        attempts = [*ended.attempts, Attempt(n=self.attempt + 1, queued_at=at)]
+        return ended.model_copy(update={"attempts": attempts}).advance(
+            RunEvent.RETRY,
+            at=at,
+            attempt=self.attempt + 1,
+            worker="",
+            exit_code=None,
+            queue_entry="",
+            not_before=at + delay,
+            detail=detail,
+        )
+
+    def check_attempt(self, event: RunEvent, about: int | None) -> None:
+        """Raise :class:`StaleAttempt` if ``about`` is given and is not the current attempt."""
+        if about is not None and about != self.attempt:
+            raise StaleAttempt(event, self.state, about, self.attempt)
 
     @property
     def finished(self) -> bool:

@@ -232,8 +232,8 @@ class PresenceEntry(BaseModel):
     """Whether an IDE is attached to the adapter ``origin``, written into ``to_worker``.
 
     The adapter writes one when an IDE connects or leaves and after every reconnect of its relay
-    link; the relay writes ``attached=False`` when an ``ide`` connection that last reported
-    ``attached=True`` closes. ``epoch`` numbers the adapter's relay connections: an entry for an
+    link; the relay writes ``attached=False, link_lost=True`` when an ``ide`` connection that last
+    reported ``attached=True`` closes. ``epoch`` numbers the adapter's relay connections: an entry for an
     older epoch than one already seen for the same origin is stale and ignored.
     """
 
@@ -242,6 +242,9 @@ class PresenceEntry(BaseModel):
     origin: str
     epoch: int = Field(ge=0)
     attached: bool
+    #: written by the relay because the adapter's relay link closed (not because its IDE left):
+    #: the adapter may be back in a moment, and the worker gives it a little while
+    link_lost: bool = False
 
 
 AnyEntry = DapEntry | StatusEntry | ControlEntry | PresenceEntry | LogEntry

@@ -116,6 +116,7 @@ async def _connect(
     ep = endpoint(target)
     url = ep.url
     hello = hello.model_copy(update={"token": ep.token or None})
+    welcomed = False
     try:
         async with connect(
             url,
@@ -130,7 +131,14 @@ async def _connect(
                 raise RelayError(frame.code, frame.message)
             if not isinstance(frame, wire.Welcome):
                 raise RelayError(ErrorCode.BAD_FRAME, f"expected 'welcome', got {frame.t!r}")
+            welcomed = True
             yield ws, frame
+    except WebSocketException as exc:
+        if welcomed:
+            raise
+        # no WebSocket there (a proxy whose relay is down, a load balancer's error page) or the
+        # connection closed before the welcome: as unreachable as a refused connection
+        raise RelayError("unreachable", f"no relay answering at {url}: {exc}") from exc
     except ssl.SSLError as exc:
         raise RelayError("tls", f"TLS with the relay at {url} failed: {exc}") from exc
     except trio.BrokenResourceError as exc:
@@ -149,12 +157,24 @@ class ControlClient:
         self._lock = trio.Lock()
 
     async def _call(self, frame_type: type, expect: type[_R], **fields: object) -> _R:
+        """One request and its reply; a lost connection is a :class:`RelayError`
+        (``unreachable``), like a relay that cannot be reached at all."""
+        try:
+            return await self._exchange(frame_type, expect, **fields)
+        except ConnectionClosed as exc:
+            raise RelayError("unreachable", f"lost the relay: {exc}") from exc
+        except (trio.BrokenResourceError, OSError) as exc:
+            raise RelayError("unreachable", f"lost the relay: {exc}") from exc
+
+    async def _exchange(self, frame_type: type, expect: type[_R], **fields: object) -> _R:
         async with self._lock:
             self._rid += 1
             frame = frame_type(rid=self._rid, **fields)
             await self._ws.send(wire.encode_frame(frame))
             while True:
                 reply = wire.decode_frame(await self._ws.recv())
+                if isinstance(reply, wire.Error) and reply.fatal:
+                    raise RelayError(reply.code, reply.message)  # the relay closes: why
                 if getattr(reply, "rid", None) != self._rid:
                     continue
                 if isinstance(reply, wire.Error):

@@ -6,7 +6,8 @@ shard (multi-key operations on one run stay legal there).
 =============================  ======  =========================================  ============  ============
 key                            type    contents                                   written by    read by
 =============================  ======  =========================================  ============  ============
-``tether:run:{R}``             hash    ``record``: the RunRecord as JSON          relay         relay
+``tether:run:{R}``             hash    ``record``: the RunRecord as JSON, ``v``:  relay         relay
+                                       its version (compare-and-set writes)
 ``tether:run:{R}:manifest``    string  the snapshot's manifest (JSON)              relay         relay (claim)
 ``tether:run:{R}:to_worker``   stream  IDE -> worker entries (field ``p``)         relay (ide)   relay (worker)
 ``tether:run:{R}:to_ide``      stream  worker -> IDE entries and run status        relay         relay (ide)
@@ -19,11 +20,14 @@ key                            type    contents                                 
 ``tether:runs``                zset    run ids scored by submit time               relay         CLI (list)
 ``tether:user:<u>:runs``       zset    the user's run ids by submit time           relay         CLI (list)
 ``tether:user:<u>:active``     zset    the user's unfinished runs (the runs cap)   relay         relay
+``tether:user:<u>:blobs``      set     digests of blobs the user uploaded (what    relay         relay
+                                       ``have_blobs`` and ``submit`` may count)
 ``tether:token:<id>``          hash    ``record``: TokenRecord JSON (hash, never   relay, CLI    relay
                                        the secret); worker tokens expire           (bootstrap)
 ``tether:tokens``              zset    user token ids by creation time             relay         token list
 ``tether:queue:<backend>``     stream  one entry per queued attempt (``p`` = id)   relay         claims
-``tether:leases``              zset    running run ids scored by lease expiry      relay         relay sweeps
+``tether:leases``              zset    ``R#attempt`` of running attempts, scored   relay         relay sweeps
+                                       by when their worker's lease expires
 ``tether:delayed``             zset    retried run ids scored by when they queue   relay         relay sweeps
 =============================  ======  =========================================  ============  ============
 
@@ -42,13 +46,16 @@ __all__ = [
     "RUNS",
     "TOKENS",
     "audit",
+    "lease",
     "manifest",
+    "parse_lease",
     "queue",
     "record",
     "run_keys",
     "stream",
     "token",
     "user_active",
+    "user_blobs",
     "user_runs",
 ]
 
@@ -69,6 +76,22 @@ def user_runs(user: str) -> str:
 
 def user_active(user: str) -> str:
     return f"tether:user:{user}:active"
+
+
+def user_blobs(user: str) -> str:
+    return f"tether:user:{user}:blobs"
+
+
+def lease(run_id: str, attempt: int) -> str:
+    """A running attempt's member of :data:`LEASES`."""
+    return f"{run_id}#{attempt}"
+
+
+def parse_lease(member: str) -> tuple[str, int | None]:
+    """``(run id, attempt)`` of a :data:`LEASES` member (attempt ``None``: written before leases
+    named their attempt; it is the run's current one)."""
+    run_id, _, attempt = member.partition("#")
+    return run_id, int(attempt) if attempt.isdigit() else None
 
 
 def audit(run_id: str) -> str:

@@ -159,8 +159,9 @@ async def test_a_revoked_token_ends_a_connection_already_open(redis_store: Store
         async with open_control(relay.bare(token)) as control:
             await control.get_run(run)
             await TokenStore(relay.store).revoke(info.id)
-            with trio.fail_after(20), pytest.raises(ConnectionClosed):
+            with trio.fail_after(20), pytest.raises(RelayError) as refused:
                 await control.get_run(run)  # the relay looked at the token again: closed
+            assert refused.value.code == ErrorCode.UNAUTHORIZED
 
 
 async def test_a_revoked_token_ends_idle_ide_connections_that_send_nothing(
@@ -297,7 +298,7 @@ async def test_a_worker_of_an_earlier_attempt_cannot_inject_into_the_next(relay:
     async with open_control(zombie) as control:
         with pytest.raises(RelayError) as info:
             await control.claim("w-0", run=run, attempt=2)
-        assert info.value.code == ErrorCode.FORBIDDEN
+        assert info.value.code == ErrorCode.STALE_ATTEMPT
     async with open_run_link(relay.bare(second.token), role=Role.WORKER, run=run) as link:
         assert link.run.attempt == 2  # the current attempt's worker is served
 
@@ -344,7 +345,8 @@ async def test_failed_authentications_are_slowed_down_and_good_ones_are_not(
 
 
 async def test_connections_per_user_are_capped(redis_store: Store) -> None:
-    async with live_relay(redis_store, RelayConfig(max_connections=2)) as relay:
+    config = RelayConfig(max_connections=2, max_control_connections=2)
+    async with live_relay(redis_store, config) as relay:
         async with open_control(relay.alice), open_control(relay.alice):
             got = await refusal(relay.alice)
             assert got.code == ErrorCode.TOO_MANY_CONNECTIONS
@@ -352,6 +354,28 @@ async def test_connections_per_user_are_capped(redis_store: Store) -> None:
                 pass  # another user is not affected
         async with open_control(relay.alice):
             pass  # closed ones are counted out
+
+
+async def test_idle_ide_links_never_lock_the_same_users_control_calls_out(
+    redis_store: Store,
+) -> None:
+    """IDE and logs links are counted apart from control connections: a user whose adapters
+    hold every link they may have still gets `tether ls` and `tether cancel`."""
+    async with live_relay(redis_store, RelayConfig(max_connections=2)) as relay:
+        run = await submitted(relay.alice)
+        async with (
+            open_run_link(relay.alice, role=Role.IDE, run=run),
+            open_run_link(relay.alice, role=Role.IDE, run=run),
+        ):
+            async with connect(relay.url, compression=None) as ws:
+                await ws.send(
+                    wire.encode_frame(wire.Hello(role=Role.IDE, run=run, token=relay.alice.token))
+                )
+                refused = wire.decode_frame(await ws.recv())
+            assert isinstance(refused, wire.Error)
+            assert refused.code == ErrorCode.TOO_MANY_CONNECTIONS
+            async with open_control(relay.alice) as control:
+                assert [r.id for r in await control.list_runs()] == [run]
 
 
 async def test_active_runs_per_user_are_capped(redis_store: Store) -> None:

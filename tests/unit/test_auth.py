@@ -22,11 +22,10 @@ from protocol_specs.auth import (
     check_token,
     describe,
     hash_secret,
-    may_control,
-    may_open,
     new_token,
     parse_token,
 )
+from protocol_specs.permissions import Act, authorize
 from protocol_specs.redact import Redactor
 from protocol_specs.runs import REDACTED, RunRecord, RunSpec
 
@@ -101,29 +100,34 @@ WORKER = Principal(token="e", kind="worker", user="alice", run="r1", attempt=1)
 def test_who_may_open_what(
     who: Principal, role: str, record: RunRecord | None, attempt: int, code: str | None
 ) -> None:
-    got = may_open(who, role, record, attempt)
+    act = {"ide": Act.OPEN_IDE, "logs": Act.OPEN_LOGS, "worker": Act.OPEN_WORKER}.get(
+        role, Act.OPEN_CONTROL
+    )
+    about = record.id if record is not None else ""
+    got = authorize(who, act, record, about_run=about, attempt=attempt or None)
     assert (got.code if got else None) == code
 
 
 @pytest.mark.parametrize(
-    ("who", "frame", "allowed"),
+    ("who", "act", "allowed"),
     [
-        (ALICE, "submit", True),
-        (ALICE, "claim", False),
-        (ALICE, "dispatch", False),
-        (ALICE, "get_blob", False),
-        (POOL, "claim", True),
-        (POOL, "submit", False),
-        (ADMIN, "claim", True),
-        (WORKER, "claim", True),
-        (WORKER, "get_blob", True),
-        (WORKER, "submit", False),
-        (WORKER, "list_runs", False),
-        (WORKER, "create_token", False),
+        (ALICE, Act.SUBMIT, True),
+        (ALICE, Act.CLAIM_NEXT, False),
+        (ALICE, Act.DISPATCH, False),
+        (ALICE, Act.GET_BLOB, False),
+        (POOL, Act.CLAIM_NEXT, True),
+        (POOL, Act.SUBMIT, False),
+        (ADMIN, Act.CLAIM_NEXT, True),
+        (WORKER, Act.CLAIM_NEXT, False),  # a worker token claims its own attempt, nothing else
+        (WORKER, Act.CLAIM_RUN, True),
+        (WORKER, Act.GET_BLOB, True),
+        (WORKER, Act.SUBMIT, False),
+        (WORKER, Act.LIST_RUNS, False),
+        (WORKER, Act.CREATE_TOKEN, False),
     ],
 )
-def test_who_may_send_which_control_frame(who: Principal, frame: str, allowed: bool) -> None:
-    assert (may_control(who, frame) is None) is allowed
+def test_who_may_send_which_control_frame(who: Principal, act: Act, allowed: bool) -> None:
+    assert (authorize(who, act, run(), about_run="r1") is None) is allowed
 
 
 def test_the_throttle_slows_failures_down_and_forgets_them_after_the_window() -> None:

@@ -1,0 +1,474 @@
+"""The run registry: run records in the store and everything that moves them along.
+
+Theory of operation
+-------------------
+A run's record is one JSON value in its hash (``relay/keys.py``) with a version beside it. Every
+change is *read, decide, write if unchanged*: :meth:`Registry.update` reads the record and its
+version, lets a pure function decide the new record (the state machine in
+``protocol_specs/runs.py`` is the only authority on what may follow what), and writes it with
+:meth:`~relay.store.Store.set_versioned`, a compare-and-set done by the server in one step. A
+writer that lost the race (another relay process, or another task of this one, wrote first) reads
+again and decides again on the newer record, so two events never overwrite each other: each is
+applied to the record the other left, or refused by the state machine if it no longer fits
+(a ``start`` after a ``cancel``; an exit reported by the worker of an attempt that is over).
+
+The side effects of a change (lease removal, the queue entry's acknowledgement, status entries and
+log markers, the retention of a finished run's keys) are performed after the write, by the writer
+whose write won, once. A relay that dies between the write and its side effects leaves at most a
+lease (the sweep finds it and the state machine ignores it), an unacknowledged queue entry
+(claims skip a run that is not queued) or keys without their expiry.
+
+Leases are per attempt (``run#attempt`` in :data:`keys.LEASES`), so a sweep that expires one
+attempt's lease can never end the next attempt of the same run.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from protocol_specs import wire
+from protocol_specs.runs import (
+    Attempt,
+    IllegalTransition,
+    RunEvent,
+    RunRecord,
+    RunSpec,
+    RunState,
+)
+from protocol_specs.session import StatusEvent
+from protocol_specs.snapshots import Manifest
+from protocol_specs.wire import ErrorCode, StreamName
+
+from . import keys
+from .config import RelayConfig
+from .store import Store, StoreError
+
+__all__ = ["RECORD_FIELD", "Change", "Registry", "new_run_id"]
+
+log = logging.getLogger("tether.relay")
+
+#: the field of a run's hash that holds its record
+RECORD_FIELD = "record"
+#: writers that may win in a row against one update before it gives up (each a round trip)
+MAX_CONFLICTS = 100
+
+
+class Change(NamedTuple):
+    """One applied change: the record before and after it, and the version it was written as."""
+
+    before: RunRecord
+    after: RunRecord
+    version: int
+
+
+def new_run_id() -> str:
+    return f"{int(time.time()):x}{secrets.token_hex(3)}"
+
+
+class Registry:
+    """Run records, their transitions, leases, retries and the queue's entries, on one store."""
+
+    def __init__(
+        self, store: Store, config: RelayConfig, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        #: the backends whose queue this process has used (their consumer group exists)
+        self.backends: set[str] = set()
+
+    # --- records ----------------------------------------------------------------------------------
+
+    async def load(self, run_id: str) -> RunRecord | None:
+        return (await self._read(run_id))[0]
+
+    async def _read(self, run_id: str) -> tuple[RunRecord | None, int]:
+        raw, version = await self.store.get_versioned(keys.record(run_id), RECORD_FIELD)
+        return (RunRecord.model_validate_json(raw) if raw else None), version
+
+    async def update(self, run_id: str, decide: Callable[[RunRecord], RunRecord]) -> Change | None:
+        """Apply ``decide`` to the run's record atomically (see the module's docstring).
+
+        ``decide`` is pure: it returns the new record, or raises :class:`IllegalTransition` to
+        change nothing (logged; ``None`` is returned, as for a run that does not exist). It may be
+        called several times, each time on a newer record.
+        """
+        for _ in range(MAX_CONFLICTS):
+            record, version = await self._read(run_id)
+            if record is None:
+                return None
+            try:
+                updated = decide(record)
+            except IllegalTransition as exc:
+                log.info("run %s: %s", run_id, exc)
+                return None
+            stored = _encode(updated)
+            if await self.store.set_versioned(keys.record(run_id), RECORD_FIELD, stored, version):
+                return Change(record, updated, version + 1)
+        raise StoreError(f"run {run_id}: {MAX_CONFLICTS} other writers came first; giving up")
+
+    async def create(self, record: RunRecord) -> bool:
+        """Store a new run's record; False if the id is taken."""
+        return await self.store.set_versioned(
+            keys.record(record.id), RECORD_FIELD, _encode(record), 0
+        )
+
+    async def with_liveness(self, record: RunRecord) -> RunRecord:
+        """``record`` with :attr:`RunRecord.silent_for` set when its worker's heartbeats are late."""
+        if record.state not in (RunState.STARTING, RunState.RUNNING, RunState.PAUSED):
+            return record
+        expires = await self.store.zscore(keys.LEASES, keys.lease(record.id, record.attempt))
+        if expires is None:
+            return record
+        silent = self.clock() - (expires - self.config.lease)
+        if silent <= 2 * self.config.heartbeat:
+            return record
+        return record.model_copy(update={"silent_for": round(silent, 1)})
+
+    # --- entries the registry writes --------------------------------------------------------------
+
+    async def append_status(
+        self, run_id: str, event: str, record: RunRecord, *, logs: bool = False, **extra: Any
+    ) -> None:
+        """A status entry in the run's ``to_ide`` stream (and, with ``logs``, its logs stream)."""
+        data = {"attempt": record.attempt, **extra.pop("data", {})}
+        entry = wire.StatusEntry(
+            event=event, state=record.state.value, at=self.clock(), data=data, **extra
+        )
+        payload = wire.encode_entry(entry)
+        await self.store.append(keys.stream(run_id, StreamName.TO_IDE), payload)
+        if logs:
+            await self.log_marker(run_id, payload)
+
+    async def log_marker(self, run_id: str, payload: bytes) -> None:
+        await self.store.append(
+            keys.stream(run_id, StreamName.LOGS), payload, maxlen=self.config.log_entries
+        )
+
+    async def tell_worker(self, run_id: str, attempt: int, detail: str) -> None:
+        """Ask the worker of ``attempt`` (should it be, or come back) to stop its program."""
+        control = wire.ControlEntry(action="terminate", detail=detail, attempt=attempt)
+        await self.store.append(
+            keys.stream(run_id, StreamName.TO_WORKER), wire.encode_entry(control)
+        )
+
+    # --- transitions ------------------------------------------------------------------------------
+
+    async def transition(
+        self, run_id: str, event: RunEvent, *, about: int | None = None, **changes: Any
+    ) -> RunRecord | None:
+        """Apply ``event`` (about attempt ``about``, if given); ``None`` if it isn't legal now."""
+        now = self.clock()
+        change = await self.update(
+            run_id, lambda record: record.advance(event, at=now, about=about, **changes)
+        )
+        if change is None:
+            return None
+        await self._settle(change.before, change.after)
+        return change.after
+
+    async def attempt_ended(
+        self,
+        run_id: str,
+        event: RunEvent,
+        *,
+        about: int | None = None,
+        exit_code: int | None = None,
+        detail: str = "",
+    ) -> RunRecord | None:
+        """The current attempt failed (``exit_error``) or was lost (``lease_expired``,
+        ``job_lost``): retried if the spec allows another attempt, else the run ends."""
+        now = self.clock()
+        change = await self.update(
+            run_id,
+            lambda record: record.attempt_over(
+                event, at=now, about=about, exit_code=exit_code, detail=detail
+            ),
+        )
+        if change is None:
+            return None
+        before, updated, _ = change
+        await self._settle(before, updated)
+        if updated.finished:
+            return updated
+        delay = max(updated.not_before - now, 0.0)
+        outcome = "failed" if event is RunEvent.EXIT_ERROR else "lost"
+        what = f"exited with code {exit_code}" if outcome == "failed" else f"was lost: {detail}"
+        text = (
+            f"attempt {before.attempt} {what}; attempt {updated.attempt} of "
+            f"{before.spec.max_retries + 1} starts in {delay:g} s"
+        )
+        log.info("run %s: %s", run_id, text)
+        # the previous attempt's worker, should it come back, stops its program
+        await self.tell_worker(run_id, before.attempt, text)
+        await self.append_status(
+            run_id,
+            StatusEvent.RETRYING,
+            updated,
+            logs=True,
+            detail=text,
+            exit_code=exit_code,
+            data={"previous": before.attempt, "delay": delay, "outcome": outcome},
+        )
+        await self.store.zadd(keys.DELAYED, run_id, updated.not_before)
+        if delay == 0:
+            await self.requeue_due()
+        return updated
+
+    async def _settle(self, before: RunRecord, after: RunRecord) -> None:
+        """The side effects of a change this process won: an attempt that ended (the run finished,
+        or was retried or released) gives up its lease and its queue entry; a finished run leaves
+        the user's active runs, gets its log marker, and its keys their retention."""
+        attempt_over = after.finished or after.attempt != before.attempt
+        if attempt_over or (before.state is not after.state and after.state is RunState.QUEUED):
+            await self.store.zrem(keys.LEASES, keys.lease(before.id, before.attempt))
+            await self.store.zrem(keys.LEASES, before.id)  # a lease of before per-attempt leases
+            if before.queue_entry:  # a record from before entries were acknowledged at claim
+                await self.ack(before.spec.backend, before.queue_entry)
+        if not after.finished:
+            return
+        await self.store.zrem(keys.user_active(after.owner), after.id)
+        await self.log_marker(
+            after.id,
+            wire.encode_entry(
+                wire.StatusEntry(
+                    event=StatusEvent.FINISHED,
+                    state=after.state.value,
+                    at=after.updated_at,
+                    exit_code=after.exit_code,
+                    detail=after.detail,
+                    data={"attempt": after.attempt},
+                )
+            ),
+        )
+        for key in keys.run_keys(after.id):
+            await self.store.expire(key, self.config.retention)
+
+    # --- submission -------------------------------------------------------------------------------
+
+    async def submit(
+        self, spec: RunSpec, manifest: Manifest, *, owner: str, rerun_of: str = ""
+    ) -> RunRecord | wire.Error:
+        cap = self.config.max_active_runs
+        active = await self.store.zrange_by_score(keys.user_active(owner), float("inf"), cap)
+        if len(active) >= cap:
+            return wire.Error(
+                code=ErrorCode.TOO_MANY_RUNS,
+                message=f"{owner} has {len(active)} runs queued or running, the most this relay "
+                "allows; wait for some to finish or cancel some",
+            )
+        now = self.clock()
+        record = RunRecord(
+            id=new_run_id(),
+            spec=spec,
+            created_at=now,
+            updated_at=now,
+            snapshot=manifest.id,
+            files=len(manifest.entries),
+            size=manifest.total_bytes,
+            attempts=[Attempt(n=1, queued_at=now)],
+            rerun_of=rerun_of,
+            owner=owner,
+        )
+        while not await self.create(record):
+            record = record.model_copy(update={"id": new_run_id()})
+        await self.store.set_bytes(keys.manifest(record.id), manifest.model_dump_json().encode())
+        await self.store.zadd(keys.RUNS, record.id, now)
+        await self.store.zadd(keys.user_runs(owner), record.id, now)
+        await self.store.zadd(keys.user_active(owner), record.id, now)
+        await self.append_status(
+            record.id,
+            StatusEvent.QUEUED,
+            record,
+            logs=True,
+            detail=f"queued on {spec.backend}: waiting for a worker",
+        )
+        await self.enqueue(record)
+        return record
+
+    async def manifest_of(self, run_id: str) -> Manifest:
+        raw = await self.store.get_bytes(keys.manifest(run_id))
+        return Manifest.model_validate_json(raw) if raw else Manifest()
+
+    async def list_runs(self, limit: int, user: str = "") -> list[RunRecord]:
+        """The newest runs (``user``: that user's only)."""
+        runs = []
+        key = keys.user_runs(user) if user else keys.RUNS
+        for run_id in await self.store.zrange_desc(key, limit):
+            record = await self.load(run_id)
+            if record is not None:
+                runs.append(await self.with_liveness(record))
+        return runs
+
+    async def cancel(self, run_id: str, detail: str) -> RunRecord | None:
+        record = await self.transition(run_id, RunEvent.CANCEL, detail=detail)
+        if record is None:
+            return await self.load(run_id)
+        await self.store.zrem(keys.DELAYED, run_id)
+        await self.append_status(run_id, StatusEvent.CANCELLED, record, detail=detail)
+        await self.tell_worker(run_id, record.attempt, detail)
+        return record
+
+    # --- the queue --------------------------------------------------------------------------------
+
+    async def ensure_group(self, backend: str) -> None:
+        if backend not in self.backends:
+            await self.store.ensure_group(keys.queue(backend), keys.POOL_GROUP)
+            self.backends.add(backend)
+
+    async def enqueue(self, record: RunRecord) -> None:
+        await self.ensure_group(record.spec.backend)
+        await self.store.append(keys.queue(record.spec.backend), record.id.encode())
+
+    async def ack(self, backend: str, entry_id: str) -> None:
+        await self.store.ack(keys.queue(backend), keys.POOL_GROUP, entry_id)
+
+    async def requeue(self, backend: str, entry_id: str, run_id: str) -> None:
+        """Put a run back at the end of ``backend``'s queue in place of the entry ``entry_id``
+        that was taken but not handed over (appended first: a crash in between leaves a spare
+        entry, which a claim skips, rather than none)."""
+        await self.store.append(keys.queue(backend), run_id.encode())
+        await self.ack(backend, entry_id)
+
+    async def claimed(self, run_id: str, worker: str) -> RunRecord | None:
+        """Mark a queued run claimed by ``worker``; ``None`` if it is not queued (any more)."""
+        record = await self.transition(run_id, RunEvent.CLAIM, worker=worker)
+        if record is None:
+            return None
+        expires = self.clock() + self.config.lease
+        await self.store.zadd(keys.LEASES, keys.lease(run_id, record.attempt), expires)
+        await self.append_status(run_id, StatusEvent.CLAIMED, record, detail=worker)
+        return record
+
+    async def release(self, record: RunRecord, why: str) -> None:
+        """A claim that never reached its worker: the run is queued again for the same attempt."""
+        released = await self.transition(
+            record.id, RunEvent.RELEASE, about=record.attempt, worker=""
+        )
+        if released is None:
+            return
+        log.info("run %s: claim by %s released: %s", record.id, record.worker, why)
+        await self.enqueue(released)
+
+    async def claim_run(
+        self, worker: str, run_id: str, attempt: int
+    ) -> tuple[RunRecord, Manifest] | wire.Error:
+        """Take ``run_id`` for its attempt ``attempt`` (a worker its scheduler job started)."""
+        record = await self.load(run_id)
+        if record is None:
+            return wire.Error(code=ErrorCode.NO_SUCH_RUN, message=f"no run {run_id!r}")
+        if record.finished:
+            return wire.Error(
+                code=ErrorCode.RUN_FINISHED, message=f"run {run_id} is {record.state.value}"
+            )
+        if record.attempt != attempt or record.state is not RunState.QUEUED:
+            return wire.Error(
+                code=ErrorCode.STALE_ATTEMPT,
+                message=f"run {run_id} is at attempt {record.attempt} ({record.state.value}); "
+                f"attempt {attempt} is not to be started",
+            )
+        claimed = await self.claimed(run_id, worker)
+        if claimed is None or claimed.attempt != attempt:
+            return wire.Error(code=ErrorCode.STALE_ATTEMPT, message=f"run {run_id} was taken")
+        return claimed, await self.manifest_of(run_id)
+
+    async def report(self, frame: wire.Report) -> RunRecord | wire.Error:
+        """A scheduler backend's news about an attempt it launched (see :class:`wire.Report`)."""
+        if frame.event == "job":
+            change = await self.update(
+                frame.run, lambda record: _job_started(record, frame.attempt, frame.job)
+            )
+            if change is None:
+                record = await self.load(frame.run)
+                if record is None:
+                    return wire.Error(code=ErrorCode.NO_SUCH_RUN, message=f"no run {frame.run!r}")
+                return record  # news about an attempt that is over: nothing to do
+            record = change.after
+            await self.append_status(
+                record.id,
+                StatusEvent.QUEUED,
+                record,
+                logs=True,
+                detail=f"{frame.detail}; pending in the scheduler's queue",
+                data={"job": frame.job},
+            )
+            return record
+        detail = frame.detail or f"scheduler job {frame.job} ended without the worker"
+        updated = await self.attempt_ended(
+            frame.run, RunEvent.JOB_LOST, about=frame.attempt, detail=detail
+        )
+        if updated is not None and updated.finished:
+            await self.append_status(updated.id, StatusEvent.WORKER_LOST, updated, detail=detail)
+        if updated is not None:
+            return updated
+        record = await self.load(frame.run)
+        if record is None:
+            return wire.Error(code=ErrorCode.NO_SUCH_RUN, message=f"no run {frame.run!r}")
+        return record
+
+    # --- leases and delayed attempts --------------------------------------------------------------
+
+    async def renew_lease(self, run_id: str, attempt: int) -> bool:
+        """Push the lease of ``run_id``'s ``attempt`` forward; False if there is none (expired)."""
+        expires = self.clock() + self.config.lease
+        if await self.store.zadd(
+            keys.LEASES, keys.lease(run_id, attempt), expires, only_existing=True
+        ):
+            return True
+        # a lease written before leases named their attempt
+        return await self.store.zadd(keys.LEASES, run_id, expires, only_existing=True)
+
+    async def sweep(self) -> list[str]:
+        """Handle the attempts whose worker lease expired (retried, or the run marked lost);
+        queue retried runs that are due. Returns the ids of the runs whose lease expired.
+
+        Every relay sweeps; the one whose ``ZREM`` removes a lease (or a delayed run) handles it.
+        """
+        lost = []
+        now = self.clock()
+        for member in await self.store.zrange_by_score(keys.LEASES, now, 100):
+            if not await self.store.zrem(keys.LEASES, member):
+                continue  # another relay took it
+            run_id, attempt = keys.parse_lease(member)
+            detail = (
+                f"the worker stopped renewing its lease for over {self.config.lease:g} s "
+                "(its host is down, or it has been cut off from the relay)"
+            )
+            record = await self.attempt_ended(
+                run_id, RunEvent.LEASE_EXPIRED, about=attempt, detail=detail
+            )
+            if record is None:
+                continue
+            log.warning("run %s: the worker of attempt %s is lost: lease expired", run_id, attempt)
+            if record.finished:
+                await self.append_status(run_id, StatusEvent.WORKER_LOST, record, detail=detail)
+                await self.tell_worker(run_id, record.attempt, "the run was marked lost")
+            lost.append(run_id)
+        await self.requeue_due()
+        return lost
+
+    async def requeue_due(self) -> None:
+        """Queue the retried runs whose backoff is over."""
+        for run_id in await self.store.zrange_by_score(keys.DELAYED, self.clock(), 100):
+            if not await self.store.zrem(keys.DELAYED, run_id):
+                continue
+            record = await self.load(run_id)
+            if record is not None and record.state is RunState.QUEUED:
+                await self.enqueue(record)
+
+
+def _job_started(record: RunRecord, attempt: int, job: str) -> RunRecord:
+    record.check_attempt(RunEvent.CLAIM, attempt)
+    if record.finished:
+        raise IllegalTransition(RunEvent.CLAIM, record.state)
+    return record.with_attempt(job=job)
+
+
+def _encode(record: RunRecord) -> bytes:
+    if record.silent_for:
+        record = record.model_copy(update={"silent_for": 0.0})
+    return record.model_dump_json().encode()

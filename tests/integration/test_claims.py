@@ -1,0 +1,159 @@
+"""Claims against a live relay: a worker that died while waiting never takes a run, a claim whose
+answer cannot be delivered is released, and queue entries a dead relay held are queued again.
+
+The relay runs in-process (so the test can see who waits in line) on a real Redis-compatible
+server, over real WebSockets; a worker "dies" by its TCP connection closing without a goodbye.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import pytest
+import trio
+from websockets.trio.client import connect
+
+from protocol_specs import wire
+from protocol_specs.auth import Scope
+from protocol_specs.runs import RunSpec, RunState
+from protocol_specs.wire import Role
+from relay import keys
+from relay.auth import TokenStore
+from relay.claims import ORPHAN_AFTER, Claims
+from relay.client import Endpoint, open_control
+from relay.registry import Registry
+from relay.server import Relay, RelayConfig, server_port
+from relay.store import MemoryStore, Store
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+SPEC = RunSpec(command=["python", "app.py"], workdir="/w")
+
+
+@dataclass
+class Live:
+    relay: Relay
+    url: str
+    alice: Endpoint
+    pool: Endpoint
+
+
+@asynccontextmanager
+async def live(store: Store) -> AsyncIterator[Live]:
+    from websockets.trio.server import serve
+
+    relay = Relay(store, config=RelayConfig())
+    tokens = TokenStore(store)
+    alice, _ = await tokens.create("alice", scopes=[Scope.RUNS])
+    pool, _ = await tokens.create("pool", scopes=[Scope.BACKEND])
+    async with trio.open_nursery() as nursery:
+        relay.background = nursery
+        await nursery.start(relay.fanout.listen)
+        await nursery.start(relay.claims.serve)
+        server = await nursery.start(
+            lambda task_status: serve(relay.handle, 0, host="127.0.0.1", task_status=task_status)
+        )
+        url = f"ws://127.0.0.1:{server_port(server)}"
+        yield Live(relay, url, Endpoint(url, token=alice), Endpoint(url, token=pool))
+        nursery.cancel_scope.cancel()
+
+
+async def _dies_while_claiming(live: Live, worker: str) -> None:
+    """A worker that sends its claim, then vanishes: its TCP connection closes, no goodbye."""
+    async with connect(live.url, compression=None) as ws:
+        await ws.send(
+            wire.encode_frame(wire.Hello(role=Role.CONTROL, token=live.pool.token, client=worker))
+        )
+        assert isinstance(wire.decode_frame(await ws.recv()), wire.Welcome)
+        await ws.send(wire.encode_frame(wire.Claim(rid=1, worker=worker)))
+        with trio.fail_after(10):
+            await live.relay.claims.wait_until("local", 1)
+        await ws.stream.aclose()  # the process is gone: the kernel closed its socket
+
+
+async def test_a_worker_that_died_while_waiting_never_takes_the_next_run(
+    redis_store: Store,
+) -> None:
+    async with live(redis_store) as lv:
+        await _dies_while_claiming(lv, "dead-0")
+        with trio.fail_after(10):
+            await lv.relay.claims.wait_until("local", 0)  # out of line as soon as it closed
+        async with open_control(lv.pool) as healthy, open_control(lv.alice) as alice:
+            got: list[wire.Assigned] = []
+            async with trio.open_nursery() as nursery:
+
+                async def claim() -> None:
+                    got.append(await healthy.claim("alive-0"))
+
+                nursery.start_soon(claim)
+                await lv.relay.claims.wait_until("local", 1)
+                run = (await alice.submit(SPEC)).id
+            assert got[0].run.id == run and got[0].run.worker == "alive-0"
+            assert (await alice.get_run(run)).state is RunState.STARTING
+
+
+async def test_a_claim_whose_answer_cannot_be_delivered_is_released(redis_store: Store) -> None:
+    """The run came while the worker was dying: it is claimed, the answer fails, the run is
+    queued again for the same attempt and the next worker gets it."""
+    async with live(redis_store) as lv:
+        async with open_control(lv.alice) as alice:
+            run = (await alice.submit(SPEC)).id
+            record = await lv.relay.registry.claimed(run, "dying-0")
+            assert record is not None and record.state is RunState.STARTING
+            await lv.relay.registry.release(record, "its worker is gone")
+            released = await alice.get_run(run)
+            assert (released.state, released.attempt, released.worker) == (RunState.QUEUED, 1, "")
+            async with open_control(lv.pool) as healthy:
+                with trio.fail_after(10):
+                    assigned = await healthy.claim("alive-0")
+            assert (assigned.run.id, assigned.run.attempt) == (run, 1)
+            assert assigned.run.attempts[-1].worker == "alive-0"
+
+
+async def test_entries_a_dead_relay_held_are_queued_again() -> None:
+    """A relay read a queue entry and died before claiming it: after ``ORPHAN_AFTER`` another
+    relay's recovery queues the run again (and drops entries of runs no longer queued)."""
+    now = [1000.0]
+    store = MemoryStore(clock=lambda: now[0])
+    registry = Registry(store, RelayConfig(), clock=lambda: now[0])
+    queued = await registry.submit(SPEC, wire.Submit(rid=1, spec=SPEC).manifest, owner="alice")
+    gone = await registry.submit(SPEC, wire.Submit(rid=1, spec=SPEC).manifest, owner="alice")
+    assert not isinstance(queued, wire.Error) and not isinstance(gone, wire.Error)
+    await registry.cancel(gone.id, "cancelled")
+    async with store.blocking_reader() as dead:  # the relay that died holding both entries
+        for _ in range(2):
+            assert await dead.read_group(keys.queue("local"), keys.POOL_GROUP, "dead", block_ms=10)
+    survivor = Claims(registry, consumer="relay-b")
+    assert await survivor.recover() == 0  # not orphaned yet: maybe still in hand
+    now[0] += ORPHAN_AFTER + 1
+    assert await survivor.recover() == 1
+    assert await store.pending(keys.queue("local"), keys.POOL_GROUP) == []
+    async with store.blocking_reader() as reader:
+        entry = await reader.read_group(keys.queue("local"), keys.POOL_GROUP, "b", block_ms=10)
+    assert entry is not None and entry[1] == queued.id.encode()
+
+
+async def test_a_worker_whose_heartbeats_are_late_is_shown_silent() -> None:
+    """`tether ls` says "paused (worker silent 25s)" once heartbeats are late, instead of
+    "paused" for the whole lease after a worker host died."""
+    from adapter.cli import runs_table, status_text
+
+    now = [1000.0]
+    config = RelayConfig(lease=90.0)
+    registry = Registry(MemoryStore(clock=lambda: now[0]), config, clock=lambda: now[0])
+    submitted = await registry.submit(SPEC, wire.Submit(rid=1, spec=SPEC).manifest, owner="a")
+    assert not isinstance(submitted, wire.Error)
+    await registry.claimed(submitted.id, "w-0")
+    now[0] += 2 * config.heartbeat  # two heartbeats may be missed: not silent yet
+    record = await registry.load(submitted.id)
+    assert record is not None and (await registry.with_liveness(record)).silent_for == 0
+    now[0] += 5
+    silent = await registry.with_liveness(record)
+    assert silent.silent_for == 2 * config.heartbeat + 5
+    assert "starting (worker silent 25s)" in runs_table([silent], now[0])
+    assert "silent for 25s" in status_text(silent, now[0])
+    assert await registry.renew_lease(submitted.id, 1)  # a heartbeat
+    assert (await registry.with_liveness(record)).silent_for == 0
+    assert (await registry.list_runs(10))[0].silent_for == 0
