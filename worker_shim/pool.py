@@ -15,7 +15,8 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import trio
@@ -34,11 +35,15 @@ from relay.client import (
     open_run_link,
 )
 
+from .files import Fetch
 from .shim import run_shim, worker_link_policy
 
 __all__ = ["GpuPool", "detect_gpus", "run_one", "run_pool"]
 
 log = logging.getLogger("tether.worker")
+
+#: how often a blob read tries a new control connection after losing the relay
+FETCH_TRIES = 8
 
 
 def detect_gpus() -> list[str]:
@@ -117,10 +122,14 @@ async def _slot(
     say: Callable[[str], None],
 ) -> None:
     backoff = 0.2
-    while True:
+    lost = False
+    while True:  # a lost relay (a redeploy, a cut) ends this connection, never the slot
         try:
             async with open_control(relay_url, client=f"tether-worker {worker}") as control:
                 backoff = 0.2
+                if lost:
+                    say(f"{worker}: back with the relay; waiting for a run")
+                    lost = False
                 while True:
                     assigned = await control.claim(worker)
                     record, manifest = assigned.run, assigned.manifest
@@ -146,6 +155,8 @@ async def _slot(
                         await gpus.give_back(taken)
         except RelayError as exc:
             log.warning("%s: %s; retrying in %.1f s", worker, exc, backoff)
+            say(f"{worker}: lost the relay ({exc.message}); retrying in {backoff:.1f} s")
+            lost = True
             await trio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
 
@@ -195,15 +206,45 @@ async def _run(
     say: Callable[[str], None],
     env: dict[str, str] | None = None,
 ) -> int | None:
-    """One claimed attempt, its blobs fetched over ``control`` into the worker's cache."""
-    return await run_shim(
-        relay_url,
-        record,
-        manifest,
-        runs_dir=work_dir / "runs",
-        fetch=control.read_blob,
-        cache=work_dir / "blobs",
-        env=env,
-        python=python,
-        on_event=say,
-    )
+    """One claimed attempt, its blobs fetched over ``control`` (or a new control connection, if
+    that one is lost) into the worker's cache."""
+    async with _fetcher(relay_url, control) as fetch:
+        return await run_shim(
+            relay_url,
+            record,
+            manifest,
+            runs_dir=work_dir / "runs",
+            fetch=fetch,
+            cache=work_dir / "blobs",
+            env=env,
+            python=python,
+            on_event=say,
+        )
+
+
+@asynccontextmanager
+async def _fetcher(relay_url: Endpoint, control: ControlClient) -> AsyncIterator[Fetch]:
+    """Blob reads that survive a lost control connection: a new one is opened (with the attempt's
+    worker token) and the read tried again, a few times with a growing pause."""
+    async with AsyncExitStack() as stack:
+        current = [control]
+
+        async def fetch(digest: str, offset: int = 0) -> tuple[int, bytes]:
+            pause = 0.2
+            for attempt in range(FETCH_TRIES):
+                try:
+                    return await current[0].read_blob(digest, offset)
+                except RelayError as exc:
+                    if exc.code != "unreachable" or attempt == FETCH_TRIES - 1:
+                        raise
+                await trio.sleep(pause)
+                pause = min(pause * 2, 5.0)
+                try:
+                    current[0] = await stack.enter_async_context(
+                        open_control(relay_url, client="tether-worker blobs")
+                    )
+                except RelayError:
+                    continue
+            raise AssertionError("unreachable")
+
+        yield fetch

@@ -66,6 +66,17 @@ class Proc:
             f"{self.name} did not print {pattern!r} within {timeout:g} s:\n{self.output}"
         )
 
+    async def wait_count(self, pattern: str, count: int, *, timeout: float = 60) -> None:
+        """Until ``count`` lines match ``pattern`` (a line printed again, later)."""
+        regex = re.compile(pattern)
+        with trio.move_on_after(timeout):
+            while sum(1 for line in self.lines if regex.search(line)) < count:
+                if self.eof:
+                    raise AssertionError(f"{self.name} ended before {count} x {pattern!r}")
+                await self._changed.wait()
+            return
+        raise AssertionError(f"{self.name}: not {count} x {pattern!r} in {timeout:g} s")
+
     @property
     def output(self) -> str:
         return "\n".join(self.lines)
