@@ -7,7 +7,10 @@ A paused program holds its GPUs. The worker shim feeds :class:`Attention` two ki
 - presence, from the run's ``to_worker`` stream (:class:`~protocol_specs.wire.PresenceEntry`): which
   adapters have an IDE attached. Per adapter (``origin``) the entry with the highest ``epoch`` wins;
   at equal epochs a departure wins (the relay writes the departure of a connection with the epoch of
-  that connection's last arrival);
+  that connection's last arrival). A departure the relay wrote because the adapter's relay link
+  closed (``link_lost``) counts only after :data:`LINK_GRACE` seconds: a network blip or a relay
+  restart is over by then, the adapter is back and says so, and nobody is told of an unattended
+  stop that never was;
 - debugger events from debugpy: ``stopped``, ``continued``, ``thread`` exits.
 
 A stop is *unattended* while some thread is stopped and no IDE is attached. When one begins,
@@ -28,7 +31,11 @@ from typing import Any
 
 from .wire import PresenceEntry
 
-__all__ = ["Attention", "Notice", "Resume", "Terminate", "UnattendedPolicy"]
+__all__ = ["LINK_GRACE", "Attention", "Notice", "Resume", "Terminate", "UnattendedPolicy"]
+
+#: how long an adapter whose relay link closed still counts as attached (its link reconnects
+#: within seconds; a laptop that went to sleep does not come back in this time)
+LINK_GRACE = 30.0
 
 
 class UnattendedPolicy(StrEnum):
@@ -61,21 +68,32 @@ Decision = Notice | Resume | Terminate
 class Attention:
     policy: UnattendedPolicy
     timeout: float
-    #: origin -> (epoch, attached)
-    presence: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    link_grace: float = LINK_GRACE
+    #: origin -> (epoch, attached, until when a lost link still counts as attached)
+    presence: dict[str, tuple[int, bool, float]] = field(default_factory=dict)
     #: thread id -> the stopped event's body
     stopped: dict[int, dict[str, Any]] = field(default_factory=dict)
     deadline: float | None = None
     _unattended: bool = False
 
+    def attended(self, now: float) -> bool:
+        return any(attached or now < grace for _, attached, grace in self.presence.values())
+
     @property
-    def attended(self) -> bool:
-        return any(attached for _, attached in self.presence.values())
+    def next_wake(self) -> float | None:
+        """When :meth:`tick` has something to decide: the policy's deadline, or the end of a lost
+        link's grace while the program is stopped."""
+        times = [grace for _, attached, grace in self.presence.values() if not attached and grace]
+        if self.stopped and not self._unattended and times:
+            ends = min(times)
+            return ends if self.deadline is None else min(ends, self.deadline)
+        return self.deadline
 
     def on_presence(self, entry: PresenceEntry, now: float) -> list[Decision]:
-        epoch, _ = self.presence.get(entry.origin, (-1, False))
+        epoch, _, _ = self.presence.get(entry.origin, (-1, False, 0.0))
         if entry.epoch > epoch or (entry.epoch == epoch and not entry.attached):
-            self.presence[entry.origin] = (entry.epoch, entry.attached)
+            grace = now + self.link_grace if entry.link_lost and not entry.attached else 0.0
+            self.presence[entry.origin] = (entry.epoch, entry.attached, grace)
         return self._update(now)
 
     def on_debugger_event(self, msg: dict[str, Any], now: float) -> list[Decision]:
@@ -98,7 +116,11 @@ class Attention:
         return self._update(now)
 
     def tick(self, now: float) -> list[Decision]:
-        """The policy's action once the deadline passed (and clears it)."""
+        """A lost link's grace that ended (the stop is unattended now: its notice), and the
+        policy's action once the deadline passed (it clears the deadline)."""
+        noticed = self._update(now)
+        if noticed:
+            return noticed
         if self.deadline is None or now < self.deadline or not self._unattended:
             return []
         self.deadline = None
@@ -113,7 +135,10 @@ class Attention:
         ]
 
     def _update(self, now: float) -> list[Decision]:
-        unattended = bool(self.stopped) and not self.attended
+        for origin, (epoch, attached, grace) in list(self.presence.items()):
+            if grace and now >= grace:  # that adapter did not come back in time: it is gone
+                self.presence[origin] = (epoch, attached, 0.0)
+        unattended = bool(self.stopped) and not self.attended(now)
         if unattended == self._unattended:
             return []
         self._unattended = unattended

@@ -728,7 +728,7 @@ class _Watch:
 
     async def run(self, link: RunLink, terminate: trio.Event) -> None:
         while True:
-            deadline = self.attention.deadline
+            deadline = self.attention.next_wake
             if self._stopped_since is not None and not self._paused_reported:
                 report_at = self._stopped_since + PAUSE_REPORT_AFTER
                 deadline = report_at if deadline is None else min(deadline, report_at)

@@ -63,13 +63,13 @@ def test_stale_presence_is_ignored() -> None:
     a.on_presence(here("ad1", 4, True), now=0)
     # the relay's late record of the old connection leaving (epoch 3) changes nothing
     a.on_presence(here("ad1", 3, False), now=1)
-    assert a.attended
+    assert a.attended(now=0)
     # the relay's record of the current connection leaving (same epoch) wins
     a.on_presence(here("ad1", 4, False), now=2)
-    assert not a.attended
+    assert not a.attended(now=0)
     # another adapter counts on its own
     a.on_presence(here("ad2", 1, True), now=3)
-    assert a.attended
+    assert a.attended(now=0)
 
 
 def test_thread_exits_and_termination_end_a_stop() -> None:
@@ -82,3 +82,49 @@ def test_thread_exits_and_termination_end_a_stop() -> None:
     a.on_debugger_event({"type": "event", "event": "terminated"}, now=3)
     assert a.tick(now=100) == []
     assert a.on_debugger_event({"type": "event", "event": "output"}, now=4) == []
+
+
+def lost(origin: str, epoch: int) -> PresenceEntry:
+    """The departure the relay writes when an adapter's relay link closes."""
+    return PresenceEntry(origin=origin, epoch=epoch, attached=False, link_lost=True)
+
+
+def test_a_lost_link_is_given_a_grace_before_the_stop_counts_as_unattended() -> None:
+    """A relay blip closes the adapter's link; the relay records the IDE as gone. If the adapter
+    is back within the grace, nobody is told of an unattended stop (the false alarm)."""
+    a = Attention(UnattendedPolicy.CONTINUE, timeout=5, link_grace=30)
+    a.on_presence(here("ad1", 1, True), now=0)
+    assert a.on_debugger_event(stopped(), now=1) == []
+    assert a.on_presence(lost("ad1", 1), now=2) == []
+    assert a.next_wake == 32 and a.tick(now=10) == []
+    assert a.on_presence(here("ad1", 2, True), now=12) == []  # the link is back
+    assert a.tick(now=100) == [] and a.next_wake is None
+
+
+def test_a_lost_link_that_stays_lost_counts_once_the_grace_is_over() -> None:
+    a = Attention(UnattendedPolicy.CONTINUE, timeout=5, link_grace=30)
+    a.on_presence(here("ad1", 1, True), now=0)
+    a.on_debugger_event(stopped(), now=1)
+    a.on_presence(lost("ad1", 1), now=2)
+    assert a.tick(now=31.9) == []
+    assert a.tick(now=32) == [Notice(1, "breakpoint", 37)]
+    assert a.next_wake == 37
+    assert a.tick(now=37) == [Resume(1)]
+
+
+def test_an_ide_leaving_on_purpose_has_no_grace() -> None:
+    a = Attention(UnattendedPolicy.CONTINUE, timeout=5, link_grace=30)
+    a.on_presence(here("ad1", 1, True), now=0)
+    a.on_debugger_event(stopped(), now=1)
+    assert a.on_presence(here("ad1", 2, False), now=2) == [Notice(1, "breakpoint", 7)]
+
+
+def test_an_expired_grace_never_keeps_waking_the_worker() -> None:
+    a = Attention(UnattendedPolicy.WAIT, timeout=5, link_grace=30)
+    a.on_presence(here("ad1", 1, True), now=0)
+    a.on_presence(here("ad2", 1, True), now=0)
+    a.on_debugger_event(stopped(), now=1)
+    a.on_presence(lost("ad2", 1), now=2)
+    assert a.next_wake == 32
+    assert a.tick(now=40) == []  # ad1 is still attached
+    assert a.next_wake is None
