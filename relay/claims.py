@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -107,6 +107,27 @@ class Claims:
     async def claim(self, backend: str, worker: str, alive: Callable[[], bool]) -> RunRecord | None:
         """Wait for a queued run of ``backend`` and mark it claimed by ``worker``; ``None`` if the
         requester is gone (``alive()`` false when the run came: it goes to the next in line)."""
+        return await self._next(
+            backend, alive, lambda run_id: self.registry.claimed(run_id, worker)
+        )
+
+    async def dispatch(self, backend: str, alive: Callable[[], bool]) -> RunRecord | None:
+        """Wait for a queued run of ``backend`` for a scheduler backend (the run stays queued until
+        the worker its job starts claims it); ``None`` if the requester is gone."""
+
+        async def queued(run_id: str) -> RunRecord | None:
+            record = await self.registry.load(run_id)
+            return record if record is not None and record.state is RunState.QUEUED else None
+
+        return await self._next(backend, alive, queued)
+
+    async def _next(
+        self,
+        backend: str,
+        alive: Callable[[], bool],
+        take: Callable[[str], Awaitable[RunRecord | None]],
+    ) -> RunRecord | None:
+        """The next entry's run, if ``take`` takes it (a cancelled run is skipped)."""
         while True:
             entry = await self.take(backend)
             # shielded: a claim half made when the requester's connection closes is finished,
@@ -116,24 +137,9 @@ class Claims:
                     await self.put_back(backend, entry)
                     return None
                 entry_id, run_id = entry
-                record = await self.registry.claimed(run_id, worker)
+                record = await take(run_id)
                 await self.registry.ack(backend, entry_id)
                 if record is not None:
-                    return record
-
-    async def dispatch(self, backend: str, alive: Callable[[], bool]) -> RunRecord | None:
-        """Wait for a queued run of ``backend`` for a scheduler backend (the run stays queued until
-        the worker its job starts claims it); ``None`` if the requester is gone."""
-        while True:
-            entry = await self.take(backend)
-            with trio.CancelScope(shield=True):
-                if not alive():
-                    await self.put_back(backend, entry)
-                    return None
-                entry_id, run_id = entry
-                record = await self.registry.load(run_id)
-                await self.registry.ack(backend, entry_id)
-                if record is not None and record.state is RunState.QUEUED:
                     return record
 
     async def take(self, backend: str) -> QueueEntry:
