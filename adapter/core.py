@@ -24,6 +24,13 @@ An IDE leaving (socket closed, or ``disconnect`` without ``terminateDebuggee``) 
 handshake answered locally and, when the worker is live, ``thread``/``stopped`` events rebuilt from the
 session fold (a ``threads`` response has no stopped flag).
 
+Requests are checked where they enter (:meth:`AdapterCore.on_ide_message`): a request whose
+``arguments`` are not a JSON object (every DAP request that takes arguments defines them as one;
+a missing or ``null`` value counts as ``{}``, as in debugpy) is answered with an error response
+and goes no further, so nothing past that point meets arguments of another type. Every request
+gets exactly one response: from the core, from the worker, or an error (refused, timed out, the run
+ended).
+
 Every method returns a list of actions; :mod:`adapter.server` performs them.
 """
 
@@ -41,7 +48,14 @@ import orjson
 from protocol_specs import dap_models as dap
 from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, debugpy_answers
 from protocol_specs.session import NOTICES, QUIET, DebugSession, StatusEvent, is_transient
-from protocol_specs.wire import AnyEntry, DapEntry, PresenceEntry, StatusEntry, StreamName
+from protocol_specs.wire import (
+    MAX_DAP_BODY_BYTES,
+    AnyEntry,
+    DapEntry,
+    PresenceEntry,
+    StatusEntry,
+    StreamName,
+)
 
 __all__ = [
     "ADAPTER_CAPABILITIES",
@@ -51,6 +65,7 @@ __all__ = [
     "IdePhase",
     "Publish",
     "ToIde",
+    "is_unattended_announcement",
 ]
 
 log = logging.getLogger("tether.adapter")
@@ -64,6 +79,9 @@ WAITING_MESSAGE = (
     "The run is waiting for a worker; this breakpoint is verified when the worker starts."
 )
 
+#: requests the DAP schema defines without ``arguments`` (whatever comes is ignored, not forwarded)
+NO_ARGUMENTS = frozenset({"threads"})
+
 
 @dataclass(frozen=True)
 class ToIde:
@@ -74,6 +92,9 @@ class ToIde:
 @dataclass(frozen=True)
 class Publish:
     entry: DapEntry | PresenceEntry
+    #: the ``seq`` the request carries on this hop (None for presence): what
+    #: :meth:`AdapterCore.publish_refused` is given back if the relay refuses the entry
+    origin_seq: int | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +106,9 @@ class CancelRun:
 class CloseIde:
     generation: int
     reason: str
+    #: write what was sent to that IDE before closing (a ``disconnect`` response); a connection
+    #: another one took over from is closed at once
+    flush: bool = False
 
 
 Action = ToIde | Publish | CancelRun | CloseIde
@@ -195,11 +219,12 @@ class AdapterCore:
             actions.append(self._emit(dap.event("output", {"category": "console", "output": text})))
         return actions
 
-    def publish_refused(self, entry: DapEntry | PresenceEntry, message: str) -> list[Action]:
-        """The relay refused an entry (e.g. the run's buffer is full): fail the request it carried."""
+    def publish_refused(self, origin_seq: int | None, message: str) -> list[Action]:
+        """The relay refused an entry (e.g. the run's buffer is full): fail the request it carried.
+
+        ``origin_seq`` is the one its :class:`Publish` named (None: a presence entry)."""
         text = f"tether: the relay refused a message: {message}"
-        if isinstance(entry, DapEntry):
-            origin_seq = orjson.loads(entry.body).get("seq", -1)
+        if origin_seq is not None:
             pending = self._pending.pop(origin_seq, None)
             if pending is not None:
                 if pending.generation != self.generation or self.phase is IdePhase.NONE:
@@ -219,11 +244,12 @@ class AdapterCore:
     # --- from the IDE -----------------------------------------------------------------------------
 
     def on_ide_message(self, msg: dict[str, Any]) -> list[Action]:
-        if msg.get("type") != "request":
+        """One message from the IDE connected now (none connected: ignored). Never raises."""
+        if self.phase is IdePhase.NONE or msg.get("type") != "request":
             return []  # responses to reverse requests we never send, stray events: ignore
         command = msg.get("command")
         seq = msg.get("seq")
-        if not isinstance(seq, int) or seq < 1:
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
             return self.on_ide_garbage("a request without a valid 'seq'")
         if not isinstance(command, str):
             return [
@@ -231,12 +257,23 @@ class AdapterCore:
                     dap.error_response({"seq": seq}, "Invalid request: 'command' must be a string")
                 )
             ]
+        arguments = msg.get("arguments")
+        if arguments is None or (command in NO_ARGUMENTS and not isinstance(arguments, dict)):
+            # debugpy takes a missing or null ``arguments`` as {}; nothing past here sees null
+            msg = {k: v for k, v in msg.items() if k != "arguments"}
+        elif not isinstance(arguments, dict):
+            text = (
+                f"{dap.BAD_ARGUMENTS} for {command!r}: 'arguments' must be a JSON object, "
+                f"not a JSON {_json_kind(arguments)}."
+            )
+            return [self._emit(dap.error_response(msg, text))]
         handler = self._handlers.get(command)
         if handler is None:
-            return self._forward_or_refuse(msg)
+            handler = self._forward_or_refuse
         try:
             return handler(msg)
         except ValueError as exc:
+            # handlers publish before they change any state: a refused request left none behind
             return [self._emit(dap.error_response(msg, str(exc)))]
 
     def on_ide_garbage(self, reason: str) -> list[Action]:
@@ -248,18 +285,19 @@ class AdapterCore:
         return [self._emit(dap.event("output", {"category": "important", "output": text}))]
 
     def _initialize(self, msg: dict[str, Any]) -> list[Action]:
-        self._client_args = msg.get("arguments") or {}
-        return [
-            self._publish(msg, local=True),
-            self._emit(dap.response(msg, ADAPTER_CAPABILITIES)),
-        ]
+        published = self._publish(msg, local=True)
+        self._client_args = msg.get("arguments", {})
+        return [published, self._emit(dap.response(msg, ADAPTER_CAPABILITIES))]
 
     def _attach(self, msg: dict[str, Any]) -> list[Action]:
         # debugpy answers attach only after configurationDone; do the same.
-        self._attach_request = msg
+        if self._attach_request is not None or self.phase is IdePhase.CONFIGURED:
+            # each request is answered once: a second attach would replace the one pending
+            return [self._emit(dap.error_response(msg, "This IDE connection is already attached."))]
         actions: list[Action] = []
         if not self.session.live and not self.session.finished:
             actions.append(self._publish(msg, local=True))
+        self._attach_request = {"seq": msg["seq"], "command": msg["command"]}  # all it needs
         actions.append(self._emit(dap.event("initialized")))
         return actions
 
@@ -308,7 +346,7 @@ class AdapterCore:
                 actions.append(self._emit(dap.event("stopped", {**body, "threadId": tid})))
             return actions
         actions = [self._status_output()]
-        if self._client_args.get("supportsProgressReporting"):
+        if self._client_args.get("supportsProgressReporting") is True:
             self._progress_id = f"tether-{self.run_id}-{self.generation}"
             actions.append(
                 self._emit(
@@ -361,12 +399,12 @@ class AdapterCore:
         return [self._emit(dap.response(msg, {"threads": []}))]
 
     def _disconnect(self, msg: dict[str, Any]) -> list[Action]:
-        args = msg.get("arguments") or {}
+        args = msg.get("arguments", {})
         actions: list[Action] = []
-        if args.get("terminateDebuggee") and not self.session.finished:
+        if args.get("terminateDebuggee") is True and not self.session.finished:
             actions.append(CancelRun("the IDE disconnected with terminateDebuggee"))
         actions.append(self._emit(dap.response(msg)))
-        actions.append(CloseIde(self.generation, "the IDE disconnected"))
+        actions.append(CloseIde(self.generation, "the IDE disconnected", flush=True))
         actions.extend(self.ide_disconnected(self.generation))
         return actions
 
@@ -399,17 +437,25 @@ class AdapterCore:
     def _publish(
         self, msg: dict[str, Any], *, local: bool, bp_ids: list[int] | None = None
     ) -> Publish:
-        self._origin_seq += 1
-        body = orjson.dumps({**msg, "seq": self._origin_seq})
+        """The entry carrying ``msg``; raises ``ValueError`` (and changes nothing) if it cannot be
+        one: nested deeper than JSON encoders go, or over the size of a stream entry."""
+        origin_seq = self._origin_seq + 1
+        try:
+            body = orjson.dumps({**msg, "seq": origin_seq})
+        except orjson.JSONEncodeError as exc:
+            raise ValueError(f"{dap.BAD_ARGUMENTS} for {msg.get('command')!r}: {exc}.") from None
+        if len(body) > MAX_DAP_BODY_BYTES:
+            raise ValueError(
+                f"The request is too large ({len(body):,} bytes; at most "
+                f"{MAX_DAP_BODY_BYTES:,} bytes cross the relay)."
+            )
+        transient = is_transient(msg)
         entry = DapEntry(
-            origin=self.origin,
-            body=body,
-            local=local,
-            bp_ids=bp_ids,
-            transient=is_transient(msg),
+            origin=self.origin, body=body, local=local, bp_ids=bp_ids, transient=transient
         )
-        self.session.apply_to_worker(entry)
-        return Publish(entry)
+        self._origin_seq = origin_seq
+        self.session.apply_to_worker(entry)  # keeps breakpoint requests only, never arguments
+        return Publish(entry, origin_seq)
 
     # --- from the relay -------------------------------------------------------------------------
 
@@ -420,7 +466,12 @@ class AdapterCore:
         if stream is StreamName.TO_WORKER:
             # our own requests were folded when we published them
             if isinstance(entry, DapEntry) and entry.origin != self.origin:
-                self.session.apply_to_worker(entry)
+                # another adapter of the run (`tether attach`); anyone holding the user's token
+                # can write one: the fold skips what is not a well-formed request
+                try:
+                    self.session.apply_to_worker(entry)
+                except ValueError as exc:
+                    log.warning("skipping a malformed to_worker entry of %s: %s", entry.origin, exc)
             return []
         if isinstance(entry, StatusEntry):
             was_live = self.session.live
@@ -568,6 +619,16 @@ class AdapterCore:
     def _on_notice(self, entry: StatusEntry) -> list[Action]:
         if self.phase is not IdePhase.CONFIGURED:
             return []
+        if is_unattended_announcement(entry):
+            # An IDE is attached here right now, so the worker's report is stale by construction:
+            # it decided during a relay link blip, and presence was re-announced when the link
+            # came back (``relay_link_changed``). Telling this IDE "no IDE is attached" is false.
+            # (What the worker then does, "Terminating: ...", is still said: it happens.)
+            text = (
+                "tether: the worker briefly lost sight of this IDE (a connection blip); "
+                "it is attached again.\n"
+            )
+            return [self._emit(dap.event("output", {"category": "console", "output": text}))]
         text = f"tether: {entry.detail}\n"
         return [self._emit(dap.event("output", {"category": "important", "output": text}))]
 
@@ -661,3 +722,19 @@ class AdapterCore:
     def _emit(self, msg: dict[str, Any]) -> ToIde:
         self._ide_seq += 1
         return ToIde({**msg, "seq": self._ide_seq}, self.generation)
+
+
+def is_unattended_announcement(entry: StatusEntry) -> bool:
+    """The worker's "paused and no IDE is attached" notice (it names the policy that follows),
+    as opposed to its later report of acting on it."""
+    return entry.event == StatusEvent.UNATTENDED_STOP and "policy" in entry.data
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "number"

@@ -5,6 +5,12 @@ holds the run's relay link in the ``ide`` role, and performs what the core decid
 I/O happen under one lock, so what reaches the IDE is in ``seq`` order and publishes keep the order the
 IDE sent them in.
 
+Nothing under the lock waits for an IDE: what the core sends to an IDE goes into that connection's
+:class:`adapter.outbox.Outbox`, and the connection's own writer task writes it. An IDE that stops
+reading therefore stalls neither the relay link (deliveries keep being consumed) nor another IDE
+taking over; its outbox merges and, past a bound, drops program output (saying so), and a connection
+that stops reading altogether is closed.
+
 The relay link reconnects by itself (``relay.client.RunLink``); while it is down, publishes wait in
 its outbox and the IDE is told in its debug console. The adapter ends when the run ends, or when the
 link gives up for good.
@@ -13,20 +19,32 @@ link gives up for good.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from protocol_specs import dap_framing, wire
-from protocol_specs.wire import DapEntry, PresenceEntry, Role, StreamName, WireError
-from relay.client import LinkPolicy, RunLink, Target, open_control, open_run_link
+from protocol_specs.session import StatusEvent
+from protocol_specs.wire import DapEntry, Role, StreamName, WireError
+from relay.client import LinkPolicy, Target, open_control, open_run_link
 
 from . import peer
-from .core import Action, AdapterCore, CancelRun, CloseIde, Publish, ToIde
+from .core import (
+    Action,
+    AdapterCore,
+    CancelRun,
+    CloseIde,
+    IdePhase,
+    Publish,
+    ToIde,
+    is_unattended_announcement,
+)
+from .outbox import HARD_LIMIT, Outbox
 
-__all__ = ["AdapterServer", "serve_adapter"]
+__all__ = ["AdapterLink", "AdapterServer", "serve_adapter"]
 
 log = logging.getLogger("tether.adapter")
 
@@ -34,6 +52,29 @@ LOCALHOST = "127.0.0.1"
 #: a new connection has this long, and this many bytes, to send its ``initialize`` request
 GREETING_TIMEOUT = 30.0
 GREETING_MAX_BYTES = 1024 * 1024
+#: how long a connection that is closing (``disconnect``, or the IDE closed its side) may take to
+#: be written what is queued for it
+CLOSE_GRACE = 5.0
+
+
+class AdapterLink(Protocol):
+    """What the server uses of its relay link (:class:`relay.client.RunLink`; tests use a fake)."""
+
+    @property
+    def deliveries(self) -> trio.abc.ReceiveChannel[wire.Deliver]: ...
+
+    @property
+    def tails(self) -> dict[str, str]: ...
+
+    @property
+    def answered(self) -> int: ...
+
+    @property
+    def failed(self) -> Exception | None: ...
+
+    async def publish(self, entry: wire.AnyEntry) -> int: ...
+
+    async def flush(self) -> None: ...
 
 
 def _id_tuple(cursor: str) -> tuple[int, int]:
@@ -43,16 +84,28 @@ def _id_tuple(cursor: str) -> tuple[int, int]:
 
 @dataclass
 class _Ide:
-    stream: trio.SocketStream
-    generation: int
+    """One IDE connection: its stream, what is queued for it, and the scope it lives in."""
+
+    stream: trio.abc.Stream
+    outbox: Outbox
+    generation: int = 0
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    wake: trio.Event = field(default_factory=trio.Event)  #: the outbox has something new
+    closing: bool = False  #: nothing more it sends is handled
     gone: trio.Event = field(default_factory=trio.Event)
+
+
+@dataclass(frozen=True)
+class _Refused:
+    origin_seq: int | None
+    message: str
 
 
 class AdapterServer:
     def __init__(
         self,
         relay_url: Target,
-        link: RunLink,
+        link: AdapterLink,
         core: AdapterCore,
         *,
         on_event: Callable[[str], None] | None = None,
@@ -70,14 +123,22 @@ class AdapterServer:
         self._nursery: trio.Nursery | None = None
         self.finished = trio.Event()
         self._wake_timer = trio.Event()
-        self._published: dict[int, DapEntry | PresenceEntry] = {}
-        self._link_news_in, self._link_news = trio.open_memory_channel[
-            tuple[int, wire.Error] | tuple[bool, str]
-        ](1000)
+        #: publish number -> the ``origin_seq`` it carried (None: presence), until the relay
+        #: answers it: all :meth:`AdapterCore.publish_refused` needs (never the entry's body)
+        self._published: dict[int, int | None] = {}
+        # unbounded, but bounded in effect: one refusal per publish in the link's outbox (itself
+        # bounded), one piece of news per reconnect; the callbacks that send cannot wait
+        self._link_news_in, self._link_news = trio.open_memory_channel[_Refused | tuple[bool, str]](
+            math.inf
+        )
 
     def link_refused(self, n: int, error: wire.Error) -> None:
-        """``RunLink.on_refused``: handled in order with everything else, under the lock."""
-        self._link_news_in.send_nowait((n, error))
+        """``RunLink.on_refused``: handled in order with everything else, under the lock.
+
+        The link calls it in the same step as it counts ``n`` answered, so ``n`` is still in
+        ``_published`` here (:meth:`_perform` forgets publishes the link counts answered)."""
+        if n in self._published:
+            self._link_news_in.send_nowait(_Refused(self._published.pop(n), error.message))
 
     def link_state(self, up: bool, detail: str) -> None:
         """``RunLink.on_state``."""
@@ -87,14 +148,11 @@ class AdapterServer:
     async def _link_news_loop(self) -> None:
         async for news in self._link_news:
             async with self._lock:
-                if isinstance(news[1], wire.Error):
-                    n, error = news
-                    entry = self._published.pop(int(n), None)
-                    if entry is not None:
-                        await self._perform(self.core.publish_refused(entry, error.message))
+                if isinstance(news, _Refused):
+                    await self._perform(self.core.publish_refused(news.origin_seq, news.message))
                 else:
                     up, detail = news
-                    await self._perform(self.core.relay_link_changed(bool(up), str(detail)))
+                    await self._perform(self.core.relay_link_changed(up, detail))
 
     async def catch_up(self) -> None:
         """Fold the run's history (``to_worker`` then ``to_ide``) before serving any IDE."""
@@ -123,7 +181,8 @@ class AdapterServer:
             nursery.start_soon(self._deliveries)
             nursery.start_soon(self._timer)
             nursery.start_soon(self._link_news_loop)
-            nursery.start_soon(trio.serve_listeners, self._handle_ide, listeners)
+            if listeners:
+                nursery.start_soon(trio.serve_listeners, self._handle_ide, listeners)
             await self.finished.wait()
             ide = self._ide
             if ide is not None:
@@ -142,8 +201,15 @@ class AdapterServer:
                     self.on_event(self.core.status_text())
                 news = self.core.session.notice
                 if news is not notice and news is not None:
-                    if news.event == "unattended_stop" and self._ide is None:
+                    if news.event != StatusEvent.UNATTENDED_STOP:
+                        self.on_event(news.detail)
+                    elif self.core.phase is IdePhase.NONE:
                         self.on_unattended(news.detail)
+                    elif is_unattended_announcement(news):  # stale: a link blip hid the IDE
+                        self.on_event(
+                            "the worker briefly saw no IDE attached; an IDE is attached here "
+                            f"(its report: {news.detail})"
+                        )
                     else:
                         self.on_event(news.detail)
                 if self.core.session.finished:
@@ -174,6 +240,14 @@ class AdapterServer:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
             return
+        await self.serve_connection(stream)
+
+    async def serve_connection(self, stream: trio.abc.Stream) -> None:
+        """Serve one IDE connection on ``stream`` (any byte stream; closed when this returns).
+
+        A connection that starts with ``initialize`` takes over from the IDE attached now. It
+        lives in its own cancel scope: a reader (this task) and a writer draining its outbox.
+        """
         framer = dap_framing.DapFramer()
         try:
             first = await self._greeting(stream, framer)
@@ -183,23 +257,18 @@ class AdapterServer:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
             return
-        async with self._lock:
-            actions = self.core.ide_connected()
-            ide = _Ide(stream, self.core.generation)
-            await self._perform(actions)
-            self._ide = ide
-        self.on_event("an IDE connected")
+        ide = _Ide(stream, Outbox(self.core.run_id))
         try:
-            async with self._lock:
-                await self._perform(self.core.on_ide_message(first))
-                self._wake_timer.set()
-            while await self._ide_messages(framer):
-                data = await stream.receive_some(65536)
-                if not data:
-                    break
-                framer.receive_data(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+            with ide.scope:
+                async with trio.open_nursery() as nursery:
+                    async with self._lock:
+                        actions = self.core.ide_connected()
+                        ide.generation = self.core.generation
+                        await self._perform(actions)  # closes the previous IDE, if any
+                        self._ide = ide
+                    self.on_event("an IDE connected")
+                    nursery.start_soon(self._writer, ide)
+                    await self._reader(ide, framer, first)
         finally:
             with trio.CancelScope(shield=True):
                 async with self._lock:
@@ -210,9 +279,66 @@ class AdapterServer:
             ide.gone.set()
             self.on_event("the IDE disconnected")
 
-    async def _ide_messages(self, framer: dap_framing.DapFramer) -> bool:
+    async def _reader(
+        self, ide: _Ide, framer: dap_framing.DapFramer, first: dict[str, Any]
+    ) -> None:
+        """Handle what the IDE sends until it closes its side; then detach, and let the writer
+        finish (for :data:`CLOSE_GRACE` at most)."""
+        try:
+            await self._handle(ide, first)
+            while await self._ide_messages(ide, framer):
+                data = await ide.stream.receive_some(65536)
+                if not data:
+                    break
+                framer.receive_data(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        async with self._lock:
+            await self._perform(self.core.ide_disconnected(ide.generation))
+            if self._ide is ide:
+                self._ide = None
+        self._close(ide, flush=True)
+        await trio.sleep_forever()  # the writer cancels the connection's scope when done
+
+    async def _writer(self, ide: _Ide) -> None:
+        """The only task writing to the IDE: drains its outbox, closes the connection when the
+        outbox is done (closed and empty, or stuck) or the IDE is gone."""
+        try:
+            while True:
+                ide.wake = trio.Event()  # a push from here on wakes the wait below
+                data = ide.outbox.take()
+                if data is None:
+                    if ide.outbox.done:
+                        break
+                    await ide.wake.wait()
+                    continue
+                await ide.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        ide.scope.cancel()
+
+    def _close(self, ide: _Ide, *, flush: bool) -> None:
+        """Close an IDE connection now, or once what is queued is written (``flush``; within
+        :data:`CLOSE_GRACE`). Nothing it sends from now on is handled. Never waits."""
+        ide.closing = True
+        if not flush:
+            ide.scope.cancel()
+            return
+        ide.outbox.close()
+        ide.wake.set()
+        ide.scope.deadline = min(ide.scope.deadline, trio.current_time() + CLOSE_GRACE)
+
+    async def _handle(self, ide: _Ide, msg: dict[str, Any]) -> None:
+        async with self._lock:
+            if self._ide is ide and not ide.closing:
+                await self._perform(self.core.on_ide_message(msg))
+                self._wake_timer.set()
+
+    async def _ide_messages(self, ide: _Ide, framer: dap_framing.DapFramer) -> bool:
         """Handle what the IDE sent so far; False if the connection must close."""
         while True:
+            if ide.closing or self._ide is not ide:
+                return False
             try:
                 msg = framer.next_message()
             except dap_framing.DapFramingError as exc:
@@ -221,16 +347,15 @@ class AdapterServer:
                     self.on_event(f"closed the IDE connection: {exc}")
                     return False
                 async with self._lock:
-                    await self._perform(self.core.on_ide_garbage(str(exc)))
+                    if self._ide is ide and not ide.closing:
+                        await self._perform(self.core.on_ide_garbage(str(exc)))
                 continue
             if msg is None:
                 return True
-            async with self._lock:
-                await self._perform(self.core.on_ide_message(msg))
-                self._wake_timer.set()
+            await self._handle(ide, msg)
 
     async def _greeting(
-        self, stream: trio.SocketStream, framer: dap_framing.DapFramer
+        self, stream: trio.abc.Stream, framer: dap_framing.DapFramer
     ) -> dict[str, Any] | None:
         """A new connection's first message, if it is an ``initialize`` request (what every DAP
         client sends first). Only then does the connection take over from the IDE attached now
@@ -273,7 +398,7 @@ class AdapterServer:
         log.warning("refused a connection: %s", why)
         self.on_event(f"refused a connection: {why}")
 
-    async def _refuse_first(self, stream: trio.SocketStream, msg: dict[str, Any]) -> None:
+    async def _refuse_first(self, stream: trio.abc.Stream, msg: dict[str, Any]) -> None:
         what = msg.get("command") or msg.get("event") or msg.get("type")
         self._refuse(f"its first message was {str(what)[:50]!r}, not an initialize request")
         if msg.get("type") == "request" and isinstance(msg.get("seq"), int):
@@ -293,15 +418,20 @@ class AdapterServer:
             if isinstance(action, ToIde):
                 ide = self._ide
                 if ide is not None and ide.generation == action.generation:
-                    try:
-                        await ide.stream.send_all(dap_framing.encode_message(action.message))
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        pass
+                    ide.outbox.push(action.message)
+                    ide.wake.set()
+                    if ide.outbox.stuck and not ide.closing:
+                        self.on_event(
+                            "closed the IDE connection: it stopped reading (over "
+                            f"{HARD_LIMIT // 2**20} MiB of responses and events were waiting)"
+                        )
+                        self._close(ide, flush=False)
             elif isinstance(action, Publish):
                 n = await self.link.publish(action.entry)
-                self._published[n] = action.entry
-                if len(self._published) > 10_000:  # answered long ago: forget the oldest
-                    del self._published[next(iter(self._published))]
+                self._published[n] = action.origin_seq
+                answered = self.link.answered
+                while self._published and next(iter(self._published)) <= answered:
+                    del self._published[next(iter(self._published))]  # stored: nothing to fail
                 if isinstance(action.entry, DapEntry) and action.entry.local:
                     # what the adapter answers itself must be stored before it answers: the user
                     # may close the laptop right after setting a breakpoint
@@ -312,7 +442,7 @@ class AdapterServer:
             elif isinstance(action, CloseIde):
                 ide = self._ide
                 if ide is not None and ide.generation == action.generation:
-                    await ide.stream.aclose()
+                    self._close(ide, flush=action.flush)
 
     async def _cancel(self, detail: str) -> None:
         async with open_control(self.relay_url, client="tether-adapter") as control:

@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from . import dap_models
 from .dap_models import SetBreakpointsArguments, source_key
 from .wire import DapEntry, StatusEntry
 
@@ -102,8 +103,10 @@ class BreakpointSet:
 
 @dataclass
 class _Request:
+    """What the fold keeps of a request until its response: the breakpoint ids it carries (only
+    breakpoint requests are kept, and none once answered: a long session's memory stays flat)."""
+
     command: str
-    arguments: dict[str, Any]
     bp_ids: list[int] | None
     local: bool
 
@@ -188,15 +191,18 @@ class DebugSession:
 
     def apply_to_worker(self, entry: DapEntry) -> None:
         """Fold one entry of the ``to_worker`` stream (an IDE-side request)."""
-        msg = orjson.loads(entry.body)
-        if msg.get("type") != "request":
-            return
-        command = msg.get("command", "")
-        arguments = msg.get("arguments") or {}
+        msg = _object(orjson.loads(entry.body))
+        arguments = msg.get("arguments", {})
+        if msg.get("type") != "request" or not isinstance(arguments, dict):
+            return  # not a request any debugger would take: nothing to fold
+        command = str(msg.get("command", ""))
+        try:
+            dap_models.parse_arguments(command, arguments)
+        except ValueError:
+            return  # configuration the IDE side would have been refused: never replayed
         seq = msg.get("seq", 0)
-        self._requests[(entry.origin, seq)] = _Request(
-            command, arguments, entry.bp_ids, entry.local
-        )
+        if entry.bp_ids is not None:
+            self._requests[(entry.origin, seq)] = _Request(command, entry.bp_ids, entry.local)
         if entry.bp_ids:
             self._next_id = max(self._next_id, max(entry.bp_ids) + 1)
         if command == "initialize":
@@ -225,7 +231,7 @@ class DebugSession:
         if isinstance(entry, StatusEntry):
             self._apply_status(entry)
             return []
-        msg = orjson.loads(entry.body)
+        msg = _object(orjson.loads(entry.body))
         kind = msg.get("type")
         if kind == "response":
             return self._apply_response(entry.origin, msg)
@@ -284,12 +290,16 @@ class DebugSession:
                 self.exit_code = entry.exit_code
 
     def _apply_response(self, origin: str, msg: dict[str, Any]) -> list[int]:
-        req = self._requests.get((origin, msg.get("request_seq", -1)))
+        req = self._requests.pop((origin, msg.get("request_seq", -1)), None)
         if req is None or not msg.get("success") or req.bp_ids is None:
             return []
-        reported = (msg.get("body") or {}).get("breakpoints") or []
+        reported = _object(msg.get("body")).get("breakpoints") or []
         changed: list[int] = []
-        for adapter_id, bp in zip(req.bp_ids, reported, strict=False):
+        for adapter_id, bp in zip(
+            req.bp_ids, reported if isinstance(reported, list) else [], strict=False
+        ):
+            if not isinstance(bp, dict):
+                continue
             if isinstance(bp.get("id"), int):
                 self._debugpy_ids[bp["id"]] = adapter_id
             self.verification[adapter_id] = {**bp, "id": adapter_id}
@@ -298,7 +308,7 @@ class DebugSession:
 
     def _apply_event(self, msg: dict[str, Any]) -> list[int]:
         name = msg.get("event")
-        body = msg.get("body") or {}
+        body = _object(msg.get("body"))
         if name == "thread":
             tid = body.get("threadId")
             if isinstance(tid, int):
@@ -324,7 +334,7 @@ class DebugSession:
         elif name == "process":
             self.process_event = body
         elif name == "breakpoint":
-            bp = body.get("breakpoint") or {}
+            bp = _object(body.get("breakpoint"))
             if isinstance(bp.get("id"), int):
                 adapter_id = self.to_adapter_id(bp["id"])
                 self.verification[adapter_id] = {**bp, "id": adapter_id}
@@ -358,3 +368,9 @@ def _keys_of(bset: BreakpointSet) -> list[Any]:
     if bset.command == "setBreakpoints":
         return SetBreakpointsArguments.model_validate(bset.arguments).lines_in_order()
     return [bp.get("name") for bp in bset.arguments.get("breakpoints", [])]
+
+
+def _object(value: object) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else an empty one: the fold reads what peers wrote, and a
+    malformed message must never stop it."""
+    return value if isinstance(value, dict) else {}

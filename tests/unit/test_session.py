@@ -113,3 +113,41 @@ def test_debugpy_ids_map_to_adapter_ids_through_responses_and_events() -> None:
     assert s.verification[2]["verified"] is True
     assert s.to_adapter_id(99) == 3  # unknown debugpy id: a fresh adapter id
     assert [b["id"] for b in s.current_breakpoints()] == [1, 2]
+
+
+def resp(request_seq: int, command: str, body: Any, *, origin: str = "a") -> DapEntry:
+    msg = {"seq": 1, "type": "response", "request_seq": request_seq, "success": True}
+    return DapEntry(origin=origin, body=orjson.dumps({**msg, "command": command, "body": body}))
+
+
+def test_the_fold_keeps_no_request_past_its_answer_and_no_arguments_at_all() -> None:
+    """A day of stepping and 15 MB evaluates must not grow the fold (adapter and shim both)."""
+    s = DebugSession()
+    for seq in range(1, 1000):
+        s.apply_to_worker(req(seq, "evaluate", {"expression": "x" * 1000}))
+    s.apply_to_worker(req(1000, "setBreakpoints", bps("/p/a.py", 3), bp_ids=[1]))
+    assert s.request_of("a", 5) is None and s.request_of("a", 1000) == ("setBreakpoints", [1], True)
+    assert s.apply_to_ide(resp(1000, "setBreakpoints", {"breakpoints": [{"verified": True}]})) == [
+        1
+    ]
+    assert s.request_of("a", 1000) is None
+    assert "x" * 1000 not in repr(vars(s))
+
+
+def test_malformed_messages_never_stop_the_fold() -> None:
+    s = DebugSession()
+    for arguments in ([1], "abc", {"source": 5, "breakpoints": [3]}, {"breakpoints": ["x"]}):
+        s.apply_to_worker(req(1, "setBreakpoints", arguments, bp_ids=[1]))
+    s.apply_to_worker(DapEntry(origin="a", body=b"[1, 2]"))
+    assert s.configuration() == []
+    s.apply_to_worker(req(2, "setBreakpoints", bps("/p/a.py", 3), bp_ids=[1]))
+    for body in ([1], "x", {"breakpoints": "no"}, {"breakpoints": [1, None]}):
+        assert s.apply_to_ide(resp(2, "setBreakpoints", body)) == []
+    for event in (
+        {"event": "stopped", "body": [1]},
+        {"event": "breakpoint", "body": {"breakpoint": 3}},
+    ):
+        s.apply_to_ide(
+            DapEntry(origin="w", body=orjson.dumps({"seq": 1, "type": "event", **event}))
+        )
+    assert [b.command for b in s.configuration()] == ["setBreakpoints"]
