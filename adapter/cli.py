@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -1304,7 +1305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # never its debug log: it prints frames, and a hello frame carries the token
     logging.getLogger("websockets").setLevel(max(level, logging.WARNING))
     try:
-        return int(trio.run(args.fn, args))
+        return int(trio.run(_until_stopped, args))
     except KeyboardInterrupt:
         return 130
     except (RelayError, BaseExceptionGroup) as exc:
@@ -1313,6 +1314,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"tether: {relay_error.message}", file=sys.stderr)
         return 1
+
+
+async def _until_stopped(args: argparse.Namespace) -> int:
+    """Run the command; SIGTERM or SIGHUP (systemd, a container runtime, a closed terminal) stop it
+    the way Ctrl-C does: everything it started is stopped and cleaned up (``tether up``'s server
+    included), and it exits with 128 + the signal's number."""
+    result: list[int] = []
+    stopped: list[int] = []
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+                async for signum in signals:
+                    stopped.append(signum)
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(watch)
+        result.append(int(await args.fn(args)))
+        nursery.cancel_scope.cancel()
+    return 128 + stopped[0] if stopped else result[0]
 
 
 def _relay_error(exc: BaseException) -> RelayError | None:

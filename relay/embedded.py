@@ -11,10 +11,18 @@ does not kill it before tether has finished writing), with append-only persisten
 flushes everything), listening only on a unix socket in the data directory: no TCP port at all, so
 nothing else on the machine reaches it through the network. On exit it is stopped with SIGTERM,
 then SIGKILL if it has not exited within :data:`STOP_TIMEOUT`.
+
+The server never outlives tether: it runs under a guard (``relay/guard.py``) that stops it when
+tether's end of a pipe closes, which the kernel does however tether ends (SIGTERM, SIGHUP, a
+SIGKILL, a crash). One tether at a time owns a data directory (a lock file, ``server.lock``); a
+server still answering on the socket while nobody holds the lock was left by a tether that ended
+before its guard existed, and is shut down (its append-only file flushed) before a new one starts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 import platform
@@ -34,6 +42,7 @@ READY_TIMEOUT = 20.0
 STOP_TIMEOUT = 10.0
 SOCKET_NAME = "redis.sock"
 LOG_NAME = "server.log"
+LOCK_NAME = "server.lock"
 # sun_path holds 108 bytes on Linux, 104 on macOS and the BSDs, including the final NUL.
 _MAX_SOCKET_PATH = 107 if sys.platform.startswith("linux") else 103
 
@@ -127,6 +136,12 @@ def server_argv(binary: str, data_dir: Path, *, tcp_port: int = 0) -> list[str]:
     ]
 
 
+def log_note(data_dir: Path, text: str) -> None:
+    """A line of tether's own in the server's log."""
+    with contextlib.suppress(OSError), open(data_dir / LOG_NAME, "a") as log:
+        log.write(f"tether: {text}\n")
+
+
 def log_tail(data_dir: Path, lines: int = 15) -> str:
     try:
         text = (data_dir / LOG_NAME).read_text(errors="replace")
@@ -172,11 +187,45 @@ async def _ping(sock: Path) -> bool:
         return reply.startswith(b"+PONG")
 
 
+def _lock(data_dir: Path) -> int:
+    """Hold ``data_dir``'s lock (released when the returned fd closes, or the process ends)."""
+    fd = os.open(data_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise RuntimeError(
+            f"the server of {data_dir} is already run by process {holder} (another `tether up`?); "
+            "stop that one first, or use another --data-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+async def _shut_down_orphan(sock: Path) -> None:
+    """A server nobody holds the lock of: shut it down (it flushes its append-only file) and wait
+    until it stops answering."""
+    try:
+        stream = await trio.open_unix_socket(str(sock))
+    except OSError:
+        return
+    async with stream:
+        with contextlib.suppress(trio.BrokenResourceError):
+            await stream.send_all(b"SHUTDOWN\r\n")
+    with trio.move_on_after(READY_TIMEOUT):
+        while await _ping(sock):  # noqa: ASYNC110 (another process: no event to wait on)
+            await trio.sleep(0.05)
+        return
+    raise RuntimeError(f"a server left running on {sock} did not shut down; stop it by hand")
+
+
 async def _stop(process: trio.Process) -> None:
     with trio.CancelScope(shield=True):
         if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            with trio.move_on_after(STOP_TIMEOUT):
+            process.send_signal(signal.SIGTERM)  # the guard stops the server, then exits
+            with trio.move_on_after(2 * STOP_TIMEOUT):
                 await process.wait()
         if process.returncode is None:
             process.kill()
@@ -189,23 +238,38 @@ async def run_embedded_server(
 ) -> AsyncIterator[str]:
     """Run a server with its data in ``data_dir``; yields its URL, ``unix://<data_dir>/redis.sock``.
 
-    Refuses to start if a server already answers on that socket (two servers appending to one AOF
-    would corrupt it). Raises ``RuntimeError`` with the tail of ``server.log`` if the server exits
-    or does not answer within :data:`READY_TIMEOUT`.
+    Refuses to start while another process holds the data directory's lock (two servers appending
+    to one AOF would corrupt it). Raises ``RuntimeError`` with the tail of ``server.log`` if the
+    server exits or does not answer within :data:`READY_TIMEOUT`.
     """
     argv, sock, log_fd = _prepare(Path(data_dir), binary)
     try:
-        if await _ping(sock):
-            raise RuntimeError(f"a server is already running on {sock}; stop it first")
-        process = await trio.lowlevel.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
-            start_new_session=True,
-        )
-    finally:
+        lock = _lock(sock.parent)
+    except BaseException:
         os.close(log_fd)
+        raise
+    try:
+        try:
+            if await _ping(sock):
+                log_note(sock.parent, "a server left running by an earlier tether: shutting it down")
+                await _shut_down_orphan(sock)
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "relay.guard", *argv],
+                stdin=subprocess.PIPE,
+                stdout=log_fd,
+                stderr=log_fd,
+                start_new_session=True,
+            )
+        finally:
+            os.close(log_fd)
+        async with _served(process, argv, sock) as url:
+            yield url
+    finally:
+        os.close(lock)
+
+
+@asynccontextmanager
+async def _served(process: trio.Process, argv: list[str], sock: Path) -> AsyncIterator[str]:
     try:
         with trio.move_on_after(READY_TIMEOUT) as ready:
             while not await _ping(sock):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import subprocess
 from functools import partial
 from pathlib import Path
 from typing import Protocol
@@ -18,7 +19,12 @@ import pytest
 import trio
 import trio.testing
 
-from relay.embedded import bundled_server_binary, find_server_binary, run_embedded_server
+from relay.embedded import (
+    bundled_server_binary,
+    find_server_binary,
+    run_embedded_server,
+    server_argv,
+)
 from relay.store import (
     BlockingReader,
     Cap,
@@ -593,11 +599,40 @@ async def test_embedded_server_keeps_data_across_restarts(
 @pytest.mark.redis
 async def test_embedded_server_refuses_a_data_dir_in_use(tmp_path: Path) -> None:
     async with run_embedded_server(tmp_path / "redis") as url:
-        with pytest.raises(RuntimeError, match="already running"):
+        with pytest.raises(RuntimeError, match="already run by process"):
             async with run_embedded_server(tmp_path / "redis"):
                 pass
         async with open_store(url) as store:  # the first one is untouched
             await store.set_bytes("k", b"v")
+
+
+@pytest.mark.redis
+async def test_a_server_an_earlier_tether_left_running_is_shut_down_with_its_data_kept(
+    tmp_path: Path, redis_binary: str
+) -> None:
+    """A server nobody holds the data directory's lock for (its tether died before servers had
+    guards) is shut down, its append-only file flushed, and replaced."""
+    data = tmp_path / "redis"
+    data.mkdir(mode=0o700)
+    orphan = subprocess.Popen(  # noqa: ASYNC220 (started once, before the test's I/O)
+        server_argv(redis_binary, data), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        async with open_store(f"unix://{data}/redis.sock") as first:
+            with trio.fail_after(20):
+                while True:
+                    try:
+                        await first.set_bytes("kept", b"yes")
+                        break
+                    except StoreError:
+                        await trio.sleep(0.05)  # the orphan is still starting
+        async with run_embedded_server(data, binary=redis_binary) as url, open_store(url) as store:
+            assert orphan.wait(timeout=20) == 0  # shut down cleanly
+            assert await store.get_bytes("kept") == b"yes"
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
 
 
 async def test_embedded_server_reports_a_server_that_exits(tmp_path: Path) -> None:
