@@ -103,8 +103,9 @@ class BreakpointSet:
 
 @dataclass
 class _Request:
-    """What the fold keeps of a request until its response: the breakpoint ids it carries (only
-    breakpoint requests are kept, and none once answered: a long session's memory stays flat)."""
+    """What the fold keeps of a breakpoint request: the ids it carries (a few bytes; the replay of
+    every later attempt is answered under the same seq). Other requests, and arguments, are not
+    kept: a long session's memory stays flat."""
 
     command: str
     bp_ids: list[int] | None
@@ -290,7 +291,8 @@ class DebugSession:
                 self.exit_code = entry.exit_code
 
     def _apply_response(self, origin: str, msg: dict[str, Any]) -> list[int]:
-        req = self._requests.pop((origin, msg.get("request_seq", -1)), None)
+        # kept after its answer: each later attempt's replay is answered under the same seq
+        req = self._requests.get((origin, msg.get("request_seq", -1)))
         if req is None or not msg.get("success") or req.bp_ids is None:
             return []
         reported = _object(msg.get("body")).get("breakpoints") or []
