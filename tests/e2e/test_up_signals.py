@@ -33,8 +33,8 @@ def servers_of(data_dir: Path) -> list[int]:
 
 async def gone(data_dir: Path) -> None:
     with trio.fail_after(30):
-        while servers_of(data_dir):
-            await trio.sleep(0.05)  # waiting for other processes to exit: no event to wait on
+        while servers_of(data_dir):  # noqa: ASYNC110 (other processes: no event to wait on)
+            await trio.sleep(0.05)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
