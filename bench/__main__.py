@@ -66,7 +66,18 @@ async def run(only: set[str], quick: bool, tmp: Path) -> dict[str, Any]:
                     rates["tether"].append(rate)
                     rates["debugpy"].append(await flood.straight(tmp, n, f"flood-d{i}"))
                 peaks.append({"lines": n, "peak_kib": peak})
-            figures["flood"] = {"lines": lines, "lines_per_s": rates, "peaks": peaks}
+            responsive = {
+                "tether": await flood.responsive_through_tether(
+                    tether, tmp, lines, "flood-r-t", quick=quick
+                ),
+                "debugpy": await flood.responsive_straight(tmp, lines, "flood-r-d", quick=quick),
+            }
+            figures["flood"] = {
+                "lines": lines,
+                "lines_per_s": rates,
+                "peaks": peaks,
+                "responsiveness": responsive,
+            }
 
     async def bench_first_stop() -> None:
         home = tmp / "home-first"

@@ -99,7 +99,44 @@ def _flood(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
         rows.append(
             f"| {p['lines']:,} | " + " | ".join(_mib(p["peak_kib"].get(r, 0)) for r in roles) + " |"
         )
+    if "responsiveness" in f:
+        rows += ["", *_responsiveness(f["responsiveness"], f["lines"])]
     return [*rows, ""]
+
+
+def _responsiveness(r: dict[str, dict[str, Any]], lines: int) -> list[str]:
+    def ms(x: float | None) -> str:
+        return "-" if x is None else _ms(x)
+
+    rows = [
+        f"Responsiveness during a flood of {lines:,} lines, seen by VS Code's own client "
+        "(Microsoft's DebugClient, `bench/flood_probe.mjs`) attaching with VS Code's arguments "
+        "(`RedirectOutput`): a `threads` request every 0.1 s, one `pause` "
+        f"{r['tether'].get('pause_after_output_s', 1.0):g} s after the first output arrived "
+        f"(each run ends {r['tether'].get('window_s', 60)} s after `configurationDone` at the "
+        "latest). The `threads` figures are of the requests sent between the first output and "
+        "`stopped`.",
+        "",
+        "| | `threads` answered | median | max | unanswered, longest wait | `pause` -> `stopped` "
+        "| program at the stop (line) | lines the client had at `stopped` |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def count(x: int | None) -> str:
+        return "-" if x is None else f"{x:,}"
+
+    for way, name in (("tether", "through tether"), ("debugpy", "stock debugpy")):
+        x = r[way]
+        waited = x["unanswered_longest_s"]
+        stop = x["pause_to_stopped_ms"]
+        rows.append(
+            f"| {name} | {x['threads_answered']} of {x['threads_sent']} "
+            f"| {ms(x['threads_median_ms'])} | {ms(x['threads_max_ms'])} "
+            f"| {'-' if waited is None else f'{waited:.1f} s'} "
+            f"| {'none within the window' if stop is None else _ms(stop)} "
+            f"| {count(x['printed_at_stop'])} | {count(x['lines_before_stopped'])} |"
+        )
+    return rows
 
 
 def _first_stop(f: dict[str, Dist], _n: dict[str, int]) -> list[str]:

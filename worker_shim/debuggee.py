@@ -23,8 +23,10 @@ Nagle/delayed-ACK stall from every DAP round trip (see ``_tether_debugpy_boot.py
   the group). That scan uses Linux's ``/proc``; elsewhere it finds nothing.
 
 Output: the program's stdout and stderr are pipes read by an :class:`OutputPump`, which appends them
-to the worker's log file and hands every chunk to ``on_output`` (the shim publishes them to the
-run's logs stream); :attr:`OutputPump.done` is set once both pipes reached their end.
+to the worker's log file and hands every chunk to ``on_output`` (the shim publishes them:
+``worker_shim.output``); :attr:`OutputPump.done` is set once both pipes reached their end, and
+:meth:`OutputPump.mark` / :meth:`OutputPump.reached` tell whether what the program wrote until now
+was handed over (the shim's ordering barrier).
 
 What a cancel leaves behind: nothing. The exit of :func:`start_debuggee` always runs shielded and
 bounded (at most about 12 s): SIGTERM to the group, up to ``TERMINATE_GRACE`` (5 s), SIGKILL to the
@@ -33,15 +35,18 @@ group, up to 5 s for the program to go, then the stragglers' scan (up to 2 s).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path, PurePath
@@ -90,16 +95,41 @@ class OutputPump:
         self.tail = bytearray()
         self.done = trio.Event()
         self._failed = False
+        self._read = {"stdout": 0, "stderr": 0}  # bytes read from each pipe
+        self._passed = {"stdout": 0, "stderr": 0}  # ... and handed over (``on_output`` returned)
+        self._ended: set[str] = set()
+        self._moved = trio.Event()
+
+    def mark(self) -> dict[str, int]:
+        """Where each open pipe's output reaches now: what was read plus what the pipe still holds
+        (``FIONREAD``). Everything the program has written so far lies before this mark."""
+        return {
+            name: self._read[name] + _pipe_bytes(stream)
+            for name, stream in self._streams()
+            if name not in self._ended
+        }
+
+    def reached(self, mark: dict[str, int]) -> bool:
+        """Whether every byte before ``mark`` was handed over (or its pipe ended)."""
+        return all(name in self._ended or self._passed[name] >= at for name, at in mark.items())
+
+    async def moved(self) -> None:
+        """Return once more output was handed over, or a pipe ended."""
+        await self._moved.wait()
+
+    def _streams(self) -> list[tuple[str, trio.abc.ReceiveStream]]:
+        pipes = (("stdout", self.process.stdout), ("stderr", self.process.stderr))
+        return [(name, stream) for name, stream in pipes if stream is not None]
+
+    def _move(self) -> None:
+        self._moved.set()
+        self._moved = trio.Event()
 
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                for name, stream in (
-                    ("stdout", self.process.stdout),
-                    ("stderr", self.process.stderr),
-                ):
-                    if stream is not None:
-                        nursery.start_soon(self._pump, name, stream)
+                for name, stream in self._streams():
+                    nursery.start_soon(self._pump, name, stream)
         finally:
             self.done.set()
 
@@ -108,6 +138,13 @@ class OutputPump:
             await self.done.wait()
 
     async def _pump(self, name: str, stream: trio.abc.ReceiveStream) -> None:
+        try:
+            await self._pump_into_log(name, stream)
+        finally:
+            self._ended.add(name)
+            self._move()
+
+    async def _pump_into_log(self, name: str, stream: trio.abc.ReceiveStream) -> None:
         with open(self.log_path, "ab") as log:  # noqa: ASYNC230 (the worker's local log)
             while True:
                 try:
@@ -116,6 +153,8 @@ class OutputPump:
                     return
                 if not chunk:
                     return
+                # counted before any checkpoint: a byte is always either in the pipe or counted
+                self._read[name] += len(chunk)
                 log.write(chunk)
                 log.flush()
                 self.tail += chunk
@@ -128,6 +167,20 @@ class OutputPump:
                         logging.getLogger("tether.worker").warning(
                             "cannot forward the program's output any more: %s", exc
                         )
+                self._passed[name] += len(chunk)
+                self._move()
+
+
+def _pipe_bytes(stream: trio.abc.ReceiveStream) -> int:
+    """Bytes waiting in a pipe (``FIONREAD``); 0 if that cannot be asked (closed, not a pipe)."""
+    fileno = getattr(stream, "fileno", None)
+    if fileno is None:
+        return 0
+    try:
+        raw = fcntl.ioctl(fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError, trio.ClosedResourceError):
+        return 0
+    return int(struct.unpack("i", raw)[0])
 
 
 #: debugpy's command line with pydevd's socket made TCP_NODELAY

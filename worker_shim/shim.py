@@ -21,7 +21,9 @@ Sequence for a run in debug mode:
    relay will retry (``final``: :func:`protocol_specs.runs.retry_delay`).
 
 The program's stdout and stderr go to the run's logs stream (``LogEntry`` chunks) as well as to a
-log file beside the run directory. While the program stays stopped for more than
+log file beside the run directory and, when the IDE asked for output, to the IDE as ``output``
+events (``worker_shim.output``: pydevd is never asked to redirect; a barrier puts the output before
+``stopped``, the exit and every response). While the program stays stopped for more than
 :data:`PAUSE_REPORT_AFTER`, the shim reports ``paused`` (with where) for ``tether ls``, and
 ``resumed`` when it goes on; short stops (stepping) are not reported.
 
@@ -54,7 +56,6 @@ from protocol_specs.capabilities import (
     capabilities_delta,
 )
 from protocol_specs.dap_models import coalesce_output, plain_output
-from protocol_specs.redact import Redactor
 from protocol_specs.runs import RunRecord, retry_delay
 from protocol_specs.session import (
     CONFIGURATION_COMMANDS,
@@ -69,6 +70,13 @@ from relay.client import LinkPolicy, RunLink, Target, open_run_link
 
 from .debuggee import Debuggee, OutputPump, start_debuggee, start_plain, terminate_group
 from .files import Fetch, materialise
+from .output import (
+    BARRIER_EVENTS,
+    ProgramOutput,
+    open_program_output,
+    pipe_output_attach,
+    unbuffered_env,
+)
 
 __all__ = ["DEFAULT_INITIALIZE", "run_shim"]
 
@@ -118,10 +126,13 @@ class _DebugpyLink:
         stream: trio.SocketStream,
         link: RunLink,
         on_event: Callable[[dict[str, Any]], None] = lambda _msg: None,
+        barrier: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.stream = stream
         self.link = link
         self.on_event = on_event
+        #: awaited before publishing a response or a stop or end: the program's output goes first
+        self.barrier = barrier
         self.framer = dap_framing.DapFramer()
         self.seq = 0
         self.sent: dict[int, _Sent] = {}
@@ -221,6 +232,8 @@ class _DebugpyLink:
             sent.response = msg
             sent.done.set()
             if sent.origin is not None:
+                if self.barrier is not None:
+                    await self.barrier()
                 body = orjson.dumps({**msg, "request_seq": sent.seq})
                 transient = is_transient(msg, sent.command)
                 entry = DapEntry(origin=sent.origin, body=body, transient=transient)
@@ -235,6 +248,8 @@ class _DebugpyLink:
                 return
             if name == "output" and (msg.get("body") or {}).get("category") == "telemetry":
                 return
+            if name in BARRIER_EVENTS and self.barrier is not None:
+                await self.barrier()
             self.on_event(msg)
             n = await self._publish(DapEntry(body=raw, transient=is_transient(msg)), locked=locked)
             if name == "output":
@@ -312,59 +327,28 @@ async def run_shim(
         say(f"run {record.id} attempt {record.attempt}: {files} files in {run_dir}")
         inherited = {k: v for k, v in os.environ.items() if k not in WORKER_ONLY_ENV}
         env = {**inherited, **record.spec.program_env(), **(env or {})}
-        output = _Output(link, record.attempt, record.spec.secrets())
-        try:
+        async with open_program_output(link, record.attempt, record.spec.secrets()) as output:
             if not record.spec.debug:
                 return await _run_plain(link, record, run_dir, env, log_path, say, news, output)
             try:
                 async with start_debuggee(
                     record.spec.command,
                     cwd=str(run_dir),
-                    env=env,
+                    env=unbuffered_env(env, record.spec.program_env()),
                     log_path=str(log_path),
                     python=python,
                     on_output=output,
                 ) as debuggee:
-                    return await _run_debug(link, record, run_dir, debuggee, say, news)
+                    return await _run_debug(link, record, run_dir, debuggee, say, news, output)
             except (ValueError, OSError, RuntimeError) as exc:
                 detail = output.blank(str(exc))
                 await _status(link, StatusEvent.START_FAILED, detail=detail)
                 say(f"run {record.id} could not start: {detail}")
                 return None
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await output.flush()
 
 
 #: the worker's own credentials: never handed down to the program it runs
 WORKER_ONLY_ENV = frozenset({"TETHER_TOKEN", "TETHER_CONFIG"})
-
-
-class _Output:
-    """The program's output into the run's logs stream, its secret values blanked."""
-
-    def __init__(self, link: RunLink, attempt: int, secrets: list[str]) -> None:
-        self.link = link
-        self.attempt = attempt
-        self.redactors = {name: Redactor(secrets) for name in ("stdout", "stderr")}
-
-    def blank(self, text: str) -> str:
-        return self.redactors["stdout"].text(text)
-
-    async def __call__(self, stream: str, data: bytes) -> None:
-        assert stream in ("stdout", "stderr")
-        data = self.redactors[stream].feed(data)
-        if data:
-            await self._publish(stream, data)
-
-    async def flush(self) -> None:
-        for stream, redactor in self.redactors.items():
-            if held := redactor.flush():
-                await self._publish(stream, held)
-
-    async def _publish(self, stream: str, data: bytes) -> None:
-        entry = wire.LogEntry(stream=stream, data=data, attempt=self.attempt)  # type: ignore[arg-type]
-        await self.link.publish(entry)
 
 
 async def _exited(link: RunLink, record: RunRecord, code: int) -> None:
@@ -433,7 +417,7 @@ async def _run_plain(
     log_path: Path,
     say: Callable[[str], None],
     news: _LinkNews,
-    on_output: Callable[[str, bytes], Awaitable[None]],
+    on_output: ProgramOutput,
 ) -> int | None:
     try:
         process = await start_plain(record.spec.command, cwd=str(run_dir), env=env)
@@ -454,6 +438,7 @@ async def _run_plain(
         code = await process.wait()
         await output.drained()
         nursery.cancel_scope.cancel()
+    await on_output.end()  # all of it before the exit status
     await _exited(link, record, code)
     say(f"run {record.id} exited with {code}")
     return code
@@ -489,11 +474,14 @@ async def _run_debug(
     debuggee: Debuggee,
     say: Callable[[str], None],
     news: _LinkNews,
+    output: ProgramOutput,
 ) -> int | None:
     session = DebugSession()
     stream = await debuggee.connect()
     attention = _Watch(record, run_dir, say)
-    dbg = _DebugpyLink(stream, link, attention.debugger_event)
+    dbg = _DebugpyLink(
+        stream, link, attention.debugger_event, barrier=partial(output.settle, debuggee.output)
+    )
     attention.dbg = dbg
     await _status(
         link,
@@ -546,6 +534,7 @@ async def _run_debug(
                 record,
                 run_dir,
                 lambda: _drain(link, session, terminate, attention, record),
+                output,
             )
             await _status(
                 link,
@@ -556,8 +545,11 @@ async def _run_debug(
             # 5. live traffic
             nursery.start_soon(_forward_live, link, dbg, terminate, attention, record)
         code = await debuggee.wait()
-        await debuggee.output.drained()
-        # debugpy may still hold the program's last output events: they come before its
+        # what the program wrote is in its pipes now (debugpy's adapter holds them open, so no
+        # end of file comes): read up to there; what a child left running writes later follows
+        await output.settle(debuggee.output)
+        await output.end()
+        # debugpy may still hold its last output events (logpoints): they come before its
         # ``terminated``, which the pump sees after publishing them, before the exit status below
         with trio.move_on_after(FINISH_TIMEOUT):
             await dbg.finished.wait()
@@ -627,11 +619,14 @@ async def _replay(
     record: RunRecord,
     run_dir: Path,
     catch_up: Callable[[], None],
+    output: ProgramOutput,
 ) -> None:
     """The handshake and the latest configuration, before debugpy lets user code run.
 
     Configuration that arrives while the replay is in flight is folded (``catch_up``) and sent
     too, still before ``configurationDone``: only the latest state per source ever applies.
+    pydevd is never asked to redirect output: if the IDE asked for it, ``output`` sends it the
+    program's pipes (:func:`~worker_shim.output.pipe_output_attach`).
     """
     init_args = {**(session.initialize_args or DEFAULT_INITIALIZE), **_NOT_SUPPORTED}
     init_args.setdefault("adapterID", "debugpy")
@@ -640,6 +635,7 @@ async def _replay(
         DEBUGPY_CAPABILITIES, response.get("body") or {}
     )
     attach_args = _default_path_mappings(dict(session.attach_args or {}), record, run_dir)
+    attach_args, output.to_ide = pipe_output_attach(attach_args)
     attach = await dbg.send("attach", attach_args)
     with trio.fail_after(HANDSHAKE_TIMEOUT):
         await dbg.initialized.wait()
