@@ -680,13 +680,30 @@ async def _forward_live(
             continue
         if not isinstance(entry, DapEntry):
             continue
-        msg = orjson.loads(entry.body)
-        if msg.get("type") != "request":
-            continue
-        command = msg.get("command", "")
+        msg = _request(entry)
+        if msg is None:
+            continue  # not a request debugpy could take (anyone with the user's token can write)
+        command = msg["command"]
         if entry.local and command not in CONFIGURATION_COMMANDS:
             continue  # a handshake request the adapter answered (initialize, attach, ...)
-        await dbg.send(command, msg.get("arguments"), origin=entry.origin, seq=msg.get("seq", 0))
+        await dbg.send(command, msg.get("arguments"), origin=entry.origin, seq=msg["seq"])
+
+
+def _request(entry: DapEntry) -> dict[str, Any] | None:
+    """The DAP request ``entry`` carries, if it is a well-formed one: an object with a string
+    ``command``, an integer ``seq`` and ``arguments`` absent or an object."""
+    try:
+        msg = orjson.loads(entry.body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(msg, dict) or msg.get("type") != "request":
+        return None
+    seq = msg.get("seq")
+    if not isinstance(msg.get("command"), str) or not isinstance(seq, int) or isinstance(seq, bool):
+        return None
+    if not isinstance(msg.get("arguments", {}), dict | None):
+        return None
+    return msg
 
 
 class _Watch:
