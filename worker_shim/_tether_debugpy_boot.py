@@ -1,6 +1,8 @@
 """Runs debugpy's command line (``python -m debugpy ...``) with one fix: no 40 ms stall per message.
 
-Run as a script: ``python _tether_debugpy_boot.py --listen 127.0.0.1:0 --wait-for-client ... target``.
+Run as a script: ``python _tether_debugpy_boot.py [--tether-debugpy DIR] --listen 127.0.0.1:0
+--wait-for-client ... target``, on the program's own interpreter (``DIR`` holds the worker's
+debugpy, which that interpreter may not have).
 
 pydevd writes every message as two ``sendall`` calls (header, then body) on a socket without
 ``TCP_NODELAY``, so Nagle's algorithm holds the body until the header is acknowledged, and the
@@ -64,6 +66,12 @@ def main() -> None:
     here = os.path.dirname(os.path.realpath(__file__))
     if sys.path and os.path.realpath(sys.path[0] or ".") == here:
         del sys.path[0]
+    # --tether-debugpy DIR: a directory holding only the worker's debugpy, for a program run on
+    # its own interpreter (a venv, conda, another CPython); at the end of the path, so that the
+    # program's own modules come first, and nothing else of the worker's is seen
+    if sys.argv[1:2] == ["--tether-debugpy"]:
+        sys.path.append(sys.argv[2])
+        del sys.argv[1:3]
     from debugpy.server import cli  # imports pydevd (vendored) and puts it on sys.path
 
     try:

@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
@@ -50,15 +51,22 @@ import termios
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path, PurePath
+from typing import BinaryIO
 
 import trio
 
+from protocol_specs.redact import Redactor
+
 __all__ = [
     "BOOT",
+    "MIN_PYTHON",
     "Debuggee",
     "DebuggeeStartError",
     "OutputPump",
     "build_debug_argv",
+    "check_python",
+    "debugpy_home",
+    "resolve_python",
     "split_python_command",
     "start_debuggee",
     "start_plain",
@@ -88,10 +96,18 @@ Output = Callable[[str, bytes], Awaitable[None]]
 class OutputPump:
     """Reads a process's stdout and stderr pipes into a log file and ``on_output``."""
 
-    def __init__(self, process: trio.Process, log_path: str, on_output: Output | None) -> None:
+    def __init__(
+        self,
+        process: trio.Process,
+        log_path: str,
+        on_output: Output | None,
+        secrets: list[str] | None = None,
+    ) -> None:
         self.process = process
         self.log_path = log_path
         self.on_output = on_output
+        #: the log file (0600) and the output tail kept for errors get secret values blanked
+        self._blank = {name: Redactor(secrets or []) for name in ("stdout", "stderr")}
         self.tail = bytearray()
         self.done = trio.Event()
         self._failed = False
@@ -145,19 +161,22 @@ class OutputPump:
             self._move()
 
     async def _pump_into_log(self, name: str, stream: trio.abc.ReceiveStream) -> None:
-        with open(self.log_path, "ab") as log:  # noqa: ASYNC230 (the worker's local log)
+        blank = self._blank[name]
+        with _private_log(self.log_path) as log:
             while True:
                 try:
                     chunk = await stream.receive_some(OUTPUT_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return
+                    chunk = b""
                 if not chunk:
+                    log.write(blank.flush())
                     return
                 # counted before any checkpoint: a byte is always either in the pipe or counted
                 self._read[name] += len(chunk)
-                log.write(chunk)
+                shown = blank.feed(bytes(chunk))
+                log.write(shown)
                 log.flush()
-                self.tail += chunk
+                self.tail += shown
                 del self.tail[:-_LOG_TAIL_BYTES]
                 if self.on_output is not None and not self._failed:
                     try:
@@ -169,6 +188,13 @@ class OutputPump:
                         )
                 self._passed[name] += len(chunk)
                 self._move()
+
+
+def _private_log(path: str) -> BinaryIO:
+    """The run's log file, appended to, readable by the worker's user only (it holds the
+    program's output)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def _pipe_bytes(stream: trio.abc.ReceiveStream) -> int:
@@ -207,6 +233,93 @@ class DebuggeeStartError(RuntimeError):
 
 def _is_python(program: str) -> bool:
     return _PYTHON_NAME.fullmatch(PurePath(program).name) is not None or program == sys.executable
+
+
+#: the oldest CPython the debugpy tether installs runs on (its ``Requires-Python``)
+MIN_PYTHON = (3, 10)
+
+
+def resolve_python(program: str, *, env: dict[str, str], cwd: str) -> str:
+    """The interpreter a command names, as the run's environment finds it: a path (relative to the
+    run directory), or a name looked up on the run's ``PATH``. A bare ``python``/``python3`` that
+    is not on that ``PATH`` is the worker's own interpreter; any other name must be found."""
+    if os.sep in program or (os.altsep and os.altsep in program):
+        path = Path(cwd, program)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ValueError(f"no interpreter at {program!r} on the worker (relative to the run)")
+        return str(path)
+    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    if found is not None:
+        return found
+    if program in ("python", "python3"):
+        return sys.executable
+    raise ValueError(f"no interpreter named {program!r} on the worker's PATH")
+
+
+#: interpreters already found fit for debugpy: (path, size, mtime) of their executable
+_FIT: set[tuple[str, int, int]] = set()
+
+
+async def check_python(python: str, *, env: dict[str, str], cwd: str) -> None:
+    """Raise ``ValueError`` saying why ``python`` cannot run debugpy (not CPython, or too old).
+    An interpreter found fit is not asked again (while its executable is unchanged)."""
+    key = _identity(python)
+    if key in _FIT:
+        return
+    probe = "import sys; print(sys.implementation.name, *sys.version_info[:3])"
+    try:
+        with trio.fail_after(30):
+            done = await trio.run_process(
+                [python, "-c", probe], env=env, cwd=cwd, capture_stdout=True, capture_stderr=True,
+                check=False,
+            )  # fmt: skip
+    except (OSError, trio.TooSlowError) as exc:
+        raise ValueError(f"cannot run the interpreter {python}: {exc}") from None
+    words = done.stdout.decode(errors="replace").split()
+    if done.returncode != 0 or len(words) != 4 or not all(w.isdigit() for w in words[1:]):
+        said = done.stderr.decode(errors="replace").strip().splitlines()[:1]
+        raise ValueError(
+            f"{python} did not run as a Python interpreter (exit {done.returncode}"
+            f"{': ' + said[0][:200] if said else ''})"
+        )
+    name, version = words[0], tuple(int(w) for w in words[1:])
+    wanted = ".".join(map(str, MIN_PYTHON))
+    if name != "cpython" or version[:2] < MIN_PYTHON:
+        raise ValueError(
+            f"{python} is {name} {'.'.join(map(str, version))}; the debugger (debugpy "
+            f"{_debugpy_version()}) needs CPython {wanted} or newer. Run the program with a newer "
+            "interpreter, or without the debugger (tether run)"
+        )
+    if key is not None:
+        _FIT.add(key)
+
+
+def _identity(python: str) -> tuple[str, int, int] | None:
+    try:
+        st = os.stat(python)
+    except OSError:
+        return None
+    return os.path.realpath(python), st.st_size, st.st_mtime_ns
+
+
+def _debugpy_version() -> str:
+    import debugpy
+
+    return str(debugpy.__version__)
+
+
+def debugpy_home(where: Path) -> Path:
+    """A directory under ``where`` holding only the worker's ``debugpy`` package (a link): what
+    the program's interpreter adds to its path to debug it, without seeing anything else the
+    worker has installed."""
+    home = where / "debugpy-home"
+    home.mkdir(exist_ok=True)
+    link = home / "debugpy"
+    if not link.exists():
+        import debugpy
+
+        link.symlink_to(Path(debugpy.__file__).resolve().parent, target_is_directory=True)
+    return home
 
 
 def split_python_command(user_argv: list[str]) -> tuple[list[str], list[str]]:
@@ -268,16 +381,20 @@ def split_python_command(user_argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def build_debug_argv(
-    user_argv: list[str], *, python: str = sys.executable, fast: bool = True
+    user_argv: list[str], *, python: str = sys.executable, fast: bool = True, home: str = ""
 ) -> list[str]:
     """The debuggee's argv: the user's Python options, debugpy held before user code, the target.
 
-    Whatever interpreter the user named, the program runs on ``python`` (the worker's, which has
-    debugpy). ``fast`` runs debugpy's command line through ``_tether_debugpy_boot.py`` (no 40 ms
-    stall per message); ``fast=False`` is stock ``python -m debugpy``.
+    The program runs on ``python``: the interpreter the command names, resolved by the caller
+    (:func:`resolve_python`), or the worker's for a bare ``script.py``. ``fast`` runs debugpy's
+    command line through ``_tether_debugpy_boot.py`` (no 40 ms stall per message), which first
+    adds ``home`` (:func:`debugpy_home`) to the path; ``fast=False`` is stock ``python -m
+    debugpy`` (the caller puts ``home`` on ``PYTHONPATH``).
     """
     opts, target = split_python_command(user_argv)
-    launcher = [str(BOOT)] if fast else ["-m", "debugpy"]
+    launcher = ["-m", "debugpy"]
+    if fast:
+        launcher = [str(BOOT), *(["--tether-debugpy", home] if home else [])]
     return [
         python,
         "-X",
@@ -347,6 +464,7 @@ async def start_debuggee(
     python: str = sys.executable,
     fast: bool = True,
     on_output: Output | None = None,
+    secrets: list[str] | None = None,
 ) -> AsyncIterator[Debuggee]:
     """Start the program under debugpy, held before user code, and yield once debugpy listens.
 
@@ -355,17 +473,25 @@ async def start_debuggee(
     error or cancel), shielded: the program's group is ended (:meth:`Debuggee.terminate`), then
     debugpy's adapter and any other process of this run still alive are killed.
     """
-    argv = build_debug_argv(user_argv, python=python, fast=fast)
+    program = user_argv[0] if user_argv else ""
+    if _is_python(program):
+        python = resolve_python(program, env=env, cwd=cwd)
+    split_python_command(user_argv)  # a command that is not Python: said before anything starts
+    await check_python(python, env=env, cwd=cwd)
     with tempfile.TemporaryDirectory(prefix="tether-debugpy-") as tmp:
+        home = str(debugpy_home(Path(tmp)))
+        argv = build_debug_argv(user_argv, python=python, fast=fast, home=home)
         endpoints = Path(tmp) / "endpoints.json"
         child_env = {
             **env,
             "DEBUGPY_ADAPTER_ENDPOINTS": str(endpoints),
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         }
+        if not fast:
+            child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [home, env.get("PYTHONPATH")]))
         marker = os.fsencode(f"DEBUGPY_ADAPTER_ENDPOINTS={endpoints}")
         process = await _open(argv, cwd=cwd, env=child_env)
-        output = OutputPump(process, log_path, on_output)
+        output = OutputPump(process, log_path, on_output, secrets)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(output.run)
@@ -390,7 +516,7 @@ async def start_plain(user_argv: list[str], *, cwd: str, env: dict[str, str]) ->
     (read them with an :class:`OutputPump`)."""
     argv = list(user_argv)
     if argv and argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
+        argv[0] = resolve_python(argv[0], env=env, cwd=cwd)
     return await _open(argv, cwd=cwd, env=env)
 
 

@@ -37,11 +37,17 @@ class SnapshotRefused(Exception):
     """The snapshot cannot be materialised (bad bytes, a hostile path); the message says why."""
 
 
+def _private_dir(path: Path) -> None:
+    """``path`` and the directories it needs, made readable by the worker's user only (they hold
+    users' code, caches of it and logs of its output)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
 async def _cached(cache: Path, digest: str, fetch: Fetch) -> Path:
     final = cache / digest[:2] / digest[2:]
     if final.is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
+    _private_dir(final.parent)
     part = final.with_name(f"{final.name}.{secrets.token_hex(4)}.part")
     hasher = hashlib.sha256()
     try:
@@ -86,7 +92,8 @@ async def materialise(manifest: Manifest, dest: Path, fetch: Fetch, *, cache: Pa
     Raises :class:`SnapshotRefused` for bytes that do not match their digest or a path that
     would leave ``dest``, and ``OSError`` for local failures.
     """
-    dest.mkdir(parents=True, exist_ok=False)  # noqa: ASYNC240
+    _private_dir(dest.parent)
+    dest.mkdir(mode=0o700, exist_ok=False)  # noqa: ASYNC240
     files = 0
     for entry in manifest.entries:
         if entry.kind != "file":

@@ -81,34 +81,22 @@ Entry = wire.LogEntry | wire.DapEntry
 _STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
 
 
-def _truthy(value: Any) -> bool:
-    """pydevd's reading of a boolean launch option (``pydevd_json_debug_options.bool_parser``)."""
-    return value in ("True", "true", "1", True, 1)
+def pipe_output_attach(attach: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``attach`` arguments to send debugpy: pydevd never redirects output, and is told
+    (``isOutputRedirected``) that someone else shows stdout, so a REPL ``print`` is not sent twice.
 
-
-def pipe_output_attach(attach: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
-    """The ``attach`` arguments to send debugpy, and whether the IDE gets the program's output.
-
-    The IDE asked for output when ``redirectOutput`` is true or, without it, ``debugOptions``
-    holds ``RedirectOutput`` (VS Code's default): pydevd reads the options first, then the
-    argument. Either way pydevd is told not to redirect; when the IDE asked, the pipes provide the
-    output and ``isOutputRedirected`` tells pydevd that someone else shows stdout, so that a REPL
-    ``print`` is not sent twice (pydevd would capture it as an event as well). When the IDE did not
-    ask, that flag stays unset: pydevd then sends a REPL ``print`` as its only output event, as
-    before.
+    The IDE gets the program's output from its pipes whatever its ``attach`` said: debugpy's
+    default for an attach (no ``redirectOutput``) shows nothing, which is not what a user debugging
+    a program on another machine wants, and a later IDE that asks for output must get it too
+    (the attach replayed into debugpy is the first IDE's).
     """
     args = dict(attach)
     options = args.get("debugOptions")
-    if "redirectOutput" in args:
-        wanted = _truthy(args["redirectOutput"])
-    else:
-        wanted = isinstance(options, list) and "RedirectOutput" in options
     if isinstance(options, list):
         args["debugOptions"] = [o for o in options if o != "RedirectOutput"]
     args["redirectOutput"] = False
-    if wanted:
-        args["isOutputRedirected"] = True
-    return args, wanted
+    args["isOutputRedirected"] = True
+    return args
 
 
 def unbuffered_env(env: Mapping[str, str], run_env: Mapping[str, str]) -> dict[str, str]:

@@ -102,7 +102,7 @@ async def run_pool(
     token the relay minted for it."""
     say = on_event or (lambda _text: None)
     base = name or f"{socket.gethostname()}-pool"
-    (work_dir / "runs").mkdir(parents=True, exist_ok=True)
+    (work_dir / "runs").mkdir(mode=0o700, parents=True, exist_ok=True)
     pool = GpuPool(detect_gpus() if gpus is None else gpus)
     async with trio.open_nursery() as nursery:
         for slot in range(slots):

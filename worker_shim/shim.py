@@ -338,6 +338,7 @@ async def run_shim(
                     log_path=str(log_path),
                     python=python,
                     on_output=output,
+                    secrets=record.spec.secrets(),
                 ) as debuggee:
                     return await _run_debug(link, record, run_dir, debuggee, say, news, output)
             except (ValueError, OSError, RuntimeError) as exc:
@@ -425,7 +426,7 @@ async def _run_plain(
         await _status(link, StatusEvent.START_FAILED, detail=str(exc))
         say(f"run {record.id} could not start: {exc}")
         return None
-    output = OutputPump(process, str(log_path), on_output)
+    output = OutputPump(process, str(log_path), on_output, record.spec.secrets())
     await _status(
         link,
         StatusEvent.STARTED,
@@ -625,8 +626,8 @@ async def _replay(
 
     Configuration that arrives while the replay is in flight is folded (``catch_up``) and sent
     too, still before ``configurationDone``: only the latest state per source ever applies.
-    pydevd is never asked to redirect output: if the IDE asked for it, ``output`` sends it the
-    program's pipes (:func:`~worker_shim.output.pipe_output_attach`).
+    pydevd is never asked to redirect output: ``output`` sends the IDE the program's pipes
+    (:func:`~worker_shim.output.pipe_output_attach`).
     """
     init_args = {**(session.initialize_args or DEFAULT_INITIALIZE), **_NOT_SUPPORTED}
     init_args.setdefault("adapterID", "debugpy")
@@ -635,7 +636,8 @@ async def _replay(
         DEBUGPY_CAPABILITIES, response.get("body") or {}
     )
     attach_args = _default_path_mappings(dict(session.attach_args or {}), record, run_dir)
-    attach_args, output.to_ide = pipe_output_attach(attach_args)
+    attach_args = pipe_output_attach(attach_args)
+    output.to_ide = True
     attach = await dbg.send("attach", attach_args)
     with trio.fail_after(HANDSHAKE_TIMEOUT):
         await dbg.initialized.wait()

@@ -66,9 +66,10 @@ def test_the_fast_launch_only_swaps_the_launcher() -> None:
     assert BOOT.is_file()
 
 
-def test_the_worker_interpreter_runs_the_program_with_subprocess_debugging_off() -> None:
-    argv = build_debug_argv(["python3.8", "t.py"], python="/worker/python")
-    assert argv[0] == "/worker/python"
+def test_the_resolved_interpreter_runs_the_program_with_subprocess_debugging_off() -> None:
+    argv = build_debug_argv(["python3.12", "t.py"], python="/env/bin/python3.12", home="/h")
+    assert argv[0] == "/env/bin/python3.12"
+    assert argv[argv.index(str(BOOT)) + 1 : argv.index(str(BOOT)) + 3] == ["--tether-debugpy", "/h"]
     assert argv[argv.index("--configure-subProcess") + 1] == "false"
     assert argv[argv.index("--listen") + 1] == "127.0.0.1:0"
     assert "--wait-for-client" in argv
