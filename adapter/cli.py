@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,7 +19,7 @@ import trio
 from pydantic import ValidationError
 
 from adapter.config import ConfigError, Profile, load_profile, profile_token, save_token
-from protocol_specs.runs import Resources, RunRecord, RunSpec
+from protocol_specs.runs import KNOWN_BACKENDS, Resources, RunRecord, RunSpec
 from relay.client import Endpoint, RelayError
 
 __all__ = ["main"]
@@ -53,18 +55,45 @@ def resolve_relay(flag: str | None, args: argparse.Namespace | None = None) -> E
             ) from None
     token = os.environ.get("TETHER_TOKEN") or profile.token
     ca_file = getattr(args, "ca_file", None) or os.environ.get("TETHER_CA_FILE") or profile.ca_file
-    return Endpoint(url, token=token, ca_file=ca_file)
+    return Endpoint(relay_url(url), token=token, ca_file=ca_file)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 1000")
+    return value
+
+
+def relay_url(url: str) -> str:
+    """A relay's WebSocket URL: ``ws://`` or ``wss://``; an ``http(s)://`` one is refused with the
+    right spelling, a bare ``host:port`` is taken as ``ws://host:port``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return f"ws://{url}"
+    if scheme in ("ws", "wss") and rest:
+        return url
+    if scheme in ("http", "https") and rest:
+        fixed = f"{'wss' if scheme == 'https' else 'ws'}://{rest}"
+        raise SystemExit(f"tether: the relay speaks WebSocket: use {fixed}, not {url}")
+    raise SystemExit(f"tether: {url!r} is not a relay URL (ws://HOST:PORT or wss://HOST:PORT)")
 
 
 class Clock:
     """Prints status lines with the time since the command started."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, *, stream: Any = None) -> None:
         self.start = time.monotonic()
         self.prefix = prefix
+        #: where the lines go (default stdout; ``tether run`` keeps stdout for the run id)
+        self.stream = stream
 
     def say(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.start:7.2f}s] {self.prefix}{text}", flush=True)
+        line = f"[{time.monotonic() - self.start:7.2f}s] {self.prefix}{text}"
+        print(line, file=self.stream or sys.stdout, flush=True)
 
 
 def launch_json(port: int, run_id: str) -> str:
@@ -266,12 +295,31 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
-    from adapter.local_stack import open_local_stack
 
     data_dir = Path(args.data_dir or tether_home() / "data").resolve()  # noqa: ASYNC240 (startup)
     data_dir.mkdir(parents=True, exist_ok=True)
     clock = Clock("")
+    try:
+        return await _up(args, data_dir, clock)
+    except* (RuntimeError, OSError) as group:  # the stack could not start: say why, no traceback
+        if _UP_READY:
+            raise
+        first = _leaves(group)[0]
+        if isinstance(first, OSError) and first.errno == errno.EADDRINUSE:
+            raise SystemExit(
+                f"tether up: the relay's port {args.relay_port} is in use (another tether up?); "
+                "stop that one, or choose another with --relay-port N"
+            ) from None
+        raise SystemExit(f"tether up: {first}") from None
+
+
+#: whether ``tether up`` got as far as serving (failures after that are not start-up failures)
+_UP_READY: list[bool] = []
+
+
+async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
     from adapter.config import config_path
+    from adapter.local_stack import open_local_stack
 
     async with open_local_stack(
         data_dir,
@@ -298,6 +346,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
             json.dumps({"relay": relay, "pid": os.getpid(), "data_dir": str(data_dir)})
         )
         print(f"tether up: ready relay={relay} data={data_dir}", flush=True)
+        _UP_READY.append(True)
         print(
             f"  redis: {redis_url}\n  workers: {args.workers} (start delay {args.start_delay:g} s)\n"
             "  in another terminal: tether debug -- python your_script.py",
@@ -370,6 +419,18 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
         raise SystemExit(
             "tether: give the command to run after --, e.g. tether debug -- python train.py"
         )
+    if debug:  # said now, not after the queue wait: the worker would refuse it the same way
+        from worker_shim.debuggee import split_python_command
+
+        try:
+            split_python_command(command)
+        except ValueError as exc:
+            raise SystemExit(
+                f"tether: {exc} (tether run runs any command, without the debugger)"
+            ) from None
+    workdir = Path(args.workdir or os.getcwd()).resolve()
+    if not workdir.is_dir():
+        raise SystemExit(f"tether: --workdir {args.workdir}: no such directory")
 
     def pick(name: str, default: Any) -> Any:
         value = getattr(args, name, None)
@@ -396,7 +457,7 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
         )
         return RunSpec(
             command=command,
-            workdir=str(Path(args.workdir or os.getcwd()).resolve()),
+            workdir=str(workdir),
             debug=debug,
             wait_for_ide=not getattr(args, "no_wait", False),
             env={**_pairs(args.env, "--env", profile.env), **secrets},
@@ -417,7 +478,7 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
             max_retries=pick("max_retries", 0),
             retry_backoff=backoff,
             tags=[*profile.tags, *(args.tag or [])],
-            backend=pick("backend", "local"),
+            backend=_backend(pick("backend", "local")),
         )
     except argparse.ArgumentTypeError as exc:
         raise SystemExit(f"tether: in the config profile: {exc}") from None
@@ -427,13 +488,22 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
         raise SystemExit(f"tether: invalid run: {where}: {err['msg']}") from None
 
 
+def _backend(name: str) -> str:
+    if name not in KNOWN_BACKENDS:
+        raise SystemExit(
+            f"tether: unknown backend {name!r}: use {' or '.join(KNOWN_BACKENDS)} "
+            "(a run for a backend nobody serves would wait in its queue for ever)"
+        )
+    return name
+
+
 class Progress:
     """One line of progress: redrawn in place on a terminal, a few lines elsewhere."""
 
     def __init__(self, clock: Clock, what: str) -> None:
         self.clock = clock
         self.what = what
-        self.tty = sys.stdout.isatty()
+        self.tty = (clock.stream or sys.stdout).isatty()
         self.shown = -1
 
     def __call__(self, done: int, total: int) -> None:
@@ -447,7 +517,12 @@ class Progress:
         text = f"{self.what}: {_mib(done)} of {_mib(total)} ({pct}%)"
         if self.tty:
             end = "\n" if done >= total else ""
-            print(f"\r[{time.monotonic() - self.clock.start:7.2f}s] {text}", end=end, flush=True)
+            print(
+                f"\r[{time.monotonic() - self.clock.start:7.2f}s] {text}",
+                end=end,
+                file=self.clock.stream or sys.stdout,
+                flush=True,
+            )
         else:
             self.clock.say(text)
 
@@ -501,28 +576,63 @@ async def cmd_debug(args: argparse.Namespace) -> int:
     relay = resolve_relay(args.relay, args)
     clock = Clock("")
     spec = build_spec(args, debug=True)
+    _port_free(args.port)  # before submitting: nothing to clean up if it is taken
     record = await submit_run(
         relay, spec, clock.say, limit=args.snapshot_limit, progress=Progress(clock, "uploading")
     )
-    return await _serve(relay, record.id, args.port, args.request_timeout, clock, announce="queued")
+    _SERVING.append(record.id)
+    return await _serve(
+        relay,
+        record.id,
+        args.port,
+        args.request_timeout,
+        clock,
+        announce="queued",
+        quiet=args.quiet,
+    )
 
 
 async def cmd_attach(args: argparse.Namespace) -> int:
     relay = resolve_relay(args.relay, args)
     clock = Clock("")
+    _port_free(args.port)
+    args.run = await full_run_id(relay, args.run)
+    _SERVING.append(args.run)
     return await _serve(
-        relay, args.run, args.port, args.request_timeout, clock, announce="attached"
+        relay,
+        args.run,
+        args.port,
+        args.request_timeout,
+        clock,
+        announce="attached",
+        quiet=args.quiet,
+        from_end=True,
     )
 
 
 async def _serve(
-    relay: Endpoint, run_id: str, port: int, request_timeout: float, clock: Clock, *, announce: str
+    relay: Endpoint,
+    run_id: str,
+    port: int,
+    request_timeout: float,
+    clock: Clock,
+    *,
+    announce: str,
+    quiet: bool = False,
+    from_end: bool = False,
 ) -> int:
+    """Serve the run's adapter until the run ends; unless ``quiet``, print the program's output
+    here as it comes (from the end of what it printed so far with ``from_end``: an attach)."""
     from adapter.core import AdapterCore
     from adapter.server import serve_adapter
 
     async with trio.open_nursery() as nursery:
         result: dict[str, AdapterCore] = {}
+        served, printed = trio.Event(), trio.Event()
+        if quiet:
+            printed.set()
+        else:
+            nursery.start_soon(_print_output, relay, run_id, from_end, printed)
 
         def unattended(text: str) -> None:
             # the user may be anywhere but at the IDE: the terminal rings, the desktop shows it
@@ -539,16 +649,65 @@ async def _serve(
                 on_unattended=unattended,
                 task_status=task_status,
             )
+            served.set()
 
         bound = await nursery.start(serve)
         print(f"tether debug: run {run_id} {announce}; adapter on 127.0.0.1:{bound}", flush=True)
         print("Attach your IDE to it. VS Code launch.json entry:", flush=True)
         print(launch_json(bound, run_id), flush=True)
+        await served.wait()
+        with trio.move_on_after(OUTPUT_GRACE):
+            await printed.wait()  # the run ended: the rest of its output, then stop following
+        nursery.cancel_scope.cancel()
     session = result["core"].session
     code = session.exit_code
     clock.say(f"run {run_id} ended ({session.status}, exit code {code})")
     # the program's own exit code; a run that never exited normally (cancelled, killed) is a failure
     return code if code is not None and code >= 0 else 1
+
+
+def _port_free(port: int) -> None:
+    """Refuse, before anything is submitted or served, an adapter port that is taken."""
+    if port == 0:
+        return
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            from adapter.peer import listener_of
+
+            holder = listener_of(port)
+            raise SystemExit(
+                f"tether: 127.0.0.1:{port} is in use{f' by {holder}' if holder else ''} "
+                "(another tether debug or attach?); choose another with --port N, or --port 0 "
+                "for any free one"
+            ) from None
+
+
+#: after the run ended, how long the terminal still waits for the rest of the program's output
+OUTPUT_GRACE = 3.0
+
+
+async def _print_output(relay: Endpoint, run_id: str, from_end: bool, done: trio.Event) -> None:
+    """The program's stdout and stderr, as it prints them, on this terminal's; ``done`` once the
+    run's logs say it finished (or they cannot be followed: the adapter says why)."""
+    from protocol_specs import wire
+    from relay.client import follow_logs
+
+    def show(entry: wire.LogEntry | wire.StatusEntry) -> None:
+        if isinstance(entry, wire.LogEntry):
+            sink = sys.stdout.buffer if entry.stream == "stdout" else sys.stderr.buffer
+            sink.write(entry.data)
+            sink.flush()
+
+    try:
+        await follow_logs(relay, run_id, show, from_end=from_end)
+    except (RelayError, OSError):
+        pass
+    finally:
+        done.set()
 
 
 async def _desktop_notice(text: str) -> None:
@@ -558,8 +717,10 @@ async def _desktop_notice(text: str) -> None:
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
+    """Submit; stdout gets the run id alone (or its record with ``--json``: scripts read it),
+    progress goes to stderr. With ``-f``, stdout is the program's output."""
     relay = resolve_relay(args.relay, args)
-    clock = Clock("")
+    clock = Clock("", stream=sys.stderr)
     record = await submit_run(
         relay,
         build_spec(args, debug=False),
@@ -567,10 +728,11 @@ async def cmd_run(args: argparse.Namespace) -> int:
         limit=args.snapshot_limit,
         progress=Progress(clock, "uploading"),
     )
-    print(f"tether run: run {record.id} queued", flush=True)
-    if not args.follow:
-        return 0
-    return await _follow(relay, record.id)
+    print(f"tether run: run {record.id} queued", file=sys.stderr, flush=True)
+    if args.follow:
+        return await _follow(relay, record.id)
+    print(record.redacted().model_dump_json(indent=2) if args.json else record.id, flush=True)
+    return 0
 
 
 async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
@@ -607,7 +769,8 @@ async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
 
 
 async def cmd_logs(args: argparse.Namespace) -> int:
-    code = await _follow(resolve_relay(args.relay, args), args.run, follow=args.follow)
+    relay = resolve_relay(args.relay, args)
+    code = await _follow(relay, await full_run_id(relay, args.run), follow=args.follow)
     return code if args.follow else 0
 
 
@@ -642,9 +805,25 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
     from relay.client import open_control
 
     async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
-        record = await _control_call(control.cancel(args.run))
+        before = await _control_call(control.get_run(args.run))
+        if before.finished:
+            print(
+                f"tether: run {before.id} had already ended ({before.state.value}); "
+                "nothing to cancel",
+                file=sys.stderr,
+            )
+            return 1
+        record = await _control_call(control.cancel(before.id))
     print(f"run {record.id}: {record.state.value}")
     return 0
+
+
+async def full_run_id(relay: Endpoint, run: str) -> str:
+    """The whole id of the run ``run`` names (an id, or a unique prefix of one)."""
+    from relay.client import open_control
+
+    async with open_control(relay, client="tether-cli") as control:
+        return (await _control_call(control.get_run(run))).id
 
 
 def _age(seconds: float) -> str:
@@ -984,7 +1163,9 @@ def _run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
     s.add_argument("--name", help="a label for the run")
     s.add_argument("--tag", action="append", metavar="TAG", help="a tag for the run (repeatable)")
     g = s.add_argument_group("resources and placement")
-    g.add_argument("--backend", help="where to run: local (default) or slurm")
+    g.add_argument(
+        "--backend", choices=KNOWN_BACKENDS, help="where to run: local (default) or slurm"
+    )
     g.add_argument("--gpus", type=int, metavar="N", help="GPUs for the run (default 0)")
     g.add_argument("--cpus", type=int, metavar="N", help="CPUs for the run (default 1)")
     g.add_argument(
@@ -1041,10 +1222,34 @@ def _adapter_options(s: argparse.ArgumentParser) -> None:
         metavar="S",
         help="error a request the debugger leaves unanswered after S seconds (default 30)",
     )
+    s.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="do not print the program's output here (the IDE and `tether logs` still have it)",
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tether")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated options: ``--gpu 2`` is refused, not taken as ``--gpus 2``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tether", description="Asynchronous debugging for ML runs.")
+    p = _Parser(prog="tether", description="Asynchronous debugging for ML runs.")
+    p.add_argument("--version", action="version", version=f"tether {_version()}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
@@ -1130,6 +1335,9 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("run", help="submit a run without the debugger")
     _run_options(s, debug=False)
     relay_flag(s)
+    s.add_argument(
+        "--json", action="store_true", help="print the run's record as JSON (default: its id)"
+    )
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("attach", help="serve the local DAP adapter for an existing run")
@@ -1140,7 +1348,9 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("ls", help="list runs, newest first")
     relay_flag(s)
-    s.add_argument("-n", "--limit", type=int, default=30, help="how many (default 30)")
+    s.add_argument(
+        "-n", "--limit", type=_count, default=30, help="how many, 1 to 1000 (default 30)"
+    )
     s.add_argument("--json", action="store_true", help="the run records as JSON")
     s.set_defaults(fn=cmd_ls)
 
@@ -1307,13 +1517,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(trio.run(_until_stopped, args))
     except KeyboardInterrupt:
+        if _SERVING:
+            run = _SERVING[-1]
+            print(
+                f"\ntether: stopped serving run {run}'s adapter; the run goes on. "
+                f"`tether attach {run}` serves it again, `tether cancel {run}` stops it.",
+                file=sys.stderr,
+            )
         return 130
-    except (RelayError, BaseExceptionGroup) as exc:
-        relay_error = _relay_error(exc)
-        if relay_error is None:
-            raise
+    except BaseException as exc:  # the last word: never a traceback for the user
+        return _failed(exc)
+
+
+#: the run whose adapter this process serves (what Ctrl-C leaves running)
+_SERVING: list[str] = []
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+def _failed(exc: BaseException) -> int:
+    """One line for the user, whatever went wrong; an unexpected error's traceback goes to a crash
+    log (and to the terminal with -vv)."""
+    leaves = _leaves(exc)
+    if all(isinstance(e, SystemExit) for e in leaves):
+        raise leaves[0]
+    if all(isinstance(e, KeyboardInterrupt) for e in leaves):
+        return 130
+    if all(isinstance(e, BrokenPipeError) for e in leaves):  # `tether ls | head`
+        with suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    relay_error = _relay_error(exc)
+    if relay_error is not None:
         print(f"tether: {relay_error.message}", file=sys.stderr)
         return 1
+    import traceback
+
+    where = tether_home() / "crash.log"
+    first = next(e for e in leaves if not isinstance(e, SystemExit | KeyboardInterrupt))
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        with open(where, "a") as log:
+            log.write(
+                f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} tether {' '.join(sys.argv[1:2])}\n"
+            )
+            traceback.print_exception(exc, file=log)
+        said = f"; details in {where}"
+    except OSError:
+        said = ""
+    if logging.getLogger().isEnabledFor(logging.DEBUG):
+        traceback.print_exception(exc)
+    print(f"tether: internal error ({type(first).__name__}: {first}){said}", file=sys.stderr)
+    return 70
 
 
 async def _until_stopped(args: argparse.Namespace) -> int:

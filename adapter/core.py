@@ -153,6 +153,7 @@ class AdapterCore:
         self._client_args: dict[str, Any] = {}
         self._progress_id: str | None = None
         self._terminated_sent = False
+        self._status_said = ""
         self._presence_epoch = 0
         self._handlers: dict[str, Callable[[dict[str, Any]], list[Action]]] = {
             "initialize": self._initialize,
@@ -187,6 +188,7 @@ class AdapterCore:
         self._client_args = {}
         self._progress_id = None
         self._terminated_sent = False
+        self._status_said = ""
         actions.append(self._presence())
         return actions
 
@@ -329,7 +331,7 @@ class AdapterCore:
         """What a freshly configured IDE needs to see of the current state."""
         s = self.session
         if s.finished:
-            return [self._status_output(), *self._end_of_run()]
+            return [*self._status_output(), *self._end_of_run()]
         if s.live:
             actions: list[Action] = []
             if s.capabilities_delta:
@@ -337,15 +339,16 @@ class AdapterCore:
                     self._emit(dap.event("capabilities", {"capabilities": s.capabilities_delta}))
                 )
             if s.process_event:
-                actions.append(self._emit(dap.event("process", s.process_event)))
+                actions.append(self._emit(dap.event("process", _remote_process(s.process_event))))
             for tid in s.threads:
                 actions.append(
                     self._emit(dap.event("thread", {"reason": "started", "threadId": tid}))
                 )
             for tid, body in s.stopped.items():
-                actions.append(self._emit(dap.event("stopped", {**body, "threadId": tid})))
+                stopped = self._stopped_body({**body, "threadId": tid})
+                actions.append(self._emit(dap.event("stopped", stopped)))
             return actions
-        actions = [self._status_output()]
+        actions = [*self._status_output()]
         if self._client_args.get("supportsProgressReporting") is True:
             self._progress_id = f"tether-{self.run_id}-{self.generation}"
             actions.append(
@@ -539,14 +542,24 @@ class AdapterCore:
             if isinstance(bp.get("id"), int):
                 bp = {**bp, "id": self.session.to_adapter_id(bp["id"])}
             msg = {**msg, "body": {**body, "breakpoint": bp}}
-        elif name == "stopped" and isinstance(body, dict) and body.get("hitBreakpointIds"):
-            ids = [self.session.to_adapter_id(i) for i in body["hitBreakpointIds"]]
-            msg = {**msg, "body": {**body, "hitBreakpointIds": ids}}
+        elif name == "stopped" and isinstance(body, dict):
+            msg = {**msg, "body": self._stopped_body(body)}
+        elif name == "process" and isinstance(body, dict):
+            msg = {**msg, "body": _remote_process(body)}
         elif name == "terminated":
             if self._terminated_sent:
                 return []
             self._terminated_sent = True
         return [self._emit(msg)]
+
+    def _stopped_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A ``stopped`` body with the breakpoint ids the IDE holds (the adapter's, not
+        debugpy's): live, and replayed to an IDE that attaches while the program is paused."""
+        hit = body.get("hitBreakpointIds")
+        if not isinstance(hit, list):
+            return body
+        ids = [self.session.to_adapter_id(i) if isinstance(i, int) else i for i in hit]
+        return {**body, "hitBreakpointIds": ids}
 
     def _on_status(self, entry: StatusEntry, was_live: bool) -> list[Action]:
         s = self.session
@@ -555,7 +568,7 @@ class AdapterCore:
             actions.extend(self._fail_pending("the run ended"))
         if self.phase is not IdePhase.CONFIGURED:
             return actions
-        actions.append(self._status_output())
+        actions.extend(self._status_output())
         if self._progress_id is not None:
             if s.live or s.finished:
                 actions.append(
@@ -710,12 +723,14 @@ class AdapterCore:
             f"{self.status_text()} No debugger is attached yet, so {command!r} cannot be answered."
         )
 
-    def _status_output(self) -> Action:
-        return self._emit(
-            dap.event(
-                "output", {"category": "console", "output": f"tether: {self.status_text()}\n"}
-            )
-        )
+    def _status_output(self) -> list[Action]:
+        """The run's status in the debug console, once per change (``started`` and
+        ``waiting_for_ide`` read the same, for one)."""
+        text = f"tether: {self.status_text()}\n"
+        if text == self._status_said:
+            return []
+        self._status_said = text
+        return [self._emit(dap.event("output", {"category": "console", "output": text}))]
 
     # --- plumbing -------------------------------------------------------------------------------
 
@@ -738,3 +753,8 @@ def _json_kind(value: object) -> str:
     if isinstance(value, bool):
         return "boolean"
     return "number"
+
+
+def _remote_process(body: dict[str, Any]) -> dict[str, Any]:
+    """debugpy's ``process`` event, true to where the process runs: on a worker, not here."""
+    return {**body, "isLocalProcess": False}

@@ -16,7 +16,7 @@ import ipaddress
 import os
 import sys
 
-__all__ = ["peer_uid", "refusal", "socket_owner"]
+__all__ = ["listener_of", "peer_uid", "refusal", "socket_owner"]
 
 Address = tuple[str, int]
 
@@ -92,3 +92,41 @@ def refusal(ours: Address, theirs: Address) -> str | None:
     if owner != mine:
         return f"from uid {owner}, another OS user (this adapter serves uid {mine} only)"
     return None
+
+
+def listener_of(port: int) -> str:
+    """Who listens on ``127.0.0.1:port`` (Linux): ``"process 1234 (tether debug ...)"``, ``"uid
+    1001"`` for another user's, or ``""`` where it cannot be told."""
+    inode, uid = "", -1
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            local = _parse(cols[1]) if len(cols) > 9 else None
+            if local is not None and local[1] == port and cols[3] == "0A":  # LISTEN
+                inode, uid = cols[9], int(cols[7])
+                break
+        if inode:
+            break
+    if not inode:
+        return ""
+    needle = f"socket:[{inode}]"
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        pids = []
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == needle for fd in fds):
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    words = f.read().split(b"\0")
+                command = " ".join(w.decode(errors="replace") for w in words if w)[:80]
+                return f"process {pid} ({command})"
+        except OSError:
+            continue
+    return f"uid {uid}" if uid >= 0 else ""

@@ -29,7 +29,7 @@ import trio
 from protocol_specs import dap_framing, wire
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import DapEntry, Role, StreamName, WireError
-from relay.client import LinkPolicy, Target, open_control, open_run_link
+from relay.client import LinkPolicy, RelayError, Target, open_control, open_run_link
 
 from . import peer
 from .core import (
@@ -52,6 +52,8 @@ LOCALHOST = "127.0.0.1"
 #: a new connection has this long, and this many bytes, to send its ``initialize`` request
 GREETING_TIMEOUT = 30.0
 GREETING_MAX_BYTES = 1024 * 1024
+#: how long the IDE's Stop waits for the relay to cancel the run before answering it
+CANCEL_WAIT = 10.0
 #: how long a connection that is closing (``disconnect``, or the IDE closed its side) may take to
 #: be written what is queued for it
 CLOSE_GRACE = 5.0
@@ -437,17 +439,27 @@ class AdapterServer:
                     # may close the laptop right after setting a breakpoint
                     await self.link.flush()
             elif isinstance(action, CancelRun):
-                assert self._nursery is not None
-                self._nursery.start_soon(self._cancel, action.detail)
+                # before anything that follows it (the IDE's answer, its departure): a Ctrl-C
+                # right after the IDE's Stop must not lose the cancel, and the worker must not
+                # hear "no IDE attached" before it hears "cancelled"
+                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_WAIT):
+                    await self._cancel(action.detail)
             elif isinstance(action, CloseIde):
                 ide = self._ide
                 if ide is not None and ide.generation == action.generation:
                     self._close(ide, flush=action.flush)
 
     async def _cancel(self, detail: str) -> None:
-        async with open_control(self.relay_url, client="tether-adapter") as control:
-            await control.cancel(self.core.run_id, detail)
-        self.on_event(f"asked the relay to cancel the run ({detail})")
+        try:
+            async with open_control(self.relay_url, client="tether-adapter") as control:
+                await control.cancel(self.core.run_id, detail)
+        except RelayError as exc:
+            self.on_event(
+                f"could not cancel the run ({exc.message}); `tether cancel {self.core.run_id}` "
+                "does it"
+            )
+            return
+        self.on_event(f"cancelled the run ({detail})")
 
 
 async def serve_adapter(

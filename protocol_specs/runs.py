@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
+    "KNOWN_BACKENDS",
     "REDACTED",
     "TERMINAL_STATES",
     "TRANSITIONS",
@@ -137,6 +138,9 @@ def next_state(state: RunState, event: RunEvent) -> RunState:
     except KeyError:
         raise IllegalTransition(event, state) from None
 
+
+#: the backends tether ships (``RunSpec.backend``): the CLI refuses others at submit time
+KNOWN_BACKENDS = ("local", "slurm")
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")

@@ -319,10 +319,12 @@ async def follow_logs(
     *,
     cursor: str = "0",
     follow: bool = True,
+    from_end: bool = False,
     policy: LinkPolicy | None = None,
 ) -> str:
     """Hand a run's logs stream after ``cursor`` to ``on_entry``: output chunks and status
-    markers, in order; returns the cursor of the last entry handed over.
+    markers, in order; returns the cursor of the last entry handed over. ``from_end``: only what
+    comes after the stream's end as it is at the first connection.
 
     Without ``follow``, ends once the stream's current end is reached; with it, ends after the
     run's ``finished`` marker. Reconnects after a drop and resumes after the last entry handed over.
@@ -338,6 +340,9 @@ async def follow_logs(
             ):
                 attempt, down_since = 0, None
                 tail = welcome.tails.get(StreamName.LOGS.value, "0")
+                if from_end:
+                    cursor, from_end = tail, False
+                    continue  # reconnect, naming the end as the cursor
                 finished = welcome.run is not None and welcome.run.finished
                 while True:
                     if (not follow or finished) and not _after(tail, cursor):

@@ -42,6 +42,9 @@ _T = TypeVar("_T")
 
 #: digests looked up in one call
 _BATCH = 5000
+#: the shortest run id prefix that names a run, and how many of the newest runs it is looked in
+MIN_PREFIX = 4
+PREFIX_SCAN = 10_000
 
 
 @dataclass(eq=False)
@@ -265,12 +268,26 @@ class Control:
 
     async def _run(self, who: Principal, act: Act, run_id: str) -> RunRecord:
         """``run_id``'s record if ``who`` may do ``act`` on it; a user cannot tell another's run
-        from none."""
+        from none. A unique prefix of one of the user's runs (4 characters or more, like git's)
+        names that run."""
         record = await self.registry.load(run_id)
+        if record is None and len(run_id) >= MIN_PREFIX and who.kind == "user":
+            record = await self._by_prefix(who, run_id)
         self._allow(who, act, record, about_run=run_id or "?")
         if record is None:
             raise _Refused(ErrorCode.NO_SUCH_RUN, f"no run {run_id!r} (or not yours)")
         return record
+
+    async def _by_prefix(self, who: Principal, prefix: str) -> RunRecord | None:
+        key = keys.RUNS if who.admin else keys.user_runs(who.user)
+        found = [i for i in await self.store.zrange_desc(key, PREFIX_SCAN) if i.startswith(prefix)]
+        if len(found) > 1:
+            raise _Refused(
+                ErrorCode.NO_SUCH_RUN,
+                f"{len(found)} runs start with {prefix!r} ({', '.join(found[:3])}...): "
+                "give more of the id",
+            )
+        return await self.registry.load(found[0]) if found else None
 
     async def _missing(self, who: Principal, digests: list[str]) -> list[str]:
         """Which of ``digests`` the relay lacks, as far as ``who`` may know: a user is told of the

@@ -116,7 +116,7 @@ class Links:
             who, _OPEN[hello.role], record, about_run=hello.run, attempt=hello.attempt or None
         )
         if refusal is None and record is None:
-            refusal = Refusal(ErrorCode.NO_SUCH_RUN, f"no run {hello.run!r}")
+            refusal = Refusal(ErrorCode.NO_SUCH_RUN, f"no run {hello.run!r} (or not yours)")
         if refusal is not None:
             if record is not None:
                 await self.audit.record(

@@ -58,14 +58,14 @@ async def test_tokens_secrets_and_the_audit_trail_through_the_cli(tmp_path: Path
         assert 'token = "tthu_' in config.read_text()
 
         # a secret reaches the program, and nobody else
-        out, _ = await tether_cli(
+        out, err = await tether_cli(
             home,
             "run", "--follow", "--workdir", str(workdir), "--secret", f"API_KEY={SECRET}",
             "--env", "MODE=fast", "--", "python", "main.py",
         )  # fmt: skip
         assert "the key is <secret>\ngot the real one: True\n" in out
-        queued = re.search(r"tether run: run (\S+) queued", out)
-        assert queued is not None, out
+        queued = re.search(r"tether run: run (\S+) queued", err)  # progress: on stderr
+        assert queued is not None, err
         run_id = queued.group(1)
         status, _ = await tether_cli(home, "status", run_id)
         assert "API_KEY=<secret>" in status and "MODE=fast" in status

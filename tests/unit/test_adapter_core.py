@@ -767,3 +767,73 @@ def test_a_malformed_request_of_another_adapter_is_skipped_not_fatal() -> None:
     entry = DapEntry(origin="other", body=b"[1, 2]")
     assert h.sent(h.core.on_delivery(StreamName.TO_WORKER, entry)) == []
     assert h.request("setBreakpoints", bp_args(MAIN, [3])) == []  # and the session goes on
+
+
+# --- protocol details a user noticed --------------------------------------------------------------
+
+
+def _paused_with_debugpy_ids() -> Harness:
+    """A live session whose breakpoint at line 17 debugpy calls 5, stopped there."""
+    h = live_harness()
+    answer = {
+        "breakpoints": [
+            {"id": 4, "verified": True, "line": 11},
+            {"id": 5, "verified": True, "line": 17},
+        ]
+    }
+    h.respond(h.last_published("setBreakpoints"), answer)
+    h.event("thread", {"reason": "started", "threadId": 1})
+    h.event("stopped", {"reason": "breakpoint", "threadId": 1, "hitBreakpointIds": [5]})
+    return h
+
+
+def test_a_stop_replayed_to_an_ide_that_attaches_later_carries_the_adapters_breakpoint_ids() -> (
+    None
+):
+    h = _paused_with_debugpy_ids()
+    h.connect()  # a second IDE (or the same one, restarted)
+    out = h.handshake()
+    (stopped,) = [m for m in out if m.get("event") == "stopped"]
+    assert stopped["body"]["hitBreakpointIds"] == [2]  # the id this IDE holds, not debugpy's 5
+
+
+def test_the_run_status_is_said_once_per_change() -> None:
+    h = Harness()
+    h.connect()
+    h.handshake()
+    h.status(StatusEvent.CLAIMED, detail="w-0")
+    said = [
+        m["body"]["output"] for m in h.status(StatusEvent.STARTED) if m.get("event") == "output"
+    ]
+    again = [m for m in h.status(StatusEvent.WAITING_FOR_IDE) if m.get("event") == "output"]
+    assert len(said) == 1 and "started on a worker" in said[0] and again == []
+
+
+def test_the_program_is_never_said_to_be_local() -> None:
+    h = live_harness()
+    body = {
+        "name": "train.py",
+        "systemProcessId": 7,
+        "isLocalProcess": True,
+        "startMethod": "attach",
+    }
+    (event,) = h.event("process", body)
+    assert event["body"]["isLocalProcess"] is False
+    h.connect()
+    (replayed,) = [m for m in h.handshake() if m.get("event") == "process"]
+    assert replayed["body"]["isLocalProcess"] is False
+
+
+def test_stop_asks_the_relay_to_cancel_before_it_answers_or_detaches() -> None:
+    h = live_harness()
+    h.ide_seq += 1
+    actions = h.core.on_ide_message(
+        {
+            "seq": h.ide_seq,
+            "type": "request",
+            "command": "disconnect",
+            "arguments": {"terminateDebuggee": True},
+        }
+    )
+    assert isinstance(actions[0], CancelRun)  # performed (awaited) before what follows it
+    assert [type(a).__name__ for a in actions[1:]] == ["ToIde", "CloseIde", "Publish"]

@@ -127,3 +127,51 @@ def test_the_per_user_caps_are_relay_options() -> None:
     assert (config.max_connections, config.max_active_runs) == (5, 7)
     defaults = relay_config(_parser().parse_args(["up"]))
     assert (defaults.max_connections, defaults.max_active_runs) == (64, 1000)
+
+
+def _debug_args(tmp_path: Path, *command: str, **overrides: object) -> argparse.Namespace:
+    from adapter.cli import _parser
+
+    args = _parser().parse_args(["debug", "--workdir", str(tmp_path), "--", *command])
+    for name, value in overrides.items():
+        setattr(args, name, value)
+    return args
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (["torchrun", "train.py"], "needs a Python command.*got 'torchrun'"),
+        (["python", "-V"], "python -V runs no program"),
+        (["python", "-m"], "python -m needs an argument"),
+        (["python"], "names no script, -m module or -c code"),
+    ],
+)
+def test_debug_mode_refuses_what_the_worker_would_refuse_at_submit_time(
+    tmp_path: Path, command: list[str], said: str
+) -> None:
+    with pytest.raises(SystemExit, match=said):
+        build_spec(_debug_args(tmp_path, *command), debug=True)
+    assert build_spec(_debug_args(tmp_path, *command), debug=False).command == command
+
+
+def test_a_missing_workdir_and_an_unknown_backend_are_refused_at_submit_time(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(SystemExit, match="no such directory"):
+        build_spec(
+            _debug_args(tmp_path, "python", "t.py", workdir=str(tmp_path / "no")), debug=True
+        )
+    with pytest.raises(SystemExit, match="unknown backend 'k8s': use local or slurm"):
+        build_spec(_debug_args(tmp_path, "python", "t.py", backend="k8s"), debug=True)
+
+
+def test_options_are_never_abbreviated(capsys: pytest.CaptureFixture[str]) -> None:
+    from adapter.cli import _parser
+
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["run", "--gpu", "2", "--", "python", "t.py"])
+    assert "unrecognized arguments: --gpu" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["run", "--backend", "k8s", "--", "python", "t.py"])
+    assert "invalid choice: 'k8s'" in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""Every command with bad input: one clear line, a non-zero exit, never a traceback (real
+processes: `tether up` and the CLI)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import trio
+from stack import TETHER, home_env, relay_stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+async def tether_cli(
+    home: Path, *args: str, cwd: Path, stdout: int | None = None
+) -> tuple[int, str]:
+    """(exit code, stderr and stdout) of one CLI command."""
+    where: dict[str, object] = {"stdout": stdout} if stdout is not None else {"capture_stdout": True}
+    done = await trio.run_process(
+        [TETHER, *args], env=home_env(home), cwd=cwd, capture_stderr=True, check=False, **where
+    )
+    out = done.stdout.decode(errors="replace") if stdout is None and done.stdout else ""
+    return done.returncode, done.stderr.decode(errors="replace") + out
+
+
+async def test_bad_input_gets_a_clear_line_and_never_a_traceback(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "app.py").write_text("print('hi')\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        async with relay_stack(home, workers=0):
+            cases: list[tuple[tuple[str, ...], str]] = [
+                (("ls", "-n", "0"), "not between 1 and 1000"),
+                (("ls", "--relay", "http://127.0.0.1:1"), "use ws://127.0.0.1:1, not http://"),
+                (("ls", "--relay", "127.0.0.1:1"), "cannot reach the relay at ws://127.0.0.1:1"),
+                (("status", "nosuchrun"), "no run 'nosuchrun'"),
+                (("cancel", "nosuchrun"), "no run 'nosuchrun'"),
+                (("logs", "nosuchrun"), "no run 'nosuchrun'"),
+                (("audit", "nosuchrun"), "no run 'nosuchrun'"),
+                (("rerun", "nosuchrun"), "no run 'nosuchrun'"),
+                (
+                    ("debug", "--port", port, "--", "python", "app.py"),
+                    f"127.0.0.1:{port} is in use",
+                ),
+                (("attach", "nosuchrun", "--port", port), f"127.0.0.1:{port} is in use"),
+                (("debug", "--", "torchrun", "app.py"), "needs a Python command"),
+                (("debug", "--", "python", "-V"), "python -V runs no program"),
+                (("run", "--gpu", "2", "--", "python", "app.py"), "unrecognized arguments"),
+                (("run", "--backend", "k8s", "--", "python", "app.py"), "invalid choice: 'k8s'"),
+                (("run", "--workdir", str(tmp_path / "no"), "--", "python", "app.py"), "no such"),
+                (("up", "--data-dir", str(home / "data"), "--relay-port", "0"), "already run by"),
+                (("token", "revoke", "nosuchtoken"), "no token 'nosuchtoken'"),
+            ]
+            wrong = []
+            for args, said in cases:
+                code, text = await tether_cli(home, *args, cwd=project)
+                if code == 0 or "Traceback" in text or said not in text:
+                    wrong.append(f"tether {' '.join(args)}: exit {code}:\n{text}")
+            read, write = os.pipe()
+            os.close(read)  # `tether ls | head -0`: nobody reads what it prints
+            try:
+                code, text = await tether_cli(home, "ls", cwd=project, stdout=write)
+            finally:
+                os.close(write)
+            if "Traceback" in text or code not in (0, 141):
+                wrong.append(f"tether ls into a closed pipe: exit {code}:\n{text}")
+    assert not wrong, "\n\n".join(wrong)
+    runs = await tether_cli(home, "ls", "--relay", "127.0.0.1:1", cwd=project)
+    assert "Traceback" not in runs[1]

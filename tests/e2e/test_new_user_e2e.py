@@ -1,0 +1,76 @@
+"""What a new user meets first, with real processes: their own interpreter in debug mode, and the
+program's output where they look (the `tether debug` terminal, and the IDE whatever its attach
+says)."""
+
+from __future__ import annotations
+
+import venv
+from pathlib import Path
+
+import pytest
+import trio
+from stack import debug_run, relay_stack
+
+from adapter.dap_client import open_dap_client
+from protocol_specs.capabilities import VSCODE_INITIALIZE
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+APP = """\
+import sys
+import userlib
+
+print("hello from", userlib.NAME, "on", sys.prefix)
+print("to stderr", file=sys.stderr)
+"""
+
+
+def users_venv(tmp_path: Path) -> Path:
+    """A virtual environment of the user's: a module of its own, no debugpy, nothing of tether's."""
+    home = tmp_path / "users-venv"
+    venv.EnvBuilder(with_pip=False).create(home)
+    (site,) = home.glob("lib/python3*/site-packages")
+    (site / "userlib.py").write_text("NAME = 'userlib'\n")
+    return home / "bin" / "python"
+
+
+async def plain_attach(port: int) -> list[str]:
+    """An IDE attaching the way debugpy's attach defaults (no redirectOutput, no debugOptions):
+    the program's output events it got until the end."""
+    lines: list[str] = []
+    async with open_dap_client("127.0.0.1", port) as ide:
+        await ide.request("initialize", VSCODE_INITIALIZE)
+        attach = ide.send_request_nowait("attach", {"justMyCode": True})
+        await ide.wait_event("initialized", timeout=30)
+        await ide.request("setExceptionBreakpoints", {"filters": []})
+        assert (await ide.request("configurationDone"))["success"]
+        assert (await ide.response(attach))["success"]
+        await ide.wait_event("terminated", timeout=120)
+        for msg in ide.received:
+            body = msg.get("body") or {}
+            if msg.get("event") == "output" and body.get("category") in ("stdout", "stderr"):
+                lines.append(body["output"])
+    return lines
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["terminal", "quiet"])
+async def test_debug_mode_runs_the_users_interpreter_and_shows_its_output(
+    tmp_path: Path, quiet: bool
+) -> None:
+    python = users_venv(tmp_path)
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "app.py").write_text(APP)
+    home = tmp_path / "home"
+    extra = ("--quiet",) if quiet else ()
+    async with (
+        relay_stack(home, workers=1) as (_up, relay),
+        debug_run(home, relay, workdir, str(python), "app.py", extra=extra) as (debug, _run, port),
+    ):
+        events = "".join(await plain_attach(port))
+        await debug.wait_line(r"ended \(exited, exit code 0\)")
+        with trio.fail_after(30):
+            assert await debug.process.wait() == 0
+    said = f"hello from userlib on {python.parent.parent}"
+    assert said in events and "to stderr" in events  # no redirectOutput asked: output anyway
+    assert (said in debug.output) is not quiet
