@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 __all__ = ["LocalStack", "open_local_stack"]
 
+#: how long stopping the stack waits for its worker pool to end its programs
+POOL_STOP = 20.0
+
 
 @dataclass(frozen=True)
 class LocalStack:
@@ -85,34 +88,56 @@ async def open_local_stack(
             f"{user}-pool", scopes=[Scope.BACKEND], label="tether up worker pool"
         )
         async with trio.open_nursery() as nursery:
-            server = await nursery.start(
-                lambda task_status: serve_relay(
-                    store,
-                    host="127.0.0.1",
-                    port=relay_port,
-                    config=relay_config,
-                    blobs=FileBlobStore(data_dir / "blobs"),
-                    task_status=task_status,
-                )
-            )
-            relay = f"ws://127.0.0.1:{server_port(server)}"
-            if workers > 0:
-                await nursery.start(
-                    lambda task_status: run_pool(
-                        Endpoint(relay, token=pool_token),
-                        slots=workers,
-                        start_delay=start_delay,
-                        work_dir=data_dir / "worker",
-                        gpus=gpus,
-                        on_event=on_worker_event,
+            # shielded: when the stack is stopped (Ctrl-C, SIGTERM), the relay serves on until
+            # the pool has told it what became of its runs; then it is cancelled
+            relay_scope = trio.CancelScope(shield=True)
+
+            async def serve(task_status: trio.TaskStatus[Any]) -> None:
+                with relay_scope:
+                    await serve_relay(
+                        store,
+                        host="127.0.0.1",
+                        port=relay_port,
+                        config=relay_config,
+                        blobs=FileBlobStore(data_dir / "blobs"),
                         task_status=task_status,
                     )
-                )
+
+            server = await nursery.start(serve)
+            relay = f"ws://127.0.0.1:{server_port(server)}"
+            pool_scope, pool_done = trio.CancelScope(), trio.Event()
+
+            async def pool(task_status: trio.TaskStatus[None]) -> None:
+                try:
+                    with pool_scope:
+                        await run_pool(
+                            Endpoint(relay, token=pool_token),
+                            slots=workers,
+                            start_delay=start_delay,
+                            work_dir=data_dir / "worker",
+                            gpus=gpus,
+                            on_event=on_worker_event,
+                            task_status=task_status,
+                        )
+                finally:
+                    pool_done.set()
+
+            if workers > 0:
+                await nursery.start(pool)
+            else:
+                pool_done.set()
             try:
                 yield LocalStack(
                     relay=relay, redis=redis_url, user=user, token=token, minted=minted
                 )
             finally:
+                # the pool first, while the relay still serves: its workers end their programs
+                # and tell the relay their attempts are over (no run is left "running")
+                pool_scope.cancel()
+                with trio.CancelScope(shield=True), trio.move_on_after(POOL_STOP):
+                    await pool_done.wait()
+                relay_scope.shield = False
+                relay_scope.cancel()
                 nursery.cancel_scope.cancel()
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     with contextlib.suppress(Exception):

@@ -79,6 +79,9 @@ class StatusEvent:
     BUFFER_FULL = "buffer_full"  #: worker: the to_ide buffer is full; output is being dropped
     PAUSED = "paused"  #: worker: the program stopped (data: where, reason); for ``tether ls``
     RESUMED = "resumed"  #: worker: the program continued
+    #: worker: the worker itself is stopping (``tether up`` or ``tether worker`` stopped, or it
+    #: failed): the attempt is over, retried as configured; the relay says what follows
+    WORKER_STOPPED = "worker_stopped"
     #: relay: the attempt failed or was lost and another follows (data: attempt, delay)
     RETRYING = "retrying"
     FINISHED = "finished"  #: relay, logs stream only: the run reached a terminal state
@@ -87,7 +90,7 @@ class StatusEvent:
 #: status events that report something about the run without moving its lifecycle
 NOTICES = frozenset({StatusEvent.UNATTENDED_STOP, StatusEvent.BUFFER_FULL})
 #: status events the debug session ignores (the IDE learns the same from debugpy's events)
-QUIET = frozenset({StatusEvent.PAUSED, StatusEvent.RESUMED})
+QUIET = frozenset({StatusEvent.PAUSED, StatusEvent.RESUMED, StatusEvent.WORKER_STOPPED})
 
 
 @dataclass

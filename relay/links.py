@@ -53,6 +53,7 @@ _WORKER_STATUS: dict[str, RunEvent | None] = {
     StatusEvent.BUFFER_FULL: None,
     StatusEvent.PAUSED: RunEvent.PAUSE,
     StatusEvent.RESUMED: RunEvent.RESUME,
+    StatusEvent.WORKER_STOPPED: None,  # the attempt is lost: retried, or the run ends
 }
 
 _OPEN = {Role.IDE: Act.OPEN_IDE, Role.WORKER: Act.OPEN_WORKER, Role.LOGS: Act.OPEN_LOGS}
@@ -342,6 +343,14 @@ class Links:
             record = await registry.load(run_id)
             if record is not None and record.spec.webhook:
                 self.on_unattended(record, entry)
+            return
+        if entry.event == StatusEvent.WORKER_STOPPED:
+            detail = entry.detail or "the worker stopped"
+            ended = await registry.attempt_ended(
+                run_id, RunEvent.JOB_LOST, about=attempt, detail=detail
+            )
+            if ended is not None and ended.finished:
+                await registry.append_status(run_id, StatusEvent.WORKER_LOST, ended, detail=detail)
             return
         if entry.event == StatusEvent.EXITED:
             if entry.exit_code != 0:

@@ -86,7 +86,31 @@ def main() -> None:
             "running without the TCP_NODELAY fix (each DAP round trip ~40 ms slower)",
             file=sys.stderr,
         )
-    cli.main()  # type: ignore[no-untyped-call]
+    try:
+        cli.main()  # type: ignore[no-untyped-call]
+    except Exception as exc:
+        if not _before_user_code(exc):
+            raise  # the program's own error: reported as plain python reports it (and pydevd)
+        # a script that does not compile, a missing file or module: what plain python would say,
+        # without the debugger's own frames above it
+        import traceback
+
+        traceback.print_exception(type(exc), exc, None)
+        sys.exit(1)
+
+
+def _before_user_code(exc: BaseException) -> bool:
+    """Whether every frame of ``exc``'s traceback is the debugger's (this script, debugpy)."""
+    import debugpy
+
+    ours = (os.path.dirname(os.path.realpath(debugpy.__file__)), os.path.realpath(__file__))
+    tb = exc.__traceback__
+    while tb is not None:
+        name = os.path.realpath(tb.tb_frame.f_code.co_filename)
+        if not name.startswith(ours):
+            return False
+        tb = tb.tb_next
+    return True
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ decides what happens (the run's ``on_unattended_stop`` policy).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -317,35 +318,75 @@ async def run_shim(
             say(f"run {record.id} is {link.run.state.value}; not starting it")
             return None
         try:
-            files = await materialise(manifest, run_dir, fetch, cache=cache)
-        except Exception as exc:  # a broken snapshot is the run's failure, not the worker's
-            await _status(
-                link, StatusEvent.START_FAILED, detail=f"cannot materialise the snapshot: {exc}"
-            )
-            say(f"run {record.id}: cannot materialise the snapshot: {exc}")
+            return await _attempt(link, record, manifest, run_dir, log_path, fetch, cache, env,
+                                  python, say, news)  # fmt: skip
+        except BaseException:
+            # the worker is going away (stopped, or failing) with the attempt unfinished: say so
+            # now, so the run is retried or ended at once instead of after the lease. On a link
+            # of its own: this one's tasks are being cancelled with everything else
+            with trio.CancelScope(shield=True), trio.move_on_after(STOPPING_NOTICE):
+                with contextlib.suppress(Exception):
+                    async with open_run_link(
+                        relay_url,
+                        role=Role.WORKER,
+                        run=record.id,
+                        attempt=record.attempt,
+                        client="tether-worker",
+                        policy=worker_link_policy(),
+                    ) as last:
+                        await _status(last, StatusEvent.WORKER_STOPPED, detail="the worker stopped")
+                        await last.flush()
+            raise
+
+
+#: how long a stopping worker tries to tell the relay its attempt is over
+STOPPING_NOTICE = 3.0
+
+
+async def _attempt(
+    link: RunLink,
+    record: RunRecord,
+    manifest: Manifest,
+    run_dir: Path,
+    log_path: Path,
+    fetch: Fetch,
+    cache: Path,
+    env: dict[str, str] | None,
+    python: str,
+    say: Callable[[str], None],
+    news: _LinkNews,
+) -> int | None:
+    """The attempt, once its link is up: files, then the program, plain or under the debugger."""
+    try:
+        files = await materialise(manifest, run_dir, fetch, cache=cache)
+    except Exception as exc:  # a broken snapshot is the run's failure, not the worker's
+        await _status(
+            link, StatusEvent.START_FAILED, detail=f"cannot materialise the snapshot: {exc}"
+        )
+        say(f"run {record.id}: cannot materialise the snapshot: {exc}")
+        return None
+    say(f"run {record.id} attempt {record.attempt}: {files} files in {run_dir}")
+    inherited = {k: v for k, v in os.environ.items() if k not in WORKER_ONLY_ENV}
+    env = {**inherited, **record.spec.program_env(), **(env or {})}
+    async with open_program_output(link, record.attempt, record.spec.secrets()) as output:
+        if not record.spec.debug:
+            return await _run_plain(link, record, run_dir, env, log_path, say, news, output)
+        try:
+            async with start_debuggee(
+                record.spec.command,
+                cwd=str(run_dir),
+                env=unbuffered_env(env, record.spec.program_env()),
+                log_path=str(log_path),
+                python=python,
+                on_output=output,
+                secrets=record.spec.secrets(),
+            ) as debuggee:
+                return await _run_debug(link, record, run_dir, debuggee, say, news, output)
+        except (ValueError, OSError, RuntimeError) as exc:
+            detail = output.blank(str(exc))
+            await _status(link, StatusEvent.START_FAILED, detail=detail)
+            say(f"run {record.id} could not start: {detail}")
             return None
-        say(f"run {record.id} attempt {record.attempt}: {files} files in {run_dir}")
-        inherited = {k: v for k, v in os.environ.items() if k not in WORKER_ONLY_ENV}
-        env = {**inherited, **record.spec.program_env(), **(env or {})}
-        async with open_program_output(link, record.attempt, record.spec.secrets()) as output:
-            if not record.spec.debug:
-                return await _run_plain(link, record, run_dir, env, log_path, say, news, output)
-            try:
-                async with start_debuggee(
-                    record.spec.command,
-                    cwd=str(run_dir),
-                    env=unbuffered_env(env, record.spec.program_env()),
-                    log_path=str(log_path),
-                    python=python,
-                    on_output=output,
-                    secrets=record.spec.secrets(),
-                ) as debuggee:
-                    return await _run_debug(link, record, run_dir, debuggee, say, news, output)
-            except (ValueError, OSError, RuntimeError) as exc:
-                detail = output.blank(str(exc))
-                await _status(link, StatusEvent.START_FAILED, detail=detail)
-                say(f"run {record.id} could not start: {detail}")
-                return None
 
 
 #: the worker's own credentials: never handed down to the program it runs

@@ -67,3 +67,36 @@ async def test_tether_up_leaves_no_server_behind_and_comes_back_with_its_runs(
         )
         assert run_id in proc.stdout.decode(), proc.stdout.decode()
     await gone(data)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+async def test_stopping_tether_up_ends_its_runs_programs_and_says_so(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """Ctrl-C (or SIGTERM) on `tether up` with a run in its pool: the program is ended and the
+    run is marked at once (lost, as the worker went away), not left "running" until its lease."""
+    home, data = tmp_path / "home", tmp_path / "data"
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "app.py").write_text(
+        "import time\nprint('working', flush=True)\nwhile True:\n    time.sleep(0.1)\n"
+    )
+    up_args = ("up", "--data-dir", str(data), "--workers", "1", "--relay-port", "0")
+    async with tether(*up_args, home=home) as up:
+        await up.wait_line(r"tether up: ready relay=(\S+)")
+        async with tether(
+            "run", "--workdir", str(workdir), "--", "python", "app.py", home=home, name="run"
+        ) as run:
+            run_id = (await run.wait_line(r"run (\w+) queued")).group(1)
+        await up.wait_line(rf"run {run_id} attempt 1: \d+ files in")
+        os.kill(up.process.pid, signum)
+        with trio.fail_after(60):
+            await up.process.wait()
+        assert "Traceback" not in up.output
+    async with tether(*up_args, home=home, name="up again") as again:
+        await again.wait_line(r"tether up: ready")
+        done = await trio.run_process(
+            [TETHER, "status", run_id], capture_stdout=True, env=home_env(home), check=False
+        )
+    text = done.stdout.decode()
+    assert "state      lost: the worker stopped" in text, text

@@ -536,3 +536,17 @@ async def test_the_runs_log_file_is_private_and_has_secret_values_blanked(tmp_pa
     text = run.log.read_text()
     assert secret not in text and "and again" in text, text
     assert run.log.stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_script_that_does_not_compile_is_reported_as_plain_python_reports_it(
+    tmp_path: Path,
+) -> None:
+    run = Run(tmp_path, "total = (\n")
+    async with run.start() as debuggee:
+        async with _client(debuggee) as ide:
+            await _configure(ide)
+            await ide.wait_event("terminated")
+        assert await debuggee.wait() == 1
+    log = run.log.read_text()
+    assert "SyntaxError: '(' was never closed" in log and 'File "prog.py", line 1' in log, log
+    assert "debugpy" not in log.replace("PYDEVD", "") and BOOT.name not in log, log
