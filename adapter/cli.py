@@ -7,6 +7,7 @@ import errno
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -21,8 +22,12 @@ from pydantic import ValidationError
 from adapter.config import ConfigError, Profile, load_profile, profile_token, save_token
 from protocol_specs.runs import KNOWN_BACKENDS, Resources, RunRecord, RunSpec
 from relay.client import Endpoint, RelayError
+from worker_shim.housekeeping import CACHE_MAX_BYTES, KEEP_RUNS
 
 __all__ = ["main"]
+
+#: an interpreter's name, as debug mode recognises it (worker_shim.debuggee)
+PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
 
 _T = TypeVar("_T")
 
@@ -140,6 +145,7 @@ def relay_config(args: argparse.Namespace) -> Any:
         max_connections=args.max_connections,
         max_control_connections=args.max_control_connections,
         max_active_runs=args.max_runs,
+        blob_gc_interval=args.blob_gc,
     )
 
 
@@ -284,6 +290,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
                 gpus=gpus,
                 name=args.name,
                 on_event=clock.say,
+                keep_runs=args.keep_runs,
+                cache_max=args.cache_max * 2**20,
                 task_status=task_status,
             )
         )
@@ -331,6 +339,7 @@ async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
         start_delay=args.start_delay,
         gpus=[g for g in args.gpus.split(",") if g] if args.gpus is not None else None,
         on_worker_event=clock.say,
+        pool_bounds=(args.keep_runs, args.cache_max * 2**20),
     ) as stack:
         relay, redis_url = stack.relay, stack.redis
         if stack.minted:
@@ -686,8 +695,33 @@ def _port_free(port: int) -> None:
             ) from None
 
 
+class Terminal:
+    """The program's stdout and stderr on ours, whole lines at a time (:class:`LineJoiner`);
+    stderr in red when both go to one terminal."""
+
+    def __init__(self) -> None:
+        from protocol_specs.lines import LineJoiner
+
+        self.joiner = LineJoiner()
+        self.mark = sys.stdout.isatty() and sys.stderr.isatty()
+
+    def write(self, stream: str, data: bytes) -> None:
+        self._show(self.joiner.feed(stream, data))
+
+    def end(self) -> None:
+        self._show(self.joiner.flush())
+
+    def _show(self, pieces: list[tuple[str, bytes]]) -> None:
+        for stream, data in pieces:
+            sink = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
+            if stream == "stderr" and self.mark:
+                data = b"\x1b[31m" + data + b"\x1b[0m"
+            sink.write(data)
+            sink.flush()
+
+
 #: after the run ended, how long the terminal still waits for the rest of the program's output
-OUTPUT_GRACE = 3.0
+OUTPUT_GRACE = 10.0
 
 
 async def _print_output(relay: Endpoint, run_id: str, from_end: bool, done: trio.Event) -> None:
@@ -696,17 +730,18 @@ async def _print_output(relay: Endpoint, run_id: str, from_end: bool, done: trio
     from protocol_specs import wire
     from relay.client import follow_logs
 
+    terminal = Terminal()
+
     def show(entry: wire.LogEntry | wire.StatusEntry) -> None:
         if isinstance(entry, wire.LogEntry):
-            sink = sys.stdout.buffer if entry.stream == "stdout" else sys.stderr.buffer
-            sink.write(entry.data)
-            sink.flush()
+            terminal.write(entry.stream, entry.data)
 
     try:
         await follow_logs(relay, run_id, show, from_end=from_end)
     except (RelayError, OSError):
         pass
     finally:
+        terminal.end()
         done.set()
 
 
@@ -740,14 +775,14 @@ async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
     from protocol_specs import wire
     from relay.client import follow_logs
 
-    out, err = sys.stdout.buffer, sys.stderr.buffer
     ended: dict[str, wire.StatusEntry] = {}
+    terminal = Terminal()
 
     def show(entry: wire.LogEntry | wire.StatusEntry) -> None:
         if isinstance(entry, wire.LogEntry):
-            (out if entry.stream == "stdout" else err).write(entry.data)
-            (out if entry.stream == "stdout" else err).flush()
+            terminal.write(entry.stream, entry.data)
             return
+        terminal.end()
         if entry.event == "finished":
             ended["entry"] = entry
             code = f", exit code {entry.exit_code}" if entry.exit_code is not None else ""
@@ -762,6 +797,8 @@ async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
         await follow_logs(relay, run_id, show, follow=follow)
     except RelayError as exc:
         raise SystemExit(f"tether: {exc.message}") from None
+    finally:
+        terminal.end()
     final = ended.get("entry")
     if final is None:
         return 0
@@ -834,10 +871,45 @@ def _age(seconds: float) -> str:
 
 
 def _state(record: RunRecord) -> str:
-    """The state, and whether its worker went silent (its host may be down: the lease decides)."""
+    """The state, and whether its worker went silent (its host may be down: the lease decides),
+    or the program waits for an IDE before its first line."""
     if record.silent_for:
         return f"{record.state.value} (worker silent {_age(record.silent_for)})"
+    if record.waiting_for_ide and record.state.value == "running":
+        return "waiting for an IDE"
     return record.state.value
+
+
+def _display_name(spec: RunSpec) -> str:
+    """What ``ls`` calls a run: its name, else its command without the interpreter's path and
+    options (``train.py --lr 3e-4``, ``-m trainer``)."""
+    if spec.name:
+        return spec.name
+    words = list(spec.command)
+    if words and PYTHON_NAME.fullmatch(Path(words[0]).name):
+        words = words[1:]
+        while words and words[0].startswith("-") and words[0] not in ("-m", "-c"):
+            words = words[1:]
+    return " ".join(words) or " ".join(spec.command)
+
+
+def _width(text: str) -> int:
+    """Columns ``text`` takes on a terminal (East Asian wide characters take two)."""
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _fit(text: str, width: int) -> str:
+    """``text`` cut to ``width`` columns, with an ellipsis where it was cut."""
+    if _width(text) <= width:
+        return text
+    out = ""
+    for c in text:
+        if _width(out + c) > width - 1:
+            break
+        out += c
+    return out + "\u2026"
 
 
 def _where(record: RunRecord) -> str:
@@ -858,7 +930,7 @@ def runs_table(records: Sequence[RunRecord], now: float) -> str:
         rows.append(
             (
                 r.id,
-                (r.spec.name or " ".join(r.spec.command))[:28],
+                _fit(_display_name(r.spec), 28),
                 _state(r),
                 r.spec.backend,
                 _age(now - r.created_at),
@@ -866,9 +938,10 @@ def runs_table(records: Sequence[RunRecord], now: float) -> str:
                 _where(r),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
-        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+        "  ".join(cell + " " * (widths[i] - _width(cell)) for i, cell in enumerate(row)).rstrip()
+        for row in rows
     )
 
 
@@ -929,6 +1002,8 @@ def status_text(record: RunRecord, now: float) -> str:
         if a.detail and a.outcome not in ("", "succeeded"):
             parts.append(f": {a.detail[:100]}")
         lines.append(" ".join(parts))
+        if a.run_dir:
+            lines.append(f"     files in {a.run_dir} (on {a.worker or 'its worker'})")
     return "\n".join(lines)
 
 
@@ -1136,6 +1211,14 @@ def relay_options(s: argparse.ArgumentParser) -> None:
         f"counted apart from IDE links (default {d.max_control_connections})",
     )
     g.add_argument(
+        "--blob-gc",
+        type=parse_duration,
+        default=d.blob_gc_interval,
+        metavar="DURATION",
+        help="how often snapshot blobs no live run names are deleted (0: never; default "
+        f"{d.blob_gc_interval / 3600:g}h; a blob used within a day is spared)",
+    )
+    g.add_argument(
         "--max-runs",
         type=int,
         default=d.max_active_runs,
@@ -1274,6 +1357,20 @@ def _parser() -> argparse.ArgumentParser:
             metavar="LIST",
             help="GPU indices the pool hands out, e.g. 0,1,2,3 (default: what nvidia-smi lists)",
         )
+        sp.add_argument(
+            "--keep-runs",
+            type=int,
+            default=KEEP_RUNS,
+            metavar="N",
+            help=f"run directories (and logs) kept on this worker, newest first (default {KEEP_RUNS})",
+        )
+        sp.add_argument(
+            "--cache-max",
+            type=parse_memory,
+            default=CACHE_MAX_BYTES // 2**20,
+            metavar="SIZE",
+            help=f"most the snapshot blob cache holds, e.g. 50G (default {CACHE_MAX_BYTES // 2**30}G)",
+        )
 
     s = sub.add_parser(
         "up", help="run the embedded stack: Redis-compatible server, relay, local worker pool"
@@ -1342,7 +1439,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("attach", help="serve the local DAP adapter for an existing run")
     relay_flag(s)
-    s.add_argument("run")
+    s.add_argument("run", help="the run: its id, or a unique prefix of it (4+ characters)")
     _adapter_options(s)
     s.set_defaults(fn=cmd_attach)
 
@@ -1356,26 +1453,26 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="show a run: state, snapshot, resources, attempts")
     relay_flag(s)
-    s.add_argument("run")
+    s.add_argument("run", help="the run: its id, or a unique prefix of it (4+ characters)")
     s.add_argument("--json", action="store_true", help="the run record as JSON")
     s.set_defaults(fn=cmd_status)
 
     s = sub.add_parser("logs", help="print a run's output (stdout and stderr)")
     relay_flag(s)
-    s.add_argument("run")
+    s.add_argument("run", help="the run: its id, or a unique prefix of it (4+ characters)")
     s.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     s.set_defaults(fn=cmd_logs)
 
     s = sub.add_parser("cancel", help="cancel a run (queued, running or paused)")
     relay_flag(s)
-    s.add_argument("run")
+    s.add_argument("run", help="the run: its id, or a unique prefix of it (4+ characters)")
     s.set_defaults(fn=cmd_cancel)
 
     s = sub.add_parser(
         "rerun", help="run again with the same snapshot and command (debug runs get an adapter)"
     )
     relay_flag(s)
-    s.add_argument("run")
+    s.add_argument("run", help="the run: its id, or a unique prefix of it (4+ characters)")
     s.add_argument("-f", "--follow", action="store_true", help="print the new run's output")
     _adapter_options(s)
     s.set_defaults(fn=cmd_rerun)
@@ -1386,8 +1483,17 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("TETHER_REDIS", "redis://127.0.0.1:6379"),
         help="Redis >= 6.2 or Valkey URL (redis://, unix://; default $TETHER_REDIS)",
     )
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=DEFAULT_RELAY_PORT)
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; others need TLS)",
+    )
+    s.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_RELAY_PORT,
+        help=f"port to listen on (default {DEFAULT_RELAY_PORT}; 0: any free one)",
+    )
     s.add_argument("--tls-cert", metavar="PEM", help="serve wss:// with this certificate (chain)")
     s.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
     s.add_argument(
@@ -1408,9 +1514,15 @@ def _parser() -> argparse.ArgumentParser:
         "worker", help="run a worker pool, or (--run) the one attempt a scheduler job was made for"
     )
     relay_flag(s)
-    s.add_argument("--slots", type=int, default=1)
+    s.add_argument("--slots", type=int, default=1, help="runs this pool runs at once (default 1)")
     gpus_flag(s)
-    s.add_argument("--start-delay", type=float, default=0.0, metavar="S")
+    s.add_argument(
+        "--start-delay",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait S seconds before starting a claimed run (a stand-in GPU queue)",
+    )
     s.add_argument(
         "--work-dir", help="where run directories are made (default: $TETHER_HOME/worker)"
     )
@@ -1447,7 +1559,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the Python with tether installed on the compute nodes (default: this one)",
     )
     s.add_argument(
-        "--poll", type=parse_duration, default=5.0, metavar="DURATION", help="squeue interval"
+        "--poll",
+        type=parse_duration,
+        default=5.0,
+        metavar="DURATION",
+        help="how often the jobs' states are asked of Slurm (squeue, scontrol), e.g. 5s, 1m (default 5s)",
     )
     s.add_argument(
         "--sbatch-arg",
@@ -1488,21 +1604,27 @@ def _parser() -> argparse.ArgumentParser:
     t = tsub.add_parser("list", help="your tokens (admins: everyone's)")
     relay_flag(t)
     t.add_argument("--user", default="", help="admins: only this user's")
-    t.add_argument("--json", action="store_true")
+    t.add_argument("--json", action="store_true", help="the tokens as JSON")
     t.set_defaults(fn=cmd_token_list)
     t = tsub.add_parser("revoke", help="revoke a token by its id (see `tether token list`)")
     relay_flag(t)
-    t.add_argument("id")
+    t.add_argument("id", help="the token's id (as tether token list shows it)")
     t.set_defaults(fn=cmd_token_revoke)
 
     s = sub.add_parser("audit", help="who attached to a run, submitted, cancelled it, and when")
     relay_flag(s)
-    s.add_argument("run")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("run", help="the run: its id, or a unique prefix of it (4+ characters)")
+    s.add_argument("--json", action="store_true", help="the trail as JSON")
     s.set_defaults(fn=cmd_audit)
 
     s = sub.add_parser("demo", help="the whole story on one machine, with a scripted IDE")
-    s.add_argument("--start-delay", type=float, default=3.0, metavar="S")
+    s.add_argument(
+        "--start-delay",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="how long the demo's worker waits before starting the run (default 3)",
+    )
     s.add_argument("--keep", action="store_true", help="keep the demo's temporary data directory")
     s.set_defaults(fn=cmd_demo)
     return p

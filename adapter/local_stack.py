@@ -55,6 +55,7 @@ async def open_local_stack(
     on_worker_event: Callable[[str], None] | None = None,
     token: str = "",
     user: str | None = None,
+    pool_bounds: tuple[int, int] | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Run the stack until the block exits; the server's data lives in ``data_dir/redis`` (unless
     ``redis`` names an existing server), snapshot blobs in ``data_dir/blobs``, run directories in
@@ -70,7 +71,10 @@ async def open_local_stack(
     from relay.embedded import run_embedded_server
     from relay.server import serve_relay, server_port
     from relay.store import open_store
+    from worker_shim.housekeeping import CACHE_MAX_BYTES, KEEP_RUNS
     from worker_shim.pool import run_pool
+
+    keep_runs, cache_max = pool_bounds or (KEEP_RUNS, CACHE_MAX_BYTES)
 
     server_cm = (
         run_embedded_server(data_dir / "redis") if redis is None else contextlib.nullcontext(redis)
@@ -117,6 +121,8 @@ async def open_local_stack(
                             work_dir=data_dir / "worker",
                             gpus=gpus,
                             on_event=on_worker_event,
+                            keep_runs=keep_runs,
+                            cache_max=cache_max,
                             task_status=task_status,
                         )
                 finally:

@@ -327,6 +327,8 @@ class Attempt(BaseModel):
     worker: str = ""
     #: the scheduler's id for this attempt (a Slurm job id), if any
     job: str = ""
+    #: where the attempt's files are on its worker (the run directory)
+    run_dir: str = ""
     #: how it ended: the terminal state or ``retried``-worthy outcome (``failed``, ``lost``, ...)
     outcome: str = ""
     exit_code: int | None = None
@@ -367,6 +369,19 @@ class RunRecord(BaseModel):
     #: seconds since the worker was last heard from, once that is longer than its heartbeats
     #: allow (its host may be down); set by the relay when it answers, never stored
     silent_for: float = 0.0
+    #: debug mode: the program is held before its first line until an IDE configures the
+    #: debugger (the worker said ``waiting_for_ide``, not yet ``debugger_live``)
+    waiting_for_ide: bool = False
+
+    def waiting(self, attempt: int, waiting: bool) -> RunRecord:
+        """The record with :attr:`waiting_for_ide` as the worker of ``attempt`` said; raises
+        :class:`IllegalTransition` for news of another attempt or about a run that is not
+        running."""
+        event = RunEvent.START
+        self.check_attempt(event, attempt)
+        if self.state is not RunState.RUNNING:
+            raise IllegalTransition(event, self.state)
+        return self.model_copy(update={"waiting_for_ide": waiting})
 
     def redacted(self) -> RunRecord:
         """The record as users see it: secret environment values hidden."""
@@ -412,6 +427,8 @@ class RunRecord(BaseModel):
             )
         if updated.state is not RunState.PAUSED:
             updated = updated.model_copy(update={"paused_at": ""})
+        if updated.state is not RunState.RUNNING:
+            updated = updated.model_copy(update={"waiting_for_ide": False})
         return updated
 
     def attempt_over(

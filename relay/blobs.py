@@ -10,6 +10,10 @@ what its name says. A part file is written beside the blobs and renamed into pla
 concurrent uploads of the same blob each write their own part file and the last rename wins (same
 bytes). Files are read and written in worker threads, never on the event loop.
 
+Garbage: :meth:`BlobStore.sweep` deletes the blobs no live run's snapshot names (the relay asks it,
+``relay/server.py``), sparing those stored or asked about recently: a submit that just uploaded or
+found a blob names it a moment later.
+
 Several relays sharing one Redis must share the blob directory (one host, or a shared filesystem),
 or use an object store.
 """
@@ -19,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -56,6 +62,11 @@ class BlobStore(Protocol):
 
     async def read(self, digest: str, offset: int, length: int) -> tuple[int, bytes]:
         """``(blob size, bytes [offset, offset+length))``; :class:`BlobError` if absent."""
+        ...
+
+    async def sweep(self, keep: Callable[[str], bool], older_than: float) -> int:
+        """Delete the blobs ``keep`` refuses that were last asked about (``missing``) or stored
+        before ``older_than`` (wall-clock seconds); how many went."""
         ...
 
 
@@ -99,9 +110,33 @@ class FileBlobStore:
         return self.root / digest[:2] / digest[2:]
 
     async def missing(self, digests: list[str]) -> list[str]:
-        return await trio.to_thread.run_sync(
-            lambda: [d for d in digests if not self.path(d).is_file()]
-        )
+        return await trio.to_thread.run_sync(self._missing, digests)
+
+    def _missing(self, digests: list[str]) -> list[str]:
+        """The absent ones; the present ones are marked used now (a sweep spares them a while:
+        the submit that asked is about to name them)."""
+        out = []
+        for digest in digests:
+            try:
+                os.utime(self.path(digest))
+            except OSError:
+                out.append(digest)
+        return out
+
+    async def sweep(self, keep: Callable[[str], bool], older_than: float) -> int:
+        def sweep() -> int:
+            gone = 0
+            for part in self.root.glob("[0-9a-f][0-9a-f]/*"):
+                digest = part.parent.name + part.name
+                try:
+                    if not keep(digest) and part.stat().st_mtime < older_than:
+                        part.unlink()
+                        gone += 1
+                except OSError:
+                    continue
+            return gone
+
+        return await trio.to_thread.run_sync(sweep)
 
     async def begin(self, digest: str, size: int) -> Upload:
         _check_size(size)
@@ -151,12 +186,24 @@ class _FileUpload(_HashingUpload):
 
 
 class MemoryBlobStore:
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self.blobs: dict[str, bytes] = {}
+        self.used: dict[str, float] = {}
+        self.clock = clock
 
     async def missing(self, digests: list[str]) -> list[str]:
         await trio.lowlevel.checkpoint()
+        now = self.clock()
+        self.used.update((d, now) for d in digests if d in self.blobs)
         return [d for d in digests if d not in self.blobs]
+
+    async def sweep(self, keep: Callable[[str], bool], older_than: float) -> int:
+        await trio.lowlevel.checkpoint()
+        gone = [d for d in self.blobs if not keep(d) and self.used.get(d, 0.0) < older_than]
+        for digest in gone:
+            del self.blobs[digest]
+            self.used.pop(digest, None)
+        return len(gone)
 
     async def begin(self, digest: str, size: int) -> Upload:
         _check_size(size)
@@ -186,6 +233,7 @@ class _MemoryUpload(_HashingUpload):
         await trio.lowlevel.checkpoint()
         self._verify()
         self.store.blobs[self.digest] = b"".join(self.parts)
+        self.store.used[self.digest] = self.store.clock()
 
     async def abort(self) -> None:
         self.parts.clear()

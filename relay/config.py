@@ -46,6 +46,10 @@ class RelayConfig:
     audit_entries: int = 10_000
     #: an open connection's token is looked at again (revoked? expired?) after this many seconds
     recheck: float = 10.0
+    #: how often the snapshot blobs no live run names are deleted (0: never); a blob stored or
+    #: asked about within ``blob_grace`` is spared (the submit that asked is about to name it)
+    blob_gc_interval: float = 24 * 3600.0
+    blob_grace: float = 24 * 3600.0
 
     @property
     def sweep_interval(self) -> float:

@@ -344,6 +344,10 @@ class Links:
             if record is not None and record.spec.webhook:
                 self.on_unattended(record, entry)
             return
+        if entry.event in (StatusEvent.WAITING_FOR_IDE, StatusEvent.DEBUGGER_LIVE):
+            waiting = entry.event == StatusEvent.WAITING_FOR_IDE
+            await registry.update(run_id, lambda record: record.waiting(attempt, waiting))
+            return
         if entry.event == StatusEvent.WORKER_STOPPED:
             detail = entry.detail or "the worker stopped"
             ended = await registry.attempt_ended(
@@ -372,8 +376,14 @@ class Links:
             if maybe is None:
                 return
             event = maybe
+        run_dir = entry.data.get("run_dir") if event is RunEvent.START else None
         record = await registry.transition(
-            run_id, event, about=attempt, exit_code=entry.exit_code, detail=entry.detail
+            run_id,
+            event,
+            about=attempt,
+            attempt_fields={"run_dir": run_dir[:1000]} if isinstance(run_dir, str) else None,
+            exit_code=entry.exit_code,
+            detail=entry.detail,
         )
         if record is not None and event is RunEvent.START:
             text = f"attempt {record.attempt} started on {record.worker}"

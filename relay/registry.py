@@ -159,13 +159,23 @@ class Registry:
     # --- transitions ------------------------------------------------------------------------------
 
     async def transition(
-        self, run_id: str, event: RunEvent, *, about: int | None = None, **changes: Any
+        self,
+        run_id: str,
+        event: RunEvent,
+        *,
+        about: int | None = None,
+        attempt_fields: dict[str, Any] | None = None,
+        **changes: Any,
     ) -> RunRecord | None:
-        """Apply ``event`` (about attempt ``about``, if given); ``None`` if it isn't legal now."""
+        """Apply ``event`` (about attempt ``about``, if given; ``attempt_fields`` also go into the
+        current attempt's entry); ``None`` if it isn't legal now."""
         now = self.clock()
-        change = await self.update(
-            run_id, lambda record: record.advance(event, at=now, about=about, **changes)
-        )
+
+        def decide(record: RunRecord) -> RunRecord:
+            updated = record.advance(event, at=now, about=about, **changes)
+            return updated.with_attempt(**attempt_fields) if attempt_fields else updated
+
+        change = await self.update(run_id, decide)
         if change is None:
             return None
         await self._settle(change.before, change.after)
@@ -289,6 +299,23 @@ class Registry:
         )
         await self.enqueue(record)
         return record
+
+    async def live_digests(self) -> set[str]:
+        """Every blob digest a run still in the store names in its snapshot (finished runs' keys
+        expire after the retention; their ids are then dropped from the run indexes too)."""
+        import orjson
+
+        live: set[str] = set()
+        for run_id in await self.store.zrange_desc(keys.RUNS, 10**9):
+            raw = await self.store.get_bytes(keys.manifest(run_id))
+            if raw is None:
+                if await self.load(run_id) is None:  # expired: forget it everywhere
+                    await self.store.zrem(keys.RUNS, run_id)
+                continue
+            for entry in orjson.loads(raw).get("entries", []):
+                if isinstance(entry, dict) and entry.get("digest"):
+                    live.add(str(entry["digest"]))
+        return live
 
     async def manifest_of(self, run_id: str) -> Manifest:
         raw = await self.store.get_bytes(keys.manifest(run_id))

@@ -129,6 +129,24 @@ class Relay:
                 log.warning("lease sweep failed: %s", exc)
             await trio.sleep(self.config.sweep_interval)
 
+    async def collect_blobs(self) -> int:
+        """Delete the blobs no live run's snapshot names (spared: recently stored or asked
+        about); how many went."""
+        live = await self.registry.live_digests()
+        older_than = self.registry.clock() - self.config.blob_grace
+        gone = await self.blobs.sweep(live.__contains__, older_than)
+        if gone:
+            log.info("deleted %d snapshot blobs no live run names", gone)
+        return gone
+
+    async def collect_blobs_forever(self) -> None:
+        while self.config.blob_gc_interval > 0:
+            await trio.sleep(self.config.blob_gc_interval)
+            try:
+                await self.collect_blobs()
+            except (StoreError, OSError) as exc:
+                log.warning("blob collection failed: %s", exc)
+
     def _unattended(self, record: RunRecord, entry: wire.StatusEntry) -> None:
         if self.background is not None:
             self.background.start_soon(_webhook, record, entry)
@@ -174,6 +192,7 @@ async def serve_relay(
         await nursery.start(relay.claims.serve)
         nursery.start_soon(relay.sweep_forever)
         nursery.start_soon(relay.gate.recheck_forever)
+        nursery.start_soon(relay.collect_blobs_forever)
         await serve(
             relay.handle,
             port,

@@ -17,6 +17,7 @@ change its files, never the cache).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
@@ -46,6 +47,8 @@ def _private_dir(path: Path) -> None:
 async def _cached(cache: Path, digest: str, fetch: Fetch) -> Path:
     final = cache / digest[:2] / digest[2:]
     if final.is_file():
+        with contextlib.suppress(OSError):
+            os.utime(final)  # used now: the last to go when the cache is trimmed
         return final
     _private_dir(final.parent)
     part = final.with_name(f"{final.name}.{secrets.token_hex(4)}.part")

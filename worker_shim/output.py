@@ -49,6 +49,7 @@ import orjson
 import trio
 
 from protocol_specs import wire
+from protocol_specs.lines import LineJoiner
 from protocol_specs.redact import Redactor
 from relay.client import RelayError, RunLink
 
@@ -131,6 +132,8 @@ class OutputHold:
         self.piece = piece
         self.cap = cap
         self.redactors = {name: Redactor(secrets) for name in _STREAMS}
+        #: whole lines: a line of stderr never lands inside a line of stdout (or the reverse)
+        self.lines = LineJoiner()
         self._decoders = {
             name: codecs.getincrementaldecoder("utf-8")("replace") for name in _STREAMS
         }
@@ -156,9 +159,11 @@ class OutputHold:
         return self._held >= self.cap
 
     def feed(self, stream: str, data: bytes) -> None:
-        """Hold a chunk of ``stream`` (``stdout`` or ``stderr``), its secrets blanked."""
+        """Hold a chunk of ``stream`` (``stdout`` or ``stderr``), its secrets blanked, in line
+        order with the other stream's (:class:`~protocol_specs.lines.LineJoiner`)."""
         name = _stream(stream)
-        self._hold(name, self.redactors[name].feed(data))
+        for which, piece in self.lines.feed(name, self.redactors[name].feed(data)):
+            self._hold(_stream(which), piece)
 
     def sendable(self, answered: int) -> bool:
         """Whether something is held and the relay answered the previous output entry."""
@@ -167,10 +172,16 @@ class OutputHold:
     def ready(self, answered: int) -> list[Entry]:
         """What may be published now: everything held once ``answered`` reached the previous output
         entry, else nothing (it waits, merging what follows)."""
-        return self.flush() if self.sendable(answered) else []
+        return self._take() if self.sendable(answered) else []
 
     def flush(self) -> list[Entry]:
-        """Everything held, answered or not, in pieces of at most :attr:`piece` bytes."""
+        """Everything held, answered or not (a line half written included: the barrier), in
+        pieces of at most :attr:`piece` bytes."""
+        for which, piece in self.lines.flush():
+            self._hold(_stream(which), piece)
+        return self._take()
+
+    def _take(self) -> list[Entry]:
         entries: list[Entry] = []
         for stream, data in self._segments:
             view = memoryview(data)
@@ -185,7 +196,8 @@ class OutputHold:
         """Everything, including what the redactors held back (a possible start of a secret) and
         an incomplete character at a stream's end: the streams ended."""
         for name in _STREAMS:
-            self._hold(name, self.redactors[name].flush())
+            for which, piece in self.lines.feed(name, self.redactors[name].flush()):
+                self._hold(_stream(which), piece)
         entries = self.flush()
         for name in _STREAMS:
             text = self._decoders[name].decode(b"", final=True)

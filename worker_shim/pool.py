@@ -36,6 +36,7 @@ from relay.client import (
 )
 
 from .files import Fetch
+from .housekeeping import CACHE_MAX_BYTES, KEEP_RUNS, tidy
 from .shim import run_shim, worker_link_policy
 
 __all__ = ["GpuPool", "detect_gpus", "run_one", "run_pool"]
@@ -94,6 +95,8 @@ async def run_pool(
     name: str | None = None,
     python: str = sys.executable,
     on_event: Callable[[str], None] | None = None,
+    keep_runs: int = KEEP_RUNS,
+    cache_max: int = CACHE_MAX_BYTES,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``slots`` claim loops until cancelled. ``start_delay`` stands in for a GPU queue.
@@ -107,7 +110,15 @@ async def run_pool(
     async with trio.open_nursery() as nursery:
         for slot in range(slots):
             nursery.start_soon(
-                _slot, relay_url, f"{base}-{slot}", start_delay, work_dir, python, pool, say
+                _slot,
+                relay_url,
+                f"{base}-{slot}",
+                start_delay,
+                work_dir,
+                python,
+                pool,
+                say,
+                (keep_runs, cache_max),
             )
         task_status.started()
 
@@ -120,6 +131,7 @@ async def _slot(
     python: str,
     gpus: GpuPool,
     say: Callable[[str], None],
+    bounds: tuple[int, int] = (KEEP_RUNS, CACHE_MAX_BYTES),
 ) -> None:
     backoff = 0.2
     lost = False
@@ -153,6 +165,8 @@ async def _slot(
                         say(f"{worker}: lost the relay while running {record.id}: {exc}")
                     finally:
                         await gpus.give_back(taken)
+                        with trio.CancelScope(shield=True):
+                            await tidy(work_dir, keep_runs=bounds[0], cache_max=bounds[1])
         except RelayError as exc:
             log.warning("%s: %s; retrying in %.1f s", worker, exc, backoff)
             say(f"{worker}: lost the relay ({exc.message}); retrying in {backoff:.1f} s")
@@ -193,7 +207,13 @@ async def run_one(
         if assigned.token:
             as_worker = as_worker.with_token(assigned.token)
         say(f"{worker}: claimed run {record.id} (attempt {record.attempt})")
-        return await _run(as_worker, record, assigned.manifest, control, work_dir, python, say)
+        try:
+            return await _run(
+                as_worker, record, assigned.manifest, control, work_dir, python, say, scheduled=True
+            )
+        finally:
+            with trio.CancelScope(shield=True):
+                await tidy(work_dir)
 
 
 async def _run(
@@ -205,9 +225,12 @@ async def _run(
     python: str,
     say: Callable[[str], None],
     env: dict[str, str] | None = None,
+    *,
+    scheduled: bool = False,
 ) -> int | None:
     """One claimed attempt, its blobs fetched over ``control`` (or a new control connection, if
-    that one is lost) into the worker's cache."""
+    that one is lost) into the worker's cache. ``scheduled``: a scheduler's job (its backend
+    reports how the job ended)."""
     async with _fetcher(relay_url, control) as fetch:
         return await run_shim(
             relay_url,
@@ -219,6 +242,7 @@ async def _run(
             env=env,
             python=python,
             on_event=say,
+            say_when_stopped=not scheduled,
         )
 
 

@@ -295,10 +295,15 @@ async def run_shim(
     python: str = sys.executable,
     policy: LinkPolicy | None = None,
     on_event: Callable[[str], None] | None = None,
+    say_when_stopped: bool = True,
 ) -> int | None:
     """Run one claimed attempt to its end; returns the program's exit code (None if it never
     started). ``fetch`` downloads snapshot blobs (kept in ``cache``); ``env`` is added to the
-    program's environment (the worker's own ``CUDA_VISIBLE_DEVICES``, for one)."""
+    program's environment (the worker's own ``CUDA_VISIBLE_DEVICES``, for one).
+
+    ``say_when_stopped``: if the worker stops before the attempt ended, tell the relay the
+    attempt is over (a pool's worker); a scheduler's job leaves that to its backend, which knows
+    why the job ended (requeued, preempted, cancelled)."""
     say = on_event or (lambda _text: None)
     run_dir = runs_dir / f"{record.id}-{record.attempt}"
     log_path = runs_dir / f"{record.id}-{record.attempt}.log"
@@ -321,6 +326,8 @@ async def run_shim(
             return await _attempt(link, record, manifest, run_dir, log_path, fetch, cache, env,
                                   python, say, news)  # fmt: skip
         except BaseException:
+            if not say_when_stopped:
+                raise
             # the worker is going away (stopped, or failing) with the attempt unfinished: say so
             # now, so the run is retried or ended at once instead of after the lease. On a link
             # of its own: this one's tasks are being cancelled with everything else

@@ -114,7 +114,7 @@ async def test_paused_shows_where_and_cancel_while_paused_ends_the_session(
         async with tether("ls", home=home, name="ls") as ls:
             await ls.process.wait()
         assert re.search(
-            rf"{run_id}\s+python app.py\s+paused\s+local .* app.py:11 in compute", ls.output
+            rf"{run_id}\s+app.py\s+paused\s+local .* app.py:11 in compute", ls.output
         )
         async with tether("cancel", run_id, home=home, name="cancel") as cancel:
             await cancel.wait_line(rf"run {run_id}: cancelled")

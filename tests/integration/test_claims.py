@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import trio
@@ -157,3 +158,43 @@ async def test_a_worker_whose_heartbeats_are_late_is_shown_silent() -> None:
     assert await registry.renew_lease(submitted.id, 1)  # a heartbeat
     assert (await registry.with_liveness(record)).silent_for == 0
     assert (await registry.list_runs(10))[0].silent_for == 0
+
+
+async def test_blobs_no_live_run_names_are_collected_and_recent_ones_spared() -> None:
+    from protocol_specs.snapshots import Manifest, ManifestEntry
+    from relay.blobs import MemoryBlobStore
+
+    now = [10_000.0]
+    blobs = MemoryBlobStore(clock=lambda: now[0])
+    for digest in ("a" * 64, "b" * 64, "c" * 64):  # named by a live run, by none, asked about
+        blobs.blobs[digest], blobs.used[digest] = b"", now[0]
+    store = MemoryStore(clock=lambda: now[0])
+    relay = Relay(store, blobs=blobs, config=RelayConfig(blob_grace=3600), clock=lambda: now[0])
+    manifest = Manifest(entries=[ManifestEntry(path="train.py", digest="a" * 64, size=0)])
+    assert not isinstance(await relay.registry.submit(SPEC, manifest, owner="alice"), wire.Error)
+    assert await relay.collect_blobs() == 0  # everything is recent
+    now[0] += 7200
+    assert await blobs.missing(["c" * 64]) == []  # a submit asked: it is about to be named
+    assert await relay.collect_blobs() == 1
+    assert sorted(blobs.blobs) == ["a" * 64, "c" * 64]
+
+
+async def test_the_file_blob_store_sweeps_by_name_and_age(tmp_path: Path) -> None:
+    import hashlib
+    import os
+
+    from relay.blobs import FileBlobStore
+
+    store = FileBlobStore(tmp_path / "blobs")
+    digests = []
+    for data in (b"kept", b"old", b"young"):
+        digest = hashlib.sha256(data).hexdigest()
+        upload = await store.begin(digest, len(data))
+        await upload.write(data)
+        await upload.commit()
+        digests.append(digest)
+    kept, old, _young = digests  # the young one is spared by its age
+    for digest in (kept, old):
+        os.utime(store.path(digest), (1000, 1000))
+    gone = await store.sweep(lambda d: d == kept, older_than=2000)
+    assert gone == 1 and await store.missing(digests) == [old]

@@ -175,3 +175,20 @@ def test_options_are_never_abbreviated(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         _parser().parse_args(["run", "--backend", "k8s", "--", "python", "t.py"])
     assert "invalid choice: 'k8s'" in capsys.readouterr().err
+
+
+def test_every_option_and_argument_has_help() -> None:
+    from adapter.cli import _parser
+
+    missing: list[str] = []
+
+    def walk(parser: argparse.ArgumentParser, prefix: list[str]) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*prefix, name])
+            elif action.help is None:
+                missing.append(f"tether {' '.join(prefix)} {action.option_strings or action.dest}")
+
+    walk(_parser(), [])
+    assert missing == []
