@@ -1439,7 +1439,9 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("attach", help="serve the local DAP adapter for an existing run")
     relay_flag(s)
-    s.add_argument("run", help="the run: its id, or a unique prefix of it (4+ characters)")
+    s.add_argument(
+        "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
+    )
     _adapter_options(s)
     s.set_defaults(fn=cmd_attach)
 
@@ -1453,26 +1455,34 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="show a run: state, snapshot, resources, attempts")
     relay_flag(s)
-    s.add_argument("run", help="the run: its id, or a unique prefix of it (4+ characters)")
+    s.add_argument(
+        "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
+    )
     s.add_argument("--json", action="store_true", help="the run record as JSON")
     s.set_defaults(fn=cmd_status)
 
     s = sub.add_parser("logs", help="print a run's output (stdout and stderr)")
     relay_flag(s)
-    s.add_argument("run", help="the run: its id, or a unique prefix of it (4+ characters)")
+    s.add_argument(
+        "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
+    )
     s.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     s.set_defaults(fn=cmd_logs)
 
     s = sub.add_parser("cancel", help="cancel a run (queued, running or paused)")
     relay_flag(s)
-    s.add_argument("run", help="the run: its id, or a unique prefix of it (4+ characters)")
+    s.add_argument(
+        "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
+    )
     s.set_defaults(fn=cmd_cancel)
 
     s = sub.add_parser(
         "rerun", help="run again with the same snapshot and command (debug runs get an adapter)"
     )
     relay_flag(s)
-    s.add_argument("run", help="the run: its id, or a unique prefix of it (4+ characters)")
+    s.add_argument(
+        "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
+    )
     s.add_argument("-f", "--follow", action="store_true", help="print the new run's output")
     _adapter_options(s)
     s.set_defaults(fn=cmd_rerun)
@@ -1613,7 +1623,9 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("audit", help="who attached to a run, submitted, cancelled it, and when")
     relay_flag(s)
-    s.add_argument("run", help="the run: its id, or a unique prefix of it (4+ characters)")
+    s.add_argument(
+        "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
+    )
     s.add_argument("--json", action="store_true", help="the trail as JSON")
     s.set_defaults(fn=cmd_audit)
 

@@ -45,6 +45,8 @@ _BATCH = 5000
 #: the shortest run id prefix that names a run, and how many of the newest runs it is looked in
 MIN_PREFIX = 4
 PREFIX_SCAN = 10_000
+#: how many of a user's newest runs a name is looked for in
+NAME_SCAN = 200
 
 
 @dataclass(eq=False)
@@ -268,15 +270,34 @@ class Control:
 
     async def _run(self, who: Principal, act: Act, run_id: str) -> RunRecord:
         """``run_id``'s record if ``who`` may do ``act`` on it; a user cannot tell another's run
-        from none. A unique prefix of one of the user's runs (4 characters or more, like git's)
-        names that run."""
+        from none. A unique prefix of one of the user's runs (4 characters or more, like git's),
+        or a name only one of their newest runs has, names that run."""
         record = await self.registry.load(run_id)
-        if record is None and len(run_id) >= MIN_PREFIX and who.kind == "user":
-            record = await self._by_prefix(who, run_id)
+        if record is None and who.kind == "user" and run_id:
+            if len(run_id) >= MIN_PREFIX:
+                record = await self._by_prefix(who, run_id)
+            if record is None:
+                record = await self._by_name(who, run_id)
         self._allow(who, act, record, about_run=run_id or "?")
         if record is None:
             raise _Refused(ErrorCode.NO_SUCH_RUN, f"no run {run_id!r} (or not yours)")
         return record
+
+    async def _by_name(self, who: Principal, name: str) -> RunRecord | None:
+        """The one run among the user's newest :data:`NAME_SCAN` named ``name`` (``--name``)."""
+        key = keys.RUNS if who.admin else keys.user_runs(who.user)
+        found = []
+        for run_id in await self.store.zrange_desc(key, NAME_SCAN):
+            record = await self.registry.load(run_id)
+            if record is not None and record.spec.name == name:
+                found.append(record)
+        if len(found) > 1:
+            ids = ", ".join(r.id for r in found[:3])
+            raise _Refused(
+                ErrorCode.NO_SUCH_RUN,
+                f"{len(found)} runs are named {name!r} ({ids}...): give an id",
+            )
+        return found[0] if found else None
 
     async def _by_prefix(self, who: Principal, prefix: str) -> RunRecord | None:
         key = keys.RUNS if who.admin else keys.user_runs(who.user)

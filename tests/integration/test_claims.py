@@ -198,3 +198,26 @@ async def test_the_file_blob_store_sweeps_by_name_and_age(tmp_path: Path) -> Non
         os.utime(store.path(digest), (1000, 1000))
     gone = await store.sweep(lambda d: d == kept, older_than=2000)
     assert gone == 1 and await store.missing(digests) == [old]
+
+
+async def test_a_run_is_named_by_a_unique_prefix_of_its_id_or_by_its_name(
+    redis_store: Store,
+) -> None:
+    from relay.client import RelayError
+
+    async with live(redis_store) as lv:
+        bob = Endpoint(lv.url, token=(await TokenStore(redis_store).create("bob"))[0])
+        async with open_control(lv.alice) as alice:
+            first = await alice.submit(SPEC.model_copy(update={"name": "lr-sweep"}))
+            second = await alice.submit(SPEC)
+            assert (await alice.get_run(first.id[:-1])).id == first.id
+            assert (await alice.get_run("lr-sweep")).id == first.id
+            shared = next(i for i in range(4, 15) if first.id[:i] != second.id[:i]) - 1
+            if shared >= 4:  # submitted in the same second: the time part is common
+                with pytest.raises(RelayError, match="give more of the id"):
+                    await alice.get_run(first.id[:shared])
+        async with open_control(bob) as control:
+            for name in (first.id[:-1], "lr-sweep"):
+                with pytest.raises(RelayError) as refused:
+                    await control.get_run(name)
+                assert refused.value.code == "no_such_run"  # not found: not bob's to find
