@@ -32,12 +32,11 @@ from relay.client import (
     Target,
     endpoint,
     open_control,
-    open_run_link,
 )
 
 from .files import Fetch
 from .housekeeping import CACHE_MAX_BYTES, KEEP_RUNS, tidy
-from .shim import run_shim, worker_link_policy
+from .shim import run_shim, worker_link
 
 __all__ = ["GpuPool", "detect_gpus", "run_one", "run_pool"]
 
@@ -176,14 +175,7 @@ async def _slot(
 
 
 async def _start_failed(relay_url: Endpoint, record: RunRecord, detail: str) -> None:
-    async with open_run_link(
-        relay_url,
-        role=wire.Role.WORKER,
-        run=record.id,
-        attempt=record.attempt,
-        client="tether-worker",
-        policy=worker_link_policy(),
-    ) as link:
+    async with worker_link(relay_url, record) as link:
         await link.publish(wire.StatusEntry(event=StatusEvent.START_FAILED, detail=detail))
 
 

@@ -41,6 +41,7 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -79,7 +80,7 @@ from .output import (
     unbuffered_env,
 )
 
-__all__ = ["DEFAULT_INITIALIZE", "run_shim"]
+__all__ = ["DEFAULT_INITIALIZE", "run_shim", "worker_link", "worker_link_policy"]
 
 log = logging.getLogger("tether.worker")
 
@@ -308,15 +309,8 @@ async def run_shim(
     run_dir = runs_dir / f"{record.id}-{record.attempt}"
     log_path = runs_dir / f"{record.id}-{record.attempt}.log"
     news = _LinkNews(say, record.id)
-    async with open_run_link(
-        relay_url,
-        role=Role.WORKER,
-        run=record.id,
-        attempt=record.attempt,
-        client="tether-worker",
-        policy=policy or worker_link_policy(),
-        on_refused=news.refused,
-        on_state=news.state,
+    async with worker_link(
+        relay_url, record, policy=policy, on_refused=news.refused, on_state=news.state
     ) as link:
         news.link = link
         if link.run.finished:
@@ -333,17 +327,25 @@ async def run_shim(
             # of its own: this one's tasks are being cancelled with everything else
             with trio.CancelScope(shield=True), trio.move_on_after(STOPPING_NOTICE):
                 with contextlib.suppress(Exception):
-                    async with open_run_link(
-                        relay_url,
-                        role=Role.WORKER,
-                        run=record.id,
-                        attempt=record.attempt,
-                        client="tether-worker",
-                        policy=worker_link_policy(),
-                    ) as last:
+                    async with worker_link(relay_url, record) as last:
                         await _status(last, StatusEvent.WORKER_STOPPED, detail="the worker stopped")
                         await last.flush()
             raise
+
+
+def worker_link(
+    relay_url: Target, record: RunRecord, *, policy: LinkPolicy | None = None, **options: Any
+) -> AbstractAsyncContextManager[RunLink]:
+    """The link of ``record``'s current attempt's worker to the relay."""
+    return open_run_link(
+        relay_url,
+        role=Role.WORKER,
+        run=record.id,
+        attempt=record.attempt,
+        client="tether-worker",
+        policy=policy or worker_link_policy(),
+        **options,
+    )
 
 
 #: how long a stopping worker tries to tell the relay its attempt is over
