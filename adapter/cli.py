@@ -1651,20 +1651,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(trio.run(_until_stopped, args))
     except KeyboardInterrupt:
-        if _SERVING:
-            run = _SERVING[-1]
-            print(
-                f"\ntether: stopped serving run {run}'s adapter; the run goes on. "
-                f"`tether attach {run}` serves it again, `tether cancel {run}` stops it.",
-                file=sys.stderr,
-            )
-        return 130
+        return _interrupted()
     except BaseException as exc:  # the last word: never a traceback for the user
         return _failed(exc)
 
 
 #: the run whose adapter this process serves (what Ctrl-C leaves running)
 _SERVING: list[str] = []
+
+
+def _interrupted() -> int:
+    """Ctrl-C: what goes on without this process (a run whose adapter it served)."""
+    if _SERVING:
+        run = _SERVING[-1]
+        print(
+            f"\ntether: stopped serving run {run}'s adapter; the run goes on. "
+            f"`tether attach {run}` serves it again, `tether cancel {run}` stops it.",
+            file=sys.stderr,
+        )
+    return 130
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -1680,7 +1685,7 @@ def _failed(exc: BaseException) -> int:
     if all(isinstance(e, SystemExit) for e in leaves):
         raise leaves[0]
     if all(isinstance(e, KeyboardInterrupt) for e in leaves):
-        return 130
+        return _interrupted()
     if all(isinstance(e, BrokenPipeError) for e in leaves):  # `tether ls | head`
         with suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -74,3 +74,42 @@ async def test_debug_mode_runs_the_users_interpreter_and_shows_its_output(
     said = f"hello from userlib on {python.parent.parent}"
     assert said in events and "to stderr" in events  # no redirectOutput asked: output anyway
     assert (said in debug.output) is not quiet
+
+
+async def test_the_cli_is_scriptable_and_ctrl_c_leaves_the_run_going(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from stack import TETHER, home_env
+
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "app.py").write_text("print('done')\n")
+    home = tmp_path / "home"
+
+    async def cli(*args: str) -> tuple[int, str, str]:
+        done = await trio.run_process(
+            [TETHER, *args], env=home_env(home), cwd=workdir, capture_stdout=True,
+            capture_stderr=True, check=False,
+        )  # fmt: skip
+        return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+    async with relay_stack(home, workers=1) as (_up, relay):
+        code, out, err = await cli("run", "--", "python", "app.py")
+        run = out.strip()
+        assert code == 0 and len(run) == 14 and out == f"{run}\n", (out, err)  # the id alone
+        assert "queued" in err  # progress goes to stderr
+        code, out, _ = await cli("logs", "-f", run[:10])  # a prefix names it
+        assert code == 0 and "done" in out
+        code, _, err = await cli("cancel", run)
+        assert code == 1 and "had already ended (succeeded)" in err
+        code, out, _ = await cli("--version")
+        assert code == 0 and out.startswith("tether ")
+        async with debug_run(home, relay, workdir, "python", "app.py") as (debug, held, _port):
+            os.killpg(debug.process.pid, signal.SIGINT)  # Ctrl-C in the terminal
+            with trio.fail_after(30):
+                assert await debug.process.wait() == 130
+        assert f"stopped serving run {held}'s adapter; the run goes on" in debug.output
+        assert f"tether attach {held}" in debug.output and "Traceback" not in debug.output
+        code, out, _ = await cli("status", held)
+        assert "state      queued" in out or "state      running" in out or "waiting" in out
