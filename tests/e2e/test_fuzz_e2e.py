@@ -93,6 +93,13 @@ async def answered(ws: Any, sent: int) -> int:
     return errors
 
 
+#: how a client sees the relay refuse a message over its size cap: 1009 ("message too big"), or,
+#: when the relay closed its socket with the rest of the payload unread and the kernel answered
+#: with a reset that took the close frame with it, 1006. Either way that connection (only) is gone:
+#: the session beside it is checked to go on.
+TOO_BIG = (1009, 1006)
+
+
 async def fuzz_relay(
     url: str, token: str, decoy: str, rng: random.Random, tally: dict[str, int]
 ) -> None:
@@ -155,14 +162,14 @@ async def fuzz_relay(
         with trio.fail_after(30), pytest.raises(ConnectionClosed):  # noqa: PT012
             while True:
                 await ws.recv()
-        assert ws.close_code == 1009
+        assert ws.close_code in TOO_BIG
     # 6. over the cap before any handshake
     async with connect(url, compression=None, max_size=None) as ws:
         await ws.send(b"\x00" * (wire.MAX_HELLO_BYTES + 1))
         with trio.fail_after(30), pytest.raises(ConnectionClosed):  # noqa: PT012
             while True:
                 await ws.recv()
-        assert ws.close_code == 1009
+        assert ws.close_code in TOO_BIG
     tally["relay oversized"] += 2
 
 
