@@ -7,7 +7,6 @@ import errno
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -20,14 +19,13 @@ import trio
 from pydantic import ValidationError
 
 from adapter.config import ConfigError, Profile, load_profile, profile_token, save_token
+from adapter.render import Terminal, mib, runs_table, status_text
 from protocol_specs.runs import KNOWN_BACKENDS, Resources, RunRecord, RunSpec
 from relay.client import Endpoint, RelayError
 from worker_shim.housekeeping import CACHE_MAX_BYTES, KEEP_RUNS
 
 __all__ = ["main"]
 
-#: an interpreter's name, as debug mode recognises it (worker_shim.debuggee)
-PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
 
 _T = TypeVar("_T")
 
@@ -193,17 +191,28 @@ async def cmd_relay(args: argparse.Namespace) -> int:
     config = relay_config(args)
     blobs = FileBlobStore(Path(args.blobs or tether_home() / "data" / "blobs"))
     async with open_store(args.redis) as store, trio.open_nursery() as nursery:
-        server = await nursery.start(
-            lambda task_status: serve_relay(
-                store,
-                host=args.host,
-                port=args.port,
-                config=config,
-                blobs=blobs,
-                ssl=tls,
-                task_status=task_status,
+        try:
+            server = await nursery.start(
+                lambda task_status: serve_relay(
+                    store,
+                    host=args.host,
+                    port=args.port,
+                    config=config,
+                    blobs=blobs,
+                    ssl=tls,
+                    task_status=task_status,
+                )
             )
-        )
+        except (OSError, BaseExceptionGroup) as exc:  # before serving: no address to listen on
+            first = _leaves(exc)[0]
+            if not isinstance(first, OSError):
+                raise
+            taken = first.errno == errno.EADDRINUSE
+            raise SystemExit(
+                f"tether relay: cannot listen on {args.host}:{args.port}: "
+                f"{first.strerror or first}"
+                + (" (another relay?); choose another with --port N" if taken else "")
+            ) from None
         scheme = "wss" if tls is not None else "ws"
         print(
             f"tether relay: ready relay={scheme}://{args.host}:{server_port(server)} "
@@ -523,7 +532,7 @@ class Progress:
         if step == self.shown:
             return
         self.shown = step
-        text = f"{self.what}: {_mib(done)} of {_mib(total)} ({pct}%)"
+        text = f"{self.what}: {mib(done)} of {mib(total)} ({pct}%)"
         if self.tty:
             end = "\n" if done >= total else ""
             print(
@@ -534,10 +543,6 @@ class Progress:
             )
         else:
             self.clock.say(text)
-
-
-def _mib(n: float) -> str:
-    return f"{n / (1024 * 1024):.1f} MiB"
 
 
 async def submit_run(
@@ -575,8 +580,8 @@ async def submit_run(
         record = await _control_call(control.submit(spec, manifest))
     say(
         f"submitted run {record.id}: {' '.join(spec.command)} ({len(manifest.entries)} files, "
-        f"{_mib(manifest.total_bytes)}; uploaded {uploaded.blobs} new files, "
-        f"{_mib(uploaded.bytes)}; {uploaded.reused} already on the relay)"
+        f"{mib(manifest.total_bytes)}; uploaded {uploaded.blobs} new files, "
+        f"{mib(uploaded.bytes)}; {uploaded.reused} already on the relay)"
     )
     return record
 
@@ -693,31 +698,6 @@ def _port_free(port: int) -> None:
                 "(another tether debug or attach?); choose another with --port N, or --port 0 "
                 "for any free one"
             ) from None
-
-
-class Terminal:
-    """The program's stdout and stderr on ours, whole lines at a time (:class:`LineJoiner`);
-    stderr in red when both go to one terminal."""
-
-    def __init__(self) -> None:
-        from protocol_specs.lines import LineJoiner
-
-        self.joiner = LineJoiner()
-        self.mark = sys.stdout.isatty() and sys.stderr.isatty()
-
-    def write(self, stream: str, data: bytes) -> None:
-        self._show(self.joiner.feed(stream, data))
-
-    def end(self) -> None:
-        self._show(self.joiner.flush())
-
-    def _show(self, pieces: list[tuple[str, bytes]]) -> None:
-        for stream, data in pieces:
-            sink = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
-            if stream == "stderr" and self.mark:
-                data = b"\x1b[31m" + data + b"\x1b[0m"
-            sink.write(data)
-            sink.flush()
 
 
 #: after the run ended, how long the terminal still waits for the rest of the program's output
@@ -863,88 +843,6 @@ async def full_run_id(relay: Endpoint, run: str) -> str:
         return (await _control_call(control.get_run(run))).id
 
 
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
-
-
-def _state(record: RunRecord) -> str:
-    """The state, and whether its worker went silent (its host may be down: the lease decides),
-    or the program waits for an IDE before its first line."""
-    if record.silent_for:
-        return f"{record.state.value} (worker silent {_age(record.silent_for)})"
-    if record.waiting_for_ide and record.state.value == "running":
-        return "waiting for an IDE"
-    return record.state.value
-
-
-def _display_name(spec: RunSpec) -> str:
-    """What ``ls`` calls a run: its name, else its command without the interpreter's path and
-    options (``train.py --lr 3e-4``, ``-m trainer``)."""
-    if spec.name:
-        return spec.name
-    words = list(spec.command)
-    if words and PYTHON_NAME.fullmatch(Path(words[0]).name):
-        words = words[1:]
-        while words and words[0].startswith("-") and words[0] not in ("-m", "-c"):
-            words = words[1:]
-    return " ".join(words) or " ".join(spec.command)
-
-
-def _width(text: str) -> int:
-    """Columns ``text`` takes on a terminal (East Asian wide characters take two)."""
-    import unicodedata
-
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
-def _fit(text: str, width: int) -> str:
-    """``text`` cut to ``width`` columns, with an ellipsis where it was cut."""
-    if _width(text) <= width:
-        return text
-    out = ""
-    for c in text:
-        if _width(out + c) > width - 1:
-            break
-        out += c
-    return out + "\u2026"
-
-
-def _where(record: RunRecord) -> str:
-    if record.paused_at:
-        return record.paused_at
-    if record.finished and record.exit_code is not None:
-        return f"exit {record.exit_code}"
-    attempt = record.attempts[-1] if record.attempts else None
-    if record.state.value == "queued" and attempt and attempt.job:
-        return f"job {attempt.job}"
-    return record.detail[:40] if record.finished else ""
-
-
-def runs_table(records: Sequence[RunRecord], now: float) -> str:
-    rows = [("ID", "NAME", "STATE", "BACKEND", "AGE", "ATTEMPT", "WHERE")]
-    for r in records:
-        tries = f"{r.attempt}/{r.spec.max_retries + 1}"
-        rows.append(
-            (
-                r.id,
-                _fit(_display_name(r.spec), 28),
-                _state(r),
-                r.spec.backend,
-                _age(now - r.created_at),
-                tries,
-                _where(r),
-            )
-        )
-    widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell + " " * (widths[i] - _width(cell)) for i, cell in enumerate(row)).rstrip()
-        for row in rows
-    )
-
-
 async def cmd_ls(args: argparse.Namespace) -> int:
     from relay.client import open_control
 
@@ -955,56 +853,6 @@ async def cmd_ls(args: argparse.Namespace) -> int:
     else:
         print(runs_table(records, time.time()))
     return 0
-
-
-def status_text(record: RunRecord, now: float) -> str:
-    spec = record.spec
-    res = spec.resources
-    lines = [
-        f"run        {record.id}{f'  ({spec.name})' if spec.name else ''}",
-        f"state      {_state(record)}{f': {record.detail}' if record.detail else ''}",
-        f"command    {' '.join(spec.command)}",
-        f"mode       {'debug' if spec.debug else 'run'} on {spec.backend}",
-        f"snapshot   {record.snapshot[:12]} ({record.files} files, {_mib(record.size)}) "
-        f"from {spec.workdir}",
-        f"resources  gpus={res.gpus} cpus={res.cpus}"
-        + (f" mem={res.memory_mb}M" if res.memory_mb else "")
-        + (f" time={_age(res.time_limit)}" if res.time_limit else "")
-        + (f" partition={res.partition}" if res.partition else ""),
-        f"submitted  {_age(now - record.created_at)} ago"
-        + (f" by {record.owner}" if record.owner else ""),
-    ]
-    if spec.env:
-        lines.append("env        " + " ".join(f"{k}={v}" for k, v in sorted(spec.env.items())))
-    if record.paused_at:
-        lines.append(f"paused at  {record.paused_at}")
-    if record.silent_for:
-        lines.append(
-            f"worker     silent for {_age(record.silent_for)}: its host may be down or cut off; "
-            "the run is marked lost (or retried) when its lease runs out"
-        )
-    if record.rerun_of:
-        lines.append(f"rerun of   {record.rerun_of}")
-    if spec.tags:
-        lines.append(f"tags       {', '.join(spec.tags)}")
-    lines.append(f"attempts   {record.attempt} of at most {spec.max_retries + 1}")
-    for a in record.attempts:
-        parts = [f"  #{a.n}"]
-        if a.worker:
-            parts.append(f"on {a.worker}")
-        if a.job:
-            parts.append(f"job {a.job}")
-        if a.started_at:
-            parts.append(f"started {_age(now - a.started_at)} ago")
-        if a.outcome:
-            code = f" (exit {a.exit_code})" if a.exit_code is not None else ""
-            parts.append(f"-> {a.outcome}{code}")
-        if a.detail and a.outcome not in ("", "succeeded"):
-            parts.append(f": {a.detail[:100]}")
-        lines.append(" ".join(parts))
-        if a.run_dir:
-            lines.append(f"     files in {a.run_dir} (on {a.worker or 'its worker'})")
-    return "\n".join(lines)
 
 
 async def cmd_status(args: argparse.Namespace) -> int:

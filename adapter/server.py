@@ -122,7 +122,6 @@ class AdapterServer:
             self.on_unattended = self.on_event
         self._lock = trio.Lock()
         self._ide: _Ide | None = None
-        self._nursery: trio.Nursery | None = None
         self.finished = trio.Event()
         self._wake_timer = trio.Event()
         #: publish number -> the ``origin_seq`` it carried (None: presence), until the relay
@@ -179,7 +178,6 @@ class AdapterServer:
 
     async def run(self, listeners: list[trio.SocketListener]) -> None:
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
             nursery.start_soon(self._deliveries)
             nursery.start_soon(self._timer)
             nursery.start_soon(self._link_news_loop)

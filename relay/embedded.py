@@ -251,7 +251,9 @@ async def run_embedded_server(
     try:
         try:
             if await _ping(sock):
-                log_note(sock.parent, "a server left running by an earlier tether: shutting it down")
+                log_note(
+                    sock.parent, "a server left running by an earlier tether: shutting it down"
+                )
                 await _shut_down_orphan(sock)
             process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "relay.guard", *argv],

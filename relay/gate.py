@@ -110,21 +110,17 @@ class Gate:
         slot is full. Control connections of a user are counted apart from their IDE and logs
         links, so idle links never lock the user's CLI out."""
         if who.kind == "worker":
-            slot, cap = f"worker:{who.token}", self.config.max_worker_connections
-            what = "this worker token"
+            slot, cap, what = f"worker:{who.token}", self.config.max_worker_connections, ""
         elif hello.role is Role.CONTROL:
-            slot, cap = f"control:{who.user}", self.config.max_control_connections
-            what = f"{who} has {cap} control connections"
+            slot, cap, what = f"control:{who.user}", self.config.max_control_connections, "control "
         else:
-            slot, cap = f"links:{who.user}", self.config.max_connections
-            what = f"{who} has {cap} IDE and logs connections"
+            slot, cap, what = f"links:{who.user}", self.config.max_connections, "IDE and logs "
         if self.connections.get(slot, 0) >= cap:
-            if who.kind == "worker":
-                what = f"{what} has {cap} connections"
+            holder = "this worker token" if who.kind == "worker" else str(who)
             await peer.fatal(
                 ErrorCode.TOO_MANY_CONNECTIONS,
-                f"{what} open to this relay already, the most it allows; close some "
-                "(another tether process?)",
+                f"{holder} has {cap} {what}connections open to this relay already, the most it "
+                "allows; close some (another tether process?)",
             )
             yield False
             return

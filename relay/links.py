@@ -16,7 +16,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -77,6 +77,9 @@ class _Link:
     producer: str
     #: the last presence the adapter on this link reported
     presence: wire.PresenceEntry | None = None
+    #: entry kind -> why this link may not publish it (None: it may); decided once per kind: the
+    #: holder and the run the decision rests on are fixed for the link's life
+    refusals: dict[str, Refusal | None] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:
@@ -265,7 +268,11 @@ class Links:
         except WireError as exc:
             await peer.error(exc.code, exc.message, n=frame.n)
             return await self._skip(link, frame.n)
-        refusal = authorize(link.who, _PUBLISH[entry.k], link.record, about_run=link.run_id)
+        if entry.k not in link.refusals:
+            link.refusals[entry.k] = authorize(
+                link.who, _PUBLISH[entry.k], link.record, about_run=link.run_id
+            )
+        refusal = link.refusals[entry.k]
         if refusal is not None:
             await peer.error(ErrorCode(refusal.code), refusal.message, n=frame.n)
             return await self._skip(link, frame.n)

@@ -167,7 +167,7 @@ async def _slot(
                         with trio.CancelScope(shield=True):
                             await tidy(work_dir, keep_runs=bounds[0], cache_max=bounds[1])
         except RelayError as exc:
-            log.warning("%s: %s; retrying in %.1f s", worker, exc, backoff)
+            log.debug("%s: %s; retrying in %.1f s", worker, exc, backoff)
             say(f"{worker}: lost the relay ({exc.message}); retrying in {backoff:.1f} s")
             lost = True
             await trio.sleep(backoff)

@@ -57,6 +57,7 @@ async def test_bad_input_gets_a_clear_line_and_never_a_traceback(tmp_path: Path)
                 (("run", "--workdir", str(tmp_path / "no"), "--", "python", "app.py"), "no such"),
                 (("up", "--data-dir", str(home / "data"), "--relay-port", "0"), "already run by"),
                 (("token", "revoke", "nosuchtoken"), "no token 'nosuchtoken'"),
+                (("relay", "--redis", "memory://", "--port", port), "another relay?"),
             ]
             wrong = []
             for args, said in cases:

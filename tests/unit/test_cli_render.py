@@ -3,7 +3,7 @@ up, and a program that waits for an IDE told apart from one that runs."""
 
 from __future__ import annotations
 
-from adapter.cli import runs_table
+from adapter.render import runs_table
 from protocol_specs.runs import RunEvent, RunRecord, RunSpec, RunState
 
 
