@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import trio
 
 from protocol_specs import dap_framing, wire
+from protocol_specs.link import Cursor
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import DapEntry, Role, StreamName, WireError
 from relay.client import LinkPolicy, RelayError, Target, open_control, open_run_link
@@ -77,11 +78,6 @@ class AdapterLink(Protocol):
     async def publish(self, entry: wire.AnyEntry) -> int: ...
 
     async def flush(self) -> None: ...
-
-
-def _id_tuple(cursor: str) -> tuple[int, int]:
-    ms, _, seq = cursor.partition("-")
-    return int(ms or 0), int(seq or 0)
 
 
 @dataclass
@@ -159,11 +155,11 @@ class AdapterServer:
         """Fold the run's history (``to_worker`` then ``to_ide``) before serving any IDE."""
         tails = self.link.tails
         streams = (StreamName.TO_WORKER, StreamName.TO_IDE)
-        need = {name: _id_tuple(tails.get(name.value, "0")) for name in streams}
+        need = {name: Cursor.parse(tails.get(name.value, "0")) for name in streams}
         seen = {name: (0, 0) for name in streams}
         while any(seen[n] < need[n] for n in streams):
             delivery = await self.link.deliveries.receive()
-            seen[delivery.stream] = _id_tuple(delivery.cursor)
+            seen[delivery.stream] = Cursor.parse(delivery.cursor)
             self._fold(delivery, replaying=True)
         if self.core.session.finished:
             self.finished.set()

@@ -45,6 +45,7 @@ from websockets.trio.client import ClientConnection, connect
 
 from protocol_specs import wire
 from protocol_specs.auth import Scope, TokenInfo
+from protocol_specs.link import Cursor
 from protocol_specs.runs import RunRecord, RunSpec
 from protocol_specs.snapshots import BLOB_CHUNK, Manifest
 from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
@@ -425,12 +426,7 @@ _PERMANENT = frozenset(
 
 
 def _after(cursor: str, than: str) -> bool:
-    return _id(cursor) > _id(than)
-
-
-def _id(cursor: str) -> tuple[int, int]:
-    ms, _, seq = cursor.partition("-")
-    return int(ms or 0), int(seq or 0)
+    return Cursor.parse(cursor) > Cursor.parse(than)
 
 
 class RunLink:

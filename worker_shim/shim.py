@@ -58,6 +58,7 @@ from protocol_specs.capabilities import (
     capabilities_delta,
 )
 from protocol_specs.dap_models import coalesce_output, plain_output
+from protocol_specs.link import Cursor
 from protocol_specs.runs import RunRecord, retry_delay
 from protocol_specs.session import (
     CONFIGURATION_COMMANDS,
@@ -560,7 +561,7 @@ async def _run_debug(
         nursery.start_soon(attention.run, link, terminate)
         # 3. fold the IDE side: everything stored before we connected, then (unless the run
         #    does not wait) until the IDE finished its configuration
-        tail = _id(link.tails.get(StreamName.TO_WORKER.value, "0"))
+        tail = Cursor.parse(link.tails.get(StreamName.TO_WORKER.value, "0"))
         seen = (0, 0)
         waiting_said = False
         while not terminate.is_set():
@@ -574,7 +575,7 @@ async def _run_debug(
                 say(f"run {record.id}: debugger ready, waiting for the IDE's configuration")
                 waiting_said = True
             delivery = await link.deliveries.receive()
-            seen = _id(delivery.cursor)
+            seen = Cursor.parse(delivery.cursor)
             _fold(delivery, session, terminate, attention, record)
         _drain(link, session, terminate, attention, record)  # configuration here counts too
         if not terminate.is_set():
@@ -649,11 +650,6 @@ def _drain(
         except trio.WouldBlock:
             return
         _fold(delivery, session, terminate, attention, record)
-
-
-def _id(cursor: str) -> tuple[int, int]:
-    ms, _, seq = cursor.partition("-")
-    return int(ms or 0), int(seq or 0)
 
 
 def _decode(delivery: wire.Deliver) -> wire.AnyEntry | None:

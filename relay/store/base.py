@@ -10,6 +10,8 @@ from typing import Protocol
 
 import trio
 
+from protocol_specs.link import Cursor, InvalidCursor
+
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_MS",
     "NOTICE_CHANNEL",
@@ -312,16 +314,16 @@ def check_read_args(block_ms: int, count: int) -> None:
 
 
 #: a stream entry id as numbers: ``(ms, seq)``
-StreamId = tuple[int, int]
+StreamId = Cursor
 
 
 def parse_id(text: str) -> StreamId:
     """``"<ms>-<seq>"`` or ``"<ms>"``, like Redis (which answers "Invalid stream ID" otherwise)."""
-    ms, sep, seq = text.partition("-")
-    if not (ms.isascii() and ms.isdigit()) or (sep and not (seq.isascii() and seq.isdigit())):
-        raise StoreError(f"invalid stream id {text!r}")
-    return int(ms), int(seq) if sep else 0
+    try:
+        return Cursor.parse(text)
+    except InvalidCursor as exc:
+        raise StoreError(str(exc)) from None
 
 
 def format_id(entry_id: StreamId) -> str:
-    return f"{entry_id[0]}-{entry_id[1]}"
+    return str(Cursor(*entry_id))

@@ -14,6 +14,8 @@ from typing import TypeVar
 
 import trio
 
+from protocol_specs.link import START, Cursor
+
 from .base import (
     NO_CAP,
     VERSION_FIELD,
@@ -38,7 +40,7 @@ __all__ = ["MemoryStore"]
 
 @dataclass
 class _Group:
-    delivered: StreamId = (0, 0)  # last id delivered to the group
+    delivered: StreamId = START  # last id delivered to the group
     pending: dict[StreamId, str] = field(default_factory=dict)  # entry id -> consumer
     since: dict[StreamId, float] = field(default_factory=dict)  # entry id -> when delivered
 
@@ -47,7 +49,7 @@ class _Group:
 class _Stream:
     ids: list[StreamId] = field(default_factory=list)
     payloads: list[bytes] = field(default_factory=list)
-    last: StreamId = (0, 0)  # last id ever generated: ids keep growing after trims
+    last: StreamId = START  # last id ever generated: ids keep growing after trims
     groups: dict[str, _Group] = field(default_factory=dict)
 
     def after(self, cursor: StreamId, count: int) -> list[Entry]:
@@ -190,7 +192,7 @@ class MemoryStore:
         s = self._get_or_create(stream, _Stream, _Stream)
         prev = format_id(s.last)
         now_ms = time.time_ns() // 1_000_000
-        s.last = (now_ms, 0) if now_ms > s.last[0] else (s.last[0], s.last[1] + 1)
+        s.last = Cursor(now_ms) if now_ms > s.last.ms else Cursor(s.last.ms, s.last.seq + 1)
         s.ids.append(s.last)
         s.payloads.append(bytes(payload))
         if maxlen is not None and len(s.ids) > maxlen:
