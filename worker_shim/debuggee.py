@@ -39,8 +39,6 @@ import fcntl
 import json
 import logging
 import os
-import re
-import shutil
 import signal
 import socket
 import struct
@@ -50,23 +48,26 @@ import tempfile
 import termios
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import BinaryIO
 
 import trio
 
 from protocol_specs.redact import Redactor
 
+from .python_command import (
+    build_debug_argv,
+    check_python,
+    debugpy_home,
+    is_python,
+    resolve_python,
+    split_python_command,  # TODO(17): the CLI imports it from here until it imports python_command
+)
+
 __all__ = [
-    "BOOT",
-    "MIN_PYTHON",
     "Debuggee",
     "DebuggeeStartError",
     "OutputPump",
-    "build_debug_argv",
-    "check_python",
-    "debugpy_home",
-    "resolve_python",
     "split_python_command",
     "start_debuggee",
     "start_plain",
@@ -209,205 +210,8 @@ def _pipe_bytes(stream: trio.abc.ReceiveStream) -> int:
     return int(struct.unpack("i", raw)[0])
 
 
-#: debugpy's command line with pydevd's socket made TCP_NODELAY
-BOOT = Path(__file__).resolve().with_name("_tether_debugpy_boot.py")
-
-_USAGE = (
-    "debug mode needs a Python command: python [options] script.py|-m module|-c code [args], "
-    "or script.py [args]"
-)
-_PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
-_FLAGS = frozenset("bBdEiIOPqsuv")  # CPython's short options without a value that can be kept
-_REFUSED = {
-    "S": "python -S cannot be debugged: it hides site-packages, where debugpy is installed",
-    "x": "python -x cannot be debugged: debugpy, not the interpreter, reads the script",
-    "h": "python -h runs no program",
-    "?": "python -? runs no program",
-    "V": "python -V runs no program",
-}
-
-
 class DebuggeeStartError(RuntimeError):
     """The program did not get as far as debugpy listening; the message ends with its log's tail."""
-
-
-def _is_python(program: str) -> bool:
-    return _PYTHON_NAME.fullmatch(PurePath(program).name) is not None or program == sys.executable
-
-
-#: the oldest CPython the debugpy tether installs runs on (its ``Requires-Python``)
-MIN_PYTHON = (3, 10)
-
-
-def resolve_python(program: str, *, env: dict[str, str], cwd: str) -> str:
-    """The interpreter a command names, as the run's environment finds it: a path (relative to the
-    run directory), or a name looked up on the run's ``PATH``. A bare ``python``/``python3`` that
-    is not on that ``PATH`` is the worker's own interpreter; any other name must be found."""
-    if os.sep in program or (os.altsep and os.altsep in program):
-        path = Path(cwd, program)
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise ValueError(f"no interpreter at {program!r} on the worker (relative to the run)")
-        return str(path)
-    found = shutil.which(program, path=env.get("PATH", os.defpath))
-    if found is not None:
-        return found
-    if program in ("python", "python3"):
-        return sys.executable
-    raise ValueError(f"no interpreter named {program!r} on the worker's PATH")
-
-
-#: interpreters already found fit for debugpy: (path, size, mtime) of their executable
-_FIT: set[tuple[str, int, int]] = set()
-
-
-async def check_python(python: str, *, env: dict[str, str], cwd: str) -> None:
-    """Raise ``ValueError`` saying why ``python`` cannot run debugpy (not CPython, or too old).
-    An interpreter found fit is not asked again (while its executable is unchanged)."""
-    key = _identity(python)
-    if key in _FIT:
-        return
-    probe = "import sys; print(sys.implementation.name, *sys.version_info[:3])"
-    try:
-        with trio.fail_after(30):
-            done = await trio.run_process(
-                [python, "-c", probe], env=env, cwd=cwd, capture_stdout=True, capture_stderr=True,
-                check=False,
-            )  # fmt: skip
-    except (OSError, trio.TooSlowError) as exc:
-        raise ValueError(f"cannot run the interpreter {python}: {exc}") from None
-    words = done.stdout.decode(errors="replace").split()
-    if done.returncode != 0 or len(words) != 4 or not all(w.isdigit() for w in words[1:]):
-        said = done.stderr.decode(errors="replace").strip().splitlines()[:1]
-        raise ValueError(
-            f"{python} did not run as a Python interpreter (exit {done.returncode}"
-            f"{': ' + said[0][:200] if said else ''})"
-        )
-    name, version = words[0], tuple(int(w) for w in words[1:])
-    wanted = ".".join(map(str, MIN_PYTHON))
-    if name != "cpython" or version[:2] < MIN_PYTHON:
-        raise ValueError(
-            f"{python} is {name} {'.'.join(map(str, version))}; the debugger (debugpy "
-            f"{_debugpy_version()}) needs CPython {wanted} or newer. Run the program with a newer "
-            "interpreter, or without the debugger (tether run)"
-        )
-    if key is not None:
-        _FIT.add(key)
-
-
-def _identity(python: str) -> tuple[str, int, int] | None:
-    try:
-        st = os.stat(python)
-    except OSError:
-        return None
-    return os.path.realpath(python), st.st_size, st.st_mtime_ns
-
-
-def _debugpy_version() -> str:
-    import debugpy
-
-    return str(debugpy.__version__)
-
-
-def debugpy_home(where: Path) -> Path:
-    """A directory under ``where`` holding only the worker's ``debugpy`` package (a link): what
-    the program's interpreter adds to its path to debug it, without seeing anything else the
-    worker has installed."""
-    home = where / "debugpy-home"
-    home.mkdir(exist_ok=True)
-    link = home / "debugpy"
-    if not link.exists():
-        import debugpy
-
-        link.symlink_to(Path(debugpy.__file__).resolve().parent, target_is_directory=True)
-    return home
-
-
-def split_python_command(user_argv: list[str]) -> tuple[list[str], list[str]]:
-    """``(python options, target)`` of a Python command; ``ValueError`` says why not.
-
-    The target is ``[script, args...]``, ``["-m", module, args...]`` or ``["-c", code, args...]``.
-    Short options are parsed the way CPython does (``-uOO``, ``-Xdev``, ``-um pkg``, ``-cCODE``)
-    and come back one per item: ``["-u", "-O", "-O", "-X", "dev"]``.
-    """
-    if not user_argv:
-        raise ValueError(f"{_USAGE}; got an empty command")
-    program, *rest = user_argv
-    if not _is_python(program):
-        if program.endswith(".py"):
-            return [], list(user_argv)
-        raise ValueError(f"{_USAGE}; got {program!r}")
-    opts: list[str] = []
-    i = 0
-    while i < len(rest):
-        arg = rest[i]
-        i += 1
-        if arg == "--check-hash-based-pycs":
-            if i >= len(rest):
-                raise ValueError(f"python {arg} needs an argument")
-            opts += [arg, rest[i]]
-            i += 1
-            continue
-        if arg == "--":
-            break
-        if arg == "-" or arg.startswith("--"):
-            raise ValueError(f"unsupported python option {arg!r} in debug mode")
-        if not arg.startswith("-"):
-            return opts, rest[i - 1 :]
-        for j, letter in enumerate(arg[1:], start=2):
-            if letter in "cmWX":
-                value = arg[j:]
-                if not value:
-                    if i >= len(rest):
-                        raise ValueError(f"python -{letter} needs an argument")
-                    value = rest[i]
-                    i += 1
-                if letter == "m" and value.split(".")[0] == "debugpy":
-                    raise ValueError(
-                        "the command already runs debugpy; tether starts debugpy itself, "
-                        "give the program's own command"
-                    )
-                if letter in "cm":
-                    return opts, [f"-{letter}", value, *rest[i:]]
-                opts += [f"-{letter}", value]
-                break
-            if letter in _REFUSED:
-                raise ValueError(_REFUSED[letter])
-            if letter not in _FLAGS:
-                raise ValueError(f"unsupported python option -{letter} in debug mode")
-            opts.append(f"-{letter}")
-    if i < len(rest) and not rest[i].startswith("-"):  # after "--"
-        return opts, rest[i:]
-    raise ValueError("the python command names no script, -m module or -c code")
-
-
-def build_debug_argv(
-    user_argv: list[str], *, python: str = sys.executable, fast: bool = True, home: str = ""
-) -> list[str]:
-    """The debuggee's argv: the user's Python options, debugpy held before user code, the target.
-
-    The program runs on ``python``: the interpreter the command names, resolved by the caller
-    (:func:`resolve_python`), or the worker's for a bare ``script.py``. ``fast`` runs debugpy's
-    command line through ``_tether_debugpy_boot.py`` (no 40 ms stall per message), which first
-    adds ``home`` (:func:`debugpy_home`) to the path; ``fast=False`` is stock ``python -m
-    debugpy`` (the caller puts ``home`` on ``PYTHONPATH``).
-    """
-    opts, target = split_python_command(user_argv)
-    launcher = ["-m", "debugpy"]
-    if fast:
-        launcher = [str(BOOT), *(["--tether-debugpy", home] if home else [])]
-    return [
-        python,
-        "-X",
-        "frozen_modules=off",
-        *opts,
-        *launcher,
-        "--listen",
-        "127.0.0.1:0",
-        "--wait-for-client",
-        "--configure-subProcess",
-        "false",
-        *target,
-    ]
 
 
 class Debuggee:
@@ -474,7 +278,7 @@ async def start_debuggee(
     debugpy's adapter and any other process of this run still alive are killed.
     """
     program = user_argv[0] if user_argv else ""
-    if _is_python(program):
+    if is_python(program):
         python = resolve_python(program, env=env, cwd=cwd)
     split_python_command(user_argv)  # a command that is not Python: said before anything starts
     await check_python(python, env=env, cwd=cwd)

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import trio
 
@@ -18,7 +17,6 @@ from .base import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     NO_CAP,
     NOTICE_CHANNEL,
-    PAYLOAD_FIELD,
     TICK_LATE_SECONDS,
     TICK_SECONDS,
     VERSION_FIELD,
@@ -36,199 +34,31 @@ from .base import (
     transient_key,
     watchers_key,
 )
+from .glide_connection import (
+    GlideReader,
+    as_text,
+    glide_config,
+    glide_errors,
+    quiet_glide,
+    redact,
+    stream_entries,
+)
 
 if TYPE_CHECKING:
     from glide import GlideClient, GlideClientConfiguration
 
 __all__ = ["GlideStore"]
 
-_T = TypeVar("_T")
-_PAYLOAD_FIELD_BYTES = PAYLOAD_FIELD.encode()
-
 log = logging.getLogger("tether.store")
 
-_glide_logging_configured = False
-
-
-def _quiet_glide() -> None:
-    """glide's core logs warnings (e.g. ``timeout_watchdog``) to stderr; keep only errors."""
-    global _glide_logging_configured
-    if not _glide_logging_configured:
-        import glide
-
-        glide.Logger.set_logger_config(glide.LogLevel.ERROR)
-        _glide_logging_configured = True
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def _database(text: str, url: str) -> int | None:
-    if not text:
-        return None
-    if not (text.isascii() and text.isdigit()):
-        raise ValueError(f"database number must be a non-negative integer in {_redact(url)!r}")
-    return int(text)
-
-
-def _glide_config(url: str, request_timeout_ms: int) -> GlideClientConfiguration:
-    """``redis://[user:password@]host[:port][/db]``, ``rediss://`` (TLS), ``unix:///path[?db=N]``."""
-    import glide
-
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        if parts.netloc or not parts.path.startswith("/"):
-            raise ValueError(
-                f"unix socket URL needs an absolute path (unix:///...): {_redact(url)!r}"
-            )
-        address = glide.NodeAddress(unix_socket_path=unquote(parts.path))
-        database = _database(parse_qs(parts.query).get("db", [""])[0], url)
-    elif parts.scheme in ("redis", "rediss", "valkey", "valkeys"):
-        address = glide.NodeAddress(parts.hostname or "localhost", parts.port or 6379)
-        database = _database(parts.path.strip("/"), url)
-    else:
-        raise ValueError(
-            f"unsupported store URL {_redact(url)!r}: "
-            "use redis://host:port[/db], rediss://..., unix:///path/to.sock or memory://"
-        )
-    credentials = None
-    if parts.password is not None:
-        credentials = glide.ServerCredentials(
-            password=unquote(parts.password), username=unquote(parts.username or "") or None
-        )
-    return glide.GlideClientConfiguration(
-        [address],
-        use_tls=parts.scheme in ("rediss", "valkeys"),
-        credentials=credentials,
-        database_id=database,
-        request_timeout=request_timeout_ms,
-    )
-
-
-@contextmanager
-def _glide_errors(what: str) -> Iterator[None]:
-    import glide
-
-    try:
-        yield
-    except glide.GlideError as exc:
-        raise StoreError(f"{what}: {exc}".strip()) from exc
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _entries(reply: Mapping[bytes, list[list[bytes]] | None] | None) -> list[Entry]:
-    """glide's stream reply ``{id: [[field, value], ...]}`` (server order) -> ``[(id, payload)]``.
-
-    An entry without the ``p`` field (written by someone else) gets an empty payload: the caller's
-    decoder reports it, and the cursor still moves past it.
-    """
-    if not reply:
-        return []
-    out: list[Entry] = []
-    for entry_id, fields in reply.items():
-        payload = b""
-        for name, value in fields or ():
-            if name == _PAYLOAD_FIELD_BYTES:
-                payload = value
-                break
-        out.append((_text(entry_id), payload))
-    return out
-
-
-class _GlideReader:
-    """A :class:`BlockingReader` owning one glide client; reconnects after a discarded client."""
-
-    def __init__(self, config: GlideClientConfiguration) -> None:
-        self._config = config
-        self._client: GlideClient | None = None
-        self._closed = False
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else "connected" if self._client else "idle"
-        return f"<GlideReader {state}>"
-
-    async def connect(self) -> GlideClient:
-        if self._closed:
-            raise StoreError("blocking reader is closed")
-        if self._client is None:
-            import glide
-
-            with _glide_errors("cannot open a blocking-read connection"):
-                self._client = await glide.GlideClient.create(self._config)
-        return self._client
-
-    async def aclose(self) -> None:
-        self._closed = True
-        await self._discard()
-
-    async def _discard(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            with trio.CancelScope(shield=True):
-                await client.close()
-
-    async def _blocking(self, what: str, command: Callable[[GlideClient], Awaitable[_T]]) -> _T:
-        import glide
-
-        client = await self.connect()
-        try:
-            return await command(client)
-        except glide.RequestError as exc:
-            if isinstance(exc, glide.TimeoutError | glide.ConnectionError):
-                await self._discard()  # the command may still be pending on the connection
-            # else the server refused it (NOGROUP, WRONGTYPE...): the connection is idle again
-            raise StoreError(f"{what}: {exc}") from exc
-        except glide.GlideError as exc:
-            await self._discard()
-            raise StoreError(f"{what}: {exc}") from exc
-        except BaseException:
-            # Cancelled: the server still blocks on our command and glide keeps the connection
-            # busy until it answers; a fresh connection is cheaper than waiting out the block.
-            await self._discard()
-            raise
-
-    async def read(
-        self, stream: str, after: str, *, block_ms: int = 1000, count: int = 100
-    ) -> list[Entry]:
-        import glide
-
-        check_read_args(block_ms, count)
-        options = glide.StreamReadOptions(block_ms=block_ms, count=count)
-        reply = await self._blocking(
-            f"XREAD {stream} after {after}", lambda c: c.xread({stream: after}, options)
-        )
-        return _entries(reply.get(stream.encode())) if reply else []
-
-    async def read_group(
-        self, stream: str, group: str, consumer: str, *, block_ms: int = 1000
-    ) -> Entry | None:
-        import glide
-
-        check_read_args(block_ms, 1)
-        options = glide.StreamReadGroupOptions(block_ms=block_ms, count=1)
-        reply = await self._blocking(
-            f"XREADGROUP {group} {stream}",
-            lambda c: c.xreadgroup({stream: ">"}, group, consumer, options),
-        )
-        entries = _entries(reply.get(stream.encode())) if reply else []
-        return entries[0] if entries else None
+_T = TypeVar("_T")
 
 
 def _appended(reply: object) -> Appended:
     assert isinstance(reply, list) and len(reply) in (2, 3)
-    code, value = int(reply[0]), _text(reply[1])
+    code, value = int(reply[0]), as_text(reply[1])
     if code == 1:
-        return Appended("stored", cursor=value, prev=_text(reply[2]))
+        return Appended("stored", cursor=value, prev=as_text(reply[2]))
     if code == 0:
         return Appended("duplicate", cursor=value)
     if code == 2:
@@ -244,7 +74,7 @@ class GlideStore:
     def __init__(self, client: GlideClient, config: GlideClientConfiguration, url: str) -> None:
         self._client = client
         self._config = config
-        self._url = _redact(url)
+        self._url = redact(url)
 
     def __repr__(self) -> str:
         return f"<GlideStore {self._url}>"
@@ -255,9 +85,9 @@ class GlideStore:
     ) -> GlideStore:
         import glide
 
-        config = _glide_config(url, request_timeout_ms)
-        _quiet_glide()
-        with _glide_errors(f"cannot connect to {_redact(url)}"):
+        config = glide_config(url, request_timeout_ms)
+        quiet_glide()
+        with glide_errors(f"cannot connect to {redact(url)}"):
             client = await glide.GlideClient.create(config)
         return cls(client, config, url)
 
@@ -269,7 +99,7 @@ class GlideStore:
         script = _SCRIPTS.get(source)
         if script is None:
             script = _SCRIPTS[source] = glide.Script(source)  # type: ignore[no-untyped-call]
-        with _glide_errors(what):
+        with glide_errors(what):
             return await self._client.invoke_script(script, keys=keys, args=args)  # type: ignore[arg-type]
 
     async def append_once(
@@ -322,7 +152,7 @@ class GlideStore:
         return reply
 
     async def buffered_bytes(self, stream: str) -> int:
-        with _glide_errors(f"HGET {meta_key(stream)}"):
+        with glide_errors(f"HGET {meta_key(stream)}"):
             value = await self._client.hget(meta_key(stream), "bytes")
         return int(value or 0)
 
@@ -334,28 +164,28 @@ class GlideStore:
             [payload, str(-1 if maxlen is None else maxlen), NOTICE_CHANNEL],
         )
         assert isinstance(reply, bytes | str)
-        return _text(reply)
+        return as_text(reply)
 
     async def read_after(self, stream: str, after: str, *, count: int = 100) -> list[Entry]:
         import glide
 
         check_read_args(0, count)
-        with _glide_errors(f"XRANGE {stream} after {after}"):
+        with glide_errors(f"XRANGE {stream} after {after}"):
             reply = await self._client.xrange(
                 stream, glide.ExclusiveIdBound(after), glide.MaxId(), count=count
             )
-        return _entries(reply)
+        return stream_entries(reply)
 
     async def last_id(self, stream: str) -> str | None:
         import glide
 
-        with _glide_errors(f"XREVRANGE {stream}"):
+        with glide_errors(f"XREVRANGE {stream}"):
             reply = await self._client.xrevrange(stream, glide.MaxId(), glide.MinId(), count=1)
-        return _text(next(iter(reply))) if reply else None
+        return as_text(next(iter(reply))) if reply else None
 
     @asynccontextmanager
     async def blocking_reader(self) -> AsyncIterator[BlockingReader]:
-        reader = _GlideReader(self._config)
+        reader = GlideReader(self._config)
         try:
             await reader.connect()
             yield reader
@@ -363,11 +193,11 @@ class GlideStore:
             await reader.aclose()
 
     async def watch(self, stream: str, listener: str) -> None:
-        with _glide_errors(f"SADD {watchers_key(stream)}"):
+        with glide_errors(f"SADD {watchers_key(stream)}"):
             await self._client.sadd(watchers_key(stream), [listener])
 
     async def unwatch(self, stream: str, listener: str) -> None:
-        with _glide_errors(f"SREM {watchers_key(stream)}"):
+        with glide_errors(f"SREM {watchers_key(stream)}"):
             await self._client.srem(watchers_key(stream), [listener])
 
     async def listen(
@@ -386,18 +216,18 @@ class GlideStore:
             callback=None,
             context=None,
         )
-        with _glide_errors("cannot subscribe to append notices"):
+        with glide_errors("cannot subscribe to append notices"):
             subscriber = await glide.GlideClient.create(config)
         ticks = _Ticks(listener, sink)
         try:
             async with trio.open_nursery() as nursery:
-                with _glide_errors("CLIENT ID"):
+                with glide_errors("CLIENT ID"):
                     ticks.connection(await subscriber.custom_command(["CLIENT", "ID"]))
                 nursery.start_soon(self._tick, ticks, subscriber)
                 task_status.started()
                 while True:
                     message = await subscriber.get_pubsub_message()
-                    ticks.received(_text(message.message))
+                    ticks.received(as_text(message.message))
         finally:
             with trio.CancelScope(shield=True):
                 await subscriber.close()
@@ -408,9 +238,9 @@ class GlideStore:
         numbered tick to ourselves, and say "maybe lost" when our own ticks are late."""
         while True:
             try:
-                with _glide_errors("CLIENT ID"):
+                with glide_errors("CLIENT ID"):
                     ticks.connection(await subscriber.custom_command(["CLIENT", "ID"]))
-                with _glide_errors("PUBLISH tick"):
+                with glide_errors("PUBLISH tick"):
                     await self._client.publish(ticks.next(), NOTICE_CHANNEL + ticks.nonce)
             except StoreError as exc:
                 log.debug("append notices: %s", exc)
@@ -430,26 +260,26 @@ class GlideStore:
             raise StoreError(f"XGROUP CREATE {stream} {group}: {exc}") from exc
 
     async def ack(self, stream: str, group: str, entry_id: str) -> None:
-        with _glide_errors(f"XACK {stream} {group} {entry_id}"):
+        with glide_errors(f"XACK {stream} {group} {entry_id}"):
             await self._client.xack(stream, group, [entry_id])
 
     async def reclaim(
         self, stream: str, group: str, consumer: str, *, min_idle: float, count: int = 100
     ) -> list[Entry]:
         check_read_args(0, count)
-        with _glide_errors(f"XAUTOCLAIM {stream} {group}"):
+        with glide_errors(f"XAUTOCLAIM {stream} {group}"):
             reply = await self._client.xautoclaim(
                 stream, group, consumer, max(0, round(min_idle * 1000)), "0-0", count
             )
         claimed = reply[1] if len(reply) > 1 else {}
         assert isinstance(claimed, Mapping)
-        return _entries(claimed)
+        return stream_entries(claimed)
 
     async def pending(self, stream: str, group: str, *, count: int = 100) -> list[tuple[str, str]]:
         import glide
 
         check_read_args(0, count)
-        with _glide_errors(f"XPENDING {stream} {group}"):
+        with glide_errors(f"XPENDING {stream} {group}"):
             reply = await self._client.xpending_range(
                 stream, group, glide.MinId(), glide.MaxId(), count
             )
@@ -461,7 +291,7 @@ class GlideStore:
         return out
 
     async def get_versioned(self, key: str, field: str) -> tuple[bytes | None, int]:
-        with _glide_errors(f"HMGET {key}"):
+        with glide_errors(f"HMGET {key}"):
             value, version = await self._client.hmget(key, [field, VERSION_FIELD])
         return value, int(version or 0)
 
@@ -477,31 +307,31 @@ class GlideStore:
     async def hset(self, key: str, mapping: Mapping[str, bytes | str]) -> None:
         if not mapping:
             return  # HSET without fields is a syntax error; "set nothing" is a no-op
-        with _glide_errors(f"HSET {key}"):
+        with glide_errors(f"HSET {key}"):
             await self._client.hset(key, dict(mapping))
 
     async def hgetall(self, key: str) -> dict[str, bytes]:
-        with _glide_errors(f"HGETALL {key}"):
+        with glide_errors(f"HGETALL {key}"):
             reply = await self._client.hgetall(key)
-        return {_text(name): value for name, value in reply.items()}
+        return {as_text(name): value for name, value in reply.items()}
 
     async def set_bytes(self, key: str, value: bytes) -> None:
-        with _glide_errors(f"SET {key}"):
+        with glide_errors(f"SET {key}"):
             await self._client.set(key, value)
 
     async def get_bytes(self, key: str) -> bytes | None:
-        with _glide_errors(f"GET {key}"):
+        with glide_errors(f"GET {key}"):
             return await self._client.get(key)
 
     async def sadd(self, key: str, members: list[str]) -> None:
         if members:
-            with _glide_errors(f"SADD {key}"):
+            with glide_errors(f"SADD {key}"):
                 await self._client.sadd(key, list(members))
 
     async def sismember(self, key: str, members: list[str]) -> list[bool]:
         if not members:
             return []
-        with _glide_errors(f"SMISMEMBER {key}"):
+        with glide_errors(f"SMISMEMBER {key}"):
             return list(await self._client.smismember(key, list(members)))
 
     async def zadd(
@@ -510,18 +340,18 @@ class GlideStore:
         import glide
 
         condition = glide.ConditionalChange.ONLY_IF_EXISTS if only_existing else None
-        with _glide_errors(f"ZADD {key}"):
+        with glide_errors(f"ZADD {key}"):
             changed = await self._client.zadd(
                 key, {member: float(score)}, existing_options=condition, changed=True
             )
         return changed > 0
 
     async def zscore(self, key: str, member: str) -> float | None:
-        with _glide_errors(f"ZSCORE {key}"):
+        with glide_errors(f"ZSCORE {key}"):
             return await self._client.zscore(key, member)
 
     async def zrem(self, key: str, member: str) -> bool:
-        with _glide_errors(f"ZREM {key}"):
+        with glide_errors(f"ZREM {key}"):
             return await self._client.zrem(key, [member]) > 0
 
     async def zrange_by_score(self, key: str, max_score: float, count: int) -> list[str]:
@@ -532,16 +362,16 @@ class GlideStore:
         query = glide.RangeByScore(
             glide.InfBound.NEG_INF, glide.ScoreBoundary(max_score), glide.Limit(0, count)
         )
-        with _glide_errors(f"ZRANGE {key} BYSCORE"):
+        with glide_errors(f"ZRANGE {key} BYSCORE"):
             members = await self._client.zrange(key, query)
-        return [_text(m) for m in members]
+        return [as_text(m) for m in members]
 
     async def expire(self, key: str, seconds: float) -> None:
-        with _glide_errors(f"PEXPIRE {key}"):
+        with glide_errors(f"PEXPIRE {key}"):
             await self._client.pexpire(key, max(1, round(seconds * 1000)))
 
     async def ttl(self, key: str) -> float | None:
-        with _glide_errors(f"PTTL {key}"):
+        with glide_errors(f"PTTL {key}"):
             ms = await self._client.pttl(key)
         return ms / 1000 if ms >= 0 else None
 
@@ -550,17 +380,17 @@ class GlideStore:
 
         if count < 1:
             return []
-        with _glide_errors(f"ZRANGE {key} REV"):
+        with glide_errors(f"ZRANGE {key} REV"):
             members = await self._client.zrange(key, glide.RangeByIndex(0, count - 1), reverse=True)
-        return [_text(m) for m in members]
+        return [as_text(m) for m in members]
 
     async def delete(self, *keys: str) -> None:
         if keys:
-            with _glide_errors(f"DEL {' '.join(keys)}"):
+            with glide_errors(f"DEL {' '.join(keys)}"):
                 await self._client.delete(list(keys))
 
     async def flushall(self) -> None:
-        with _glide_errors("FLUSHALL"):
+        with glide_errors("FLUSHALL"):
             await self._client.flushall()
 
     async def aclose(self) -> None:

@@ -1,0 +1,135 @@
+"""The house keeps its shape: no import cycle, no import against the floors, small rooms.
+
+The import graph is read from the source by ``tests/import_graph.py``; the layering checked here
+is the one ``docs/architecture.md`` documents, and its diagram must be the one drawn from the code.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from import_graph import (
+    ALLOWED,
+    BEGIN,
+    DOC,
+    END,
+    ROOT,
+    Graph,
+    Import,
+    build,
+    cycles,
+    diagram,
+    room_of,
+)
+
+MAX_LINES = 600
+#: where the limit does not apply, and why
+LONG_FILES_ALLOWED: dict[str, str] = {}
+#: the only ``sys.path`` edits outside the tests, and why they are not import tricks of ours
+SYS_PATH_EDITS_ALLOWED = {
+    "worker_shim/_tether_debugpy_boot.py": "runs inside the user's program: it gives the program "
+    "the sys.path plain `python script.py` would, and puts debugpy's home on it",
+}
+
+
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    return build()
+
+
+def _crosses(imp: Import) -> bool:
+    return room_of(imp.source) != room_of(imp.target)
+
+
+def test_no_import_cycle(graph: Graph) -> None:
+    assert cycles(graph) == []
+
+
+def test_nothing_imports_against_the_layering(graph: Graph) -> None:
+    wrong = [
+        f"{imp.source}:{imp.line} ({room_of(imp.source)}) imports {imp.target} "
+        f"({room_of(imp.target)})"
+        for imp in graph.imports
+        if _crosses(imp) and room_of(imp.target) not in ALLOWED[room_of(imp.source)]
+    ]
+    assert wrong == []
+
+
+def _all_of(path: Path) -> set[str] | None:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return None
+
+
+def test_other_rooms_import_only_public_names(graph: Graph) -> None:
+    """Across rooms: no ``_private`` name, and every name imported is in the module's ``__all__``."""
+    wrong = []
+    for imp in graph.imports:
+        if not _crosses(imp):
+            continue
+        public = _all_of(graph.modules[imp.target])
+        for name in imp.names:
+            if name.startswith("_") or imp.target.rpartition(".")[2].startswith("_"):
+                wrong.append(f"{imp.source}:{imp.line} imports private {imp.target}.{name}")
+            elif public is None:
+                wrong.append(f"{imp.target} has no __all__ ({imp.source} imports {name})")
+            elif name not in public:
+                wrong.append(f"{imp.source}:{imp.line} imports {name}, not in {imp.target}.__all__")
+    assert wrong == []
+
+
+def _sources() -> list[Path]:
+    return [
+        path
+        for package in ("protocol_specs", "relay", "worker_shim", "adapter", "bench")
+        for path in sorted((ROOT / package).rglob("*.py"))
+    ]
+
+
+def test_no_source_file_is_too_long() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in _sources()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+        and str(path.relative_to(ROOT)) not in LONG_FILES_ALLOWED
+    }
+    assert long == {}
+
+
+def test_no_sys_path_edits_outside_the_tests() -> None:
+    edits = [
+        str(path.relative_to(ROOT))
+        for path in _sources()
+        if "sys.path" in path.read_text()
+        and str(path.relative_to(ROOT)) not in SYS_PATH_EDITS_ALLOWED
+    ]
+    assert edits == []
+
+
+def test_the_documented_diagram_is_drawn_from_the_code(graph: Graph) -> None:
+    text = DOC.read_text()
+    assert BEGIN in text and END in text
+    drawn = text.partition(BEGIN)[2].partition(END)[0].strip()
+    assert drawn == diagram(graph), "run: .venv/bin/python tests/import_graph.py --write"
+
+
+def test_the_graph_reader_sees_imports_and_cycles(tmp_path: Path) -> None:
+    """The checks above can fail: the reader finds a planted cycle and a function-level import."""
+    graph = Graph(
+        modules={"adapter.a": tmp_path / "a.py", "adapter.b": tmp_path / "b.py"},
+        imports=[
+            Import("adapter.a", "adapter.b", ("f",), 1),
+            Import("adapter.b", "adapter.a", ("g",), 9),
+        ],
+    )
+    assert cycles(graph) == [["adapter.a", "adapter.b"]]
+    real = build()
+    hidden = [i for i in real.imports if i.source == "adapter.cli" or i.source.startswith("adapter.cli.")]
+    assert hidden, "the CLI's imports (many inside functions) are seen"
+    assert room_of("relay.client") == "link client"
+    assert room_of("relay.links") == "relay"
