@@ -15,6 +15,8 @@ key                            type    contents                                 
 ``tether:run:{R}:<s>:meta``    hash    per producer: last number and its entry id; relay         relay
                                        ``bytes``: payload bytes held in stream <s>
 ``tether:run:{R}:<s>:transient``  list  ``"<id> <size>"`` of <s>'s transient entries relay         relay (trim)
+``tether:run:{R}:<s>:watchers``  set   relay processes delivering <s> (notices)    relay         relay (append)
+``tether:appended:<listener>``  pubsub  append notices and ticks for one relay      relay         that relay
 ``tether:run:{R}:audit``       stream  who attached, submitted, cancelled, was     relay         ``tether audit``
                                        refused (``AuditEntry`` msgpack)
 ``tether:runs``                zset    run ids scored by submit time               relay         CLI (list)
@@ -42,21 +44,25 @@ from __future__ import annotations
 __all__ = [
     "DELAYED",
     "LEASES",
+    "NOTICE_CHANNEL",
     "POOL_GROUP",
     "RUNS",
     "TOKENS",
     "audit",
     "lease",
     "manifest",
+    "meta_key",
     "parse_lease",
     "queue",
     "record",
     "run_keys",
     "stream",
     "token",
+    "transient_key",
     "user_active",
     "user_blobs",
     "user_runs",
+    "watchers_key",
 ]
 
 POOL_GROUP = "pool"
@@ -115,10 +121,29 @@ def stream(run_id: str, name: str) -> str:
     return f"tether:run:{{{run_id}}}:{name}"
 
 
+def meta_key(stream: str) -> str:
+    """The hash :meth:`~relay.store.Store.append_once` keeps a stream's producers and byte count in."""
+    return f"{stream}:meta"
+
+
+def watchers_key(stream: str) -> str:
+    """The set of listeners (relay processes) that deliver ``stream`` and want its notices."""
+    return f"{stream}:watchers"
+
+
+def transient_key(stream: str) -> str:
+    """The list of a stream's transient entries (``"<id> <size>"``) not yet trimmed."""
+    return f"{stream}:transient"
+
+
+#: a listener's (relay process's) pub/sub channel for append notices is this prefix and its id
+NOTICE_CHANNEL = "tether:appended:"
+
+
 def run_keys(run_id: str) -> list[str]:
     """Every key of one run (they expire together when its retention ends)."""
     out = [record(run_id), manifest(run_id), audit(run_id)]
     for name in ("to_worker", "to_ide", "logs"):
         base = stream(run_id, name)
-        out += [base, f"{base}:meta", f"{base}:transient", f"{base}:watchers"]
+        out += [base, meta_key(base), transient_key(base), watchers_key(base)]
     return out

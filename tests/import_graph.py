@@ -185,12 +185,34 @@ def diagram(graph: Graph) -> str:
     return "\n".join(lines)
 
 
+def _summary(path: Path) -> str:
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    first = doc.split("\n\n", 1)[0].replace("\n", " ").strip()
+    return first.replace("|", "\\|")
+
+
+def module_map(graph: Graph) -> str:
+    """Every module by room, with the first paragraph of its docstring: its job."""
+    members: dict[str, list[str]] = defaultdict(list)
+    for module in sorted(graph.modules):
+        members[room_of(module)].append(module)
+    lines = []
+    for room, what, _ in ROOMS:
+        lines += ["", f"**{room}** ({what})", "", "| module | its job |", "|---|---|"]
+        lines += [f"| `{m}` | {_summary(graph.modules[m]) or '(no docstring)'} |" for m in members[room]]
+    return "\n".join(lines).strip()
+
+
+def generated(graph: Graph) -> str:
+    return f"{diagram(graph)}\n\n{module_map(graph)}"
+
+
 def write_doc(graph: Graph) -> bool:
     """Put the diagram between the markers in docs/architecture.md; True when it changed."""
     text = DOC.read_text()
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
-    new = f"{head}{BEGIN}\n{diagram(graph)}\n{END}{tail}"
+    new = f"{head}{BEGIN}\n{generated(graph)}\n{END}{tail}"
     if new != text:
         DOC.write_text(new)
     return new != text
@@ -201,4 +223,4 @@ if __name__ == "__main__":
     if "--write" in sys.argv:
         print("docs/architecture.md", "updated" if write_doc(g) else "already true")
     else:
-        print(diagram(g))
+        print(generated(g))

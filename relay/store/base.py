@@ -11,6 +11,7 @@ from typing import Protocol
 import trio
 
 from protocol_specs.link import Cursor, InvalidCursor
+from relay.keys import NOTICE_CHANNEL, meta_key, transient_key, watchers_key
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_MS",
@@ -45,21 +46,6 @@ PAYLOAD_FIELD = "p"
 #: the field of a hash that :meth:`Store.set_versioned` counts its writes in
 VERSION_FIELD = "v"
 DEFAULT_REQUEST_TIMEOUT_MS = 5000
-
-
-def meta_key(stream: str) -> str:
-    """The hash :meth:`Store.append_once` keeps a stream's producers and byte count in."""
-    return f"{stream}:meta"
-
-
-def watchers_key(stream: str) -> str:
-    """The set of listeners (relay processes) that deliver ``stream`` and want its notices."""
-    return f"{stream}:watchers"
-
-
-def transient_key(stream: str) -> str:
-    """The list of a stream's transient entries (``"<id> <size>"``) not yet trimmed."""
-    return f"{stream}:transient"
 
 
 @dataclass(frozen=True)
@@ -103,8 +89,6 @@ class Notice:
 #: what :meth:`Store.listen` hands over: a notice, or ``None`` for "notices may have been lost"
 NoticeSink = Callable[["Notice | None"], None]
 
-#: a listener's pub/sub channel is this prefix and its id
-NOTICE_CHANNEL = "tether:appended:"
 #: how often a listener publishes a tick to prove its subscription is alive
 TICK_SECONDS = 0.5
 #: a listener whose own tick has not come back this long after it was sent reports possible loss

@@ -20,7 +20,7 @@ from import_graph import (
     Import,
     build,
     cycles,
-    diagram,
+    generated,
     room_of,
 )
 
@@ -115,7 +115,7 @@ def test_the_documented_diagram_is_drawn_from_the_code(graph: Graph) -> None:
     text = DOC.read_text()
     assert BEGIN in text and END in text
     drawn = text.partition(BEGIN)[2].partition(END)[0].strip()
-    assert drawn == diagram(graph), "run: .venv/bin/python tests/import_graph.py --write"
+    assert drawn == generated(graph), "run: .venv/bin/python tests/import_graph.py --write"
 
 
 def test_the_graph_reader_sees_imports_and_cycles(tmp_path: Path) -> None:
