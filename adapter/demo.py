@@ -1,28 +1,22 @@
-"""``tether demo``: the delayed-worker story on one machine, with a scripted IDE.
+"""The scripted IDE of ``tether demo`` (the stack and the run around it: ``adapter.cli.demo``).
 
-Starts the embedded stack (bundled Redis-compatible server, relay, one worker slot with a start delay
-standing in for a GPU queue), submits ``examples/train.py`` in debug mode, and plays the IDE with
-tether's small DAP client, following VS Code's attach sequence: the breakpoint is set while the run
-is still queued, answered at once, verified when the worker starts; the program stops there, the
-client reads the stack and a few locals, clears the breakpoint and continues to the end.
+It plays the IDE with tether's small DAP client, following VS Code's attach sequence against the
+adapter of a run of ``examples/train.py``: the breakpoint is set while the run is still queued,
+answered at once, verified when the worker starts; the program stops there, the client reads the
+stack and a few locals, clears the breakpoint and continues to the end.
 """
 
 from __future__ import annotations
 
-import argparse
-import shutil
-import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import trio
 
 from protocol_specs import capabilities
 
 from .dap_client import open_dap_client
 
-__all__ = ["EXAMPLES", "VSCODE_INITIALIZE", "run_demo"]
+__all__ = ["BREAK_FILE", "BREAK_LINE", "EXAMPLES", "VSCODE_INITIALIZE", "play_ide"]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 BREAK_FILE, BREAK_LINE = "train.py", 18
@@ -35,74 +29,9 @@ VSCODE_INITIALIZE: dict[str, Any] = {
 }
 
 
-class _Printer:
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-
-    def __call__(self, who: str, text: str) -> None:
-        print(f"[{time.monotonic() - self.start:6.2f}s] {who:<8} {text}", flush=True)
-
-
-async def run_demo(*, start_delay: float = 3.0, keep: bool = False) -> int:
-    from .cli import build_spec, submit_run
-    from .local_stack import open_local_stack
-    from .server import serve_adapter
-
-    say = _Printer()
-    tmp = Path(tempfile.mkdtemp(prefix="tether-demo-"))
-    workdir = tmp / "project"
-    shutil.copytree(EXAMPLES, workdir, ignore=shutil.ignore_patterns("__pycache__"))
-    try:
-        async with (
-            open_local_stack(
-                tmp,
-                workers=1,
-                start_delay=start_delay,
-                on_worker_event=lambda text: say("worker", text),
-            ) as stack,
-            trio.open_nursery() as nursery,
-        ):
-            relay = stack.endpoint
-            say("stack", f"bundled server at {stack.redis}; relay at {stack.relay}")
-            say(
-                "stack",
-                f"local worker pool: 1 slot, start delay {start_delay:g} s (a stand-in GPU queue)",
-            )
-            args = argparse.Namespace(
-                command=["python", "train.py"],
-                workdir=str(workdir),
-                env=[],
-                name="demo",
-                no_wait=False,
-            )
-            record = await submit_run(relay, build_spec(args, debug=True), lambda t: say("cli", t))
-            port = await nursery.start(
-                lambda task_status: serve_adapter(
-                    relay,
-                    record.id,
-                    port=0,
-                    on_event=lambda t: say("adapter", t),
-                    task_status=task_status,
-                )
-            )
-            say("adapter", f"listening on 127.0.0.1:{port}")
-            code = await _play_ide(port, workdir, say)
-            nursery.cancel_scope.cancel()
-    finally:
-        if keep:
-            print(f"demo files kept in {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    print()
-    print("To debug your own code with VS Code instead:")
-    print("  terminal 1:  tether up --start-delay 10")
-    print("  terminal 2:  tether debug -- python train.py")
-    print('  VS Code: add the printed "attach" entry to .vscode/launch.json and start it;')
-    print("  set breakpoints while the run is queued; they apply when the worker starts.")
-    return code
-
-
-async def _play_ide(port: int, workdir: Path, say: _Printer) -> int:
+async def play_ide(port: int, workdir: Path, say: Callable[[str, str], None]) -> int:
+    """Attach to the adapter on ``port`` as VS Code would and debug the run to its end, telling
+    ``say(who, text)`` what happens; the run's exit code."""
     path = str(workdir / BREAK_FILE)
     async with open_dap_client("127.0.0.1", port) as ide:
         await ide.request("initialize", VSCODE_INITIALIZE)

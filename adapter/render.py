@@ -1,18 +1,36 @@
-"""What the CLI shows: the runs table, a run's status, sizes and ages, and the program's output on
-this terminal (whole lines, :class:`~protocol_specs.lines.LineJoiner`). Pure text, no I/O but
-the terminal's."""
+"""What the CLI shows: the runs table, a run's status, the tokens table, the audit trail, sizes
+and ages, timed status lines and upload progress, the IDE's launch.json entry, and the program's
+output on this terminal (whole lines, :class:`~protocol_specs.lines.LineJoiner`). Pure text, no
+I/O but the terminal's."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from protocol_specs.auth import TokenInfo
 from protocol_specs.lines import LineJoiner
 from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.wire import AuditEntry
 
-__all__ = ["PYTHON_NAME", "Terminal", "age", "mib", "runs_table", "status_text"]
+__all__ = [
+    "PYTHON_NAME",
+    "Clock",
+    "Progress",
+    "Terminal",
+    "age",
+    "audit_lines",
+    "launch_json",
+    "mib",
+    "runs_table",
+    "status_text",
+    "tokens_table",
+]
 
 #: an interpreter's name, as debug mode recognises it (worker_shim.debuggee)
 PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
@@ -20,6 +38,62 @@ PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
 
 def mib(n: float) -> str:
     return f"{n / (1024 * 1024):.1f} MiB"
+
+
+class Clock:
+    """Prints status lines with the time since the command started."""
+
+    def __init__(self, prefix: str, *, stream: Any = None) -> None:
+        self.start = time.monotonic()
+        self.prefix = prefix
+        #: where the lines go (default stdout; ``tether run`` keeps stdout for the run id)
+        self.stream = stream
+
+    def say(self, text: str) -> None:
+        line = f"[{time.monotonic() - self.start:7.2f}s] {self.prefix}{text}"
+        print(line, file=self.stream or sys.stdout, flush=True)
+
+
+class Progress:
+    """One line of progress: redrawn in place on a terminal, a few lines elsewhere."""
+
+    def __init__(self, clock: Clock, what: str) -> None:
+        self.clock = clock
+        self.what = what
+        self.tty = (clock.stream or sys.stdout).isatty()
+        self.shown = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        if total < 4 * 1024 * 1024:
+            return  # over in a moment: the summary line says what was sent
+        pct = int(done * 100 / total)
+        step = pct if self.tty else pct // 25 * 25
+        if step == self.shown:
+            return
+        self.shown = step
+        text = f"{self.what}: {mib(done)} of {mib(total)} ({pct}%)"
+        if self.tty:
+            end = "\n" if done >= total else ""
+            print(
+                f"\r[{time.monotonic() - self.clock.start:7.2f}s] {text}",
+                end=end,
+                file=self.clock.stream or sys.stdout,
+                flush=True,
+            )
+        else:
+            self.clock.say(text)
+
+
+def launch_json(port: int, run_id: str) -> str:
+    """The VS Code ``launch.json`` entry that attaches to the adapter on ``port``."""
+    entry = {
+        "name": f"tether: run {run_id}",
+        "type": "debugpy",
+        "request": "attach",
+        "connect": {"host": "127.0.0.1", "port": port},
+        "justMyCode": True,
+    }
+    return json.dumps(entry, indent=2)
 
 
 class Terminal:
@@ -175,3 +249,37 @@ def status_text(record: RunRecord, now: float) -> str:
         if a.run_dir:
             lines.append(f"     files in {a.run_dir} (on {a.worker or 'its worker'})")
     return "\n".join(lines)
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if at else "-"
+
+
+def tokens_table(tokens: Sequence[TokenInfo], now: float) -> str:
+    rows = [f"{'ID':<17} {'USER':<12} {'SCOPES':<18} {'CREATED':<16} {'STATE':<18} LABEL"]
+    for t in tokens:
+        state = "active"
+        if t.revoked_at:
+            state = f"revoked {_when(t.revoked_at)[5:]}"
+        elif t.expires_at and t.expires_at <= now:
+            state = "expired"
+        elif t.expires_at:
+            state = f"until {_when(t.expires_at)[:10]}"
+        scopes = ",".join(t.scopes)
+        rows.append(
+            f"{t.id:<17} {t.user:<12} {scopes:<18} {_when(t.created_at):<16} {state:<18} {t.label}"
+        )
+    return "\n".join(rows)
+
+
+def audit_lines(entries: Sequence[AuditEntry]) -> list[str]:
+    """One line per audit entry, oldest first: when, what, who, as what, from where."""
+    lines = []
+    for e in entries:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
+        who = f"{e.user or '?'} (token {e.token or '-'})"
+        role = f" as {e.role}" if e.role else ""
+        detail = f": {e.detail}" if e.detail else ""
+        client = f" [{e.client}]" if e.client else ""
+        lines.append(f"{when}  {e.event:<8} {who}{role} from {e.source or '?'}{client}{detail}")
+    return lines

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from adapter.cli import build_spec, parse_duration, parse_memory, read_credentials
+from adapter.cli.settings import parse_duration, parse_memory, read_credentials
+from adapter.cli.submission import build_spec
 from adapter.config import ConfigError, load_profile
 
 CONFIG = """
@@ -119,7 +120,8 @@ def test_credentials_must_be_private(tmp_path: Path) -> None:
 
 
 def test_the_per_user_caps_are_relay_options() -> None:
-    from adapter.cli import _parser, relay_config
+    from adapter.cli.parser import build_parser as _parser
+    from adapter.cli.settings import relay_config
 
     config = relay_config(
         _parser().parse_args(["relay", "--max-connections", "5", "--max-runs", "7"])
@@ -130,7 +132,7 @@ def test_the_per_user_caps_are_relay_options() -> None:
 
 
 def _debug_args(tmp_path: Path, *command: str, **overrides: object) -> argparse.Namespace:
-    from adapter.cli import _parser
+    from adapter.cli.parser import build_parser as _parser
 
     args = _parser().parse_args(["debug", "--workdir", str(tmp_path), "--", *command])
     for name, value in overrides.items():
@@ -167,7 +169,7 @@ def test_a_missing_workdir_and_an_unknown_backend_are_refused_at_submit_time(
 
 
 def test_options_are_never_abbreviated(capsys: pytest.CaptureFixture[str]) -> None:
-    from adapter.cli import _parser
+    from adapter.cli.parser import build_parser as _parser
 
     with pytest.raises(SystemExit):
         _parser().parse_args(["run", "--gpu", "2", "--", "python", "t.py"])
@@ -178,7 +180,7 @@ def test_options_are_never_abbreviated(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_every_option_and_argument_has_help() -> None:
-    from adapter.cli import _parser
+    from adapter.cli.parser import build_parser as _parser
 
     missing: list[str] = []
 

@@ -1,6 +1,6 @@
 """The embedded default, in-process: the bundled Redis-compatible server, the relay, a worker pool.
 
-One assembly for ``tether up``, ``tether demo`` and the benchmark.
+One assembly for ``tether up`` and ``tether demo``.
 """
 
 from __future__ import annotations

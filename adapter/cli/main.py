@@ -1,0 +1,106 @@
+"""``tether``'s entry point: parse, run the command under trio, and turn every way it can end into
+an exit code and at most one line for the user (Ctrl-C, SIGTERM/SIGHUP, a closed pipe, a relay's
+refusal, an internal error: its traceback goes to a crash log)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import suppress
+
+import trio
+
+from .errors import leaves, relay_error
+from .parser import build_parser
+from .runs import SERVING
+from .settings import tether_home
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # never its debug log: it prints frames, and a hello frame carries the token
+    logging.getLogger("websockets").setLevel(max(level, logging.WARNING))
+    try:
+        return int(trio.run(_until_stopped, args))
+    except KeyboardInterrupt:
+        return _interrupted()
+    except BaseException as exc:  # the last word: never a traceback for the user
+        return _failed(exc)
+
+
+def _interrupted() -> int:
+    """Ctrl-C: what goes on without this process (a run whose adapter it served)."""
+    if SERVING:
+        run = SERVING[-1]
+        print(
+            f"\ntether: stopped serving run {run}'s adapter; the run goes on. "
+            f"`tether attach {run}` serves it again, `tether cancel {run}` stops it.",
+            file=sys.stderr,
+        )
+    return 130
+
+
+def _failed(exc: BaseException) -> int:
+    """One line for the user, whatever went wrong; an unexpected error's traceback goes to a crash
+    log (and to the terminal with -vv)."""
+    errors = leaves(exc)
+    if all(isinstance(e, SystemExit) for e in errors):
+        raise errors[0]
+    if all(isinstance(e, KeyboardInterrupt) for e in errors):
+        return _interrupted()
+    if all(isinstance(e, BrokenPipeError) for e in errors):  # `tether ls | head`
+        with suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    refusal = relay_error(exc)
+    if refusal is not None:
+        print(f"tether: {refusal.message}", file=sys.stderr)
+        return 1
+    import traceback
+
+    where = tether_home() / "crash.log"
+    first = next(e for e in errors if not isinstance(e, SystemExit | KeyboardInterrupt))
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        with open(where, "a") as log:
+            log.write(
+                f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} tether {' '.join(sys.argv[1:2])}\n"
+            )
+            traceback.print_exception(exc, file=log)
+        said = f"; details in {where}"
+    except OSError:
+        said = ""
+    if logging.getLogger().isEnabledFor(logging.DEBUG):
+        traceback.print_exception(exc)
+    print(f"tether: internal error ({type(first).__name__}: {first}){said}", file=sys.stderr)
+    return 70
+
+
+async def _until_stopped(args: argparse.Namespace) -> int:
+    """Run the command; SIGTERM or SIGHUP (systemd, a container runtime, a closed terminal) stop it
+    the way Ctrl-C does: everything it started is stopped and cleaned up (``tether up``'s server
+    included), and it exits with 128 + the signal's number."""
+    result: list[int] = []
+    stopped: list[int] = []
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+                async for signum in signals:
+                    stopped.append(signum)
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(watch)
+        result.append(int(await args.fn(args)))
+        nursery.cancel_scope.cancel()
+    return 128 + stopped[0] if stopped else result[0]

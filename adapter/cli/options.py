@@ -1,0 +1,222 @@
+"""The option groups several commands share: how to find the relay, the run's options (``run``,
+``debug``), the local adapter's, a worker pool's, and the relay's limits. Every option has help
+text (a unit test walks the parser)."""
+
+from __future__ import annotations
+
+import argparse
+
+from protocol_specs.runs import KNOWN_BACKENDS
+from worker_shim.housekeeping import CACHE_MAX_BYTES, KEEP_RUNS
+
+from .settings import DEFAULT_ADAPTER_PORT, parse_duration, parse_memory
+
+__all__ = ["adapter_options", "pool_options", "relay_flag", "relay_options", "run_options"]
+
+
+def relay_flag(sp: argparse.ArgumentParser) -> None:
+    """How a command finds the relay: ``--relay``, ``--ca-file``, ``--profile``."""
+    sp.add_argument(
+        "--relay",
+        help="relay URL (default: $TETHER_RELAY, the config profile's, else what `tether up` "
+        "recorded)",
+    )
+    sp.add_argument(
+        "--ca-file",
+        metavar="FILE",
+        help="verify a wss:// relay's certificate against this CA file (default: "
+        "$TETHER_CA_FILE, the profile's ca_file, else the system CAs)",
+    )
+    if not any(a.dest == "profile" for a in sp._actions):
+        sp.add_argument("--profile", help="config profile (default: $TETHER_PROFILE)")
+
+
+def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
+    """Options of ``tether run`` and ``tether debug`` (defaults: the config profile's)."""
+    s.add_argument("--profile", help="config profile (default: $TETHER_PROFILE, else default)")
+    s.add_argument(
+        "--workdir", help="the directory to snapshot and run in (default: the current directory)"
+    )
+    s.add_argument(
+        "--env", action="append", metavar="NAME=VALUE", help="environment for the program"
+    )
+    s.add_argument(
+        "--secret",
+        action="append",
+        metavar="NAME[=VALUE]",
+        help="a secret environment variable for the program (its value from your environment "
+        "if not given): hidden in tether ls/status and blanked in the logs (repeatable)",
+    )
+    s.add_argument("--name", help="a label for the run")
+    s.add_argument("--tag", action="append", metavar="TAG", help="a tag for the run (repeatable)")
+    g = s.add_argument_group("resources and placement")
+    g.add_argument(
+        "--backend", choices=KNOWN_BACKENDS, help="where to run: local (default) or slurm"
+    )
+    g.add_argument("--gpus", type=int, metavar="N", help="GPUs for the run (default 0)")
+    g.add_argument("--cpus", type=int, metavar="N", help="CPUs for the run (default 1)")
+    g.add_argument(
+        "--mem", type=parse_memory, metavar="SIZE", help="memory, e.g. 16G (Slurm --mem)"
+    )
+    g.add_argument(
+        "--time", type=parse_duration, metavar="DURATION", help="time limit, e.g. 4h (Slurm --time)"
+    )
+    g.add_argument("--partition", help="Slurm partition")
+    g.add_argument(
+        "--mount",
+        action="append",
+        metavar="NAME=PATH_OR_URL",
+        help="data for the run, given to it as $TETHER_MOUNT_<NAME> (repeatable)",
+    )
+    g = s.add_argument_group("retries")
+    g.add_argument(
+        "--max-retries",
+        type=int,
+        metavar="N",
+        help="retry a failed or lost attempt up to N times (default 0)",
+    )
+    g.add_argument(
+        "--retry-backoff",
+        type=parse_duration,
+        metavar="DURATION",
+        help="wait before the first retry, doubling each time (default 10s)",
+    )
+    s.add_argument(
+        "--snapshot-limit",
+        type=lambda text: parse_memory(text) * 1024 * 1024,
+        default=0,
+        metavar="SIZE",
+        help="refuse to snapshot more than this (default 2G)",
+    )
+    if not debug:
+        s.add_argument(
+            "-f", "--follow", action="store_true", help="print the run's output until it ends"
+        )
+    s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+
+def adapter_options(s: argparse.ArgumentParser) -> None:
+    """The local DAP adapter's options (``debug``, ``attach``, ``rerun``)."""
+    s.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_ADAPTER_PORT,
+        help=f"adapter port on 127.0.0.1 (default {DEFAULT_ADAPTER_PORT}; 0 = any free)",
+    )
+    s.add_argument(
+        "--request-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="error a request the debugger leaves unanswered after S seconds (default 30)",
+    )
+    s.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="do not print the program's output here (the IDE and `tether logs` still have it)",
+    )
+
+
+def pool_options(sp: argparse.ArgumentParser) -> None:
+    """A worker pool's GPUs and housekeeping (``tether up``, ``tether worker``)."""
+    sp.add_argument(
+        "--gpus",
+        metavar="LIST",
+        help="GPU indices the pool hands out, e.g. 0,1,2,3 (default: what nvidia-smi lists)",
+    )
+    sp.add_argument(
+        "--keep-runs",
+        type=int,
+        default=KEEP_RUNS,
+        metavar="N",
+        help=f"run directories (and logs) kept on this worker, newest first (default {KEEP_RUNS})",
+    )
+    sp.add_argument(
+        "--cache-max",
+        type=parse_memory,
+        default=CACHE_MAX_BYTES // 2**20,
+        metavar="SIZE",
+        help=f"most the snapshot blob cache holds, e.g. 50G (default {CACHE_MAX_BYTES // 2**30}G)",
+    )
+
+
+def relay_options(s: argparse.ArgumentParser) -> None:
+    """The relay's limits and timers (``tether relay``, ``tether up``)."""
+    from relay.server import RelayConfig
+
+    d = RelayConfig()
+    g = s.add_argument_group("relay")
+    g.add_argument(
+        "--lease",
+        type=parse_duration,
+        default=d.lease,
+        metavar="DURATION",
+        help=f"a worker silent this long loses its run (default {d.lease:g}s)",
+    )
+    g.add_argument(
+        "--retention",
+        type=parse_duration,
+        default=d.retention,
+        metavar="DURATION",
+        help="keep a finished run's messages this long (default 7d)",
+    )
+    g.add_argument(
+        "--buffer-entries",
+        type=int,
+        default=d.buffer_cap.entries,
+        metavar="N",
+        help=f"most unread messages per run and direction (default {d.buffer_cap.entries})",
+    )
+    g.add_argument(
+        "--buffer-mib",
+        type=int,
+        default=d.buffer_cap.bytes // (1024 * 1024),
+        metavar="MIB",
+        help=f"most unread bytes per run and direction (default {d.buffer_cap.bytes >> 20})",
+    )
+    g.add_argument(
+        "--ping-interval",
+        type=parse_duration,
+        default=d.ping_interval,
+        metavar="DURATION",
+        help=f"WebSocket ping interval (default {d.ping_interval:g}s)",
+    )
+    g.add_argument(
+        "--ping-timeout",
+        type=parse_duration,
+        default=d.ping_timeout,
+        metavar="DURATION",
+        help=f"drop a peer that misses a pong this long (default {d.ping_timeout:g}s)",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        metavar="N",
+        help="most IDE and logs connections of one user to this relay process "
+        f"(default {d.max_connections})",
+    )
+    g.add_argument(
+        "--max-control-connections",
+        type=int,
+        default=d.max_control_connections,
+        metavar="N",
+        help="most control connections (CLI, worker pools) of one user to this relay process, "
+        f"counted apart from IDE links (default {d.max_control_connections})",
+    )
+    g.add_argument(
+        "--blob-gc",
+        type=parse_duration,
+        default=d.blob_gc_interval,
+        metavar="DURATION",
+        help="how often snapshot blobs no live run names are deleted (0: never; default "
+        f"{d.blob_gc_interval / 3600:g}h; a blob used within a day is spared)",
+    )
+    g.add_argument(
+        "--max-runs",
+        type=int,
+        default=d.max_active_runs,
+        metavar="N",
+        help=f"most unfinished runs of one user (default {d.max_active_runs})",
+    )

@@ -1,0 +1,292 @@
+"""The commands about runs: submit one (``run``, ``debug``, ``rerun``), serve its DAP adapter
+(``debug``, ``attach``), print its output (``logs``, and ``run -f``), and look at or stop runs
+(``ls``, ``status``, ``cancel``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import trio
+
+from adapter.render import Clock, Progress, Terminal, launch_json, runs_table, status_text
+from protocol_specs import wire
+from relay.client import Endpoint, RelayError, follow_logs, open_control
+
+from .errors import control_call
+from .settings import resolve_relay
+from .submission import build_spec, submit_run
+
+__all__ = [
+    "SERVING",
+    "cmd_attach",
+    "cmd_cancel",
+    "cmd_debug",
+    "cmd_logs",
+    "cmd_ls",
+    "cmd_rerun",
+    "cmd_run",
+    "cmd_status",
+]
+
+#: the run whose adapter this process serves (what Ctrl-C leaves running)
+SERVING: list[str] = []
+
+#: after the run ended, how long the terminal still waits for the rest of the program's output
+OUTPUT_GRACE = 10.0
+
+
+async def cmd_debug(args: argparse.Namespace) -> int:
+    relay = resolve_relay(args.relay, args)
+    clock = Clock("")
+    spec = build_spec(args, debug=True)
+    _port_free(args.port)  # before submitting: nothing to clean up if it is taken
+    record = await submit_run(
+        relay, spec, clock.say, limit=args.snapshot_limit, progress=Progress(clock, "uploading")
+    )
+    SERVING.append(record.id)
+    return await _serve(
+        relay,
+        record.id,
+        args.port,
+        args.request_timeout,
+        clock,
+        announce="queued",
+        quiet=args.quiet,
+    )
+
+
+async def cmd_attach(args: argparse.Namespace) -> int:
+    relay = resolve_relay(args.relay, args)
+    clock = Clock("")
+    _port_free(args.port)
+    args.run = await full_run_id(relay, args.run)
+    SERVING.append(args.run)
+    return await _serve(
+        relay,
+        args.run,
+        args.port,
+        args.request_timeout,
+        clock,
+        announce="attached",
+        quiet=args.quiet,
+        from_end=True,
+    )
+
+
+async def _serve(
+    relay: Endpoint,
+    run_id: str,
+    port: int,
+    request_timeout: float,
+    clock: Clock,
+    *,
+    announce: str,
+    quiet: bool = False,
+    from_end: bool = False,
+) -> int:
+    """Serve the run's adapter until the run ends; unless ``quiet``, print the program's output
+    here as it comes (from the end of what it printed so far with ``from_end``: an attach)."""
+    from adapter.core import AdapterCore
+    from adapter.server import serve_adapter
+
+    async with trio.open_nursery() as nursery:
+        result: dict[str, AdapterCore] = {}
+        served, printed = trio.Event(), trio.Event()
+        if quiet:
+            printed.set()
+        else:
+            nursery.start_soon(_print_output, relay, run_id, from_end, printed)
+
+        def unattended(text: str) -> None:
+            # the user may be anywhere but at the IDE: the terminal rings, the desktop shows it
+            print(f"\a{text}", flush=True)
+            nursery.start_soon(_desktop_notice, text)
+
+        async def serve(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+            result["core"] = await serve_adapter(
+                relay,
+                run_id,
+                port=port,
+                request_timeout=request_timeout,
+                on_event=clock.say,
+                on_unattended=unattended,
+                task_status=task_status,
+            )
+            served.set()
+
+        bound = await nursery.start(serve)
+        print(f"tether debug: run {run_id} {announce}; adapter on 127.0.0.1:{bound}", flush=True)
+        print("Attach your IDE to it. VS Code launch.json entry:", flush=True)
+        print(launch_json(bound, run_id), flush=True)
+        await served.wait()
+        with trio.move_on_after(OUTPUT_GRACE):
+            await printed.wait()  # the run ended: the rest of its output, then stop following
+        nursery.cancel_scope.cancel()
+    session = result["core"].session
+    code = session.exit_code
+    clock.say(f"run {run_id} ended ({session.status}, exit code {code})")
+    # the program's own exit code; a run that never exited normally (cancelled, killed) is a failure
+    return code if code is not None and code >= 0 else 1
+
+
+def _port_free(port: int) -> None:
+    """Refuse, before anything is submitted or served, an adapter port that is taken."""
+    if port == 0:
+        return
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            from adapter.peer import listener_of
+
+            holder = listener_of(port)
+            raise SystemExit(
+                f"tether: 127.0.0.1:{port} is in use{f' by {holder}' if holder else ''} "
+                "(another tether debug or attach?); choose another with --port N, or --port 0 "
+                "for any free one"
+            ) from None
+
+
+async def _print_output(relay: Endpoint, run_id: str, from_end: bool, done: trio.Event) -> None:
+    """The program's stdout and stderr, as it prints them, on this terminal's; ``done`` once the
+    run's logs say it finished (or they cannot be followed: the adapter says why)."""
+    terminal = Terminal()
+
+    def show(entry: wire.LogEntry | wire.StatusEntry) -> None:
+        if isinstance(entry, wire.LogEntry):
+            terminal.write(entry.stream, entry.data)
+
+    try:
+        await follow_logs(relay, run_id, show, from_end=from_end)
+    except (RelayError, OSError):
+        pass
+    finally:
+        terminal.end()
+        done.set()
+
+
+async def _desktop_notice(text: str) -> None:
+    from adapter.notify import notify_desktop
+
+    await notify_desktop("tether: a breakpoint is waiting", text)
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    """Submit; stdout gets the run id alone (or its record with ``--json``: scripts read it),
+    progress goes to stderr. With ``-f``, stdout is the program's output."""
+    relay = resolve_relay(args.relay, args)
+    clock = Clock("", stream=sys.stderr)
+    record = await submit_run(
+        relay,
+        build_spec(args, debug=False),
+        clock.say,
+        limit=args.snapshot_limit,
+        progress=Progress(clock, "uploading"),
+    )
+    print(f"tether run: run {record.id} queued", file=sys.stderr, flush=True)
+    if args.follow:
+        return await _follow(relay, record.id)
+    print(record.redacted().model_dump_json(indent=2) if args.json else record.id, flush=True)
+    return 0
+
+
+async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
+    """Print a run's output as it comes; the run's exit code once it ends (follow)."""
+    ended: dict[str, wire.StatusEntry] = {}
+    terminal = Terminal()
+
+    def show(entry: wire.LogEntry | wire.StatusEntry) -> None:
+        if isinstance(entry, wire.LogEntry):
+            terminal.write(entry.stream, entry.data)
+            return
+        terminal.end()
+        if entry.event == "finished":
+            ended["entry"] = entry
+            code = f", exit code {entry.exit_code}" if entry.exit_code is not None else ""
+            text = f"run {run_id} {entry.state}{code}"
+            if entry.detail and entry.state != "succeeded":
+                text += f": {entry.detail}"
+        else:
+            text = entry.detail or entry.event
+        print(f"-- tether: {text}", file=sys.stderr, flush=True)
+
+    try:
+        await follow_logs(relay, run_id, show, follow=follow)
+    except RelayError as exc:
+        raise SystemExit(f"tether: {exc.message}") from None
+    finally:
+        terminal.end()
+    final = ended.get("entry")
+    if final is None:
+        return 0
+    return 0 if final.state == "succeeded" else (final.exit_code or 1)
+
+
+async def cmd_logs(args: argparse.Namespace) -> int:
+    relay = resolve_relay(args.relay, args)
+    code = await _follow(relay, await full_run_id(relay, args.run), follow=args.follow)
+    return code if args.follow else 0
+
+
+async def cmd_rerun(args: argparse.Namespace) -> int:
+    relay = resolve_relay(args.relay, args)
+    clock = Clock("")
+    async with open_control(relay, client="tether-cli") as control:
+        record = await control_call(control.rerun(args.run))
+    clock.say(
+        f"run {record.id} queued: a rerun of {args.run} (same snapshot {record.snapshot[:12]}, "
+        f"same command: {' '.join(record.spec.command)})"
+    )
+    if record.spec.debug:
+        return await _serve(
+            relay, record.id, args.port, args.request_timeout, clock, announce="queued"
+        )
+    if args.follow:
+        return await _follow(relay, record.id)
+    return 0
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
+        before = await control_call(control.get_run(args.run))
+        if before.finished:
+            print(
+                f"tether: run {before.id} had already ended ({before.state.value}); "
+                "nothing to cancel",
+                file=sys.stderr,
+            )
+            return 1
+        record = await control_call(control.cancel(before.id))
+    print(f"run {record.id}: {record.state.value}")
+    return 0
+
+
+async def full_run_id(relay: Endpoint, run: str) -> str:
+    """The whole id of the run ``run`` names (an id, or a unique prefix of one)."""
+    async with open_control(relay, client="tether-cli") as control:
+        return (await control_call(control.get_run(run))).id
+
+
+async def cmd_ls(args: argparse.Namespace) -> int:
+    async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
+        records = await control_call(control.list_runs(args.limit))
+    if args.json:
+        print(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
+    else:
+        print(runs_table(records, time.time()))
+    return 0
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
+        record = await control_call(control.get_run(args.run))
+    if args.json:
+        print(record.model_dump_json(indent=2))
+    else:
+        print(status_text(record, time.time()))
+    return 0

@@ -1,0 +1,226 @@
+"""The long-running commands: ``tether up`` (the embedded stack), ``tether relay``, ``tether
+worker`` (a pool, or the one attempt a scheduler job was made for) and ``tether backend`` (a
+scheduler backend). Each runs until it is stopped."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+from pathlib import Path
+
+import trio
+
+from adapter.config import config_path, profile_token, save_token
+from adapter.render import Clock
+from relay.client import Endpoint, RelayError
+
+from .errors import leaves
+from .settings import (
+    endpoint_file,
+    is_loopback,
+    read_credentials,
+    redact_url,
+    relay_config,
+    resolve_relay,
+    tether_home,
+    tls_context,
+)
+
+__all__ = ["cmd_backend", "cmd_relay", "cmd_up", "cmd_worker"]
+
+
+async def cmd_relay(args: argparse.Namespace) -> int:
+    from relay.blobs import FileBlobStore
+    from relay.server import serve_relay, server_port
+    from relay.store import open_store
+
+    tls = tls_context(args.tls_cert, args.tls_key)
+    if tls is None and not is_loopback(args.host) and not args.insecure:
+        raise SystemExit(
+            f"tether relay: refusing to serve plain ws:// on {args.host}: tokens and every "
+            "debugger message (which can run code on the workers) would cross the network "
+            "unencrypted. Give --tls-cert and --tls-key (wss://), put a TLS-terminating proxy "
+            "in front and bind to 127.0.0.1, or pass --insecure if this network is trusted."
+        )
+    config = relay_config(args)
+    blobs = FileBlobStore(Path(args.blobs or tether_home() / "data" / "blobs"))
+    async with open_store(args.redis) as store, trio.open_nursery() as nursery:
+        try:
+            server = await nursery.start(
+                lambda task_status: serve_relay(
+                    store,
+                    host=args.host,
+                    port=args.port,
+                    config=config,
+                    blobs=blobs,
+                    ssl=tls,
+                    task_status=task_status,
+                )
+            )
+        except (OSError, BaseExceptionGroup) as exc:  # before serving: no address to listen on
+            first = leaves(exc)[0]
+            if not isinstance(first, OSError):
+                raise
+            taken = first.errno == errno.EADDRINUSE
+            raise SystemExit(
+                f"tether relay: cannot listen on {args.host}:{args.port}: "
+                f"{first.strerror or first}"
+                + (" (another relay?); choose another with --port N" if taken else "")
+            ) from None
+        scheme = "wss" if tls is not None else "ws"
+        print(
+            f"tether relay: ready relay={scheme}://{args.host}:{server_port(server)} "
+            f"redis={redact_url(args.redis)} blobs={blobs.root}",
+            flush=True,
+        )
+        if tls is None and not is_loopback(args.host):
+            print("tether relay: warning: serving without TLS (--insecure)", flush=True)
+    return 0
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    from worker_shim.pool import run_one, run_pool
+
+    clock = Clock("worker: ")
+    work_dir = Path(args.work_dir or tether_home() / "worker").resolve()  # noqa: ASYNC240 (startup)
+    relay: Endpoint
+    if args.credentials:
+        creds = read_credentials(args.credentials)
+        relay = Endpoint(
+            creds["relay"],
+            token=str(creds.get("token") or ""),
+            ca_file=str(creds.get("ca_file") or ""),
+        )
+        run_id = args.run or str(creds.get("run") or "")
+        attempt = args.attempt or int(creds.get("attempt") or 0)
+    else:
+        relay = resolve_relay(args.relay, args)
+        run_id, attempt = args.run or "", args.attempt or 0
+    if run_id:
+        if not attempt:
+            raise SystemExit("tether: --run needs --attempt N (the attempt this job runs)")
+        import socket
+
+        try:
+            code = await run_one(
+                relay,
+                run_id,
+                attempt,
+                work_dir=work_dir,
+                worker=f"{socket.gethostname()}-{os.getpid()}",
+                on_event=clock.say,
+            )
+        except RelayError as exc:
+            raise SystemExit(f"tether worker: {exc.message}") from None
+        return code if code is not None and code >= 0 else 1
+    gpus = [g for g in args.gpus.split(",") if g] if args.gpus is not None else None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: run_pool(
+                relay,
+                slots=args.slots,
+                start_delay=args.start_delay,
+                work_dir=work_dir,
+                gpus=gpus,
+                name=args.name,
+                on_event=clock.say,
+                keep_runs=args.keep_runs,
+                cache_max=args.cache_max * 2**20,
+                task_status=task_status,
+            )
+        )
+        print(
+            f"tether worker: ready relay={relay.url} slots={args.slots} work_dir={work_dir}",
+            flush=True,
+        )
+    return 0
+
+
+async def cmd_up(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir or tether_home() / "data").resolve()  # noqa: ASYNC240 (startup)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    clock = Clock("")
+    try:
+        return await _up(args, data_dir, clock)
+    except* (RuntimeError, OSError) as group:  # the stack could not start: say why, no traceback
+        if _UP_READY:
+            raise
+        first = leaves(group)[0]
+        if isinstance(first, OSError) and first.errno == errno.EADDRINUSE:
+            raise SystemExit(
+                f"tether up: the relay's port {args.relay_port} is in use (another tether up?); "
+                "stop that one, or choose another with --relay-port N"
+            ) from None
+        raise SystemExit(f"tether up: {first}") from None
+
+
+#: whether ``tether up`` got as far as serving (failures after that are not start-up failures)
+_UP_READY: list[bool] = []
+
+
+async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
+    from .local_stack import open_local_stack
+
+    async with open_local_stack(
+        data_dir,
+        token=os.environ.get("TETHER_TOKEN") or profile_token(),
+        redis=args.redis,
+        relay_config=relay_config(args),
+        relay_port=args.relay_port,
+        workers=args.workers,
+        start_delay=args.start_delay,
+        gpus=[g for g in args.gpus.split(",") if g] if args.gpus is not None else None,
+        on_worker_event=clock.say,
+        pool_bounds=(args.keep_runs, args.cache_max * 2**20),
+    ) as stack:
+        relay, redis_url = stack.relay, stack.redis
+        if stack.minted:
+            try:
+                where = save_token(stack.token)
+            except OSError as exc:
+                raise SystemExit(f"tether up: cannot save the token: {exc}") from None
+            print(f"tether up: a token for {stack.user} is in {where} (mode 0600)", flush=True)
+        else:
+            print(f"tether up: using {stack.user}'s token from {config_path()}", flush=True)
+        endpoint_file().parent.mkdir(parents=True, exist_ok=True)
+        endpoint_file().write_text(
+            json.dumps({"relay": relay, "pid": os.getpid(), "data_dir": str(data_dir)})
+        )
+        print(f"tether up: ready relay={relay} data={data_dir}", flush=True)
+        _UP_READY.append(True)
+        print(
+            f"  redis: {redis_url}\n  workers: {args.workers} (start delay {args.start_delay:g} s)\n"
+            "  in another terminal: tether debug -- python your_script.py",
+            flush=True,
+        )
+        try:
+            await trio.sleep_forever()
+        finally:
+            try:
+                if json.loads(endpoint_file().read_text()).get("pid") == os.getpid():
+                    endpoint_file().unlink()
+            except (OSError, ValueError):
+                pass
+    return 0
+
+
+async def cmd_backend(args: argparse.Namespace) -> int:
+    from worker_shim.slurm import SlurmBackend
+
+    relay = resolve_relay(args.relay, args)
+    clock = Clock("slurm: ")
+    state_dir = Path(args.state_dir or tether_home() / "slurm").resolve()  # noqa: ASYNC240 (startup)
+    backend = SlurmBackend(
+        relay,
+        state_dir=state_dir,
+        worker_relay=args.worker_relay or relay.url,
+        python=args.python,
+        poll=args.poll,
+        sbatch_args=args.sbatch_arg or [],
+        on_event=clock.say,
+    )
+    print(f"tether backend slurm: ready relay={relay} state_dir={state_dir}", flush=True)
+    await backend.serve()
+    return 0

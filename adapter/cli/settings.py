@@ -1,0 +1,216 @@
+"""Where the CLI's settings come from: the tether home, the relay endpoint (flag, environment,
+config profile, what ``tether up`` recorded), the relay's options, TLS, and the parsers of the
+values users type (durations, amounts of memory, counts, ``NAME=VALUE`` pairs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from adapter.config import ConfigError, Profile, load_profile
+from relay.client import Endpoint
+
+__all__ = [
+    "DEFAULT_ADAPTER_PORT",
+    "DEFAULT_RELAY_PORT",
+    "count",
+    "endpoint_file",
+    "is_loopback",
+    "pairs",
+    "parse_duration",
+    "parse_memory",
+    "profile",
+    "read_credentials",
+    "redact_url",
+    "relay_config",
+    "relay_url",
+    "resolve_relay",
+    "tether_home",
+    "tls_context",
+]
+
+DEFAULT_ADAPTER_PORT = 5678
+DEFAULT_RELAY_PORT = 8765
+
+
+def tether_home() -> Path:
+    return Path(os.environ.get("TETHER_HOME") or Path.home() / ".tether")
+
+
+def endpoint_file() -> Path:
+    return tether_home() / "endpoint.json"
+
+
+def profile(args: argparse.Namespace) -> Profile:
+    """The config profile ``--profile`` (else ``$TETHER_PROFILE``, else the default) names."""
+    try:
+        return load_profile(getattr(args, "profile", None))
+    except ConfigError as exc:
+        raise SystemExit(f"tether: {exc}") from None
+
+
+def resolve_relay(flag: str | None, args: argparse.Namespace | None = None) -> Endpoint:
+    """The relay: ``--relay``, else ``TETHER_RELAY``, else the config profile's, else what
+    ``tether up`` recorded; with the token to present: ``TETHER_TOKEN``, else the profile's (the
+    config file: ``tether up`` writes the local user's there), and the CA file to verify a
+    ``wss://`` relay with (``--ca-file``, ``TETHER_CA_FILE``, the profile's ``ca_file``)."""
+    chosen = profile(args) if args is not None else Profile()
+    url = flag or os.environ.get("TETHER_RELAY") or chosen.relay
+    if not url:
+        try:
+            url = str(json.loads(endpoint_file().read_text())["relay"])
+        except (OSError, ValueError, KeyError):
+            raise SystemExit(
+                "tether: no relay to talk to. Start one with `tether up` (in another terminal), "
+                "or pass --relay ws://HOST:PORT / set TETHER_RELAY."
+            ) from None
+    token = os.environ.get("TETHER_TOKEN") or chosen.token
+    ca_file = getattr(args, "ca_file", None) or os.environ.get("TETHER_CA_FILE") or chosen.ca_file
+    return Endpoint(relay_url(url), token=token, ca_file=ca_file)
+
+
+def relay_url(url: str) -> str:
+    """A relay's WebSocket URL: ``ws://`` or ``wss://``; an ``http(s)://`` one is refused with the
+    right spelling, a bare ``host:port`` is taken as ``ws://host:port``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return f"ws://{url}"
+    if scheme in ("ws", "wss") and rest:
+        return url
+    if scheme in ("http", "https") and rest:
+        fixed = f"{'wss' if scheme == 'https' else 'ws'}://{rest}"
+        raise SystemExit(f"tether: the relay speaks WebSocket: use {fixed}, not {url}")
+    raise SystemExit(f"tether: {url!r} is not a relay URL (ws://HOST:PORT or wss://HOST:PORT)")
+
+
+def redact_url(url: str) -> str:
+    """A URL with its password, if any, hidden."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@", 1)
+    return url
+
+
+def count(text: str) -> int:
+    """A whole number from 1 to 1000 (``tether ls -n``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 1000")
+    return value
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``2h``, ``1d`` -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    scale = units.get(text[-1:], 0)
+    number = text[:-1] if scale else text
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration (examples: 90, 90s, 30m, 2h, 1d)"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("a duration cannot be negative")
+    return value
+
+
+def parse_memory(text: str) -> int:
+    """``16G``, ``512M``, ``2048`` (MiB) -> MiB."""
+    units = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+    raw = text.strip().lower().removesuffix("b").removesuffix("i")
+    scale = units.get(raw[-1:], 0)
+    try:
+        value = float(raw[:-1] if scale else raw) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an amount of memory (examples: 512M, 16G)"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("memory cannot be negative")
+    return int(value)
+
+
+def pairs(items: list[str] | None, what: str, base: dict[str, str]) -> dict[str, str]:
+    """``base`` updated with ``NAME=VALUE`` items (``--env``, ``--mount``)."""
+    out = dict(base)
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"tether: {what} expects NAME=VALUE, got {item!r}")
+        out[name] = value
+    return out
+
+
+def relay_config(args: argparse.Namespace) -> Any:
+    """The relay's configuration from ``tether relay`` / ``tether up`` options."""
+    from relay.server import RelayConfig
+    from relay.store import Cap
+
+    return RelayConfig(
+        buffer_cap=Cap(entries=args.buffer_entries, bytes=args.buffer_mib * 1024 * 1024),
+        lease=args.lease,
+        retention=args.retention,
+        ping_interval=args.ping_interval,
+        ping_timeout=args.ping_timeout,
+        max_connections=args.max_connections,
+        max_control_connections=args.max_control_connections,
+        max_active_runs=args.max_runs,
+        blob_gc_interval=args.blob_gc,
+    )
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def tls_context(cert: str | None, key: str | None) -> Any:
+    """The relay's TLS context (``None`` without ``--tls-cert``); refuses half a configuration."""
+    import ssl
+
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise SystemExit("tether relay: --tls-cert and --tls-key go together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise SystemExit(f"tether relay: cannot load the TLS certificate or key: {exc}") from None
+    return context
+
+
+def read_credentials(path: str) -> dict[str, Any]:
+    """The worker's credentials file (JSON: relay, run, attempt, token, ca_file); refused unless
+    only its owner can read it."""
+    file = Path(path)
+    try:
+        mode = file.stat().st_mode
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"tether: cannot read the credentials file {path}: {exc}") from None
+    if mode & 0o077:
+        raise SystemExit(
+            f"tether: the credentials file {path} is readable by others "
+            f"(mode {mode & 0o777:o}); it must be 0600"
+        )
+    if not isinstance(data, dict) or not isinstance(data.get("relay"), str):
+        raise SystemExit(f"tether: the credentials file {path} names no relay")
+    return data

@@ -1,0 +1,163 @@
+"""Submitting a run: the run spec from ``tether run`` / ``tether debug`` arguments over the config
+profile (checked here, not after the queue wait), then the working directory's snapshot, the
+upload of what the relay lacks, and the submission."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from adapter.render import mib
+from protocol_specs.runs import KNOWN_BACKENDS, Resources, RunRecord, RunSpec
+from relay.client import Endpoint, open_control
+
+from .errors import control_call
+from .settings import pairs, parse_duration, parse_memory, profile, tether_home
+
+__all__ = ["build_spec", "submit_run"]
+
+
+def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
+    """The run spec for ``tether debug`` / ``tether run`` arguments over the config profile."""
+    chosen = profile(args)
+    for name in (
+        "env",
+        "secret",
+        "mount",
+        "tag",
+        "mem",
+        "time",
+        "retry_backoff",
+        "name",
+        "workdir",
+    ):
+        if not hasattr(args, name):
+            setattr(args, name, None)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise SystemExit(
+            "tether: give the command to run after --, e.g. tether debug -- python train.py"
+        )
+    if debug:  # said now, not after the queue wait: the worker would refuse it the same way
+        from worker_shim.debuggee import split_python_command
+
+        try:
+            split_python_command(command)
+        except ValueError as exc:
+            raise SystemExit(
+                f"tether: {exc} (tether run runs any command, without the debugger)"
+            ) from None
+    workdir = Path(args.workdir or os.getcwd()).resolve()
+    if not workdir.is_dir():
+        raise SystemExit(f"tether: --workdir {args.workdir}: no such directory")
+
+    def pick(name: str, default: Any) -> Any:
+        value = getattr(args, name, None)
+        if value is not None:
+            return value
+        from_profile = getattr(chosen, name, None)
+        return from_profile if from_profile not in (None, "") else default
+
+    secrets = {}
+    for item in args.secret or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            if name not in os.environ:
+                raise SystemExit(f"tether: --secret {name}: no such variable in your environment")
+            value = os.environ[name]
+        secrets[name] = value
+    try:
+        memory = args.mem if args.mem is not None else parse_memory(chosen.memory or "0")
+        time_limit = args.time if args.time is not None else parse_duration(chosen.time or "0")
+        backoff = (
+            args.retry_backoff
+            if args.retry_backoff is not None
+            else parse_duration(chosen.retry_backoff or "10")
+        )
+        return RunSpec(
+            command=command,
+            workdir=str(workdir),
+            debug=debug,
+            wait_for_ide=not getattr(args, "no_wait", False),
+            env={**pairs(args.env, "--env", chosen.env), **secrets},
+            secret_env=sorted(secrets),
+            name=args.name or "",
+            client_os="windows" if os.name == "nt" else "unix",
+            on_unattended_stop=pick("on_unattended_stop", "wait"),
+            unattended_timeout=getattr(args, "unattended_timeout", None) or 1800.0,
+            webhook=getattr(args, "webhook", None) or "",
+            resources=Resources(
+                gpus=pick("gpus", 0),
+                cpus=pick("cpus", 1),
+                memory_mb=memory,
+                time_limit=time_limit,
+                partition=pick("partition", ""),
+            ),
+            mounts=pairs(args.mount, "--mount", chosen.mounts),
+            max_retries=pick("max_retries", 0),
+            retry_backoff=backoff,
+            tags=[*chosen.tags, *(args.tag or [])],
+            backend=_backend(pick("backend", "local")),
+        )
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"tether: in the config profile: {exc}") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise SystemExit(f"tether: invalid run: {where}: {err['msg']}") from None
+
+
+def _backend(name: str) -> str:
+    if name not in KNOWN_BACKENDS:
+        raise SystemExit(
+            f"tether: unknown backend {name!r}: use {' or '.join(KNOWN_BACKENDS)} "
+            "(a run for a backend nobody serves would wait in its queue for ever)"
+        )
+    return name
+
+
+async def submit_run(
+    relay: Endpoint,
+    spec: RunSpec,
+    say: Callable[[str], None],
+    *,
+    limit: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> RunRecord:
+    """Snapshot the working directory, upload what the relay lacks, submit the run."""
+    from adapter.snapshot import (
+        DEFAULT_LIMIT,
+        HashCache,
+        SnapshotError,
+        build_snapshot,
+        upload_snapshot,
+    )
+
+    root = Path(spec.workdir)
+    cache = HashCache.for_tree(tether_home() / "cache" / "snapshots", root)
+    try:
+        snapshot = build_snapshot(root, limit=limit or DEFAULT_LIMIT, cache=cache)
+    except SnapshotError as exc:
+        raise SystemExit(f"tether: {exc}") from None
+    for warning in snapshot.warnings:
+        say(f"warning: {warning}")
+    manifest = snapshot.manifest
+    async with open_control(relay, client="tether-cli") as control:
+        try:
+            uploaded = await upload_snapshot(control, snapshot, progress or (lambda _d, _t: None))
+        except SnapshotError as exc:
+            raise SystemExit(f"tether: {exc}") from None
+        record = await control_call(control.submit(spec, manifest))
+    say(
+        f"submitted run {record.id}: {' '.join(spec.command)} ({len(manifest.entries)} files, "
+        f"{mib(manifest.total_bytes)}; uploaded {uploaded.blobs} new files, "
+        f"{mib(uploaded.bytes)}; {uploaded.reused} already on the relay)"
+    )
+    return record
