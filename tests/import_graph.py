@@ -22,11 +22,19 @@ BEGIN, END = "<!-- import-graph:begin -->", "<!-- import-graph:end -->"
 #: A module belongs to the room of the longest prefix it matches.
 ROOMS: list[tuple[str, str, tuple[str, ...]]] = [
     ("protocol", "protocol_specs: the protocols and state machines, sans-I/O", ("protocol_specs",)),
-    ("link client", "relay.client: a relay's client, the adapter's and the worker's", ("relay.client",)),
+    (
+        "link client",
+        "relay.client: a relay's client, the adapter's and the worker's",
+        ("relay.client",),
+    ),
     ("relay", "relay: the service", ("relay",)),
     ("worker", "worker_shim: the GPU node's side", ("worker_shim",)),
     ("adapter", "adapter: the local DAP adapter", ("adapter",)),
-    ("cli", "adapter.cli: the commands; composes everything", ("adapter.cli", "adapter.local_stack")),
+    (
+        "cli",
+        "adapter.cli: the commands; composes everything",
+        ("adapter.cli",),
+    ),
 ]
 #: the rooms each room may import from (besides itself); nothing imports a floor above its own
 ALLOWED: dict[str, set[str]] = {
@@ -199,7 +207,9 @@ def module_map(graph: Graph) -> str:
     lines = []
     for room, what, _ in ROOMS:
         lines += ["", f"**{room}** ({what})", "", "| module | its job |", "|---|---|"]
-        lines += [f"| `{m}` | {_summary(graph.modules[m]) or '(no docstring)'} |" for m in members[room]]
+        lines += [
+            f"| `{m}` | {_summary(graph.modules[m]) or '(no docstring)'} |" for m in members[room]
+        ]
     return "\n".join(lines).strip()
 
 

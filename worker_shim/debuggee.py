@@ -61,14 +61,13 @@ from .python_command import (
     debugpy_home,
     is_python,
     resolve_python,
-    split_python_command,  # TODO(17): the CLI imports it from here until it imports python_command
+    split_python_command,
 )
 
 __all__ = [
     "Debuggee",
     "DebuggeeStartError",
     "OutputPump",
-    "split_python_command",
     "start_debuggee",
     "start_plain",
     "terminate_group",

@@ -18,7 +18,7 @@ What is shown is text from :mod:`adapter.render`.
 Commands import the relay server, the worker pool, the adapter and the snapshot builder inside
 their functions, not at the top: every ``tether`` invocation imports every command module (the
 parser names them), and ``tether ls`` should not pay for what ``tether up`` runs. (The parser
-itself reads ``relay.server.RelayConfig`` for the relay options' defaults.)
+itself reads ``relay.config.RelayConfig``, a dataclass, for the relay options' defaults.)
 """
 
 from .main import main

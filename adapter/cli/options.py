@@ -143,7 +143,7 @@ def pool_options(sp: argparse.ArgumentParser) -> None:
 
 def relay_options(s: argparse.ArgumentParser) -> None:
     """The relay's limits and timers (``tether relay``, ``tether up``)."""
-    from relay.server import RelayConfig
+    from relay.config import RelayConfig
 
     d = RelayConfig()
     g = s.add_argument_group("relay")

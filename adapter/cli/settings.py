@@ -153,7 +153,7 @@ def pairs(items: list[str] | None, what: str, base: dict[str, str]) -> dict[str,
 
 def relay_config(args: argparse.Namespace) -> Any:
     """The relay's configuration from ``tether relay`` / ``tether up`` options."""
-    from relay.server import RelayConfig
+    from relay.config import RelayConfig
     from relay.store import Cap
 
     return RelayConfig(

@@ -46,7 +46,7 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
             "tether: give the command to run after --, e.g. tether debug -- python train.py"
         )
     if debug:  # said now, not after the queue wait: the worker would refuse it the same way
-        from worker_shim.debuggee import split_python_command
+        from worker_shim.python_command import split_python_command
 
         try:
             split_python_command(command)

@@ -18,7 +18,9 @@ async def tether_cli(
     home: Path, *args: str, cwd: Path, stdout: int | None = None
 ) -> tuple[int, str]:
     """(exit code, stderr and stdout) of one CLI command."""
-    where: dict[str, object] = {"stdout": stdout} if stdout is not None else {"capture_stdout": True}
+    where: dict[str, object] = (
+        {"stdout": stdout} if stdout is not None else {"capture_stdout": True}
+    )
     done = await trio.run_process(
         [TETHER, *args], env=home_env(home), cwd=cwd, capture_stderr=True, check=False, **where
     )

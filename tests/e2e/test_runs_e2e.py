@@ -113,9 +113,7 @@ async def test_paused_shows_where_and_cancel_while_paused_ends_the_session(
         assert "paused at  app.py:11 in compute" in status.output
         async with tether("ls", home=home, name="ls") as ls:
             await ls.process.wait()
-        assert re.search(
-            rf"{run_id}\s+app.py\s+paused\s+local .* app.py:11 in compute", ls.output
-        )
+        assert re.search(rf"{run_id}\s+app.py\s+paused\s+local .* app.py:11 in compute", ls.output)
         async with tether("cancel", run_id, home=home, name="cancel") as cancel:
             await cancel.wait_line(rf"run {run_id}: cancelled")
         await ide.wait_event("terminated", timeout=30)

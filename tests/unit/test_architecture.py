@@ -7,6 +7,7 @@ is the one ``docs/architecture.md`` documents, and its diagram must be the one d
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,20 @@ def test_no_sys_path_edits_outside_the_tests() -> None:
     assert edits == []
 
 
+def test_every_package_is_installed() -> None:
+    """``pyproject.toml`` lists packages one by one: a package missing there works in the editable
+    install the tests use, and is absent from a real one."""
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    packages = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for package in ("protocol_specs", "relay", "worker_shim", "adapter")
+        for init in (ROOT / package).rglob("__init__.py")
+    }
+    assert packages - listed == set()
+
+
 def test_the_documented_diagram_is_drawn_from_the_code(graph: Graph) -> None:
     text = DOC.read_text()
     assert BEGIN in text and END in text
@@ -129,7 +144,9 @@ def test_the_graph_reader_sees_imports_and_cycles(tmp_path: Path) -> None:
     )
     assert cycles(graph) == [["adapter.a", "adapter.b"]]
     real = build()
-    hidden = [i for i in real.imports if i.source == "adapter.cli" or i.source.startswith("adapter.cli.")]
+    hidden = [
+        i for i in real.imports if i.source == "adapter.cli" or i.source.startswith("adapter.cli.")
+    ]
     assert hidden, "the CLI's imports (many inside functions) are seen"
     assert room_of("relay.client") == "link client"
     assert room_of("relay.links") == "relay"
