@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from protocol_specs.wire import DapEntry
-from worker_shim.shim import _request
+from worker_shim.core import request_of as _request
 
 
 @pytest.mark.parametrize(
