@@ -63,6 +63,7 @@ from .replay import (
     ReplayPhase,
     attach_arguments,
     initialize_arguments,
+    next_phase,
 )
 from .watch import Continue, LookUp, Watch
 
@@ -155,7 +156,7 @@ class ShimCore:
         if self.phase is not ReplayPhase.FOLDING or self.terminating or self._seen < self._tail:
             return []
         if self.session.configuration_done or not self.record.spec.wait_for_ide:
-            self.phase = ReplayPhase.INITIALIZING
+            self._enter(ReplayPhase.INITIALIZING, "caught up and configured")
             self._replay_deadline = self.clock() + HANDSHAKE_TIMEOUT
             return self._send("initialize", initialize_arguments(self.session))
         if self._waiting_said:
@@ -259,8 +260,9 @@ class ShimCore:
         self.closed = self.finished = True
         self._sent.clear()
         self._batch.clear()
-        if self.phase is not ReplayPhase.LIVE:
-            self.phase = ReplayPhase.ENDED  # the program ended (terminated) before going live
+        if self.phase not in (ReplayPhase.LIVE, ReplayPhase.ENDED):
+            # the program ended (terminated) before going live
+            self._enter(ReplayPhase.ENDED, "debugpy closed the connection")
             self._replay_deadline = None
         if self._lookup_seq is not None:
             self._lookup_seq = None
@@ -340,7 +342,7 @@ class ShimCore:
         if self.phase not in _REPLAYING:
             return []
         if command != "attach" and not msg.get("success"):
-            self.phase = ReplayPhase.ENDED
+            self._enter(ReplayPhase.ENDED, f"{command} refused")
             self._replay_deadline = None
             return [ReplayFailed(f"debugpy refused {command!r}: {msg.get('message')}")]
         self._answered.add(command)
@@ -350,7 +352,7 @@ class ShimCore:
                 DEBUGPY_CAPABILITIES, body if isinstance(body, dict) else {}
             )
             args = attach_arguments(self.session, self.record.spec.workdir, self.run_dir)
-            self.phase = ReplayPhase.ATTACHING
+            self._enter(ReplayPhase.ATTACHING, "initialize answered")
             self._replay_deadline = self.clock() + HANDSHAKE_TIMEOUT
             actions: list[Action] = [PipeOutputToIde(), *self._send("attach", args)]
             if self._initialized:
@@ -364,9 +366,9 @@ class ShimCore:
         self._replay_deadline = self.clock() + HANDSHAKE_TIMEOUT
         batch = self.plan.next_batch(self.session)
         if not batch:
-            self.phase = ReplayPhase.FINISHING
+            self._enter(ReplayPhase.FINISHING, "configuration sent")
             return self._send("configurationDone", None)
-        self.phase = ReplayPhase.CONFIGURING
+        self._enter(ReplayPhase.CONFIGURING, "configuration to send")
         actions: list[Action] = []
         for bset in batch:
             actions += self._send(bset.command, bset.arguments, origin=bset.origin, seq=bset.seq)
@@ -378,7 +380,7 @@ class ShimCore:
             return []
         if not {"attach", "configurationDone"} <= self._answered:
             return []
-        self.phase = ReplayPhase.LIVE
+        self._enter(ReplayPhase.LIVE, "configurationDone and attach answered")
         self._replay_deadline = None
         data = {"capabilities_delta": self.session.capabilities_delta}
         actions: list[Action] = [
@@ -401,7 +403,7 @@ class ShimCore:
         now = self.clock()
         if self._replay_deadline is not None and now >= self._replay_deadline:
             phase = self.phase
-            self.phase = ReplayPhase.ENDED
+            self._enter(ReplayPhase.ENDED, "a step timed out")
             self._replay_deadline = None
             text = f"debugpy did not answer within {HANDSHAKE_TIMEOUT:g} s ({phase.value})"
             return [ReplayFailed(text, timed_out=True)]
@@ -440,6 +442,9 @@ class ShimCore:
         self._seq += 1
         self._sent[self._seq] = _Sent(command, origin, seq)
         return [ToDebugpy(dap.request(command, arguments, seq=self._seq))]
+
+    def _enter(self, phase: ReplayPhase, why: str) -> None:
+        self.phase = next_phase(self.phase, phase, why)
 
     def _status(self, event: str, **fields: Any) -> StatusEntry:
         return status_entry(event, self.wall, **fields)

@@ -34,10 +34,13 @@ __all__ = [
     "DEFAULT_INITIALIZE",
     "HANDSHAKE_TIMEOUT",
     "NOT_SUPPORTED",
+    "TRANSITIONS",
     "ConfigurationPlan",
+    "IllegalTransition",
     "ReplayPhase",
     "attach_arguments",
     "initialize_arguments",
+    "next_phase",
     "pipe_output_attach",
 ]
 
@@ -62,6 +65,35 @@ class ReplayPhase(Enum):
     FINISHING = "finishing"  #: ``configurationDone`` sent; waiting for it and ``attach``
     LIVE = "live"  #: replayed: requests are forwarded as they come
     ENDED = "ended"  #: debugpy went away (or the run was terminated) before going live
+
+
+#: phase -> the phases it may move to (the replay's steps, or its end: debugpy gone, the run
+#: terminated, debugpy refusing or not answering). Going live is for good.
+TRANSITIONS: dict[ReplayPhase, frozenset[ReplayPhase]] = {
+    ReplayPhase.FOLDING: frozenset({ReplayPhase.INITIALIZING, ReplayPhase.ENDED}),
+    ReplayPhase.INITIALIZING: frozenset({ReplayPhase.ATTACHING, ReplayPhase.ENDED}),
+    ReplayPhase.ATTACHING: frozenset(
+        {ReplayPhase.CONFIGURING, ReplayPhase.FINISHING, ReplayPhase.ENDED}
+    ),
+    ReplayPhase.CONFIGURING: frozenset(
+        {ReplayPhase.CONFIGURING, ReplayPhase.FINISHING, ReplayPhase.ENDED}
+    ),
+    ReplayPhase.FINISHING: frozenset({ReplayPhase.LIVE, ReplayPhase.ENDED}),
+    ReplayPhase.LIVE: frozenset(),
+    ReplayPhase.ENDED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A bug in the shim: the replay tried a step its table does not have (state unchanged)."""
+
+
+def next_phase(phase: ReplayPhase, to: ReplayPhase, why: str) -> ReplayPhase:
+    """``to`` if the table allows it from ``phase``; raises :class:`IllegalTransition` naming
+    the event (``why``) and both phases otherwise."""
+    if to not in TRANSITIONS[phase]:
+        raise IllegalTransition(f"replay: {why} in phase {phase.value} cannot lead to {to.value}")
+    return to
 
 
 def initialize_arguments(session: DebugSession) -> dict[str, Any]:

@@ -36,7 +36,14 @@ from worker_shim.actions import (
     ToDebugpy,
 )
 from worker_shim.core import ShimCore, exit_status
-from worker_shim.replay import DEFAULT_INITIALIZE, HANDSHAKE_TIMEOUT, ReplayPhase
+from worker_shim.replay import (
+    DEFAULT_INITIALIZE,
+    HANDSHAKE_TIMEOUT,
+    TRANSITIONS,
+    IllegalTransition,
+    ReplayPhase,
+    next_phase,
+)
 from worker_shim.watch import LOOKUP_TIMEOUT, PAUSE_REPORT_AFTER
 
 WORKDIR = "/home/me/project"
@@ -566,4 +573,18 @@ def test_the_exit_status_says_whether_another_attempt_follows(
         code,
         final,
         WALL,
+    )
+
+
+def test_the_replay_phases_are_a_table() -> None:
+    assert set(TRANSITIONS) == set(ReplayPhase)
+    assert (
+        next_phase(ReplayPhase.FOLDING, ReplayPhase.INITIALIZING, "x") is ReplayPhase.INITIALIZING
+    )
+    with pytest.raises(IllegalTransition, match="closed in phase live cannot lead to folding"):
+        next_phase(ReplayPhase.LIVE, ReplayPhase.FOLDING, "closed")
+    # every phase before live can end (debugpy gone, terminated, refused, timed out)
+    assert all(
+        ReplayPhase.ENDED in TRANSITIONS[p]
+        for p in set(ReplayPhase) - {ReplayPhase.LIVE, ReplayPhase.ENDED}
     )
