@@ -26,6 +26,7 @@ __all__ = [
     "event",
     "parse_arguments",
     "plain_output",
+    "request",
     "response",
     "source_key",
 ]
@@ -118,6 +119,14 @@ def source_key(source: Source | dict[str, Any]) -> str:
     if source.sourceReference:
         return f"<ref:{source.sourceReference}>"
     return f"<name:{source.name or ''}>"
+
+
+def request(command: str, arguments: Any = None, *, seq: int = 0) -> dict[str, Any]:
+    """A request; ``arguments`` left out when None (the schema has requests without any)."""
+    msg: dict[str, Any] = {"seq": seq, "type": "request", "command": command}
+    if arguments is not None:
+        msg["arguments"] = arguments
+    return msg
 
 
 def response(

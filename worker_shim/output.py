@@ -43,15 +43,19 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import orjson
 import trio
 
+from protocol_specs import dap_models as dap
 from protocol_specs import wire
 from protocol_specs.lines import LineJoiner
 from protocol_specs.redact import Redactor
 from relay.client import RelayError, RunLink
+
+from .actions import BARRIER_EVENTS
+from .replay import pipe_output_attach
 
 __all__ = [
     "BARRIER_EVENTS",
@@ -74,30 +78,10 @@ PIECE = 16 * 1024
 HOLD_CAP = 1024 * 1024
 #: how long the barrier waits for the pipes to be read up to its mark
 BARRIER_TIMEOUT = 0.2
-#: debugger events published only after the program's output so far
-BARRIER_EVENTS = frozenset({"stopped", "exited", "terminated"})
 
 Stream = Literal["stdout", "stderr"]
 Entry = wire.LogEntry | wire.DapEntry
 _STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
-
-
-def pipe_output_attach(attach: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``attach`` arguments to send debugpy: pydevd never redirects output, and is told
-    (``isOutputRedirected``) that someone else shows stdout, so a REPL ``print`` is not sent twice.
-
-    The IDE gets the program's output from its pipes whatever its ``attach`` said: debugpy's
-    default for an attach (no ``redirectOutput``) shows nothing, which is not what a user debugging
-    a program on another machine wants, and a later IDE that asks for output must get it too
-    (the attach replayed into debugpy is the first IDE's).
-    """
-    args = dict(attach)
-    options = args.get("debugOptions")
-    if isinstance(options, list):
-        args["debugOptions"] = [o for o in options if o != "RedirectOutput"]
-    args["redirectOutput"] = False
-    args["isOutputRedirected"] = True
-    return args
 
 
 def unbuffered_env(env: Mapping[str, str], run_env: Mapping[str, str]) -> dict[str, str]:
@@ -237,7 +221,7 @@ def _stream(name: str) -> Stream:
 
 def _output_event(stream: Stream, text: str) -> wire.DapEntry:
     body = {"category": stream, "output": text}
-    raw = orjson.dumps({"seq": 0, "type": "event", "event": "output", "body": body})
+    raw = orjson.dumps(dap.event("output", body))
     return wire.DapEntry(body=raw, transient=True)
 
 

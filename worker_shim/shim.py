@@ -32,6 +32,10 @@ Throughout, the relay link reconnects by itself and resends what the relay has n
 (cancelled, or marked lost because the link stayed down past the lease), the program is terminated.
 While the program is paused and no IDE is attached, :class:`protocol_specs.attention.Attention`
 decides what happens (the run's ``on_unattended_stop`` policy).
+
+This module is the I/O only: the debugpy socket, the run link, the program. What to send and
+publish is decided by :class:`worker_shim.core.ShimCore` (routing, the replay, unattended stops),
+without I/O; :class:`_Driver` performs it.
 """
 
 from __future__ import annotations
@@ -42,247 +46,50 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import orjson
 import trio
 
 from protocol_specs import dap_framing, wire
-from protocol_specs.attention import Attention, Notice, Resume, Terminate, UnattendedPolicy
-from protocol_specs.capabilities import (
-    DEBUGPY_CAPABILITIES,
-    VSCODE_INITIALIZE,
-    capabilities_delta,
-)
-from protocol_specs.dap_models import coalesce_output, plain_output
 from protocol_specs.link import Cursor
-from protocol_specs.runs import RunRecord, retry_delay
-from protocol_specs.session import (
-    CONFIGURATION_COMMANDS,
-    BreakpointSet,
-    DebugSession,
-    StatusEvent,
-    is_transient,
-)
+from protocol_specs.runs import RunRecord
+from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
-from protocol_specs.wire import DapEntry, PresenceEntry, Role, StatusEntry, StreamName, WireError
+from protocol_specs.wire import Role, StreamName, WireError
 from relay.client import LinkPolicy, RunLink, Target, open_run_link
 
+from .actions import (
+    Action,
+    PipeOutputToIde,
+    Publish,
+    ReplayFailed,
+    Say,
+    Settle,
+    Terminate,
+    ToDebugpy,
+    status_entry,
+)
+from .core import ShimCore, exit_status, terminates
 from .debuggee import Debuggee, OutputPump, start_debuggee, start_plain, terminate_group
 from .files import Fetch, materialise
-from .output import (
-    BARRIER_EVENTS,
-    ProgramOutput,
-    open_program_output,
-    pipe_output_attach,
-    unbuffered_env,
-)
+from .output import ProgramOutput, open_program_output, unbuffered_env
+from .replay import DEFAULT_INITIALIZE
 
 __all__ = ["DEFAULT_INITIALIZE", "run_shim", "worker_link", "worker_link_policy"]
 
 log = logging.getLogger("tether.worker")
 
-#: initialize arguments when no IDE ever sent its own (a run started without waiting for one)
-DEFAULT_INITIALIZE: dict[str, Any] = {
-    **VSCODE_INITIALIZE,
-    "clientID": "tether",
-    "clientName": "tether worker",
-}
-#: client capabilities the shim never claims towards debugpy, whatever the IDE said: it answers no
-#: reverse requests (subprocess debugging is off; no terminal on the worker).
-_NOT_SUPPORTED = {"supportsStartDebuggingRequest": False, "supportsRunInTerminalRequest": False}
-#: debugpy's own events that are about the worker-side connection, not the program
-_DROPPED_EVENTS = frozenset(
-    {"initialized", "debugpyWaitingForServer", "debugpySockets", "terminated"}
-)
-HANDSHAKE_TIMEOUT = 60.0
 #: how long debugpy may take, after the program exited, to hand over its last events
 FINISH_TIMEOUT = 10.0
 RECEIVE_SIZE = 256 * 1024
-#: a stop shorter than this (a step) is not reported as the run being paused
-PAUSE_REPORT_AFTER = 0.5
 
 
 #: the worker's relay link: keep trying for a minute when the run starts (the pool just reached
 #: the relay), then for ever (the lease decides when the run is given up)
 def worker_link_policy() -> LinkPolicy:
     return LinkPolicy.from_env(first_connect_within=60.0)
-
-
-@dataclass
-class _Sent:
-    command: str
-    origin: str | None  # None: the shim's own request, answered to a waiter only
-    seq: int = 0
-    done: trio.Event = field(default_factory=trio.Event)
-    response: dict[str, Any] | None = None
-
-
-class _DebugpyLink:
-    """The shim's connection to debugpy: numbering, routing of responses, filtering of events."""
-
-    def __init__(
-        self,
-        stream: trio.SocketStream,
-        link: RunLink,
-        on_event: Callable[[dict[str, Any]], None] = lambda _msg: None,
-        barrier: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        self.stream = stream
-        self.link = link
-        self.on_event = on_event
-        #: awaited before publishing a response or a stop or end: the program's output goes first
-        self.barrier = barrier
-        self.framer = dap_framing.DapFramer()
-        self.seq = 0
-        self.sent: dict[int, _Sent] = {}
-        self.initialized = trio.Event()
-        self.closed = trio.Event()
-        #: debugpy said ``terminated`` (after every event of the program) or the connection closed
-        self.finished = trio.Event()
-        self._send_lock = trio.Lock()
-        # Output waits while the previous output entry is unanswered by the relay, and goes out
-        # merged after it (Nagle's idea, no timer): a trickle is sent at once, a flood in chunks.
-        self._publish_lock = trio.Lock()  # publishes in the order they were decided
-        self._output: list[bytes] = []  # plain output events held back, in order
-        self._output_held = trio.Event()
-        self._output_in_flight = 0  # the publish number of the last output entry sent
-
-    async def send(
-        self, command: str, arguments: Any, *, origin: str | None = None, seq: int = 0
-    ) -> _Sent:
-        async with self._send_lock:
-            self.seq += 1
-            sent = _Sent(command, origin, seq)
-            self.sent[self.seq] = sent
-            msg: dict[str, Any] = {"seq": self.seq, "type": "request", "command": command}
-            if arguments is not None:
-                msg["arguments"] = arguments
-            await self.stream.send_all(dap_framing.encode_message(msg))
-            return sent
-
-    async def request(self, command: str, arguments: Any) -> dict[str, Any]:
-        sent = await self.send(command, arguments)
-        with trio.fail_after(HANDSHAKE_TIMEOUT):
-            await sent.done.wait()
-        assert sent.response is not None
-        if not sent.response.get("success"):
-            raise RuntimeError(f"debugpy refused {command!r}: {sent.response.get('message')}")
-        return sent.response
-
-    async def pump(self) -> None:
-        """Read debugpy's messages until it closes the connection; publish what the IDE needs."""
-        try:
-            while data := await self.stream.receive_some(RECEIVE_SIZE):
-                self.framer.receive_data(data)
-                # pydevd sends an event per write(): output held while the previous output entry
-                # is unanswered goes out merged, so debugpy is read as fast as it writes (pydevd
-                # drops what it has not sent when the program exits)
-                while (raw := self.framer.next_raw()) is not None:
-                    if plain_output(raw) is not None:
-                        await self._output_event(raw)
-                    else:
-                        if self._output:
-                            await self.flush_output()
-                        await self._dispatch(raw)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        except dap_framing.DapFramingError as exc:
-            log.error("debugpy sent bad DAP data: %s", exc)
-        finally:
-            self.closed.set()
-            self.finished.set()
-            for sent in self.sent.values():
-                sent.done.set()
-
-    async def _output_event(self, raw: bytes) -> None:
-        if self._output or self.link.answered < self._output_in_flight:
-            self._output.append(raw)
-            self._output_held.set()
-        else:
-            await self._dispatch(raw)
-
-    async def flush_output(self) -> None:
-        async with self._publish_lock:
-            held, self._output = self._output, []
-            for raw in coalesce_output(held):
-                await self._dispatch(raw, locked=True)
-
-    async def flush_output_when_answered(self) -> None:
-        """Send held output as soon as the relay answered the output entry before it."""
-        while True:
-            await self._output_held.wait()
-            self._output_held = trio.Event()
-            await self.link.wait_answered(self._output_in_flight)
-            await self.flush_output()
-
-    async def _publish(self, entry: DapEntry, *, locked: bool) -> int:
-        if locked:
-            return await self.link.publish(entry)
-        async with self._publish_lock:
-            return await self.link.publish(entry)
-
-    async def _dispatch(self, raw: bytes, *, locked: bool = False) -> None:
-        msg = orjson.loads(raw)
-        kind = msg.get("type")
-        if kind == "response":
-            sent = self.sent.pop(msg.get("request_seq", -1), None)
-            if sent is None:
-                return
-            sent.response = msg
-            sent.done.set()
-            if sent.origin is not None:
-                if self.barrier is not None:
-                    await self.barrier()
-                body = orjson.dumps({**msg, "request_seq": sent.seq})
-                transient = is_transient(msg, sent.command)
-                entry = DapEntry(origin=sent.origin, body=body, transient=transient)
-                await self._publish(entry, locked=locked)
-        elif kind == "event":
-            name = msg.get("event")
-            if name == "initialized":
-                self.initialized.set()
-            if name == "terminated":
-                self.finished.set()
-            if name in _DROPPED_EVENTS:
-                return
-            if name == "output" and (msg.get("body") or {}).get("category") == "telemetry":
-                return
-            if name in BARRIER_EVENTS and self.barrier is not None:
-                await self.barrier()
-            self.on_event(msg)
-            n = await self._publish(DapEntry(body=raw, transient=is_transient(msg)), locked=locked)
-            if name == "output":
-                self._output_in_flight = n
-        elif kind == "request":
-            # reverse requests (startDebugging, runInTerminal): the shim supports none of them
-            reply = {
-                "seq": 0,
-                "type": "response",
-                "request_seq": msg.get("seq", 0),
-                "success": False,
-                "command": msg.get("command", ""),
-                "message": "not supported by tether's worker",
-            }
-            async with self._send_lock:
-                self.seq += 1
-                reply["seq"] = self.seq
-                await self.stream.send_all(dap_framing.encode_message(reply))
-
-
-def _default_path_mappings(
-    attach: dict[str, Any], record: RunRecord, run_dir: Path
-) -> dict[str, Any]:
-    mappings = attach.get("pathMappings")
-    if mappings:
-        return attach
-    return {
-        **attach,
-        "pathMappings": [{"localRoot": record.spec.workdir, "remoteRoot": str(run_dir)}],
-    }
 
 
 async def run_shim(
@@ -404,15 +211,7 @@ WORKER_ONLY_ENV = frozenset({"TETHER_TOKEN", "TETHER_CONFIG"})
 
 
 async def _exited(link: RunLink, record: RunRecord, code: int) -> None:
-    """The program's exit status; ``final``: no further attempt follows."""
-    spec = record.spec
-    final = code == 0 or retry_delay(record.attempt, spec.max_retries, spec.retry_backoff) is None
-    await _status(
-        link,
-        StatusEvent.EXITED,
-        exit_code=code,
-        data={"attempt": record.attempt, "final": final},
-    )
+    await link.publish(exit_status(record, code))
 
 
 class _LinkNews:
@@ -458,7 +257,7 @@ async def _report_refusals(link: RunLink, news: _LinkNews) -> None:
 
 
 async def _status(link: RunLink, event: str, **fields: Any) -> None:
-    await link.publish(StatusEntry(event=event, at=trio.current_time(), **fields))
+    await link.publish(status_entry(event, **fields))
 
 
 async def _run_plain(
@@ -505,18 +304,13 @@ async def _watch_terminate(
     link: RunLink, record: RunRecord, terminate: Callable[[], Awaitable[None]]
 ) -> None:
     async for delivery in link.deliveries:
-        entry = _decode(delivery)
-        if _terminates(entry, record):
+        try:
+            entry = wire.decode_entry(delivery.entry)
+        except WireError as exc:
+            log.warning("skipping malformed entry %s: %s", delivery.cursor, exc.message)
+            continue
+        if terminates(entry, record):
             await terminate()
-
-
-def _terminates(entry: wire.AnyEntry | None, record: RunRecord) -> bool:
-    """A ``terminate`` meant for this attempt (not one an earlier attempt was sent)."""
-    return (
-        isinstance(entry, wire.ControlEntry)
-        and entry.action == "terminate"
-        and entry.attempt in (0, record.attempt)
-    )
 
 
 async def _run_debug(
@@ -528,74 +322,21 @@ async def _run_debug(
     news: _LinkNews,
     output: ProgramOutput,
 ) -> int | None:
-    session = DebugSession()
     stream = await debuggee.connect()
-    attention = _Watch(record, run_dir, say)
-    dbg = _DebugpyLink(
-        stream, link, attention.debugger_event, barrier=partial(output.settle, debuggee.output)
-    )
-    attention.dbg = dbg
-    await _status(
-        link,
-        StatusEvent.STARTED,
-        data={
-            "pid": debuggee.process.pid,
-            "run_dir": str(run_dir),
-            "debugpy": "1.8.22",
-            "attempt": record.attempt,
-        },
-    )
-    terminate = trio.Event()
-
-    async def stop_on_terminate() -> None:
-        await terminate.wait()
-        say(f"run {record.id}: terminating on request")
-        await debuggee.terminate()
-
+    tail = Cursor.parse(link.tails.get(StreamName.TO_WORKER.value, "0"))
+    core = ShimCore(record, str(run_dir), tail=tail, clock=trio.current_time)
+    driver = _Driver(core, stream, link, output, debuggee, say)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(dbg.pump)
-        nursery.start_soon(dbg.flush_output_when_answered)
-        nursery.start_soon(stop_on_terminate)
-        nursery.start_soon(_terminate_when, news.ended, _set_event(terminate))
+        driver.scope = nursery.cancel_scope
+        nursery.start_soon(driver.pump)
+        nursery.start_soon(driver.flush_output_when_answered)
+        nursery.start_soon(driver.timer)
+        nursery.start_soon(driver.stop_on_terminate)
         nursery.start_soon(_report_refusals, link, news)
-        nursery.start_soon(attention.run, link, terminate)
-        # 3. fold the IDE side: everything stored before we connected, then (unless the run
-        #    does not wait) until the IDE finished its configuration
-        tail = Cursor.parse(link.tails.get(StreamName.TO_WORKER.value, "0"))
-        seen = (0, 0)
-        waiting_said = False
-        while not terminate.is_set():
-            caught_up = seen >= tail
-            if caught_up and (session.configuration_done or not record.spec.wait_for_ide):
-                break
-            if caught_up and not waiting_said:
-                await _status(
-                    link, StatusEvent.WAITING_FOR_IDE, detail="waiting for the IDE's configuration"
-                )
-                say(f"run {record.id}: debugger ready, waiting for the IDE's configuration")
-                waiting_said = True
-            delivery = await link.deliveries.receive()
-            seen = Cursor.parse(delivery.cursor)
-            _fold(delivery, session, terminate, attention, record)
-        _drain(link, session, terminate, attention, record)  # configuration here counts too
-        if not terminate.is_set():
-            # 4. replay the compacted configuration
-            await _replay(
-                dbg,
-                session,
-                record,
-                run_dir,
-                lambda: _drain(link, session, terminate, attention, record),
-                output,
-            )
-            await _status(
-                link,
-                StatusEvent.DEBUGGER_LIVE,
-                data={"capabilities_delta": session.capabilities_delta},
-            )
-            say(f"run {record.id}: debugger live")
-            # 5. live traffic
-            nursery.start_soon(_forward_live, link, dbg, terminate, attention, record)
+        # the fold starts once ``started`` is out: the replay may follow at once
+        await driver.perform(core.start(debuggee.process.pid))
+        nursery.start_soon(driver.deliveries)
+        nursery.start_soon(_terminate_when, news.ended, driver.end_run)
         code = await debuggee.wait()
         # what the program wrote is in its pipes now (debugpy's adapter holds them open, so no
         # end of file comes): read up to there; what a child left running writes later follows
@@ -604,282 +345,127 @@ async def _run_debug(
         # debugpy may still hold its last output events (logpoints): they come before its
         # ``terminated``, which the pump sees after publishing them, before the exit status below
         with trio.move_on_after(FINISH_TIMEOUT):
-            await dbg.finished.wait()
-            await dbg.flush_output()
+            await driver.finished.wait()
+            await driver.perform(core.flush_output())
         nursery.cancel_scope.cancel()
+    driver.raise_failure()
     await _exited(link, record, code)
     say(f"run {record.id} exited with {code}")
     return code
 
 
-def _set_event(event: trio.Event) -> Callable[[], Awaitable[None]]:
-    async def set_it() -> None:
-        event.set()
+class _Driver:
+    """Performs what :class:`~worker_shim.core.ShimCore` decides: the debugpy socket, the run link,
+    the program. Each task performs the actions of its own decisions, in order; writes to debugpy
+    and publishes each take a lock, so neither interleaves."""
 
-    return set_it
-
-
-def _fold(
-    delivery: wire.Deliver,
-    session: DebugSession,
-    terminate: trio.Event,
-    attention: _Watch,
-    record: RunRecord,
-) -> None:
-    entry = _decode(delivery)
-    if isinstance(entry, DapEntry):
-        session.apply_to_worker(entry)
-    elif isinstance(entry, PresenceEntry):
-        attention.presence(entry)
-    elif _terminates(entry, record):
-        terminate.set()
-
-
-def _drain(
-    link: RunLink,
-    session: DebugSession,
-    terminate: trio.Event,
-    attention: _Watch,
-    record: RunRecord,
-) -> None:
-    """Fold every delivery already received, without waiting (before debugpy starts the program,
-    configuration entries are only ever folded, never forwarded)."""
-    while True:
-        try:
-            delivery = link.deliveries.receive_nowait()
-        except trio.WouldBlock:
-            return
-        _fold(delivery, session, terminate, attention, record)
-
-
-def _decode(delivery: wire.Deliver) -> wire.AnyEntry | None:
-    try:
-        return wire.decode_entry(delivery.entry)
-    except WireError as exc:
-        log.warning("skipping malformed entry %s: %s", delivery.cursor, exc.message)
-        return None
-
-
-async def _replay(
-    dbg: _DebugpyLink,
-    session: DebugSession,
-    record: RunRecord,
-    run_dir: Path,
-    catch_up: Callable[[], None],
-    output: ProgramOutput,
-) -> None:
-    """The handshake and the latest configuration, before debugpy lets user code run.
-
-    Configuration that arrives while the replay is in flight is folded (``catch_up``) and sent
-    too, still before ``configurationDone``: only the latest state per source ever applies.
-    pydevd is never asked to redirect output: ``output`` sends the IDE the program's pipes
-    (:func:`~worker_shim.output.pipe_output_attach`).
-    """
-    init_args = {**(session.initialize_args or DEFAULT_INITIALIZE), **_NOT_SUPPORTED}
-    init_args.setdefault("adapterID", "debugpy")
-    response = await dbg.request("initialize", init_args)
-    session.capabilities_delta = capabilities_delta(
-        DEBUGPY_CAPABILITIES, response.get("body") or {}
-    )
-    attach_args = _default_path_mappings(dict(session.attach_args or {}), record, run_dir)
-    attach_args = pipe_output_attach(attach_args)
-    output.to_ide = True
-    attach = await dbg.send("attach", attach_args)
-    with trio.fail_after(HANDSHAKE_TIMEOUT):
-        await dbg.initialized.wait()
-    applied: dict[tuple[str, str], int] = {}
-    while True:
-        sent = []
-        for bset in session.configuration():
-            key = (bset.command, _source_of(bset))
-            if applied.get(key) == bset.seq:
-                continue
-            applied[key] = bset.seq
-            sent.append(
-                await dbg.send(bset.command, bset.arguments, origin=bset.origin, seq=bset.seq)
-            )
-        if not sent:
-            break
-        with trio.fail_after(HANDSHAKE_TIMEOUT):
-            for s in sent:
-                await s.done.wait()
-        catch_up()
-    await dbg.request("configurationDone", None)
-    with trio.fail_after(HANDSHAKE_TIMEOUT):
-        await attach.done.wait()
-
-
-def _source_of(bset: BreakpointSet) -> str:
-    source = bset.arguments.get("source") or {}
-    return str(source.get("path") or source.get("sourceReference") or source.get("name") or "")
-
-
-async def _forward_live(
-    link: RunLink, dbg: _DebugpyLink, terminate: trio.Event, attention: _Watch, record: RunRecord
-) -> None:
-    async for delivery in link.deliveries:
-        entry = _decode(delivery)
-        if isinstance(entry, wire.ControlEntry):
-            if _terminates(entry, record):
-                terminate.set()
-            continue
-        if isinstance(entry, PresenceEntry):
-            attention.presence(entry)
-            continue
-        if not isinstance(entry, DapEntry):
-            continue
-        msg = _request(entry)
-        if msg is None:
-            continue  # not a request debugpy could take (anyone with the user's token can write)
-        command = msg["command"]
-        if entry.local and command not in CONFIGURATION_COMMANDS:
-            continue  # a handshake request the adapter answered (initialize, attach, ...)
-        await dbg.send(command, msg.get("arguments"), origin=entry.origin, seq=msg["seq"])
-
-
-def _request(entry: DapEntry) -> dict[str, Any] | None:
-    """The DAP request ``entry`` carries, if it is a well-formed one: an object with a string
-    ``command``, an integer ``seq`` and ``arguments`` absent or an object."""
-    try:
-        msg = orjson.loads(entry.body)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(msg, dict) or msg.get("type") != "request":
-        return None
-    seq = msg.get("seq")
-    if not isinstance(msg.get("command"), str) or not isinstance(seq, int) or isinstance(seq, bool):
-        return None
-    if not isinstance(msg.get("arguments", {}), dict | None):
-        return None
-    return msg
-
-
-class _Watch:
-    """Performs what :class:`~protocol_specs.attention.Attention` decides about unattended stops."""
-
-    def __init__(self, record: RunRecord, run_dir: Path, say: Callable[[str], None]) -> None:
-        spec = record.spec
-        self.record = record
-        self.run_dir = run_dir
+    def __init__(
+        self,
+        core: ShimCore,
+        stream: trio.SocketStream,
+        link: RunLink,
+        output: ProgramOutput,
+        debuggee: Debuggee,
+        say: Callable[[str], None],
+    ) -> None:
+        self.core = core
+        self.stream = stream
+        self.link = link
+        self.output = output
+        self.debuggee = debuggee
         self.say = say
-        self.attention = Attention(
-            UnattendedPolicy(spec.on_unattended_stop), spec.unattended_timeout
-        )
-        self.dbg: _DebugpyLink | None = None
-        self._decisions: list[Notice | Resume | Terminate] = []
-        self._changed = trio.Event()
-        #: when the program last went from running to stopped (None: running)
-        self._stopped_since: float | None = None
-        self._paused_reported = False
+        self.scope: trio.CancelScope | None = None
+        self.finished = trio.Event()  #: debugpy said ``terminated``, or closed the connection
+        self.failure: ReplayFailed | None = None
+        self._terminate = trio.Event()
+        self._send_lock = trio.Lock()
+        self._publish_lock = trio.Lock()  # publishes in the order they were decided
+        self._output_held = trio.Event()
+        self._wake_timer = trio.Event()
 
-    def presence(self, entry: PresenceEntry) -> None:
-        self._add(self.attention.on_presence(entry, trio.current_time()))
+    def __repr__(self) -> str:
+        return f"<_Driver {self.core!r}>"
 
-    def debugger_event(self, msg: dict[str, Any]) -> None:
-        now = trio.current_time()
-        self._add(self.attention.on_debugger_event(msg, now))
-        if self.attention.stopped and self._stopped_since is None:
-            self._stopped_since = now
-        elif not self.attention.stopped:
-            self._stopped_since = None
+    async def perform(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, ToDebugpy):
+                await self._send(action.message)
+            elif isinstance(action, Publish):
+                async with self._publish_lock:
+                    n = await self.link.publish(action.entry)
+                if action.output:
+                    self.core.output_published(n)
+            elif isinstance(action, Settle):
+                await self.output.settle(self.debuggee.output)
+            elif isinstance(action, PipeOutputToIde):
+                self.output.to_ide = True
+            elif isinstance(action, Say):
+                self.say(action.text)
+            elif isinstance(action, Terminate):
+                self._terminate.set()
+            elif isinstance(action, ReplayFailed):
+                self.failure = action
+                if self.scope is not None:
+                    self.scope.cancel()
+        if self.core.finished:
+            self.finished.set()
+        if self.core.output_held:
+            self._output_held.set()
+        self._wake_timer.set()
 
-    def _add(self, decisions: list[Notice | Resume | Terminate]) -> None:
-        self._decisions += decisions
-        self._changed.set()
-
-    async def run(self, link: RunLink, terminate: trio.Event) -> None:
-        while True:
-            deadline = self.attention.next_wake
-            if self._stopped_since is not None and not self._paused_reported:
-                report_at = self._stopped_since + PAUSE_REPORT_AFTER
-                deadline = report_at if deadline is None else min(deadline, report_at)
-            with trio.move_on_at(deadline if deadline is not None else float("inf")):
-                await self._changed.wait()
-            self._changed = trio.Event()
-            await self._report_pause(link)
-            self._decisions += self.attention.tick(trio.current_time())
-            decisions, self._decisions = self._decisions, []
-            for decision in decisions:
-                if isinstance(decision, Notice):
-                    await self._notice(link, decision)
-                elif isinstance(decision, Resume) and self.dbg is not None:
-                    self.say(f"run {self.record.id}: unattended stop timed out; continuing")
-                    await self.dbg.send("continue", {"threadId": decision.thread_id})
-                elif isinstance(decision, Terminate):
-                    self.say(f"run {self.record.id}: {decision.detail}; terminating")
-                    await _status(
-                        link, StatusEvent.UNATTENDED_STOP, detail=f"Terminating: {decision.detail}."
-                    )
-                    terminate.set()
-
-    async def _report_pause(self, link: RunLink) -> None:
-        """``paused`` (with where) once a stop lasted :data:`PAUSE_REPORT_AFTER`; ``resumed``."""
-        since = self._stopped_since
-        if since is None:
-            if self._paused_reported:
-                self._paused_reported = False
-                await _status(link, StatusEvent.RESUMED)
+    def raise_failure(self) -> None:
+        """The replay failed: the attempt could not start (``start_failed``)."""
+        if self.failure is None:
             return
-        if self._paused_reported or trio.current_time() < since + PAUSE_REPORT_AFTER:
-            return
-        self._paused_reported = True
-        tid, body = next(iter(self.attention.stopped.items()))
-        where = (await self._where(tid)).removeprefix(" at ")
-        await _status(
-            link,
-            StatusEvent.PAUSED,
-            detail=where,
-            data={"where": where, "reason": body.get("reason", ""), "thread_id": tid},
-        )
+        if self.failure.timed_out:
+            raise trio.TooSlowError(self.failure.detail)
+        raise RuntimeError(self.failure.detail)
 
-    async def _notice(self, link: RunLink, notice: Notice) -> None:
-        where = await self._where(notice.thread_id)
-        spec = self.record.spec
-        policy = spec.on_unattended_stop
-        if policy == "wait":
-            then = (
-                "It stays paused until an IDE attaches (--on-unattended-stop wait): "
-                "its GPUs stay allocated meanwhile."
-            )
-        else:
-            then = f"If no IDE attaches within {spec.unattended_timeout:g} s, it will {policy}."
-        detail = (
-            f"Run {self.record.id} is paused{where} ({notice.reason or 'stopped'}) "
-            f"and no IDE is attached. {then} Attach with: tether attach {self.record.id}"
-        )
-        self.say(detail)
-        await _status(
-            link,
-            StatusEvent.UNATTENDED_STOP,
-            detail=detail,
-            data={
-                "policy": policy,
-                "timeout": spec.unattended_timeout,
-                "thread_id": notice.thread_id,
-                "reason": notice.reason,
-                "where": where.removeprefix(" at "),
-            },
-        )
-
-    async def _where(self, thread_id: int) -> str:
-        """`` at train.py:18 in train_step`` (the submitted path), or "" if debugpy won't say."""
-        if self.dbg is None:
-            return ""
-        try:
-            sent = await self.dbg.send("stackTrace", {"threadId": thread_id, "levels": 1})
-            with trio.move_on_after(5):
-                await sent.done.wait()
-            frames = ((sent.response or {}).get("body") or {}).get("stackFrames") or []
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return ""
-        if not frames:
-            return ""
-        frame = frames[0]
-        path = str((frame.get("source") or {}).get("path") or "")
-        for root in (self.run_dir, Path(self.record.spec.workdir)):  # debugpy maps to the latter
+    async def _send(self, message: dict[str, Any]) -> None:
+        async with self._send_lock:
             try:
-                path = str(Path(path).relative_to(root))
-                break
-            except ValueError:
-                continue
-        return f" at {path}:{frame.get('line')} in {frame.get('name')}"
+                await self.stream.send_all(dap_framing.encode_message(message))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # debugpy is gone: the pump sees it too
+
+    async def pump(self) -> None:
+        """Read debugpy's messages until it closes the connection."""
+        framer = dap_framing.DapFramer()
+        try:
+            while data := await self.stream.receive_some(RECEIVE_SIZE):
+                framer.receive_data(data)
+                while (raw := framer.next_raw()) is not None:
+                    await self.perform(self.core.on_debugpy_message(raw, self.link.answered))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except dap_framing.DapFramingError as exc:
+            log.error("debugpy sent bad DAP data: %s", exc)
+        await self.perform(self.core.debugpy_closed())
+
+    async def flush_output_when_answered(self) -> None:
+        """Send held output as soon as the relay answered the output entry before it."""
+        while True:
+            await self._output_held.wait()
+            self._output_held = trio.Event()
+            await self.link.wait_answered(self.core.output_in_flight)
+            await self.perform(self.core.flush_output())
+
+    async def deliveries(self) -> None:
+        async for delivery in self.link.deliveries:
+            await self.perform(self.core.on_delivery(delivery))
+
+    async def timer(self) -> None:
+        while True:
+            deadline = self.core.next_deadline
+            self._wake_timer = trio.Event()
+            with trio.move_on_at(deadline if deadline is not None else float("inf")):
+                await self._wake_timer.wait()
+            if deadline is not None and trio.current_time() >= deadline:
+                await self.perform(self.core.on_tick())
+
+    async def end_run(self) -> None:
+        await self.perform(self.core.end_run())
+
+    async def stop_on_terminate(self) -> None:
+        await self._terminate.wait()
+        await self.debuggee.terminate()

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from protocol_specs.wire import DapEntry
-from worker_shim.shim import _request
+from worker_shim.core import request_of
 
 
 @pytest.mark.parametrize(
@@ -26,12 +26,12 @@ from worker_shim.shim import _request
     ],
 )
 def test_junk_is_not_forwarded(body: bytes) -> None:
-    assert _request(DapEntry(origin="a", body=body)) is None
+    assert request_of(DapEntry(origin="a", body=body)) is None
 
 
 def test_well_formed_requests_are() -> None:
     for arguments in ({}, None, {"expression": "1"}):
         msg = {"type": "request", "seq": 3, "command": "evaluate", "arguments": arguments}
-        assert _request(DapEntry(origin="a", body=orjson.dumps(msg))) == msg
+        assert request_of(DapEntry(origin="a", body=orjson.dumps(msg))) == msg
     bare = {"type": "request", "seq": 4, "command": "threads"}
-    assert _request(DapEntry(origin="a", body=orjson.dumps(bare))) == bare
+    assert request_of(DapEntry(origin="a", body=orjson.dumps(bare))) == bare

@@ -1,0 +1,89 @@
+"""What the worker shim's sans-I/O parts ask the trio loop (:mod:`worker_shim.shim`) to do.
+
+:class:`worker_shim.core.ShimCore` and :class:`worker_shim.watch.Watch` decide; they return lists
+of these, and the loop performs them in order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from protocol_specs.wire import DapEntry, StatusEntry
+
+__all__ = [
+    "BARRIER_EVENTS",
+    "Action",
+    "PipeOutputToIde",
+    "Publish",
+    "ReplayFailed",
+    "Say",
+    "Settle",
+    "Terminate",
+    "ToDebugpy",
+    "status_entry",
+]
+
+
+@dataclass(frozen=True)
+class ToDebugpy:
+    """Send this DAP message to debugpy (its ``seq`` is already the shim's own)."""
+
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Publish this entry on the run link."""
+
+    entry: DapEntry | StatusEntry
+    #: a debugpy ``output`` event: report its publish number with
+    #: :meth:`worker_shim.core.ShimCore.output_published` (held output waits for its answer)
+    output: bool = False
+
+
+#: debugger events published only after the program's output so far (:class:`Settle` first)
+BARRIER_EVENTS = frozenset({"stopped", "exited", "terminated"})
+
+
+@dataclass(frozen=True)
+class Settle:
+    """The output barrier: publish what the program wrote to its pipes before going on."""
+
+
+@dataclass(frozen=True)
+class PipeOutputToIde:
+    """From now on, the program's pipes also go to the IDE as ``output`` events."""
+
+
+@dataclass(frozen=True)
+class Say:
+    """A line for the worker's own log."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Terminate:
+    """End the program (its process group)."""
+
+
+@dataclass(frozen=True)
+class ReplayFailed:
+    """The configuration replay cannot go on; the attempt fails to start."""
+
+    detail: str
+    #: debugpy did not answer in time (rather than refusing)
+    timed_out: bool = False
+
+
+Action = ToDebugpy | Publish | Settle | PipeOutputToIde | Say | Terminate | ReplayFailed
+
+
+def status_entry(event: str, wall: Callable[[], float] = time.time, **fields: Any) -> StatusEntry:
+    """A status entry of the worker, stamped with the wall clock (``at``: seconds since the epoch):
+    the relay stores it and shows it to people (the unattended-stop webhook), so never a monotonic
+    time. Every status the shim publishes is made here."""
+    return StatusEntry(event=event, at=wall(), **fields)

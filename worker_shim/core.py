@@ -1,0 +1,484 @@
+"""The worker shim's routing core: what to send debugpy and what to publish, decided synchronously.
+
+Theory of operation
+-------------------
+The shim is debugpy's single client. :class:`ShimCore` numbers every request it sends debugpy with
+its own ``seq`` and remembers who asked (``_Sent``): a request forwarded from the run's
+``to_worker`` stream carries the origin (the adapter instance) and the seq the adapter gave it, so
+debugpy's response is published back into ``to_ide`` under that seq; the shim's own requests (the
+replay's handshake, the one-frame ``stackTrace`` of a pause report, ``continue`` after an
+unattended stop timed out) are answered to the core only.
+
+From debugpy, events are published as they come except those about the shim's own connection
+(:data:`DROPPED_EVENTS`) and telemetry; reverse requests are refused with an error response (the
+shim claims none of them). Responses, ``stopped`` and the end of the program wait for the output
+barrier (:class:`~worker_shim.actions.Settle`): a line printed before a stop is shown before it.
+debugpy's own plain ``output`` events (logpoints, the console) are held while the relay has not
+answered the previous one, and merged (:func:`protocol_specs.dap_models.coalesce_output`): Nagle's
+idea, no timer.
+
+From the relay, the ``to_worker`` stream is folded into a :class:`DebugSession` until the replay
+is under way (:mod:`worker_shim.replay`), queued while it finishes, forwarded once live;
+``terminate`` control entries end the program, presence entries feed :class:`worker_shim.watch.Watch`
+(unattended stops and pause reports).
+
+Timers are deadlines (:attr:`ShimCore.next_deadline`, :meth:`ShimCore.on_tick`): the replay's
+steps (:data:`~worker_shim.replay.HANDSHAKE_TIMEOUT` each), the watch's. Every method returns a list
+of :mod:`worker_shim.actions`; :mod:`worker_shim.shim` performs them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from protocol_specs import dap_models as dap
+from protocol_specs import wire
+from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, capabilities_delta
+from protocol_specs.link import START, Cursor, InvalidCursor
+from protocol_specs.runs import RunRecord, retry_delay
+from protocol_specs.session import CONFIGURATION_COMMANDS, DebugSession, StatusEvent, is_transient
+from protocol_specs.wire import DapEntry, PresenceEntry, StatusEntry, WireError
+
+from .actions import (
+    BARRIER_EVENTS,
+    Action,
+    PipeOutputToIde,
+    Publish,
+    ReplayFailed,
+    Say,
+    Settle,
+    Terminate,
+    ToDebugpy,
+    status_entry,
+)
+from .replay import (
+    HANDSHAKE_TIMEOUT,
+    ConfigurationPlan,
+    ReplayPhase,
+    attach_arguments,
+    initialize_arguments,
+    next_phase,
+)
+from .watch import Continue, LookUp, Watch
+
+__all__ = ["DROPPED_EVENTS", "ShimCore", "exit_status", "request_of", "terminates"]
+
+log = logging.getLogger("tether.worker")
+
+#: debugpy's own events that are about the worker-side connection, not the program
+DROPPED_EVENTS = frozenset(
+    {"initialized", "debugpyWaitingForServer", "debugpySockets", "terminated"}
+)
+#: the phases in which ``to_worker`` configuration is folded (the replay picks it up)
+_FOLDING = frozenset(
+    {ReplayPhase.FOLDING, ReplayPhase.INITIALIZING, ReplayPhase.ATTACHING, ReplayPhase.CONFIGURING}
+)
+_REPLAYING = _FOLDING - {ReplayPhase.FOLDING} | {ReplayPhase.FINISHING}
+
+
+@dataclass
+class _Sent:
+    command: str
+    origin: str | None  #: None: the shim's own request, answered to the core only
+    seq: int = 0  #: the seq its origin gave it
+
+
+class ShimCore:
+    def __init__(
+        self,
+        record: RunRecord,
+        run_dir: str,
+        *,
+        tail: Cursor = START,
+        clock: Callable[[], float],
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """``tail``: where the ``to_worker`` stream ended when the link connected (the fold waits
+        until it got there); ``clock`` is monotonic (deadlines), ``wall`` stamps statuses."""
+        self.record = record
+        self.run_dir = run_dir
+        self.clock = clock
+        self.wall = wall
+        self.session = DebugSession()
+        self.phase = ReplayPhase.FOLDING
+        self.watch = Watch(record, run_dir, self._status)
+        self.plan = ConfigurationPlan()
+        self._tail = tail
+        self._seen = START
+        self._waiting_said = False
+        self._seq = 0
+        self._sent: dict[int, _Sent] = {}
+        self._initialized = False  #: debugpy said ``initialized``
+        self._batch: set[int] = set()  #: configuration requests of the replay in flight
+        self._answered: set[str] = set()  #: the replay's own requests answered so far
+        self._replay_deadline: float | None = None
+        self._queued: list[DapEntry] = []  #: requests that came while the replay finished
+        self._lookup_seq: int | None = None
+        self._output: list[bytes] = []  #: plain output events held back, in order
+        #: the publish number of the last output event sent (:meth:`output_published`)
+        self.output_in_flight = 0
+        self.terminating = False
+        #: debugpy said ``terminated`` (after every event of the program) or the connection closed
+        self.finished = False
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<ShimCore run={self.record.id} phase={self.phase.value} seq={self._seq} "
+            f"sent={len(self._sent)} held={len(self._output)} {self.watch!r}>"
+        )
+
+    @property
+    def live(self) -> bool:
+        return self.phase is ReplayPhase.LIVE
+
+    # --- start ------------------------------------------------------------------------------------
+
+    def start(self, pid: int) -> list[Action]:
+        """The program started under debugpy (nothing of the user's code ran yet)."""
+        data = {
+            "pid": pid,
+            "run_dir": self.run_dir,
+            "debugpy": DEBUGPY_VERSION,
+            "attempt": self.record.attempt,
+        }
+        return [Publish(self._status(StatusEvent.STARTED, data=data)), *self._maybe_replay()]
+
+    def _maybe_replay(self) -> list[Action]:
+        """Start the replay once the fold caught up with the stream and the IDE side finished its
+        configuration (or the run does not wait for an IDE)."""
+        if self.phase is not ReplayPhase.FOLDING or self.terminating or self._seen < self._tail:
+            return []
+        if self.session.configuration_done or not self.record.spec.wait_for_ide:
+            self._enter(ReplayPhase.INITIALIZING, "caught up and configured")
+            self._replay_deadline = self.clock() + HANDSHAKE_TIMEOUT
+            return self._send("initialize", initialize_arguments(self.session))
+        if self._waiting_said:
+            return []
+        self._waiting_said = True
+        status = self._status(
+            StatusEvent.WAITING_FOR_IDE, detail="waiting for the IDE's configuration"
+        )
+        text = f"run {self.record.id}: debugger ready, waiting for the IDE's configuration"
+        return [Publish(status), Say(text)]
+
+    # --- from the relay ---------------------------------------------------------------------------
+
+    def on_delivery(self, delivery: wire.Deliver) -> list[Action]:
+        """One entry of the run's ``to_worker`` stream."""
+        try:
+            self._seen = max(self._seen, Cursor.parse(delivery.cursor))
+        except InvalidCursor:
+            log.warning("delivery with a bad cursor %r", delivery.cursor)
+        try:
+            entry = wire.decode_entry(delivery.entry)
+        except WireError as exc:
+            log.warning("skipping malformed entry %s: %s", delivery.cursor, exc.message)
+            return self._maybe_replay()
+        actions: list[Action] = []
+        if isinstance(entry, wire.ControlEntry):
+            if terminates(entry, self.record):
+                actions += self._terminate()
+        elif isinstance(entry, PresenceEntry):
+            self.watch.presence(entry, self.clock())
+            actions += self._watch_step()
+        elif isinstance(entry, DapEntry):
+            actions += self._on_request(entry)
+        return actions + self._maybe_replay()
+
+    def _on_request(self, entry: DapEntry) -> list[Action]:
+        if self.phase in _FOLDING:
+            # before debugpy starts the program, configuration is only ever folded: the replay
+            # sends the latest of it
+            try:
+                self.session.apply_to_worker(entry)
+            except ValueError as exc:
+                log.warning("skipping a malformed to_worker entry of %s: %s", entry.origin, exc)
+            return []
+        if self.phase is ReplayPhase.FINISHING:
+            self._queued.append(entry)  # forwarded once live, after ``debugger_live``
+            return []
+        if self.phase is not ReplayPhase.LIVE:
+            return []
+        msg = request_of(entry)
+        if msg is None:
+            return []  # not a request debugpy could take (anyone with the user's token can write)
+        command = msg["command"]
+        if entry.local and command not in CONFIGURATION_COMMANDS:
+            return []  # a handshake request the adapter answered (initialize, attach, ...)
+        return self._send(command, msg.get("arguments"), origin=entry.origin, seq=msg["seq"])
+
+    def end_run(self) -> list[Action]:
+        """The run was ended (cancelled, or lost) while the link was down."""
+        return self._terminate()
+
+    def _terminate(self) -> list[Action]:
+        if self.terminating:
+            return []
+        self.terminating = True
+        return [Say(f"run {self.record.id}: terminating on request"), Terminate()]
+
+    # --- from debugpy -----------------------------------------------------------------------------
+
+    def on_debugpy_message(self, raw: bytes, answered: int) -> list[Action]:
+        """One message debugpy sent; ``answered``: the relay's highest answered publish number.
+
+        pydevd sends an event per ``write()``: a plain output event while the previous output
+        event is unanswered is held and goes out merged, so debugpy is read as fast as it
+        writes (pydevd drops what it has not sent when the program exits)."""
+        if dap.plain_output(raw) is not None:
+            if self._output or answered < self.output_in_flight:
+                self._output.append(raw)
+                return []
+            return self._dispatch(raw)
+        return [*self.flush_output(), *self._dispatch(raw)]
+
+    @property
+    def output_held(self) -> bool:
+        """Output is held: :meth:`flush_output` once the relay answered :attr:`output_in_flight`."""
+        return bool(self._output)
+
+    def flush_output(self) -> list[Action]:
+        held, self._output = self._output, []
+        actions: list[Action] = []
+        for raw in dap.coalesce_output(held):
+            actions += self._dispatch(raw)
+        return actions
+
+    def output_published(self, n: int) -> None:
+        """An output event was published as number ``n``."""
+        self.output_in_flight = max(self.output_in_flight, n)
+
+    def debugpy_closed(self) -> list[Action]:
+        """debugpy closed the connection: nothing more is answered."""
+        self.closed = self.finished = True
+        self._sent.clear()
+        self._batch.clear()
+        if self.phase not in (ReplayPhase.LIVE, ReplayPhase.ENDED):
+            # the program ended (terminated) before going live
+            self._enter(ReplayPhase.ENDED, "debugpy closed the connection")
+            self._replay_deadline = None
+        if self._lookup_seq is not None:
+            self._lookup_seq = None
+            self.watch.found([])
+        return self._watch_step()
+
+    def _dispatch(self, raw: bytes) -> list[Action]:
+        try:
+            msg = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            log.error("debugpy sent a message that is not JSON: %r", raw[:200])
+            return []
+        if not isinstance(msg, dict):
+            return []
+        kind = msg.get("type")
+        if kind == "response":
+            return self._on_response(msg)
+        if kind == "event":
+            return self._on_event(msg, raw)
+        if kind == "request":
+            # reverse requests (startDebugging, runInTerminal): the shim supports none of them
+            self._seq += 1
+            text = "not supported by tether's worker"
+            return [ToDebugpy(dap.error_response(msg, text, seq=self._seq))]
+        return []
+
+    def _on_response(self, msg: dict[str, Any]) -> list[Action]:
+        request_seq = msg.get("request_seq")
+        if not isinstance(request_seq, int):
+            return []
+        sent = self._sent.pop(request_seq, None)
+        if sent is None:
+            return []
+        if sent.origin is None:
+            return self._own_response(request_seq, sent.command, msg)
+        body = orjson.dumps({**msg, "request_seq": sent.seq})
+        entry = DapEntry(origin=sent.origin, body=body, transient=is_transient(msg, sent.command))
+        actions: list[Action] = [Settle(), Publish(entry)]
+        if request_seq in self._batch:
+            self._batch.discard(request_seq)
+            if not self._batch and self.phase is ReplayPhase.CONFIGURING:
+                actions += self._configure()
+        return actions
+
+    def _on_event(self, msg: dict[str, Any], raw: bytes) -> list[Action]:
+        name = msg.get("event")
+        if name == "terminated":
+            self.finished = True
+        if name == "initialized":
+            self._initialized = True
+            if self.phase is ReplayPhase.ATTACHING:
+                return self._configure()
+        if name in DROPPED_EVENTS:
+            return []
+        body = msg.get("body")
+        if name == "output" and isinstance(body, dict) and body.get("category") == "telemetry":
+            return []
+        actions: list[Action] = [Settle()] if name in BARRIER_EVENTS else []
+        self.watch.debugger_event(msg, self.clock())
+        entry = DapEntry(body=raw, transient=is_transient(msg))
+        actions.append(Publish(entry, output=name == "output"))
+        return actions + self._watch_step()
+
+    # --- the replay -------------------------------------------------------------------------------
+
+    def _own_response(self, seq: int, command: str, msg: dict[str, Any]) -> list[Action]:
+        if command == "stackTrace":
+            if seq == self._lookup_seq:
+                self._lookup_seq = None
+                body = msg.get("body")
+                frames = body.get("stackFrames") if isinstance(body, dict) else None
+                self.watch.found(frames if isinstance(frames, list) else [])
+                return self._watch_step()
+            return []
+        if command not in ("initialize", "attach", "configurationDone"):
+            return []  # ``continue`` after an unattended stop: nothing to do with the answer
+        if self.phase not in _REPLAYING:
+            return []
+        if command != "attach" and not msg.get("success"):
+            self._enter(ReplayPhase.ENDED, f"{command} refused")
+            self._replay_deadline = None
+            return [ReplayFailed(f"debugpy refused {command!r}: {msg.get('message')}")]
+        self._answered.add(command)
+        if command == "initialize":
+            body = msg.get("body")
+            self.session.capabilities_delta = capabilities_delta(
+                DEBUGPY_CAPABILITIES, body if isinstance(body, dict) else {}
+            )
+            args = attach_arguments(self.session, self.record.spec.workdir, self.run_dir)
+            self._enter(ReplayPhase.ATTACHING, "initialize answered")
+            self._replay_deadline = self.clock() + HANDSHAKE_TIMEOUT
+            actions: list[Action] = [PipeOutputToIde(), *self._send("attach", args)]
+            if self._initialized:
+                actions += self._configure()
+            return actions
+        return self._maybe_live()
+
+    def _configure(self) -> list[Action]:
+        """The next batch of configuration; once a batch brings nothing new, ``configurationDone``
+        (configuration folded while a batch was in flight goes out before it)."""
+        self._replay_deadline = self.clock() + HANDSHAKE_TIMEOUT
+        batch = self.plan.next_batch(self.session)
+        if not batch:
+            self._enter(ReplayPhase.FINISHING, "configuration sent")
+            return self._send("configurationDone", None)
+        self._enter(ReplayPhase.CONFIGURING, "configuration to send")
+        actions: list[Action] = []
+        for bset in batch:
+            actions += self._send(bset.command, bset.arguments, origin=bset.origin, seq=bset.seq)
+            self._batch.add(self._seq)
+        return actions
+
+    def _maybe_live(self) -> list[Action]:
+        if self.phase is not ReplayPhase.FINISHING:
+            return []
+        if not {"attach", "configurationDone"} <= self._answered:
+            return []
+        self._enter(ReplayPhase.LIVE, "configurationDone and attach answered")
+        self._replay_deadline = None
+        data = {"capabilities_delta": self.session.capabilities_delta}
+        actions: list[Action] = [
+            Publish(self._status(StatusEvent.DEBUGGER_LIVE, data=data)),
+            Say(f"run {self.record.id}: debugger live"),
+        ]
+        queued, self._queued = self._queued, []
+        for entry in queued:
+            actions += self._on_request(entry)
+        return actions
+
+    # --- time -------------------------------------------------------------------------------------
+
+    @property
+    def next_deadline(self) -> float | None:
+        times = [self._replay_deadline, self.watch.next_deadline]
+        return min((t for t in times if t is not None), default=None)
+
+    def on_tick(self) -> list[Action]:
+        now = self.clock()
+        if self._replay_deadline is not None and now >= self._replay_deadline:
+            phase = self.phase
+            self._enter(ReplayPhase.ENDED, "a step timed out")
+            self._replay_deadline = None
+            text = f"debugpy did not answer within {HANDSHAKE_TIMEOUT:g} s ({phase.value})"
+            return [ReplayFailed(text, timed_out=True)]
+        return self._watch_step()
+
+    def _watch_step(self) -> list[Action]:
+        actions: list[Action] = []
+        while True:
+            again = False
+            for step in self.watch.step(self.clock()):
+                if isinstance(step, LookUp):
+                    if self.closed:
+                        self.watch.found([])  # debugpy is gone: it says nothing
+                        again = True
+                    else:
+                        actions += self._send(
+                            "stackTrace", {"threadId": step.thread_id, "levels": 1}
+                        )
+                        self._lookup_seq = self._seq
+                elif isinstance(step, Continue):
+                    actions += self._send("continue", {"threadId": step.thread_id})
+                elif isinstance(step, Terminate):
+                    actions += self._terminate()
+                else:
+                    actions.append(step)
+            if not again:
+                return actions
+
+    # --- plumbing ---------------------------------------------------------------------------------
+
+    def _send(
+        self, command: str, arguments: Any, *, origin: str | None = None, seq: int = 0
+    ) -> list[Action]:
+        if self.closed:
+            return []
+        self._seq += 1
+        self._sent[self._seq] = _Sent(command, origin, seq)
+        return [ToDebugpy(dap.request(command, arguments, seq=self._seq))]
+
+    def _enter(self, phase: ReplayPhase, why: str) -> None:
+        self.phase = next_phase(self.phase, phase, why)
+
+    def _status(self, event: str, **fields: Any) -> StatusEntry:
+        return status_entry(event, self.wall, **fields)
+
+
+def terminates(entry: wire.AnyEntry | None, record: RunRecord) -> bool:
+    """A ``terminate`` meant for this attempt (not one an earlier attempt was sent)."""
+    return (
+        isinstance(entry, wire.ControlEntry)
+        and entry.action == "terminate"
+        and entry.attempt in (0, record.attempt)
+    )
+
+
+def exit_status(record: RunRecord, code: int, wall: Callable[[], float] = time.time) -> StatusEntry:
+    """The program's exit status; ``final``: no further attempt follows."""
+    spec = record.spec
+    final = code == 0 or retry_delay(record.attempt, spec.max_retries, spec.retry_backoff) is None
+    data = {"attempt": record.attempt, "final": final}
+    return status_entry(StatusEvent.EXITED, wall, exit_code=code, data=data)
+
+
+def request_of(entry: DapEntry) -> dict[str, Any] | None:
+    """The DAP request ``entry`` carries, if it is a well-formed one: an object with a string
+    ``command``, an integer ``seq`` and ``arguments`` absent or an object."""
+    try:
+        msg = orjson.loads(entry.body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(msg, dict) or msg.get("type") != "request":
+        return None
+    seq = msg.get("seq")
+    if not isinstance(msg.get("command"), str) or not isinstance(seq, int) or isinstance(seq, bool):
+        return None
+    if not isinstance(msg.get("arguments", {}), dict | None):
+        return None
+    return msg

@@ -1,0 +1,228 @@
+"""Unattended stops and pause reports: what the shim says and does while the program is paused.
+
+Theory of operation
+-------------------
+:class:`Watch` wraps :class:`protocol_specs.attention.Attention` (which decides about a stop with
+no IDE attached) and adds the pause report for ``tether ls``: a stop that lasts
+:data:`PAUSE_REPORT_AFTER` is reported ``paused`` (with where), and ``resumed`` when the program
+goes on; short stops (stepping) are not reported.
+
+What it reports goes out in the order it was decided, one report at a time (a FIFO). A report
+that says where the program is waits for debugpy's answer to a one-frame ``stackTrace`` (a
+:class:`LookUp` the core sends), for :data:`LOOKUP_TIMEOUT` at most; the reports behind it wait
+with it, so ``resumed`` never overtakes the ``paused`` before it.
+
+Sans-I/O: the caller passes the time in (:meth:`Watch.step` after every fact and at
+:attr:`Watch.next_deadline`) and performs what comes back.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any
+
+from protocol_specs import attention as att
+from protocol_specs.runs import RunRecord
+from protocol_specs.session import StatusEvent
+from protocol_specs.wire import PresenceEntry, StatusEntry
+
+from .actions import Action, Publish, Say, Terminate
+
+__all__ = ["LOOKUP_TIMEOUT", "PAUSE_REPORT_AFTER", "Continue", "LookUp", "Watch", "where_text"]
+
+#: a stop shorter than this (a step) is not reported as the run being paused
+PAUSE_REPORT_AFTER = 0.5
+#: how long a report waits for debugpy to say where the program is
+LOOKUP_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class LookUp:
+    """Ask debugpy for the top frame of ``thread_id``; answer with :meth:`Watch.found`."""
+
+    thread_id: int
+
+
+@dataclass(frozen=True)
+class Continue:
+    """Resume ``thread_id`` (the unattended stop timed out, policy ``continue``)."""
+
+    thread_id: int
+
+
+Step = Action | LookUp | Continue
+
+
+@dataclass
+class _Report:
+    #: the thread to say where of first (None: nothing to look up)
+    thread_id: int | None
+    make: Callable[[str], list[Step]]
+    where: str | None = None
+
+
+class Watch:
+    def __init__(self, record: RunRecord, run_dir: str, status: Callable[..., StatusEntry]) -> None:
+        spec = record.spec
+        self.record = record
+        self.roots = [run_dir, spec.workdir]  # debugpy maps paths to the latter
+        self.status = status
+        self.attention = att.Attention(
+            att.UnattendedPolicy(spec.on_unattended_stop), spec.unattended_timeout
+        )
+        self._decisions: list[att.Decision] = []
+        #: when the program last went from running to stopped (None: running)
+        self._stopped_since: float | None = None
+        self._paused_reported = False
+        self._reports: deque[_Report] = deque()
+        #: when the look-up for the report at the head gives up (None: none asked)
+        self._lookup_until: float | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<Watch stopped_since={self._stopped_since} paused={self._paused_reported} "
+            f"reports={len(self._reports)} {self.attention!r}>"
+        )
+
+    # --- facts ------------------------------------------------------------------------------------
+
+    def presence(self, entry: PresenceEntry, now: float) -> None:
+        self._decisions += self.attention.on_presence(entry, now)
+
+    def debugger_event(self, msg: dict[str, Any], now: float) -> None:
+        self._decisions += self.attention.on_debugger_event(msg, now)
+        if self.attention.stopped and self._stopped_since is None:
+            self._stopped_since = now
+        elif not self.attention.stopped:
+            self._stopped_since = None
+
+    def found(self, frames: list[Any]) -> None:
+        """debugpy's ``stackFrames`` for the look-up asked last (empty: it would not say)."""
+        if self._reports and self._lookup_until is not None:
+            self._reports[0].where = where_text(frames, self.roots)
+            self._lookup_until = None
+
+    # --- time -------------------------------------------------------------------------------------
+
+    @property
+    def next_deadline(self) -> float | None:
+        times = [self.attention.next_wake, self._lookup_until]
+        if self._stopped_since is not None and not self._paused_reported:
+            times.append(self._stopped_since + PAUSE_REPORT_AFTER)
+        return min((t for t in times if t is not None), default=None)
+
+    def step(self, now: float) -> list[Step]:
+        """Decide what is due at ``now`` and return what can go out; a :class:`LookUp` comes last
+        (what follows waits for :meth:`found`, or for the look-up to time out)."""
+        self._report_pause(now)
+        for decision in [*self._decisions, *self.attention.tick(now)]:
+            self._decide(decision)
+        self._decisions = []
+        if self._lookup_until is not None and now >= self._lookup_until:
+            self.found([])
+        out: list[Step] = []
+        while self._reports:
+            head = self._reports[0]
+            if head.thread_id is not None and head.where is None:
+                if self._lookup_until is None:
+                    self._lookup_until = now + LOOKUP_TIMEOUT
+                    out.append(LookUp(head.thread_id))
+                break
+            self._reports.popleft()
+            out += head.make(head.where or "")
+        return out
+
+    def _report_pause(self, now: float) -> None:
+        """``paused`` (with where) once a stop lasted :data:`PAUSE_REPORT_AFTER`; ``resumed``."""
+        since = self._stopped_since
+        if since is None:
+            if self._paused_reported:
+                self._paused_reported = False
+                self._reports.append(
+                    _Report(None, lambda _where: [self._publish(StatusEvent.RESUMED)])
+                )
+            return
+        if self._paused_reported or now < since + PAUSE_REPORT_AFTER:
+            return
+        self._paused_reported = True
+        tid, body = next(iter(self.attention.stopped.items()))
+        reason = str(body.get("reason", ""))
+
+        def paused(where: str) -> list[Step]:
+            where = where.removeprefix(" at ")
+            data = {"where": where, "reason": reason, "thread_id": tid}
+            return [self._publish(StatusEvent.PAUSED, detail=where, data=data)]
+
+        self._reports.append(_Report(tid, paused))
+
+    def _decide(self, decision: att.Decision) -> None:
+        rid = self.record.id
+        if isinstance(decision, att.Notice):
+            self._reports.append(
+                _Report(decision.thread_id, lambda where: self._notice(decision, where))
+            )
+        elif isinstance(decision, att.Resume):
+            text = f"run {rid}: unattended stop timed out; continuing"
+            self._reports.append(
+                _Report(None, lambda _w: [Say(text), Continue(decision.thread_id)])
+            )
+        else:
+            detail = decision.detail
+            self._reports.append(
+                _Report(
+                    None,
+                    lambda _w: [
+                        Say(f"run {rid}: {detail}; terminating"),
+                        self._publish(
+                            StatusEvent.UNATTENDED_STOP, detail=f"Terminating: {detail}."
+                        ),
+                        Terminate(),
+                    ],
+                )
+            )
+
+    def _notice(self, notice: att.Notice, where: str) -> list[Step]:
+        spec = self.record.spec
+        policy = spec.on_unattended_stop
+        if policy == "wait":
+            then = (
+                "It stays paused until an IDE attaches (--on-unattended-stop wait): "
+                "its GPUs stay allocated meanwhile."
+            )
+        else:
+            then = f"If no IDE attaches within {spec.unattended_timeout:g} s, it will {policy}."
+        detail = (
+            f"Run {self.record.id} is paused{where} ({notice.reason or 'stopped'}) "
+            f"and no IDE is attached. {then} Attach with: tether attach {self.record.id}"
+        )
+        data = {
+            "policy": policy,
+            "timeout": spec.unattended_timeout,
+            "thread_id": notice.thread_id,
+            "reason": notice.reason,
+            "where": where.removeprefix(" at "),
+        }
+        return [Say(detail), self._publish(StatusEvent.UNATTENDED_STOP, detail=detail, data=data)]
+
+    def _publish(self, event: str, **fields: Any) -> Publish:
+        return Publish(self.status(event, **fields))
+
+
+def where_text(frames: list[Any], roots: list[str]) -> str:
+    """`` at train.py:18 in train_step`` (the path relative to the first of ``roots`` it is under),
+    or "" without a frame."""
+    if not frames or not isinstance(frames[0], dict):
+        return ""
+    frame = frames[0]
+    source = frame.get("source")
+    path = str((source if isinstance(source, dict) else {}).get("path") or "")
+    for root in roots:
+        try:
+            path = str(PurePath(path).relative_to(root))
+            break
+        except ValueError:
+            continue
+    return f" at {path}:{frame.get('line')} in {frame.get('name')}"
