@@ -21,7 +21,13 @@ from protocol_specs import dap_models as dap
 from protocol_specs.session import DebugSession, StatusEvent
 from protocol_specs.wire import StatusEntry
 
-__all__ = ["WAITING_MESSAGE", "RunNews", "is_unattended_announcement", "remote_process"]
+__all__ = [
+    "WAITING_MESSAGE",
+    "RunNews",
+    "is_unattended_announcement",
+    "remote_process",
+    "stopped_body",
+]
 
 WAITING_MESSAGE = (
     "The run is waiting for a worker; this breakpoint is verified when the worker starts."
