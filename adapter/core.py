@@ -31,7 +31,9 @@ and goes no further, so nothing past that point meets arguments of another type.
 gets exactly one response: from the core, from the worker, or an error (refused, timed out, the run
 ended).
 
-Every method returns a list of actions; :mod:`adapter.server` performs them.
+Every method returns a list of actions; :mod:`adapter.server` performs them. What the IDE is told
+about the run itself (status lines, progress, retries, notices, the end, and the state a new IDE
+connection is greeted with) is decided by :class:`adapter.status.RunNews`; the core numbers it.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ from protocol_specs.wire import (
     StreamName,
 )
 
+from .status import RunNews, is_unattended_announcement, remote_process, stopped_body
+
 __all__ = [
     "ADAPTER_CAPABILITIES",
     "AdapterCore",
@@ -74,10 +78,6 @@ log = logging.getLogger("tether.adapter")
 #: keeps ``terminateDebuggee`` on its Stop button (debugpy only sends the misspelled key, so VS Code
 #: drops the flag; with tether, Stop cancels the run and Disconnect detaches).
 ADAPTER_CAPABILITIES: dict[str, Any] = {**DEBUGPY_CAPABILITIES, "supportTerminateDebuggee": True}
-
-WAITING_MESSAGE = (
-    "The run is waiting for a worker; this breakpoint is verified when the worker starts."
-)
 
 #: requests the DAP schema defines without ``arguments`` (whatever comes is ignored, not forwarded)
 NO_ARGUMENTS = frozenset({"threads"})
@@ -151,9 +151,8 @@ class AdapterCore:
         self._pending: dict[int, _Pending] = {}
         self._attach_request: dict[str, Any] | None = None
         self._client_args: dict[str, Any] = {}
-        self._progress_id: str | None = None
-        self._terminated_sent = False
-        self._status_said = ""
+        #: what this IDE connection is told about the run (status lines, progress, the end)
+        self.news = RunNews(run_id, self.session)
         self._presence_epoch = 0
         self._handlers: dict[str, Callable[[dict[str, Any]], list[Action]]] = {
             "initialize": self._initialize,
@@ -186,9 +185,7 @@ class AdapterCore:
         self._ide_seq = 0
         self._attach_request = None
         self._client_args = {}
-        self._progress_id = None
-        self._terminated_sent = False
-        self._status_said = ""
+        self.news.reset()
         actions.append(self._presence())
         return actions
 
@@ -329,41 +326,7 @@ class AdapterCore:
 
     def _greet(self) -> list[Action]:
         """What a freshly configured IDE needs to see of the current state."""
-        s = self.session
-        if s.finished:
-            return [*self._status_output(), *self._end_of_run()]
-        if s.live:
-            actions: list[Action] = []
-            if s.capabilities_delta:
-                actions.append(
-                    self._emit(dap.event("capabilities", {"capabilities": s.capabilities_delta}))
-                )
-            if s.process_event:
-                actions.append(self._emit(dap.event("process", _remote_process(s.process_event))))
-            for tid in s.threads:
-                actions.append(
-                    self._emit(dap.event("thread", {"reason": "started", "threadId": tid}))
-                )
-            for tid, body in s.stopped.items():
-                stopped = self._stopped_body({**body, "threadId": tid})
-                actions.append(self._emit(dap.event("stopped", stopped)))
-            return actions
-        actions = [*self._status_output()]
-        if self._client_args.get("supportsProgressReporting") is True:
-            self._progress_id = f"tether-{self.run_id}-{self.generation}"
-            actions.append(
-                self._emit(
-                    dap.event(
-                        "progressStart",
-                        {
-                            "progressId": self._progress_id,
-                            "title": "tether",
-                            "message": self.status_text(),
-                        },
-                    )
-                )
-            )
-        return actions
+        return self._emit_all(self.news.greeting(self._client_args, self.generation))
 
     def _configure(self, msg: dict[str, Any]) -> list[Action]:
         command = msg["command"]
@@ -394,7 +357,7 @@ class AdapterCore:
         known = self.session.verification.get(bp_id)
         if known is not None and not self.session.finished:
             return known
-        return {"id": bp_id, "verified": False, "message": self._waiting_text(), **where}
+        return {"id": bp_id, "verified": False, "message": self.news.waiting_text(), **where}
 
     def _threads(self, msg: dict[str, Any]) -> list[Action]:
         if self.session.live:
@@ -428,7 +391,9 @@ class AdapterCore:
             return [self._emit(dap.error_response(msg, text))]
         if self.session.live:
             return self._forward(msg)
-        return [self._emit(dap.error_response(msg, self._not_live_text(msg.get("command", ""))))]
+        return [
+            self._emit(dap.error_response(msg, self.news.not_live_text(msg.get("command", ""))))
+        ]
 
     def _forward(self, msg: dict[str, Any], *, bp_ids: list[int] | None = None) -> list[Action]:
         action = self._publish(msg, local=False, bp_ids=bp_ids)
@@ -543,117 +508,33 @@ class AdapterCore:
                 bp = {**bp, "id": self.session.to_adapter_id(bp["id"])}
             msg = {**msg, "body": {**body, "breakpoint": bp}}
         elif name == "stopped" and isinstance(body, dict):
-            msg = {**msg, "body": self._stopped_body(body)}
+            msg = {**msg, "body": stopped_body(self.session, body)}
         elif name == "process" and isinstance(body, dict):
-            msg = {**msg, "body": _remote_process(body)}
+            msg = {**msg, "body": remote_process(body)}
         elif name == "terminated":
-            if self._terminated_sent:
+            if self.news.terminated_sent:
                 return []
-            self._terminated_sent = True
+            self.news.terminated_sent = True
         return [self._emit(msg)]
 
-    def _stopped_body(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A ``stopped`` body with the breakpoint ids the IDE holds (the adapter's, not
-        debugpy's): live, and replayed to an IDE that attaches while the program is paused."""
-        hit = body.get("hitBreakpointIds")
-        if not isinstance(hit, list):
-            return body
-        ids = [self.session.to_adapter_id(i) if isinstance(i, int) else i for i in hit]
-        return {**body, "hitBreakpointIds": ids}
-
     def _on_status(self, entry: StatusEntry, was_live: bool) -> list[Action]:
-        s = self.session
         actions: list[Action] = []
-        if s.finished:
+        if self.session.finished:
             actions.extend(self._fail_pending("the run ended"))
-        if self.phase is not IdePhase.CONFIGURED:
-            return actions
-        actions.extend(self._status_output())
-        if self._progress_id is not None:
-            if s.live or s.finished:
-                actions.append(
-                    self._emit(
-                        dap.event(
-                            "progressEnd",
-                            {"progressId": self._progress_id, "message": self.status_text()},
-                        )
-                    )
-                )
-                self._progress_id = None
-            else:
-                actions.append(
-                    self._emit(
-                        dap.event(
-                            "progressUpdate",
-                            {"progressId": self._progress_id, "message": self.status_text()},
-                        )
-                    )
-                )
-        if s.live and not was_live and s.capabilities_delta:
-            actions.append(
-                self._emit(dap.event("capabilities", {"capabilities": s.capabilities_delta}))
-            )
-        if s.finished:
-            actions.extend(self._end_of_run())
+        if self.phase is IdePhase.CONFIGURED:
+            actions.extend(self._emit_all(self.news.on_status(was_live)))
         return actions
 
     def _on_retry(self, entry: StatusEntry, threads: list[int], stopped: bool) -> list[Action]:
-        """An attempt ended and another follows: the old program's threads go, the session stays
-        (the next attempt replays the same breakpoints)."""
-        actions: list[Action] = list(
-            self._fail_pending(f"attempt {entry.data.get('previous')} ended")
-        )
-        if self.phase is not IdePhase.CONFIGURED:
-            return actions
-        if stopped:
-            actions.append(
-                self._emit(
-                    dap.event(
-                        "continued",
-                        {"threadId": threads[0] if threads else 0, "allThreadsContinued": True},
-                    )
-                )
-            )
-        for tid in threads:
-            actions.append(self._emit(dap.event("thread", {"reason": "exited", "threadId": tid})))
-        actions.append(
-            self._emit(
-                dap.event(
-                    "output",
-                    {
-                        "category": "important",
-                        "output": f"tether: Run {self.run_id}: {entry.detail}\n",
-                    },
-                )
-            )
-        )
+        actions = self._fail_pending(f"attempt {entry.data.get('previous')} ended")
+        if self.phase is IdePhase.CONFIGURED:
+            actions.extend(self._emit_all(self.news.on_retry(entry, threads, stopped)))
         return actions
 
     def _on_notice(self, entry: StatusEntry) -> list[Action]:
         if self.phase is not IdePhase.CONFIGURED:
             return []
-        if is_unattended_announcement(entry):
-            # An IDE is attached here right now, so the worker's report is stale by construction:
-            # it decided during a relay link blip, and presence was re-announced when the link
-            # came back (``relay_link_changed``). Telling this IDE "no IDE is attached" is false.
-            # (What the worker then does, "Terminating: ...", is still said: it happens.)
-            text = (
-                "tether: the worker briefly lost sight of this IDE (a connection blip); "
-                "it is attached again.\n"
-            )
-            return [self._emit(dap.event("output", {"category": "console", "output": text}))]
-        text = f"tether: {entry.detail}\n"
-        return [self._emit(dap.event("output", {"category": "important", "output": text}))]
-
-    def _end_of_run(self) -> list[Action]:
-        if self._terminated_sent:
-            return []
-        self._terminated_sent = True
-        actions: list[Action] = []
-        if self.session.exit_code is not None:
-            actions.append(self._emit(dap.event("exited", {"exitCode": self.session.exit_code})))
-        actions.append(self._emit(dap.event("terminated")))
-        return actions
+        return self._emit_all(self.news.on_notice(entry))
 
     # --- timeouts -------------------------------------------------------------------------------
 
@@ -690,47 +571,8 @@ class AdapterCore:
     # --- text -----------------------------------------------------------------------------------
 
     def status_text(self) -> str:
-        s = self.session
-        run = f"Run {self.run_id}"
-        match s.status:
-            case None | StatusEvent.QUEUED:
-                return f"{run} is queued: waiting for a worker."
-            case StatusEvent.CLAIMED:
-                return f"{run} was claimed by a worker ({s.status_detail}); starting."
-            case StatusEvent.STARTED | StatusEvent.WAITING_FOR_IDE:
-                if s.attempt > 1:
-                    return f"{run}: attempt {s.attempt} started on a worker; applying breakpoints."
-                return f"{run} started on a worker; applying breakpoints."
-            case StatusEvent.DEBUGGER_LIVE:
-                return f"{run} is live: the debugger is attached on the worker."
-            case StatusEvent.EXITED:
-                return f"{run} finished with exit code {s.exit_code}."
-            case StatusEvent.START_FAILED:
-                return f"{run} could not start: {s.status_detail}"
-            case StatusEvent.CANCELLED:
-                return f"{run} was cancelled: {s.status_detail}"
-            case StatusEvent.WORKER_LOST:
-                return f"{run} was lost: {s.status_detail}"
-        return f"{run}: {s.status}"
-
-    def _waiting_text(self) -> str:
-        if self.session.finished:
-            return f"{self.status_text()} Breakpoints apply to a new run."
-        return WAITING_MESSAGE
-
-    def _not_live_text(self, command: str) -> str:
-        return (
-            f"{self.status_text()} No debugger is attached yet, so {command!r} cannot be answered."
-        )
-
-    def _status_output(self) -> list[Action]:
-        """The run's status in the debug console, once per change (``started`` and
-        ``waiting_for_ide`` read the same, for one)."""
-        text = f"tether: {self.status_text()}\n"
-        if text == self._status_said:
-            return []
-        self._status_said = text
-        return [self._emit(dap.event("output", {"category": "console", "output": text}))]
+        """The run's status in a sentence (the debug console and ``tether debug`` print it)."""
+        return self.news.status_text()
 
     # --- plumbing -------------------------------------------------------------------------------
 
@@ -738,11 +580,8 @@ class AdapterCore:
         self._ide_seq += 1
         return ToIde({**msg, "seq": self._ide_seq}, self.generation)
 
-
-def is_unattended_announcement(entry: StatusEntry) -> bool:
-    """The worker's "paused and no IDE is attached" notice (it names the policy that follows),
-    as opposed to its later report of acting on it."""
-    return entry.event == StatusEvent.UNATTENDED_STOP and "policy" in entry.data
+    def _emit_all(self, messages: list[dict[str, Any]]) -> list[Action]:
+        return [self._emit(msg) for msg in messages]
 
 
 def _json_kind(value: object) -> str:
@@ -753,8 +592,3 @@ def _json_kind(value: object) -> str:
     if isinstance(value, bool):
         return "boolean"
     return "number"
-
-
-def _remote_process(body: dict[str, Any]) -> dict[str, Any]:
-    """debugpy's ``process`` event, true to where the process runs: on a worker, not here."""
-    return {**body, "isLocalProcess": False}

@@ -30,6 +30,7 @@ from typing import Any
 
 import trio
 
+from protocol_specs import dap_models as dap
 from protocol_specs.dap_framing import DapFramer, DapFramingError, encode_message
 
 __all__ = ["DapClient", "open_dap_client", "open_dap_client_on_stream"]
@@ -73,7 +74,7 @@ class DapClient:
     def send_request_nowait(self, command: str, arguments: dict[str, Any] | None = None) -> int:
         """Queue a request for the writer (requests go out in call order); returns its ``seq``."""
         self._check_open(f"cannot send {command!r}")
-        seq = self._queue({"type": "request", "command": command} | _args(arguments))
+        seq = self._queue(_request(command, arguments))
         self._commands[seq] = command
         return seq
 
@@ -138,8 +139,9 @@ class DapClient:
     # -- internals -------------------------------------------------------------------------
 
     def _queue(self, message: dict[str, Any]) -> int:
+        """Queue ``message`` under the next ``seq`` (one counter for everything this client sends)."""
         self._seq += 1
-        self._outbox.append(encode_message({"seq": self._seq} | message))
+        self._outbox.append(encode_message({**message, "seq": self._seq}))
         self._notify()
         return self._seq
 
@@ -167,15 +169,8 @@ class DapClient:
             self._events.append(msg)
         else:  # a reverse request: this client serves none, and says so at once
             command = msg.get("command")
-            self._queue(
-                {
-                    "type": "response",
-                    "request_seq": msg.get("seq"),
-                    "success": False,
-                    "command": command,
-                    "message": f"the tether test client does not serve {command!r} requests",
-                }
-            )
+            text = f"the tether test client does not serve {command!r} requests"
+            self._queue(dap.error_response(msg, text))
         self._notify()
 
     async def _read_loop(self) -> None:
@@ -214,8 +209,11 @@ class DapClient:
             self._close(f"broken: sending failed ({exc!r})")
 
 
-def _args(arguments: dict[str, Any] | None) -> dict[str, Any]:
-    return {} if arguments is None else {"arguments": arguments}
+def _request(command: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
+    """A request (``seq`` 0 until queued), its envelope checked by ``dap_models.Message``: the
+    models have builders for the responses and events an adapter sends, none for requests."""
+    msg = dap.Message(type="request", command=command).model_dump(exclude_none=True)
+    return msg if arguments is None else {**msg, "arguments": arguments}
 
 
 @asynccontextmanager

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import trio
 
 from protocol_specs import dap_framing, wire
+from protocol_specs import dap_models as dap
 from protocol_specs.link import Cursor
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import DapEntry, Role, StreamName, WireError
@@ -369,10 +370,11 @@ class AdapterServer:
                     # a malformed message in a well-framed stream: said, skipped, as later on
                     log.warning("bad DAP input from a new connection: %s", exc)
                     text = f"tether: ignored a malformed DAP message from the IDE: {exc}\n"
-                    note = {"category": "important", "output": text}
-                    event = {"seq": 0, "type": "event", "event": "output", "body": note}
+                    # seq 1, as the schema asks (not 0): the core numbers this connection's
+                    # messages from 1 again once it takes over; no client checks an event's seq
+                    note = dap.event("output", {"category": "important", "output": text}, seq=1)
                     with trio.move_on_after(1):
-                        await stream.send_all(dap_framing.encode_message(event))
+                        await stream.send_all(dap_framing.encode_message(note))
                     continue
                 if msg is not None:
                     if msg.get("type") == "request" and msg.get("command") == "initialize":
@@ -398,14 +400,9 @@ class AdapterServer:
         what = msg.get("command") or msg.get("event") or msg.get("type")
         self._refuse(f"its first message was {str(what)[:50]!r}, not an initialize request")
         if msg.get("type") == "request" and isinstance(msg.get("seq"), int):
-            answer = {
-                "seq": 1,
-                "type": "response",
-                "request_seq": msg["seq"],
-                "success": False,
-                "command": str(msg.get("command", ""))[:100],
-                "message": "a DAP session starts with an 'initialize' request",
-            }
+            request = {"seq": msg["seq"], "command": str(msg.get("command", ""))[:100]}
+            text = "a DAP session starts with an 'initialize' request"
+            answer = dap.error_response(request, text, seq=1)
             with trio.move_on_after(1):
                 await stream.send_all(dap_framing.encode_message(answer))
 

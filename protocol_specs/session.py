@@ -33,9 +33,11 @@ import orjson
 
 from . import dap_models
 from .dap_models import SetBreakpointsArguments, source_key
-from .wire import DapEntry, StatusEntry
 
-__all__ = ["BreakpointSet", "DebugSession", "StatusEvent", "is_transient"]
+# StatusEvent is defined beside StatusEntry, which it types; users have always imported it from here
+from .stream_entries import DapEntry, StatusEntry, StatusEvent
+
+__all__ = ["NOTICES", "QUIET", "BreakpointSet", "DebugSession", "StatusEvent", "is_transient"]
 
 CONFIGURATION_COMMANDS = frozenset(
     {"setBreakpoints", "setFunctionBreakpoints", "setExceptionBreakpoints"}
@@ -61,30 +63,6 @@ def is_transient(msg: dict[str, Any], request_command: str | None = None) -> boo
     if kind == "event":
         return msg.get("event") not in FOLDED_EVENTS
     return False
-
-
-class StatusEvent:
-    """Names of :class:`~protocol_specs.wire.StatusEntry` events, in the order a run sees them."""
-
-    QUEUED = "queued"  #: relay: run accepted and queued
-    CLAIMED = "claimed"  #: relay: a worker took the run
-    STARTED = "started"  #: worker: the program's process started (data: pid, run_dir, debugpy)
-    WAITING_FOR_IDE = "waiting_for_ide"  #: worker: debugger ready, holding until the IDE configured
-    DEBUGGER_LIVE = "debugger_live"  #: worker: configuration replayed; live traffic flows
-    EXITED = "exited"  #: worker: the program ended (exit_code)
-    START_FAILED = "start_failed"  #: worker: the program could not be started (detail)
-    CANCELLED = "cancelled"  #: relay: the user cancelled the run
-    WORKER_LOST = "worker_lost"  #: relay: the worker's lease expired; the run is lost
-    UNATTENDED_STOP = "unattended_stop"  #: worker: stopped with no IDE attached (data: policy...)
-    BUFFER_FULL = "buffer_full"  #: worker: the to_ide buffer is full; output is being dropped
-    PAUSED = "paused"  #: worker: the program stopped (data: where, reason); for ``tether ls``
-    RESUMED = "resumed"  #: worker: the program continued
-    #: worker: the worker itself is stopping (``tether up`` or ``tether worker`` stopped, or it
-    #: failed): the attempt is over, retried as configured; the relay says what follows
-    WORKER_STOPPED = "worker_stopped"
-    #: relay: the attempt failed or was lost and another follows (data: attempt, delay)
-    RETRYING = "retrying"
-    FINISHED = "finished"  #: relay, logs stream only: the run reached a terminal state
 
 
 #: status events that report something about the run without moving its lifecycle

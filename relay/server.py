@@ -50,6 +50,7 @@ from .gate import Gate, Peer
 from .links import Links
 from .registry import Registry
 from .store import Store, StoreError
+from .webhook import notify_unattended_stop
 
 __all__ = ["SERVER_NAME", "Relay", "RelayConfig", "serve_relay", "server_port"]
 
@@ -149,28 +150,9 @@ class Relay:
 
     def _unattended(self, record: RunRecord, entry: wire.StatusEntry) -> None:
         if self.background is not None:
-            self.background.start_soon(_webhook, record, entry)
-
-
-async def _webhook(record: RunRecord, entry: wire.StatusEntry) -> None:
-    from .webhook import WebhookError, post_json
-
-    payload = {
-        "event": entry.event,
-        "run": record.id,
-        "name": record.spec.name,
-        "command": record.spec.command,
-        "detail": entry.detail,
-        "data": entry.data,
-        "at": entry.at,
-    }
-    try:
-        status = await post_json(record.spec.webhook, payload)
-    except WebhookError as exc:
-        log.warning("run %s: webhook failed: %s", record.id, exc)
-        return
-    if not 200 <= status < 300:
-        log.warning("run %s: webhook answered HTTP %d", record.id, status)
+            # stamped now, on the relay's wall clock, in case the worker's own stamp is unusable
+            now = self.registry.clock()
+            self.background.start_soon(notify_unattended_stop, record, entry, now)
 
 
 async def serve_relay(

@@ -1,19 +1,41 @@
 """POST a JSON notice to a run's webhook: a minimal HTTP/1.1 client on trio (no dependencies).
 
-Used by the relay when a run's program pauses with no IDE attached. Non-2xx statuses are returned;
-anything that prevents getting a status raises :class:`WebhookError`.
+Used by the relay when a run's program pauses with no IDE attached (:func:`notify_unattended_stop`,
+with the notice built by :func:`unattended_stop_notice`). Non-2xx statuses are returned; anything
+that prevents getting a status raises :class:`WebhookError`.
+
+Times in a notice are wall-clock seconds since the Unix epoch (``time.time()``), like every time
+the relay stores: the person or service reading it compares them with its own clock.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
 import trio
 
-__all__ = ["WebhookError", "post_json", "validate_webhook_url"]
+from protocol_specs.runs import RunRecord
+from protocol_specs.wire import StatusEntry
+
+__all__ = [
+    "MAX_CLOCK_SKEW",
+    "WebhookError",
+    "notify_unattended_stop",
+    "post_json",
+    "unattended_stop_notice",
+    "validate_webhook_url",
+]
+
+log = logging.getLogger("tether.relay")
+
+#: a worker's ``StatusEntry.at`` further than this (seconds) from the relay's clock is not a
+#: wall-clock time (workers of earlier versions stamped a monotonic clock with a random offset), or
+#: the worker's clock is badly off: the notice then carries the time the relay received it
+MAX_CLOCK_SKEW = 3600.0
 
 
 class WebhookError(Exception):
@@ -70,3 +92,29 @@ async def post_json(url: str, payload: dict[str, Any], *, timeout: float = 10.0)
     if len(fields) < 2 or not fields[0].startswith("HTTP/") or not fields[1].isdigit():
         raise WebhookError(f"not an HTTP answer from {host}:{port}: {status_line[:80]!r}")
     return int(fields[1])
+
+
+def unattended_stop_notice(record: RunRecord, entry: StatusEntry, now: float) -> dict[str, Any]:
+    """The JSON body posted for the worker's ``unattended_stop`` ``entry``; ``now`` is the relay's
+    wall clock when it received the entry (``at`` when the worker's own stamp is not usable)."""
+    at = entry.at if abs(entry.at - now) <= MAX_CLOCK_SKEW else now
+    return {
+        "event": entry.event,
+        "run": record.id,
+        "name": record.spec.name,
+        "command": record.spec.command,
+        "detail": entry.detail,
+        "data": entry.data,
+        "at": at,
+    }
+
+
+async def notify_unattended_stop(record: RunRecord, entry: StatusEntry, now: float) -> None:
+    """POST the notice to the run's webhook; failures are logged (nobody waits for them)."""
+    try:
+        status = await post_json(record.spec.webhook, unattended_stop_notice(record, entry, now))
+    except WebhookError as exc:
+        log.warning("run %s: webhook failed: %s", record.id, exc)
+        return
+    if not 200 <= status < 300:
+        log.warning("run %s: webhook answered HTTP %d", record.id, status)

@@ -372,3 +372,24 @@ async def test_over_loopback_an_ide_that_stops_reading_stalls_nothing() -> None:
         print(f"initialize answered in {1000 * (trio.current_time() - started):.1f} ms")
         await first.stream.aclose()
         await second.stream.aclose()
+
+
+async def test_a_new_connection_is_answered_in_schema_until_it_says_initialize(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A malformed message before ``initialize`` is noted in the debug console; a first request
+    that is not ``initialize`` gets an error response and the connection closes (every message
+    checked against the DAP schema by ``Ide.receive``)."""
+    async with adapter() as (server, _link, events, nursery):
+        ide = connect(server, nursery)
+        await ide.stream.send_all(b"Content-Length: 2\r\n\r\n[]")
+        note = await ide.receive()
+        assert note is not None and note["event"] == "output"
+        assert "ignored a malformed DAP message" in note["body"]["output"]
+        await ide.send("threads")
+        refused = await ide.receive()
+        assert refused is not None and refused["success"] is False
+        assert (refused["seq"], refused["command"], refused["request_seq"]) == (1, "threads", 1)
+        assert refused["message"] == "a DAP session starts with an 'initialize' request"
+        assert await ide.receive() is None
+        assert any("not an initialize request" in e for e in events)

@@ -124,13 +124,15 @@ async def test_reverse_requests_are_refused_at_once() -> None:
             type="request", command="startDebugging", arguments={"request": "attach"}
         )
         reply = await adapter.receive()
+        text = "the tether test client does not serve 'startDebugging' requests"
         assert reply == {
             "seq": 1,
             "type": "response",
             "request_seq": 1,
             "success": False,
             "command": "startDebugging",
-            "message": "the tether test client does not serve 'startDebugging' requests",
+            "message": text,
+            "body": {"error": {"id": 1, "format": text}},
         }
         assert client.received[0]["command"] == "startDebugging"
         assert client.send_request_nowait("threads") == 2  # one seq counter for everything sent

@@ -152,3 +152,18 @@ def test_malformed_messages_never_stop_the_fold() -> None:
             DapEntry(origin="w", body=orjson.dumps({"seq": 1, "type": "event", **event}))
         )
     assert [b.command for b in s.configuration()] == ["setBreakpoints"]
+
+
+def test_status_events_are_str_enums_and_unknown_ones_still_fold() -> None:
+    """A status a newer peer sends is kept as its text (the adapter shows it as it is)."""
+    assert issubclass(StatusEvent, str) and StatusEvent.EXITED == "exited"
+    s = DebugSession()
+    s.apply_to_ide(StatusEntry(event="queued"))
+    assert s.status is StatusEvent.QUEUED
+    s.apply_to_ide(StatusEntry(event="teleported", detail="elsewhere"))
+    assert (s.status, s.status_detail, s.live, s.finished) == (
+        "teleported",
+        "elsewhere",
+        False,
+        False,
+    )

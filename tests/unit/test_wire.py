@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol_specs import wire
-from protocol_specs.runs import RunSpec
+from protocol_specs.runs import RunSpec, RunState
+from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.wire import ErrorCode, WireError
 
@@ -114,3 +115,38 @@ def test_arbitrary_bytes_never_crash_the_decoders(data: bytes) -> None:
             decode(data)
         except WireError:
             pass
+
+
+def test_wire_names_are_str_enums_and_travel_as_plain_strings() -> None:
+    entry = wire.StatusEntry(event="exited", state="succeeded", exit_code=0)
+    assert entry.event is StatusEvent.EXITED and entry.state is RunState.SUCCEEDED
+    assert entry.k is wire.EntryKind.STATUS
+    raw = msgpack.unpackb(wire.encode_entry(entry))
+    assert (raw["k"], raw["event"], raw["state"]) == ("status", "exited", "succeeded")
+    assert all(type(v) is str for v in (raw["k"], raw["event"], raw["state"]))
+    frame = msgpack.unpackb(wire.encode_frame(wire.Report(rid=1, run="r", attempt=1, event="job")))
+    assert (frame["t"], frame["event"]) == ("report", "job")
+    decoded = wire.decode_frame(wire.encode_frame(wire.Ack(n=1, cursor="1-1")))
+    assert decoded.t is wire.FrameType.ACK
+
+
+def test_unknown_status_and_audit_names_still_decode() -> None:
+    """A newer peer's status event, or an audit trail a newer relay wrote, is kept as text."""
+    data = msgpack.packb({"k": "status", "event": "teleported", "state": "elsewhere"})
+    entry = wire.decode_entry(data)
+    assert isinstance(entry, wire.StatusEntry)
+    assert (entry.event, entry.state) == ("teleported", "elsewhere")
+    assert type(entry.event) is str and type(entry.state) is str
+    audit = wire.AuditEntry.model_validate({"at": 1.0, "event": "beamed"})
+    assert audit.event == "beamed"
+    assert wire.AuditEntry(at=1.0, event="attach").event is wire.AuditEvent.ATTACH
+
+
+def test_every_name_of_the_split_modules_is_reachable_through_wire() -> None:
+    from protocol_specs import control_frames, stream_entries, wire_base
+
+    for module in (control_frames, stream_entries, wire_base):
+        public = set(module.__all__) - {"FROZEN", "short_reason"}
+        assert public <= set(wire.__all__), module.__name__
+        for name in public:
+            assert getattr(wire, name) is getattr(module, name)

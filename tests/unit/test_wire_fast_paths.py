@@ -7,7 +7,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from protocol_specs import wire
+from protocol_specs import stream_entries, wire
 from protocol_specs.wire import MAX_DAP_BODY_BYTES, StreamName, WireError
 
 FRAMES: list[wire.AnyFrame] = [
@@ -26,7 +26,7 @@ def test_live_frames_round_trip_as_the_models_do(frame: wire.AnyFrame) -> None:
     )
     decoded = wire.decode_frame(data)
     assert decoded == frame
-    assert type(decoded.t) is str and decoded.model_dump() == frame.model_dump()
+    assert type(decoded.t) is wire.FrameType and decoded.model_dump() == frame.model_dump()
 
 
 def _frame(**raw: Any) -> bytes:
@@ -87,7 +87,7 @@ def test_plain_dap_entries_decode_as_the_model_does() -> None:
 )
 def test_odd_dap_entries_get_the_models_verdict(raw: dict[str, Any]) -> None:
     try:
-        expected: object = wire._ENTRY.validate_python(raw)
+        expected: object = stream_entries._ENTRY.validate_python(raw)
     except Exception:
         expected = WireError
     try:

@@ -1,0 +1,350 @@
+"""The control RPC of the relay wire protocol: request and answer frames, correlated by ``rid``.
+
+A ``control`` connection (the CLI, the worker pool, scheduler backends) sends one of the requests
+below with a fresh ``rid``; the relay answers with the frame named in the request's docstring (or
+:class:`~protocol_specs.wire.Error` with the same ``rid``). Requests: upload snapshot blobs
+(:class:`HaveBlobs`, :class:`PutBlob`, :class:`GetBlob`), submit and rerun runs, list, get and
+cancel them, claim or dispatch the next queued run, report a scheduler's view of an attempt, mint,
+list and revoke tokens, read a run's audit trail.
+
+Import these through :mod:`protocol_specs.wire`, which re-exports them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from .auth import Scope, TokenInfo
+from .runs import RunRecord, RunSpec
+from .snapshots import BLOB_CHUNK, Digest, Manifest
+from .wire_base import FROZEN, FrameType
+
+__all__ = [
+    "AnyControlFrame",
+    "Assigned",
+    "AuditEntry",
+    "AuditEvent",
+    "AuditLog",
+    "BlobData",
+    "Cancel",
+    "Claim",
+    "CreateToken",
+    "Dispatch",
+    "GetAudit",
+    "GetBlob",
+    "GetRun",
+    "HaveBlobs",
+    "ListRuns",
+    "ListTokens",
+    "Missing",
+    "PutBlob",
+    "Report",
+    "ReportEvent",
+    "Rerun",
+    "RevokeToken",
+    "RunInfo",
+    "RunList",
+    "Stored",
+    "Submit",
+    "TokenCreated",
+    "TokenList",
+]
+
+
+class ReportEvent(StrEnum):
+    """What a scheduler backend's :class:`Report` says about an attempt."""
+
+    JOB = "job"  #: the scheduler accepted the attempt's job
+    LOST = "lost"  #: the job ended, was cancelled or preempted without the attempt finishing
+
+
+class AuditEvent(StrEnum):
+    """What an :class:`AuditEntry` records."""
+
+    SUBMIT = "submit"
+    RERUN = "rerun"
+    CANCEL = "cancel"
+    CLAIM = "claim"  #: an attempt handed to a worker or a scheduler
+    CONNECT = "connect"  #: a run connection (ide or worker) was admitted
+    ATTACH = "attach"  #: an IDE attached through an adapter
+    DETACH = "detach"
+    LOGS = "logs"  #: someone followed the run's logs
+    REFUSED = "refused"  #: a connection to the run was refused
+
+
+class Submit(BaseModel):
+    """Queue a run of ``spec`` on the snapshot ``manifest`` (whose blobs the relay must hold)."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.SUBMIT] = FrameType.SUBMIT
+    rid: int
+    spec: RunSpec
+    manifest: Manifest = Field(default_factory=Manifest)
+
+
+class Rerun(BaseModel):
+    """Queue a new run with the spec and snapshot of ``run`` (reproduction)."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.RERUN] = FrameType.RERUN
+    rid: int
+    run: str
+
+
+class HaveBlobs(BaseModel):
+    """Which of ``digests`` does the relay lack? Answered by :class:`Missing`."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.HAVE_BLOBS] = FrameType.HAVE_BLOBS
+    rid: int
+    digests: list[Digest] = Field(max_length=10_000)
+
+
+class Missing(BaseModel):
+    model_config = FROZEN
+    t: Literal[FrameType.MISSING] = FrameType.MISSING
+    rid: int
+    digests: list[str]
+
+
+class PutBlob(BaseModel):
+    """One piece of a blob of ``size`` bytes, at ``offset`` (pieces in order, from 0).
+
+    The relay checks the digest when the last piece arrives and answers :class:`Stored`.
+    """
+
+    model_config = FROZEN
+    t: Literal[FrameType.PUT_BLOB] = FrameType.PUT_BLOB
+    rid: int
+    digest: Digest
+    size: int = Field(ge=0)
+    offset: int = Field(ge=0)
+    data: bytes = Field(max_length=BLOB_CHUNK)
+
+
+class Stored(BaseModel):
+    """``received`` bytes of the blob are held; ``complete`` once all of it was checked."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.STORED] = FrameType.STORED
+    rid: int
+    received: int
+    complete: bool = False
+
+
+class GetBlob(BaseModel):
+    model_config = FROZEN
+    t: Literal[FrameType.GET_BLOB] = FrameType.GET_BLOB
+    rid: int
+    digest: Digest
+    offset: int = Field(default=0, ge=0)
+    length: int = Field(default=BLOB_CHUNK, ge=1, le=BLOB_CHUNK)
+
+
+class BlobData(BaseModel):
+    model_config = FROZEN
+    t: Literal[FrameType.BLOB] = FrameType.BLOB
+    rid: int
+    size: int
+    offset: int
+    data: bytes
+
+
+class ListRuns(BaseModel):
+    model_config = FROZEN
+    t: Literal[FrameType.LIST_RUNS] = FrameType.LIST_RUNS
+    rid: int
+    limit: int = Field(default=50, ge=1, le=1000)
+
+
+class RunList(BaseModel):
+    model_config = FROZEN
+    t: Literal[FrameType.RUNS] = FrameType.RUNS
+    rid: int
+    runs: list[RunRecord]
+
+
+class Report(BaseModel):
+    """A scheduler backend's news about an attempt it launched.
+
+    ``job``: the scheduler accepted it (``job`` is its id); ``lost``: the job ended, was cancelled
+    or preempted without the worker finishing the attempt (retried like a lost lease).
+    """
+
+    model_config = FROZEN
+    t: Literal[FrameType.REPORT] = FrameType.REPORT
+    rid: int
+    run: str
+    attempt: int = Field(ge=1)
+    event: ReportEvent
+    job: str = Field(default="", max_length=200)
+    detail: str = Field(default="", max_length=2000)
+
+
+class Cancel(BaseModel):
+    model_config = FROZEN
+    t: Literal[FrameType.CANCEL] = FrameType.CANCEL
+    rid: int
+    run: str
+    detail: str = "cancelled by the user"
+
+
+class GetRun(BaseModel):
+    model_config = FROZEN
+    t: Literal[FrameType.GET_RUN] = FrameType.GET_RUN
+    rid: int
+    run: str
+
+
+class Claim(BaseModel):
+    """Block until a queued run of ``backend`` is available, then take it.
+
+    With ``run``: take that run (a worker a scheduler started for it), if it is queued for
+    ``attempt``.
+    """
+
+    model_config = FROZEN
+    t: Literal[FrameType.CLAIM] = FrameType.CLAIM
+    rid: int
+    worker: str
+    backend: str = "local"
+    run: str = ""
+    attempt: int = 0
+
+
+class Dispatch(BaseModel):
+    """A scheduler backend: block until a run is queued for ``backend``, then hand it over (the
+    run stays ``queued`` until the worker its job starts claims it, naming its attempt)."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.DISPATCH] = FrameType.DISPATCH
+    rid: int
+    backend: str
+    dispatcher: str
+
+
+class RunInfo(BaseModel):
+    model_config = FROZEN
+    t: Literal[FrameType.RUN] = FrameType.RUN
+    rid: int
+    run: RunRecord
+
+
+class Assigned(BaseModel):
+    """A run's attempt handed to a worker (``claim``) or a scheduler backend (``dispatch``), with
+    the worker token minted for it ("" when the claimer already holds that attempt's token)."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.ASSIGNED] = FrameType.ASSIGNED
+    rid: int
+    run: RunRecord
+    manifest: Manifest = Field(default_factory=Manifest)
+    token: str = ""
+
+
+class CreateToken(BaseModel):
+    """A new user token; ``user`` other than one's own, or ``admin``/``backend`` scopes need an
+    admin token. ``expires_in`` seconds (0: never)."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.CREATE_TOKEN] = FrameType.CREATE_TOKEN
+    rid: int
+    user: str = Field(default="", max_length=64)
+    scopes: list[Scope] = Field(default_factory=lambda: [Scope.RUNS], max_length=3)
+    label: str = Field(default="", max_length=200)
+    expires_in: float = Field(default=0.0, ge=0)
+
+
+class TokenCreated(BaseModel):
+    """The new token: the only time the relay ever sends one."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.TOKEN_CREATED] = FrameType.TOKEN_CREATED
+    rid: int
+    token: str
+    info: TokenInfo
+
+
+class ListTokens(BaseModel):
+    """One's own tokens (admins: everyone's, or ``user``'s)."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.LIST_TOKENS] = FrameType.LIST_TOKENS
+    rid: int
+    user: str = Field(default="", max_length=64)
+
+
+class TokenList(BaseModel):
+    model_config = FROZEN
+    t: Literal[FrameType.TOKENS] = FrameType.TOKENS
+    rid: int
+    tokens: list[TokenInfo]
+
+
+class RevokeToken(BaseModel):
+    model_config = FROZEN
+    t: Literal[FrameType.REVOKE_TOKEN] = FrameType.REVOKE_TOKEN
+    rid: int
+    id: str = Field(max_length=64)
+
+
+class AuditEntry(BaseModel):
+    """Who did what to a run, and when: kept per run by the relay, read with ``tether audit``."""
+
+    model_config = FROZEN
+    at: float
+    #: an :class:`AuditEvent`; a name this version does not know stays a string (trails are kept
+    #: for as long as the run, and a newer relay may have written them)
+    event: AuditEvent | str = Field(union_mode="left_to_right")
+    user: str = ""
+    token: str = ""  #: the token's id
+    role: str = ""
+    source: str = ""  #: the peer's address
+    client: str = ""
+    detail: str = ""
+
+
+class GetAudit(BaseModel):
+    model_config = FROZEN
+    t: Literal[FrameType.GET_AUDIT] = FrameType.GET_AUDIT
+    rid: int
+    run: str
+
+
+class AuditLog(BaseModel):
+    model_config = FROZEN
+    t: Literal[FrameType.AUDIT] = FrameType.AUDIT
+    rid: int
+    run: str
+    entries: list[AuditEntry]
+
+
+AnyControlFrame = (
+    Submit
+    | Rerun
+    | HaveBlobs
+    | Missing
+    | PutBlob
+    | Stored
+    | GetBlob
+    | BlobData
+    | ListRuns
+    | RunList
+    | Report
+    | Cancel
+    | GetRun
+    | Claim
+    | Dispatch
+    | RunInfo
+    | Assigned
+    | CreateToken
+    | TokenCreated
+    | ListTokens
+    | TokenList
+    | RevokeToken
+    | GetAudit
+    | AuditLog
+)

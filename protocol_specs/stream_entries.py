@@ -1,0 +1,215 @@
+"""The entries of a run's streams: what the adapter, the worker and the relay write into Redis.
+
+A run has three streams (:class:`StreamName`). Each entry is a msgpack map whose ``k`` key names its
+kind (:class:`EntryKind`); entries travel as opaque ``bytes`` inside the link's ``Publish`` and
+``Deliver`` frames, so the relay stores what a peer published without re-encoding it. DAP bodies
+inside a :class:`DapEntry` are the raw JSON bytes the DAP peer sent: nothing is transcoded on the hot
+path, and the everyday DAP entry is decoded by a hand-written fast path (:func:`decode_entry`).
+
+Import these through :mod:`protocol_specs.wire`, which re-exports them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+import msgpack
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+
+from .runs import RunState
+from .wire_base import FROZEN, ErrorCode, WireError, short_reason
+
+__all__ = [
+    "MAX_DAP_BODY_BYTES",
+    "AnyEntry",
+    "ControlEntry",
+    "DapEntry",
+    "Entry",
+    "EntryKind",
+    "LogEntry",
+    "PresenceEntry",
+    "StatusEntry",
+    "StatusEvent",
+    "StreamName",
+    "decode_entry",
+    "encode_entry",
+]
+
+#: Largest DAP message body carried in one entry (same as the adapter's DAP framer limit).
+MAX_DAP_BODY_BYTES = 16 * 1024 * 1024
+
+
+class StreamName(StrEnum):
+    TO_WORKER = "to_worker"
+    TO_IDE = "to_ide"
+    LOGS = "logs"
+
+
+class EntryKind(StrEnum):
+    """The ``k`` key of a stream entry."""
+
+    DAP = "dap"
+    STATUS = "status"
+    CONTROL = "control"
+    LOG = "log"
+    PRESENCE = "presence"
+
+
+class StatusEvent(StrEnum):
+    """Names of :class:`StatusEntry` events, in the order a run sees them."""
+
+    QUEUED = "queued"  #: relay: run accepted and queued
+    CLAIMED = "claimed"  #: relay: a worker took the run
+    STARTED = "started"  #: worker: the program's process started (data: pid, run_dir, debugpy)
+    WAITING_FOR_IDE = "waiting_for_ide"  #: worker: debugger ready, holding until the IDE configured
+    DEBUGGER_LIVE = "debugger_live"  #: worker: configuration replayed; live traffic flows
+    EXITED = "exited"  #: worker: the program ended (exit_code)
+    START_FAILED = "start_failed"  #: worker: the program could not be started (detail)
+    CANCELLED = "cancelled"  #: relay: the user cancelled the run
+    WORKER_LOST = "worker_lost"  #: relay: the worker's lease expired; the run is lost
+    UNATTENDED_STOP = "unattended_stop"  #: worker: stopped with no IDE attached (data: policy...)
+    BUFFER_FULL = "buffer_full"  #: worker: the to_ide buffer is full; output is being dropped
+    PAUSED = "paused"  #: worker: the program stopped (data: where, reason); for ``tether ls``
+    RESUMED = "resumed"  #: worker: the program continued
+    #: worker: the worker itself is stopping (``tether up`` or ``tether worker`` stopped, or it
+    #: failed): the attempt is over, retried as configured; the relay says what follows
+    WORKER_STOPPED = "worker_stopped"
+    #: relay: the attempt failed or was lost and another follows (data: attempt, delay)
+    RETRYING = "retrying"
+    FINISHED = "finished"  #: relay, logs stream only: the run reached a terminal state
+
+
+class DapEntry(BaseModel):
+    """One DAP message in a run stream.
+
+    ``origin`` names the adapter instance that sent a request (in ``to_worker``) or the adapter a
+    response is addressed to (in ``to_ide``); events carry ``origin=""``. ``body`` is the raw JSON.
+    ``local`` marks a request the adapter already answered itself (configuration recorded while no
+    worker was live): the worker applies it but answers into the stream without an IDE waiting.
+    ``bp_ids`` are the breakpoint ids the adapter handed out for a ``setBreakpoints`` /
+    ``setFunctionBreakpoints`` request, in order.
+    """
+
+    model_config = FROZEN
+    k: Literal[EntryKind.DAP] = EntryKind.DAP
+    origin: str = ""
+    body: bytes = Field(max_length=MAX_DAP_BODY_BYTES)
+    local: bool = False
+    bp_ids: list[int] | None = None
+    #: not needed to rebuild the session (output, answers to live requests): the relay may delete
+    #: it once the other side has received it (``protocol_specs.session.is_transient``)
+    transient: bool = False
+
+
+class StatusEntry(BaseModel):
+    """A run or debugger status change, written by the relay or the worker into ``to_ide``.
+
+    ``at`` is wall-clock time (``time.time()``: seconds since the Unix epoch) when the writer saw
+    the change: the relay shows it to people (the unattended-stop webhook), so never a monotonic
+    clock. ``event`` and ``state`` are read into :class:`StatusEvent` and
+    :class:`~protocol_specs.runs.RunState` when they are known names; a name this version does not
+    know is kept as the plain string (a newer peer's event still decodes, and is shown as it is).
+    """
+
+    model_config = FROZEN
+    k: Literal[EntryKind.STATUS] = EntryKind.STATUS
+    event: StatusEvent | str = Field(union_mode="left_to_right")
+    state: RunState | str | None = Field(default=None, union_mode="left_to_right")
+    detail: str = ""
+    at: float = 0.0
+    exit_code: int | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class ControlEntry(BaseModel):
+    """An instruction for the worker shim, written into ``to_worker`` (e.g. ``terminate``).
+
+    ``attempt`` names the attempt it is for (0: every attempt); a later attempt ignores it.
+    """
+
+    model_config = FROZEN
+    k: Literal[EntryKind.CONTROL] = EntryKind.CONTROL
+    action: Literal["terminate"]
+    detail: str = ""
+    attempt: int = 0
+
+
+class LogEntry(BaseModel):
+    """A chunk of the program's stdout or stderr, written by the worker into the ``logs`` stream."""
+
+    model_config = FROZEN
+    k: Literal[EntryKind.LOG] = EntryKind.LOG
+    stream: Literal["stdout", "stderr"]
+    data: bytes = Field(max_length=1024 * 1024)
+    attempt: int = 1
+
+
+class PresenceEntry(BaseModel):
+    """Whether an IDE is attached to the adapter ``origin``, written into ``to_worker``.
+
+    The adapter writes one when an IDE connects or leaves and after every reconnect of its relay
+    link; the relay writes ``attached=False, link_lost=True`` when an ``ide`` connection that last
+    reported ``attached=True`` closes. ``epoch`` numbers the adapter's relay connections: an entry for an
+    older epoch than one already seen for the same origin is stale and ignored.
+    """
+
+    model_config = FROZEN
+    k: Literal[EntryKind.PRESENCE] = EntryKind.PRESENCE
+    origin: str
+    epoch: int = Field(ge=0)
+    attached: bool
+    #: written by the relay because the adapter's relay link closed (not because its IDE left):
+    #: the adapter may be back in a moment, and the worker gives it a little while
+    link_lost: bool = False
+
+
+AnyEntry = DapEntry | StatusEntry | ControlEntry | PresenceEntry | LogEntry
+Entry = Annotated[AnyEntry, Field(discriminator="k")]
+_ENTRY: TypeAdapter[AnyEntry] = TypeAdapter(Entry)
+
+
+def encode_entry(entry: AnyEntry) -> bytes:
+    # msgpack packs a StrEnum member as its string
+    return msgpack.packb(entry.model_dump(exclude_defaults=False), use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode_entry(data: bytes) -> AnyEntry:
+    """Decode a stream entry; raises :class:`WireError` (``bad_entry``)."""
+    try:
+        raw = msgpack.unpackb(data, raw=False)
+    except Exception as exc:
+        raise WireError(ErrorCode.BAD_ENTRY, f"entry is not msgpack: {exc}") from exc
+    plain = _plain_dap_entry(raw)
+    if plain is not None:
+        return plain
+    try:
+        return _ENTRY.validate_python(raw)
+    except ValidationError as exc:
+        raise WireError(ErrorCode.BAD_ENTRY, f"invalid entry: {short_reason(exc)}") from exc
+
+
+_DAP_ENTRY_KEYS = frozenset({"k", "origin", "body", "local", "bp_ids", "transient"})
+
+
+def _plain_dap_entry(raw: object) -> DapEntry | None:
+    """The everyday DAP entry checked by hand, exactly as its model would; ``None``: validate it.
+
+    Every message of a session is parsed like this by the relay and both peers, and pydantic's
+    general validation was the largest single cost of a hop (see ``bench/``).
+    """
+    if not isinstance(raw, dict) or raw.get("k") != "dap" or not raw.keys() <= _DAP_ENTRY_KEYS:
+        return None
+    body = raw.get("body")
+    if type(body) is not bytes or len(body) > MAX_DAP_BODY_BYTES:
+        return None
+    origin = raw.get("origin", "")
+    local = raw.get("local", False)
+    transient = raw.get("transient", False)
+    if type(origin) is not str or type(local) is not bool or type(transient) is not bool:
+        return None
+    if raw.get("bp_ids") is not None:
+        return None  # lists of ints: leave them to pydantic
+    return DapEntry.model_construct(
+        origin=origin, body=body, local=local, bp_ids=None, transient=transient
+    )
