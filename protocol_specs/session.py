@@ -37,7 +37,15 @@ from .dap_models import SetBreakpointsArguments, source_key
 # StatusEvent is defined beside StatusEntry, which it types; users have always imported it from here
 from .stream_entries import DapEntry, StatusEntry, StatusEvent
 
-__all__ = ["NOTICES", "QUIET", "BreakpointSet", "DebugSession", "StatusEvent", "is_transient"]
+__all__ = [
+    "CONFIGURATION_COMMANDS",
+    "NOTICES",
+    "QUIET",
+    "BreakpointSet",
+    "DebugSession",
+    "StatusEvent",
+    "is_transient",
+]
 
 CONFIGURATION_COMMANDS = frozenset(
     {"setBreakpoints", "setFunctionBreakpoints", "setExceptionBreakpoints"}

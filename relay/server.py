@@ -88,7 +88,12 @@ class Relay:
         self.audit = AuditTrail(store, entries=config.audit_entries, clock=clock)
         self.gate = Gate(self.tokens, self.registry, self.audit, config, clock=clock)
         self.links = Links(
-            self.registry, self.fanout, self.audit, config, on_unattended=self._unattended
+            self.registry,
+            self.fanout,
+            self.audit,
+            config,
+            on_unattended=self._unattended,
+            clock=clock,
         )
         self.control = Control(
             self.registry, self.claims, self.blobs, self.tokens, self.audit, config

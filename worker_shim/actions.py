@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from protocol_specs.wire import DapEntry, StatusEntry
+from protocol_specs.wire import DapEntry, StatusEntry, StatusEvent
 
 __all__ = [
     "BARRIER_EVENTS",
@@ -82,7 +82,9 @@ class ReplayFailed:
 Action = ToDebugpy | Publish | Settle | PipeOutputToIde | Say | Terminate | ReplayFailed
 
 
-def status_entry(event: str, wall: Callable[[], float] = time.time, **fields: Any) -> StatusEntry:
+def status_entry(
+    event: StatusEvent, wall: Callable[[], float] = time.time, **fields: Any
+) -> StatusEntry:
     """A status entry of the worker, stamped with the wall clock (``at``: seconds since the epoch):
     the relay stores it and shows it to people (the unattended-stop webhook), so never a monotonic
     time. Every status the shim publishes is made here."""

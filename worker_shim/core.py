@@ -446,7 +446,7 @@ class ShimCore:
     def _enter(self, phase: ReplayPhase, why: str) -> None:
         self.phase = next_phase(self.phase, phase, why)
 
-    def _status(self, event: str, **fields: Any) -> StatusEntry:
+    def _status(self, event: StatusEvent, **fields: Any) -> StatusEntry:
         return status_entry(event, self.wall, **fields)
 
 

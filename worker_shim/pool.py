@@ -21,7 +21,6 @@ from pathlib import Path
 
 import trio
 
-from protocol_specs import wire
 from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
@@ -34,6 +33,7 @@ from relay.client import (
     open_control,
 )
 
+from .actions import status_entry
 from .files import Fetch
 from .housekeeping import CACHE_MAX_BYTES, KEEP_RUNS, tidy
 from .shim import run_shim, worker_link
@@ -176,7 +176,7 @@ async def _slot(
 
 async def _start_failed(relay_url: Endpoint, record: RunRecord, detail: str) -> None:
     async with worker_link(relay_url, record) as link:
-        await link.publish(wire.StatusEntry(event=StatusEvent.START_FAILED, detail=detail))
+        await link.publish(status_entry(StatusEvent.START_FAILED, detail=detail))
 
 
 async def run_one(

@@ -256,7 +256,7 @@ async def _report_refusals(link: RunLink, news: _LinkNews) -> None:
         await trio.sleep(30)  # at most one notice per 30 s
 
 
-async def _status(link: RunLink, event: str, **fields: Any) -> None:
+async def _status(link: RunLink, event: StatusEvent, **fields: Any) -> None:
     await link.publish(status_entry(event, **fields))
 
 

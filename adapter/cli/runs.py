@@ -13,6 +13,7 @@ import trio
 
 from adapter.render import Clock, Progress, Terminal, launch_json, runs_table, status_text
 from protocol_specs import wire
+from protocol_specs.session import StatusEvent
 from relay.client import Endpoint, RelayError, follow_logs, open_control
 
 from .errors import control_call
@@ -205,7 +206,7 @@ async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
             terminal.write(entry.stream, entry.data)
             return
         terminal.end()
-        if entry.event == "finished":
+        if entry.event == StatusEvent.FINISHED:
             ended["entry"] = entry
             code = f", exit code {entry.exit_code}" if entry.exit_code is not None else ""
             text = f"run {run_id} {entry.state}{code}"

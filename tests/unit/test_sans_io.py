@@ -45,7 +45,7 @@ class SocketImportSpy:
         return None
 
 sys.meta_path.insert(0, SocketImportSpy())
-import protocol_specs.{module}
+import {module}
 print(json.dumps({{
     "loaded": sorted(m for m in {watched!r} if m in sys.modules),
     "socket_importers": SocketImportSpy.chain,
@@ -54,7 +54,8 @@ print(json.dumps({{
 
 
 def probe(module: str) -> dict[str, Any]:
-    code = _PROBE.format(module=module, watched=[*NEVER_LOADED, *STDLIB_IO, "pydantic"])
+    full = module if "." in module else f"protocol_specs.{module}"
+    code = _PROBE.format(module=full, watched=[*NEVER_LOADED, *STDLIB_IO, "pydantic"])
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
@@ -107,3 +108,21 @@ def test_module_imports_no_io_module_itself(module: str) -> None:
         if roots == {"jsonschema"} and module == "dap_schema":
             continue
         assert not roots & NEVER_IMPORTED, f"protocol_specs/{module}.py imports {roots}"
+
+
+#: the decision cores of the I/O packages: sync objects that take events and return actions; their
+#: trio loops (adapter/server.py, worker_shim/shim.py, relay.client's RunLink) do the I/O
+CORES = [
+    "adapter.core",
+    "adapter.status",
+    "worker_shim.core",
+    "worker_shim.replay",
+    "worker_shim.watch",
+    "worker_shim.actions",
+]
+
+
+@pytest.mark.parametrize("module", CORES)
+def test_the_decision_cores_load_no_event_loop_or_client(module: str) -> None:
+    loaded = probe(module)["loaded"]
+    assert not set(loaded) & set(NEVER_LOADED), f"{module} loaded {loaded}"
