@@ -18,16 +18,7 @@ from typing import Any
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import common
-import first_stop
-import flood
-import idle
-import latency
-import report
-import resume
-import snapshot
+from . import common, first_stop, flood, idle, latency, report, resume, snapshot
 
 BENCHES = ("latency", "flood", "first_stop", "idle", "snapshot", "resume")
 

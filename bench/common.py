@@ -11,7 +11,6 @@ import math
 import os
 import platform
 import statistics
-import sys
 import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,16 +20,13 @@ from typing import Any
 
 import trio
 
+from adapter.dap_client import DapClient, open_dap_client
+from adapter.demo import VSCODE_INITIALIZE
+from relay.client import Endpoint
+from tests.e2e.harness import Proc, debug_run, relay_stack, tether, worker
+from worker_shim.debuggee import Debuggee, start_debuggee
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
-
-from stack import Proc, debug_run, relay_stack, tether, worker  # noqa: E402
-
-from adapter.dap_client import DapClient, open_dap_client  # noqa: E402
-from adapter.demo import VSCODE_INITIALIZE  # noqa: E402
-from relay.client import Endpoint  # noqa: E402
-from worker_shim.debuggee import Debuggee, start_debuggee  # noqa: E402
-
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 
 #: the three ways a DAP client reaches a program, in every latency figure

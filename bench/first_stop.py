@@ -13,7 +13,10 @@ import shutil
 import time
 from pathlib import Path
 
-from common import (
+from adapter.dap_client import DapClient
+from tests.e2e.harness import debug_run
+
+from .common import (
     PROGRAMS,
     Stack,
     break_line,
@@ -22,9 +25,6 @@ from common import (
     open_dap_client,
     worker,
 )
-from stack import debug_run
-
-from adapter.dap_client import DapClient
 
 _TICK = os.sysconf("SC_CLK_TCK")
 

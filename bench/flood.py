@@ -22,7 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from common import (
+
+from tests.e2e.harness import debug_run, ensure_node_modules, vscode_attach, vscode_initialize
+from worker_shim.debuggee import start_debuggee
+
+from .common import (
     PROGRAMS,
     DapClient,
     Stack,
@@ -32,10 +36,6 @@ from common import (
     peak_rss_kib,
     tether_session,
 )
-from node_harness import ensure_node_modules, vscode_attach, vscode_initialize
-from stack import debug_run
-
-from worker_shim.debuggee import start_debuggee
 
 PROBE = Path(__file__).resolve().with_name("flood_probe.mjs")
 

@@ -13,12 +13,13 @@ from typing import Any
 
 import orjson
 import trio
-from common import Dist, Endpoint, Session, rss_kib, timed
 
 from protocol_specs import wire
 from protocol_specs.runs import RunSpec
 from protocol_specs.wire import Role
 from relay.client import open_control, open_run_link
+
+from .common import Dist, Endpoint, Session, rss_kib, timed
 
 _CONFIG = [
     {"command": "initialize", "arguments": {"adapterID": "python", "clientID": "vscode"}},

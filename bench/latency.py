@@ -13,7 +13,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from common import (
+from .common import (
     PROGRAMS,
     WAYS,
     Dist,

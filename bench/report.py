@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from common import DEBUGPY, FLOOR, TETHER, WAY_NAMES, Dist
+from .common import DEBUGPY, FLOOR, TETHER, WAY_NAMES, Dist
 
 
 def _ms(x: float) -> str:

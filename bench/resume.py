@@ -12,12 +12,13 @@ from typing import Any
 
 import orjson
 import trio
-from common import Dist, Endpoint
 
 from protocol_specs import wire
 from protocol_specs.runs import RunSpec
 from protocol_specs.wire import Role
-from relay.client import _connect, open_control, open_run_link
+from relay.client import open_connection, open_control, open_run_link
+
+from .common import Dist, Endpoint
 
 
 async def run(relay: Endpoint, rounds: int) -> dict[str, Dist]:
@@ -36,7 +37,10 @@ async def run(relay: Endpoint, rounds: int) -> dict[str, Dist]:
             await ide.publish(wire.DapEntry(origin="bench", body=body))
             await ide.flush()
             t0 = trio.current_time()
-            async with _connect(worker, hello.model_copy(update={"cursor": cursor})) as (ws, _):
+            async with open_connection(worker, hello.model_copy(update={"cursor": cursor})) as (
+                ws,
+                _,
+            ):
                 t1 = trio.current_time()
                 while True:
                     frame: Any = wire.decode_frame(await ws.recv())

@@ -18,11 +18,12 @@ from typing import Any
 
 import msgpack
 import trio
-from common import timed
 
 from adapter.snapshot import HashCache, build_snapshot, upload_snapshot
 from protocol_specs.runs import RunSpec
 from relay.client import Endpoint, open_control
+
+from .common import timed
 
 
 def make_tree(root: Path, files: int, total_mib: int) -> None:

@@ -1,0 +1,195 @@
+"""The ``control`` role: request/reply calls to the relay, correlated by ``rid``.
+
+:func:`open_control` gives a :class:`ControlClient`: snapshot blobs (upload, check, read), submit,
+rerun, cancel, list and get runs, claim and dispatch queued runs, tokens, audit, scheduler reports.
+A call that loses its connection raises :class:`~relay.client.connect.RelayError` (``unreachable``);
+nothing is retried here (a retried ``submit`` would queue a second run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+import trio
+from websockets.exceptions import ConnectionClosed
+from websockets.trio.client import ClientConnection
+
+from protocol_specs import wire
+from protocol_specs.auth import Scope, TokenInfo
+from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.snapshots import BLOB_CHUNK, Manifest
+from protocol_specs.wire import ErrorCode, Role
+
+from .connect import LocalCode, RelayError, Target, open_connection
+
+__all__ = ["ControlClient", "open_control"]
+
+_R = TypeVar("_R")
+
+
+class ControlClient:
+    def __init__(self, ws: ClientConnection, user: str = "") -> None:
+        self._ws = ws
+        self.user = user  #: who the relay took us to be
+        self._rid = 0
+        self._lock = trio.Lock()
+
+    async def _call(self, frame_type: type, expect: type[_R], **fields: object) -> _R:
+        """One request and its reply; a lost connection is a :class:`RelayError`
+        (``unreachable``), like a relay that cannot be reached at all."""
+        try:
+            return await self._exchange(frame_type, expect, **fields)
+        except ConnectionClosed as exc:
+            raise RelayError(LocalCode.UNREACHABLE, f"lost the relay: {exc}") from exc
+        except (trio.BrokenResourceError, OSError) as exc:
+            raise RelayError(LocalCode.UNREACHABLE, f"lost the relay: {exc}") from exc
+
+    async def _exchange(self, frame_type: type, expect: type[_R], **fields: object) -> _R:
+        async with self._lock:
+            self._rid += 1
+            frame = frame_type(rid=self._rid, **fields)
+            await self._ws.send(wire.encode_frame(frame))
+            while True:
+                reply = wire.decode_frame(await self._ws.recv())
+                if isinstance(reply, wire.Error) and reply.fatal:
+                    raise RelayError(reply.code, reply.message)  # the relay closes: why
+                if getattr(reply, "rid", None) != self._rid:
+                    continue
+                if isinstance(reply, wire.Error):
+                    raise RelayError(reply.code, reply.message)
+                if isinstance(reply, expect):
+                    return reply
+                raise RelayError(ErrorCode.BAD_FRAME, f"unexpected reply {reply.t!r}")
+
+    async def _run(self, frame_type: type, **fields: object) -> RunRecord:
+        return (await self._call(frame_type, wire.RunInfo, **fields)).run
+
+    async def missing_blobs(self, digests: list[str]) -> list[str]:
+        """Which of ``digests`` the relay lacks (asked in batches)."""
+        out: list[str] = []
+        for i in range(0, len(digests), 5000):
+            reply = await self._call(wire.HaveBlobs, wire.Missing, digests=digests[i : i + 5000])
+            out += reply.digests
+        return out
+
+    async def put_blob(
+        self,
+        digest: str,
+        data: bytes | tuple[int, Callable[[int, int], Awaitable[bytes]]],
+        on_bytes: Callable[[int], None] = lambda _n: None,
+    ) -> None:
+        """Upload one blob in :data:`~protocol_specs.snapshots.BLOB_CHUNK` pieces: ``data`` is
+        its bytes, or ``(size, read(offset, length))``."""
+        if isinstance(data, bytes):
+            size, read = len(data), _reader(data)
+        else:
+            size, read = data
+        offset = 0
+        while True:
+            piece = await read(offset, BLOB_CHUNK)
+            reply = await self._call(
+                wire.PutBlob, wire.Stored, digest=digest, size=size, offset=offset, data=piece
+            )
+            offset += len(piece)
+            on_bytes(len(piece))
+            if reply.complete:
+                return
+            if not piece:
+                raise RelayError(ErrorCode.BAD_BLOB, f"blob {digest[:12]}: upload incomplete")
+
+    async def read_blob(self, digest: str, offset: int = 0) -> tuple[int, bytes]:
+        """``(blob size, up to one chunk of bytes from offset)``."""
+        reply = await self._call(wire.GetBlob, wire.BlobData, digest=digest, offset=offset)
+        return reply.size, reply.data
+
+    async def get_blob(self, digest: str) -> bytes:
+        parts: list[bytes] = []
+        offset = 0
+        while True:
+            reply = await self._call(wire.GetBlob, wire.BlobData, digest=digest, offset=offset)
+            parts.append(reply.data)
+            offset += len(reply.data)
+            if offset >= reply.size or not reply.data:
+                return b"".join(parts)
+
+    async def submit(self, spec: RunSpec, manifest: Manifest | None = None) -> RunRecord:
+        return await self._run(wire.Submit, spec=spec, manifest=manifest or Manifest())
+
+    async def rerun(self, run: str) -> RunRecord:
+        return await self._run(wire.Rerun, run=run)
+
+    async def cancel(self, run: str, detail: str = "cancelled by the user") -> RunRecord:
+        return await self._run(wire.Cancel, run=run, detail=detail)
+
+    async def get_run(self, run: str) -> RunRecord:
+        return await self._run(wire.GetRun, run=run)
+
+    async def list_runs(self, limit: int = 50) -> list[RunRecord]:
+        return (await self._call(wire.ListRuns, wire.RunList, limit=limit)).runs
+
+    async def claim(
+        self, worker: str, *, backend: str = "local", run: str = "", attempt: int = 0
+    ) -> wire.Assigned:
+        """The next queued run of ``backend`` (blocks), or with ``run``: that run's ``attempt``;
+        with the worker token for the attempt (``token``)."""
+        return await self._call(
+            wire.Claim, wire.Assigned, worker=worker, backend=backend, run=run, attempt=attempt
+        )
+
+    async def dispatch(self, backend: str, dispatcher: str) -> wire.Assigned:
+        """The next run queued for ``backend``, and a worker token for its attempt."""
+        return await self._call(
+            wire.Dispatch, wire.Assigned, backend=backend, dispatcher=dispatcher
+        )
+
+    async def create_token(
+        self,
+        *,
+        user: str = "",
+        scopes: list[Scope] | None = None,
+        label: str = "",
+        expires_in: float = 0.0,
+    ) -> tuple[str, TokenInfo]:
+        reply = await self._call(
+            wire.CreateToken,
+            wire.TokenCreated,
+            user=user,
+            scopes=scopes or [Scope.RUNS],
+            label=label,
+            expires_in=expires_in,
+        )
+        return reply.token, reply.info
+
+    async def list_tokens(self, user: str = "") -> list[TokenInfo]:
+        return (await self._call(wire.ListTokens, wire.TokenList, user=user)).tokens
+
+    async def revoke_token(self, token_id: str) -> TokenInfo:
+        return (await self._call(wire.RevokeToken, wire.TokenList, id=token_id)).tokens[0]
+
+    async def audit(self, run: str) -> list[wire.AuditEntry]:
+        return (await self._call(wire.GetAudit, wire.AuditLog, run=run)).entries
+
+    async def report(
+        self, run: str, attempt: int, event: str, *, job: str = "", detail: str = ""
+    ) -> RunRecord:
+        return await self._run(
+            wire.Report, run=run, attempt=attempt, event=event, job=job, detail=detail
+        )
+
+
+def _reader(data: bytes) -> Callable[[int, int], Awaitable[bytes]]:
+    async def read(offset: int, length: int) -> bytes:
+        return data[offset : offset + length]
+
+    return read
+
+
+@asynccontextmanager
+async def open_control(target: Target, *, client: str = "") -> AsyncIterator[ControlClient]:
+    async with open_connection(target, wire.Hello(role=Role.CONTROL, client=client)) as (
+        ws,
+        welcome,
+    ):
+        yield ControlClient(ws, welcome.user)

@@ -1,0 +1,82 @@
+"""The ``logs`` role: a run's output and status markers, followed across reconnects."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import trio
+from websockets.exceptions import ConnectionClosed
+
+from protocol_specs import wire
+from protocol_specs.link import Cursor
+from protocol_specs.wire import Role, StreamName
+
+from .connect import LocalCode, RelayError, Target, open_connection
+from .link import LinkPolicy
+
+__all__ = ["follow_logs"]
+
+#: how long the relay may stay away before following gives up
+GIVE_UP_AFTER = 60.0
+
+
+async def follow_logs(
+    target: Target,
+    run: str,
+    on_entry: Callable[[wire.LogEntry | wire.StatusEntry], None],
+    *,
+    cursor: str = "0",
+    follow: bool = True,
+    from_end: bool = False,
+    policy: LinkPolicy | None = None,
+) -> str:
+    """Hand a run's logs stream after ``cursor`` to ``on_entry``: output chunks and status
+    markers, in order; returns the cursor of the last entry handed over. ``from_end``: only what
+    comes after the stream's end as it is at the first connection.
+
+    Without ``follow``, ends once the stream's current end is reached; with it, ends after the
+    run's ``finished`` marker. Reconnects after a drop and resumes after the last entry handed over.
+    """
+    policy = policy or LinkPolicy()
+    attempt = 0
+    down_since: float | None = None
+    while True:
+        try:
+            async with open_connection(
+                target, wire.Hello(role=Role.LOGS, run=run, cursor=cursor)
+            ) as (
+                ws,
+                welcome,
+            ):
+                attempt, down_since = 0, None
+                tail = welcome.tails.get(StreamName.LOGS.value, "0")
+                if from_end:
+                    cursor, from_end = tail, False
+                    continue  # reconnect, naming the end as the cursor
+                finished = welcome.run is not None and welcome.run.finished
+                while True:
+                    if (not follow or finished) and Cursor.parse(tail) <= Cursor.parse(cursor):
+                        return cursor  # caught up with the end as it was when we asked
+                    frame = wire.decode_frame(await ws.recv())
+                    if isinstance(frame, wire.Error):
+                        raise RelayError(frame.code, frame.message)
+                    if not isinstance(frame, wire.Deliver):
+                        continue
+                    cursor = frame.cursor
+                    entry = wire.decode_entry(frame.entry)
+                    if isinstance(entry, wire.LogEntry | wire.StatusEntry):
+                        on_entry(entry)
+                        if isinstance(entry, wire.StatusEntry) and entry.event == "finished":
+                            finished = True
+                            if follow:
+                                return cursor
+        except (ConnectionClosed, RelayError) as exc:
+            if isinstance(exc, RelayError) and exc.code != LocalCode.UNREACHABLE:
+                raise
+            down_since = trio.current_time() if down_since is None else down_since
+            if trio.current_time() - down_since > GIVE_UP_AFTER:
+                raise RelayError(
+                    LocalCode.UNREACHABLE, f"lost the relay at {target}: {exc}"
+                ) from exc
+            await trio.sleep(policy.backoff(attempt))
+            attempt += 1
