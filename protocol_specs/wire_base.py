@@ -57,7 +57,8 @@ class FrameType(StrEnum):
 
 
 class ErrorCode(StrEnum):
-    """Error codes a relay sends; ``fatal`` errors are followed by a close."""
+    """Error codes a relay sends (``fatal`` errors are followed by a close), and the few a client
+    gives itself when no relay answered at all (the last three: a relay never sends them)."""
 
     BAD_FRAME = "bad_frame"  #: not msgpack, or not a known frame, or invalid fields
     BAD_ENTRY = "bad_entry"  #: a published entry is malformed
@@ -92,6 +93,13 @@ class ErrorCode(StrEnum):
     TOO_MANY_RUNS = "too_many_runs"
     NO_SUCH_TOKEN = "no_such_token"
     INTERNAL = "internal"
+    # --- a client's own, never on the wire ---
+    #: no relay answering: refused, dropped before the welcome, not a WebSocket, lost meanwhile
+    UNREACHABLE = "unreachable"
+    #: the TLS handshake with a ``wss://`` relay failed (e.g. its certificate is not trusted)
+    TLS = "tls"
+    #: the relay's URL is not a WebSocket URL
+    BAD_URL = "bad_url"
 
 
 class WireError(Exception):

@@ -24,6 +24,7 @@ import trio
 from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
+from protocol_specs.wire import ErrorCode
 from relay.client import (
     ControlClient,
     Endpoint,
@@ -251,7 +252,7 @@ async def _fetcher(relay_url: Endpoint, control: ControlClient) -> AsyncIterator
                 try:
                     return await current[0].read_blob(digest, offset)
                 except RelayError as exc:
-                    if exc.code != "unreachable" or attempt == FETCH_TRIES - 1:
+                    if exc.code != ErrorCode.UNREACHABLE or attempt == FETCH_TRIES - 1:
                         raise
                 await trio.sleep(pause)
                 pause = min(pause * 2, 5.0)

@@ -13,7 +13,7 @@ It speaks the wire protocol (:mod:`protocol_specs.wire`) and imports nothing of 
 
 from __future__ import annotations
 
-from .connect import Endpoint, LocalCode, RelayError, Target, endpoint, open_connection
+from .connect import Endpoint, RelayError, Target, endpoint, open_connection
 from .control import ControlClient, open_control
 from .link import FLUSH_TIMEOUT, LinkPolicy, RunLink, open_run_link
 from .logs import follow_logs
@@ -23,7 +23,6 @@ __all__ = [
     "ControlClient",
     "Endpoint",
     "LinkPolicy",
-    "LocalCode",
     "RelayError",
     "RunLink",
     "Target",

@@ -2,8 +2,8 @@
 
 :func:`open_connection` makes one WebSocket connection, sends ``hello`` and waits for the welcome;
 every way that can fail becomes a :class:`RelayError`, so callers handle one exception: a relay's
-refusal (its :class:`~protocol_specs.wire.ErrorCode`) or a :class:`LocalCode` (no relay answering,
-TLS failed, a bad URL).
+refusal or the client's own verdict (no relay answering, TLS failed, a bad URL), each an
+:class:`~protocol_specs.wire.ErrorCode`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Any
 
 import trio
@@ -24,7 +23,6 @@ from protocol_specs.wire import ErrorCode
 
 __all__ = [
     "Endpoint",
-    "LocalCode",
     "RelayError",
     "Target",
     "endpoint",
@@ -32,26 +30,10 @@ __all__ = [
 ]
 
 
-class LocalCode(StrEnum):
-    """Error codes the client gives itself, never sent by a relay.
-
-    They belong in :class:`~protocol_specs.wire.ErrorCode` (issue 17: every code an ``ErrorCode``);
-    until they are there, they live here, and compare equal to the same strings.
-    """
-
-    #: no relay answering: refused, dropped before the welcome, not a WebSocket, lost meanwhile
-    UNREACHABLE = "unreachable"
-    #: the TLS handshake with a ``wss://`` relay failed (e.g. its certificate is not trusted)
-    TLS = "tls"
-    #: the relay's URL is not a WebSocket URL
-    BAD_URL = "bad_url"
-
-
 class RelayError(Exception):
-    """The relay refused something (``code``: an :class:`~protocol_specs.wire.ErrorCode`), or
-    could not be reached or trusted (a :class:`LocalCode`)."""
+    """The relay refused something, or could not be reached or trusted: ``code`` says which."""
 
-    def __init__(self, code: ErrorCode | LocalCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(f"{message} [{code}]")
         self.code = code
         self.message = message
@@ -120,13 +102,13 @@ async def open_connection(
             raise
         # no WebSocket there (a proxy whose relay is down, a load balancer's error page) or the
         # connection closed before the welcome: as unreachable as a refused connection
-        raise RelayError(LocalCode.UNREACHABLE, f"no relay answering at {url}: {exc}") from exc
+        raise RelayError(ErrorCode.UNREACHABLE, f"no relay answering at {url}: {exc}") from exc
     except ssl.SSLError as exc:
-        raise RelayError(LocalCode.TLS, f"TLS with the relay at {url} failed: {exc}") from exc
+        raise RelayError(ErrorCode.TLS, f"TLS with the relay at {url} failed: {exc}") from exc
     except trio.BrokenResourceError as exc:
         if isinstance(exc.__cause__, ssl.SSLError):  # trio's SSLStream wraps the handshake's
             error = f"TLS with the relay at {url} failed: {exc.__cause__}"
-            raise RelayError(LocalCode.TLS, error) from exc
-        raise RelayError(LocalCode.UNREACHABLE, f"lost the relay at {url}: {exc}") from exc
+            raise RelayError(ErrorCode.TLS, error) from exc
+        raise RelayError(ErrorCode.UNREACHABLE, f"lost the relay at {url}: {exc}") from exc
     except OSError as exc:
-        raise RelayError(LocalCode.UNREACHABLE, f"cannot reach the relay at {url}: {exc}") from exc
+        raise RelayError(ErrorCode.UNREACHABLE, f"cannot reach the relay at {url}: {exc}") from exc

@@ -22,7 +22,7 @@ from protocol_specs.runs import RunRecord, RunSpec
 from protocol_specs.snapshots import BLOB_CHUNK, Manifest
 from protocol_specs.wire import ErrorCode, Role
 
-from .connect import LocalCode, RelayError, Target, open_connection
+from .connect import RelayError, Target, open_connection
 
 __all__ = ["ControlClient", "open_control"]
 
@@ -42,9 +42,9 @@ class ControlClient:
         try:
             return await self._exchange(frame_type, expect, **fields)
         except ConnectionClosed as exc:
-            raise RelayError(LocalCode.UNREACHABLE, f"lost the relay: {exc}") from exc
+            raise RelayError(ErrorCode.UNREACHABLE, f"lost the relay: {exc}") from exc
         except (trio.BrokenResourceError, OSError) as exc:
-            raise RelayError(LocalCode.UNREACHABLE, f"lost the relay: {exc}") from exc
+            raise RelayError(ErrorCode.UNREACHABLE, f"lost the relay: {exc}") from exc
 
     async def _exchange(self, frame_type: type, expect: type[_R], **fields: object) -> _R:
         async with self._lock:

@@ -43,9 +43,9 @@ from websockets.trio.client import ClientConnection, connect
 from protocol_specs import wire
 from protocol_specs.link import Answered, LinkClosed, LinkState, NewEntry, Refused
 from protocol_specs.runs import RunRecord
-from protocol_specs.wire import Role, StreamName, WireError
+from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 
-from .connect import LocalCode, RelayError, Target, endpoint
+from .connect import RelayError, Target, endpoint
 
 __all__ = ["FLUSH_TIMEOUT", "LinkPolicy", "RunLink", "open_run_link"]
 
@@ -294,12 +294,12 @@ class RunLink:
                     self.on_state(False, detail)
                 now = trio.current_time()
                 if not started and now >= first_deadline:
-                    self._fail(RelayError(LocalCode.UNREACHABLE, detail))
+                    self._fail(RelayError(ErrorCode.UNREACHABLE, detail))
                     raise self.failed  # type: ignore[misc]
                 give_up = self.policy.give_up_after
                 if started and give_up is not None and now - down_since >= give_up:
                     error = f"no relay for {give_up:g} s: {detail}"
-                    self._fail(RelayError(LocalCode.UNREACHABLE, error))
+                    self._fail(RelayError(ErrorCode.UNREACHABLE, error))
                     return
                 await trio.sleep(self.policy.backoff(attempt))
                 attempt += 1
@@ -341,15 +341,15 @@ class RunLink:
                 finally:
                     self.state.connection_lost()
         except InvalidURI as exc:
-            self._fail(RelayError(LocalCode.BAD_URL, str(exc)))
+            self._fail(RelayError(ErrorCode.BAD_URL, str(exc)))
             return str(exc)
         except ssl.SSLCertVerificationError as exc:
-            self._fail(RelayError(LocalCode.TLS, f"the relay's certificate is not trusted: {exc}"))
+            self._fail(RelayError(ErrorCode.TLS, f"the relay's certificate is not trusted: {exc}"))
             return str(exc)
         except trio.BrokenResourceError as exc:
             if isinstance(exc.__cause__, ssl.SSLCertVerificationError):
                 error = f"the relay's certificate is not trusted: {exc.__cause__}"
-                self._fail(RelayError(LocalCode.TLS, error))
+                self._fail(RelayError(ErrorCode.TLS, error))
                 return error
             return f"lost the relay at {self.url}: {exc}"
         except (OSError, WebSocketException, TimeoutError, trio.TooSlowError, WireError) as exc:

@@ -9,9 +9,9 @@ from websockets.exceptions import ConnectionClosed
 
 from protocol_specs import wire
 from protocol_specs.link import Cursor
-from protocol_specs.wire import Role, StreamName
+from protocol_specs.wire import ErrorCode, Role, StreamName
 
-from .connect import LocalCode, RelayError, Target, open_connection
+from .connect import RelayError, Target, open_connection
 from .link import LinkPolicy
 
 __all__ = ["follow_logs"]
@@ -71,12 +71,12 @@ async def follow_logs(
                             if follow:
                                 return cursor
         except (ConnectionClosed, RelayError) as exc:
-            if isinstance(exc, RelayError) and exc.code != LocalCode.UNREACHABLE:
+            if isinstance(exc, RelayError) and exc.code != ErrorCode.UNREACHABLE:
                 raise
             down_since = trio.current_time() if down_since is None else down_since
             if trio.current_time() - down_since > GIVE_UP_AFTER:
                 raise RelayError(
-                    LocalCode.UNREACHABLE, f"lost the relay at {target}: {exc}"
+                    ErrorCode.UNREACHABLE, f"lost the relay at {target}: {exc}"
                 ) from exc
             await trio.sleep(policy.backoff(attempt))
             attempt += 1

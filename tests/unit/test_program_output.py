@@ -371,7 +371,7 @@ async def test_a_link_that_gave_up_drops_output_without_blocking_the_pump(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(output.run)
         await output("stdout", b"before\n")
-        link.failed = RelayError("stale_attempt", "a later attempt owns the run")
+        link.failed = RelayError(wire.ErrorCode.STALE_ATTEMPT, "a later attempt owns the run")
         with trio.fail_after(1):
             for _ in range(5):
                 await output("stdout", b"x" * 20)  # over the cap: would wait for an answer
