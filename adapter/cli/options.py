@@ -139,6 +139,13 @@ def pool_options(sp: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help=f"most the snapshot blob cache holds, e.g. 50G (default {CACHE_MAX_BYTES // 2**30}G)",
     )
+    sp.add_argument(
+        "--start-delay",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait S seconds before starting a claimed run (a stand-in GPU queue)",
+    )
 
 
 def relay_options(s: argparse.ArgumentParser) -> None:

@@ -73,13 +73,6 @@ def _up_command(sub: _Commands) -> None:
     s.add_argument("--workers", type=int, default=2, help="local worker slots (default 2)")
     pool_options(s)
     s.add_argument(
-        "--start-delay",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="wait S seconds before starting a claimed run (a stand-in GPU queue)",
-    )
-    s.add_argument(
         "--relay-port",
         type=int,
         default=DEFAULT_RELAY_PORT,
@@ -222,13 +215,6 @@ def _service_commands(sub: _Commands) -> None:
     relay_flag(s)
     s.add_argument("--slots", type=int, default=1, help="runs this pool runs at once (default 1)")
     pool_options(s)
-    s.add_argument(
-        "--start-delay",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="wait S seconds before starting a claimed run (a stand-in GPU queue)",
-    )
     s.add_argument(
         "--work-dir", help="where run directories are made (default: $TETHER_HOME/worker)"
     )
