@@ -217,6 +217,10 @@ class RunSpec(BaseModel):
     tags: list[str] = Field(default_factory=list, max_length=32)
     #: where the run goes: ``local`` (the worker pool of ``tether up``) or ``slurm``
     backend: str = "local"
+    #: debug mode: which processes of the program the IDE is offered (``protocol_specs.processes``)
+    processes: Literal["stopped", "all", "main"] = "stopped"
+    #: debug mode: only these ranks (``RANK``) get breakpoints; empty: every process
+    ranks: list[int] = Field(default_factory=list, max_length=4096)
 
     @field_validator("backend")
     @classmethod
@@ -224,6 +228,13 @@ class RunSpec(BaseModel):
         if not _BACKEND.match(value):
             raise ValueError(f"invalid backend name {value!r}")
         return value
+
+    @field_validator("ranks")
+    @classmethod
+    def _ranks(cls, value: list[int]) -> list[int]:
+        if any(rank < 0 for rank in value):
+            raise ValueError("ranks are numbers from 0 (RANK of a torch.distributed job)")
+        return sorted(set(value))
 
     @field_validator("mounts")
     @classmethod

@@ -78,6 +78,10 @@ class StatusEvent(StrEnum):
     #: relay: the attempt failed or was lost and another follows (data: attempt, delay)
     RETRYING = "retrying"
     FINISHED = "finished"  #: relay, logs stream only: the run reached a terminal state
+    #: worker: a child process of the program is debugged (data: ``processes.ProcessInfo``)
+    PROCESS_STARTED = "process_started"
+    #: worker: a debugged child process ended (``exit_code`` when known)
+    PROCESS_EXITED = "process_exited"
 
 
 class DapEntry(BaseModel):
@@ -88,7 +92,9 @@ class DapEntry(BaseModel):
     ``local`` marks a request the adapter already answered itself (configuration recorded while no
     worker was live): the worker applies it but answers into the stream without an IDE waiting.
     ``bp_ids`` are the breakpoint ids the adapter handed out for a ``setBreakpoints`` /
-    ``setFunctionBreakpoints`` request, in order.
+    ``setFunctionBreakpoints`` request, in order. ``process`` is the debugged process the message
+    is from or for: ``""`` the program tether started, else a child's key
+    (:mod:`protocol_specs.processes`).
     """
 
     model_config = FROZEN
@@ -100,6 +106,7 @@ class DapEntry(BaseModel):
     #: not needed to rebuild the session (output, answers to live requests): the relay may delete
     #: it once the other side has received it (``protocol_specs.session.is_transient``)
     transient: bool = False
+    process: str = Field(default="", max_length=32)
 
 
 class StatusEntry(BaseModel):
@@ -120,6 +127,9 @@ class StatusEntry(BaseModel):
     at: float = 0.0
     exit_code: int | None = None
     data: dict[str, Any] = Field(default_factory=dict)
+    #: the debugged process it is about (``paused``, ``resumed``, ``unattended_stop``,
+    #: ``process_started``, ``process_exited``): ``""`` the main one (:mod:`protocol_specs.processes`)
+    process: str = Field(default="", max_length=32)
 
 
 class ControlEntry(BaseModel):
@@ -189,7 +199,7 @@ def decode_entry(data: bytes) -> AnyEntry:
         raise WireError(ErrorCode.BAD_ENTRY, f"invalid entry: {short_reason(exc)}") from exc
 
 
-_DAP_ENTRY_KEYS = frozenset({"k", "origin", "body", "local", "bp_ids", "transient"})
+_DAP_ENTRY_KEYS = frozenset({"k", "origin", "body", "local", "bp_ids", "transient", "process"})
 
 
 def _plain_dap_entry(raw: object) -> DapEntry | None:
@@ -206,10 +216,13 @@ def _plain_dap_entry(raw: object) -> DapEntry | None:
     origin = raw.get("origin", "")
     local = raw.get("local", False)
     transient = raw.get("transient", False)
+    process = raw.get("process", "")
     if type(origin) is not str or type(local) is not bool or type(transient) is not bool:
+        return None
+    if type(process) is not str or len(process) > 32:
         return None
     if raw.get("bp_ids") is not None:
         return None  # lists of ints: leave them to pydantic
     return DapEntry.model_construct(
-        origin=origin, body=body, local=local, bp_ids=None, transient=transient
+        origin=origin, body=body, local=local, bp_ids=None, transient=transient, process=process
     )

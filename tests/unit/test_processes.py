@@ -1,0 +1,61 @@
+"""The processes of a run: names a person can place, and the fold of their statuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol_specs import wire
+from protocol_specs.processes import MAIN, ProcessInfo, ProcessState, ProcessTable, process_key
+from protocol_specs.runs import RunSpec
+from protocol_specs.wire import StatusEntry, StatusEvent
+
+MAIN_INFO = ProcessInfo(key=MAIN, pid=4100, host="gpu-7")
+RANK_3 = ProcessInfo(key="4242", pid=4242, parent=MAIN, host="gpu-7", rank=3, nth=4)
+WORKER = ProcessInfo(key="4300", pid=4300, parent="4242", host="gpu-7", rank=3, nth=2)
+
+
+def test_titles_say_rank_pid_and_host() -> None:
+    assert MAIN_INFO.title() == "main process (pid 4100) on gpu-7"
+    assert RANK_3.title(MAIN_INFO) == "rank 3 (pid 4242) on gpu-7"
+    # a DataLoader worker inherits its rank's RANK: it is named after the rank it works for
+    assert WORKER.title(RANK_3) == "worker 2 of rank 3 (pid 4300) on gpu-7"
+    plain = ProcessInfo(key="77", pid=77, nth=1)
+    assert plain.title(MAIN_INFO) == "worker 1 of the main process (pid 77)"
+    assert plain.title() == "process 77"
+    assert process_key(4242) == "4242"
+
+
+def _status(event: StatusEvent, process: str, **fields: object) -> StatusEntry:
+    return StatusEntry(event=event, process=process, **fields)  # type: ignore[arg-type]
+
+
+def test_the_table_folds_process_statuses() -> None:
+    table = ProcessTable()
+    for info in (MAIN_INFO, RANK_3, WORKER):
+        assert table.apply(_status(StatusEvent.PROCESS_STARTED, info.key, data=info.model_dump()))
+    assert table.apply(_status(StatusEvent.PAUSED, "4242", data={"where": "train.py:42 in step"}))
+    assert table.apply(_status(StatusEvent.PROCESS_EXITED, "4300", exit_code=0))
+    assert not table.apply(_status(StatusEvent.QUEUED, MAIN))
+    assert table.title("4300") == "worker 2 of rank 3 (pid 4300) on gpu-7"
+    assert table.state("4242") is ProcessState.PAUSED
+    rows = {row["pid"]: row for row in table.rows()}
+    assert rows[4242]["where"] == "train.py:42 in step" and rows[4300]["state"] == "exited"
+    assert table.apply(_status(StatusEvent.RESUMED, "4242"))
+    assert table.state("4242") is ProcessState.RUNNING
+    # a malformed announcement is not a process
+    assert not table.apply(_status(StatusEvent.PROCESS_STARTED, "9", data={"pid": "x"}))
+    assert table.title("9") == "process 9"
+
+
+def test_dap_entries_carry_their_process_through_the_fast_path() -> None:
+    entry = wire.DapEntry(body=b'{"seq":1}', process="4242")
+    back = wire.decode_entry(wire.encode_entry(entry))
+    assert back == entry and back.process == "4242"
+    assert wire.decode_entry(wire.encode_entry(wire.DapEntry(body=b"{}"))).process == MAIN
+
+
+def test_ranks_are_checked_and_kept_sorted() -> None:
+    spec = RunSpec(command=["python", "x.py"], workdir="/w", ranks=[3, 0, 3])
+    assert spec.ranks == [0, 3] and spec.processes == "stopped"
+    with pytest.raises(ValueError, match="ranks are numbers"):
+        RunSpec(command=["python", "x.py"], workdir="/w", ranks=[-1])
