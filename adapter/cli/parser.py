@@ -22,7 +22,7 @@ from .runs import (
     cmd_status,
 )
 from .service import cmd_backend, cmd_relay, cmd_up, cmd_worker
-from .settings import DEFAULT_RELAY_PORT, count, parse_duration
+from .settings import DEFAULT_RELAY_PORT, count, parse_duration, parse_ranks
 
 __all__ = ["build_parser"]
 
@@ -114,6 +114,22 @@ def _run_commands(sub: _Commands) -> None:
         "--webhook",
         metavar="URL",
         help="POST a JSON notice here when the program pauses with no IDE attached",
+    )
+    g = s.add_argument_group("processes (torchrun ranks, DataLoader workers, multiprocessing)")
+    g.add_argument(
+        "--processes",
+        choices=["stopped", "all", "main"],
+        default="stopped",
+        help="which of the program's processes the IDE gets a session for: the main one and each "
+        "child when it first stops (stopped, the default), every child as it starts (all), or "
+        "the main one only, with children not debugged at all (main)",
+    )
+    g.add_argument(
+        "--ranks",
+        type=parse_ranks,
+        metavar="LIST",
+        help="only these ranks ($RANK of a torch.distributed job) get breakpoints, e.g. 0,3 or "
+        "0-3; the other ranks run free (default: every process)",
     )
     s.set_defaults(fn=cmd_debug)
 

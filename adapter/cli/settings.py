@@ -22,6 +22,7 @@ __all__ = [
     "pairs",
     "parse_duration",
     "parse_memory",
+    "parse_ranks",
     "profile",
     "read_credentials",
     "redact_url",
@@ -105,6 +106,20 @@ def count(text: str) -> int:
     if not 1 <= value <= 1000:
         raise argparse.ArgumentTypeError(f"{value} is not between 1 and 1000")
     return value
+
+
+def parse_ranks(text: str) -> list[int]:
+    """``0,3`` or ``0-3,8``: ranks of a torch.distributed job."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise argparse.ArgumentTypeError(f"{text!r}: give ranks like 0,3 or 0-3")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low or high - low >= 4096:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r}: a range goes up, 4096 at most")
+        ranks.update(range(low, high + 1))
+    return sorted(ranks)
 
 
 def parse_duration(text: str) -> float:

@@ -105,6 +105,8 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
             retry_backoff=backoff,
             tags=[*chosen.tags, *(args.tag or [])],
             backend=_backend(pick("backend", "local")),
+            processes=getattr(args, "processes", None) or "stopped",
+            ranks=getattr(args, "ranks", None) or [],
         )
     except argparse.ArgumentTypeError as exc:
         raise SystemExit(f"tether: in the config profile: {exc}") from None

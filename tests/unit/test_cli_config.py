@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from adapter.cli.settings import parse_duration, parse_memory, read_credentials
+from adapter.cli.settings import parse_duration, parse_memory, parse_ranks, read_credentials
 from adapter.cli.submission import build_spec
 from adapter.config import ConfigError, load_profile
 
@@ -194,3 +194,19 @@ def test_every_option_and_argument_has_help() -> None:
 
     walk(_parser(), [])
     assert missing == []
+
+
+def test_processes_and_ranks_reach_the_spec(tmp_path: Path) -> None:
+    from adapter.cli.parser import build_parser as _parser
+
+    argv = ["debug", "--workdir", str(tmp_path), "--ranks", "0,2-3,2", "--", "python", "t.py"]
+    spec = build_spec(_parser().parse_args(argv), debug=True)
+    assert spec.ranks == [0, 2, 3] and spec.processes == "stopped"
+    argv = ["debug", "--workdir", str(tmp_path), "--processes", "main", "--", "python", "t.py"]
+    assert build_spec(_parser().parse_args(argv), debug=True).processes == "main"
+
+
+@pytest.mark.parametrize("text", ["", "a", "1-", "3-1", "-2", "0-5000"])
+def test_bad_ranks_are_refused_by_the_parser(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_ranks(text)
