@@ -248,6 +248,14 @@ def status_text(record: RunRecord, now: float) -> str:
         lines.append(" ".join(parts))
         if a.run_dir:
             lines.append(f"     files in {a.run_dir} (on {a.worker or 'its worker'})")
+    children = {key: row for key, row in record.processes.items() if key}
+    if children:
+        lines.append(f"processes  {len(children)} besides the main one (this attempt)")
+        for row in children.values():
+            state = row.state + (f" at {row.where}" if row.where else "")
+            if row.exit_code is not None:
+                state += f" (exit {row.exit_code})"
+            lines.append(f"  {row.title}: {state}")
     return "\n".join(lines)
 
 

@@ -38,20 +38,35 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .runs import ProcessRow, RunEvent, RunRecord, RunState
 from .stream_entries import StatusEntry, StatusEvent
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_HINT",
     "MAIN",
+    "MAX_ROWS",
+    "PROCESS_EVENTS",
     "ProcessInfo",
     "ProcessMode",
     "ProcessState",
     "ProcessTable",
+    "fold_into_record",
     "process_key",
 ]
 
 #: the key of the program tether started
 MAIN = ""
+#: most processes a run record lists (a run with more still works; ``tether status`` says so)
+MAX_ROWS = 256
+#: the statuses :func:`fold_into_record` takes
+PROCESS_EVENTS = frozenset(
+    {
+        StatusEvent.PROCESS_STARTED,
+        StatusEvent.PROCESS_EXITED,
+        StatusEvent.PAUSED,
+        StatusEvent.RESUMED,
+    }
+)
 
 #: said (IDE and terminal) when a rank of a ``torch.distributed`` job pauses
 COLLECTIVE_TIMEOUT_HINT = (
@@ -192,3 +207,50 @@ class ProcessTable:
             }
             for key, k in self.known.items()
         ]
+
+
+def fold_into_record(record: RunRecord, entry: StatusEntry, *, about: int, at: float) -> RunRecord:
+    """The run record after a process status of attempt ``about`` (the relay's fold).
+
+    The run is ``paused`` while any of its processes is: a child's stop pauses it (``paused_at``
+    names the process), and a ``resumed`` resumes it only when no other process is still paused.
+    Raises :class:`~protocol_specs.runs.IllegalTransition` (``StaleAttempt``) like ``advance``.
+    """
+    record.check_attempt(RunEvent.PAUSE, about)
+    rows = dict(record.processes)
+    key = entry.process
+    if entry.event == StatusEvent.PROCESS_STARTED:
+        try:
+            info = ProcessInfo.model_validate(entry.data)
+        except ValidationError:
+            return record
+        if key not in rows and len(rows) >= MAX_ROWS:
+            return record
+        parent = rows.get(info.parent)
+        parent_info = (
+            ProcessInfo(key=info.parent, pid=parent.pid, rank=parent.rank) if parent else None
+        )
+        rows[key] = ProcessRow(title=info.title(parent_info), pid=info.pid, rank=info.rank)
+    elif entry.event == StatusEvent.PROCESS_EXITED and key in rows:
+        rows[key] = rows[key].model_copy(
+            update={"state": "exited", "where": "", "exit_code": entry.exit_code}
+        )
+    elif entry.event == StatusEvent.PAUSED:
+        where = str(entry.data.get("where") or entry.detail)[:300]
+        row = rows.get(key) or ProcessRow(title="main process" if key == MAIN else f"process {key}")
+        rows[key] = row.model_copy(update={"state": "paused", "where": where})
+    elif entry.event == StatusEvent.RESUMED and key in rows:
+        rows[key] = rows[key].model_copy(update={"state": "running", "where": ""})
+    updated = record.model_copy(update={"processes": rows})
+    paused = [(k, row) for k, row in rows.items() if row.state == "paused"]
+    if paused:
+        k, row = paused[0]
+        where = row.where if k == MAIN else f"{row.title}: {row.where}"
+        if updated.state is RunState.RUNNING:
+            return updated.advance(RunEvent.PAUSE, at=at, about=about, paused_at=where[:300])
+        if updated.state is RunState.PAUSED:
+            return updated.model_copy(update={"paused_at": where[:300]})
+        return updated
+    if updated.state is RunState.PAUSED:
+        return updated.advance(RunEvent.RESUME, at=at, about=about)
+    return updated

@@ -37,6 +37,7 @@ __all__ = [
     "TRANSITIONS",
     "Attempt",
     "IllegalTransition",
+    "ProcessRow",
     "Resources",
     "RunEvent",
     "RunRecord",
@@ -346,6 +347,20 @@ class Attempt(BaseModel):
     detail: str = ""
 
 
+class ProcessRow(BaseModel):
+    """One debugged process of the current attempt, as ``tether status`` shows it (the worker's
+    ``process_started`` / ``paused`` / ``resumed`` / ``process_exited``: ``protocol_specs.processes``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    title: str  #: ``rank 3 (pid 4242) on gpu-7``
+    pid: int = 0
+    rank: int | None = None
+    state: Literal["running", "paused", "exited"] = "running"
+    where: str = ""  #: where it is paused
+    exit_code: int | None = None
+
+
 class RunRecord(BaseModel):
     """The relay's record of a run (stored as one Redis hash, see ``relay/keys.py``)."""
 
@@ -371,6 +386,9 @@ class RunRecord(BaseModel):
     attempts: list[Attempt] = Field(default_factory=list)
     #: where the program is paused (``train.py:18 in step``), while ``paused``
     paused_at: str = ""
+    #: the current attempt's debugged processes by key (``""``: the main one, listed once it
+    #: paused); at most ``processes.MAX_ROWS``
+    processes: dict[str, ProcessRow] = Field(default_factory=dict)
     #: a retried run is not claimed before this time
     not_before: float = 0.0
     #: the run this one reruns (``tether rerun``)
@@ -428,7 +446,7 @@ class RunRecord(BaseModel):
         elif event is RunEvent.RELEASE:
             updated = updated.with_attempt(claimed_at=None, worker="")
         elif event is RunEvent.START:
-            updated = updated.with_attempt(started_at=at)
+            updated = updated.with_attempt(started_at=at).model_copy(update={"processes": {}})
         elif updated.finished:
             updated = updated.with_attempt(
                 ended_at=at,

@@ -23,6 +23,7 @@ import trio
 from protocol_specs import wire
 from protocol_specs.auth import Principal, Refusal
 from protocol_specs.permissions import Act, authorize
+from protocol_specs.processes import PROCESS_EVENTS, fold_into_record
 from protocol_specs.runs import RunEvent, RunRecord
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
@@ -51,8 +52,6 @@ _WORKER_STATUS: dict[str, RunEvent | None] = {
     StatusEvent.START_FAILED: RunEvent.START_FAILED,
     StatusEvent.UNATTENDED_STOP: None,
     StatusEvent.BUFFER_FULL: None,
-    StatusEvent.PAUSED: RunEvent.PAUSE,
-    StatusEvent.RESUMED: RunEvent.RESUME,
     StatusEvent.WORKER_STOPPED: None,  # the attempt is lost: retried, or the run ends
 }
 
@@ -351,6 +350,12 @@ class Links:
             if record is not None and record.spec.webhook:
                 self.on_unattended(record, entry)
             return
+        if entry.event in PROCESS_EVENTS:  # the run is paused while any of its processes is
+            now = registry.clock()
+            await registry.update(
+                run_id, lambda record: fold_into_record(record, entry, about=attempt, at=now)
+            )
+            return
         if entry.event in (StatusEvent.WAITING_FOR_IDE, StatusEvent.DEBUGGER_LIVE):
             waiting = entry.event == StatusEvent.WAITING_FOR_IDE
             await registry.update(run_id, lambda record: record.waiting(attempt, waiting))
@@ -374,10 +379,6 @@ class Links:
                 )
                 return
             event = RunEvent.EXIT_OK
-        elif entry.event == StatusEvent.PAUSED:
-            where = str(entry.data.get("where") or entry.detail)
-            await registry.transition(run_id, RunEvent.PAUSE, about=attempt, paused_at=where[:300])
-            return
         else:
             maybe = _WORKER_STATUS.get(entry.event)
             if maybe is None:

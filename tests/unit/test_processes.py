@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from adapter.render import status_text
 from protocol_specs import wire
-from protocol_specs.processes import MAIN, ProcessInfo, ProcessState, ProcessTable, process_key
-from protocol_specs.runs import RunSpec
+from protocol_specs.processes import (
+    MAIN,
+    ProcessInfo,
+    ProcessState,
+    ProcessTable,
+    fold_into_record,
+    process_key,
+)
+from protocol_specs.runs import RunRecord, RunSpec, RunState, StaleAttempt
 from protocol_specs.wire import StatusEntry, StatusEvent
 
 MAIN_INFO = ProcessInfo(key=MAIN, pid=4100, host="gpu-7")
@@ -59,3 +67,38 @@ def test_ranks_are_checked_and_kept_sorted() -> None:
     assert spec.ranks == [0, 3] and spec.processes == "stopped"
     with pytest.raises(ValueError, match="ranks are numbers"):
         RunSpec(command=["python", "x.py"], workdir="/w", ranks=[-1])
+
+
+def _record(state: RunState = RunState.RUNNING) -> RunRecord:
+    spec = RunSpec(command=["python", "x.py"], workdir="/w")
+    return RunRecord(id="r1", spec=spec, state=state, attempt=1)
+
+
+def _fold(record: RunRecord, event: StatusEvent, process: str, **fields: object) -> RunRecord:
+    return fold_into_record(record, _status(event, process, **fields), about=1, at=10.0)
+
+
+def test_the_run_is_paused_while_any_process_is() -> None:
+    record = _fold(_record(), StatusEvent.PROCESS_STARTED, MAIN, data=MAIN_INFO.model_dump())
+    record = _fold(record, StatusEvent.PROCESS_STARTED, "4242", data=RANK_3.model_dump())
+    assert record.processes["4242"].title == "rank 3 (pid 4242) on gpu-7"
+    record = _fold(record, StatusEvent.PAUSED, "4242", data={"where": "train.py:42 in step"})
+    assert record.state is RunState.PAUSED
+    assert record.paused_at == "rank 3 (pid 4242) on gpu-7: train.py:42 in step"
+    record = _fold(record, StatusEvent.PAUSED, MAIN, data={"where": "train.py:9 in main"})
+    record = _fold(record, StatusEvent.RESUMED, "4242")
+    assert record.state is RunState.PAUSED and record.paused_at == "train.py:9 in main"
+    record = _fold(record, StatusEvent.RESUMED, MAIN)
+    assert record.state is RunState.RUNNING and record.paused_at == ""
+    record = _fold(record, StatusEvent.PROCESS_EXITED, "4242", exit_code=0)
+    assert record.processes["4242"].state == "exited"
+    text = status_text(record, now=20.0)
+    assert "processes  1 besides the main one" in text
+    assert "rank 3 (pid 4242) on gpu-7: exited (exit 0)" in text
+
+
+def test_news_of_an_earlier_attempt_changes_nothing() -> None:
+    with pytest.raises(StaleAttempt):
+        fold_into_record(
+            _record(), _status(StatusEvent.PAUSED, "7", data={"where": "x"}), about=2, at=1.0
+        )
