@@ -9,6 +9,8 @@ every message it received from the adapter, in order, exactly as received.
   has ``mark`` steps (the test does something at a known point of the session, then releases it).
 - ``vscode_initialize()`` / ``vscode_attach(...)`` / ``scenario(...)``: VS Code's own arguments.
 - ``normalise(...)``: strip what legitimately differs between two adapters (seq, ids, timings).
+- ``session_messages(...)`` / ``sessions_by_kind(...)``: one session's share of a multi-process run
+  (the runner opens a child session for every ``startDebugging`` request, as VS Code does).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ __all__ = [
     "open_vscode_session",
     "run_vscode_session",
     "scenario",
+    "session_messages",
+    "sessions_by_kind",
     "vscode_attach",
     "vscode_initialize",
 ]
@@ -78,10 +82,11 @@ class NodeHarnessError(RuntimeError):
 
 
 def vscode_initialize(**overrides: Any) -> dict[str, Any]:
-    """VS Code's ``initialize`` arguments, except ``supportsStartDebuggingRequest: false``: DebugClient
-    cannot serve reverse requests, and with false debugpy announces children with ``debugpyAttach``
-    events instead of blocking on a ``startDebugging`` request nobody answers."""
-    args: dict[str, Any] = {**VSCODE_INITIALIZE, "supportsStartDebuggingRequest": False}
+    """VS Code's ``initialize`` arguments, ``supportsStartDebuggingRequest: true`` included: the
+    runner answers ``startDebugging`` and opens the child session as VS Code does. Pass
+    ``supportsStartDebuggingRequest=False`` for a client that gets debugpy's ``debugpyAttach``
+    events instead (the runner opens the child session for those too)."""
+    args: dict[str, Any] = {**VSCODE_INITIALIZE, "supportsStartDebuggingRequest": True}
     args.update(overrides)
     return args
 
@@ -351,6 +356,22 @@ async def open_vscode_session(
                 for stream in (process.stdin, process.stdout, process.stderr):
                     if stream is not None:
                         await stream.aclose()
+
+
+# --- several sessions (startDebugging) --------------------------------------------------------------
+
+
+def session_messages(result: Result, messages: Messages, session: int) -> Messages:
+    """The messages session ``session`` (an index into ``result["sessions"]``) received, in order
+    (``result["messageSessions"]`` says whose each recorded message is)."""
+    owners: list[int] = result["messageSessions"]
+    return [m for m, owner in zip(messages, owners, strict=True) if owner == session]
+
+
+def sessions_by_kind(result: Result, kind: str) -> list[dict[str, Any]]:
+    """The session summaries of one kind: ``"main"`` (connect/reconnect) or ``"child"``
+    (``startDebugging`` / ``debugpyAttach``, in opening order)."""
+    return [s for s in result["sessions"] if s["kind"] == kind]
 
 
 # --- comparing two adapters ---------------------------------------------------------------------------

@@ -16,8 +16,14 @@
 // DebugClient's traps (research/dap.md §8) are avoided: events are buffered from the first byte
 // (waitForEvent loses earlier ones and has no timeout in port mode), every wait has its own watchdog,
 // configurationDone is sent explicitly (configurationSequence is wrong for attach), and reverse
-// requests (which DebugClient silently drops) are answered success:false and reported.
+// requests (which DebugClient silently drops) are answered and reported.
+//
+// Several processes: like VS Code, a `startDebugging` reverse request (or debugpy's `debugpyAttach`
+// event) is answered at once and opens a child session: a new connection to the port the
+// configuration names, through the same handshake with the same breakpoints. A step's `session`
+// picks the session it runs in (default: the main one); `wait_session` waits for a child.
 
+import { randomUUID } from "node:crypto";
 import { appendFileSync, readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { createInterface } from "node:readline";
@@ -199,10 +205,12 @@ function breakpointArgs(spec) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// one connection to the adapter (a reconnect makes a new Session)
+// one connection to the adapter: the main session (a reconnect makes a new one) or a child session
+// opened for a `startDebugging` request / `debugpyAttach` event. Steps run against one Session (the
+// main one unless the step says `session`); each has its own event buffer and focus.
 
 class Session {
-  constructor(runner, index, port) {
+  constructor(runner, index, port, child = null) {
     this.runner = runner;
     this.index = index;
     this.port = port;
@@ -214,9 +222,51 @@ class Session {
     this.closedBy = null;
     this.capabilities = {};
     this.firstMessage = runner.messageCount;
+    this.messageCount = 0;
     this.outputs = []; // non-telemetry output events, in order
     this.outputCursors = {};
+    this.output = {}; // category -> text
+    this.eventCounts = {};
     this.reverseRequests = [];
+    this.initializeArgs = null;
+    // focus, like VS Code's: the thread of the last stop, its frames, their scopes
+    this.ctx = { threadId: null, frames: [], frameId: null, scopes: new Map() };
+    // child sessions: {number (1-based, in opening order), parent, via, request, configuration}
+    this.child = child;
+    // breakpoint ids are per adapter connection; the main sessions (across reconnects) share one book
+    this.book = child ? { breakpoints: {}, byPath: {} } : runner.mainBook;
+    this.settled = child === null; // a child's handshake ended (well or not)
+    this.error = null; // why a child's handshake failed
+    this.handshakeResult = null;
+  }
+
+  // steps receive the Session they run in; these keep the step code's vocabulary
+  get s() {
+    return this;
+  }
+
+  get timeoutMs() {
+    return this.runner.timeoutMs;
+  }
+
+  get breakpoints() {
+    return this.book.breakpoints;
+  }
+
+  get breakpointsByPath() {
+    return this.book.byPath;
+  }
+
+  get name() {
+    return this.child?.configuration?.name ?? null;
+  }
+
+  get subProcessId() {
+    return this.child?.configuration?.subProcessId ?? null;
+  }
+
+  title() {
+    return this.child ? `child:${this.child.number} ${describe(this.name)} (subProcessId ${this.subProcessId})` : `session ${this.index}`;
   }
 
   async connect(timeoutMs) {
@@ -276,61 +326,86 @@ class Session {
       this.events.push({ msg, consumed: false });
       if (msg.event === "capabilities") Object.assign(this.capabilities, msg.body?.capabilities ?? {});
       if (msg.event === "output" && msg.body?.category !== "telemetry") this.outputs.push(msg.body);
-      this.runner.onEvent(this, msg);
+      this.onEvent(msg);
     } else if (msg.type === "response") {
       this.responses.set(msg.request_seq, msg);
     } else if (msg.type === "request") {
-      // a reverse request (runInTerminal, startDebugging): DebugClient would drop it unanswered
       this.reverseRequests.push(msg);
-      const reply = {
-        type: "response",
-        seq: this.dc.sequence++,
-        request_seq: msg.seq,
-        command: msg.command,
-        success: false,
-        message: "reverse requests are not supported by this test client",
-      };
-      const json = JSON.stringify(reply);
-      this.dc.outputStream.write(`Content-Length: ${Buffer.byteLength(json, "utf8")}\r\n\r\n${json}`, "utf8");
-      this.runner.recordSent(this, reply);
+      if (msg.command === "startDebugging") {
+        // VS Code answers at once, then starts the new session (debugService.startDebugging)
+        this.reply(msg, true);
+        this.runner.openChild(this, msg.arguments ?? {}, "startDebugging");
+      } else {
+        // runInTerminal and anything else: DebugClient would drop it unanswered
+        this.reply(msg, false, "reverse requests are not supported by this test client");
+      }
     }
     this.notify();
   }
 
+  onEvent(msg) {
+    const body = msg.body ?? {};
+    this.eventCounts[msg.event] = (this.eventCounts[msg.event] ?? 0) + 1;
+    if (msg.event === "output" && body.category !== "telemetry") {
+      const category = body.category ?? "console";
+      this.output[category] = (this.output[category] ?? "") + (body.output ?? "");
+    }
+    if (msg.event === "breakpoint" && body.breakpoint?.id !== undefined) {
+      const id = body.breakpoint.id;
+      if (body.reason === "removed") delete this.breakpoints[id];
+      else {
+        // like VS Code, the event's breakpoint replaces the known one (we keep its file)
+        const path = this.breakpoints[id]?.path;
+        this.breakpoints[id] = { ...(path ? { path } : {}), ...normaliseBreakpoint(body.breakpoint), reason: body.reason };
+      }
+    }
+    if (msg.event === "debugpyAttach" && this.runner.takesDebugpyAttach(this)) {
+      // debugpy's announcement of a child to a client without startDebugging: the body is the
+      // configuration (request: "attach" included)
+      this.runner.openChild(this, { request: body.request ?? "attach", configuration: body }, "debugpyAttach");
+    }
+    if (msg.event === "terminated" && this.child && this.runner.scenario.childTerminated !== "keep") {
+      // VS Code answers `terminated` with `disconnect` and closes (debugSession onDidTerminateDebugee)
+      this.autoDisconnect();
+    }
+    this.runner.onEvent(this, msg);
+  }
+
+  reply(request, success, message) {
+    const reply = { type: "response", seq: this.dc.sequence++, request_seq: request.seq, command: request.command, success };
+    if (!success) reply.message = message;
+    const json = JSON.stringify(reply);
+    this.dc.outputStream.write(`Content-Length: ${Buffer.byteLength(json, "utf8")}\r\n\r\n${json}`, "utf8");
+    this.runner.recordSent(this, reply);
+  }
+
+  async autoDisconnect() {
+    if (this.disconnecting || this.closed) return;
+    this.disconnecting = true;
+    try {
+      await this.call("disconnect", { restart: false }, this.timeoutMs);
+    } catch (err) {
+      log(`${this.title()}: disconnect after terminated: ${err.message}`);
+    }
+    this.close();
+  }
+
   notify() {
     for (const check of [...this.waiters]) check();
+    this.runner.notify();
   }
 
   // Resolve with the first non-undefined value of probe(), re-evaluated on every message.
   waitFor(probe, timeoutMs, what) {
-    return new Promise((resolve, reject) => {
-      let timer;
-      const finish = (fn, value) => {
-        clearTimeout(timer);
-        this.waiters.delete(check);
-        fn(value);
-      };
-      const check = () => {
-        let value;
-        try {
-          value = probe();
-        } catch (err) {
-          finish(reject, err);
-          return;
-        }
-        if (value !== undefined) finish(resolve, value);
-        else if (this.closed) finish(reject, new StepFailure(`connection closed (by ${this.closedBy}) while waiting for ${what}`));
-      };
-      timer = setTimeout(() => {
-        const pending = this.events.filter((e) => !e.consumed).map((e) => e.msg.event);
-        finish(reject, new StepFailure(`no ${what} within ${timeoutMs} ms (unconsumed events: ${pending.join(", ") || "none"})`));
-      }, timeoutMs);
-      this.waiters.add(check);
-      check();
+    return pollUntil(this.waiters, probe, timeoutMs, () => {
+      if (this.closed) return new StepFailure(`connection closed (by ${this.closedBy}) while waiting for ${what}`);
+      return undefined;
+    }, () => {
+      const pending = this.events.filter((e) => !e.consumed).map((e) => e.msg.event);
+      return new StepFailure(`no ${what} within ${timeoutMs} ms (unconsumed events: ${pending.join(", ") || "none"})`);
     });
   }
 
-  // Send through DebugClient's own request method; resolve with the raw response, success or not.
   // Send through DebugClient's own request method; returns the request's seq.
   send(command, args) {
     if (this.closed) throw new StepFailure(`cannot send ${command}: connection closed`);
@@ -349,7 +424,7 @@ class Session {
   }
 
   // Resolve with the raw response, success or not.
-  async request(command, args, timeoutMs) {
+  async call(command, args, timeoutMs) {
     return this.response(this.send(command, args), command, timeoutMs);
   }
 
@@ -383,73 +458,43 @@ class Session {
   }
 
   summary() {
-    return {
+    const out = {
       index: this.index,
+      kind: this.child ? "child" : "main",
       port: this.port,
       firstMessage: this.firstMessage,
       endMessage: this.runner.messageCount,
+      messageCount: this.messageCount,
       closed: this.closed,
       closedBy: this.closedBy,
       reverseRequests: this.reverseRequests,
       capabilities: this.capabilities,
     };
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// the runner: scenario state shared across sessions, and the step vocabulary
-
-class Runner {
-  constructor(scenario) {
-    this.scenario = scenario;
-    this.timeoutMs = scenario.timeoutMs ?? 30000;
-    this.messageCount = 0;
-    this.sessions = [];
-    this.session = null;
-    this.labels = {};
-    this.protocolErrors = [];
-    this.eventCounts = {};
-    this.output = {};
-    this.breakpoints = {}; // id -> latest normalised breakpoint (from answers and 'breakpoint' events)
-    this.breakpointsByPath = {}; // path -> ids of the latest setBreakpoints answer
-    this.ctx = { threadId: null, frames: [], frameId: null, scopes: new Map() };
-    this.stdinLines = [];
-    this.stdinWaiters = new Set();
-    this.stdinClosed = false;
-    if (scenario.record) writeFileSync(scenario.record, "");
-    if (scenario.transcript) writeFileSync(scenario.transcript, "");
+    if (this.child) {
+      Object.assign(out, {
+        child: this.child.number,
+        name: this.name,
+        subProcessId: this.subProcessId,
+        parent: this.child.parent.index,
+        via: this.child.via,
+        configuration: this.child.configuration,
+        error: this.error,
+        breakpoints: this.breakpoints,
+        output: this.output,
+        eventCounts: this.eventCounts,
+      });
+    }
+    return out;
   }
 
-  recordReceived(session, msg) {
-    this.messageCount += 1;
-    if (this.scenario.record) appendFileSync(this.scenario.record, JSON.stringify(msg) + "\n");
-    if (this.scenario.transcript) {
-      appendFileSync(this.scenario.transcript, JSON.stringify({ session: session.index, dir: "adapter->client", t: now(), msg }) + "\n");
-    }
-  }
+  // ---- what steps use ---------------------------------------------------------------------------
 
-  recordSent(session, msg) {
-    if (this.scenario.transcript) {
-      appendFileSync(this.scenario.transcript, JSON.stringify({ session: session.index, dir: "client->adapter", t: now(), msg }) + "\n");
+  async request(command, args, step, { allowError = false } = {}) {
+    const response = await this.call(command, args, step.timeoutMs ?? this.timeoutMs);
+    if (!response.success && !(allowError || step.allowError)) {
+      throw new StepFailure(`'${command}' failed: ${response.message ?? "(no message)"} ${describe(response.body ?? {})}`);
     }
-  }
-
-  onEvent(session, msg) {
-    this.eventCounts[msg.event] = (this.eventCounts[msg.event] ?? 0) + 1;
-    const body = msg.body ?? {};
-    if (msg.event === "output" && body.category !== "telemetry") {
-      const category = body.category ?? "console";
-      this.output[category] = (this.output[category] ?? "") + (body.output ?? "");
-    }
-    if (msg.event === "breakpoint" && body.breakpoint?.id !== undefined) {
-      const id = body.breakpoint.id;
-      if (body.reason === "removed") delete this.breakpoints[id];
-      else {
-        // like VS Code, the event's breakpoint replaces the known one (we keep its file)
-        const path = this.breakpoints[id]?.path;
-        this.breakpoints[id] = { ...(path ? { path } : {}), ...normaliseBreakpoint(body.breakpoint), reason: body.reason };
-      }
-    }
+    return response;
   }
 
   noteBreakpointAnswer(path, response) {
@@ -458,56 +503,6 @@ class Runner {
     this.breakpointsByPath[path] = list.filter((b) => b.id !== null).map((b) => b.id);
     for (const b of list) if (b.id !== null) this.breakpoints[b.id] = { ...b, ...(path ? { path } : {}) };
     return list;
-  }
-
-  get s() {
-    if (!this.session) throw new StepFailure("not connected");
-    return this.session;
-  }
-
-  // stdin: `go <name>` releases a waiting mark
-  startStdin() {
-    const rl = createInterface({ input: process.stdin });
-    rl.on("line", (line) => {
-      this.stdinLines.push(line.trim());
-      for (const w of [...this.stdinWaiters]) w();
-    });
-    rl.on("close", () => {
-      this.stdinClosed = true;
-      for (const w of [...this.stdinWaiters]) w();
-    });
-    this.stdinReader = rl;
-  }
-
-  waitStdin(name, timeoutMs) {
-    return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
-        this.stdinWaiters.delete(check);
-        reject(new StepFailure(`mark '${name}' was not released ('go ${name}' on stdin) within ${timeoutMs} ms`));
-      }, timeoutMs);
-      const check = () => {
-        const i = this.stdinLines.indexOf(`go ${name}`);
-        if (i >= 0) {
-          this.stdinLines.splice(i, 1);
-        } else if (!this.stdinClosed) {
-          return;
-        }
-        clearTimeout(timer);
-        this.stdinWaiters.delete(check);
-        if (i >= 0) resolve();
-        else reject(new StepFailure(`stdin closed before mark '${name}' was released`));
-      };
-      this.stdinWaiters.add(check);
-      check();
-    });
-  }
-
-  async request(command, args, step, { allowError = false } = {}) {
-    const response = await this.s.request(command, args, step.timeoutMs ?? this.timeoutMs);
-    if (!response.success && !(allowError || step.allowError)) {
-      throw new StepFailure(`'${command}' failed: ${response.message ?? "(no message)"} ${describe(response.body ?? {})}`);
-    }
-    return response;
   }
 
   threadId(step) {
@@ -567,12 +562,14 @@ class Runner {
   }
 
   // ---- handshake: VS Code's attach sequence (research/dap.md §2.4) ------------------------------
-  async handshake(step) {
-    const spec = { ...this.scenario, ...step };
-    const timeoutMs = step.timeoutMs ?? this.scenario.handshakeTimeoutMs ?? this.timeoutMs;
+  // `base` gives initialize/attach/breakpoints/...; the step's own fields override it.
+  async handshake(step, base = this.runner.scenario) {
+    const spec = { ...base, ...step };
+    const timeoutMs = step.timeoutMs ?? this.runner.scenario.handshakeTimeoutMs ?? this.timeoutMs;
     const t = { timeoutMs };
-    const s = this.s;
+    const s = this;
     const out = {};
+    s.initializeArgs = spec.initialize;
     const init = await this.request("initialize", spec.initialize, t);
     Object.assign(s.capabilities, init.body ?? {});
     out.capabilities = init.body ?? {};
@@ -624,8 +621,270 @@ class Runner {
   }
 }
 
+// Resolve with the first non-undefined probe() (re-run whenever a waiter in `waiters` is called);
+// reject with early() if it returns an error, or with late() after timeoutMs.
+function pollUntil(waiters, probe, timeoutMs, early, late) {
+  return new Promise((resolve, reject) => {
+    let timer;
+    const finish = (fn, value) => {
+      clearTimeout(timer);
+      waiters.delete(check);
+      fn(value);
+    };
+    const check = () => {
+      let value;
+      try {
+        value = probe();
+      } catch (err) {
+        finish(reject, err);
+        return;
+      }
+      if (value !== undefined) {
+        finish(resolve, value);
+        return;
+      }
+      const failure = early();
+      if (failure) finish(reject, failure);
+    };
+    timer = setTimeout(() => finish(reject, late()), timeoutMs);
+    waiters.add(check);
+    check();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// the runner: scenario state shared across sessions, and the step vocabulary
+
+class Runner {
+  constructor(scenario) {
+    this.scenario = scenario;
+    this.timeoutMs = scenario.timeoutMs ?? 30000;
+    this.messageCount = 0;
+    this.messageSessions = []; // the session index of every received message, in record order
+    this.sessions = [];
+    this.session = null; // the main session (the latest connect)
+    this.children = []; // child sessions, in opening order
+    this.waiters = new Set(); // runner-level waits (child sessions), re-run on every message
+    this.labels = {};
+    this.protocolErrors = [];
+    this.eventCounts = {};
+    this.output = {};
+    // the main sessions' breakpoints: id -> latest normalised breakpoint (answers and events), and
+    // path -> ids of the latest setBreakpoints answer
+    this.mainBook = { breakpoints: {}, byPath: {} };
+    // what VS Code's breakpoint model holds now: sent to every child session in its handshake
+    this.model = {
+      breakpoints: [...(scenario.breakpoints ?? [])],
+      functionBreakpoints: scenario.functionBreakpoints ?? [],
+      exceptionFilters: scenario.exceptionFilters ?? ["uncaught"],
+      exceptionOptions: scenario.exceptionOptions,
+    };
+    this.stdinLines = [];
+    this.stdinWaiters = new Set();
+    this.stdinClosed = false;
+    if (scenario.record) writeFileSync(scenario.record, "");
+    if (scenario.transcript) writeFileSync(scenario.transcript, "");
+  }
+
+  recordReceived(session, msg) {
+    this.messageCount += 1;
+    session.messageCount += 1;
+    this.messageSessions.push(session.index);
+    if (this.scenario.record) appendFileSync(this.scenario.record, JSON.stringify(msg) + "\n");
+    if (this.scenario.transcript) {
+      appendFileSync(this.scenario.transcript, JSON.stringify({ session: session.index, dir: "adapter->client", t: now(), msg }) + "\n");
+    }
+  }
+
+  recordSent(session, msg) {
+    if (this.scenario.transcript) {
+      appendFileSync(this.scenario.transcript, JSON.stringify({ session: session.index, dir: "client->adapter", t: now(), msg }) + "\n");
+    }
+  }
+
+  // result.eventCounts / result.output: the main sessions' (each session has its own too)
+  onEvent(session, msg) {
+    if (session.child) return;
+    this.eventCounts[msg.event] = (this.eventCounts[msg.event] ?? 0) + 1;
+    const body = msg.body ?? {};
+    if (msg.event === "output" && body.category !== "telemetry") {
+      const category = body.category ?? "console";
+      this.output[category] = (this.output[category] ?? "") + (body.output ?? "");
+    }
+  }
+
+  notify() {
+    for (const check of [...this.waiters]) check();
+  }
+
+  // a set_* step changed VS Code's breakpoint model (what later child sessions are sent)
+  updateModel(kind, step) {
+    const m = this.model;
+    if (kind === "breakpoints") {
+      const entry = { path: step.path, breakpoints: step.breakpoints ?? step.lines ?? [] };
+      m.breakpoints = [...m.breakpoints.filter((f) => f.path !== step.path), entry];
+    } else if (kind === "functionBreakpoints") {
+      m.functionBreakpoints = step.breakpoints ?? [];
+    } else {
+      m.exceptionFilters = step.filters ?? [];
+      m.exceptionOptions = step.exceptionOptions;
+    }
+  }
+
+  get s() {
+    if (!this.session) throw new StepFailure("not connected");
+    return this.session;
+  }
+
+  // ---- child sessions ---------------------------------------------------------------------------
+
+  // debugpyAttach events start a session when the scenario says so, or when the session's
+  // initialize did not offer startDebugging (then debugpy announces children with the event)
+  takesDebugpyAttach(session) {
+    if (this.scenario.debugpyAttach !== undefined) return Boolean(this.scenario.debugpyAttach);
+    return session.initializeArgs?.supportsStartDebuggingRequest !== true;
+  }
+
+  // What VS Code does for `startDebugging {request, configuration}`: a new session of the same
+  // debug type, connected where the configuration says, through the whole attach handshake with
+  // the same initialize arguments and the current breakpoints. Runs in the background.
+  openChild(parent, args, via) {
+    const configuration = args.configuration ?? {};
+    const request = args.request ?? configuration.request ?? "attach";
+    const port = configuration.connect?.port ?? configuration.port;
+    const child = new Session(this, this.sessions.length, port, {
+      number: this.children.length + 1,
+      parent,
+      via,
+      request,
+      configuration,
+    });
+    this.sessions.push(child);
+    this.children.push(child);
+    log(`${child.title()}: opening (${via} on session ${parent.index})`);
+    const timeoutMs = this.scenario.handshakeTimeoutMs ?? this.timeoutMs;
+    const host = configuration.connect?.host ?? configuration.host;
+    const start = async () => {
+      if (!Number.isInteger(port)) throw new StepFailure(`no connect.port in the configuration ${describe(configuration)}`);
+      if (host !== undefined && !["127.0.0.1", "localhost"].includes(host)) {
+        log(`${child.title()}: connecting to 127.0.0.1, not ${host} (DebugClient's port mode)`);
+      }
+      await child.connect(timeoutMs);
+      // VS Code gives every session its own id (debugSession launchOrAttach)
+      const attach = { ...configuration, request, __sessionId: randomUUID() };
+      child.handshakeResult = await child.handshake({}, {
+        ...this.model,
+        initialize: parent.initializeArgs ?? this.scenario.initialize,
+        attach,
+      });
+    };
+    start()
+      .catch((err) => {
+        child.error = err instanceof StepFailure ? err.message : String(err?.stack ?? err);
+        child.errorWhileClosed = child.closed;
+        log(`${child.title()}: handshake failed: ${child.error}`);
+      })
+      .finally(() => {
+        child.settled = true;
+        this.notify();
+      });
+    this.notify();
+    return child;
+  }
+
+  // the child a selector names: a wait_session label, a subProcessId (number or digits),
+  // "child:N" (the Nth opened), or a regex on the configuration's name
+  findChild(selector) {
+    const label = typeof selector === "string" ? this.labels[selector] : undefined;
+    if (label?.op === "wait_session") return this.children[label.child - 1];
+    if (typeof selector === "number" || /^\d+$/.test(String(selector))) {
+      return this.children.find((c) => c.subProcessId === Number(selector));
+    }
+    const nth = /^child:(\d+)$/.exec(String(selector));
+    if (nth) return this.children[Number(nth[1]) - 1];
+    const re = new RegExp(String(selector));
+    return this.children.find((c) => typeof c.name === "string" && re.test(c.name));
+  }
+
+  waitFor(probe, timeoutMs, what) {
+    // no child session comes after the main session ended (its `terminated`), once every child
+    // announced before it has been opened
+    const ended = () => {
+      const main = this.session;
+      const over = main && (main.closed || main.events.some((e) => e.msg.event === "terminated"));
+      if (!over || !this.children.every((c) => c.settled)) return undefined;
+      const opened = this.children.map((c) => c.title()).join("; ") || "none";
+      return new StepFailure(`the main session ended without a ${what} (child sessions: ${opened})`);
+    };
+    return pollUntil(this.waiters, probe, timeoutMs, ended, () => {
+      const opened = this.children.map((c) => c.title()).join("; ") || "none";
+      return new StepFailure(`no ${what} within ${timeoutMs} ms (child sessions: ${opened})`);
+    });
+  }
+
+  // The Session a step runs in: the main one, or (waiting for it to be opened) a child.
+  async target(step) {
+    const selector = step.session ?? "main";
+    if (selector === "main") return this.s;
+    const child = await this.waitFor(
+      () => {
+        const c = this.findChild(selector);
+        return c?.settled ? c : undefined;
+      },
+      step.timeoutMs ?? this.timeoutMs,
+      `child session ${describe(selector)}`,
+    );
+    if (child.error) throw new StepFailure(`${child.title()} could not be opened: ${child.error}`);
+    return child;
+  }
+
+  // handshakes of child sessions that failed other than because their connection closed (a child
+  // process that ended at once)
+  childFailures() {
+    return this.children.filter((c) => c.error && !c.errorWhileClosed).map((c) => `${c.title()}: ${c.error}`);
+  }
+
+  // stdin: `go <name>` releases a waiting mark
+  startStdin() {
+    const rl = createInterface({ input: process.stdin });
+    rl.on("line", (line) => {
+      this.stdinLines.push(line.trim());
+      for (const w of [...this.stdinWaiters]) w();
+    });
+    rl.on("close", () => {
+      this.stdinClosed = true;
+      for (const w of [...this.stdinWaiters]) w();
+    });
+    this.stdinReader = rl;
+  }
+
+  waitStdin(name, timeoutMs) {
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.stdinWaiters.delete(check);
+        reject(new StepFailure(`mark '${name}' was not released ('go ${name}' on stdin) within ${timeoutMs} ms`));
+      }, timeoutMs);
+      const check = () => {
+        const i = this.stdinLines.indexOf(`go ${name}`);
+        if (i >= 0) {
+          this.stdinLines.splice(i, 1);
+        } else if (!this.stdinClosed) {
+          return;
+        }
+        clearTimeout(timer);
+        this.stdinWaiters.delete(check);
+        if (i >= 0) resolve();
+        else reject(new StepFailure(`stdin closed before mark '${name}' was released`));
+      };
+      this.stdinWaiters.add(check);
+      check();
+    });
+  }
+}
+
 // ---- the step vocabulary -------------------------------------------------------------------------
-// Each op gets (runner, step) with $refs resolved and returns the step's result fields.
+// Runner-level ops get (runner, step); the others (session, step): the Session the step selects.
+// $refs are resolved.
 
 const controlOp = (command) => async (r, step) => {
   const args = { threadId: r.threadId(step) };
@@ -637,17 +896,61 @@ const controlOp = (command) => async (r, step) => {
   return { success: resp.success, body: resp.body ?? null, raw: resp };
 };
 
-const OPS = {
+const RUNNER_OPS = {
   async connect(r, step) {
     const session = new Session(r, r.sessions.length, step.port ?? r.scenario.port);
     r.sessions.push(session);
     r.session = session;
-    r.ctx.threadId = null;
-    r.resetFocus();
     await session.connect(step.timeoutMs ?? r.timeoutMs);
     return { session: session.index, port: session.port };
   },
 
+  async reconnect(r, step) {
+    // Against debugpy itself: after `close` (no disconnect) its adapter finalizes the old session
+    // asynchronously; an attach within ~50 ms fails with "Server[pid=N] is already being
+    // debugged.", and the adapter then stopped accepting connections (observed, 1.8.22). After a
+    // `disconnect` step the response comes after finalization, so an immediate reconnect works.
+    if (r.session && !r.session.closed) await OPS.close(r.session, { timeoutMs: step.timeoutMs });
+    const connected = await RUNNER_OPS.connect(r, step);
+    if (step.handshake === false) return connected;
+    return { ...connected, ...(await r.s.handshake(step)) };
+  },
+
+  async mark(r, step) {
+    process.stdout.write(`MARK ${step.name} ${JSON.stringify(step.data ?? null)}\n`);
+    if (step.wait) await r.waitStdin(step.name, step.timeoutMs ?? r.timeoutMs);
+    return { name: step.name };
+  },
+
+  async wait_session(r, step) {
+    // the first child session no earlier wait_session took, matching the filters, once its
+    // handshake ended
+    const nameRe = step.name !== undefined ? new RegExp(step.name) : null;
+    const fits = (c) =>
+      !c.claimed &&
+      (step.stopped !== true || c.events.some((e) => !e.consumed && e.msg.event === "stopped")) &&
+      (step.subProcessId === undefined || c.subProcessId === step.subProcessId) &&
+      (step.child === undefined || c.child.number === step.child) &&
+      (nameRe === null || (typeof c.name === "string" && nameRe.test(c.name)));
+    const what = `${step.stopped ? "stopped " : ""}child session${step.name !== undefined ? " named like " + describe(step.name) : ""}${step.subProcessId !== undefined ? " with subProcessId " + step.subProcessId : ""}`;
+    const child = await r.waitFor(() => r.children.find((c) => c.settled && fits(c)), step.timeoutMs ?? r.timeoutMs, what);
+    child.claimed = true;
+    if (child.error) throw new StepFailure(`${child.title()} could not be opened: ${child.error}`);
+    return {
+      session: child.index,
+      child: child.child.number,
+      name: child.name,
+      subProcessId: child.subProcessId,
+      via: child.child.via,
+      parent: child.child.parent.index,
+      port: child.port,
+      configuration: child.child.configuration,
+      handshake: child.handshakeResult,
+    };
+  },
+};
+
+const OPS = {
   async handshake(r, step) {
     return await r.handshake(step);
   },
@@ -657,23 +960,6 @@ const OPS = {
     s.close(step.destroy ? "destroy" : "end");
     await s.waitClosed(step.timeoutMs ?? r.timeoutMs);
     return { session: s.index };
-  },
-
-  async reconnect(r, step) {
-    // Against debugpy itself: after `close` (no disconnect) its adapter finalizes the old session
-    // asynchronously; an attach within ~50 ms fails with "Server[pid=N] is already being
-    // debugged.", and the adapter then stopped accepting connections (observed, 1.8.22). After a
-    // `disconnect` step the response comes after finalization, so an immediate reconnect works.
-    if (r.session && !r.session.closed) await OPS.close(r, { timeoutMs: step.timeoutMs });
-    const connected = await OPS.connect(r, step);
-    if (step.handshake === false) return connected;
-    return { ...connected, ...(await r.handshake(step)) };
-  },
-
-  async mark(r, step) {
-    process.stdout.write(`MARK ${step.name} ${JSON.stringify(step.data ?? null)}\n`);
-    if (step.wait) await r.waitStdin(step.name, step.timeoutMs ?? r.timeoutMs);
-    return { name: step.name };
   },
 
   async request(r, step) {
@@ -837,16 +1123,19 @@ const OPS = {
   },
 
   async set_breakpoints(r, step) {
+    r.runner.updateModel("breakpoints", step);
     const resp = await r.request("setBreakpoints", breakpointArgs(step), step);
     return { path: step.path, breakpoints: r.noteBreakpointAnswer(step.path, resp), raw: resp };
   },
 
   async set_function_breakpoints(r, step) {
+    r.runner.updateModel("functionBreakpoints", step);
     const resp = await r.request("setFunctionBreakpoints", { breakpoints: step.breakpoints ?? [] }, step);
     return { breakpoints: (resp.body?.breakpoints ?? []).map(normaliseBreakpoint), raw: resp };
   },
 
   async set_exception_breakpoints(r, step) {
+    r.runner.updateModel("exceptionFilters", step);
     const args = { filters: step.filters ?? [] };
     if (step.exceptionOptions) args.exceptionOptions = step.exceptionOptions;
     if (step.filterOptions) args.filterOptions = step.filterOptions;
@@ -976,7 +1265,13 @@ function validate(scenario) {
     if (!scenario.attach) problems.push("attach: the attach arguments are required");
   }
   (scenario.steps ?? []).forEach((step, i) => {
-    if (!OPS[step.op]) problems.push(`steps[${i}]: unknown op ${describe(step.op)}`);
+    if (!OPS[step.op] && !RUNNER_OPS[step.op]) problems.push(`steps[${i}]: unknown op ${describe(step.op)}`);
+    if (step.session !== undefined && RUNNER_OPS[step.op]) {
+      problems.push(`steps[${i}] (${step.op}): 'session' is for steps that run in a session`);
+    }
+    if (step.session !== undefined && !["string", "number"].includes(typeof step.session)) {
+      problems.push(`steps[${i}] (${step.op}): 'session' is "main", a subProcessId, "child:N", a name regex or a wait_session label`);
+    }
     const need = {
       evaluate: ["expression"],
       set_variable: ["name", "value"],
@@ -1018,7 +1313,13 @@ async function main() {
     try {
       const step = resolveRefs(rawStep, runner.labels);
       log(`step ${index} ${step.op}${step.label ? " [" + step.label + "]" : ""}`);
-      Object.assign(entry, await OPS[step.op](runner, step));
+      if (RUNNER_OPS[step.op]) {
+        Object.assign(entry, await RUNNER_OPS[step.op](runner, step));
+      } else {
+        const session = await runner.target(step);
+        if (step.session !== undefined) entry.session = session.index;
+        Object.assign(entry, await OPS[step.op](session, step));
+      }
       if (step.expect !== undefined) {
         const m = mismatch(entry, step.expect);
         if (m !== null) throw new StepFailure(`expectation failed: ${m}`);
@@ -1034,6 +1335,11 @@ async function main() {
     if (rawStep.label) runner.labels[rawStep.label] = entry;
     if (status !== 0) break;
   }
+  const failures = runner.childFailures();
+  if (status === 0 && failures.length && runner.scenario.childErrors !== "ignore") {
+    result.error = `child session handshake failed: ${failures.join("; ")}`;
+    status = 1;
+  }
   result.ok = status === 0;
   if (runner.labels.handshake) {
     result.capabilities = runner.labels.handshake.capabilities;
@@ -1041,11 +1347,12 @@ async function main() {
   }
   result.steps = result.steps.filter((e) => e.index >= 0);
   result.labels = runner.labels;
-  result.breakpoints = runner.breakpoints;
+  result.breakpoints = runner.mainBook.breakpoints;
   result.output = runner.output;
   result.eventCounts = runner.eventCounts;
   result.sessions = runner.sessions.map((s) => s.summary());
   result.messageCount = runner.messageCount;
+  result.messageSessions = runner.messageSessions;
   result.protocolErrors = runner.protocolErrors;
   result.durationMs = now();
   for (const s of runner.sessions) s.close("destroy");

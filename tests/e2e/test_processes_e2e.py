@@ -1,0 +1,188 @@
+"""End to end, multi-process programs through tether: `tether up`, `tether worker`, `tether debug`
+(default ``--processes stopped``), real debugpy with subprocess debugging, and Microsoft's
+DebugClient through the scenario runner (``node/vscode_scenario.mjs``), which answers the
+adapter's ``startDebugging`` by opening a child session on the same port as VS Code does
+(checked against plain debugpy in ``test_node_harness_subprocess.py``).
+
+As in ``test_vscode_client_e2e.py`` the worker starts only once the IDE configured the queued run,
+so every breakpoint below was set before any process existed. Every message tether sends, in every
+session, is validated against the DAP schema.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from direct_debugpy import copy_programs
+from node_harness import open_vscode_session, scenario, session_messages, sessions_by_kind
+from stack import debug_run, relay_stack, worker
+
+from protocol_specs.dap_schema import validate_message
+from protocol_specs.processes import COLLECTIVE_TIMEOUT_HINT
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SPAWN_CHILD_LINE = 8  # programs/mp_spawn.py, work(): print(f"child total {total}")
+POOL_MAIN_LINE = 14  # programs/mp_pool.py, main(): print(f"pool total {total}")
+RANK1_LINE = 36  # programs/ranks_worker.py, main(): only rank != 0 runs it
+
+
+async def run_through_tether(
+    tmp_path: Path, command: list[str], breakpoints: dict[str, list[Any]], steps: list[Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """Queue ``command`` with `tether debug`, configure it from the runner, start a worker, run the
+    steps; returns (result, messages, adapter port) once the run ended with exit code 0."""
+    ws = copy_programs(tmp_path / "ws")
+    home = tmp_path / "home"
+    all_steps = [{"op": "mark", "name": "configured", "wait": True}, *steps]
+    async with (
+        relay_stack(home) as (_up, relay),
+        debug_run(home, relay, ws, "python", *command) as (debug, _run, port),
+    ):
+        spec = scenario(port, ws, all_steps, breakpoints=breakpoints, timeout_ms=120_000)
+        async with open_vscode_session(spec, timeout=270) as session:
+            await session.wait_mark("configured")
+            async with worker(home, relay):
+                await session.release("configured")
+                result, messages = await session.result()
+        await debug.wait_line(r"ended \(exited, exit code 0\)", timeout=60)
+    for message in messages:
+        validate_message(message)
+    return result, messages, port
+
+
+async def test_breakpoint_in_a_spawned_child_is_debugged_in_the_childs_own_session(
+    tmp_path: Path,
+) -> None:
+    steps: list[dict[str, Any]] = [
+        # --processes stopped: the child is offered when it first stops, not before
+        {"op": "wait_session", "label": "kid"},
+        {
+            "op": "wait_stopped",
+            "session": "kid",
+            "label": "hit",
+            "reason": "breakpoint",
+            "path": "mp_spawn.py",
+            "line": SPAWN_CHILD_LINE,
+            "function": "work",
+        },
+        {"op": "stack_trace", "session": "kid", "label": "stack"},
+        {"op": "variables", "session": "kid", "label": "locals", "scope": "Locals"},
+        {"op": "evaluate", "session": "kid", "label": "sum", "expression": "total + n"},
+        {"op": "continue", "session": "kid"},
+        {"op": "wait_terminated", "session": "kid"},  # the child's session ends with the child
+        {"op": "wait_output", "label": "done", "contains": "parent done, child exit code 0"},
+        {"op": "wait_terminated", "label": "end"},
+        {"op": "disconnect"},
+    ]
+    result, messages, port = await run_through_tether(
+        tmp_path, ["mp_spawn.py"], {"mp_spawn.py": [SPAWN_CHILD_LINE]}, steps
+    )
+    labels = result["labels"]
+    kid = labels["kid"]
+    # one child offered: the one that stopped (not multiprocessing's resource tracker)
+    [child] = sessions_by_kind(result, "child")
+    assert child["index"] == kid["session"] and kid["via"] == "startDebugging"
+    pid = kid["subProcessId"]
+    assert isinstance(pid, int) and f"pid {pid}" in kid["name"]
+    assert kid["port"] == port  # the same adapter, a second connection
+    assert kid["configuration"]["request"] == "attach"
+    assert kid["handshake"]["attach"]["success"] is True
+    # the run's breakpoint had been set before the worker started; it was the child that hit it
+    [queued] = result["handshake"]["setBreakpoints"][0]["breakpoints"]
+    assert queued["verified"] is False and "waiting for a worker" in queued["message"]
+    hit = labels["hit"]
+    assert hit["session"] == child["index"]
+    assert hit["frames"][0]["path"] == str(tmp_path / "ws" / "mp_spawn.py")  # mapped back
+    assert labels["stack"]["names"][0] == "work"
+    assert labels["locals"]["values"]["total"] == "42"
+    assert labels["sum"]["result"] == "48"
+    # the stop belongs to the child's session; the main session never saw it
+    assert "stopped" not in result["eventCounts"]
+    assert child["eventCounts"]["stopped"] == 1
+    assert all(
+        m.get("event") != "stopped"
+        for m in session_messages(result, messages, result["sessions"][0]["index"])
+    )
+    assert child["eventCounts"]["terminated"] == 1
+    assert labels["end"]["exitCode"] == 0
+
+
+async def test_pool_of_16_with_a_breakpoint_in_the_main_process_completes(tmp_path: Path) -> None:
+    steps: list[dict[str, Any]] = [
+        {
+            "op": "wait_stopped",
+            "label": "hit",
+            "reason": "breakpoint",
+            "path": "mp_pool.py",
+            "line": POOL_MAIN_LINE,
+            "function": "main",
+        },
+        {"op": "variables", "label": "locals", "scope": "Locals"},
+        {"op": "continue"},
+        {"op": "wait_output", "contains": "pool total 85344"},
+        {"op": "wait_terminated", "label": "end"},
+        {"op": "disconnect"},
+    ]
+    result, _messages, _port = await run_through_tether(
+        tmp_path, ["mp_pool.py"], {"mp_pool.py": [POOL_MAIN_LINE]}, steps
+    )
+    assert result["labels"]["locals"]["values"]["total"] == "85344"
+    # 16 pool workers (and the resource tracker) were debugged, but none stopped: none offered
+    assert sessions_by_kind(result, "child") == []
+    assert result["sessions"][0]["reverseRequests"] == []
+    assert result["labels"]["end"]["exitCode"] == 0
+
+
+async def test_torchrun_style_ranks_rank_1_stops_in_its_own_session(tmp_path: Path) -> None:
+    steps: list[dict[str, Any]] = [
+        {
+            "op": "wait_session",
+            "label": "rank1",
+            "expect": {"name": {"$regex": r"^rank 1 \(pid \d+\)"}},
+        },
+        {
+            "op": "wait_stopped",
+            "session": "rank1",
+            "label": "hit",
+            "reason": "breakpoint",
+            "path": "ranks_worker.py",
+            "line": RANK1_LINE,
+            "function": "main",
+        },
+        {"op": "variables", "session": "rank1", "label": "locals", "scope": "Locals"},
+        # rank 0 waits for rank 1 meanwhile, like peers in a collective
+        {
+            "op": "wait_output",
+            "session": "rank1",
+            "label": "hint",
+            "category": "console",
+            "contains": COLLECTIVE_TIMEOUT_HINT,
+        },
+        {"op": "continue", "session": "rank1"},
+        {"op": "wait_output", "contains": "launcher done, rank exit codes [0, 0]"},
+        {"op": "wait_terminated", "label": "end"},
+        {"op": "disconnect"},
+    ]
+    result, _messages, _port = await run_through_tether(
+        tmp_path,
+        ["ranks_launcher.py", "2"],
+        {"ranks_worker.py": [RANK1_LINE]},
+        steps,
+    )
+    labels = result["labels"]
+    # only rank 1 reaches the line, so only rank 1 is offered (--processes stopped)
+    [child] = sessions_by_kind(result, "child")
+    assert child["index"] == labels["rank1"]["session"]
+    assert "rank 1" in child["name"]
+    assert re.search(rf"\(pid {labels['rank1']['subProcessId']}\)", child["name"])
+    assert labels["hit"]["session"] == child["index"]
+    values = labels["locals"]["values"]
+    assert (values["rank"], values["world_size"], values["partial"]) == ("1", "2", "20")
+    # said once, in the paused rank's own session
+    assert child["output"]["console"].count(COLLECTIVE_TIMEOUT_HINT) == 1
+    assert COLLECTIVE_TIMEOUT_HINT not in result["output"].get("console", "")
+    assert labels["end"]["exitCode"] == 0
