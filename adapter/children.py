@@ -181,7 +181,7 @@ class ChildCore(AdapterCore):
 
     def _note_initialize(self, msg: dict[str, Any]) -> list[Action]:
         # the worker attached to the process itself: the IDE's handshake is not published
-        self._client_args = msg.get("arguments", {})
+        self.client_args = msg.get("arguments", {})
         return []
 
     def _disconnect(self, msg: dict[str, Any]) -> list[Action]:

@@ -28,7 +28,7 @@ Requests are checked where they enter (:mod:`adapter.checks`). Every request get
 response: from the core, from the worker, or an error (refused, timed out, the run ended).
 
 A child process of the program gets a session of its own (:mod:`adapter.children`, dispatched by
-:mod:`adapter.processes`); the main session offers it to its IDE (:meth:`AdapterCore.offer`).
+:mod:`adapter.processes`, which also decides when the main session's IDE is offered it).
 
 Every method returns a list of actions; :mod:`adapter.server` performs them. What the IDE is told
 about the run itself (status lines, progress, retries, notices, the end, and the state a new IDE
@@ -72,8 +72,6 @@ __all__ = [
     "Origin",
     "Publish",
     "ToIde",
-    "check_request",
-    "garbage_note",
     "is_unattended_announcement",
 ]
 
@@ -123,12 +121,10 @@ class AdapterCore:
         self._ide_seq = 0
         self._pending: dict[int, _Pending] = {}
         self._attach_request: dict[str, Any] | None = None
-        self._client_args: dict[str, Any] = {}
+        #: the ``initialize`` arguments of the IDE connected now (what the client supports)
+        self.client_args: dict[str, Any] = {}
         #: the ``attach`` arguments of the IDE connected now (what a child session is offered with)
         self.attach_args: dict[str, Any] = {}
-        #: reverse requests sent to the IDE connected now: seq -> what they were about
-        self._reverse: dict[int, str] = {}
-        self._reverse_failed = False
         if shared is None:
             self.shared.attached = lambda: self.phase is not IdePhase.NONE
         #: what this IDE connection is told about the run (status lines, progress, the end)
@@ -180,10 +176,8 @@ class AdapterCore:
         self.phase = IdePhase.CONNECTED
         self._ide_seq = sent
         self._attach_request = None
-        self._client_args = {}
+        self.client_args = {}
         self.attach_args = {}
-        self._reverse = {}
-        self._reverse_failed = False
         self.news.reset()
         actions.append(self._presence())
         if greeted is not None:
@@ -248,12 +242,8 @@ class AdapterCore:
 
     def on_ide_message(self, msg: dict[str, Any]) -> list[Action]:
         """One message from the IDE connected now (none connected: ignored). Never raises."""
-        if self.phase is IdePhase.NONE:
-            return []
-        if msg.get("type") == "response":
-            return self._on_reverse_response(msg)
-        if msg.get("type") != "request":
-            return []  # stray events: ignore
+        if self.phase is IdePhase.NONE or msg.get("type") != "request":
+            return []  # responses to reverse requests (:mod:`adapter.processes`), stray events
         checked = check_request(msg)
         if isinstance(checked, str):
             return self.on_ide_garbage(checked)
@@ -276,32 +266,6 @@ class AdapterCore:
         """
         return [self._emit(garbage_note(reason))]
 
-    def _on_reverse_response(self, msg: dict[str, Any]) -> list[Action]:
-        """The IDE's answer to a reverse request (``startDebugging``): swallowed; a refusal is
-        said in the debug console, once per connection (every child would fail alike)."""
-        about = self._reverse.pop(msg.get("request_seq", -1), None)
-        if about is None or msg.get("success") is not False or self._reverse_failed:
-            return []
-        self._reverse_failed = True
-        why = msg.get("message") or "no reason given"
-        text = (
-            f"tether: the IDE did not open a debug session for {about} ({why}); attach to it "
-            f'with "subProcessId" in an attach configuration for this adapter.\n'
-        )
-        return [self._emit(dap.event("output", {"category": "important", "output": text}))]
-
-    def offer(self, configuration: dict[str, Any]) -> list[Action]:
-        """Offer the IDE a session for another process: ``startDebugging`` (a reverse request),
-        or debugpy's ``debugpyAttach`` event for a client that did not say it supports that."""
-        if self.phase is not IdePhase.CONFIGURED:
-            return []
-        if self._client_args.get("supportsStartDebuggingRequest") is True:
-            arguments = {"request": "attach", "configuration": configuration}
-            sent = self._emit(dap.request("startDebugging", arguments))
-            self._reverse[sent.message["seq"]] = str(configuration.get("name", "a process"))
-            return [sent]
-        return [self._emit(dap.event("debugpyAttach", configuration))]
-
     def _initialize(self, msg: dict[str, Any]) -> list[Action]:
         noted = self._note_initialize(msg)
         return [*noted, self._emit(dap.response(msg, ADAPTER_CAPABILITIES))]
@@ -309,7 +273,7 @@ class AdapterCore:
     def _note_initialize(self, msg: dict[str, Any]) -> list[Action]:
         """Record the IDE's ``initialize`` (its arguments tell what the client supports)."""
         published = self._publish(msg, local=True)
-        self._client_args = msg.get("arguments", {})
+        self.client_args = msg.get("arguments", {})
         return [published]
 
     def _attach(self, msg: dict[str, Any]) -> list[Action]:
@@ -351,7 +315,7 @@ class AdapterCore:
 
     def _greet(self) -> list[Action]:
         """What a freshly configured IDE needs to see of the current state."""
-        return self._emit_all(self.news.greeting(self._client_args, self.generation))
+        return self._emit_all(self.news.greeting(self.client_args, self.generation))
 
     def _configure(self, msg: dict[str, Any]) -> list[Action]:
         command = msg["command"]
@@ -606,7 +570,13 @@ class AdapterCore:
 
     # --- plumbing -------------------------------------------------------------------------------
 
+    def emit(self, msg: dict[str, Any]) -> ToIde:
+        """``msg`` for the IDE connected now, numbered in its ``seq`` space: a message decided
+        elsewhere (the offer of a child's session, :mod:`adapter.processes`)."""
+        return self._emit(msg)
+
     def _emit(self, msg: dict[str, Any]) -> ToIde:
+        """``msg`` for the IDE connected now, numbered in its ``seq`` space."""
         self._ide_seq += 1
         return ToIde({**msg, "seq": self._ide_seq}, self.generation)
 

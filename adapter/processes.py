@@ -29,6 +29,7 @@ name, its pid as ``subProcessId`` and this adapter's address.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from protocol_specs import dap_models as dap
@@ -68,6 +69,17 @@ class _Lobby:
         return ToIde({**message, "seq": self.seq}, self.generation)
 
 
+@dataclass
+class _Offers:
+    """What one main IDE connection was offered."""
+
+    generation: int
+    offered: set[str] = field(default_factory=set)  #: the children offered
+    #: ``startDebugging`` requests it has yet to answer: seq -> the child's name
+    unanswered: dict[int, str] = field(default_factory=dict)
+    refused: bool = False  #: it refused one (said once)
+
+
 class Processes:
     """The sessions of a run's processes in one adapter (see the module docstring)."""
 
@@ -82,8 +94,7 @@ class Processes:
         self.children: dict[str, ChildCore] = {}
         self._lobby: dict[int, _Lobby] = {}
         self._bound: dict[int, str] = {}  #: connection -> the process its session is for
-        self._offered: set[str] = set()
-        self._offered_to = 0  #: the main connection ``_offered`` is about
+        self._offers = _Offers(0)
         main.shared.attached = self._attached
 
     def __repr__(self) -> str:
@@ -132,6 +143,8 @@ class Processes:
         core = self.core_of(generation)
         if core is None:
             return []
+        if core is self.main and msg.get("type") == "response":
+            return self._offer_answered(msg)
         if core is not self.main or core.phase is IdePhase.CONFIGURED:
             return core.on_ide_message(msg)
         actions = core.on_ide_message(msg)
@@ -247,15 +260,41 @@ class Processes:
         return actions
 
     def _offer(self, child: ChildCore) -> list[Action]:
+        """Offer the main IDE a session for ``child``: ``startDebugging`` (a reverse request),
+        or debugpy's ``debugpyAttach`` event for a client that did not say it supports that."""
         main = self.main
         if main.phase is not IdePhase.CONFIGURED:
             return []  # offered when it configures
-        if self._offered_to != main.generation:
-            self._offered, self._offered_to = set(), main.generation
-        if child.process in self._offered:
+        if self._offers.generation != main.generation:
+            self._offers = _Offers(main.generation)
+        if child.process in self._offers.offered:
             return []
-        self._offered.add(child.process)
-        return main.offer(self.configuration(child.process))
+        self._offers.offered.add(child.process)
+        configuration = self.configuration(child.process)
+        if main.client_args.get("supportsStartDebuggingRequest") is True:
+            arguments = {"request": "attach", "configuration": configuration}
+            sent = main.emit(dap.request("startDebugging", arguments))
+            self._offers.unanswered[sent.message["seq"]] = configuration["name"]
+            return [sent]
+        return [main.emit(dap.event("debugpyAttach", configuration))]
+
+    def _offer_answered(self, msg: dict[str, Any]) -> list[Action]:
+        """The main IDE's answer to ``startDebugging``: swallowed (the core never sees it); a
+        refusal is said in its debug console, once per connection (every child would fail
+        alike)."""
+        offers = self._offers
+        if offers.generation != self.main.generation:
+            return []
+        name = offers.unanswered.pop(msg.get("request_seq", -1), None)
+        if name is None or msg.get("success") is not False or offers.refused:
+            return []
+        offers.refused = True
+        why = msg.get("message") or "no reason given"
+        text = (
+            f"tether: the IDE did not open a debug session for {name} ({why}); an attach "
+            'configuration for this adapter with "subProcessId": <its pid> opens one.\n'
+        )
+        return [self.main.emit(dap.event("output", {"category": "important", "output": text}))]
 
     def configuration(self, key: str) -> dict[str, Any]:
         """The attach configuration a child is offered with (``startDebugging``)."""
