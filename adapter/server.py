@@ -374,9 +374,9 @@ class AdapterServer:
         self, stream: trio.abc.Stream, framer: dap_framing.DapFramer
     ) -> dict[str, Any] | None:
         """A new connection's first message, if it is an ``initialize`` request (what every DAP
-        client sends first). Only then does the connection take over from the IDE attached now
-        (an IDE restarting); a port scanner, a stray or broken client, or anything sending
-        something else first is closed without touching the session."""
+        client sends first). Only then is the connection served (and its ``attach`` may take a
+        session over: an IDE restarting); a port scanner, a stray or broken client, or anything
+        sending something else first is closed without touching any session."""
         received = 0
         with trio.move_on_after(GREETING_TIMEOUT):
             while True:
@@ -389,8 +389,8 @@ class AdapterServer:
                     # a malformed message in a well-framed stream: said, skipped, as later on
                     log.warning("bad DAP input from a new connection: %s", exc)
                     text = f"tether: ignored a malformed DAP message from the IDE: {exc}\n"
-                    # seq 1, as the schema asks (not 0): the core numbers this connection's
-                    # messages from 1 again once it takes over; no client checks an event's seq
+                    # seq 1, as the schema asks (not 0): the lobby numbers this connection's
+                    # messages from 1 again once it is served; no client checks an event's seq
                     note = dap.event("output", {"category": "important", "output": text}, seq=1)
                     with trio.move_on_after(1):
                         await stream.send_all(dap_framing.encode_message(note))
