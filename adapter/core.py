@@ -24,12 +24,11 @@ An IDE leaving (socket closed, or ``disconnect`` without ``terminateDebuggee``) 
 handshake answered locally and, when the worker is live, ``thread``/``stopped`` events rebuilt from the
 session fold (a ``threads`` response has no stopped flag).
 
-Requests are checked where they enter (:meth:`AdapterCore.on_ide_message`): a request whose
-``arguments`` are not a JSON object (every DAP request that takes arguments defines them as one;
-a missing or ``null`` value counts as ``{}``, as in debugpy) is answered with an error response
-and goes no further, so nothing past that point meets arguments of another type. Every request
-gets exactly one response: from the core, from the worker, or an error (refused, timed out, the run
-ended).
+Requests are checked where they enter (:mod:`adapter.checks`). Every request gets exactly one
+response: from the core, from the worker, or an error (refused, timed out, the run ended).
+
+A child process of the program gets a session of its own (:mod:`adapter.children`, dispatched by
+:mod:`adapter.processes`, which also decides when the main session's IDE is offered it).
 
 Every method returns a list of actions; :mod:`adapter.server` performs them. What the IDE is told
 about the run itself (status lines, progress, retries, notices, the end, and the state a new IDE
@@ -42,13 +41,13 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import orjson
 
 from protocol_specs import dap_models as dap
 from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, debugpy_answers
+from protocol_specs.processes import MAIN
 from protocol_specs.session import NOTICES, QUIET, DebugSession, StatusEvent, is_transient
 from protocol_specs.wire import (
     MAX_DAP_BODY_BYTES,
@@ -59,14 +58,18 @@ from protocol_specs.wire import (
     StreamName,
 )
 
+from .actions import Action, CancelRun, CloseIde, IdePhase, Origin, Publish, ToIde
+from .checks import check_request, garbage_note
 from .status import RunNews, is_unattended_announcement, remote_process, stopped_body
 
 __all__ = [
     "ADAPTER_CAPABILITIES",
+    "Action",
     "AdapterCore",
     "CancelRun",
     "CloseIde",
     "IdePhase",
+    "Origin",
     "Publish",
     "ToIde",
     "is_unattended_announcement",
@@ -79,46 +82,6 @@ log = logging.getLogger("tether.adapter")
 #: drops the flag; with tether, Stop cancels the run and Disconnect detaches).
 ADAPTER_CAPABILITIES: dict[str, Any] = {**DEBUGPY_CAPABILITIES, "supportTerminateDebuggee": True}
 
-#: requests the DAP schema defines without ``arguments`` (whatever comes is ignored, not forwarded)
-NO_ARGUMENTS = frozenset({"threads"})
-
-
-@dataclass(frozen=True)
-class ToIde:
-    message: dict[str, Any]
-    generation: int
-
-
-@dataclass(frozen=True)
-class Publish:
-    entry: DapEntry | PresenceEntry
-    #: the ``seq`` the request carries on this hop (None for presence): what
-    #: :meth:`AdapterCore.publish_refused` is given back if the relay refuses the entry
-    origin_seq: int | None = None
-
-
-@dataclass(frozen=True)
-class CancelRun:
-    detail: str
-
-
-@dataclass(frozen=True)
-class CloseIde:
-    generation: int
-    reason: str
-    #: write what was sent to that IDE before closing (a ``disconnect`` response); a connection
-    #: another one took over from is closed at once
-    flush: bool = False
-
-
-Action = ToIde | Publish | CancelRun | CloseIde
-
-
-class IdePhase(Enum):
-    NONE = "none"  #: no IDE connected
-    CONNECTED = "connected"  #: connected, handshake not done
-    CONFIGURED = "configured"  #: configurationDone answered: events flow to the IDE
-
 
 @dataclass
 class _Pending:
@@ -130,6 +93,9 @@ class _Pending:
 
 
 class AdapterCore:
+    """The IDE session of one debugged process (the main one; :mod:`adapter.children` for the
+    others): one IDE connection at a time, the fold of that process's entries."""
+
     def __init__(
         self,
         run_id: str,
@@ -138,22 +104,31 @@ class AdapterCore:
         request_timeout: float = 30.0,
         origin: str | None = None,
         clock: Callable[[], float],
+        shared: Origin | None = None,
+        process: str = MAIN,
+        news: RunNews | None = None,
     ) -> None:
         self.run_id = run_id
         self.session = session or DebugSession()
         self.request_timeout = request_timeout
-        self.origin = origin or uuid.uuid4().hex[:12]
+        self.shared = shared or Origin(origin or uuid.uuid4().hex[:12])
+        self.origin = self.shared.name
+        #: the debugged process this session is for (:mod:`protocol_specs.processes`)
+        self.process = process
         self.clock = clock
         self.phase = IdePhase.NONE
         self.generation = 0
         self._ide_seq = 0
-        self._origin_seq = 0
         self._pending: dict[int, _Pending] = {}
         self._attach_request: dict[str, Any] | None = None
-        self._client_args: dict[str, Any] = {}
+        #: the ``initialize`` arguments of the IDE connected now (what the client supports)
+        self.client_args: dict[str, Any] = {}
+        #: the ``attach`` arguments of the IDE connected now (what a child session is offered with)
+        self.attach_args: dict[str, Any] = {}
+        if shared is None:
+            self.shared.attached = lambda: self.phase is not IdePhase.NONE
         #: what this IDE connection is told about the run (status lines, progress, the end)
-        self.news = RunNews(run_id, self.session)
-        self._presence_epoch = 0
+        self.news = news or RunNews(run_id, self.session)
         self._handlers: dict[str, Callable[[dict[str, Any]], list[Action]]] = {
             "initialize": self._initialize,
             "attach": self._attach,
@@ -167,6 +142,16 @@ class AdapterCore:
             "terminate": self._terminate,
         }
 
+    @property
+    def configured(self) -> bool:
+        """An IDE is connected and configured: events flow to it."""
+        return self.phase is IdePhase.CONFIGURED
+
+    @property
+    def _origin_seq(self) -> int:
+        """The ``seq`` of the latest request published under this adapter's origin."""
+        return self.shared.seq
+
     def __repr__(self) -> str:
         return (
             f"<AdapterCore run={self.run_id} ide={self.phase.value} gen={self.generation} "
@@ -175,18 +160,31 @@ class AdapterCore:
 
     # --- IDE connection lifecycle -----------------------------------------------------------------
 
-    def ide_connected(self) -> list[Action]:
-        """A new IDE connection replaces any previous one (returns the close for the old one)."""
+    def ide_connected(
+        self, generation: int | None = None, *, greeted: dict[str, Any] | None = None, sent: int = 0
+    ) -> list[Action]:
+        """A new IDE connection replaces any previous one (returns the close for the old one).
+
+        ``generation`` numbers the connection (a new number if None); ``greeted`` is the
+        ``initialize`` request it sent before it was bound to this session, already answered,
+        and ``sent`` how many messages it was sent meanwhile (this session numbers on from there).
+        """
         actions: list[Action] = []
         if self.phase is not IdePhase.NONE:
             actions.append(CloseIde(self.generation, "another IDE connection took over"))
-        self.generation += 1
+        self.generation = generation if generation is not None else self.shared.next_generation()
         self.phase = IdePhase.CONNECTED
-        self._ide_seq = 0
+        self._ide_seq = sent
         self._attach_request = None
-        self._client_args = {}
+        self.client_args = {}
+        self.attach_args = {}
         self.news.reset()
         actions.append(self._presence())
+        if greeted is not None:
+            try:
+                actions.extend(self._note_initialize(greeted))
+            except ValueError:
+                pass  # too large to record: it was answered all the same
         return actions
 
     def ide_disconnected(self, generation: int) -> list[Action]:
@@ -198,10 +196,10 @@ class AdapterCore:
 
     def _presence(self) -> Publish:
         """Tell the worker whether an IDE is attached here (it decides about unattended stops)."""
-        self._presence_epoch += 1
-        attached = self.phase is not IdePhase.NONE
+        self.shared.epoch += 1
+        attached = self.shared.attached()
         return Publish(
-            PresenceEntry(origin=self.origin, epoch=self._presence_epoch, attached=attached)
+            PresenceEntry(origin=self.origin, epoch=self.shared.epoch, attached=attached)
         )
 
     # --- the relay link ---------------------------------------------------------------------------
@@ -245,28 +243,14 @@ class AdapterCore:
     def on_ide_message(self, msg: dict[str, Any]) -> list[Action]:
         """One message from the IDE connected now (none connected: ignored). Never raises."""
         if self.phase is IdePhase.NONE or msg.get("type") != "request":
-            return []  # responses to reverse requests we never send, stray events: ignore
-        command = msg.get("command")
-        seq = msg.get("seq")
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-            return self.on_ide_garbage("a request without a valid 'seq'")
-        if not isinstance(command, str):
-            return [
-                self._emit(
-                    dap.error_response({"seq": seq}, "Invalid request: 'command' must be a string")
-                )
-            ]
-        arguments = msg.get("arguments")
-        if arguments is None or (command in NO_ARGUMENTS and not isinstance(arguments, dict)):
-            # debugpy takes a missing or null ``arguments`` as {}; nothing past here sees null
-            msg = {k: v for k, v in msg.items() if k != "arguments"}
-        elif not isinstance(arguments, dict):
-            text = (
-                f"{dap.BAD_ARGUMENTS} for {command!r}: 'arguments' must be a JSON object, "
-                f"not a JSON {_json_kind(arguments)}."
-            )
-            return [self._emit(dap.error_response(msg, text))]
-        handler = self._handlers.get(command)
+            return []  # responses to reverse requests (:mod:`adapter.processes`), stray events
+        checked = check_request(msg)
+        if isinstance(checked, str):
+            return self.on_ide_garbage(checked)
+        if checked.get("type") == "response":
+            return [self._emit(checked)]
+        msg = checked
+        handler = self._handlers.get(msg["command"])
         if handler is None:
             handler = self._forward_or_refuse
         try:
@@ -280,13 +264,17 @@ class AdapterCore:
 
         With no ``seq`` to answer, there is no response to give: say it in the debug console.
         """
-        text = f"tether: ignored a malformed DAP message from the IDE: {reason}\n"
-        return [self._emit(dap.event("output", {"category": "important", "output": text}))]
+        return [self._emit(garbage_note(reason))]
 
     def _initialize(self, msg: dict[str, Any]) -> list[Action]:
+        noted = self._note_initialize(msg)
+        return [*noted, self._emit(dap.response(msg, ADAPTER_CAPABILITIES))]
+
+    def _note_initialize(self, msg: dict[str, Any]) -> list[Action]:
+        """Record the IDE's ``initialize`` (its arguments tell what the client supports)."""
         published = self._publish(msg, local=True)
-        self._client_args = msg.get("arguments", {})
-        return [published, self._emit(dap.response(msg, ADAPTER_CAPABILITIES))]
+        self.client_args = msg.get("arguments", {})
+        return [published]
 
     def _attach(self, msg: dict[str, Any]) -> list[Action]:
         # debugpy answers attach only after configurationDone; do the same.
@@ -297,6 +285,7 @@ class AdapterCore:
         if not self.session.live and not self.session.finished:
             actions.append(self._publish(msg, local=True))
         self._attach_request = {"seq": msg["seq"], "command": msg["command"]}  # all it needs
+        self.attach_args = msg.get("arguments", {})
         actions.append(self._emit(dap.event("initialized")))
         return actions
 
@@ -326,7 +315,7 @@ class AdapterCore:
 
     def _greet(self) -> list[Action]:
         """What a freshly configured IDE needs to see of the current state."""
-        return self._emit_all(self.news.greeting(self._client_args, self.generation))
+        return self._emit_all(self.news.greeting(self.client_args, self.generation))
 
     def _configure(self, msg: dict[str, Any]) -> list[Action]:
         command = msg["command"]
@@ -419,9 +408,14 @@ class AdapterCore:
             )
         transient = is_transient(msg)
         entry = DapEntry(
-            origin=self.origin, body=body, local=local, bp_ids=bp_ids, transient=transient
+            origin=self.origin,
+            body=body,
+            local=local,
+            bp_ids=bp_ids,
+            transient=transient,
+            process=self.process,
         )
-        self._origin_seq = origin_seq
+        self.shared.seq = origin_seq
         self.session.apply_to_worker(entry)  # keeps breakpoint requests only, never arguments
         return Publish(entry, origin_seq)
 
@@ -576,19 +570,15 @@ class AdapterCore:
 
     # --- plumbing -------------------------------------------------------------------------------
 
+    def emit(self, msg: dict[str, Any]) -> ToIde:
+        """``msg`` for the IDE connected now, numbered in its ``seq`` space: a message decided
+        elsewhere (the offer of a child's session, :mod:`adapter.processes`)."""
+        return self._emit(msg)
+
     def _emit(self, msg: dict[str, Any]) -> ToIde:
+        """``msg`` for the IDE connected now, numbered in its ``seq`` space."""
         self._ide_seq += 1
         return ToIde({**msg, "seq": self._ide_seq}, self.generation)
 
     def _emit_all(self, messages: list[dict[str, Any]]) -> list[Action]:
         return [self._emit(msg) for msg in messages]
-
-
-def _json_kind(value: object) -> str:
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    return "number"

@@ -11,6 +11,10 @@ reading therefore stalls neither the relay link (deliveries keep being consumed)
 taking over; its outbox merges and, past a bound, drops program output (saying so), and a connection
 that stops reading altogether is closed.
 
+Several IDE connections are served at once: one session per debugged process of the run (the
+main one, and each child the IDE attached to; :class:`adapter.processes.Processes` decides which
+connection is which session's). A connection is named by its ``generation``.
+
 The relay link reconnects by itself (``relay.client.RunLink``); while it is down, publishes wait in
 its outbox and the IDE is told in its debug console. The adapter ends when the run ends, or when the
 link gives up for good.
@@ -29,6 +33,7 @@ import trio
 from protocol_specs import dap_framing, wire
 from protocol_specs import dap_models as dap
 from protocol_specs.link import Cursor
+from protocol_specs.processes import MAIN, ProcessMode
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import DapEntry, Role, StreamName, WireError
 from relay.client import LinkPolicy, RelayError, Target, open_control, open_run_link
@@ -45,12 +50,12 @@ from .core import (
     is_unattended_announcement,
 )
 from .outbox import HARD_LIMIT, Outbox
+from .processes import LOCALHOST, Processes
 
 __all__ = ["AdapterLink", "AdapterServer", "serve_adapter"]
 
 log = logging.getLogger("tether.adapter")
 
-LOCALHOST = "127.0.0.1"
 #: a new connection has this long, and this many bytes, to send its ``initialize`` request
 GREETING_TIMEOUT = 30.0
 GREETING_MAX_BYTES = 1024 * 1024
@@ -96,6 +101,7 @@ class _Ide:
 
 @dataclass(frozen=True)
 class _Refused:
+    process: str
     origin_seq: int | None
     message: str
 
@@ -109,26 +115,37 @@ class AdapterServer:
         *,
         on_event: Callable[[str], None] | None = None,
         on_unattended: Callable[[str], None] | None = None,
+        processes: ProcessMode | str = ProcessMode.STOPPED,
+        port: int = 0,
     ) -> None:
         self.relay_url = relay_url
         self.on_unattended = on_unattended or (lambda _text: None)
         self.link = link
         self.core = core
+        #: every session of the run's processes: ``core`` (the main one) and the children's
+        self.processes = Processes(core, mode=processes, port=port)
         self.on_event = on_event or (lambda _text: None)
         if on_unattended is None:
             self.on_unattended = self.on_event
         self._lock = trio.Lock()
-        self._ide: _Ide | None = None
+        self._conns: dict[int, _Ide] = {}  #: every IDE connection, by generation
         self.finished = trio.Event()
         self._wake_timer = trio.Event()
-        #: publish number -> the ``origin_seq`` it carried (None: presence), until the relay
-        #: answers it: all :meth:`AdapterCore.publish_refused` needs (never the entry's body)
-        self._published: dict[int, int | None] = {}
+        #: publish number -> the process and ``origin_seq`` it carried (None: presence), until
+        #: the relay answers it: all :meth:`AdapterCore.publish_refused` needs (never the body)
+        self._published: dict[int, tuple[str, int | None]] = {}
         # unbounded, but bounded in effect: one refusal per publish in the link's outbox (itself
         # bounded), one piece of news per reconnect; the callbacks that send cannot wait
         self._link_news_in, self._link_news = trio.open_memory_channel[_Refused | tuple[bool, str]](
             math.inf
         )
+
+    @property
+    def _ide(self) -> _Ide | None:
+        """The main session's IDE connection, if one is attached."""
+        if self.core.phase is IdePhase.NONE:
+            return None
+        return self._conns.get(self.core.generation)
 
     def link_refused(self, n: int, error: wire.Error) -> None:
         """``RunLink.on_refused``: handled in order with everything else, under the lock.
@@ -136,7 +153,8 @@ class AdapterServer:
         The link calls it in the same step as it counts ``n`` answered, so ``n`` is still in
         ``_published`` here (:meth:`_perform` forgets publishes the link counts answered)."""
         if n in self._published:
-            self._link_news_in.send_nowait(_Refused(self._published.pop(n), error.message))
+            process, origin_seq = self._published.pop(n)
+            self._link_news_in.send_nowait(_Refused(process, origin_seq, error.message))
 
     def link_state(self, up: bool, detail: str) -> None:
         """``RunLink.on_state``."""
@@ -147,10 +165,13 @@ class AdapterServer:
         async for news in self._link_news:
             async with self._lock:
                 if isinstance(news, _Refused):
-                    await self._perform(self.core.publish_refused(news.origin_seq, news.message))
+                    refused = self.processes.publish_refused(
+                        news.process, news.origin_seq, news.message
+                    )
+                    await self._perform(refused)
                 else:
                     up, detail = news
-                    await self._perform(self.core.relay_link_changed(up, detail))
+                    await self._perform(self.processes.relay_link_changed(up, detail))
 
     async def catch_up(self) -> None:
         """Fold the run's history (``to_worker`` then ``to_ide``) before serving any IDE."""
@@ -171,7 +192,7 @@ class AdapterServer:
         except WireError as exc:
             log.warning("skipping a malformed entry %s: %s", delivery.cursor, exc.message)
             return []
-        return self.core.on_delivery(delivery.stream, entry, replaying=replaying)
+        return self.processes.on_delivery(delivery.stream, entry, replaying=replaying)
 
     async def run(self, listeners: list[trio.SocketListener]) -> None:
         async with trio.open_nursery() as nursery:
@@ -181,10 +202,9 @@ class AdapterServer:
             if listeners:
                 nursery.start_soon(trio.serve_listeners, self._handle_ide, listeners)
             await self.finished.wait()
-            ide = self._ide
-            if ide is not None:
-                # give the IDE a moment to see ``terminated`` and disconnect on its own
-                with trio.move_on_after(5):
+            # give the IDEs a moment to see ``terminated`` and disconnect on their own
+            with trio.move_on_after(5):
+                for ide in list(self._conns.values()):
                     await ide.gone.wait()
             nursery.cancel_scope.cancel()
 
@@ -200,7 +220,7 @@ class AdapterServer:
                 if news is not notice and news is not None:
                     if news.event != StatusEvent.UNATTENDED_STOP:
                         self.on_event(news.detail)
-                    elif self.core.phase is IdePhase.NONE:
+                    elif not self.core.shared.attached():  # no IDE on any session
                         self.on_unattended(news.detail)
                     elif is_unattended_announcement(news):  # stale: a link blip hid the IDE
                         self.on_event(
@@ -217,7 +237,7 @@ class AdapterServer:
 
     async def _timer(self) -> None:
         while True:
-            deadline = self.core.next_deadline
+            deadline = self.processes.next_deadline
             self._wake_timer = trio.Event()
             if deadline is None:
                 await self._wake_timer.wait()
@@ -226,7 +246,7 @@ class AdapterServer:
                 await self._wake_timer.wait()
             if trio.current_time() >= deadline:
                 async with self._lock:
-                    await self._perform(self.core.on_tick())
+                    await self._perform(self.processes.on_tick())
 
     async def _handle_ide(self, stream: trio.SocketStream) -> None:
         why = await trio.to_thread.run_sync(
@@ -242,8 +262,10 @@ class AdapterServer:
     async def serve_connection(self, stream: trio.abc.Stream) -> None:
         """Serve one IDE connection on ``stream`` (any byte stream; closed when this returns).
 
-        A connection that starts with ``initialize`` takes over from the IDE attached now. It
-        lives in its own cancel scope: a reader (this task) and a writer draining its outbox.
+        A connection that starts with ``initialize`` is served; its ``attach`` says which session
+        it is for (:mod:`adapter.processes`), taking that session over from the IDE attached to
+        it now. It lives in its own cancel scope: a reader (this task) and a writer draining its
+        outbox.
         """
         framer = dap_framing.DapFramer()
         try:
@@ -259,19 +281,17 @@ class AdapterServer:
             with ide.scope:
                 async with trio.open_nursery() as nursery:
                     async with self._lock:
-                        actions = self.core.ide_connected()
-                        ide.generation = self.core.generation
-                        await self._perform(actions)  # closes the previous IDE, if any
-                        self._ide = ide
+                        ide.generation = self.processes.connected()
+                        self._conns[ide.generation] = ide
                     self.on_event("an IDE connected")
                     nursery.start_soon(self._writer, ide)
                     await self._reader(ide, framer, first)
         finally:
             with trio.CancelScope(shield=True):
                 async with self._lock:
-                    await self._perform(self.core.ide_disconnected(ide.generation))
-                    if self._ide is ide:
-                        self._ide = None
+                    await self._perform(self.processes.ide_disconnected(ide.generation))
+                    if self._conns.get(ide.generation) is ide:
+                        del self._conns[ide.generation]
                 await stream.aclose()
             ide.gone.set()
             self.on_event("the IDE disconnected")
@@ -291,9 +311,7 @@ class AdapterServer:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         async with self._lock:
-            await self._perform(self.core.ide_disconnected(ide.generation))
-            if self._ide is ide:
-                self._ide = None
+            await self._perform(self.processes.ide_disconnected(ide.generation))
         self._close(ide, flush=True)
         await trio.sleep_forever()  # the writer cancels the connection's scope when done
 
@@ -327,14 +345,14 @@ class AdapterServer:
 
     async def _handle(self, ide: _Ide, msg: dict[str, Any]) -> None:
         async with self._lock:
-            if self._ide is ide and not ide.closing:
-                await self._perform(self.core.on_ide_message(msg))
+            if self._conns.get(ide.generation) is ide and not ide.closing:
+                await self._perform(self.processes.on_ide_message(ide.generation, msg))
                 self._wake_timer.set()
 
     async def _ide_messages(self, ide: _Ide, framer: dap_framing.DapFramer) -> bool:
         """Handle what the IDE sent so far; False if the connection must close."""
         while True:
-            if ide.closing or self._ide is not ide:
+            if ide.closing or self._conns.get(ide.generation) is not ide:
                 return False
             try:
                 msg = framer.next_message()
@@ -344,8 +362,9 @@ class AdapterServer:
                     self.on_event(f"closed the IDE connection: {exc}")
                     return False
                 async with self._lock:
-                    if self._ide is ide and not ide.closing:
-                        await self._perform(self.core.on_ide_garbage(str(exc)))
+                    if self._conns.get(ide.generation) is ide and not ide.closing:
+                        garbage = self.processes.on_ide_garbage(ide.generation, str(exc))
+                        await self._perform(garbage)
                 continue
             if msg is None:
                 return True
@@ -355,9 +374,9 @@ class AdapterServer:
         self, stream: trio.abc.Stream, framer: dap_framing.DapFramer
     ) -> dict[str, Any] | None:
         """A new connection's first message, if it is an ``initialize`` request (what every DAP
-        client sends first). Only then does the connection take over from the IDE attached now
-        (an IDE restarting); a port scanner, a stray or broken client, or anything sending
-        something else first is closed without touching the session."""
+        client sends first). Only then is the connection served (and its ``attach`` may take a
+        session over: an IDE restarting); a port scanner, a stray or broken client, or anything
+        sending something else first is closed without touching any session."""
         received = 0
         with trio.move_on_after(GREETING_TIMEOUT):
             while True:
@@ -370,8 +389,8 @@ class AdapterServer:
                     # a malformed message in a well-framed stream: said, skipped, as later on
                     log.warning("bad DAP input from a new connection: %s", exc)
                     text = f"tether: ignored a malformed DAP message from the IDE: {exc}\n"
-                    # seq 1, as the schema asks (not 0): the core numbers this connection's
-                    # messages from 1 again once it takes over; no client checks an event's seq
+                    # seq 1, as the schema asks (not 0): the lobby numbers this connection's
+                    # messages from 1 again once it is served; no client checks an event's seq
                     note = dap.event("output", {"category": "important", "output": text}, seq=1)
                     with trio.move_on_after(1):
                         await stream.send_all(dap_framing.encode_message(note))
@@ -409,8 +428,8 @@ class AdapterServer:
     async def _perform(self, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, ToIde):
-                ide = self._ide
-                if ide is not None and ide.generation == action.generation:
+                ide = self._conns.get(action.generation)
+                if ide is not None:
                     ide.outbox.push(action.message)
                     ide.wake.set()
                     if ide.outbox.stuck and not ide.closing:
@@ -421,7 +440,9 @@ class AdapterServer:
                         self._close(ide, flush=False)
             elif isinstance(action, Publish):
                 n = await self.link.publish(action.entry)
-                self._published[n] = action.origin_seq
+                entry = action.entry
+                process = entry.process if isinstance(entry, DapEntry) else MAIN
+                self._published[n] = (process, action.origin_seq)
                 answered = self.link.answered
                 while self._published and next(iter(self._published)) <= answered:
                     del self._published[next(iter(self._published))]  # stored: nothing to fail
@@ -436,8 +457,8 @@ class AdapterServer:
                 with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_WAIT):
                     await self._cancel(action.detail)
             elif isinstance(action, CloseIde):
-                ide = self._ide
-                if ide is not None and ide.generation == action.generation:
+                ide = self._conns.get(action.generation)
+                if ide is not None:
                     self._close(ide, flush=action.flush)
 
     async def _cancel(self, detail: str) -> None:
@@ -492,11 +513,18 @@ async def serve_adapter(
         on_state=state,
     ) as link:
         server = AdapterServer(
-            relay_url, link, core, on_event=on_event, on_unattended=on_unattended
+            relay_url,
+            link,
+            core,
+            on_event=on_event,
+            on_unattended=on_unattended,
+            # which child processes the IDE is offered: the run's choice (``--processes``)
+            processes=link.run.spec.processes,
         )
         await server.catch_up()
         listeners = await trio.open_tcp_listeners(port, host=LOCALHOST)
         bound = listeners[0].socket.getsockname()[1]
+        server.processes.port = bound  # what child sessions are offered to connect to
         task_status.started(bound)
         await server.run(listeners)
         return core

@@ -214,10 +214,10 @@ async def test_a_second_ide_is_answered_at_once_while_the_first_reads_nothing(
             second = connect(server, nursery)
             answer = await second.request("initialize", {"adapterID": "debugpy"})
         assert answer["success"] and answer["request_seq"] == 1
+        await second.send("attach", {})  # the main session's, not a child's: a takeover
         with trio.fail_after(1):  # the first connection was closed, not waited for
             while await first.stream.receive_some(1 << 20):
                 pass
-        await second.send("attach", {})
         await second.until("event", "initialized")
         await second.send("configurationDone")
         stopped = await second.until("event", "stopped")  # the new IDE sees the stop
