@@ -76,7 +76,16 @@ def is_transient(msg: dict[str, Any], request_command: str | None = None) -> boo
 #: status events that report something about the run without moving its lifecycle
 NOTICES = frozenset({StatusEvent.UNATTENDED_STOP, StatusEvent.BUFFER_FULL})
 #: status events the debug session ignores (the IDE learns the same from debugpy's events)
-QUIET = frozenset({StatusEvent.PAUSED, StatusEvent.RESUMED, StatusEvent.WORKER_STOPPED})
+QUIET = frozenset(
+    {
+        StatusEvent.PAUSED,
+        StatusEvent.RESUMED,
+        StatusEvent.WORKER_STOPPED,
+        # about one process of the run, never a step of the run's lifecycle
+        StatusEvent.PROCESS_STARTED,
+        StatusEvent.PROCESS_EXITED,
+    }
+)
 
 
 @dataclass
