@@ -46,6 +46,7 @@ def _relay_takes_process_statuses(monkeypatch: pytest.MonkeyPatch) -> None:
         if event not in table:
             monkeypatch.setitem(table, event, None)
 
+
 WORKDIR = "/home/me/project"
 
 POOL = """\
@@ -119,7 +120,9 @@ class Run:
 
 def status(event: str, process: str | None = None) -> Any:
     return lambda e: (
-        isinstance(e, StatusEntry) and e.event == event and (process is None or e.process == process)
+        isinstance(e, StatusEntry)
+        and e.event == event
+        and (process is None or e.process == process)
     )
 
 
@@ -218,7 +221,9 @@ async def test_a_spawn_pool_of_16_runs_to_completion_with_breakpoints_in_the_par
         started = run.statuses(StatusEvent.PROCESS_STARTED)
         assert len(started) >= 16  # the pool's workers (and multiprocessing's helpers)
         infos = [ProcessInfo.model_validate(s.data) for s in started]
-        assert all(i.parent == "" and s.process == i.key for i, s in zip(infos, started, strict=True))
+        assert all(
+            i.parent == "" and s.process == i.key for i, s in zip(infos, started, strict=True)
+        )
         assert sorted(i.nth for i in infos) == list(range(1, len(infos) + 1))
         # the parent stopped at its breakpoint, unattended, and went on
         [stopped] = [e for e in run.seen if dap("event", "stopped")(e)]
@@ -238,7 +243,12 @@ async def _stop_in_child_then_continue(run: Run) -> str:
     assert isinstance(stopped, DapEntry)
     # the IDE looks, then lets it go: requests routed to the child's connection by ``process``
     thread = orjson.loads(stopped.body)["body"]["threadId"]
-    trace = {"seq": 7, "type": "request", "command": "stackTrace", "arguments": {"threadId": thread}}
+    trace = {
+        "seq": 7,
+        "type": "request",
+        "command": "stackTrace",
+        "arguments": {"threadId": thread},
+    }
     await run.ide.publish(DapEntry(origin="ide1", body=orjson.dumps(trace), process=key))
     answer = await run.until(lambda e: dap("response", "stackTrace")(e) and e.process == key)
     assert isinstance(answer, DapEntry)
@@ -287,9 +297,7 @@ async def test_a_subprocess_run_child_is_debugged_the_same_way(tmp_path: Path) -
 async def test_with_processes_main_children_are_not_debugged(tmp_path: Path) -> None:
     bp = set_breakpoints("main.py", line_of(ONE_CHILD, "# CHILD"), 1)
     command = [sys.executable, "main.py", "spawn"]
-    async with debug_run(
-        tmp_path, {"main.py": ONE_CHILD}, command, [bp], processes="main"
-    ) as run:
+    async with debug_run(tmp_path, {"main.py": ONE_CHILD}, command, [bp], processes="main") as run:
         exited = await run.until(status(StatusEvent.EXITED))
         assert isinstance(exited, StatusEntry) and exited.exit_code == 0
         assert not run.statuses(StatusEvent.PROCESS_STARTED)

@@ -16,7 +16,7 @@ from protocol_specs.session import StatusEvent
 from protocol_specs.wire import DapEntry, Deliver, StatusEntry, StreamName, encode_entry
 from worker_shim.actions import Action, OpenChild, Publish, ToDebugpy
 from worker_shim.core import ShimCore
-from worker_shim.processes import ProcFacts, Processes, describe, read_proc
+from worker_shim.processes import Processes, ProcFacts, describe, read_proc
 from worker_shim.replay import ReplayPhase
 
 WORKDIR = "/home/me/project"
@@ -73,11 +73,15 @@ class Harness:
         return self.debugpy(key, {**msg, **({"body": body} if body is not None else {})})
 
     def event(self, key: str, name: str, body: Any = None) -> list[Action]:
-        return self.debugpy(key, {"type": "event", "event": name, **({"body": body} if body else {})})
+        return self.debugpy(
+            key, {"type": "event", "event": name, **({"body": body} if body else {})}
+        )
 
     def deliver(self, entry: DapEntry) -> list[Action]:
         self.cursor += 1
-        d = Deliver(stream=StreamName.TO_WORKER, cursor=f"{self.cursor}-0", entry=encode_entry(entry))
+        d = Deliver(
+            stream=StreamName.TO_WORKER, cursor=f"{self.cursor}-0", entry=encode_entry(entry)
+        )
         return self.perform(self.p.on_delivery(d))
 
     def ide(self, command: str, arguments: Any, seq: int, process: str = "") -> list[Action]:
