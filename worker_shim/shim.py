@@ -335,10 +335,27 @@ async def _run_debug(
     tail = Cursor.parse(link.tails.get(StreamName.TO_WORKER.value, "0"))
     core = ShimCore(record, str(run_dir), tail=tail, clock=trio.current_time)
     driver = _Driver(Processes(core), stream, link, output, debuggee, say)
+    try:
+        return await _drive(link, record, debuggee, say, news, output, core, driver)
+    finally:
+        with trio.CancelScope(shield=True):
+            await driver.close_streams()
+
+
+async def _drive(
+    link: RunLink,
+    record: RunRecord,
+    debuggee: Debuggee,
+    say: Callable[[str], None],
+    news: _LinkNews,
+    output: ProgramOutput,
+    core: ShimCore,
+    driver: _Driver,
+) -> int | None:
     async with trio.open_nursery() as nursery:
         driver.scope = nursery.cancel_scope
         driver.nursery = nursery
-        nursery.start_soon(driver.pump, MAIN, stream)
+        nursery.start_soon(driver.pump, MAIN, driver.streams[MAIN])
         nursery.start_soon(driver.flush_output_when_answered)
         nursery.start_soon(driver.timer)
         nursery.start_soon(driver.stop_on_terminate)
@@ -359,6 +376,7 @@ async def _run_debug(
             await driver.perform(core.flush_output())
         await driver.perform(driver.processes.end())
         nursery.cancel_scope.cancel()
+    await driver.close_streams()
     driver.raise_failure()
     await _exited(link, record, code)
     say(f"run {record.id} exited with {code}")
@@ -451,6 +469,13 @@ class _Driver:
                 await stream.send_all(dap_framing.encode_message(message))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # debugpy is gone: the pump sees it too
+
+    async def close_streams(self) -> None:
+        """Close every debugpy connection still open (a child announced as the run ended may
+        have had no pump to run)."""
+        streams, self.streams = list(self.streams.values()), {}
+        for stream in streams:
+            await stream.aclose()
 
     async def _open_child(self, key: str) -> None:
         """A new connection to debugpy's adapter for a child process (the "one connection" rule
