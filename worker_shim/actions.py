@@ -16,6 +16,8 @@ from protocol_specs.wire import DapEntry, StatusEntry, StatusEvent
 __all__ = [
     "BARRIER_EVENTS",
     "Action",
+    "CloseChild",
+    "OpenChild",
     "PipeOutputToIde",
     "Publish",
     "ReplayFailed",
@@ -32,6 +34,23 @@ class ToDebugpy:
     """Send this DAP message to debugpy (its ``seq`` is already the shim's own)."""
 
     message: dict[str, Any]
+    #: on the connection of this process (``""``: the main one's)
+    process: str = ""
+
+
+@dataclass(frozen=True)
+class OpenChild:
+    """Open a new connection to debugpy's adapter for the child ``process``: its ``ToDebugpy``
+    follow. If it cannot be opened, tell :meth:`worker_shim.processes.Processes.closed`."""
+
+    process: str
+
+
+@dataclass(frozen=True)
+class CloseChild:
+    """Close the child ``process``'s connection (its session ended)."""
+
+    process: str
 
 
 @dataclass(frozen=True)
@@ -79,7 +98,17 @@ class ReplayFailed:
     timed_out: bool = False
 
 
-Action = ToDebugpy | Publish | Settle | PipeOutputToIde | Say | Terminate | ReplayFailed
+Action = (
+    ToDebugpy
+    | Publish
+    | Settle
+    | PipeOutputToIde
+    | Say
+    | Terminate
+    | ReplayFailed
+    | OpenChild
+    | CloseChild
+)
 
 
 def status_entry(

@@ -10,8 +10,10 @@ replay's handshake, the one-frame ``stackTrace`` of a pause report, ``continue``
 unattended stop timed out) are answered to the core only.
 
 From debugpy, events are published as they come except those about the shim's own connection
-(:data:`DROPPED_EVENTS`) and telemetry; reverse requests are refused with an error response (the
-shim claims none of them). Responses, ``stopped`` and the end of the program wait for the output
+(:data:`DROPPED_EVENTS`) and telemetry; reverse requests are refused with an error response,
+except ``startDebugging`` (a child process to debug), which
+:class:`worker_shim.processes.Processes` answers before this core sees it. This core is the main
+process's; each child process has a :class:`worker_shim.child.ChildCore` of its own. Responses, ``stopped`` and the end of the program wait for the output
 barrier (:class:`~worker_shim.actions.Settle`): a line printed before a stop is shown before it.
 debugpy's own plain ``output`` events (logpoints, the console) are held while the relay has not
 answered the previous one, and merged (:func:`protocol_specs.dap_models.coalesce_output`): Nagle's
@@ -41,6 +43,7 @@ from protocol_specs import dap_models as dap
 from protocol_specs import wire
 from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, capabilities_delta
 from protocol_specs.link import START, Cursor, InvalidCursor
+from protocol_specs.processes import MAIN
 from protocol_specs.runs import RunRecord, retry_delay
 from protocol_specs.session import CONFIGURATION_COMMANDS, DebugSession, StatusEvent, is_transient
 from protocol_specs.wire import DapEntry, PresenceEntry, StatusEntry, WireError
@@ -67,7 +70,14 @@ from .replay import (
 )
 from .watch import Continue, LookUp, Watch
 
-__all__ = ["DROPPED_EVENTS", "ShimCore", "exit_status", "request_of", "terminates"]
+__all__ = [
+    "DROPPED_EVENTS",
+    "ShimCore",
+    "exit_status",
+    "parse_delivery",
+    "request_of",
+    "terminates",
+]
 
 log = logging.getLogger("tether.worker")
 
@@ -172,14 +182,14 @@ class ShimCore:
 
     def on_delivery(self, delivery: wire.Deliver) -> list[Action]:
         """One entry of the run's ``to_worker`` stream."""
-        try:
-            self._seen = max(self._seen, Cursor.parse(delivery.cursor))
-        except InvalidCursor:
-            log.warning("delivery with a bad cursor %r", delivery.cursor)
-        try:
-            entry = wire.decode_entry(delivery.entry)
-        except WireError as exc:
-            log.warning("skipping malformed entry %s: %s", delivery.cursor, exc.message)
+        return self.on_entry(*parse_delivery(delivery))
+
+    def on_entry(self, cursor: Cursor | None, entry: wire.AnyEntry | None) -> list[Action]:
+        """One entry of ``to_worker`` at ``cursor`` (``entry`` None: malformed, or another
+        process's, :mod:`worker_shim.processes`: only the stream position counts)."""
+        if cursor is not None:
+            self._seen = max(self._seen, cursor)
+        if entry is None:
             return self._maybe_replay()
         actions: list[Action] = []
         if isinstance(entry, wire.ControlEntry):
@@ -188,7 +198,7 @@ class ShimCore:
         elif isinstance(entry, PresenceEntry):
             self.watch.presence(entry, self.clock())
             actions += self._watch_step()
-        elif isinstance(entry, DapEntry):
+        elif isinstance(entry, DapEntry) and entry.process == MAIN:
             actions += self._on_request(entry)
         return actions + self._maybe_replay()
 
@@ -283,11 +293,17 @@ class ShimCore:
         if kind == "event":
             return self._on_event(msg, raw)
         if kind == "request":
-            # reverse requests (startDebugging, runInTerminal): the shim supports none of them
-            self._seq += 1
-            text = "not supported by tether's worker"
-            return [ToDebugpy(dap.error_response(msg, text, seq=self._seq))]
+            # reverse requests (runInTerminal): not supported; ``startDebugging`` never gets here
+            # (:class:`worker_shim.processes.Processes` answers it)
+            return self.answer(msg, "not supported by tether's worker")
         return []
+
+    def answer(self, request: dict[str, Any], error: str = "") -> list[Action]:
+        """Answer a reverse request of debugpy: success, or the ``error``."""
+        self._seq += 1
+        if error:
+            return [ToDebugpy(dap.error_response(request, error, seq=self._seq))]
+        return [ToDebugpy(dap.response(request, {}, seq=self._seq))]
 
     def _on_response(self, msg: dict[str, Any]) -> list[Action]:
         request_seq = msg.get("request_seq")
@@ -448,6 +464,20 @@ class ShimCore:
 
     def _status(self, event: StatusEvent, **fields: Any) -> StatusEntry:
         return status_entry(event, self.wall, **fields)
+
+
+def parse_delivery(delivery: wire.Deliver) -> tuple[Cursor | None, wire.AnyEntry | None]:
+    """A delivery's cursor and entry (None for what is malformed: logged, skipped)."""
+    cursor: Cursor | None = None
+    try:
+        cursor = Cursor.parse(delivery.cursor)
+    except InvalidCursor:
+        log.warning("delivery with a bad cursor %r", delivery.cursor)
+    try:
+        return cursor, wire.decode_entry(delivery.entry)
+    except WireError as exc:
+        log.warning("skipping malformed entry %s: %s", delivery.cursor, exc.message)
+        return cursor, None
 
 
 def terminates(entry: wire.AnyEntry | None, record: RunRecord) -> bool:

@@ -1,7 +1,7 @@
 """Starting the user's program under debugpy, held before user code, and its one connection.
 
 Theory of operation. The program runs as ``python -X frozen_modules=off [user's python options]
-_tether_debugpy_boot.py --listen 127.0.0.1:0 --wait-for-client --configure-subProcess false
+_tether_debugpy_boot.py --listen 127.0.0.1:0 --wait-for-client --configure-subProcess BOOL
 TARGET ARGS`` (``fast=False``: ``-m debugpy`` instead of the boot script). The boot script is
 debugpy's own command line plus ``TCP_NODELAY`` on pydevd's socket, which removes a ~40 ms
 Nagle/delayed-ACK stall from every DAP round trip (see ``_tether_debugpy_boot.py``).
@@ -11,8 +11,9 @@ Nagle/delayed-ACK stall from every DAP round trip (see ``_tether_debugpy_boot.py
 - Readiness comes from ``DEBUGPY_ADAPTER_ENDPOINTS``, a file debugpy's adapter writes once it
   listens; never from a TCP probe: a bare connect-and-close leaves the adapter unable to accept
   anyone (debugpy #1308, research/dap.md section 6.1).
-- Subprocess debugging is off: debugpy would block every child process until a client attached to
-  it, so a ``multiprocessing`` or DataLoader pool would hang. Children run undebugged instead.
+- Subprocess debugging is off unless asked (``subprocesses=True``): debugpy blocks every child
+  process until a client configures it, so the shim must configure each one at once
+  (:mod:`worker_shim.processes`); with it off, children run undebugged.
 - The program runs in a session (process group) of its own; ending the run signals the whole group,
   so its children go with it.
 - debugpy's adapter is not in that group: it calls ``setsid()`` and double-forks. It exits by
@@ -268,6 +269,7 @@ async def start_debuggee(
     fast: bool = True,
     on_output: Output | None = None,
     secrets: list[str] | None = None,
+    subprocesses: bool = False,
 ) -> AsyncIterator[Debuggee]:
     """Start the program under debugpy, held before user code, and yield once debugpy listens.
 
@@ -283,7 +285,9 @@ async def start_debuggee(
     await check_python(python, env=env, cwd=cwd)
     with tempfile.TemporaryDirectory(prefix="tether-debugpy-") as tmp:
         home = str(debugpy_home(Path(tmp)))
-        argv = build_debug_argv(user_argv, python=python, fast=fast, home=home)
+        argv = build_debug_argv(
+            user_argv, python=python, fast=fast, home=home, subprocesses=subprocesses
+        )
         endpoints = Path(tmp) / "endpoints.json"
         child_env = {
             **env,

@@ -197,7 +197,12 @@ def split_python_command(user_argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def build_debug_argv(
-    user_argv: list[str], *, python: str = sys.executable, fast: bool = True, home: str = ""
+    user_argv: list[str],
+    *,
+    python: str = sys.executable,
+    fast: bool = True,
+    home: str = "",
+    subprocesses: bool = False,
 ) -> list[str]:
     """The debuggee's argv: the user's Python options, debugpy held before user code, the target.
 
@@ -205,7 +210,9 @@ def build_debug_argv(
     (:func:`resolve_python`), or the worker's for a bare ``script.py``. ``fast`` runs debugpy's
     command line through ``_tether_debugpy_boot.py`` (no 40 ms stall per message), which first
     adds ``home`` (:func:`debugpy_home`) to the path; ``fast=False`` is stock ``python -m
-    debugpy`` (the caller puts ``home`` on ``PYTHONPATH``).
+    debugpy`` (the caller puts ``home`` on ``PYTHONPATH``). ``subprocesses``: debugpy debugs
+    the program's Python children too (each announced to the shim, which configures it at once:
+    :mod:`worker_shim.processes`); off, children run undebugged.
     """
     opts, target = split_python_command(user_argv)
     launcher = ["-m", "debugpy"]
@@ -221,6 +228,6 @@ def build_debug_argv(
         "127.0.0.1:0",
         "--wait-for-client",
         "--configure-subProcess",
-        "false",
+        "true" if subprocesses else "false",
         *target,
     ]

@@ -7,8 +7,9 @@ The shim folds the run's ``to_worker`` stream into a :class:`~protocol_specs.ses
 function and exception breakpoints). Before debugpy lets user code run, that configuration is
 replayed into it, in this order (:class:`ReplayPhase`):
 
-1. ``initialize``: the IDE's arguments (or :data:`DEFAULT_INITIALIZE`), never claiming a reverse
-   request the shim would have to serve (:data:`NOT_SUPPORTED`);
+1. ``initialize``: the IDE's arguments (or :data:`DEFAULT_INITIALIZE`), claiming the reverse
+   requests the shim serves itself and no other (:data:`NOT_SUPPORTED`): ``startDebugging``
+   (a child process to configure, :mod:`worker_shim.processes`) but no ``runInTerminal``;
 2. ``attach``: the IDE's arguments, path mappings defaulting to the submitted directory mapped to
    the run directory, pydevd never redirecting output (:func:`pipe_output_attach`). debugpy
    answers it only after ``configurationDone``;
@@ -50,9 +51,11 @@ DEFAULT_INITIALIZE: dict[str, Any] = {
     "clientID": "tether",
     "clientName": "tether worker",
 }
-#: client capabilities the shim never claims towards debugpy, whatever the IDE said: it answers no
-#: reverse requests (subprocess debugging is off; no terminal on the worker).
-NOT_SUPPORTED = {"supportsStartDebuggingRequest": False, "supportsRunInTerminalRequest": False}
+#: client capabilities the shim claims towards debugpy, whatever the IDE said: it answers
+#: ``startDebugging`` itself (debugpy's standard way to announce a child process; without it,
+#: debugpy sends its own ``debugpyAttach`` event, which the shim handles too), and no other
+#: reverse request (no terminal on the worker).
+NOT_SUPPORTED = {"supportsStartDebuggingRequest": True, "supportsRunInTerminalRequest": False}
 #: how long debugpy may take over each step of the replay
 HANDSHAKE_TIMEOUT = 60.0
 
@@ -105,6 +108,9 @@ def initialize_arguments(session: DebugSession) -> dict[str, Any]:
 def attach_arguments(session: DebugSession, workdir: str, run_dir: str) -> dict[str, Any]:
     """The IDE's ``attach``, with path mappings defaulting to ``workdir`` -> ``run_dir``."""
     args = dict(session.attach_args or {})
+    # debugpy announces no child of a session attached by "processId" (clients.py
+    # ``notify_of_subprocess``); the shim attaches to the port it started anyway
+    args.pop("processId", None)
     if not args.get("pathMappings"):
         args["pathMappings"] = [{"localRoot": workdir, "remoteRoot": run_dir}]
     return pipe_output_attach(args)

@@ -6,7 +6,9 @@ Sequence for a run in debug mode:
    directory of this attempt's own (``worker_shim.files``: blobs checked against their digests, no
    path leaving the directory).
 2. Start the program under ``debugpy --listen 127.0.0.1:0 --wait-for-client`` with subprocess
-   debugging off (``worker_shim.debuggee``); nothing of the user's code runs yet.
+   debugging on unless the run asked for the main process only (``worker_shim.debuggee``);
+   nothing of the user's code runs yet. Each child process debugpy announces gets a connection
+   and a session of its own, configured at once (``worker_shim.processes``).
 3. Fold the run's ``to_worker`` stream until the IDE side finished its configuration
    (``configurationDone``), unless the run asked not to wait.
 4. Replay the *compacted* configuration into debugpy: ``initialize`` -> ``attach`` (path mappings:
@@ -43,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -54,6 +57,7 @@ import trio
 
 from protocol_specs import dap_framing, wire
 from protocol_specs.link import Cursor
+from protocol_specs.processes import MAIN
 from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
@@ -62,6 +66,8 @@ from relay.client import LinkPolicy, RunLink, Target, open_run_link
 
 from .actions import (
     Action,
+    CloseChild,
+    OpenChild,
     PipeOutputToIde,
     Publish,
     ReplayFailed,
@@ -75,6 +81,7 @@ from .core import ShimCore, exit_status, terminates
 from .debuggee import Debuggee, OutputPump, start_debuggee, start_plain, terminate_group
 from .files import Fetch, materialise
 from .output import ProgramOutput, open_program_output, unbuffered_env
+from .processes import Processes
 from .replay import DEFAULT_INITIALIZE
 
 __all__ = ["DEFAULT_INITIALIZE", "run_shim", "worker_link", "worker_link_policy"]
@@ -197,6 +204,8 @@ async def _attempt(
                 python=python,
                 on_output=output,
                 secrets=record.spec.secrets(),
+                # children debugged too, each configured by the shim (``worker_shim.processes``)
+                subprocesses=record.spec.processes != "main",
             ) as debuggee:
                 return await _run_debug(link, record, run_dir, debuggee, say, news, output)
         except (ValueError, OSError, RuntimeError) as exc:
@@ -325,16 +334,34 @@ async def _run_debug(
     stream = await debuggee.connect()
     tail = Cursor.parse(link.tails.get(StreamName.TO_WORKER.value, "0"))
     core = ShimCore(record, str(run_dir), tail=tail, clock=trio.current_time)
-    driver = _Driver(core, stream, link, output, debuggee, say)
+    driver = _Driver(Processes(core), stream, link, output, debuggee, say)
+    try:
+        return await _drive(link, record, debuggee, say, news, output, core, driver)
+    finally:
+        with trio.CancelScope(shield=True):
+            await driver.close_streams()
+
+
+async def _drive(
+    link: RunLink,
+    record: RunRecord,
+    debuggee: Debuggee,
+    say: Callable[[str], None],
+    news: _LinkNews,
+    output: ProgramOutput,
+    core: ShimCore,
+    driver: _Driver,
+) -> int | None:
     async with trio.open_nursery() as nursery:
         driver.scope = nursery.cancel_scope
-        nursery.start_soon(driver.pump)
+        driver.nursery = nursery
+        nursery.start_soon(driver.pump, MAIN, driver.streams[MAIN])
         nursery.start_soon(driver.flush_output_when_answered)
         nursery.start_soon(driver.timer)
         nursery.start_soon(driver.stop_on_terminate)
         nursery.start_soon(_report_refusals, link, news)
         # the fold starts once ``started`` is out: the replay may follow at once
-        await driver.perform(core.start(debuggee.process.pid))
+        await driver.perform(driver.processes.start(debuggee.process.pid))
         nursery.start_soon(driver.deliveries)
         nursery.start_soon(_terminate_when, news.ended, driver.end_run)
         code = await debuggee.wait()
@@ -347,7 +374,9 @@ async def _run_debug(
         with trio.move_on_after(FINISH_TIMEOUT):
             await driver.finished.wait()
             await driver.perform(core.flush_output())
+        await driver.perform(driver.processes.end())
         nursery.cancel_scope.cancel()
+    await driver.close_streams()
     driver.raise_failure()
     await _exited(link, record, code)
     say(f"run {record.id} exited with {code}")
@@ -355,21 +384,25 @@ async def _run_debug(
 
 
 class _Driver:
-    """Performs what :class:`~worker_shim.core.ShimCore` decides: the debugpy socket, the run link,
-    the program. Each task performs the actions of its own decisions, in order; writes to debugpy
-    and publishes each take a lock, so neither interleaves."""
+    """Performs what :class:`~worker_shim.processes.Processes` (the main process's
+    :class:`~worker_shim.core.ShimCore` and one core per child) decides: the debugpy connections
+    (one per debugged process, each read by a task of its own), the run link, the program. Each
+    task performs the actions of its own decisions, in order; writes to a connection and
+    publishes each take a lock, so neither interleaves."""
 
     def __init__(
         self,
-        core: ShimCore,
+        processes: Processes,
         stream: trio.SocketStream,
         link: RunLink,
         output: ProgramOutput,
         debuggee: Debuggee,
         say: Callable[[str], None],
     ) -> None:
-        self.core = core
-        self.stream = stream
+        self.processes = processes
+        self.core = processes.main
+        self.streams: dict[str, trio.SocketStream] = {MAIN: stream}
+        self.nursery: trio.Nursery | None = None
         self.link = link
         self.output = output
         self.debuggee = debuggee
@@ -378,7 +411,7 @@ class _Driver:
         self.finished = trio.Event()  #: debugpy said ``terminated``, or closed the connection
         self.failure: ReplayFailed | None = None
         self._terminate = trio.Event()
-        self._send_lock = trio.Lock()
+        self._send_locks: dict[str, trio.Lock] = {}
         self._publish_lock = trio.Lock()  # publishes in the order they were decided
         self._output_held = trio.Event()
         self._wake_timer = trio.Event()
@@ -389,7 +422,13 @@ class _Driver:
     async def perform(self, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, ToDebugpy):
-                await self._send(action.message)
+                await self._send(action.process, action.message)
+            elif isinstance(action, OpenChild):
+                await self._open_child(action.process)
+            elif isinstance(action, CloseChild):
+                stream = self.streams.pop(action.process, None)
+                if stream is not None:
+                    await stream.aclose()
             elif isinstance(action, Publish):
                 async with self._publish_lock:
                     n = await self.link.publish(action.entry)
@@ -421,26 +460,56 @@ class _Driver:
             raise trio.TooSlowError(self.failure.detail)
         raise RuntimeError(self.failure.detail)
 
-    async def _send(self, message: dict[str, Any]) -> None:
-        async with self._send_lock:
+    async def _send(self, key: str, message: dict[str, Any]) -> None:
+        stream = self.streams.get(key)
+        if stream is None:
+            return  # that process's connection is gone: its pump said so
+        async with self._send_locks.setdefault(key, trio.Lock()):
             try:
-                await self.stream.send_all(dap_framing.encode_message(message))
+                await stream.send_all(dap_framing.encode_message(message))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # debugpy is gone: the pump sees it too
 
-    async def pump(self) -> None:
-        """Read debugpy's messages until it closes the connection."""
+    async def close_streams(self) -> None:
+        """Close every debugpy connection still open (a child announced as the run ended may
+        have had no pump to run)."""
+        streams, self.streams = list(self.streams.values()), {}
+        for stream in streams:
+            await stream.aclose()
+
+    async def _open_child(self, key: str) -> None:
+        """A new connection to debugpy's adapter for a child process (the "one connection" rule
+        is the main session's), read by a pump of its own."""
+        try:
+            stream = await trio.open_tcp_stream("127.0.0.1", self.debuggee.port)
+        except OSError as exc:
+            log.warning("cannot connect to debugpy for process %s: %s", key, exc)
+            await self.perform(self.processes.closed(key))
+            return
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.streams[key] = stream
+        assert self.nursery is not None
+        self.nursery.start_soon(self.pump, key, stream)
+
+    async def pump(self, key: str, stream: trio.SocketStream) -> None:
+        """Read debugpy's messages on ``key``'s connection until it is closed."""
         framer = dap_framing.DapFramer()
         try:
-            while data := await self.stream.receive_some(RECEIVE_SIZE):
+            while data := await stream.receive_some(RECEIVE_SIZE):
                 framer.receive_data(data)
                 while (raw := framer.next_raw()) is not None:
-                    await self.perform(self.core.on_debugpy_message(raw, self.link.answered))
+                    answered = self.link.answered
+                    await self.perform(self.processes.on_debugpy_message(key, raw, answered))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except dap_framing.DapFramingError as exc:
-            log.error("debugpy sent bad DAP data: %s", exc)
-        await self.perform(self.core.debugpy_closed())
+            log.error("debugpy sent bad DAP data on %r: %s", key or "main", exc)
+        finally:
+            if key != MAIN:
+                self.streams.pop(key, None)
+                with trio.CancelScope(shield=True):
+                    await stream.aclose()
+        await self.perform(self.processes.closed(key))
 
     async def flush_output_when_answered(self) -> None:
         """Send held output as soon as the relay answered the output entry before it."""
@@ -452,19 +521,19 @@ class _Driver:
 
     async def deliveries(self) -> None:
         async for delivery in self.link.deliveries:
-            await self.perform(self.core.on_delivery(delivery))
+            await self.perform(self.processes.on_delivery(delivery))
 
     async def timer(self) -> None:
         while True:
-            deadline = self.core.next_deadline
+            deadline = self.processes.next_deadline
             self._wake_timer = trio.Event()
             with trio.move_on_at(deadline if deadline is not None else float("inf")):
                 await self._wake_timer.wait()
             if deadline is not None and trio.current_time() >= deadline:
-                await self.perform(self.core.on_tick())
+                await self.perform(self.processes.on_tick())
 
     async def end_run(self) -> None:
-        await self.perform(self.core.end_run())
+        await self.perform(self.processes.end_run())
 
     async def stop_on_terminate(self) -> None:
         await self._terminate.wait()

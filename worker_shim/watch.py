@@ -65,8 +65,18 @@ class _Report:
 
 
 class Watch:
-    def __init__(self, record: RunRecord, run_dir: str, status: Callable[..., StatusEntry]) -> None:
+    def __init__(
+        self,
+        record: RunRecord,
+        run_dir: str,
+        status: Callable[..., StatusEntry],
+        *,
+        name: str = "",
+    ) -> None:
+        """``name``: the process watched, for a child process (``rank 1 (pid 4242) on node-7``);
+        the notice names it. ``status`` makes its status entries (with its ``process``)."""
         spec = record.spec
+        self.name = name
         self.record = record
         self.roots = [run_dir, spec.workdir]  # debugpy maps paths to the latter
         self.status = status
@@ -165,7 +175,8 @@ class Watch:
                 _Report(decision.thread_id, lambda where: self._notice(decision, where))
             )
         elif isinstance(decision, att.Resume):
-            text = f"run {rid}: unattended stop timed out; continuing"
+            of = f" of {self.name}" if self.name else ""
+            text = f"run {rid}: unattended stop{of} timed out; continuing"
             self._reports.append(
                 _Report(None, lambda _w: [Say(text), Continue(decision.thread_id)])
             )
@@ -194,8 +205,9 @@ class Watch:
             )
         else:
             then = f"If no IDE attaches within {spec.unattended_timeout:g} s, it will {policy}."
+        who = f"Run {self.record.id}" + (f": {self.name}" if self.name else "")
         detail = (
-            f"Run {self.record.id} is paused{where} ({notice.reason or 'stopped'}) "
+            f"{who} is paused{where} ({notice.reason or 'stopped'}) "
             f"and no IDE is attached. {then} Attach with: tether attach {self.record.id}"
         )
         data = {

@@ -101,3 +101,10 @@ def test_the_resolved_interpreter_runs_the_program_with_subprocess_debugging_off
 def test_other_commands_are_refused_clearly(user: list[str], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         build_debug_argv(user, python=PY)
+
+
+def test_subprocess_debugging_is_asked_for_by_the_caller() -> None:
+    on = build_debug_argv(["python", "t.py"], python=PY, fast=False, subprocesses=True)
+    assert on == [*HEAD, *DEBUGPY[:-1], "true", "t.py"]
+    off = build_debug_argv(["python", "t.py"], python=PY, fast=False)
+    assert off == [*HEAD, *DEBUGPY, "t.py"]

@@ -211,7 +211,7 @@ def test_the_replay_sends_the_latest_configuration_in_order_before_configuration
     init = h.sent("initialize")
     assert init["arguments"]["clientID"] == "vscode"
     assert init["arguments"]["supportsRunInTerminalRequest"] is False
-    assert init["arguments"]["supportsStartDebuggingRequest"] is False
+    assert init["arguments"]["supportsStartDebuggingRequest"] is True
 
     actions = h.respond(init, {**DEBUGPY_CAPABILITIES, "supportsStepBack": True})
     assert isinstance(actions[0], PipeOutputToIde)

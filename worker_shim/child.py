@@ -1,0 +1,284 @@
+"""One child process's debug session: the shim's own connection to debugpy for it, configured at once.
+
+Theory of operation
+-------------------
+debugpy announces each new Python process of the program (``startDebugging`` / ``debugpyAttach``,
+:mod:`worker_shim.processes`); the child is held before its user code until a client configures
+it. :class:`ChildCore` is that client, on a connection of its own to debugpy's adapter, and it
+never waits for an IDE:
+
+1. ``initialize`` (the main session's arguments), then ``attach`` with the configuration debugpy
+   gave (its ``subProcessId``) and the run's path mappings;
+2. on ``initialized``: the run's latest configuration (``configuration()``, asked at that moment,
+   so a child that starts hours later gets the breakpoints set meanwhile), then
+   ``configurationDone`` at once. These are the shim's own requests: their answers stay here (no
+   IDE asked them);
+3. live: requests for this process (``DapEntry.process`` = its key) are forwarded with this
+   connection's own ``seq`` and answered back under the asker's; requests that come earlier wait.
+
+Everything it publishes carries ``process=key``. Its stops are watched like the main's
+(:class:`~worker_shim.watch.Watch`, the notice naming the process). Its end (``exited`` then
+``terminated``, or the connection closing) is one ``process_exited`` status; after
+``terminated`` it says ``disconnect`` and closes its connection.
+
+Sans-I/O, like :class:`worker_shim.core.ShimCore`: every method returns actions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from protocol_specs import dap_models as dap
+from protocol_specs.processes import ProcessInfo
+from protocol_specs.runs import RunRecord
+from protocol_specs.session import CONFIGURATION_COMMANDS, BreakpointSet, StatusEvent, is_transient
+from protocol_specs.wire import DapEntry, PresenceEntry, StatusEntry
+
+from .actions import BARRIER_EVENTS, Action, CloseChild, Publish, Settle, Terminate, ToDebugpy
+from .actions import status_entry as make_status
+from .core import DROPPED_EVENTS, request_of
+from .replay import ReplayPhase, next_phase
+from .watch import Continue, LookUp, Watch
+
+__all__ = ["ChildCore"]
+
+log = logging.getLogger("tether.worker")
+
+
+@dataclass
+class _Sent:
+    command: str
+    origin: str | None  #: None: the child core's own request
+    seq: int = 0
+
+
+class ChildCore:
+    def __init__(
+        self,
+        info: ProcessInfo,
+        *,
+        title: str,
+        record: RunRecord,
+        run_dir: str,
+        initialize: dict[str, Any],
+        attach: dict[str, Any],
+        configuration: Callable[[], list[BreakpointSet]],
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+    ) -> None:
+        """``attach``: the arguments to attach with (debugpy's configuration for the child, with
+        the run's path mappings); ``configuration()``: what to replay once debugpy is ready."""
+        self.info = info
+        self.key = info.key
+        self.title = title
+        self.clock = clock
+        self.wall = wall
+        self.phase = ReplayPhase.FOLDING
+        self.watch = Watch(record, run_dir, self._status, name=title)
+        self._initialize = initialize
+        self._attach = attach
+        self._configuration = configuration
+        self._seq = 0
+        self._sent: dict[int, _Sent] = {}
+        self._answered: set[str] = set()
+        self._initialized = False
+        self._queued: list[DapEntry] = []
+        self._lookup_seq: int | None = None
+        self.exit_code: int | None = None
+        self.ended = False  #: ``process_exited`` was published
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<ChildCore {self.key} phase={self.phase.value} seq={self._seq} "
+            f"sent={len(self._sent)} ended={self.ended} {self.watch!r}>"
+        )
+
+    @property
+    def live(self) -> bool:
+        return self.phase is ReplayPhase.LIVE
+
+    def start(self) -> list[Action]:
+        """The connection is open: the handshake's first step."""
+        self._enter(ReplayPhase.INITIALIZING, "connected")
+        return self._send("initialize", self._initialize)
+
+    # --- from the relay ---------------------------------------------------------------------------
+
+    def on_request(self, entry: DapEntry) -> list[Action]:
+        """A ``to_worker`` request for this process."""
+        if self.phase is not ReplayPhase.LIVE:
+            self._queued.append(entry)  # forwarded once live
+            return []
+        msg = request_of(entry)
+        if msg is None:
+            return []
+        command = msg["command"]
+        if entry.local and command not in CONFIGURATION_COMMANDS:
+            return []  # a handshake request the adapter answered
+        return self._send(command, msg.get("arguments"), origin=entry.origin, seq=msg["seq"])
+
+    def presence(self, entry: PresenceEntry) -> list[Action]:
+        self.watch.presence(entry, self.clock())
+        return self._watch_step()
+
+    # --- from debugpy -----------------------------------------------------------------------------
+
+    def on_message(self, msg: dict[str, Any], raw: bytes) -> list[Action]:
+        """One message debugpy sent on this connection (reverse requests are answered by
+        :class:`worker_shim.processes.Processes`)."""
+        kind = msg.get("type")
+        if kind == "response":
+            return self._on_response(msg)
+        if kind == "event":
+            return self._on_event(msg, raw)
+        return []
+
+    def connection_closed(self) -> list[Action]:
+        """The connection ended (or could not be opened): the process's session is over."""
+        self.closed = True
+        self._sent.clear()
+        self._queued.clear()
+        if self.phase not in (ReplayPhase.LIVE, ReplayPhase.ENDED):
+            self._enter(ReplayPhase.ENDED, "debugpy closed the connection")
+        if self._lookup_seq is not None:
+            self._lookup_seq = None
+            self.watch.found([])
+        return [*self._exited(), *self._watch_step()]
+
+    def _on_response(self, msg: dict[str, Any]) -> list[Action]:
+        request_seq = msg.get("request_seq")
+        sent = self._sent.pop(request_seq, None) if isinstance(request_seq, int) else None
+        if sent is None:
+            return []
+        if sent.origin is not None:
+            raw = orjson.dumps({**msg, "request_seq": sent.seq})
+            transient = is_transient(msg, sent.command)
+            entry = DapEntry(origin=sent.origin, body=raw, transient=transient, process=self.key)
+            return [Settle(), Publish(entry)]
+        if sent.command == "stackTrace" and request_seq == self._lookup_seq:
+            self._lookup_seq = None
+            body = msg.get("body")
+            frames = body.get("stackFrames") if isinstance(body, dict) else None
+            self.watch.found(frames if isinstance(frames, list) else [])
+            return self._watch_step()
+        if sent.command == "disconnect":
+            return [CloseChild(self.key)]
+        if not msg.get("success") and sent.command in ("initialize", "configurationDone"):
+            log.warning("child %s: debugpy refused %s: %s", self.key, sent.command, msg)
+        self._answered.add(sent.command)
+        if sent.command == "initialize" and self.phase is ReplayPhase.INITIALIZING:
+            self._enter(ReplayPhase.ATTACHING, "initialize answered")
+            actions = self._send("attach", self._attach)
+            if self._initialized:
+                actions += self._configure()
+            return actions
+        if {
+            "attach",
+            "configurationDone",
+        } <= self._answered and self.phase is ReplayPhase.FINISHING:
+            self._enter(ReplayPhase.LIVE, "configurationDone and attach answered")
+            actions = []
+            queued, self._queued = self._queued, []
+            for entry in queued:
+                actions += self.on_request(entry)
+            return actions
+        return []
+
+    def _on_event(self, msg: dict[str, Any], raw: bytes) -> list[Action]:
+        name = msg.get("event")
+        body = msg.get("body")
+        if name == "initialized":
+            self._initialized = True
+            if self.phase is ReplayPhase.ATTACHING:
+                return self._configure()
+        if name == "exited" and isinstance(body, dict) and isinstance(body.get("exitCode"), int):
+            self.exit_code = body["exitCode"]
+        if name == "terminated":
+            # the process is gone: its end, then this connection's
+            return [*self._exited(), *self._send("disconnect", {})]
+        if name in DROPPED_EVENTS:
+            return []
+        if name == "output" and isinstance(body, dict) and body.get("category") == "telemetry":
+            return []
+        actions: list[Action] = [Settle()] if name in BARRIER_EVENTS else []
+        self.watch.debugger_event(msg, self.clock())
+        entry = DapEntry(body=raw, transient=is_transient(msg), process=self.key)
+        actions.append(Publish(entry, output=False))
+        return actions + self._watch_step()
+
+    def _configure(self) -> list[Action]:
+        """The run's latest configuration and ``configurationDone``, all at once: debugpy takes
+        them in order, and nobody waits on their answers."""
+        self._enter(ReplayPhase.CONFIGURING, "debugpy initialized")
+        actions: list[Action] = []
+        for bset in self._configuration():
+            actions += self._send(bset.command, bset.arguments)
+        self._enter(ReplayPhase.FINISHING, "configuration sent")
+        return actions + self._send("configurationDone", None)
+
+    def _exited(self) -> list[Action]:
+        if self.ended:
+            return []
+        self.ended = True
+        status = self._status(StatusEvent.PROCESS_EXITED, exit_code=self.exit_code)
+        return [Settle(), Publish(status)]
+
+    # --- time -------------------------------------------------------------------------------------
+
+    @property
+    def next_deadline(self) -> float | None:
+        return self.watch.next_deadline
+
+    def on_tick(self) -> list[Action]:
+        return self._watch_step()
+
+    def _watch_step(self) -> list[Action]:
+        actions: list[Action] = []
+        while True:
+            again = False
+            for step in self.watch.step(self.clock()):
+                if isinstance(step, LookUp):
+                    if self.closed:
+                        self.watch.found([])
+                        again = True
+                    else:
+                        actions += self._send(
+                            "stackTrace", {"threadId": step.thread_id, "levels": 1}
+                        )
+                        self._lookup_seq = self._seq
+                elif isinstance(step, Continue):
+                    actions += self._send("continue", {"threadId": step.thread_id})
+                elif isinstance(step, Terminate):
+                    actions.append(step)  # the whole run ends (the run's policy)
+                else:
+                    actions.append(step)
+            if not again:
+                return actions
+
+    # --- plumbing ---------------------------------------------------------------------------------
+
+    def answer(self, request: dict[str, Any]) -> list[Action]:
+        """Answer a reverse request of debugpy on this connection with success."""
+        self._seq += 1
+        return [ToDebugpy(dap.response(request, {}, seq=self._seq), self.key)]
+
+    def _send(
+        self, command: str, arguments: Any, *, origin: str | None = None, seq: int = 0
+    ) -> list[Action]:
+        if self.closed:
+            return []
+        self._seq += 1
+        self._sent[self._seq] = _Sent(command, origin, seq)
+        return [ToDebugpy(dap.request(command, arguments, seq=self._seq), self.key)]
+
+    def _enter(self, phase: ReplayPhase, why: str) -> None:
+        self.phase = next_phase(self.phase, phase, why)
+
+    def _status(self, event: StatusEvent, **fields: Any) -> StatusEntry:
+        return make_status(event, self.wall, process=self.key, **fields)

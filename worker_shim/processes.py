@@ -1,0 +1,311 @@
+"""The processes of a debugged run on the worker: who they are, and which connection a message is for.
+
+Theory of operation
+-------------------
+With subprocess debugging on, debugpy's adapter announces each new Python process of the program
+to the client of its parent's session, here one of the shim's connections: the standard
+``startDebugging`` reverse request (the shim claims ``supportsStartDebuggingRequest``) or, from a
+debugpy that would not send it, its own ``debugpyAttach`` event. Either can come on ANY
+connection (children of children). :class:`Processes` answers it, names the child
+(:func:`describe`: ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` from ``/proc/<pid>/environ``, its
+command line, the host, its parent and its order among the parent's children), publishes
+``process_started``, and opens a session of its own for it (:class:`worker_shim.child.ChildCore`),
+configured at once: no child waits for an IDE.
+
+Deliveries from ``to_worker`` are routed by :attr:`DapEntry.process
+<protocol_specs.stream_entries.DapEntry>`: the main process's to the main core
+(:class:`worker_shim.core.ShimCore`), a child's to its core; a request for a process that is not
+(or no longer) debugged gets an error response, published back to the asker. Configuration
+requests of every process are folded into one run-wide :class:`DebugSession` (the latest per
+source wins): what a child that starts later is configured with. With ``RunSpec.ranks``, a child
+whose ``RANK`` is known and not listed is configured with no breakpoints: it runs free.
+
+Sans-I/O: reading ``/proc`` is a function passed in (:func:`read_proc` by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from protocol_specs import dap_models as dap
+from protocol_specs import wire
+from protocol_specs.processes import MAIN, ProcessInfo, process_key
+from protocol_specs.session import BreakpointSet, DebugSession, StatusEvent
+from protocol_specs.wire import DapEntry, PresenceEntry
+
+from .actions import Action, OpenChild, Publish, Terminate, status_entry
+from .child import ChildCore
+from .core import ShimCore, parse_delivery, request_of
+from .replay import attach_arguments, initialize_arguments, pipe_output_attach
+
+__all__ = ["ProcFacts", "Processes", "describe", "read_proc"]
+
+log = logging.getLogger("tether.worker")
+
+#: the longest command line kept in a ProcessInfo (its field's limit)
+_COMMAND_MAX = 512
+
+
+@dataclass(frozen=True)
+class ProcFacts:
+    """What the kernel says of a process (empty when it cannot be read: gone, not Linux)."""
+
+    environ: dict[str, str] = field(default_factory=dict)
+    cmdline: list[str] = field(default_factory=list)
+    ppid: int | None = None
+
+
+def read_proc(pid: int, root: str = "/proc") -> ProcFacts:
+    """``/proc/<pid>/environ``, ``cmdline`` and the parent pid from ``stat``; what cannot be read
+    is left empty (a child may be gone already)."""
+    base = os.path.join(root, str(pid))
+    environ: dict[str, str] = {}
+    cmdline: list[str] = []
+    ppid = None
+    try:
+        with open(os.path.join(base, "environ"), "rb") as f:
+            for item in f.read().split(b"\0"):
+                name, eq, value = item.partition(b"=")
+                if eq:
+                    environ[name.decode(errors="replace")] = value.decode(errors="replace")
+    except OSError:
+        pass
+    try:
+        with open(os.path.join(base, "cmdline"), "rb") as f:
+            cmdline = [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+    except OSError:
+        pass
+    try:
+        with open(os.path.join(base, "stat"), "rb") as f:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+            ppid = int(f.read().rpartition(b")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return ProcFacts(environ, cmdline, ppid)
+
+
+def describe(
+    pid: int, facts: ProcFacts, *, parent: str, nth: int, host: str, key: str | None = None
+) -> ProcessInfo:
+    """A process's :class:`ProcessInfo` from what the kernel says of it."""
+    return ProcessInfo(
+        key=process_key(pid) if key is None else key,
+        pid=pid,
+        parent=parent,
+        host=host,
+        rank=_int(facts.environ.get("RANK")),
+        local_rank=_int(facts.environ.get("LOCAL_RANK")),
+        world_size=_int(facts.environ.get("WORLD_SIZE")),
+        nth=nth,
+        command=_command(facts.cmdline),
+    )
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _command(argv: list[str]) -> str:
+    text = shlex.join(argv)
+    return text if len(text) <= _COMMAND_MAX else text[: _COMMAND_MAX - 3] + "..."
+
+
+class Processes:
+    """Every debugged process of the run: the main one's core and one core per child."""
+
+    def __init__(
+        self,
+        main: ShimCore,
+        *,
+        read: Callable[[int], ProcFacts] = read_proc,
+        host: str | None = None,
+    ) -> None:
+        self.main = main
+        self.record = main.record
+        self.children: dict[str, ChildCore] = {}
+        self.infos: dict[str, ProcessInfo] = {}
+        #: the run-wide configuration: configuration requests of every process, folded
+        self.config = DebugSession()
+        self._read = read
+        self._host = socket.gethostname() if host is None else host
+        self._born: dict[str, int] = {}  #: parent key -> how many children it had
+
+    def __repr__(self) -> str:
+        live = sum(1 for c in self.children.values() if not c.ended)
+        return f"<Processes children={len(self.children)} live={live} {self.main!r}>"
+
+    def start(self, pid: int) -> list[Action]:
+        self.infos[MAIN] = describe(pid, self._read(pid), parent=MAIN, nth=0, host=self._host,
+                                    key=MAIN)  # fmt: skip
+        return self.main.start(pid)
+
+    # --- from the relay ---------------------------------------------------------------------------
+
+    def on_delivery(self, delivery: wire.Deliver) -> list[Action]:
+        cursor, entry = parse_delivery(delivery)
+        if isinstance(entry, DapEntry):
+            self._fold(entry)
+            if entry.process != MAIN:
+                return [*self._for_child(entry), *self.main.on_entry(cursor, None)]
+        actions = self.main.on_entry(cursor, entry)
+        if isinstance(entry, PresenceEntry):
+            for child in self.children.values():
+                actions += child.presence(entry)
+        return actions
+
+    def _fold(self, entry: DapEntry) -> None:
+        try:
+            self.config.apply_to_worker(entry)
+        except ValueError as exc:
+            log.warning("skipping a malformed to_worker entry of %s: %s", entry.origin, exc)
+
+    def _for_child(self, entry: DapEntry) -> list[Action]:
+        child = self.children.get(entry.process)
+        if child is not None and not child.ended:
+            return self._of(child.on_request(entry))
+        if not self.main.live:
+            return []  # the stream's past (an earlier attempt's processes): nothing to answer
+        msg = request_of(entry)
+        if msg is None or entry.local:
+            return []
+        text = f"process {entry.process} is not being debugged (it ended, or never started)"
+        body = orjson.dumps(dap.error_response(msg, text, seq=1))  # the adapter renumbers
+        return [Publish(DapEntry(origin=entry.origin, body=body, process=entry.process))]
+
+    def end_run(self) -> list[Action]:
+        return self.main.end_run()
+
+    # --- from debugpy -----------------------------------------------------------------------------
+
+    def on_debugpy_message(self, key: str, raw: bytes, answered: int) -> list[Action]:
+        """One message on ``key``'s connection; ``answered``: the relay's highest answered
+        publish number (the main core's output holding)."""
+        child = self.children.get(key) if key != MAIN else None
+        if key != MAIN and child is None:
+            return []
+        msg = _message(raw)
+        if msg is not None and _announces_child(msg):
+            return self._announced(key, msg)
+        if child is None:
+            return self.main.on_debugpy_message(raw, answered)
+        if msg is None:
+            return []
+        return self._of(child.on_message(msg, raw))
+
+    def closed(self, key: str) -> list[Action]:
+        """``key``'s connection ended, or could not be opened."""
+        if key == MAIN:
+            return self.main.debugpy_closed()
+        child = self.children.get(key)
+        return self._of(child.connection_closed()) if child is not None else []
+
+    def end(self) -> list[Action]:
+        """The program exited: each child still thought alive is reported gone (the program's
+        group is ended with it)."""
+        actions: list[Action] = []
+        for child in self.children.values():
+            actions += self._of(child.connection_closed())
+        return actions
+
+    def _announced(self, key: str, msg: dict[str, Any]) -> list[Action]:
+        """``startDebugging`` (answered at once) or ``debugpyAttach`` on ``key``'s connection."""
+        actions: list[Action] = []
+        if msg.get("type") == "request":
+            args = msg.get("arguments")
+            config = args.get("configuration") if isinstance(args, dict) else None
+            child = self.children.get(key)
+            actions += child.answer(msg) if child is not None else self.main.answer(msg)
+        else:
+            config = msg.get("body")
+        pid = config.get("subProcessId") if isinstance(config, dict) else None
+        if not isinstance(config, dict) or not isinstance(pid, int) or isinstance(pid, bool):
+            log.warning("debugpy announced a child process without its pid: %r", msg)
+            return actions
+        return actions + self._new_child(key, pid, config)
+
+    def _new_child(self, parent: str, pid: int, config: dict[str, Any]) -> list[Action]:
+        key = process_key(pid)
+        if key in self.children or key == MAIN:
+            return []  # announced twice (debugpy tells each client once; be sure)
+        nth = self._born[parent] = self._born.get(parent, 0) + 1
+        info = describe(pid, self._read(pid), parent=parent, nth=nth, host=self._host)
+        self.infos[key] = info
+        title = info.title(self.infos.get(parent))
+        session = self.main.session
+        mappings = attach_arguments(session, self.record.spec.workdir, self.main.run_dir)
+        attach = pipe_output_attach(
+            {**config, "request": "attach", "pathMappings": mappings["pathMappings"]}
+        )
+        free = bool(self.record.spec.ranks) and (
+            info.rank is not None and info.rank not in self.record.spec.ranks
+        )
+        child = ChildCore(
+            info,
+            title=title,
+            record=self.record,
+            run_dir=self.main.run_dir,
+            initialize=initialize_arguments(session),
+            attach=attach,
+            configuration=(lambda: []) if free else self.configuration,
+            clock=self.main.clock,
+            wall=self.main.wall,
+        )
+        self.children[key] = child
+        started = status_entry(
+            StatusEvent.PROCESS_STARTED,
+            self.main.wall,
+            process=key,
+            detail=title,
+            data=info.model_dump(),
+        )
+        return [Publish(started), OpenChild(key), *child.start()]
+
+    def configuration(self) -> list[BreakpointSet]:
+        """The run's latest configuration, folded from every process."""
+        return self.config.configuration()
+
+    def _of(self, actions: list[Action]) -> list[Action]:
+        """A child's actions, its ``Terminate`` (the run's unattended-stop policy) made the
+        run's: said once, by the main core."""
+        out: list[Action] = []
+        for action in actions:
+            out += self.main.end_run() if isinstance(action, Terminate) else [action]
+        return out
+
+    # --- time -------------------------------------------------------------------------------------
+
+    @property
+    def next_deadline(self) -> float | None:
+        times = [self.main.next_deadline, *(c.next_deadline for c in self.children.values())]
+        return min((t for t in times if t is not None), default=None)
+
+    def on_tick(self) -> list[Action]:
+        actions = self.main.on_tick()
+        for child in self.children.values():
+            actions += self._of(child.on_tick())
+        return actions
+
+
+def _message(raw: bytes) -> dict[str, Any] | None:
+    try:
+        msg = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return msg if isinstance(msg, dict) else None
+
+
+def _announces_child(msg: dict[str, Any]) -> bool:
+    return (msg.get("type") == "request" and msg.get("command") == "startDebugging") or (
+        msg.get("type") == "event" and msg.get("event") == "debugpyAttach"
+    )
