@@ -21,7 +21,16 @@ from typing import Any
 
 from protocol_specs.wire import DapEntry, PresenceEntry
 
-__all__ = ["Action", "CancelRun", "CloseIde", "IdePhase", "Origin", "Publish", "ToIde"]
+__all__ = [
+    "Action",
+    "CancelRun",
+    "CloseIde",
+    "IdePhase",
+    "Origin",
+    "Publish",
+    "Say",
+    "ToIde",
+]
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,14 @@ class CloseIde:
     flush: bool = False
 
 
-Action = ToIde | Publish | CancelRun | CloseIde
+@dataclass(frozen=True)
+class Say:
+    """A line for the person at the terminal (``tether debug``), not for an IDE."""
+
+    text: str
+
+
+Action = ToIde | Publish | CancelRun | CloseIde | Say
 
 
 class IdePhase(Enum):

@@ -33,11 +33,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol_specs import dap_models as dap
-from protocol_specs.processes import MAIN, ProcessMode, ProcessState, ProcessTable
+from protocol_specs.processes import (
+    COLLECTIVE_TIMEOUT_HINT,
+    MAIN,
+    ProcessMode,
+    ProcessState,
+    ProcessTable,
+)
 from protocol_specs.session import NOTICES, StatusEvent
 from protocol_specs.wire import AnyEntry, DapEntry, StatusEntry, StreamName
 
-from .actions import Action, CloseIde, IdePhase, ToIde
+from .actions import Action, CloseIde, IdePhase, Say, ToIde
 from .checks import check_request, garbage_note
 from .children import ChildCore
 from .core import ADAPTER_CAPABILITIES, AdapterCore
@@ -95,6 +101,7 @@ class Processes:
         self._lobby: dict[int, _Lobby] = {}
         self._bound: dict[int, str] = {}  #: connection -> the process its session is for
         self._offers = _Offers(0)
+        self._hinted: set[str] = set()  #: processes the terminal heard the collective hint for
         main.shared.attached = self._attached
 
     def __repr__(self) -> str:
@@ -198,12 +205,15 @@ class Processes:
     ) -> list[Action]:
         """Fold one delivered entry into the core of its process."""
         key = entry.process if isinstance(entry, DapEntry | StatusEntry) else MAIN
+        said: list[Action] = []
         if isinstance(entry, StatusEntry):
             self.table.apply(entry)
             if entry.event in NOTICES:
                 key = MAIN  # news for the person, named by the process
+            elif entry.event == StatusEvent.PAUSED and not replaying:
+                said = self._collective_hint(key)
         if key == MAIN:
-            return self._main_delivery(stream, entry, replaying)
+            return said + self._main_delivery(stream, entry, replaying)
         child = self.children.get(key)
         if child is None:
             if stream is not StreamName.TO_IDE or self.table.state(key) is ProcessState.EXITED:
@@ -216,12 +226,20 @@ class Processes:
                 clock=self.main.clock,
                 request_timeout=self.main.request_timeout,
             )
-        actions = child.on_delivery(stream, entry, replaying=replaying)
+        actions = said + child.on_delivery(stream, entry, replaying=replaying)
         if child.session.finished and child.phase is IdePhase.NONE:
             del self.children[key]  # nobody attached: forget it (a pool may start thousands)
         elif not replaying and stream is StreamName.TO_IDE and self._wanted(child):
             actions.extend(self._offer(child))
         return actions
+
+    def _collective_hint(self, key: str) -> list[Action]:
+        """The terminal hears once per process that a paused rank stalls its peers."""
+        info = self.table.info(key)
+        if info is None or (info.world_size or 0) < 2 or key in self._hinted:
+            return []
+        self._hinted.add(key)
+        return [Say(f"{self.table.title(key)} is paused: {COLLECTIVE_TIMEOUT_HINT}")]
 
     def _main_delivery(
         self, stream: StreamName, entry: AnyEntry | Any, replaying: bool

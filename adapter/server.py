@@ -39,6 +39,7 @@ from protocol_specs.wire import DapEntry, Role, StreamName, WireError
 from relay.client import LinkPolicy, RelayError, Target, open_control, open_run_link
 
 from . import peer
+from .actions import Say
 from .core import (
     Action,
     AdapterCore,
@@ -450,6 +451,8 @@ class AdapterServer:
                     # what the adapter answers itself must be stored before it answers: the user
                     # may close the laptop right after setting a breakpoint
                     await self.link.flush()
+            elif isinstance(action, Say):
+                self.on_event(action.text)
             elif isinstance(action, CancelRun):
                 # before anything that follows it (the IDE's answer, its departure): a Ctrl-C
                 # right after the IDE's Stop must not lose the cancel, and the worker must not

@@ -113,14 +113,17 @@ class ProcessInfo(BaseModel):
         """A name a person can place: ``rank 3 (pid 4242) on gpu-node-7``, ``worker 2 of rank 0
         (pid 4300) on gpu-node-7``, ``main process (pid 4100) on gpu-node-7``."""
         where = f" on {self.host}" if self.host else ""
+        if parent is None and self.parent == MAIN and self.key != MAIN:
+            parent = ProcessInfo(key=MAIN, pid=0)  # the main process is never announced
         if self.rank is not None and (parent is None or parent.rank != self.rank):
             return f"rank {self.rank} (pid {self.pid}){where}"
         if self.key == MAIN:
             return f"main process (pid {self.pid}){where}"
         if parent is not None:
             of = f"rank {parent.rank}" if parent.rank is not None else parent.short()
-            return f"worker {self.nth} of {of} (pid {self.pid}){where}"
-        return f"process {self.pid}{where}"
+            nth = f" {self.nth}" if self.nth else ""
+            return f"worker{nth} of {of} (pid {self.pid}){where}"
+        return f"process (pid {self.pid}){where}"
 
     def short(self) -> str:
         if self.rank is not None:
@@ -187,7 +190,7 @@ class ProcessTable:
     def title(self, key: str) -> str:
         known = self.known.get(key)
         if known is None:
-            return "the main process" if key == MAIN else f"process {key}"
+            return "the main process" if key == MAIN else f"process (pid {key})"
         return known.info.title(self.info(known.info.parent) if key != MAIN else None)
 
     def state(self, key: str) -> ProcessState | None:
@@ -237,7 +240,9 @@ def fold_into_record(record: RunRecord, entry: StatusEntry, *, about: int, at: f
         )
     elif entry.event == StatusEvent.PAUSED:
         where = str(entry.data.get("where") or entry.detail)[:300]
-        row = rows.get(key) or ProcessRow(title="main process" if key == MAIN else f"process {key}")
+        row = rows.get(key) or ProcessRow(
+            title="main process" if key == MAIN else f"process (pid {key})"
+        )
         rows[key] = row.model_copy(update={"state": "paused", "where": where})
     elif entry.event == StatusEvent.RESUMED and key in rows:
         rows[key] = rows[key].model_copy(update={"state": "running", "where": ""})

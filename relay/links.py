@@ -276,7 +276,7 @@ class Links:
             await peer.error(ErrorCode(refusal.code), refusal.message, n=frame.n)
             return await self._skip(link, frame.n)
         if isinstance(entry, wire.StatusEntry):
-            if entry.event not in _WORKER_STATUS:
+            if entry.event not in _WORKER_STATUS and entry.event not in PROCESS_EVENTS:
                 problem = f"workers may not publish status {entry.event!r}"
                 await peer.error(ErrorCode.NOT_ALLOWED, problem, n=frame.n)
                 return await self._skip(link, frame.n)

@@ -159,7 +159,8 @@ async def test_torchrun_style_ranks_rank_1_stops_in_its_own_session(tmp_path: Pa
             "op": "wait_output",
             "session": "rank1",
             "label": "hint",
-            "category": "console",
+            # DAP's "important": shown in the console and as a notification, once per session
+            "category": "important",
             "contains": COLLECTIVE_TIMEOUT_HINT,
         },
         {"op": "continue", "session": "rank1"},
@@ -183,6 +184,6 @@ async def test_torchrun_style_ranks_rank_1_stops_in_its_own_session(tmp_path: Pa
     values = labels["locals"]["values"]
     assert (values["rank"], values["world_size"], values["partial"]) == ("1", "2", "20")
     # said once, in the paused rank's own session
-    assert child["output"]["console"].count(COLLECTIVE_TIMEOUT_HINT) == 1
-    assert COLLECTIVE_TIMEOUT_HINT not in result["output"].get("console", "")
+    assert child["output"]["important"].count(COLLECTIVE_TIMEOUT_HINT) == 1
+    assert COLLECTIVE_TIMEOUT_HINT not in result["output"].get("important", "")
     assert labels["end"]["exitCode"] == 0

@@ -34,19 +34,6 @@ from worker_shim.shim import run_shim
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-@pytest.fixture(autouse=True)
-def _relay_takes_process_statuses(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The relay's gate (``relay/links.py``, ``_WORKER_STATUS``) does not yet let a worker publish
-    ``process_started`` / ``process_exited``: let it, for these tests (the relay's own change is
-    another part of issue 18)."""
-    import relay.links
-
-    table = relay.links._WORKER_STATUS
-    for event in (StatusEvent.PROCESS_STARTED, StatusEvent.PROCESS_EXITED):
-        if event not in table:
-            monkeypatch.setitem(table, event, None)
-
-
 WORKDIR = "/home/me/project"
 
 POOL = """\

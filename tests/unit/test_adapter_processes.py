@@ -17,6 +17,7 @@ import trio
 import trio.testing
 from test_adapter_server import FakeLink, Ide, connect
 
+from adapter.actions import Say
 from adapter.core import Action, AdapterCore, CancelRun, CloseIde, Publish, ToIde
 from adapter.processes import Processes
 from adapter.server import AdapterServer
@@ -60,6 +61,7 @@ class Desk:
         self.presence: list[PresenceEntry] = []
         self.closed: list[int] = []
         self.cancelled: list[str] = []
+        self.said: list[str] = []  #: lines for the terminal
         self.seq: dict[int, int] = defaultdict(lambda: 100)  # the IDEs number from 101
 
     def perform(self, actions: list[Action]) -> None:
@@ -78,6 +80,8 @@ class Desk:
                 self.closed.append(action.generation)
             elif isinstance(action, CancelRun):
                 self.cancelled.append(action.detail)
+            elif isinstance(action, Say):
+                self.said.append(action.text)
 
     # --- the IDE side -----------------------------------------------------------------------------
 
@@ -219,7 +223,10 @@ def test_with_processes_all_a_child_is_offered_when_it_starts() -> None:
     d.live()
     d.started()
     [offer] = d.offers(main)
-    assert offer["arguments"]["configuration"]["name"] == "process 4242 on gpu-node-7"
+    assert (
+        offer["arguments"]["configuration"]["name"]
+        == "worker of the main process (pid 4242) on gpu-node-7"
+    )
     d.stopped()
     assert len(d.offers(main)) == 1
 
@@ -292,7 +299,7 @@ def test_a_refused_offer_is_said_once_in_the_main_console() -> None:
     d.answer(main, first, success=False)
     d.answer(main, second, success=False)
     [said] = d.new(main)
-    assert said["event"] == "output" and "process 4242" in said["body"]["output"]
+    assert said["event"] == "output" and "(pid 4242)" in said["body"]["output"]
     assert "no debugger extension" in said["body"]["output"]
 
 
@@ -453,6 +460,13 @@ def test_a_paused_rank_of_a_distributed_job_is_warned_once(
         m for m in d.seen[child] if COLLECTIVE_TIMEOUT_HINT in m.get("body", {}).get("output", "")
     ]
     assert len(hints) == (1 if hinted else 0)
+    # the terminal hears it too, once, whether an IDE shows the child or not
+    paused = StatusEntry(event=StatusEvent.PAUSED, process=CHILD, data={"where": "w.py:3"})
+    d.deliver(paused)
+    d.deliver(paused)
+    assert d.said == (
+        [f"rank 1 (pid 4242) on gpu-node-7 is paused: {COLLECTIVE_TIMEOUT_HINT}"] if hinted else []
+    )
 
 
 def test_deliveries_go_to_the_session_of_their_process() -> None:

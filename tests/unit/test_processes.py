@@ -29,7 +29,9 @@ def test_titles_say_rank_pid_and_host() -> None:
     assert WORKER.title(RANK_3) == "worker 2 of rank 3 (pid 4300) on gpu-7"
     plain = ProcessInfo(key="77", pid=77, nth=1)
     assert plain.title(MAIN_INFO) == "worker 1 of the main process (pid 77)"
-    assert plain.title() == "process 77"
+    assert plain.title() == "worker 1 of the main process (pid 77)"
+    orphan = ProcessInfo(key="78", pid=78, parent="5", nth=1)
+    assert orphan.title() == "process (pid 78)"
     assert process_key(4242) == "4242"
 
 
@@ -52,7 +54,7 @@ def test_the_table_folds_process_statuses() -> None:
     assert table.state("4242") is ProcessState.RUNNING
     # a malformed announcement is not a process
     assert not table.apply(_status(StatusEvent.PROCESS_STARTED, "9", data={"pid": "x"}))
-    assert table.title("9") == "process 9"
+    assert table.title("9") == "process (pid 9)"
 
 
 def test_dap_entries_carry_their_process_through_the_fast_path() -> None:
