@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from protocol_specs import dap_models as dap
+from protocol_specs.dap_framing import json_kind
 
 __all__ = ["NO_ARGUMENTS", "check_request", "garbage_note"]
 
@@ -35,7 +36,7 @@ def check_request(msg: dict[str, Any]) -> dict[str, Any] | str:
     if not isinstance(arguments, dict):
         text = (
             f"{dap.BAD_ARGUMENTS} for {command!r}: 'arguments' must be a JSON object, "
-            f"not a JSON {_json_kind(arguments)}."
+            f"not a JSON {json_kind(arguments)}."
         )
         return dap.error_response(msg, text)
     return msg
@@ -45,13 +46,3 @@ def garbage_note(reason: str) -> dict[str, Any]:
     """What the debug console is told of a message that is not a DAP request (no ``seq``)."""
     text = f"tether: ignored a malformed DAP message from the IDE: {reason}\n"
     return dap.event("output", {"category": "important", "output": text})
-
-
-def _json_kind(value: object) -> str:
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    return "number"

@@ -34,6 +34,7 @@ __all__ = [
     "DapFramingError",
     "DapProtocolError",
     "encode_message",
+    "json_kind",
 ]
 
 #: Longest header accepted (bytes before the blank line). debugpy and VS Code send only
@@ -212,7 +213,7 @@ class DapFramer:
             ) from None
         if not isinstance(msg, dict):
             raise DapFramingError(
-                f"DAP body must be a JSON object, got a JSON {_json_kind(msg)}", fatal=False
+                f"DAP body must be a JSON object, got a JSON {json_kind(msg)}", fatal=False
             )
         kind = msg.get("type")
         if kind not in _MESSAGE_TYPES:
@@ -221,7 +222,7 @@ class DapFramer:
             elif isinstance(kind, str):
                 got = f"type {kind[:40]!r}"
             else:
-                got = f"a JSON {_json_kind(kind)} as type"
+                got = f"a JSON {json_kind(kind)} as type"
             raise DapFramingError(
                 f'DAP message needs "type" "request", "response" or "event", got {got}',
                 fatal=False,
@@ -240,7 +241,8 @@ class DapFramer:
         raise self._broken
 
 
-def _json_kind(value: object) -> str:
+def json_kind(value: object) -> str:
+    """The JSON type of a decoded value, as an error message names it ("array", "string", ...)."""
     if isinstance(value, dict):
         return "object"
     if isinstance(value, list):
