@@ -228,7 +228,11 @@ def fold_into_record(record: RunRecord, entry: StatusEntry, *, about: int, at: f
         except ValidationError:
             return record
         if key not in rows and len(rows) >= MAX_ROWS:
-            return record
+            # a DataLoader starts its workers anew every epoch: the oldest ended one makes room
+            gone = next((k for k, row in rows.items() if row.state == "exited"), None)
+            if gone is None:
+                return record
+            del rows[gone]
         parent = rows.get(info.parent)
         parent_info = (
             ProcessInfo(key=info.parent, pid=parent.pid, rank=parent.rank) if parent else None

@@ -8,6 +8,7 @@ from adapter.render import status_text
 from protocol_specs import wire
 from protocol_specs.processes import (
     MAIN,
+    MAX_ROWS,
     ProcessInfo,
     ProcessState,
     ProcessTable,
@@ -104,3 +105,19 @@ def test_news_of_an_earlier_attempt_changes_nothing() -> None:
         fold_into_record(
             _record(), _status(StatusEvent.PAUSED, "7", data={"where": "x"}), about=2, at=1.0
         )
+
+
+def test_a_full_table_makes_room_by_forgetting_the_oldest_ended_process() -> None:
+    record = _record()
+    for pid in range(1, MAX_ROWS + 1):
+        info = ProcessInfo(key=str(pid), pid=pid, nth=pid)
+        record = _fold(record, StatusEvent.PROCESS_STARTED, str(pid), data=info.model_dump())
+    late = ProcessInfo(key="9999", pid=9999, nth=1)
+    assert (
+        "9999"
+        not in _fold(record, StatusEvent.PROCESS_STARTED, "9999", data=late.model_dump()).processes
+    )
+    record = _fold(record, StatusEvent.PROCESS_EXITED, "7", exit_code=0)
+    record = _fold(record, StatusEvent.PROCESS_STARTED, "9999", data=late.model_dump())
+    assert "9999" in record.processes and "7" not in record.processes
+    assert len(record.processes) == MAX_ROWS
