@@ -60,7 +60,9 @@ from .python_command import (
     build_debug_argv,
     check_python,
     debugpy_home,
+    is_launcher,
     is_python,
+    python_launcher,
     resolve_python,
     split_python_command,
 )
@@ -279,6 +281,9 @@ async def start_debuggee(
     debugpy's adapter and any other process of this run still alive are killed.
     """
     program = user_argv[0] if user_argv else ""
+    if is_launcher(program):  # torchrun, accelerate, deepspeed: Python scripts on the PATH
+        user_argv = [*python_launcher(program, env=env, cwd=cwd), *user_argv[1:]]
+        program = user_argv[0]
     if is_python(program):
         python = resolve_python(program, env=env, cwd=cwd)
     split_python_command(user_argv)  # a command that is not Python: said before anything starts

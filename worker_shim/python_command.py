@@ -24,7 +24,9 @@ __all__ = [
     "build_debug_argv",
     "check_python",
     "debugpy_home",
+    "is_launcher",
     "is_python",
+    "python_launcher",
     "resolve_python",
     "split_python_command",
 ]
@@ -49,6 +51,56 @@ _REFUSED = {
 
 def is_python(program: str) -> bool:
     return _PYTHON_NAME.fullmatch(PurePath(program).name) is not None or program == sys.executable
+
+
+def is_launcher(program: str) -> bool:
+    """A program named neither ``python*`` nor ``*.py``: maybe a launcher such as ``torchrun``,
+    ``accelerate`` or ``deepspeed``, a Python script installed as a command. Only the worker can
+    tell (:func:`python_launcher`): the command is found on the run's ``PATH`` there."""
+    return bool(program) and not is_python(program) and not program.endswith(".py")
+
+
+#: pip's first lines for an interpreter path that is too long or has spaces:
+#: ``#!/bin/sh`` then ``'''exec' "/long path/python" "$0" "$@"``
+_PIP_SH_EXEC = re.compile(r"^'''exec' \"([^\"]+)\"")
+
+
+def python_launcher(program: str, *, env: dict[str, str], cwd: str) -> list[str]:
+    """``[interpreter, script]`` for a command that is a Python script with a ``#!`` line (how pip
+    installs ``torchrun`` and every other console script); ``ValueError`` says why it is not.
+
+    Run as ``interpreter script``, it is a Python command like any other: debugpy starts the
+    launcher, and the launcher's children (the ranks) are debugged as its subprocesses.
+    """
+    path = env.get("PATH", os.defpath)
+    if os.sep in program or (os.altsep and os.altsep in program):
+        found: str | None = str(Path(cwd, program))
+    else:
+        found = shutil.which(program, path=path)
+    if found is None or not os.path.isfile(found):
+        raise ValueError(f"no program {program!r} on the worker (its PATH, or the run directory)")
+    try:
+        with open(found, "rb") as f:
+            head = f.read(1024)
+    except OSError as exc:
+        raise ValueError(f"cannot read {found}: {exc.strerror}") from None
+    lines = head.decode(errors="replace").split("\n")
+    words = lines[0][2:].split() if lines[0].startswith("#!") else []
+    if words and PurePath(words[0]).name == "env":
+        names = [w for w in words[1:] if not w.startswith("-")]
+        words = [shutil.which(names[0], path=path) or names[0]] if names else []
+    if words and PurePath(words[0]).name == "sh" and len(lines) > 1:
+        pip_exec = _PIP_SH_EXEC.match(lines[1])
+        if pip_exec:
+            words = [pip_exec.group(1)]
+    if words and is_python(words[0]):
+        return [words[0], found]
+    runs = f"it runs {words[0]}" if words else "it is not a script"
+    raise ValueError(
+        f"{program} ({found}) is not a Python program ({runs}): debug mode starts Python "
+        "programs, and the Python ones they start; give the Python command instead, e.g. "
+        "python -m torch.distributed.run ... (tether run runs any command, without the debugger)"
+    )
 
 
 #: the oldest CPython the debugpy tether installs runs on (its ``Requires-Python``)

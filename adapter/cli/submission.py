@@ -45,18 +45,11 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
         raise SystemExit(
             "tether: give the command to run after --, e.g. tether debug -- python train.py"
         )
-    if debug:  # said now, not after the queue wait: the worker would refuse it the same way
-        from worker_shim.python_command import split_python_command
-
-        try:
-            split_python_command(command)
-        except ValueError as exc:
-            raise SystemExit(
-                f"tether: {exc} (tether run runs any command, without the debugger)"
-            ) from None
     workdir = Path(args.workdir or os.getcwd()).resolve()
     if not workdir.is_dir():
         raise SystemExit(f"tether: --workdir {args.workdir}: no such directory")
+    if debug:  # said now, not after the queue wait: the worker would refuse it the same way
+        _check_debuggable(command, workdir)
 
     def pick(name: str, default: Any) -> Any:
         value = getattr(args, name, None)
@@ -114,6 +107,25 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise SystemExit(f"tether: invalid run: {where}: {err['msg']}") from None
+
+
+def _check_debuggable(command: list[str], workdir: Path) -> None:
+    """What the worker would refuse in debug mode, refused before the run queues. A launcher
+    named by a path (``./launch.sh``) is in the snapshot and read here; one named bare
+    (``torchrun``) is looked up on the worker's ``PATH``, so only the worker can tell."""
+    from worker_shim.python_command import is_launcher, python_launcher, split_python_command
+
+    program = command[0]
+    try:
+        if not is_launcher(program):
+            split_python_command(command)
+        elif os.sep in program and (workdir / program).resolve().is_relative_to(workdir):
+            python_launcher(program, env=dict(os.environ), cwd=str(workdir))
+    except ValueError as exc:
+        said = str(exc)
+        if "tether run" not in said:
+            said += " (tether run runs any command, without the debugger)"
+        raise SystemExit(f"tether: {said}") from None
 
 
 def _backend(name: str) -> str:

@@ -12,6 +12,7 @@ session, is validated against the DAP schema.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +32,24 @@ RANK1_LINE = 36  # programs/ranks_worker.py, main(): only rank != 0 runs it
 
 
 async def run_through_tether(
-    tmp_path: Path, command: list[str], breakpoints: dict[str, list[Any]], steps: list[Any]
+    tmp_path: Path,
+    command: list[str],
+    breakpoints: dict[str, list[Any]],
+    steps: list[Any],
+    *,
+    program: str = "python",
 ) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
-    """Queue ``command`` with `tether debug`, configure it from the runner, start a worker, run the
-    steps; returns (result, messages, adapter port) once the run ended with exit code 0."""
+    """Queue ``program command`` with `tether debug`, configure it from the runner, start a worker,
+    run the steps; returns (result, messages, adapter port) once the run ended with exit code 0."""
     ws = copy_programs(tmp_path / "ws")
+    # a console script, as pip installs torchrun: a Python script with a #! line, no .py
+    launcher = ws / "launch-ranks"
+    launcher.write_text(f"#!{sys.executable}\n" + (ws / "ranks_launcher.py").read_text())
     home = tmp_path / "home"
     all_steps = [{"op": "mark", "name": "configured", "wait": True}, *steps]
     async with (
         relay_stack(home) as (_up, relay),
-        debug_run(home, relay, ws, "python", *command) as (debug, _run, port),
+        debug_run(home, relay, ws, program, *command) as (debug, _run, port),
     ):
         spec = scenario(port, ws, all_steps, breakpoints=breakpoints, timeout_ms=120_000)
         async with open_vscode_session(spec, timeout=270) as session:
@@ -137,7 +146,14 @@ async def test_pool_of_16_with_a_breakpoint_in_the_main_process_completes(tmp_pa
     assert result["labels"]["end"]["exitCode"] == 0
 
 
-async def test_torchrun_style_ranks_rank_1_stops_in_its_own_session(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "launch",
+    [["python", "ranks_launcher.py", "2"], ["./launch-ranks", "2"]],
+    ids=["python-launcher", "console-script"],
+)
+async def test_torchrun_style_ranks_rank_1_stops_in_its_own_session(
+    tmp_path: Path, launch: list[str]
+) -> None:
     steps: list[dict[str, Any]] = [
         {
             "op": "wait_session",
@@ -169,10 +185,7 @@ async def test_torchrun_style_ranks_rank_1_stops_in_its_own_session(tmp_path: Pa
         {"op": "disconnect"},
     ]
     result, _messages, _port = await run_through_tether(
-        tmp_path,
-        ["ranks_launcher.py", "2"],
-        {"ranks_worker.py": [RANK1_LINE]},
-        steps,
+        tmp_path, launch[1:], {"ranks_worker.py": [RANK1_LINE]}, steps, program=launch[0]
     )
     labels = result["labels"]
     # only rank 1 reaches the line, so only rank 1 is offered (--processes stopped)

@@ -143,7 +143,6 @@ def _debug_args(tmp_path: Path, *command: str, **overrides: object) -> argparse.
 @pytest.mark.parametrize(
     ("command", "said"),
     [
-        (["torchrun", "train.py"], "needs a Python command.*got 'torchrun'"),
         (["python", "-V"], "python -V runs no program"),
         (["python", "-m"], "python -m needs an argument"),
         (["python"], "names no script, -m module or -c code"),
@@ -210,3 +209,22 @@ def test_processes_and_ranks_reach_the_spec(tmp_path: Path) -> None:
 def test_bad_ranks_are_refused_by_the_parser(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         parse_ranks(text)
+
+
+def test_a_launcher_is_left_to_the_worker_at_submit_time(tmp_path: Path) -> None:
+    """torchrun on the laptop's PATH or not, only the worker's PATH says what it is."""
+    command = ["torchrun", "--nproc-per-node", "2", "train.py"]
+    assert build_spec(_debug_args(tmp_path, *command), debug=True).command == command
+
+
+def test_a_shell_script_in_the_workdir_is_refused_at_submit_time(tmp_path: Path) -> None:
+    (tmp_path / "launch.sh").write_text("#!/bin/bash\ntorchrun train.py\n")
+    with pytest.raises(
+        SystemExit, match=r"launch.sh .* is not a Python program \(it runs /bin/bash\)"
+    ):
+        build_spec(_debug_args(tmp_path, "./launch.sh"), debug=True)
+    (tmp_path / "launch").write_text("#!/usr/bin/env python3\nimport runpy\n")
+    assert build_spec(_debug_args(tmp_path, "./launch", "2"), debug=True).command == [
+        "./launch",
+        "2",
+    ]
