@@ -33,6 +33,7 @@ async def test_bad_input_gets_a_clear_line_and_never_a_traceback(tmp_path: Path)
     project = tmp_path / "project"
     project.mkdir()
     (project / "app.py").write_text("print('hi')\n")
+    (project / "launch.sh").write_text("#!/bin/bash\npython app.py\n")  # a shell launcher
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -52,7 +53,7 @@ async def test_bad_input_gets_a_clear_line_and_never_a_traceback(tmp_path: Path)
                     f"127.0.0.1:{port} is in use",
                 ),
                 (("attach", "nosuchrun", "--port", port), f"127.0.0.1:{port} is in use"),
-                (("debug", "--", "torchrun", "app.py"), "needs a Python command"),
+                (("debug", "--", "./launch.sh"), "not a Python program (it runs /bin/bash)"),
                 (("debug", "--", "python", "-V"), "python -V runs no program"),
                 (("run", "--gpu", "2", "--", "python", "app.py"), "unrecognized arguments"),
                 (("run", "--backend", "k8s", "--", "python", "app.py"), "invalid choice: 'k8s'"),
