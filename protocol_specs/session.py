@@ -249,6 +249,16 @@ class DebugSession:
         if entry.event in NOTICES:
             self.notice = entry  # news about the run, not a step of its lifecycle
             return
+        if (
+            entry.event == StatusEvent.EXITED
+            and self.finished
+            and self.status in (StatusEvent.CANCELLED, StatusEvent.WORKER_LOST)
+        ):
+            # the relay's verdict came first (the worker ends the program after a cancel): the
+            # run stays cancelled, whatever moment the program's exit is reported at
+            if entry.exit_code is not None:
+                self.exit_code = entry.exit_code
+            return
         self.status = entry.event
         self.status_detail = entry.detail
         if entry.state:

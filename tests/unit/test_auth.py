@@ -42,7 +42,7 @@ def record_of(token: str, **changes: object) -> TokenRecord:
 def test_a_new_token_parses_matches_the_leak_pattern_and_checks() -> None:
     token, token_id, digest = new_token("user")
     assert TOKEN_PATTERN.fullmatch(token) and parse_token(token) is not None
-    assert describe(token) == f"token {token_id}" and token.split("_")[2] not in describe(token)
+    assert describe(token) == f"token {token_id}" and token.split("_", 2)[2] not in describe(token)
     who = check_token(token, record_of(token), now=0)
     assert isinstance(who, Principal) and who.user == "alice" and who.token == token_id
     assert token not in str(who) and token not in repr(who)

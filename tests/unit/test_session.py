@@ -167,3 +167,10 @@ def test_status_events_are_str_enums_and_unknown_ones_still_fold() -> None:
         False,
         False,
     )
+
+
+def test_a_cancelled_run_stays_cancelled_when_the_programs_exit_is_reported_after() -> None:
+    s = DebugSession()
+    s.apply_to_ide(StatusEntry(event=StatusEvent.CANCELLED, state="cancelled"))
+    s.apply_to_ide(StatusEntry(event=StatusEvent.EXITED, exit_code=-15))
+    assert (s.status, s.finished, s.exit_code) == (StatusEvent.CANCELLED, True, -15)
