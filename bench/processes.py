@@ -17,6 +17,7 @@ The two clocks are related once per run: the runner waits at a ``mark`` until th
 transcript timestamp is then that wall-clock instant (error: the pipe and one event-loop turn, well
 under a millisecond, plus the runner's 1 ms resolution). A second, coarser figure checks it: the
 bench's wall clock on receiving the ``MARK stopped`` line the runner prints right after the stop.
+Also from the transcript: the child's birth to the client receiving ``startDebugging`` for it.
 
 Part 2, memory per process session: one run whose program starts K children that each stop at the
 breakpoint, the client holding every child's session, against the same run with one child. Relay
@@ -92,11 +93,13 @@ _FIRST_STOP_STEPS: list[dict[str, Any]] = [
 ]
 
 
-def _child_stop_ms(
+def _child_times(
     result: dict[str, Any], transcript: Path, born: Path, go_wall: float, offset: float
-) -> float:
-    """Child birth to the runner's receipt of ``stopped`` in the child's session, ms."""
+) -> tuple[float, float]:
+    """From the child's birth to the runner's receipt of (``startDebugging`` for it, ``stopped`` in
+    its session), ms."""
     kid = result["labels"]["kid"]
+    pid = kid["subProcessId"]
     main = next(s["index"] for s in result["sessions"] if s["kind"] == "main")
     entries = [json.loads(line) for line in transcript.read_text().splitlines() if line.strip()]
     sync = [
@@ -106,6 +109,13 @@ def _child_stop_ms(
         and e["dir"] == "client->adapter"
         and e["msg"].get("command") == "threads"
     ][-1]  # the handshake sent one too; the step after the mark is the last
+    offered = next(
+        e["t"]
+        for e in entries
+        if e["dir"] == "adapter->client"
+        and e["msg"].get("command") == "startDebugging"
+        and e["msg"]["arguments"]["configuration"].get("subProcessId") == pid
+    )
     stop = next(
         e["t"]
         for e in entries
@@ -113,8 +123,8 @@ def _child_stop_ms(
         and e["dir"] == "adapter->client"
         and e["msg"].get("event") == "stopped"
     )
-    epoch = go_wall - sync / 1000  # the runner's T0 on the wall clock
-    return (epoch + stop / 1000 - _born_wall(born, kid["subProcessId"], offset)) * 1000
+    epoch = go_wall - sync / 1000 - _born_wall(born, pid, offset)  # the runner's T0, from birth
+    return (epoch + offered / 1000) * 1000, (epoch + stop / 1000) * 1000
 
 
 def _born_wall(born: Path, pid: int, offset: float) -> float:
@@ -123,6 +133,14 @@ def _born_wall(born: Path, pid: int, offset: float) -> float:
         if entry["pid"] == pid:
             return float(entry["born_ticks"]) / _TICK + offset
     raise ValueError(f"the stopped session's subProcessId {pid} is no child the parent started")
+
+
+def _figures(
+    result: dict[str, Any], transcript: Path, born: Path, go: float, mark: float, offset: float
+) -> dict[str, float]:
+    offered, stopped = _child_times(result, transcript, born, go, offset)
+    birth = _born_wall(born, result["labels"]["kid"]["subProcessId"], offset)
+    return {"stopped": stopped, "offered": offered, "mark": (mark - birth) * 1000}
 
 
 async def _drive(spec: Any) -> tuple[dict[str, Any], float, float]:
@@ -139,8 +157,8 @@ async def _drive(spec: Any) -> tuple[dict[str, Any], float, float]:
 
 async def child_stop_through_tether(
     home: Path, relay: str, tmp: Path, name: str
-) -> tuple[float, float]:
-    """(transcript ms, MARK ms); the worker starts after the IDE configured the queued run."""
+) -> dict[str, float]:
+    """Milliseconds from the child's birth (see :func:`_figures`); the worker starts after the IDE configured the queued run."""
     workdir = _workdir(tmp, name)
     born = tmp / f"{name}.born"
     transcript = tmp / f"{name}.transcript.jsonl"
@@ -157,13 +175,11 @@ async def child_stop_through_tether(
                 mark_wall = time.time()
                 result, _messages = await session.result()
                 await debug.wait_line(r"run \S+ ended", timeout=60)  # the worker is free again
-    kid = result["labels"]["kid"]
-    ms = _child_stop_ms(result, transcript, born, go_wall, offset)
-    return ms, (mark_wall - _born_wall(born, kid["subProcessId"], offset)) * 1000
+    return _figures(result, transcript, born, go_wall, mark_wall, offset)
 
 
-async def child_stop_straight(tmp: Path, name: str) -> tuple[float, float]:
-    """(transcript ms, MARK ms) with stock debugpy (``--configure-subProcess true``)."""
+async def child_stop_straight(tmp: Path, name: str) -> dict[str, float]:
+    """Milliseconds from the child's birth (see :func:`_figures`) with stock debugpy (``--configure-subProcess true``)."""
     workdir = _workdir(tmp, name)
     born = tmp / f"{name}.born"
     transcript = tmp / f"{name}.transcript.jsonl"
@@ -179,26 +195,25 @@ async def child_stop_straight(tmp: Path, name: str) -> tuple[float, float]:
     ) as debuggee:
         spec = _spec(debuggee.port, workdir, _FIRST_STOP_STEPS, transcript)
         result, go_wall, mark_wall = await _drive(spec)
-    kid = result["labels"]["kid"]
-    ms = _child_stop_ms(result, transcript, born, go_wall, offset)
-    return ms, (mark_wall - _born_wall(born, kid["subProcessId"], offset)) * 1000
+    return _figures(result, transcript, born, go_wall, mark_wall, offset)
 
 
 async def first_stops(home: Path, relay: str, tmp: Path, n: int) -> dict[str, Any]:
     """``n`` runs each way, alternating."""
-    got: dict[str, list[float]] = {"tether": [], "debugpy": []}
-    marks: dict[str, list[float]] = {"tether": [], "debugpy": []}
+    figures = ("stopped", "offered", "mark")
+    got = {f: {"tether": list[float](), "debugpy": list[float]()} for f in figures}
     for i in range(n):
         for way, measure in (
             ("tether", lambda i=i: child_stop_through_tether(home, relay, tmp, f"pc-t{i}")),
             ("debugpy", lambda i=i: child_stop_straight(tmp, f"pc-d{i}")),
         ):
-            ms, mark_ms = await measure()
-            got[way].append(ms)
-            marks[way].append(mark_ms)
+            measured = await measure()
+            for f in figures:
+                got[f][way].append(measured[f])
     return {
-        "child_first_stop": {k: Dist(v) for k, v in got.items()},
-        "child_first_stop_mark": {k: Dist(v) for k, v in marks.items()},
+        "child_first_stop": {k: Dist(v) for k, v in got["stopped"].items()},
+        "child_offered": {k: Dist(v) for k, v in got["offered"].items()},
+        "child_first_stop_mark": {k: Dist(v) for k, v in got["mark"].items()},
     }
 
 
