@@ -18,9 +18,9 @@ from typing import Any
 
 import trio
 
-from . import common, first_stop, flood, idle, latency, report, resume, snapshot
+from . import common, first_stop, flood, idle, latency, processes, report, resume, snapshot
 
-BENCHES = ("latency", "flood", "first_stop", "idle", "snapshot", "resume")
+BENCHES = ("latency", "flood", "first_stop", "idle", "snapshot", "resume", "processes")
 
 #: (full, quick) sizes
 SIZES: dict[str, tuple[int, int]] = {
@@ -33,6 +33,8 @@ SIZES: dict[str, tuple[int, int]] = {
     "snapshot_files": (20_000, 200),
     "snapshot_mib": (500, 2),
     "resumes": (30, 2),
+    "child_stops": (10, 1),
+    "process_children": (16, 2),
 }
 
 
@@ -109,6 +111,21 @@ async def run(only: set[str], quick: bool, tmp: Path) -> dict[str, Any]:
         async with common.tether_stack(tmp / "home-resume") as tether:
             figures["resume"] = await resume.run(tether.endpoint(), size["resumes"])
 
+    async def bench_processes() -> None:
+        home = tmp / "home-processes"
+        async with common.relay_stack(home, workers=0) as (up, relay):
+            url = (await up.wait_line(r"redis: (\S+)")).group(1)
+            stops = await processes.first_stops(home, relay, tmp, size["child_stops"])
+            mem = await processes.memory(
+                home,
+                relay,
+                up.process.pid,
+                lambda: common.redis_used_memory(url),
+                tmp,
+                size["process_children"],
+            )
+            figures["processes"] = {**stops, "memory": mem}
+
     stages = {
         "latency": bench_latency,
         "flood": bench_flood,
@@ -116,6 +133,7 @@ async def run(only: set[str], quick: bool, tmp: Path) -> dict[str, Any]:
         "idle": bench_idle,
         "snapshot": bench_snapshot,
         "resume": bench_resume,
+        "processes": bench_processes,
     }
     for name, stage in stages.items():
         if name in only:

@@ -233,12 +233,82 @@ def _resume(f: dict[str, Dist], _n: dict[str, int]) -> list[str]:
     ]
 
 
+def _processes(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
+    t, d = f["child_first_stop"]["tether"], f["child_first_stop"]["debugpy"]
+    mt, md = f["child_first_stop_mark"]["tether"], f["child_first_stop_mark"]["debugpy"]
+    ot, od = f["child_offered"]["tether"], f["child_offered"]["debugpy"]
+    m = f["memory"]
+    k = m["children"]
+    rows = [
+        "## 8. Processes",
+        "",
+        "Time from a child process's start to the IDE holding that child's `stopped`: a parent "
+        "starts one `multiprocessing` spawn child whose function stops at a breakpoint on its "
+        "first line. tether: the IDE configured the run while it was queued, then a worker "
+        "started it; the adapter offered the child with `startDebugging` when it stopped "
+        "(`--processes stopped`). Stock debugpy: started with `--configure-subProcess true`, the "
+        "client attached; it answers debugpy's `startDebugging` by opening the child's session, "
+        "sets the breakpoint there and sends `configurationDone`. The client is Microsoft's "
+        "DebugClient (`tests/e2e/node/vscode_scenario.mjs`), as in VS Code. From the child's "
+        "birth (`/proc/PID/stat`, 10 ms ticks) to the client's receipt of `stopped` in the "
+        "child's session, by the runner's transcript timestamp (its clock related to the "
+        "bench's once per run: a request sent as the bench released a `mark`). Runs alternate.",
+        "",
+        "| | median | p99 | runs | to `startDebugging`, median "
+        "| check: `MARK` after the stop, median |",
+        "|---|---|---|---|---|---|",
+        f"| through tether | {_ms(t.median)} | {_ms(t.p99)} | {len(t.samples)} "
+        f"| {_ms(ot.median)} | {_ms(mt.median)} |",
+        f"| stock debugpy | {_ms(d.median)} | {_ms(d.p99)} | {len(d.samples)} "
+        f"| {_ms(od.median)} | {_ms(md.median)} |",
+        f"| ratio | {t.median / d.median:.2f} | | | | {mt.median / md.median:.2f} |",
+        "",
+        "`startDebugging`: from the birth to the client receiving the offer of the child's "
+        "session (tether offers a child when it first stops; debugpy as soon as the child's "
+        "debugpy connects, before it runs user code). The check column is the bench's own clock "
+        "on reading the `MARK` line the runner prints once the child's session is set up and its "
+        "`stopped` consumed: an upper bound that needs no clock relation.",
+        "",
+        f"Memory per extra process session: a run whose program starts {k} spawn children that "
+        f"each stop at the breakpoint, the client holding all {k} child sessions, against the "
+        "same run with one child (a one-child run before both, not counted). Each figure grew "
+        "from the IDE configuring the queued run to every child stopped; per process: "
+        f"(growth({k}) - growth(1)) / {k - 1}.",
+        "",
+        "| | per extra process session | growth, 1 child | growth, " + str(k) + " children |",
+        "|---|---|---|---|",
+    ]
+    one, many = m["runs"][-2], m["runs"][-1]
+
+    def grew(run: dict[str, Any], key: str) -> float:
+        return float(run[key][1] - run[key][0])
+
+    for key, name, per, unit in (
+        ("relay_rss_kib", "relay resident memory", m["relay_kib_per_process"], 1.0),
+        ("redis_used_memory", "Redis used_memory", m["redis_bytes_per_process"], 1 / 1024),
+        ("adapter_rss_kib", "adapter (`tether debug`) resident memory",
+         m["adapter_kib_per_process"], 1.0),
+    ):  # fmt: skip
+        rows.append(
+            f"| {name} | {per * unit:.1f} KiB | {grew(one, key) * unit:.1f} KiB "
+            f"| {grew(many, key) * unit:.1f} KiB |"
+        )
+    rows += [
+        "",
+        f"Child sessions the client opened: {one['sessions_opened']} and "
+        f"{many['sessions_opened']}. Resident memory moves in 4 KiB pages and by the allocator's "
+        "arenas, so a per-process figure of a few KiB either way is within its noise.",
+    ]
+    return [*rows, ""]
+
+
 SECTIONS = {
     "flood": _flood,
     "first_stop": _first_stop,
     "idle": _idle,
     "snapshot": _snapshot,
     "resume": _resume,
+    "processes": _processes,
 }
 
 

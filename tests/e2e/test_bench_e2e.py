@@ -27,7 +27,16 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
     output = done.stdout.decode() + done.stderr.decode()
     assert done.returncode == 0, output
     figures = json.loads((tmp_path / "results" / "figures.json").read_text())
-    for key in ("requests", "stepping", "flood", "first_stop", "idle", "snapshot", "resume"):
+    for key in (
+        "requests",
+        "stepping",
+        "flood",
+        "first_stop",
+        "idle",
+        "snapshot",
+        "resume",
+        "processes",
+    ):
         assert key in figures, (key, sorted(figures))
     # every latency figure has samples of all three ways
     for table in (figures["requests"], figures["stepping"]):
@@ -35,6 +44,7 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
             assert set(ways) == {"tether", "debugpy", "floor"}
             assert all(len(w["samples"]) > 0 for w in ways.values())
     assert figures["idle"]["sessions"] == 20
+    assert [r["sessions_opened"] for r in figures["processes"]["memory"]["runs"]] == [1, 1, 2]
     assert all(r["blob_bytes"] == figures["snapshot"]["file_bytes"]
                for r in figures["snapshot"]["rounds"]["tether"])  # fmt: skip
     report = (tmp_path / "report.md").read_text()
@@ -46,5 +56,6 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
         "5. Idle scale",
         "6. Snapshot",
         "7. Resume",
+        "8. Processes",
     ):
         assert f"## {heading}" in report, heading
