@@ -28,7 +28,6 @@ child goes first and is not counted (first-use allocations).
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -37,15 +36,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.harness import debug_run, worker
+from tests.e2e.harness import debug_run, open_vscode_session, scenario, worker
 from worker_shim.debuggee import start_debuggee
 
 from .common import PROGRAMS, Dist, break_line, rss_kib
-
-# tests/e2e/harness put tests/e2e on sys.path; it does not re-export these two
-_node = importlib.import_module("node_harness")
-open_vscode_session = _node.open_vscode_session
-scenario = _node.scenario
 
 PROGRAM = "spawn_children.py"
 _TICK = os.sysconf("SC_CLK_TCK")

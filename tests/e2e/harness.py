@@ -17,14 +17,22 @@ for _entry in (str(_HERE.parent), str(_HERE)):  # as pytest inserts them for tes
     if _entry not in sys.path:
         sys.path.append(_entry)
 
-from node_harness import ensure_node_modules, vscode_attach, vscode_initialize  # noqa: E402
+from node_harness import (  # noqa: E402
+    ensure_node_modules,
+    open_vscode_session,
+    scenario,
+    vscode_attach,
+    vscode_initialize,
+)
 from stack import Proc, debug_run, relay_stack, tether, worker  # noqa: E402
 
 __all__ = [
     "Proc",
     "debug_run",
     "ensure_node_modules",
+    "open_vscode_session",
     "relay_stack",
+    "scenario",
     "tether",
     "vscode_attach",
     "vscode_initialize",
