@@ -13,7 +13,11 @@ connection, which sends queued messages in order. Everything else is plain bookk
   after ``configurationDone``. Requests can be pipelined the way VS Code sends its configuration:
   :meth:`DapClient.send_request_nowait`, then :meth:`DapClient.response` for each.
 - Reverse requests from the adapter (``runInTerminal``, ``startDebugging``) are answered
-  ``success: false`` at once, so the adapter never waits on this client.
+  ``success: false`` at once, so the adapter never waits on this client, except the commands the
+  caller asked to serve (``serve=``): those are buffered like events until
+  :meth:`DapClient.wait_reverse_request` takes them, and the caller answers each with
+  :meth:`DapClient.answer` (a test that opens a child session for ``startDebugging``, as VS Code
+  does).
 - Waits take a timeout and raise :class:`TimeoutError` saying what did not arrive; once the
   connection is gone (closed by either side, or the adapter sent bytes that are not DAP) they raise
   :class:`ConnectionError` with the reason instead of waiting out the timeout.
@@ -24,7 +28,7 @@ Cancelling a wait leaves the client usable: a response that arrives later stays 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -42,8 +46,10 @@ _CLOSE_TIMEOUT = 5.0
 class DapClient:
     """The client side of one DAP connection. Create it with :func:`open_dap_client`."""
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
+    def __init__(self, stream: trio.abc.Stream, *, serve: Collection[str] = ()) -> None:
         self._stream = stream
+        self._serve = frozenset(serve)  # reverse request commands the caller answers itself
+        self._reverse: list[dict[str, Any]] = []  # served reverse requests not yet taken, in order
         self._seq = 0
         self._outbox: list[bytes] = []  # encoded messages the writer has not sent yet
         self._commands: dict[int, str] = {}  # seq -> command of requests not yet answered
@@ -124,6 +130,34 @@ class DapClient:
                 f" within {timeout} s (unconsumed events: {seen})"
             ) from None
 
+    async def wait_reverse_request(self, command: str, *, timeout: float = 30) -> dict[str, Any]:
+        """Take the first untaken reverse request ``command`` (one of those the client was opened
+        to serve), waiting for it if needed; answer it with :meth:`answer`."""
+        if command not in self._serve:
+            raise ValueError(
+                f"{command!r} requests are refused at once: open the client to serve it"
+            )
+        try:
+            with trio.fail_after(timeout):
+                while True:
+                    for i, msg in enumerate(self._reverse):
+                        if msg.get("command") == command:
+                            return self._reverse.pop(i)
+                    self._check_open(f"no {command!r} request")
+                    await self._changed.wait()
+        except trio.TooSlowError:
+            raise TimeoutError(f"no {command!r} request within {timeout} s") from None
+
+    def answer(
+        self, request: dict[str, Any], body: dict[str, Any] | None = None, *, error: str = ""
+    ) -> int:
+        """Queue the response to a reverse request: success with ``body``, or a failure saying
+        ``error``; returns its ``seq``."""
+        self._check_open(f"cannot answer {request.get('command')!r}")
+        if error:
+            return self._queue(dap.error_response(request, error))
+        return self._queue(dap.response(request, body))
+
     def discard_events(self, event: str) -> int:
         """Drop unconsumed ``event`` events (e.g. stale stops before the next step); returns how many."""
         before = len(self._events)
@@ -167,6 +201,8 @@ class DapClient:
                 self._responses[request_seq] = msg
         elif kind == "event":
             self._events.append(msg)
+        elif msg.get("command") in self._serve:
+            self._reverse.append(msg)
         else:  # a reverse request: this client serves none, and says so at once
             command = msg.get("command")
             text = f"the tether test client does not serve {command!r} requests"
@@ -217,9 +253,12 @@ def _request(command: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def open_dap_client_on_stream(stream: trio.abc.Stream) -> AsyncIterator[DapClient]:
-    """Run a :class:`DapClient` over an open stream; the stream is closed on exit."""
-    client = DapClient(stream)
+async def open_dap_client_on_stream(
+    stream: trio.abc.Stream, *, serve: Collection[str] = ()
+) -> AsyncIterator[DapClient]:
+    """Run a :class:`DapClient` over an open stream; the stream is closed on exit. ``serve``: the
+    reverse request commands the caller answers (:meth:`DapClient.wait_reverse_request`)."""
+    client = DapClient(stream, serve=serve)
     unwrapped: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
@@ -241,8 +280,11 @@ async def open_dap_client_on_stream(stream: trio.abc.Stream) -> AsyncIterator[Da
 
 
 @asynccontextmanager
-async def open_dap_client(host: str, port: int) -> AsyncIterator[DapClient]:
-    """Connect to a DAP server (a debug adapter) at ``host:port``."""
+async def open_dap_client(
+    host: str, port: int, *, serve: Collection[str] = ()
+) -> AsyncIterator[DapClient]:
+    """Connect to a DAP server (a debug adapter) at ``host:port``; ``serve`` as for
+    :func:`open_dap_client_on_stream`."""
     stream = await trio.open_tcp_stream(host, port)
-    async with open_dap_client_on_stream(stream) as client:
+    async with open_dap_client_on_stream(stream, serve=serve) as client:
         yield client

@@ -138,6 +138,45 @@ async def test_reverse_requests_are_refused_at_once() -> None:
         assert client.send_request_nowait("threads") == 2  # one seq counter for everything sent
 
 
+async def test_served_reverse_requests_wait_for_the_callers_answer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client_end, adapter_end = trio.testing.memory_stream_pair()
+    adapter = ScriptedAdapter(adapter_end)
+    async with open_dap_client_on_stream(client_end, serve={"startDebugging"}) as client:
+        configuration = {"request": "attach", "subProcessId": 42}
+        await adapter.send(
+            type="request",
+            command="startDebugging",
+            arguments={"request": "attach", "configuration": configuration},
+        )
+        # other reverse requests are still refused at once
+        await adapter.send(type="request", command="runInTerminal", arguments={"args": ["x"]})
+        refusal = await adapter.receive()
+        assert refusal["command"] == "runInTerminal" and refusal["success"] is False
+        offer = await client.wait_reverse_request("startDebugging")  # filed before the wait
+        assert offer["arguments"]["configuration"] == configuration
+        assert client.answer(offer) == 2
+        assert await adapter.receive() == {
+            "seq": 2,
+            "type": "response",
+            "request_seq": 1,
+            "success": True,
+            "command": "startDebugging",
+        }
+        with pytest.raises(TimeoutError, match="no 'startDebugging' request within 3 s"):
+            await client.wait_reverse_request("startDebugging", timeout=3)
+        with pytest.raises(ValueError, match="refused at once"):
+            await client.wait_reverse_request("runInTerminal")
+        await adapter.send(type="request", command="startDebugging", arguments={})
+        client.answer(await client.wait_reverse_request("startDebugging"), error="not now")
+        reply = await adapter.receive()
+        assert reply["success"] is False and reply["message"] == "not now"
+        await adapter.stream.aclose()
+        with pytest.raises(ConnectionError, match="no 'startDebugging' request"):
+            await client.wait_reverse_request("startDebugging")
+
+
 async def test_timeouts_say_what_did_not_arrive(autojump_clock: trio.testing.MockClock) -> None:
     async with connected() as (client, adapter):
         await adapter.event("output", {"output": "x"})
