@@ -6,13 +6,20 @@ their own process. The adapter reaches relay A and the worker relay B, each thro
 so a failure can be replayed). Midway relay A is SIGKILLed and replaced, and Redis is restarted from
 its append-only file.
 
-Every message carries a test sequence number the far side checks:
+The program has two debugged processes: the probe starts a child running the same probe loop, and
+the test answers the adapter's ``startDebugging`` the way VS Code does (a second DAP connection to
+the adapter, ``attach`` with the offered configuration), so the two processes' sessions run their
+traffic concurrently through the same faults.
+
+Every message carries a test sequence number the far side checks, per process:
 
 - IDE -> worker: ``evaluate record(i)`` requests, pipelined; the program appends ``i`` to a list in
   arrival order and answers ``i``. At the end the list must be exactly ``0..N-1``.
-- worker -> IDE: ``evaluate flood(j, k)`` makes the program print ``tseq j`` ... ``tseq j+k-1``;
-  the IDE's ``output`` events must carry exactly ``0..M-1`` in order. Every request gets exactly one
-  response, with the right result.
+- worker -> IDE: ``evaluate flood(j, k)`` makes the process print ``tseq ROLE j`` ...
+  ``tseq ROLE j+k-1`` (ROLE: ``main`` or ``child``; a child writes to its parent's stdout, so all
+  of the run's output reaches the main session); the ``output`` events must carry exactly
+  ``0..M-1`` in order for each role. Every request of each session gets exactly one response, with
+  the right result, and the child is offered exactly once.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import re
 import signal
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +48,11 @@ from relay.embedded import run_embedded_server
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 PROBE = Path(__file__).resolve().parent / "faults_project"
-BREAKPOINT_LINE = 25
+BREAKPOINT_LINE = 34
 #: pings fast enough that a stalled link is noticed within about a second
 FAST = {"TETHER_PING_INTERVAL": "0.5", "TETHER_PING_TIMEOUT": "0.5"}
+#: the chaos seed; TETHER_FAULTS_SEED=N replays another one (the run prints the seed it used)
+SEED = int(os.environ.get("TETHER_FAULTS_SEED", "1"))
 RELAY_FLAGS = ("--ping-interval", "0.5", "--ping-timeout", "0.5", "--lease", "60")
 
 
@@ -117,11 +126,18 @@ class Chaos:
                 proxy.resume()
 
 
-async def configure(ide: DapClient, probe: Path) -> None:
-    """VS Code's attach sequence, with the one breakpoint."""
-    assert (await ide.request("initialize", VSCODE_INITIALIZE))["success"]
-    attach = ide.send_request_nowait("attach", {"justMyCode": True, "connect": {"port": 0}})
-    await ide.wait_event("initialized", timeout=30)
+#: VS Code's initialize arguments, with the child sessions it opens for ``startDebugging``
+INITIALIZE = {**VSCODE_INITIALIZE, "supportsStartDebuggingRequest": True}
+
+
+async def configure(ide: DapClient, probe: Path, attach_args: dict[str, Any] | None = None) -> None:
+    """VS Code's attach sequence, with the one breakpoint; ``attach_args`` for a child session
+    (the configuration its ``startDebugging`` offered)."""
+    assert (await ide.request("initialize", INITIALIZE))["success"]
+    if attach_args is None:
+        attach_args = {"justMyCode": True, "connect": {"port": 0}}
+    attach = ide.send_request_nowait("attach", attach_args)
+    await ide.wait_event("initialized", timeout=90)
     source = {"name": "probe.py", "path": str(probe / "probe.py")}
     bps = await ide.request(
         "setBreakpoints",
@@ -130,14 +146,15 @@ async def configure(ide: DapClient, probe: Path) -> None:
     assert bps["success"]
     assert (await ide.request("setExceptionBreakpoints", {"filters": []}))["success"]
     assert (await ide.request("configurationDone"))["success"]
-    assert (await ide.response(attach))["success"]
+    assert (await ide.response(attach, timeout=90))["success"]
 
 
 class Session:
-    """The scripted long session and its bookkeeping."""
+    """The scripted long session of one process and its bookkeeping."""
 
-    def __init__(self, ide: DapClient) -> None:
+    def __init__(self, ide: DapClient, role: str) -> None:
         self.ide = ide
+        self.role = role
         self.sent = 0  # record(i) numbers sent
         self.flooded = 0  # tseq lines asked for
         self.requests = 0
@@ -210,17 +227,26 @@ class Session:
                 await between(r)
 
 
-def audit(ide: DapClient, session: Session, seen: list[int]) -> dict[str, int]:
-    """Lost, duplicated and reordered messages, both directions."""
+async def both(sessions: list[Session], rounds: int) -> None:
+    """Both processes' scripts at once, through the same links."""
+    async with trio.open_nursery() as nursery:
+        for session in sessions:
+            nursery.start_soon(session.script, rounds)
+
+
+def audit(output: DapClient, session: Session, seen: list[int]) -> dict[str, int]:
+    """Lost, duplicated and reordered messages of one process, both directions: its ``record``
+    list, its ``tseq`` lines among ``output``'s events, its session's responses."""
+    ide = session.ide
     expected = list(range(session.sent))
     lost = len(set(expected) - set(seen))
     duplicated = len(seen) - len(set(seen))
     reordered = sum(1 for a, b in itertools.pairwise(seen) if b < a)
     lines = [
         int(m.group(1))
-        for msg in ide.received
+        for msg in output.received
         if msg.get("type") == "event" and msg.get("event") == "output"
-        for m in re.finditer(r"tseq (\d+)", msg["body"].get("output", ""))
+        for m in re.finditer(rf"tseq {session.role} (\d+)", msg["body"].get("output", ""))
     ]
     lost += len(set(range(session.flooded)) - set(lines))
     duplicated += len(lines) - len(set(lines))
@@ -230,7 +256,30 @@ def audit(ide: DapClient, session: Session, seen: list[int]) -> dict[str, int]:
     return {"lost": lost, "duplicated": duplicated, "reordered": reordered}
 
 
-@pytest.mark.parametrize("seed", [1])
+def offers(ide: DapClient) -> list[dict[str, Any]]:
+    return [
+        m
+        for m in ide.received
+        if m.get("type") == "request" and m.get("command") == "startDebugging"
+    ]
+
+
+async def open_child_session(
+    stack: AsyncExitStack, ide: DapClient, probe: Path
+) -> tuple[DapClient, int]:
+    """What VS Code does for ``startDebugging``: answer at once, then a new connection to the
+    adapter that attaches with the offered configuration; returns it and the child's pid."""
+    offer = await ide.wait_reverse_request("startDebugging", timeout=90)
+    ide.answer(offer)
+    configuration = offer["arguments"]["configuration"]
+    assert offer["arguments"]["request"] == configuration["request"] == "attach", offer
+    connect = configuration["connect"]
+    kid = await stack.enter_async_context(open_dap_client(connect["host"], connect["port"]))
+    await configure(kid, probe, configuration)
+    return kid, configuration["subProcessId"]
+
+
+@pytest.mark.parametrize("seed", [SEED])
 async def test_nothing_is_lost_duplicated_or_reordered_under_faults(
     tmp_path: Path, seed: int
 ) -> None:
@@ -239,19 +288,20 @@ async def test_nothing_is_lost_duplicated_or_reordered_under_faults(
     probe.mkdir()
     (probe / "probe.py").write_text((PROBE / "probe.py").read_text())
     redis = Redis(tmp_path / "redis")
-    async with trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
         redis_url = await nursery.start(redis.run)
         await admin_token(home, redis_url)
-        async with (
-            relay_process(home, redis_url, "relay-a") as (relay_a, port_a),
-            relay_process(home, redis_url, "relay-b") as (_relay_b, port_b),
-        ):
-            to_a = FaultProxy("127.0.0.1", port_a)
-            to_b = FaultProxy("127.0.0.1", port_b)
-            await nursery.start(to_a.run)
-            await nursery.start(to_b.run)
-            chaos = Chaos(seed, {"adapter-relay": to_a, "worker-relay": to_b})
-            async with tether(
+        relay_a, port_a = await stack.enter_async_context(relay_process(home, redis_url, "relay-a"))
+        _relay_b, port_b = await stack.enter_async_context(
+            relay_process(home, redis_url, "relay-b")
+        )
+        to_a = FaultProxy("127.0.0.1", port_a)
+        to_b = FaultProxy("127.0.0.1", port_b)
+        await nursery.start(to_a.run)
+        await nursery.start(to_b.run)
+        chaos = Chaos(seed, {"adapter-relay": to_a, "worker-relay": to_b})
+        debug = await stack.enter_async_context(
+            tether(
                 "debug",
                 "--relay",
                 to_a.url_for("ws"),
@@ -267,45 +317,68 @@ async def test_nothing_is_lost_duplicated_or_reordered_under_faults(
                 home=home,
                 name="debug",
                 extra_env=FAST,
-            ) as debug:
-                m = await debug.wait_line(r"adapter on 127\.0\.0\.1:(\d+)")
-                async with open_dap_client("127.0.0.1", int(m.group(1))) as ide:
-                    await configure(ide, probe)
-                    async with tether(
-                        "worker",
-                        "--relay",
-                        to_b.url_for("ws"),
-                        "--work-dir",
-                        str(home / "worker"),
-                        home=home,
-                        name="worker",
-                        extra_env=FAST,
-                    ):
-                        session = Session(ide)
-                        await session.stop()
-                        nursery.start_soon(chaos.run)
-                        await session.script(20)
-                        # relay A dies without a goodbye; a new one takes its place
-                        kill9(relay_a)
-                        chaos.injected["relay SIGKILL"] += 1
-                        async with relay_process(home, redis_url, "relay-a2") as (_a2, port_a2):
-                            to_a.retarget("127.0.0.1", port_a2)
-                            await session.script(20)
-                            await redis.restart()
-                            chaos.injected["redis restart"] += 1
-                            await session.script(20)
-                            chaos.enabled = False
-                            to_a.resume()
-                            to_b.resume()
-                            seen = json.loads((await session.evaluate("check()")).strip("'\""))
-                            counts = audit(ide, session, seen)
-                            faults = dict(chaos.injected)
-                            print(
-                                f"\nfault injection (seed {seed}): {session.requests} requests, "
-                                f"{session.sent} numbered evaluations, {session.flooded} numbered "
-                                f"output lines; faults {faults}; {counts}"
-                            )
-                            assert sum(faults.values()) >= 10, faults
-                            assert counts == {"lost": 0, "duplicated": 0, "reordered": 0}
-                            await ide.request("disconnect", {"terminateDebuggee": True})
+            )
+        )
+        m = await debug.wait_line(r"adapter on 127\.0\.0\.1:(\d+)")
+        ide = await stack.enter_async_context(
+            open_dap_client("127.0.0.1", int(m.group(1)), serve={"startDebugging"})
+        )
+        await configure(ide, probe)
+        await stack.enter_async_context(
+            tether(
+                "worker",
+                "--relay",
+                to_b.url_for("ws"),
+                "--work-dir",
+                str(home / "worker"),
+                home=home,
+                name="worker",
+                extra_env=FAST,
+            )
+        )
+        main = Session(ide, "main")
+        await main.stop()
+        # --processes stopped: the child is offered once it stops at the same breakpoint
+        kid, kid_pid = await open_child_session(stack, ide, probe)
+        child = Session(kid, "child")
+        await child.stop()
+        sessions = [main, child]
+        nursery.start_soon(chaos.run)
+        await both(sessions, 20)
+        # relay A dies without a goodbye; a new one takes its place
+        kill9(relay_a)
+        chaos.injected["relay SIGKILL"] += 1
+        _a2, port_a2 = await stack.enter_async_context(relay_process(home, redis_url, "relay-a2"))
+        to_a.retarget("127.0.0.1", port_a2)
+        await both(sessions, 20)
+        await redis.restart()
+        chaos.injected["redis restart"] += 1
+        await both(sessions, 20)
+        chaos.enabled = False
+        to_a.resume()
+        to_b.resume()
+        counts = {}
+        for session in sessions:
+            seen = json.loads((await session.evaluate("check()")).strip("'\""))
+            counts[session.role] = audit(ide, session, seen)
+        faults = dict(chaos.injected)
+        print(f"\nfault injection (seed {seed}), 2 processes; faults {faults}")
+        for session in sessions:
+            print(
+                f"  {session.role}: {session.requests} requests, {session.sent} numbered "
+                f"evaluations, {session.flooded} numbered output lines; {counts[session.role]}"
+            )
+        assert sum(faults.values()) >= 10, faults
+        clean = {"lost": 0, "duplicated": 0, "reordered": 0}
+        assert counts == {"main": clean, "child": clean}
+        # one offer, for the child; its session's messages stayed in its own session
+        assert [o["arguments"]["configuration"]["subProcessId"] for o in offers(ide)] == [kid_pid]
+        assert offers(kid) == []
+        assert not any(
+            "tseq" in m.get("body", {}).get("output", "")
+            for m in kid.received
+            if m.get("event") == "output"
+        )
+        await kid.request("disconnect", {})  # a child session detaches only
+        await ide.request("disconnect", {"terminateDebuggee": True})
         nursery.cancel_scope.cancel()
