@@ -28,21 +28,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from protocol_specs import dap_models as dap
 from protocol_specs.processes import ProcessInfo
 from protocol_specs.runs import RunRecord
 from protocol_specs.session import CONFIGURATION_COMMANDS, BreakpointSet, StatusEvent, is_transient
-from protocol_specs.wire import DapEntry, PresenceEntry, StatusEntry
+from protocol_specs.wire import DapEntry, PresenceEntry
 
-from .actions import BARRIER_EVENTS, Action, CloseChild, Publish, Settle, Terminate, ToDebugpy
-from .actions import status_entry as make_status
+from .actions import BARRIER_EVENTS, Action, CloseChild, Publish, Settle, Terminate
+from .channel import DebugpyChannel
 from .core import DROPPED_EVENTS, request_of
-from .replay import ReplayPhase, next_phase
+from .replay import ReplayPhase
 from .watch import Continue, LookUp, Watch
 
 __all__ = ["ChildCore"]
@@ -50,14 +48,7 @@ __all__ = ["ChildCore"]
 log = logging.getLogger("tether.worker")
 
 
-@dataclass
-class _Sent:
-    command: str
-    origin: str | None  #: None: the child core's own request
-    seq: int = 0
-
-
-class ChildCore:
+class ChildCore(DebugpyChannel):
     def __init__(
         self,
         info: ProcessInfo,
@@ -77,31 +68,23 @@ class ChildCore:
         self.key = info.key
         self.title = title
         self.clock = clock
-        self.wall = wall
-        self.phase = ReplayPhase.FOLDING
+        self._open_channel(wall)
         self.watch = Watch(record, run_dir, self._status, name=title)
         self._initialize = initialize
         self._attach = attach
         self._configuration = configuration
-        self._seq = 0
-        self._sent: dict[int, _Sent] = {}
         self._answered: set[str] = set()
         self._initialized = False
         self._queued: list[DapEntry] = []
         self._lookup_seq: int | None = None
         self.exit_code: int | None = None
         self.ended = False  #: ``process_exited`` was published
-        self.closed = False
 
     def __repr__(self) -> str:
         return (
             f"<ChildCore {self.key} phase={self.phase.value} seq={self._seq} "
             f"sent={len(self._sent)} ended={self.ended} {self.watch!r}>"
         )
-
-    @property
-    def live(self) -> bool:
-        return self.phase is ReplayPhase.LIVE
 
     def start(self) -> list[Action]:
         """The connection is open: the handshake's first step."""
@@ -262,23 +245,3 @@ class ChildCore:
                 return actions
 
     # --- plumbing ---------------------------------------------------------------------------------
-
-    def answer(self, request: dict[str, Any]) -> list[Action]:
-        """Answer a reverse request of debugpy on this connection with success."""
-        self._seq += 1
-        return [ToDebugpy(dap.response(request, {}, seq=self._seq), self.key)]
-
-    def _send(
-        self, command: str, arguments: Any, *, origin: str | None = None, seq: int = 0
-    ) -> list[Action]:
-        if self.closed:
-            return []
-        self._seq += 1
-        self._sent[self._seq] = _Sent(command, origin, seq)
-        return [ToDebugpy(dap.request(command, arguments, seq=self._seq), self.key)]
-
-    def _enter(self, phase: ReplayPhase, why: str) -> None:
-        self.phase = next_phase(self.phase, phase, why)
-
-    def _status(self, event: StatusEvent, **fields: Any) -> StatusEntry:
-        return make_status(event, self.wall, process=self.key, **fields)

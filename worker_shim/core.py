@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 The shim is debugpy's single client. :class:`ShimCore` numbers every request it sends debugpy with
-its own ``seq`` and remembers who asked (``_Sent``): a request forwarded from the run's
+its own ``seq`` and remembers who asked (:mod:`worker_shim.channel`): a request forwarded from the run's
 ``to_worker`` stream carries the origin (the adapter instance) and the seq the adapter gave it, so
 debugpy's response is published back into ``to_ide`` under that seq; the shim's own requests (the
 replay's handshake, the one-frame ``stackTrace`` of a pause report, ``continue`` after an
@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -57,16 +56,15 @@ from .actions import (
     Say,
     Settle,
     Terminate,
-    ToDebugpy,
     status_entry,
 )
+from .channel import DebugpyChannel
 from .replay import (
     HANDSHAKE_TIMEOUT,
     ConfigurationPlan,
     ReplayPhase,
     attach_arguments,
     initialize_arguments,
-    next_phase,
 )
 from .watch import Continue, LookUp, Watch
 
@@ -92,14 +90,7 @@ _FOLDING = frozenset(
 _REPLAYING = _FOLDING - {ReplayPhase.FOLDING} | {ReplayPhase.FINISHING}
 
 
-@dataclass
-class _Sent:
-    command: str
-    origin: str | None  #: None: the shim's own request, answered to the core only
-    seq: int = 0  #: the seq its origin gave it
-
-
-class ShimCore:
+class ShimCore(DebugpyChannel):
     def __init__(
         self,
         record: RunRecord,
@@ -114,16 +105,13 @@ class ShimCore:
         self.record = record
         self.run_dir = run_dir
         self.clock = clock
-        self.wall = wall
+        self._open_channel(wall)
         self.session = DebugSession()
-        self.phase = ReplayPhase.FOLDING
         self.watch = Watch(record, run_dir, self._status)
         self.plan = ConfigurationPlan()
         self._tail = tail
         self._seen = START
         self._waiting_said = False
-        self._seq = 0
-        self._sent: dict[int, _Sent] = {}
         self._initialized = False  #: debugpy said ``initialized``
         self._batch: set[int] = set()  #: configuration requests of the replay in flight
         self._answered: set[str] = set()  #: the replay's own requests answered so far
@@ -136,17 +124,12 @@ class ShimCore:
         self.terminating = False
         #: debugpy said ``terminated`` (after every event of the program) or the connection closed
         self.finished = False
-        self.closed = False
 
     def __repr__(self) -> str:
         return (
             f"<ShimCore run={self.record.id} phase={self.phase.value} seq={self._seq} "
             f"sent={len(self._sent)} held={len(self._output)} {self.watch!r}>"
         )
-
-    @property
-    def live(self) -> bool:
-        return self.phase is ReplayPhase.LIVE
 
     # --- start ------------------------------------------------------------------------------------
 
@@ -298,13 +281,6 @@ class ShimCore:
             return self.answer(msg, "not supported by tether's worker")
         return []
 
-    def answer(self, request: dict[str, Any], error: str = "") -> list[Action]:
-        """Answer a reverse request of debugpy: success, or the ``error``."""
-        self._seq += 1
-        if error:
-            return [ToDebugpy(dap.error_response(request, error, seq=self._seq))]
-        return [ToDebugpy(dap.response(request, {}, seq=self._seq))]
-
     def _on_response(self, msg: dict[str, Any]) -> list[Action]:
         request_seq = msg.get("request_seq")
         if not isinstance(request_seq, int):
@@ -449,21 +425,6 @@ class ShimCore:
                 return actions
 
     # --- plumbing ---------------------------------------------------------------------------------
-
-    def _send(
-        self, command: str, arguments: Any, *, origin: str | None = None, seq: int = 0
-    ) -> list[Action]:
-        if self.closed:
-            return []
-        self._seq += 1
-        self._sent[self._seq] = _Sent(command, origin, seq)
-        return [ToDebugpy(dap.request(command, arguments, seq=self._seq))]
-
-    def _enter(self, phase: ReplayPhase, why: str) -> None:
-        self.phase = next_phase(self.phase, phase, why)
-
-    def _status(self, event: StatusEvent, **fields: Any) -> StatusEntry:
-        return status_entry(event, self.wall, **fields)
 
 
 def parse_delivery(delivery: wire.Deliver) -> tuple[Cursor | None, wire.AnyEntry | None]:

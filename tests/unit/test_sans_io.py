@@ -119,6 +119,10 @@ CORES = [
     "worker_shim.replay",
     "worker_shim.watch",
     "worker_shim.actions",
+    "worker_shim.channel",
+    "worker_shim.child",
+    "adapter.processes",
+    "adapter.children",
 ]
 
 
