@@ -200,3 +200,53 @@ async def test_torchrun_style_ranks_rank_1_stops_in_its_own_session(
     assert child["output"]["important"].count(COLLECTIVE_TIMEOUT_HINT) == 1
     assert COLLECTIVE_TIMEOUT_HINT not in result["output"].get("important", "")
     assert labels["end"]["exitCode"] == 0
+
+
+async def test_a_paused_child_is_offered_again_to_an_ide_that_comes_back(tmp_path: Path) -> None:
+    """The IDE goes away (both sessions) while the child is paused; the next IDE is offered the
+    paused child at once and sees its stop replayed in the child's session, then continues it."""
+    ws = copy_programs(tmp_path / "ws")
+    home = tmp_path / "home"
+    breakpoints = {"mp_spawn.py": [SPAWN_CHILD_LINE]}
+    first: list[dict[str, Any]] = [
+        {"op": "mark", "name": "configured", "wait": True},
+        {"op": "wait_session", "label": "kid", "stopped": True},
+        {"op": "wait_stopped", "session": "kid", "line": SPAWN_CHILD_LINE, "function": "work"},
+        {"op": "disconnect", "session": "kid", "terminateDebuggee": False},
+        {"op": "disconnect", "terminateDebuggee": False},
+    ]
+    again: list[dict[str, Any]] = [
+        {"op": "wait_session", "label": "kid"},
+        {
+            "op": "wait_stopped",
+            "session": "kid",
+            "label": "replayed",
+            "line": SPAWN_CHILD_LINE,
+            "function": "work",
+        },
+        {"op": "variables", "session": "kid", "label": "locals", "scope": "Locals"},
+        {"op": "continue", "session": "kid"},
+        {"op": "wait_output", "contains": "parent done, child exit code 0"},
+        {"op": "wait_terminated", "label": "end"},
+        {"op": "disconnect"},
+    ]
+    async with (
+        relay_stack(home) as (_up, relay),
+        debug_run(home, relay, ws, "python", "mp_spawn.py") as (debug, _run, port),
+    ):
+        spec = scenario(port, ws, first, breakpoints=breakpoints, timeout_ms=120_000)
+        async with open_vscode_session(spec, timeout=270) as session:
+            await session.wait_mark("configured")
+            async with worker(home, relay):
+                await session.release("configured")
+                await session.result()
+                spec = scenario(port, ws, again, breakpoints=breakpoints, timeout_ms=120_000)
+                async with open_vscode_session(spec, timeout=270) as back:
+                    result, messages = await back.result()
+        await debug.wait_line(r"ended \(exited, exit code 0\)", timeout=60)
+    for message in messages:
+        validate_message(message)
+    labels = result["labels"]
+    assert labels["replayed"]["session"] == labels["kid"]["session"]
+    assert labels["locals"]["values"]["total"] == "42"
+    assert labels["end"]["exitCode"] == 0
