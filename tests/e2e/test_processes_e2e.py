@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SPAWN_CHILD_LINE = 8  # programs/mp_spawn.py, work(): print(f"child total {total}")
 POOL_MAIN_LINE = 14  # programs/mp_pool.py, main(): print(f"pool total {total}")
+FLAKY_CHILD_LINE = 12  # programs/mp_flaky.py, work(): only attempt 2 starts the child
 RANK1_LINE = 36  # programs/ranks_worker.py, main(): only rank != 0 runs it
 
 
@@ -250,3 +251,49 @@ async def test_a_paused_child_is_offered_again_to_an_ide_that_comes_back(tmp_pat
     assert labels["replayed"]["session"] == labels["kid"]["session"]
     assert labels["locals"]["values"]["total"] == "42"
     assert labels["end"]["exitCode"] == 0
+
+
+async def test_a_retry_applies_the_breakpoints_in_the_children_of_the_next_attempt(
+    tmp_path: Path,
+) -> None:
+    """Attempt 1 fails before any child exists; attempt 2's child gets the breakpoint that was set
+    while the run was queued, stops, and is debugged in its own session."""
+    ws = copy_programs(tmp_path / "ws")
+    state = tmp_path / "state"
+    state.mkdir()
+    home = tmp_path / "home"
+    steps: list[dict[str, Any]] = [
+        {"op": "mark", "name": "configured", "wait": True},
+        {"op": "wait_output", "contains": "attempt first"},
+        {"op": "wait_session", "label": "kid"},
+        {
+            "op": "wait_stopped",
+            "session": "kid",
+            "label": "hit",
+            "reason": "breakpoint",
+            "line": FLAKY_CHILD_LINE,
+            "function": "work",
+        },
+        {"op": "continue", "session": "kid"},
+        {"op": "wait_output", "contains": "parent done, child exit code 0"},
+        {"op": "wait_terminated", "label": "end"},
+        {"op": "disconnect"},
+    ]
+    retry = ("--max-retries", "1", "--retry-backoff", "0", "--mount", f"state={state}")
+    async with (
+        relay_stack(home) as (_up, relay),
+        debug_run(home, relay, ws, "python", "mp_flaky.py", extra=retry) as (debug, _run, port),
+    ):
+        bps = {"mp_flaky.py": [FLAKY_CHILD_LINE]}
+        spec = scenario(port, ws, steps, breakpoints=bps, timeout_ms=120_000)
+        async with open_vscode_session(spec, timeout=270) as session:
+            await session.wait_mark("configured")
+            async with worker(home, relay):
+                await session.release("configured")
+                result, messages = await session.result()
+        await debug.wait_line(r"ended \(exited, exit code 0\)", timeout=60)
+    for message in messages:
+        validate_message(message)
+    [child] = sessions_by_kind(result, "child")
+    assert result["labels"]["hit"]["session"] == child["index"]
+    assert result["labels"]["end"]["exitCode"] == 0
