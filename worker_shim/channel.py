@@ -18,8 +18,9 @@ from protocol_specs.processes import MAIN
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import StatusEntry
 
-from .actions import Action, ToDebugpy, status_entry
+from .actions import Action, Terminate, ToDebugpy, status_entry
 from .replay import ReplayPhase, next_phase
+from .watch import Continue, LookUp, Watch
 
 __all__ = ["DebugpyChannel", "Sent"]
 
@@ -39,6 +40,8 @@ class DebugpyChannel:
     key: str = MAIN
     phase: ReplayPhase
     wall: Callable[[], float]
+    clock: Callable[[], float]
+    watch: Watch
 
     def _open_channel(self, wall: Callable[[], float]) -> None:
         self.wall = wall
@@ -46,6 +49,7 @@ class DebugpyChannel:
         self.closed = False
         self._seq = 0
         self._sent: dict[int, Sent] = {}
+        self._lookup_seq: int | None = None  #: the pause report's ``stackTrace`` in flight
 
     @property
     def live(self) -> bool:
@@ -66,6 +70,34 @@ class DebugpyChannel:
         self._seq += 1
         self._sent[self._seq] = Sent(command, origin, seq)
         return [ToDebugpy(dap.request(command, arguments, seq=self._seq), self.key)]
+
+    def _watch_step(self) -> list[Action]:
+        """Perform what the unattended-stop watch decided: look up where a thread stopped,
+        continue it, or end the run (:meth:`_terminated_by_watch`)."""
+        actions: list[Action] = []
+        while True:
+            again = False
+            for step in self.watch.step(self.clock()):
+                if isinstance(step, LookUp):
+                    if self.closed:
+                        self.watch.found([])  # debugpy is gone: it says nothing
+                        again = True
+                    else:
+                        actions += self._send(
+                            "stackTrace", {"threadId": step.thread_id, "levels": 1}
+                        )
+                        self._lookup_seq = self._seq
+                elif isinstance(step, Continue):
+                    actions += self._send("continue", {"threadId": step.thread_id})
+                elif isinstance(step, Terminate):
+                    actions += self._terminated_by_watch(step)
+                else:
+                    actions.append(step)
+            if not again:
+                return actions
+
+    def _terminated_by_watch(self, step: Terminate) -> list[Action]:
+        raise NotImplementedError
 
     def _enter(self, phase: ReplayPhase, why: str) -> None:
         self.phase = next_phase(self.phase, phase, why)

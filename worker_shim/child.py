@@ -41,7 +41,7 @@ from .actions import BARRIER_EVENTS, Action, CloseChild, Publish, Settle, Termin
 from .channel import DebugpyChannel
 from .core import DROPPED_EVENTS, request_of
 from .replay import ReplayPhase
-from .watch import Continue, LookUp, Watch
+from .watch import Watch
 
 __all__ = ["ChildCore"]
 
@@ -76,7 +76,6 @@ class ChildCore(DebugpyChannel):
         self._answered: set[str] = set()
         self._initialized = False
         self._queued: list[DapEntry] = []
-        self._lookup_seq: int | None = None
         self.exit_code: int | None = None
         self.ended = False  #: ``process_exited`` was published
 
@@ -221,27 +220,7 @@ class ChildCore(DebugpyChannel):
     def on_tick(self) -> list[Action]:
         return self._watch_step()
 
-    def _watch_step(self) -> list[Action]:
-        actions: list[Action] = []
-        while True:
-            again = False
-            for step in self.watch.step(self.clock()):
-                if isinstance(step, LookUp):
-                    if self.closed:
-                        self.watch.found([])
-                        again = True
-                    else:
-                        actions += self._send(
-                            "stackTrace", {"threadId": step.thread_id, "levels": 1}
-                        )
-                        self._lookup_seq = self._seq
-                elif isinstance(step, Continue):
-                    actions += self._send("continue", {"threadId": step.thread_id})
-                elif isinstance(step, Terminate):
-                    actions.append(step)  # the whole run ends (the run's policy)
-                else:
-                    actions.append(step)
-            if not again:
-                return actions
+    def _terminated_by_watch(self, step: Terminate) -> list[Action]:
+        return [step]  # the whole run ends (the run's policy), once: the shim decides
 
     # --- plumbing ---------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ from .replay import (
     attach_arguments,
     initialize_arguments,
 )
-from .watch import Continue, LookUp, Watch
+from .watch import Watch
 
 __all__ = [
     "DROPPED_EVENTS",
@@ -117,7 +117,6 @@ class ShimCore(DebugpyChannel):
         self._answered: set[str] = set()  #: the replay's own requests answered so far
         self._replay_deadline: float | None = None
         self._queued: list[DapEntry] = []  #: requests that came while the replay finished
-        self._lookup_seq: int | None = None
         self._output: list[bytes] = []  #: plain output events held back, in order
         #: the publish number of the last output event sent (:meth:`output_published`)
         self.output_in_flight = 0
@@ -401,28 +400,8 @@ class ShimCore(DebugpyChannel):
             return [ReplayFailed(text, timed_out=True)]
         return self._watch_step()
 
-    def _watch_step(self) -> list[Action]:
-        actions: list[Action] = []
-        while True:
-            again = False
-            for step in self.watch.step(self.clock()):
-                if isinstance(step, LookUp):
-                    if self.closed:
-                        self.watch.found([])  # debugpy is gone: it says nothing
-                        again = True
-                    else:
-                        actions += self._send(
-                            "stackTrace", {"threadId": step.thread_id, "levels": 1}
-                        )
-                        self._lookup_seq = self._seq
-                elif isinstance(step, Continue):
-                    actions += self._send("continue", {"threadId": step.thread_id})
-                elif isinstance(step, Terminate):
-                    actions += self._terminate()
-                else:
-                    actions.append(step)
-            if not again:
-                return actions
+    def _terminated_by_watch(self, step: Terminate) -> list[Action]:
+        return self._terminate()
 
     # --- plumbing ---------------------------------------------------------------------------------
 
