@@ -170,7 +170,8 @@ def _fit(text: str, width: int) -> str:
 
 def _where(record: RunRecord) -> str:
     if record.paused_at:
-        return record.paused_at
+        paused = sum(1 for row in record.processes.values() if row.state == "paused")
+        return record.paused_at + (f" (+{paused - 1} more paused)" if paused > 1 else "")
     if record.finished and record.exit_code is not None:
         return f"exit {record.exit_code}"
     attempt = record.attempts[-1] if record.attempts else None
@@ -179,8 +180,20 @@ def _where(record: RunRecord) -> str:
     return record.detail[:40] if record.finished else ""
 
 
+def _processes(record: RunRecord) -> str:
+    """A live debug run's processes: how many are alive (the main one too), how many paused."""
+    if record.finished or not any(record.processes):
+        return ""
+    rows = record.processes.values()
+    alive = 1 + sum(1 for key, row in record.processes.items() if key and row.state != "exited")
+    paused = sum(1 for row in rows if row.state == "paused")
+    return f"{alive}" + (f" ({paused} paused)" if paused else "")
+
+
 def runs_table(records: Sequence[RunRecord], now: float) -> str:
-    rows = [("ID", "NAME", "STATE", "BACKEND", "AGE", "ATTEMPT", "WHERE")]
+    """``tether ls``: one row per run; a PROCS column when a run debugs child processes."""
+    procs = any(_processes(r) for r in records)
+    rows = [("ID", "NAME", "STATE", "BACKEND", "AGE", "ATTEMPT", *(("PROCS",) * procs), "WHERE")]
     for r in records:
         tries = f"{r.attempt}/{r.spec.max_retries + 1}"
         rows.append(
@@ -191,6 +204,7 @@ def runs_table(records: Sequence[RunRecord], now: float) -> str:
                 r.spec.backend,
                 age(now - r.created_at),
                 tries,
+                *((_processes(r),) * procs),
                 _where(r),
             )
         )

@@ -106,12 +106,16 @@ class ProcessInfo(BaseModel):
     world_size: int | None = None
     #: the nth child of its parent to start (1-based), for a name when there is no rank
     nth: int = 0
-    #: the process's command line, shortened (what ``ps`` would show)
+    #: the process's command line as its user wrote it (without the debugger's), shortened
     command: str = Field(default="", max_length=512)
+    #: what it runs (``train.py``, ``pkg.train``, ``python -c``); empty for a worker of its
+    #: parent (a multiprocessing or DataLoader worker, a fork), which is named after the parent
+    program: str = Field(default="", max_length=200)
 
     def title(self, parent: ProcessInfo | None = None) -> str:
         """A name a person can place: ``rank 3 (pid 4242) on gpu-node-7``, ``worker 2 of rank 0
-        (pid 4300) on gpu-node-7``, ``main process (pid 4100) on gpu-node-7``."""
+        (pid 4300) on gpu-node-7``, ``main process (pid 4100) on gpu-node-7``, ``eval.py (pid
+        4400) on gpu-node-7``."""
         where = f" on {self.host}" if self.host else ""
         if parent is None and self.parent == MAIN and self.key != MAIN:
             parent = ProcessInfo(key=MAIN, pid=0)  # the main process is never announced
@@ -119,6 +123,8 @@ class ProcessInfo(BaseModel):
             return f"rank {self.rank} (pid {self.pid}){where}"
         if self.key == MAIN:
             return f"main process (pid {self.pid}){where}"
+        if self.program:
+            return f"{self.program} (pid {self.pid}){where}"
         if parent is not None:
             of = f"rank {parent.rank}" if parent.rank is not None else parent.short()
             nth = f" {self.nth}" if self.nth else ""

@@ -20,8 +20,9 @@ debugging either.
 ``tests/integration/test_debuggee.py`` checks both the fix (pydevd's socket has ``TCP_NODELAY``)
 and the fallback against the installed debugpy.
 
-Child processes are not affected (tether runs with ``--configure-subProcess false``; with
-subprocess debugging on, children would start through stock debugpy).
+Child processes that debugpy patches start through stock debugpy (no fix); a Python process that a
+non-Python command of the run starts gets it from ``_tether_sitecustomize.py``, which loads this file
+for :func:`_patch_pydevd`.
 """
 
 import functools
@@ -39,8 +40,9 @@ def _patch_pydevd() -> str | None:
         from _pydevd_bundle.pydevd_dont_trace_files import DONT_TRACE, PYDEV_FILE
     except ImportError as exc:
         return f"cannot import pydevd ({exc})"
-    # like debugpy's own files, this one is the debugger's: never traced, not in stack traces
+    # like debugpy's own files, tether's are the debugger's: never traced, not in stack traces
     DONT_TRACE[os.path.basename(__file__)] = PYDEV_FILE
+    DONT_TRACE["_tether_launch.py"] = PYDEV_FILE  # the main process of a non-Python command
     original: Any = getattr(pydevd_comm, "start_client", None)
     used: Any = getattr(pydevd, "start_client", None)  # what PyDB.connect() calls
     if not callable(original) or used is not original:

@@ -2,7 +2,9 @@
 
 Theory of operation. The program runs as ``python -X frozen_modules=off [user's python options]
 _tether_debugpy_boot.py --listen 127.0.0.1:0 --wait-for-client --configure-subProcess BOOL
-TARGET ARGS`` (``fast=False``: ``-m debugpy`` instead of the boot script). The boot script is
+TARGET ARGS`` (``fast=False``: ``-m debugpy`` instead of the boot script); a command that is not
+Python runs as the target ``_tether_launch.py BOOT_DIR -- COMMAND`` on the worker's interpreter
+(``worker_shim.python_command.build_launch_argv``). The boot script is
 debugpy's own command line plus ``TCP_NODELAY`` on pydevd's socket, which removes a ~40 ms
 Nagle/delayed-ACK stall from every DAP round trip (see ``_tether_debugpy_boot.py``).
 
@@ -57,7 +59,10 @@ import trio
 from protocol_specs.redact import Redactor
 
 from .python_command import (
+    NOT_WITH_MAIN_ONLY,
+    boot_dir,
     build_debug_argv,
+    build_launch_argv,
     check_python,
     debugpy_home,
     is_launcher,
@@ -219,8 +224,13 @@ class DebuggeeStartError(RuntimeError):
 class Debuggee:
     """A program started by :func:`start_debuggee`, held until a client configures debugpy."""
 
-    def __init__(self, process: trio.Process, port: int, output: OutputPump) -> None:
+    def __init__(
+        self, process: trio.Process, port: int, output: OutputPump, *, launched: bool = False
+    ) -> None:
         self.process = process
+        #: the command is not Python: the main process is tether's launcher, which runs no user
+        #: code; the command's Python processes are its children (``_tether_launch.py``)
+        self.launched = launched
         #: the program's output; ``output.done`` once all of it was handed over
         self.output = output
         #: debugpy's adapter's client port on 127.0.0.1
@@ -275,24 +285,38 @@ async def start_debuggee(
 ) -> AsyncIterator[Debuggee]:
     """Start the program under debugpy, held before user code, and yield once debugpy listens.
 
-    stdout and stderr are appended to ``log_path``. Raises ``ValueError`` for a command that is not
-    Python, :class:`DebuggeeStartError` when debugpy does not get to listen. On exit (normal,
+    A command that is not Python (a shell script, ``srun``) runs under tether's launcher
+    (``_tether_launch.py``): every Python process it starts is debugged as a child.
+
+    stdout and stderr are appended to ``log_path``. Raises ``ValueError`` for a command that cannot
+    be debugged (saying why), :class:`DebuggeeStartError` when debugpy does not get to listen. On exit (normal,
     error or cancel), shielded: the program's group is ended (:meth:`Debuggee.terminate`), then
     debugpy's adapter and any other process of this run still alive are killed.
     """
     program = user_argv[0] if user_argv else ""
+    launched = False  # a command that is not Python, run under tether's launcher
     if is_launcher(program):  # torchrun, accelerate, deepspeed: Python scripts on the PATH
-        user_argv = [*python_launcher(program, env=env, cwd=cwd), *user_argv[1:]]
-        program = user_argv[0]
+        found = python_launcher(program, env=env, cwd=cwd)
+        launched = found is None  # a shell script, srun, mpirun: any other program
+        if found is not None:
+            user_argv = [*found, *user_argv[1:]]
+            program = user_argv[0]
+    if launched and not subprocesses:
+        raise ValueError(NOT_WITH_MAIN_ONLY.format(program=program))
     if is_python(program):
         python = resolve_python(program, env=env, cwd=cwd)
-    split_python_command(user_argv)  # a command that is not Python: said before anything starts
-    await check_python(python, env=env, cwd=cwd)
+    if not launched:
+        split_python_command(user_argv)  # a command that is not Python: said before it starts
+        await check_python(python, env=env, cwd=cwd)
     with tempfile.TemporaryDirectory(prefix="tether-debugpy-") as tmp:
         home = str(debugpy_home(Path(tmp)))
-        argv = build_debug_argv(
-            user_argv, python=python, fast=fast, home=home, subprocesses=subprocesses
-        )
+        if launched:
+            boot = str(boot_dir(Path(tmp)))
+            argv = build_launch_argv(user_argv, boot_dir=boot, fast=fast, home=home)
+        else:
+            argv = build_debug_argv(
+                user_argv, python=python, fast=fast, home=home, subprocesses=subprocesses
+            )
         endpoints = Path(tmp) / "endpoints.json"
         child_env = {
             **env,
@@ -309,7 +333,7 @@ async def start_debuggee(
                 nursery.start_soon(output.run)
                 try:
                     port = await _wait_endpoints(endpoints, process, output)
-                    yield Debuggee(process, port, output)
+                    yield Debuggee(process, port, output, launched=launched)
                 finally:
                     with trio.CancelScope(shield=True):
                         await _end_group(process, TERMINATE_GRACE)

@@ -6,9 +6,11 @@ With subprocess debugging on, debugpy's adapter announces each new Python proces
 to the client of its parent's session, here one of the shim's connections: the standard
 ``startDebugging`` reverse request (the shim claims ``supportsStartDebuggingRequest``) or, from a
 debugpy that would not send it, its own ``debugpyAttach`` event. Either can come on ANY
-connection (children of children). :class:`Processes` answers it, names the child
-(:func:`describe`: ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` from ``/proc/<pid>/environ``, its
-command line, the host, its parent and its order among the parent's children), publishes
+connection (children of children; a Python process a non-Python command started, connected by
+``_tether_sitecustomize.py``, comes the same way). :class:`Processes` answers it, names the child
+(:func:`~worker_shim.process_names.describe`: ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` from
+``/proc/<pid>/environ``, its command line without the debugger's, the program it runs, the host,
+its parent and its order among the parent's children), publishes
 ``process_started``, and opens a session of its own for it (:class:`worker_shim.child.ChildCore`),
 configured at once: no child waits for an IDE.
 
@@ -26,11 +28,8 @@ Sans-I/O: reading ``/proc`` is a function passed in (:func:`read_proc` by defaul
 from __future__ import annotations
 
 import logging
-import os
-import shlex
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -44,81 +43,12 @@ from protocol_specs.wire import DapEntry, PresenceEntry
 from .actions import Action, OpenChild, Publish, Terminate, status_entry
 from .child import ChildCore
 from .core import ShimCore, parse_delivery, request_of
+from .process_names import ProcFacts, describe, read_proc
 from .replay import attach_arguments, initialize_arguments, pipe_output_attach
 
-__all__ = ["ProcFacts", "Processes", "describe", "read_proc"]
+__all__ = ["Processes"]
 
 log = logging.getLogger("tether.worker")
-
-#: the longest command line kept in a ProcessInfo (its field's limit)
-_COMMAND_MAX = 512
-
-
-@dataclass(frozen=True)
-class ProcFacts:
-    """What the kernel says of a process (empty when it cannot be read: gone, not Linux)."""
-
-    environ: dict[str, str] = field(default_factory=dict)
-    cmdline: list[str] = field(default_factory=list)
-    ppid: int | None = None
-
-
-def read_proc(pid: int, root: str = "/proc") -> ProcFacts:
-    """``/proc/<pid>/environ``, ``cmdline`` and the parent pid from ``stat``; what cannot be read
-    is left empty (a child may be gone already)."""
-    base = os.path.join(root, str(pid))
-    environ: dict[str, str] = {}
-    cmdline: list[str] = []
-    ppid = None
-    try:
-        with open(os.path.join(base, "environ"), "rb") as f:
-            for item in f.read().split(b"\0"):
-                name, eq, value = item.partition(b"=")
-                if eq:
-                    environ[name.decode(errors="replace")] = value.decode(errors="replace")
-    except OSError:
-        pass
-    try:
-        with open(os.path.join(base, "cmdline"), "rb") as f:
-            cmdline = [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
-    except OSError:
-        pass
-    try:
-        with open(os.path.join(base, "stat"), "rb") as f:
-            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-            ppid = int(f.read().rpartition(b")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return ProcFacts(environ, cmdline, ppid)
-
-
-def describe(
-    pid: int, facts: ProcFacts, *, parent: str, nth: int, host: str, key: str | None = None
-) -> ProcessInfo:
-    """A process's :class:`ProcessInfo` from what the kernel says of it."""
-    return ProcessInfo(
-        key=process_key(pid) if key is None else key,
-        pid=pid,
-        parent=parent,
-        host=host,
-        rank=_int(facts.environ.get("RANK")),
-        local_rank=_int(facts.environ.get("LOCAL_RANK")),
-        world_size=_int(facts.environ.get("WORLD_SIZE")),
-        nth=nth,
-        command=_command(facts.cmdline),
-    )
-
-
-def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _command(argv: list[str]) -> str:
-    text = shlex.join(argv)
-    return text if len(text) <= _COMMAND_MAX else text[: _COMMAND_MAX - 3] + "..."
 
 
 class Processes:
@@ -140,14 +70,18 @@ class Processes:
         self._read = read
         self._host = socket.gethostname() if host is None else host
         self._born: dict[str, int] = {}  #: parent key -> how many children it had
+        self._cmdlines: dict[str, list[str]] = {}  #: key -> real command line (forks share it)
 
     def __repr__(self) -> str:
         live = sum(1 for c in self.children.values() if not c.ended)
         return f"<Processes children={len(self.children)} live={live} {self.main!r}>"
 
-    def start(self, pid: int) -> list[Action]:
-        self.infos[MAIN] = describe(pid, self._read(pid), parent=MAIN, nth=0, host=self._host,
-                                    key=MAIN)  # fmt: skip
+    def start(self, pid: int, command: list[str] | None = None) -> list[Action]:
+        """The main process is ``pid``, running ``command`` (as submitted)."""
+        facts = self._read(pid)
+        self._cmdlines[MAIN] = facts.cmdline
+        self.infos[MAIN] = describe(pid, facts, parent=MAIN, nth=0, host=self._host, key=MAIN,
+                                    command=command)  # fmt: skip
         return self.main.start(pid)
 
     # --- from the relay ---------------------------------------------------------------------------
@@ -239,7 +173,10 @@ class Processes:
         if key in self.children or key == MAIN:
             return []  # announced twice (debugpy tells each client once; be sure)
         nth = self._born[parent] = self._born.get(parent, 0) + 1
-        info = describe(pid, self._read(pid), parent=parent, nth=nth, host=self._host)
+        facts = self._read(pid)
+        self._cmdlines[key] = facts.cmdline
+        info = describe(pid, facts, parent=parent, nth=nth, host=self._host,
+                        parent_cmdline=self._cmdlines.get(parent))  # fmt: skip
         self.infos[key] = info
         title = info.title(self.infos.get(parent))
         session = self.main.session

@@ -4,8 +4,11 @@ held under debugpy (``build_debug_argv``).
 
 The run's command is the user's (``python -u -m pkg.train --lr 3e-4``, ``.venv/bin/python x.py``,
 ``x.py``); debug mode keeps their interpreter and their options and puts debugpy between the
-options and the target. What cannot be debugged is refused here, at submit time where the CLI
-checks the command and again on the worker, with a sentence that says why.
+options and the target. A console script (``torchrun``) is run as ``interpreter script``
+(:func:`python_launcher`); any other program (a shell script, ``srun``) runs under tether's
+launcher, whose Python descendants are debugged as its children (:func:`build_launch_argv`). What
+cannot be debugged is refused here, at submit time where the CLI checks the command and again on
+the worker, with a sentence that says why.
 """
 
 from __future__ import annotations
@@ -20,8 +23,13 @@ import trio
 
 __all__ = [
     "BOOT",
+    "LAUNCH",
     "MIN_PYTHON",
+    "NOT_WITH_MAIN_ONLY",
+    "SITECUSTOMIZE",
+    "boot_dir",
     "build_debug_argv",
+    "build_launch_argv",
     "check_python",
     "debugpy_home",
     "is_launcher",
@@ -33,6 +41,10 @@ __all__ = [
 
 #: debugpy's command line with pydevd's socket made TCP_NODELAY
 BOOT = Path(__file__).resolve().with_name("_tether_debugpy_boot.py")
+#: the main process of a command that is not Python (:func:`build_launch_argv`)
+LAUNCH = BOOT.with_name("_tether_launch.py")
+#: what every Python process a non-Python command starts imports first (as ``sitecustomize``)
+SITECUSTOMIZE = BOOT.with_name("_tether_sitecustomize.py")
 
 _USAGE = (
     "debug mode needs a Python command: python [options] script.py|-m module|-c code [args], "
@@ -65,12 +77,13 @@ def is_launcher(program: str) -> bool:
 _PIP_SH_EXEC = re.compile(r"^'''exec' \"([^\"]+)\"")
 
 
-def python_launcher(program: str, *, env: dict[str, str], cwd: str) -> list[str]:
+def python_launcher(program: str, *, env: dict[str, str], cwd: str) -> list[str] | None:
     """``[interpreter, script]`` for a command that is a Python script with a ``#!`` line (how pip
-    installs ``torchrun`` and every other console script); ``ValueError`` says why it is not.
+    installs ``torchrun`` and every other console script); ``None`` for any other program (a shell
+    script, a binary: run under :data:`LAUNCH`); ``ValueError`` says why it cannot be run at all.
 
-    Run as ``interpreter script``, it is a Python command like any other: debugpy starts the
-    launcher, and the launcher's children (the ranks) are debugged as its subprocesses.
+    Run as ``interpreter script``, a console script is a Python command like any other: debugpy
+    starts the launcher, and the launcher's children (the ranks) are debugged as its subprocesses.
     """
     path = env.get("PATH", os.defpath)
     if os.sep in program or (os.altsep and os.altsep in program):
@@ -95,12 +108,7 @@ def python_launcher(program: str, *, env: dict[str, str], cwd: str) -> list[str]
             words = [pip_exec.group(1)]
     if words and is_python(words[0]):
         return [words[0], found]
-    runs = f"it runs {words[0]}" if words else "it is not a script"
-    raise ValueError(
-        f"{program} ({found}) is not a Python program ({runs}): debug mode starts Python "
-        "programs, and the Python ones they start; give the Python command instead, e.g. "
-        "python -m torch.distributed.run ... (tether run runs any command, without the debugger)"
-    )
+    return None
 
 
 #: the oldest CPython the debugpy tether installs runs on (its ``Requires-Python``)
@@ -283,3 +291,38 @@ def build_debug_argv(
         "true" if subprocesses else "false",
         *target,
     ]
+
+
+#: why ``--processes main`` cannot debug a command that is not Python
+NOT_WITH_MAIN_ONLY = (
+    "{program} is not a Python program: its Python processes are its children, and "
+    "--processes main debugs none of them; use --processes stopped (the default) or all"
+)
+
+
+def build_launch_argv(
+    user_argv: list[str], *, boot_dir: str, fast: bool = True, home: str = ""
+) -> list[str]:
+    """The argv of a debug run whose command is not Python (``./train.sh``, ``srun ...``): the
+    worker's interpreter runs :data:`LAUNCH` under debugpy with subprocess debugging on, which
+    runs the command with ``boot_dir`` (holding ``sitecustomize.py``, a link to
+    :data:`SITECUSTOMIZE`) first on ``PYTHONPATH``: every Python process the command starts is
+    debugged as a child of the main process."""
+    return build_debug_argv(
+        [sys.executable, str(LAUNCH), boot_dir, "--", *user_argv],
+        python=sys.executable,
+        fast=fast,
+        home=home,
+        subprocesses=True,
+    )
+
+
+def boot_dir(where: Path) -> Path:
+    """A directory under ``where`` holding only ``sitecustomize.py`` (a link to
+    :data:`SITECUSTOMIZE`): what :data:`LAUNCH` puts first on the command's ``PYTHONPATH``."""
+    home = where / "boot"
+    home.mkdir(exist_ok=True)
+    link = home / "sitecustomize.py"
+    if not link.exists():
+        link.symlink_to(SITECUSTOMIZE)
+    return home

@@ -361,7 +361,7 @@ async def _drive(
         nursery.start_soon(driver.stop_on_terminate)
         nursery.start_soon(_report_refusals, link, news)
         # the fold starts once ``started`` is out: the replay may follow at once
-        await driver.perform(driver.processes.start(debuggee.process.pid))
+        await driver.perform(driver.processes.start(debuggee.process.pid, record.spec.command))
         nursery.start_soon(driver.deliveries)
         nursery.start_soon(_terminate_when, news.ended, driver.end_run)
         code = await debuggee.wait()

@@ -49,7 +49,7 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
     if not workdir.is_dir():
         raise SystemExit(f"tether: --workdir {args.workdir}: no such directory")
     if debug:  # said now, not after the queue wait: the worker would refuse it the same way
-        _check_debuggable(command, workdir)
+        _check_debuggable(command, workdir, getattr(args, "processes", None) or "stopped")
 
     def pick(name: str, default: Any) -> Any:
         value = getattr(args, name, None)
@@ -109,21 +109,30 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
         raise SystemExit(f"tether: invalid run: {where}: {err['msg']}") from None
 
 
-def _check_debuggable(command: list[str], workdir: Path) -> None:
+def _check_debuggable(command: list[str], workdir: Path, processes: str) -> None:
     """What the worker would refuse in debug mode, refused before the run queues. A launcher
     named by a path (``./launch.sh``) is in the snapshot and read here; one named bare
-    (``torchrun``) is looked up on the worker's ``PATH``, so only the worker can tell."""
-    from worker_shim.python_command import is_launcher, python_launcher, split_python_command
+    (``torchrun``, ``srun``) is looked up on the worker's ``PATH``, so only the worker can tell.
+    A command that is not Python (a shell script) is debugged through the Python processes it
+    starts, so not with ``--processes main``."""
+    from worker_shim.python_command import (
+        NOT_WITH_MAIN_ONLY,
+        is_launcher,
+        python_launcher,
+        split_python_command,
+    )
 
     program = command[0]
     try:
         if not is_launcher(program):
             split_python_command(command)
         elif os.sep in program and (workdir / program).resolve().is_relative_to(workdir):
-            python_launcher(program, env=dict(os.environ), cwd=str(workdir))
+            if python_launcher(program, env=dict(os.environ), cwd=str(workdir)) is None:
+                if processes == "main":
+                    raise ValueError(NOT_WITH_MAIN_ONLY.format(program=program))
     except ValueError as exc:
         said = str(exc)
-        if "tether run" not in said:
+        if "tether run" not in said and "--processes" not in said:
             said += " (tether run runs any command, without the debugger)"
         raise SystemExit(f"tether: {said}") from None
 

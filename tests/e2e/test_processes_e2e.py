@@ -31,6 +31,22 @@ POOL_MAIN_LINE = 14  # programs/mp_pool.py, main(): print(f"pool total {total}")
 FLAKY_CHILD_LINE = 12  # programs/mp_flaky.py, work(): only attempt 2 starts the child
 RANK1_LINE = 36  # programs/ranks_worker.py, main(): only rank != 0 runs it
 
+SHELL_LAUNCHER = """\
+#!/bin/sh
+export WORLD_SIZE="$1" MASTER_ADDR=127.0.0.1
+MASTER_PORT=$(PYTHON -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+export MASTER_PORT
+rank=0 pids=""
+while [ "$rank" -lt "$WORLD_SIZE" ]; do
+    RANK=$rank LOCAL_RANK=$rank PYTHON ranks_worker.py &
+    pids="$pids $!"
+    rank=$((rank + 1))
+done
+codes=""
+for pid in $pids; do wait "$pid"; codes="$codes${codes:+, }$?"; done
+echo "launcher done, rank exit codes [$codes]"
+"""
+
 
 async def run_through_tether(
     tmp_path: Path,
@@ -46,6 +62,11 @@ async def run_through_tether(
     # a console script, as pip installs torchrun: a Python script with a #! line, no .py
     launcher = ws / "launch-ranks"
     launcher.write_text(f"#!{sys.executable}\n" + (ws / "ranks_launcher.py").read_text())
+    launcher.chmod(0o755)
+    # a launcher in shell, as many Slurm batch scripts are: one python per rank, in the background
+    shell = ws / "launch-ranks.sh"
+    shell.write_text(SHELL_LAUNCHER.replace("PYTHON", sys.executable))
+    shell.chmod(0o755)
     home = tmp_path / "home"
     all_steps = [{"op": "mark", "name": "configured", "wait": True}, *steps]
     async with (
@@ -149,8 +170,8 @@ async def test_pool_of_16_with_a_breakpoint_in_the_main_process_completes(tmp_pa
 
 @pytest.mark.parametrize(
     "launch",
-    [["python", "ranks_launcher.py", "2"], ["./launch-ranks", "2"]],
-    ids=["python-launcher", "console-script"],
+    [["python", "ranks_launcher.py", "2"], ["./launch-ranks", "2"], ["./launch-ranks.sh", "2"]],
+    ids=["python-launcher", "console-script", "shell-script"],
 )
 async def test_torchrun_style_ranks_rank_1_stops_in_its_own_session(
     tmp_path: Path, launch: list[str]

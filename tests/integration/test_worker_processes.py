@@ -285,3 +285,82 @@ async def test_with_processes_main_children_are_not_debugged(tmp_path: Path) -> 
         assert not run.statuses(StatusEvent.PROCESS_STARTED)
         assert not [e for e in run.seen if dap("event", "stopped")(e)]
     assert run.code == [0]
+
+
+LAUNCH_SH = """\
+#!/bin/sh
+# a launcher in shell: two Python processes, one after the other, then one started by the first
+python3 prep.py
+exec python3 train.py
+"""
+
+PREP = """\
+print("PREP done")
+"""
+
+TRAIN = """\
+import subprocess, sys
+value = 6 * 7  # TRAIN
+print("TRAIN", value, flush=True)
+sys.exit(subprocess.run(["sh", "-c", "python3 child.py"]).returncode)
+"""
+
+
+async def test_a_shell_script_launcher_has_every_python_process_debugged(tmp_path: Path) -> None:
+    """``./launch.sh`` runs python twice (the second by ``exec``), and the second starts a Python
+    process through ``sh -c``: each is debugged as a child, and stops at its breakpoint, set before
+    the worker existed; the grandchild names the process that started it as its parent."""
+    bps = [
+        set_breakpoints("train.py", line_of(TRAIN, "# TRAIN"), 1),
+        set_breakpoints("child.py", line_of(CHILD_SCRIPT, "# CHILD"), 2),
+    ]
+    files = {"launch.sh": LAUNCH_SH, "prep.py": PREP, "train.py": TRAIN, "child.py": CHILD_SCRIPT}
+    bin_dir = Path(sys.executable).parent
+    async with debug_run(
+        tmp_path, files, ["sh", "launch.sh"], bps, env={"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    ) as run:
+        train = await _stopped_then_continue(run)
+        child = await _stopped_then_continue(run)
+        exited = await run.until(status(StatusEvent.EXITED))
+        assert isinstance(exited, StatusEntry) and exited.exit_code == 0
+        infos = {
+            s.process: ProcessInfo.model_validate(s.data)
+            for s in run.statuses(StatusEvent.PROCESS_STARTED)
+        }
+        # prep.py, train.py and child.py: each a debugged process (prep.py ran to its end)
+        assert len(infos) == 3, infos
+        assert infos[train].parent == "" and infos[train].command.endswith("train.py")
+        assert infos[child].parent == train and infos[child].command.endswith("child.py")
+        # named after what they run, not as workers of the launcher
+        assert infos[train].title().startswith(f"train.py (pid {infos[train].pid})")
+        assert {e.process for e in run.statuses(StatusEvent.PROCESS_EXITED)} == set(infos)
+    assert run.code == [0]
+
+
+async def _stopped_then_continue(run: Run) -> str:
+    stopped = await run.until(lambda e: dap("event", "stopped")(e) and e.process != "")
+    assert isinstance(stopped, DapEntry)
+    thread = orjson.loads(stopped.body)["body"]["threadId"]
+    go = {"seq": 9, "type": "request", "command": "continue", "arguments": {"threadId": thread}}
+    await run.ide.publish(DapEntry(origin="ide1", body=orjson.dumps(go), process=stopped.process))
+    await run.until(lambda e: dap("response", "continue")(e) and e.process == stopped.process)
+    return stopped.process
+
+
+async def test_a_non_python_command_ends_with_its_own_exit_code(tmp_path: Path) -> None:
+    async with debug_run(tmp_path, {"x.txt": ""}, ["sh", "-c", "echo hi; exit 3"], []) as run:
+        exited = await run.until(status(StatusEvent.EXITED))
+        assert isinstance(exited, StatusEntry) and exited.exit_code == 3
+        assert not run.statuses(StatusEvent.PROCESS_STARTED)
+    assert run.code == [3]
+
+
+async def test_a_non_python_command_with_processes_main_is_refused_with_a_sentence(
+    tmp_path: Path,
+) -> None:
+    command = ["sh", "-c", "python3 -c pass"]
+    async with debug_run(tmp_path, {"x.txt": ""}, command, [], processes="main") as run:
+        failed = await run.until(status(StatusEvent.START_FAILED))
+        assert isinstance(failed, StatusEntry)
+        assert "sh is not a Python program" in failed.detail
+        assert "--processes main debugs none of them" in failed.detail

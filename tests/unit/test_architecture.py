@@ -32,6 +32,9 @@ LONG_FILES_ALLOWED: dict[str, str] = {}
 SYS_PATH_EDITS_ALLOWED = {
     "worker_shim/_tether_debugpy_boot.py": "runs inside the user's program: it gives the program "
     "the sys.path plain `python script.py` would, and puts debugpy's home on it",
+    "worker_shim/_tether_sitecustomize.py": "runs inside a Python process a non-Python command "
+    "of a debug run starts: it puts the worker's pydevd on the path, as pydevd's own patching of a "
+    "child does, and takes its own directory off",
 }
 
 

@@ -217,14 +217,24 @@ def test_a_launcher_is_left_to_the_worker_at_submit_time(tmp_path: Path) -> None
     assert build_spec(_debug_args(tmp_path, *command), debug=True).command == command
 
 
-def test_a_shell_script_in_the_workdir_is_refused_at_submit_time(tmp_path: Path) -> None:
+def test_a_shell_script_in_the_workdir_is_debugged_through_its_python_processes(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "launch.sh").write_text("#!/bin/bash\ntorchrun train.py\n")
-    with pytest.raises(
-        SystemExit, match=r"launch.sh .* is not a Python program \(it runs /bin/bash\)"
-    ):
-        build_spec(_debug_args(tmp_path, "./launch.sh"), debug=True)
+    spec = build_spec(_debug_args(tmp_path, "./launch.sh"), debug=True)
+    assert spec.command == ["./launch.sh"] and spec.processes == "stopped"
+    # with --processes main, nothing of it would be debugged: said at submit
+    from adapter.cli.parser import build_parser as _parser
+
+    argv = ["debug", "--workdir", str(tmp_path), "--processes", "main", "--", "./launch.sh"]
+    with pytest.raises(SystemExit, match=r"launch.sh is not a Python program: .*--processes main"):
+        build_spec(_parser().parse_args(argv), debug=True)
+    # a console script in the snapshot is a Python command
     (tmp_path / "launch").write_text("#!/usr/bin/env python3\nimport runpy\n")
     assert build_spec(_debug_args(tmp_path, "./launch", "2"), debug=True).command == [
         "./launch",
         "2",
     ]
+    # a launcher that is not there is said at submit
+    with pytest.raises(SystemExit, match=r"no program './gone.sh'"):
+        build_spec(_debug_args(tmp_path, "./gone.sh"), debug=True)

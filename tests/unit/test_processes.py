@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapter.render import status_text
+from adapter.render import runs_table, status_text
 from protocol_specs import wire
 from protocol_specs.processes import (
     MAIN,
@@ -15,7 +15,7 @@ from protocol_specs.processes import (
     fold_into_record,
     process_key,
 )
-from protocol_specs.runs import RunRecord, RunSpec, RunState, StaleAttempt
+from protocol_specs.runs import RunEvent, RunRecord, RunSpec, RunState, StaleAttempt
 from protocol_specs.wire import StatusEntry, StatusEvent
 
 MAIN_INFO = ProcessInfo(key=MAIN, pid=4100, host="gpu-7")
@@ -89,6 +89,11 @@ def test_the_run_is_paused_while_any_process_is() -> None:
     assert record.state is RunState.PAUSED
     assert record.paused_at == "rank 3 (pid 4242) on gpu-7: train.py:42 in step"
     record = _fold(record, StatusEvent.PAUSED, MAIN, data={"where": "train.py:9 in main"})
+    # tether ls: how many processes are alive and paused, where the first is paused, how many more
+    [head, row] = runs_table([record], now=20.0).splitlines()
+    assert head.split() == ["ID", "NAME", "STATE", "BACKEND", "AGE", "ATTEMPT", "PROCS", "WHERE"]
+    assert "2 (2 paused)" in row
+    assert row.endswith("train.py:9 in main (+1 more paused)")
     record = _fold(record, StatusEvent.RESUMED, "4242")
     assert record.state is RunState.PAUSED and record.paused_at == "train.py:9 in main"
     record = _fold(record, StatusEvent.RESUMED, MAIN)
@@ -98,6 +103,9 @@ def test_the_run_is_paused_while_any_process_is() -> None:
     text = status_text(record, now=20.0)
     assert "processes  1 besides the main one" in text
     assert "rank 3 (pid 4242) on gpu-7: exited (exit 0)" in text
+    assert "PROCS" in runs_table([record], now=20.0)  # running, one process alive
+    done = record.advance(RunEvent.EXIT_OK, at=30.0, about=1, exit_code=0)
+    assert "PROCS" not in runs_table([done], now=40.0)  # a finished run's are gone
 
 
 def test_news_of_an_earlier_attempt_changes_nothing() -> None:

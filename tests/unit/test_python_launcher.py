@@ -1,5 +1,6 @@
 """Launchers in debug mode: a console script (``torchrun``, ``accelerate``) is a Python script with a
-``#!`` line, run as ``interpreter script``; anything else is refused with a sentence."""
+``#!`` line, run as ``interpreter script``; any other program (a shell script, a binary) runs under
+tether's launcher, which debugs the Python processes it starts; a missing one is named."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from worker_shim.python_command import is_launcher, python_launcher
+from worker_shim.python_command import (
+    BOOT,
+    LAUNCH,
+    SITECUSTOMIZE,
+    boot_dir,
+    build_launch_argv,
+    is_launcher,
+    python_launcher,
+)
 
 
 def _script(where: Path, name: str, text: str) -> Path:
@@ -46,22 +55,32 @@ def test_env_and_pips_long_path_shebangs(tmp_path: Path) -> None:
     ]
     long_python = "/opt/a path with spaces/bin/python3.11"
     _script(tmp_path, "accelerate", f"#!/bin/sh\n'''exec' \"{long_python}\" \"$0\" \"$@\"\n' '''\n")
-    assert python_launcher("./accelerate", env=env, cwd=str(tmp_path))[0] == long_python
+    assert python_launcher("./accelerate", env=env, cwd=str(tmp_path)) == [
+        long_python,
+        str(tmp_path / "./accelerate"),
+    ]
 
 
 @pytest.mark.parametrize(
-    ("name", "text", "said"),
-    [
-        ("run.sh", "#!/bin/bash\npython train.py\n", r"not a Python program \(it runs /bin/bash\)"),
-        ("tool", "\x7fELF binary", r"not a Python program \(it is not a script\)"),
-    ],
+    ("name", "text"),
+    [("run.sh", "#!/bin/bash\npython train.py\n"), ("tool", "\x7fELF binary"), ("plain", "")],
 )
-def test_what_is_not_python_is_refused_with_a_sentence(
-    tmp_path: Path, name: str, text: str, said: str
-) -> None:
+def test_any_other_program_is_not_a_python_launcher(tmp_path: Path, name: str, text: str) -> None:
     _script(tmp_path, name, text)
-    with pytest.raises(ValueError, match=said):
-        python_launcher(f"./{name}", env={"PATH": ""}, cwd=str(tmp_path))
+    assert python_launcher(f"./{name}", env={"PATH": ""}, cwd=str(tmp_path)) is None
+
+
+def test_a_program_that_is_not_python_runs_under_the_launcher_with_children_debugged(
+    tmp_path: Path,
+) -> None:
+    boot = boot_dir(tmp_path)
+    assert [p.name for p in boot.iterdir()] == ["sitecustomize.py"]
+    assert (boot / "sitecustomize.py").resolve() == SITECUSTOMIZE
+    assert boot_dir(tmp_path) == boot  # a second call finds it made
+    argv = build_launch_argv(["./train.sh", "--lr", "3"], boot_dir=str(boot), home="/h")
+    assert argv[0] == sys.executable and str(BOOT) in argv
+    assert argv[argv.index("--configure-subProcess") + 1] == "true"
+    assert argv[-6:] == [str(LAUNCH), str(boot), "--", "./train.sh", "--lr", "3"]
 
 
 def test_a_missing_launcher_is_named(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ from protocol_specs.session import StatusEvent
 from protocol_specs.wire import DapEntry, Deliver, StatusEntry, StreamName, encode_entry
 from worker_shim.actions import Action, OpenChild, Publish, ToDebugpy
 from worker_shim.core import ShimCore
-from worker_shim.processes import Processes, ProcFacts, describe, read_proc
+from worker_shim.process_names import ProcFacts, describe, read_proc
+from worker_shim.processes import Processes
 from worker_shim.replay import ReplayPhase
 
 WORKDIR = "/home/me/project"
