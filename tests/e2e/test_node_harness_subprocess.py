@@ -35,7 +35,7 @@ from worker_shim.python_command import build_debug_argv
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 # programs/mp_spawn.py
-CHILD_LINE = 8  # work: print(f"child total {total}")
+CHILD_LINE = 9  # work: print(f"child total {total}")
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from protocol_specs.processes import COLLECTIVE_TIMEOUT_HINT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-SPAWN_CHILD_LINE = 8  # programs/mp_spawn.py, work(): print(f"child total {total}")
+SPAWN_CHILD_LINE = 9  # programs/mp_spawn.py, work(): print(f"child total {total}")
 POOL_MAIN_LINE = 14  # programs/mp_pool.py, main(): print(f"pool total {total}")
 FLAKY_CHILD_LINE = 12  # programs/mp_flaky.py, work(): only attempt 2 starts the child
 RANK1_LINE = 36  # programs/ranks_worker.py, main(): only rank != 0 runs it
@@ -85,8 +85,9 @@ async def run_through_tether(
     return result, messages, port
 
 
+@pytest.mark.parametrize("method", ["spawn", "fork"])
 async def test_breakpoint_in_a_spawned_child_is_debugged_in_the_childs_own_session(
-    tmp_path: Path,
+    tmp_path: Path, method: str
 ) -> None:
     steps: list[dict[str, Any]] = [
         # --processes stopped: the child is offered when it first stops, not before
@@ -110,7 +111,7 @@ async def test_breakpoint_in_a_spawned_child_is_debugged_in_the_childs_own_sessi
         {"op": "disconnect"},
     ]
     result, messages, port = await run_through_tether(
-        tmp_path, ["mp_spawn.py"], {"mp_spawn.py": [SPAWN_CHILD_LINE]}, steps
+        tmp_path, ["mp_spawn.py", method], {"mp_spawn.py": [SPAWN_CHILD_LINE]}, steps
     )
     labels = result["labels"]
     kid = labels["kid"]
