@@ -17,13 +17,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 async def tether_cli(
     home: Path, *args: str, cwd: Path, stdout: int | None = None
 ) -> tuple[int, str]:
-    """(exit code, stderr and stdout) of one CLI command."""
+    """(exit code, stderr and stdout) of one CLI command. Bad input is refused at once: a
+    command still running after 60 s took the input (``tether debug`` serving a run it accepted)
+    and fails the test, killed (trio kills it when the scope is cancelled), not left behind."""
     where: dict[str, object] = (
         {"stdout": stdout} if stdout is not None else {"capture_stdout": True}
     )
-    done = await trio.run_process(
-        [TETHER, *args], env=home_env(home), cwd=cwd, capture_stderr=True, check=False, **where
-    )
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [TETHER, *args], env=home_env(home), cwd=cwd, capture_stderr=True, check=False, **where
+        )
     out = done.stdout.decode(errors="replace") if stdout is None and done.stdout else ""
     return done.returncode, done.stderr.decode(errors="replace") + out
 
@@ -53,7 +56,11 @@ async def test_bad_input_gets_a_clear_line_and_never_a_traceback(tmp_path: Path)
                     f"127.0.0.1:{port} is in use",
                 ),
                 (("attach", "nosuchrun", "--port", port), f"127.0.0.1:{port} is in use"),
-                (("debug", "--", "./launch.sh"), "not a Python program (it runs /bin/bash)"),
+                (
+                    ("debug", "--processes", "main", "--", "./launch.sh"),
+                    "--processes main debugs none of them",
+                ),
+                (("debug", "--", "./gone.sh"), "no program './gone.sh'"),
                 (("debug", "--", "python", "-V"), "python -V runs no program"),
                 (("run", "--gpu", "2", "--", "python", "app.py"), "unrecognized arguments"),
                 (("run", "--backend", "k8s", "--", "python", "app.py"), "invalid choice: 'k8s'"),
