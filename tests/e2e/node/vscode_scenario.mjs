@@ -31,8 +31,9 @@ import { createInterface } from "node:readline";
 const require = createRequire(import.meta.url);
 const { DebugClient } = require("@vscode/debugadapter-testsupport");
 
-const T0 = Date.now();
-const now = () => Date.now() - T0;
+const T0 = performance.now();
+// ms since start, to the microsecond (transcripts time single steps of a few ms)
+const now = () => Math.round((performance.now() - T0) * 1000) / 1000;
 const log = (...args) => process.stderr.write(`[vscode_scenario +${now()}ms] ${args.join(" ")}\n`);
 
 class StepFailure extends Error {}
