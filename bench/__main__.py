@@ -18,14 +18,36 @@ from typing import Any
 
 import trio
 
-from . import common, first_stop, flood, idle, latency, processes, report, resume, snapshot
+from . import (
+    common,
+    first_stop,
+    flood,
+    idle,
+    latency,
+    node_steps,
+    processes,
+    report,
+    resume,
+    snapshot,
+)
 
-BENCHES = ("latency", "flood", "first_stop", "idle", "snapshot", "resume", "processes")
+BENCHES = (
+    "latency",
+    "node_steps",
+    "flood",
+    "first_stop",
+    "idle",
+    "snapshot",
+    "resume",
+    "processes",
+)
 
 #: (full, quick) sizes
 SIZES: dict[str, tuple[int, int]] = {
     "requests": (200, 5),
     "steps": (500, 5),
+    "node_step_blocks": (3, 1),
+    "node_steps": (100, 3),
     "stops": (100, 3),
     "flood_lines": (200_000, 2_000),
     "first_stops": (10, 1),
@@ -49,6 +71,12 @@ async def run(only: set[str], quick: bool, tmp: Path) -> dict[str, Any]:
             sessions = await latency.open_sessions(stack, tether, tmp, "latency")
             figures["requests"] = await latency.requests(sessions, size["requests"])
             figures["stepping"] = await latency.stepping(sessions, size["steps"], size["stops"])
+
+    async def bench_node_steps() -> None:
+        async with common.tether_stack(tmp / "home-node-steps") as tether:
+            figures["node_steps"] = await node_steps.node_steps(
+                tether, tmp, size["node_step_blocks"], size["node_steps"]
+            )
 
     async def bench_flood() -> None:
         async with common.tether_stack(tmp / "home-flood") as tether:
@@ -128,6 +156,7 @@ async def run(only: set[str], quick: bool, tmp: Path) -> dict[str, Any]:
 
     stages = {
         "latency": bench_latency,
+        "node_steps": bench_node_steps,
         "flood": bench_flood,
         "first_stop": bench_first_stop,
         "idle": bench_idle,

@@ -216,6 +216,35 @@ def _snapshot(f: dict[str, Any], n: dict[str, int]) -> list[str]:
     return [*rows, ""]
 
 
+def _node_steps(f: dict[str, Any], n: dict[str, int]) -> list[str]:
+    rows = [
+        "## 2b. Stepping with VS Code's client",
+        "",
+        f"`next` sent until its response, and until the `stopped` event ({n['node_steps']} steps "
+        f"per way in each of {n['node_step_blocks']} blocks, the ways taking turns), seen by "
+        "Microsoft's DebugClient under node (`tests/e2e/node/vscode_scenario.mjs`, transcript "
+        "times to the microsecond), which delays its TCP ACKs as VS Code does: a writer that "
+        "sends an event right after a response without `TCP_NODELAY` has the event held until "
+        "the ACK, which the Python client of sections 1 and 2 never shows.",
+        "",
+        "| | tether median | p99 | stock debugpy median | p99 | floor median | p99 "
+        "| tether / debugpy | target |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, key, target in (
+        ("next -> response", "answered", None),
+        ("next -> stopped", "stopped", 0.25),
+    ):
+        t, d, fl = (f[key][w] for w in (TETHER, DEBUGPY, FLOOR))
+        ratio = t.median / d.median
+        verdict = f"<= {target}: {_verdict(ratio <= target)}" if target else ""
+        rows.append(
+            f"| {name} | {_ms(t.median)} | {_ms(t.p99)} | {_ms(d.median)} | {_ms(d.p99)} "
+            f"| {_ms(fl.median)} | {_ms(fl.p99)} | {ratio:.3f} | {verdict} |"
+        )
+    return [*rows, ""]
+
+
 def _resume(f: dict[str, Dist], _n: dict[str, int]) -> list[str]:
     r, b = f["reconnect"], f["first message after welcome"]
     return [
@@ -303,6 +332,7 @@ def _processes(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
 
 
 SECTIONS = {
+    "node_steps": _node_steps,
     "flood": _flood,
     "first_stop": _first_stop,
     "idle": _idle,

@@ -23,6 +23,12 @@ and the fallback against the installed debugpy.
 Child processes that debugpy patches start through stock debugpy (no fix); a Python process that a
 non-Python command of the run starts gets it from ``_tether_sitecustomize.py``, which loads this file
 for :func:`_patch_pydevd`.
+
+The other writer on the path is debugpy's adapter process, which the program's debugpy starts: it
+sends a response and then an event (``next``, then ``stopped``) on a socket without
+``TCP_NODELAY``, so the event waited for the shim's delayed ACK. With ``--tether-debugpy HOME``
+this script points debugpy at ``HOME`` for the adapter (:func:`_adapter_from`), whose
+``__main__.py`` is ``_tether_debugpy_adapter.py``: the adapter with ``TCP_NODELAY`` on its sockets.
 """
 
 import functools
@@ -62,6 +68,20 @@ def _patch_pydevd() -> str | None:
     return None
 
 
+def _adapter_from(home: str) -> None:
+    """debugpy starts its adapter process as ``python <the directory of debugpy.adapter>``
+    (``debugpy.server.api.listen``, 1.8.22): make that ``home``, whose ``__main__.py`` runs the
+    adapter with ``TCP_NODELAY`` on its sockets (``_tether_debugpy_adapter.py``)."""
+    import types
+
+    from debugpy.server import api
+
+    if getattr(getattr(api, "adapter", None), "__name__", "") == "debugpy.adapter":
+        api.adapter = types.SimpleNamespace(  # type: ignore[attr-defined,assignment]
+            __name__="debugpy.adapter", __file__=os.path.join(home, "__init__.py")
+        )
+
+
 def main() -> None:
     # Python put this script's directory (worker_shim/) first on sys.path, unless -P or -I: take
     # it out, so that the program's sys.path is what plain ``python script.py`` would give it.
@@ -71,10 +91,15 @@ def main() -> None:
     # --tether-debugpy DIR: a directory holding only the worker's debugpy, for a program run on
     # its own interpreter (a venv, conda, another CPython); at the end of the path, so that the
     # program's own modules come first, and nothing else of the worker's is seen
+    home = None
     if sys.argv[1:2] == ["--tether-debugpy"]:
-        sys.path.append(sys.argv[2])
+        home = sys.argv[2]
+        sys.path.append(home)
         del sys.argv[1:3]
     from debugpy.server import cli  # imports pydevd (vendored) and puts it on sys.path
+
+    if home is not None and os.path.isfile(os.path.join(home, "__main__.py")):
+        _adapter_from(home)
 
     try:
         why_not = _patch_pydevd()

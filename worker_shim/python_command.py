@@ -22,6 +22,7 @@ from pathlib import Path, PurePath
 import trio
 
 __all__ = [
+    "ADAPTER",
     "BOOT",
     "LAUNCH",
     "MIN_PYTHON",
@@ -184,10 +185,15 @@ def _debugpy_version() -> str:
     return str(debugpy.__version__)
 
 
+#: debugpy's adapter process with TCP_NODELAY on its sockets (run as ``python DEBUGPY_HOME``)
+ADAPTER = BOOT.with_name("_tether_debugpy_adapter.py")
+
+
 def debugpy_home(where: Path) -> Path:
     """A directory under ``where`` holding only the worker's ``debugpy`` package (a link): what
     the program's interpreter adds to its path to debug it, without seeing anything else the
-    worker has installed."""
+    worker has installed. Its ``__main__.py`` (a link to :data:`ADAPTER`) is what debugpy's
+    adapter process runs (``python HOME``: the boot script points debugpy there)."""
     home = where / "debugpy-home"
     home.mkdir(exist_ok=True)
     link = home / "debugpy"
@@ -195,6 +201,9 @@ def debugpy_home(where: Path) -> Path:
         import debugpy
 
         link.symlink_to(Path(debugpy.__file__).resolve().parent, target_is_directory=True)
+    main = home / "__main__.py"
+    if not main.exists():
+        main.symlink_to(ADAPTER)
     return home
 
 

@@ -30,6 +30,7 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
     for key in (
         "requests",
         "stepping",
+        "node_steps",
         "flood",
         "first_stop",
         "idle",
@@ -39,7 +40,7 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
     ):
         assert key in figures, (key, sorted(figures))
     # every latency figure has samples of all three ways
-    for table in (figures["requests"], figures["stepping"]):
+    for table in (figures["requests"], figures["stepping"], figures["node_steps"]):
         for ways in table.values():
             assert set(ways) == {"tether", "debugpy", "floor"}
             assert all(len(w["samples"]) > 0 for w in ways.values())
@@ -51,6 +52,7 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
     for heading in (
         "1. Request latency",
         "2. Stepping",
+        "2b. Stepping with VS Code's client",
         "3. Output flood",
         "4. Time to first stop",
         "5. Idle scale",

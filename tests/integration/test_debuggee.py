@@ -68,6 +68,16 @@ POOL_SUM_LINE = 11
 SITECUSTOMIZE = """\
 import os, sys, time
 
+report = os.environ.get("TETHER_TEST_ADAPTER_SOCKETS")
+if report and "--for-server" in sys.argv:  # debugpy's adapter process: say how it accepts
+    import socket
+    accept = socket.socket.accept
+    def reporting_accept(self):
+        conn, address = accept(self)
+        with open(report, "a") as f:
+            f.write(f"{conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)}\\n")
+        return conn, address
+    socket.socket.accept = reporting_accept
 fault = os.environ.pop("TETHER_TEST_FAULT", None)  # popped: debugpy's adapter must not see it
 if fault == "exit-before-debugpy":
     print("boom: exiting before debugpy starts", file=sys.stderr, flush=True)
@@ -221,6 +231,29 @@ async def test_a_breakpoint_session_over_the_one_connection(run: Run, fast: bool
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["boot", "stock"])
+async def test_debugpys_adapter_process_writes_without_nagle(
+    run: Run, fault: Callable[[Run, str], None], fast: bool
+) -> None:
+    """The sockets debugpy's adapter process accepts (the shim's connection, pydevd's) have
+    ``TCP_NODELAY`` under the boot script, so the ``stopped`` it writes right after ``next``'s
+    response is not held for the shim's delayed ACK; stock debugpy's have not."""
+    report = run.dir / "adapter-sockets"
+    fault(run, "none")  # only the reporting sitecustomize
+    run.env["TETHER_TEST_ADAPTER_SOCKETS"] = str(report)
+    async with run.start(fast=fast) as debuggee, _client(debuggee) as ide:
+        await _configure(ide, breakpoints=[2])  # total = 0
+        thread = (await ide.wait_event("stopped"))["body"]["threadId"]
+        assert (await ide.request("next", {"threadId": thread}))["success"]
+        assert (await ide.wait_event("stopped"))["body"]["reason"] == "step"
+        await ide.request("continue", {"threadId": thread})
+        await ide.wait_event("terminated")
+        assert await debuggee.wait() == 0
+    accepted = report.read_text().split()
+    assert len(accepted) >= 2, accepted  # the shim's connection, then pydevd's
+    assert set(accepted) == {"1" if fast else "0"}
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["boot", "stock"])
 async def test_held_until_configured_then_exit_code_is_reported(tmp_path: Path, fast: bool) -> None:
     run = Run(tmp_path, "import pathlib, sys\npathlib.Path('ran').write_text('yes')\nsys.exit(3)\n")
     async with run.start(fast=fast) as debuggee:
@@ -352,7 +385,7 @@ async def test_a_program_gone_before_pydevd_connected_leaves_no_adapter(
     # debugpy's adapter waits for pydevd's first connection forever, outside the program's group
     fault(run, "hold-before-pydevd-connects")
     async with run.start():
-        assert [p for p in run.leftovers() if "debugpy/adapter" in p]
+        assert [p for p in run.leftovers() if "--for-server" in p]  # the adapter, running
     assert run.leftovers() == []
 
 

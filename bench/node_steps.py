@@ -1,0 +1,104 @@
+"""Benchmark 2b: stepping as VS Code's own client sees it (Microsoft's DebugClient, node).
+
+A Python client acknowledges TCP at once; node, like VS Code, delays its ACKs, so a writer that
+sends a response and then an event without ``TCP_NODELAY`` has the event held by Nagle's algorithm
+until the ACK comes (``shared/research/latency-wan.md``). Only a node client shows that stall, so
+these figures come from the scenario runner (``tests/e2e/node/vscode_scenario.mjs``).
+
+Each way (tether, stock debugpy, the floor; :data:`common.WAYS`) runs ``programs/loop.py`` to its
+breakpoint, then the runner sends ``next`` and waits for ``stopped`` (nothing else asked, so the
+two are all that moves), ``STEPS`` times. From the runner's transcript (``performance.now()``,
+microsecond resolution): ``next`` sent until its response, and until the ``stopped`` event.
+The ways take turns, one block of steps each, the order rotating.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.harness import debug_run, open_vscode_session, scenario
+from worker_shim.debuggee import start_debuggee
+
+from .common import FLOOR, PROGRAMS, TETHER, WAYS, Dist, Stack, break_line
+
+PROGRAM = "loop.py"
+_TIMEOUT_S = 300
+
+
+def _steps(n: int) -> list[dict[str, Any]]:
+    step = [{"op": "next"}, {"op": "wait_stopped", "inspect": False}]
+    return [
+        {"op": "wait_stopped", "inspect": False, "reason": "breakpoint"},
+        *(step * n),
+        {"op": "disconnect", "terminateDebuggee": True},
+    ]
+
+
+def step_times(transcript: Path) -> tuple[list[float], list[float]]:
+    """(``next`` -> its response, ``next`` -> the next ``stopped``) in ms, per ``next`` sent."""
+    entries = [json.loads(line) for line in transcript.read_text().splitlines() if line.strip()]
+    answered: list[float] = []
+    stopped: list[float] = []
+    sent: dict[int, float] = {}
+    pending: float | None = None
+    for e in entries:
+        msg = e["msg"]
+        if e["dir"] == "client->adapter" and msg.get("command") == "next":
+            sent[msg["seq"]] = pending = e["t"]
+        elif msg.get("type") == "response" and msg.get("command") == "next":
+            answered.append(e["t"] - sent[msg["request_seq"]])
+        elif msg.get("event") == "stopped" and pending is not None:
+            stopped.append(e["t"] - pending)
+            pending = None
+    return answered, stopped
+
+
+async def _block(way: str, stack: Stack, tmp: Path, name: str, n: int) -> tuple[list[float], ...]:
+    workdir = tmp / name
+    workdir.mkdir(parents=True)
+    shutil.copyfile(PROGRAMS / PROGRAM, workdir / PROGRAM)
+    transcript = tmp / f"{name}.transcript.jsonl"
+    argv = ["python", PROGRAM]
+
+    def spec(port: int) -> dict[str, Any]:
+        s = scenario(port, workdir, _steps(n), breakpoints={PROGRAM: [break_line(PROGRAM)]},
+                     timeout_ms=_TIMEOUT_S * 1000)  # fmt: skip
+        s["transcript"] = str(transcript)
+        return s
+
+    if way == TETHER:
+        async with debug_run(stack.home, stack.relay, workdir, *argv) as (adapter, _run, port):
+            async with open_vscode_session(spec(port), timeout=_TIMEOUT_S) as session:
+                await session.result()
+            await adapter.wait_line(r"run \S+ ended", timeout=60)  # the worker is free again
+    else:
+        async with start_debuggee(
+            argv,
+            cwd=str(workdir),
+            env=dict(os.environ),
+            log_path=str(tmp / f"{name}.log"),
+            fast=way == FLOOR,
+        ) as debuggee:
+            async with open_vscode_session(spec(debuggee.port), timeout=_TIMEOUT_S) as session:
+                await session.result()
+    return step_times(transcript)
+
+
+async def node_steps(stack: Stack, tmp: Path, blocks: int, per_block: int) -> dict[str, Any]:
+    """``blocks`` blocks of ``per_block`` steps per way, the ways' order rotating."""
+    answered: dict[str, list[float]] = {w: [] for w in WAYS}
+    stopped: dict[str, list[float]] = {w: [] for w in WAYS}
+    for i in range(blocks):
+        order = WAYS[i % len(WAYS) :] + WAYS[: i % len(WAYS)]
+        for way in order:
+            got_answer, got_stop = await _block(way, stack, tmp, f"steps-{way}-{i}", per_block)
+            answered[way] += got_answer
+            stopped[way] += got_stop
+    return {
+        "answered": {w: Dist(answered[w]) for w in WAYS},
+        "stopped": {w: Dist(stopped[w]) for w in WAYS},
+    }
