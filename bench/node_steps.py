@@ -7,9 +7,11 @@ these figures come from the scenario runner (``tests/e2e/node/vscode_scenario.mj
 
 Each way (tether, stock debugpy, the floor; :data:`common.WAYS`) runs ``programs/loop.py`` to its
 breakpoint, then the runner sends ``next`` and waits for ``stopped`` (nothing else asked, so the
-two are all that moves), ``STEPS`` times. From the runner's transcript (``performance.now()``,
-microsecond resolution): ``next`` sent until its response, and until the ``stopped`` event.
-The ways take turns, one block of steps each, the order rotating.
+two are all that moves), ``per_block`` times; then it clears the breakpoint and continues, and the
+program prints its last line and exits. From the runner's transcript (``performance.now()``,
+microsecond resolution): ``next`` sent until its response, and until the ``stopped`` event; the
+``output`` event of the program's last line until ``terminated`` (the end of a run as the IDE
+sees it). The ways take turns, one block of steps each, the order rotating.
 """
 
 from __future__ import annotations
@@ -29,22 +31,29 @@ PROGRAM = "loop.py"
 _TIMEOUT_S = 300
 
 
-def _steps(n: int) -> list[dict[str, Any]]:
+def _steps(n: int, workdir: Path) -> list[dict[str, Any]]:
     step = [{"op": "next"}, {"op": "wait_stopped", "inspect": False}]
     return [
         {"op": "wait_stopped", "inspect": False, "reason": "breakpoint"},
         *(step * n),
-        {"op": "disconnect", "terminateDebuggee": True},
+        # then the program runs to its end: its last line (the total), then its exit
+        {"op": "set_breakpoints", "path": str(workdir / PROGRAM), "lines": []},
+        {"op": "continue"},
+        {"op": "wait_terminated"},
+        {"op": "disconnect"},
     ]
 
 
-def step_times(transcript: Path) -> tuple[list[float], list[float]]:
-    """(``next`` -> its response, ``next`` -> the next ``stopped``) in ms, per ``next`` sent."""
+def step_times(transcript: Path) -> tuple[list[float], list[float], list[float]]:
+    """(``next`` -> its response, ``next`` -> the next ``stopped``) in ms, per ``next`` sent;
+    and the program's last line (its ``output`` event) -> ``terminated``, in ms."""
     entries = [json.loads(line) for line in transcript.read_text().splitlines() if line.strip()]
     answered: list[float] = []
     stopped: list[float] = []
     sent: dict[int, float] = {}
     pending: float | None = None
+    last_line: float | None = None
+    ended: list[float] = []
     for e in entries:
         msg = e["msg"]
         if e["dir"] == "client->adapter" and msg.get("command") == "next":
@@ -54,7 +63,11 @@ def step_times(transcript: Path) -> tuple[list[float], list[float]]:
         elif msg.get("event") == "stopped" and pending is not None:
             stopped.append(e["t"] - pending)
             pending = None
-    return answered, stopped
+        elif msg.get("event") == "output" and msg["body"].get("category") == "stdout":
+            last_line = e["t"]
+        elif msg.get("event") == "terminated" and last_line is not None and not ended:
+            ended.append(e["t"] - last_line)
+    return answered, stopped, ended
 
 
 async def _block(way: str, stack: Stack, tmp: Path, name: str, n: int) -> tuple[list[float], ...]:
@@ -62,10 +75,11 @@ async def _block(way: str, stack: Stack, tmp: Path, name: str, n: int) -> tuple[
     workdir.mkdir(parents=True)
     shutil.copyfile(PROGRAMS / PROGRAM, workdir / PROGRAM)
     transcript = tmp / f"{name}.transcript.jsonl"
-    argv = ["python", PROGRAM]
+    argv = ["python", PROGRAM, str(2 * n + 100)]  # loop iterations: a short run once continued
 
     def spec(port: int) -> dict[str, Any]:
-        s = scenario(port, workdir, _steps(n), breakpoints={PROGRAM: [break_line(PROGRAM)]},
+        s = scenario(port, workdir, _steps(n, workdir),
+                     breakpoints={PROGRAM: [break_line(PROGRAM)]},
                      timeout_ms=_TIMEOUT_S * 1000)  # fmt: skip
         s["transcript"] = str(transcript)
         return s
@@ -90,15 +104,13 @@ async def _block(way: str, stack: Stack, tmp: Path, name: str, n: int) -> tuple[
 
 async def node_steps(stack: Stack, tmp: Path, blocks: int, per_block: int) -> dict[str, Any]:
     """``blocks`` blocks of ``per_block`` steps per way, the ways' order rotating."""
-    answered: dict[str, list[float]] = {w: [] for w in WAYS}
-    stopped: dict[str, list[float]] = {w: [] for w in WAYS}
+    got: dict[str, dict[str, list[float]]] = {
+        kind: {w: [] for w in WAYS} for kind in ("answered", "stopped", "ended")
+    }
     for i in range(blocks):
         order = WAYS[i % len(WAYS) :] + WAYS[: i % len(WAYS)]
         for way in order:
-            got_answer, got_stop = await _block(way, stack, tmp, f"steps-{way}-{i}", per_block)
-            answered[way] += got_answer
-            stopped[way] += got_stop
-    return {
-        "answered": {w: Dist(answered[w]) for w in WAYS},
-        "stopped": {w: Dist(stopped[w]) for w in WAYS},
-    }
+            times = await _block(way, stack, tmp, f"steps-{way}-{i}", per_block)
+            for kind, samples in zip(("answered", "stopped", "ended"), times, strict=True):
+                got[kind][way] += samples
+    return {kind: {w: Dist(got[kind][w]) for w in WAYS} for kind in got}

@@ -242,7 +242,20 @@ def _node_steps(f: dict[str, Any], n: dict[str, int]) -> list[str]:
             f"| {name} | {_ms(t.median)} | {_ms(t.p99)} | {_ms(d.median)} | {_ms(d.p99)} "
             f"| {_ms(fl.median)} | {_ms(fl.p99)} | {ratio:.3f} | {verdict} |"
         )
-    return [*rows, ""]
+    t, d, fl = (f["ended"][w] for w in (TETHER, DEBUGPY, FLOOR))
+    rows.append(
+        f"| last line -> terminated | {_ms(t.median)} | {_ms(max(t.samples))} (max) "
+        f"| {_ms(d.median)} | {_ms(max(d.samples))} (max) | {_ms(fl.median)} "
+        f"| {_ms(max(fl.samples))} (max) | {t.median / d.median:.3f} "
+        f"| <= 500 ms: {_verdict(max(t.samples) <= 500)} |"
+    )
+    return [
+        *rows,
+        "",
+        "`last line -> terminated`: the program is continued to its end; from the `output` event "
+        "of its last line to `terminated`, once per block.",
+        "",
+    ]
 
 
 def _resume(f: dict[str, Dist], _n: dict[str, int]) -> list[str]:
