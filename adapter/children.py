@@ -144,10 +144,12 @@ class ChildCore(AdapterCore):
         self, stream: StreamName, entry: AnyEntry | Any, *, replaying: bool = False
     ) -> list[Action]:
         if isinstance(entry, StatusEntry):
-            if entry.event == StatusEvent.PROCESS_STARTED and not self.session.live:
-                # a new process under a key seen before (pids are reused): a new session
-                self.session = DebugSession(live=True)
-                self.child_news.session = self.session
+            if entry.event == StatusEvent.PROCESS_STARTED:
+                if not self.session.live:
+                    # a new process under a key seen before (pids are reused): a new session
+                    self.session = DebugSession(live=True)
+                    self.child_news.session = self.session
+                self.session.prefetch = entry.data.get("prefetch") is True
             elif entry.event == StatusEvent.PROCESS_EXITED:
                 return self.ended(entry.exit_code, replaying=replaying)
             return []  # paused, resumed: the IDE learns the same from debugpy's events

@@ -47,6 +47,7 @@ import orjson
 
 from protocol_specs import dap_models as dap
 from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, debugpy_answers
+from protocol_specs.prefetch import PREFETCH_EVENT
 from protocol_specs.processes import MAIN
 from protocol_specs.session import NOTICES, QUIET, DebugSession, StatusEvent, is_transient
 from protocol_specs.wire import (
@@ -61,6 +62,7 @@ from protocol_specs.wire import (
 from .actions import Action, CancelRun, CloseIde, IdePhase, Origin, Publish, ToIde
 from .checks import check_request, garbage_note
 from .status import RunNews, is_unattended_announcement, remote_process, stopped_body
+from .stop_answers import StopAnswers
 
 __all__ = [
     "ADAPTER_CAPABILITIES",
@@ -127,6 +129,8 @@ class AdapterCore:
         self.attach_args: dict[str, Any] = {}
         if shared is None:
             self.shared.attached = lambda: self.phase is not IdePhase.NONE
+        #: the worker's answers for the current stop, and the requests waiting for them
+        self.stop = StopAnswers(clock)
         #: what this IDE connection is told about the run (status lines, progress, the end)
         self.news = news or RunNews(run_id, self.session)
         self._handlers: dict[str, Callable[[dict[str, Any]], list[Action]]] = {
@@ -192,6 +196,7 @@ class AdapterCore:
         if generation != self.generation or self.phase is IdePhase.NONE:
             return []
         self.phase = IdePhase.NONE
+        self.stop.drop()  # its held requests go with it
         return [self._presence()]
 
     def _presence(self) -> Publish:
@@ -221,18 +226,9 @@ class AdapterCore:
 
         ``origin_seq`` is the one its :class:`Publish` named (None: a presence entry)."""
         text = f"tether: the relay refused a message: {message}"
-        if origin_seq is not None:
-            pending = self._pending.pop(origin_seq, None)
-            if pending is not None:
-                if pending.generation != self.generation or self.phase is IdePhase.NONE:
-                    return []
-                return [
-                    self._emit(
-                        dap.error_response(
-                            {"seq": pending.ide_seq, "command": pending.command}, text
-                        )
-                    )
-                ]
+        pending = self._pending.pop(origin_seq, None) if origin_seq is not None else None
+        if pending is not None:
+            return self._refuse(pending, text)
         if self.phase is not IdePhase.CONFIGURED:
             return []
         out = {"category": "important", "output": text + "\n"}
@@ -250,6 +246,12 @@ class AdapterCore:
         if checked.get("type") == "response":
             return [self._emit(checked)]
         msg = checked
+        if self.stop.holding and self.phase is IdePhase.CONFIGURED:
+            self.stop.held.append(msg)  # answered, in order, once the stop's prefetch is here
+            return []
+        answer = self.stop.request(msg)
+        if answer is not None and self.session.live:
+            return self._prefetched(msg, answer)
         handler = self._handlers.get(msg["command"])
         if handler is None:
             handler = self._forward_or_refuse
@@ -258,6 +260,24 @@ class AdapterCore:
         except ValueError as exc:
             # handlers publish before they change any state: a refused request left none behind
             return [self._emit(dap.error_response(msg, str(exc)))]
+
+    def _prefetched(self, msg: dict[str, Any], answer: dict[str, Any]) -> list[Action]:
+        """``msg`` answered from the stop's prefetch; a watch is also recorded for the worker
+        (it evaluates the IDE's watches at the next stop)."""
+        actions: list[Action] = [self._emit(answer)]
+        if msg["command"] == "evaluate":
+            try:
+                actions.insert(0, self._publish(msg, local=True))
+            except ValueError:
+                pass  # too large to record: answered all the same
+        return actions
+
+    def _release(self, held: list[dict[str, Any]]) -> list[Action]:
+        """The requests that waited for a stop's prefetch, in order."""
+        actions: list[Action] = []
+        for msg in held:
+            actions += self.on_ide_message(msg)
+        return actions
 
     def on_ide_garbage(self, reason: str) -> list[Action]:
         """The IDE sent something that is not a DAP request (the stream stays usable).
@@ -331,22 +351,8 @@ class AdapterCore:
         )
         if command == "setExceptionBreakpoints":
             return [entry_action, self._emit(dap.response(msg))]
-        if command == "setBreakpoints":
-            source = arguments.source.model_dump(exclude_none=True)
-            lines = arguments.lines_in_order()
-            bps = [
-                self._unverified(bp_id, line=line, source=source)
-                for bp_id, line in zip(bp_ids, lines, strict=True)
-            ]
-        else:
-            bps = [self._unverified(bp_id) for bp_id in bp_ids]
+        bps = self.news.unverified(command, arguments, bp_ids)
         return [entry_action, self._emit(dap.response(msg, {"breakpoints": bps}))]
-
-    def _unverified(self, bp_id: int, **where: Any) -> dict[str, Any]:
-        known = self.session.verification.get(bp_id)
-        if known is not None and not self.session.finished:
-            return known
-        return {"id": bp_id, "verified": False, "message": self.news.waiting_text(), **where}
 
     def _threads(self, msg: dict[str, Any]) -> list[Action]:
         if self.session.live:
@@ -492,10 +498,15 @@ class AdapterCore:
         ]
 
     def _on_event(self, msg: dict[str, Any]) -> list[Action]:
-        if self.phase is not IdePhase.CONFIGURED:
-            return []
         name = msg.get("event")
         body = msg.get("body")
+        if name == PREFETCH_EVENT:  # the worker's answers for this stop: never the IDE's
+            return self._release(self.stop.filled(body))
+        self.stop.event(str(name), body)
+        if name == "stopped" and self.session.prefetch and self.phase is IdePhase.CONFIGURED:
+            self.stop.stopped()
+        if self.phase is not IdePhase.CONFIGURED:
+            return []
         if name == "breakpoint" and isinstance(body, dict):
             bp = body.get("breakpoint") or {}
             if isinstance(bp.get("id"), int):
@@ -513,6 +524,8 @@ class AdapterCore:
 
     def _on_status(self, entry: StatusEntry, was_live: bool) -> list[Action]:
         actions: list[Action] = []
+        if not self.session.live:
+            actions += self._release(self.stop.ended())  # refused now: nobody will answer
         if self.session.finished:
             actions.extend(self._fail_pending("the run ended"))
         if self.phase is IdePhase.CONFIGURED:
@@ -534,33 +547,36 @@ class AdapterCore:
 
     @property
     def next_deadline(self) -> float | None:
-        return min((p.deadline for p in self._pending.values()), default=None)
+        deadlines = [p.deadline for p in self._pending.values()]
+        if self.stop.deadline is not None:
+            deadlines.append(self.stop.deadline)
+        return min(deadlines, default=None)
 
     def on_tick(self) -> list[Action]:
         now = self.clock()
-        expired = [seq for seq, p in self._pending.items() if p.deadline <= now]
         actions: list[Action] = []
-        for seq in expired:
+        if self.stop.due():
+            log.warning("no prefetch came for the stop: the held requests go to the worker")
+            actions += self._release(self.stop.release())
+        for seq in [seq for seq, p in self._pending.items() if p.deadline <= now]:
             p = self._pending.pop(seq)
-            if p.generation == self.generation and self.phase is not IdePhase.NONE:
-                text = (
-                    f"The debugger did not answer {p.command!r} within {self.request_timeout:g} s "
-                    "(debugpy does not answer requests it does not support)."
-                )
-                actions.append(
-                    self._emit(dap.error_response({"seq": p.ide_seq, "command": p.command}, text))
-                )
+            text = (
+                f"The debugger did not answer {p.command!r} within {self.request_timeout:g} s "
+                "(debugpy does not answer requests it does not support)."
+            )
+            actions += self._refuse(p, text)
         return actions
 
     def _fail_pending(self, reason: str) -> list[Action]:
-        actions: list[Action] = []
-        for p in self._pending.values():
-            if p.generation == self.generation and self.phase is not IdePhase.NONE:
-                actions.append(
-                    self._emit(dap.error_response({"seq": p.ide_seq, "command": p.command}, reason))
-                )
+        actions = [a for p in self._pending.values() for a in self._refuse(p, reason)]
         self._pending.clear()
         return actions
+
+    def _refuse(self, p: _Pending, text: str) -> list[Action]:
+        """The error response to a pending request, if the IDE that asked is still here."""
+        if p.generation != self.generation or self.phase is IdePhase.NONE:
+            return []
+        return [self._emit(dap.error_response({"seq": p.ide_seq, "command": p.command}, text))]
 
     # --- text -----------------------------------------------------------------------------------
 

@@ -85,6 +85,25 @@ class RunNews:
             return f"{self.status_text()} Breakpoints apply to a new run."
         return WAITING_MESSAGE
 
+    def unverified(self, command: str, arguments: Any, bp_ids: list[int]) -> list[dict[str, Any]]:
+        """The breakpoints of a ``setBreakpoints`` / ``setFunctionBreakpoints`` the core answers
+        itself (``arguments`` parsed): what the worker last reported for each id, else not
+        verified, saying why."""
+
+        def one(bp_id: int, **where: Any) -> dict[str, Any]:
+            known = self.session.verification.get(bp_id)
+            if known is not None and not self.session.finished:
+                return known
+            return {"id": bp_id, "verified": False, "message": self.waiting_text(), **where}
+
+        if command != "setBreakpoints":
+            return [one(bp_id) for bp_id in bp_ids]
+        source = arguments.source.model_dump(exclude_none=True)
+        lines = arguments.lines_in_order()
+        return [
+            one(bp_id, line=line, source=source) for bp_id, line in zip(bp_ids, lines, strict=True)
+        ]
+
     def not_live_text(self, command: str) -> str:
         return (
             f"{self.status_text()} No debugger is attached yet, so {command!r} cannot be answered."

@@ -130,6 +130,8 @@ class DebugSession:
     stopped: dict[int, dict[str, Any]] = field(default_factory=dict)
     process_event: dict[str, Any] | None = None
     capabilities_delta: dict[str, Any] = field(default_factory=dict)
+    #: the worker follows every ``stopped`` with a prefetch (``protocol_specs.prefetch``)
+    prefetch: bool = False
     #: the latest notice (:data:`NOTICES`) about the run
     notice: StatusEntry | None = None
     #: the attempt the latest status was about
@@ -282,6 +284,7 @@ class DebugSession:
             self.live = False
         elif entry.event == StatusEvent.DEBUGGER_LIVE:
             self.live = True
+            self.prefetch = entry.data.get("prefetch") is True
             delta = entry.data.get("capabilities_delta")
             if isinstance(delta, dict):
                 self.capabilities_delta = delta

@@ -36,6 +36,8 @@ class ToDebugpy:
     message: dict[str, Any]
     #: on the connection of this process (``""``: the main one's)
     process: str = ""
+    #: one of a stop's prefetch requests (``protocol_specs.prefetch``): its answer stays here
+    prefetch: bool = False
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,11 @@ Each connection to debugpy has its own ``seq`` space (debugpy's adapter numbers 
 request is remembered by that seq with who asked it (``origin``: the adapter instance whose IDE
 sent it, and the seq that IDE gave it; ``None``: the shim's own request), so the answer goes back
 under the asker's seq. Sans-I/O: the methods return actions.
+
+When a thread stops, the channel asks debugpy what the IDE is about to ask (threads, frames,
+scopes, locals, the watches the IDE evaluated since the previous stop) and publishes the answers
+as one :data:`~protocol_specs.prefetch.PREFETCH_EVENT` after the ``stopped`` event; the adapter
+answers those requests from them (:mod:`protocol_specs.prefetch`).
 """
 
 from __future__ import annotations
@@ -13,12 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from protocol_specs import dap_models as dap
+from protocol_specs.prefetch import PREFETCH_EVENT, Gathering, WatchList
 from protocol_specs.processes import MAIN
 from protocol_specs.session import StatusEvent
-from protocol_specs.wire import StatusEntry
+from protocol_specs.wire import DapEntry, StatusEntry
 
-from .actions import Action, Terminate, ToDebugpy, status_entry
+from .actions import Action, Publish, Terminate, ToDebugpy, status_entry
 from .replay import ReplayPhase, next_phase
 from .watch import Continue, LookUp, Watch
 
@@ -50,6 +58,9 @@ class DebugpyChannel:
         self._seq = 0
         self._sent: dict[int, Sent] = {}
         self._lookup_seq: int | None = None  #: the pause report's ``stackTrace`` in flight
+        self._watches = WatchList()  #: watch expressions the IDE evaluated since the last stop
+        self._gathering: Gathering | None = None  #: the prefetch of the stop now, in flight
+        self._prefetch_sent: dict[int, tuple[str, dict[str, Any]]] = {}
 
     @property
     def live(self) -> bool:
@@ -98,6 +109,60 @@ class DebugpyChannel:
 
     def _terminated_by_watch(self, step: Terminate) -> list[Action]:
         raise NotImplementedError
+
+    # --- the stop-time prefetch ---------------------------------------------------------------
+
+    def _note_request(self, command: str, arguments: Any) -> None:
+        """A request of the IDE for this process (forwarded, or one the adapter answered)."""
+        self._watches.note(command, arguments)
+
+    def _prefetch_before(self, event: str) -> list[Action]:
+        """debugpy sent ``event``: a stop's prefetch still gathering goes out first, with what it
+        has, if the event ends the stop (the adapter must not keep answers past it)."""
+        if self._gathering is None or event not in ("stopped", "continued", "thread", "exited",
+                                                    "terminated", "invalidated"):  # fmt: skip
+            return []
+        return self._prefetch_publish()
+
+    def _prefetch_start(self, body: Any) -> list[Action]:
+        """A thread stopped (its ``stopped`` event is published): ask what the IDE will."""
+        thread = body.get("threadId") if isinstance(body, dict) else None
+        if not isinstance(thread, int) or self.closed:
+            return []
+        self._gathering = Gathering(thread, self._watches.take())
+        return self._prefetch_send(self._gathering.start())
+
+    def _prefetch_answered(self, seq: int, msg: dict[str, Any]) -> list[Action] | None:
+        """debugpy's answer to request ``seq`` if it was the prefetch's (else ``None``)."""
+        asked = self._prefetch_sent.pop(seq, None)
+        if asked is None:
+            return None
+        if self._gathering is None:
+            return []  # the stop's prefetch went out already
+        actions = self._prefetch_send(self._gathering.answered(*asked, msg))
+        if self._gathering.done:
+            actions += self._prefetch_publish()
+        return actions
+
+    def _prefetch_send(self, requests: list[tuple[str, dict[str, Any]]]) -> list[Action]:
+        if self.closed:
+            return []  # nobody answers: the stop's prefetch never goes out, the adapter asks
+        actions: list[Action] = []
+        for command, arguments in requests:
+            self._seq += 1
+            self._sent[self._seq] = Sent(command, None)
+            self._prefetch_sent[self._seq] = (command, arguments)
+            message = dap.request(command, arguments, seq=self._seq)
+            actions.append(ToDebugpy(message, self.key, prefetch=True))
+        return actions
+
+    def _prefetch_publish(self) -> list[Action]:
+        gathering, self._gathering = self._gathering, None
+        if gathering is None:
+            return []
+        event = {"seq": 1, "type": "event", "event": PREFETCH_EVENT, "body": gathering.body()}
+        entry = DapEntry(body=orjson.dumps(event), transient=True, process=self.key)
+        return [Publish(entry)]
 
     def _enter(self, phase: ReplayPhase, why: str) -> None:
         self.phase = next_phase(self.phase, phase, why)

@@ -101,8 +101,9 @@ class ChildCore(DebugpyChannel):
         if msg is None:
             return []
         command = msg["command"]
+        self._note_request(command, msg.get("arguments"))
         if entry.local and command not in CONFIGURATION_COMMANDS:
-            return []  # a handshake request the adapter answered
+            return []  # a request the adapter answered (the handshake, a prefetched answer)
         return self._send(command, msg.get("arguments"), origin=entry.origin, seq=msg["seq"])
 
     def presence(self, entry: PresenceEntry) -> list[Action]:
@@ -135,7 +136,9 @@ class ChildCore(DebugpyChannel):
 
     def _on_response(self, msg: dict[str, Any]) -> list[Action]:
         request_seq = msg.get("request_seq")
-        sent = self._sent.pop(request_seq, None) if isinstance(request_seq, int) else None
+        if not isinstance(request_seq, int):
+            return []
+        sent = self._sent.pop(request_seq, None)
         if sent is None:
             return []
         if sent.origin is not None:
@@ -143,6 +146,9 @@ class ChildCore(DebugpyChannel):
             transient = is_transient(msg, sent.command)
             entry = DapEntry(origin=sent.origin, body=raw, transient=transient, process=self.key)
             return [Settle(), Publish(entry)]
+        prefetched = self._prefetch_answered(request_seq, msg)
+        if prefetched is not None:
+            return prefetched
         if sent.command == "stackTrace" and request_seq == self._lookup_seq:
             self._lookup_seq = None
             body = msg.get("body")
@@ -188,10 +194,14 @@ class ChildCore(DebugpyChannel):
             return []
         if name == "output" and isinstance(body, dict) and body.get("category") == "telemetry":
             return []
-        actions: list[Action] = [Settle()] if name in BARRIER_EVENTS else []
+        actions = self._prefetch_before(str(name))
+        if name in BARRIER_EVENTS:
+            actions.append(Settle())
         self.watch.debugger_event(msg, self.clock())
         entry = DapEntry(body=raw, transient=is_transient(msg), process=self.key)
         actions.append(Publish(entry, output=False))
+        if name == "stopped":
+            actions += self._prefetch_start(body)
         return actions + self._watch_step()
 
     def _configure(self) -> list[Action]:

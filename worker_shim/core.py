@@ -202,8 +202,9 @@ class ShimCore(DebugpyChannel):
         if msg is None:
             return []  # not a request debugpy could take (anyone with the user's token can write)
         command = msg["command"]
+        self._note_request(command, msg.get("arguments"))
         if entry.local and command not in CONFIGURATION_COMMANDS:
-            return []  # a handshake request the adapter answered (initialize, attach, ...)
+            return []  # a request the adapter answered (the handshake, a prefetched answer)
         return self._send(command, msg.get("arguments"), origin=entry.origin, seq=msg["seq"])
 
     def end_run(self) -> list[Action]:
@@ -311,15 +312,22 @@ class ShimCore(DebugpyChannel):
         body = msg.get("body")
         if name == "output" and isinstance(body, dict) and body.get("category") == "telemetry":
             return []
-        actions: list[Action] = [Settle()] if name in BARRIER_EVENTS else []
+        actions = self._prefetch_before(str(name))
+        if name in BARRIER_EVENTS:
+            actions.append(Settle())
         self.watch.debugger_event(msg, self.clock())
         entry = DapEntry(body=raw, transient=is_transient(msg))
         actions.append(Publish(entry, output=name == "output"))
+        if name == "stopped":
+            actions += self._prefetch_start(body)
         return actions + self._watch_step()
 
     # --- the replay -------------------------------------------------------------------------------
 
     def _own_response(self, seq: int, command: str, msg: dict[str, Any]) -> list[Action]:
+        prefetched = self._prefetch_answered(seq, msg)
+        if prefetched is not None:
+            return prefetched
         if command == "stackTrace":
             if seq == self._lookup_seq:
                 self._lookup_seq = None
@@ -373,7 +381,8 @@ class ShimCore(DebugpyChannel):
             return []
         self._enter(ReplayPhase.LIVE, "configurationDone and attach answered")
         self._replay_deadline = None
-        data = {"capabilities_delta": self.session.capabilities_delta}
+        # prefetch: every stop's ``stopped`` is followed by a prefetch event (protocol_specs.prefetch)
+        data = {"capabilities_delta": self.session.capabilities_delta, "prefetch": True}
         actions: list[Action] = [
             Publish(self._status(StatusEvent.DEBUGGER_LIVE, data=data)),
             Say(f"run {self.record.id}: debugger live"),

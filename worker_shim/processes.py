@@ -204,7 +204,8 @@ class Processes:
             self.main.wall,
             process=key,
             detail=title,
-            data=info.model_dump(),
+            # prefetch: its stops are followed by a prefetch event, as the main's
+            data={**info.model_dump(), "prefetch": True},
         )
         return [Publish(started), OpenChild(key), *child.start()]
 

@@ -72,6 +72,7 @@ class Harness:
             self.record, RUN_DIR, tail=Cursor.parse(tail), clock=self.clock, wall=lambda: WALL
         )
         self.to_debugpy: list[dict[str, Any]] = []
+        self.prefetch: list[dict[str, Any]] = []
         self.published: list[DapEntry | StatusEntry] = []
         self.n = 0  # publish numbers the fake link hands out
         self.answered = 0  # the highest one the fake relay answered
@@ -84,7 +85,8 @@ class Harness:
         for action in actions:
             if isinstance(action, ToDebugpy):
                 validate_message(action.message)
-                self.to_debugpy.append(action.message)
+                # a stop's prefetch requests are kept apart (test_prefetch_* look at them)
+                (self.prefetch if action.prefetch else self.to_debugpy).append(action.message)
             elif isinstance(action, Publish):
                 self.n += 1
                 if isinstance(action.entry, DapEntry):
@@ -249,7 +251,7 @@ def test_the_replay_sends_the_latest_configuration_in_order_before_configuration
     assert h.core.live
     live_status = h.statuses()[-1]
     assert live_status.event == StatusEvent.DEBUGGER_LIVE
-    assert live_status.data == {"capabilities_delta": {"supportsStepBack": True}}
+    assert live_status.data == {"capabilities_delta": {"supportsStepBack": True}, "prefetch": True}
 
 
 def test_configuration_folded_during_a_batch_goes_out_before_configuration_done() -> None:
