@@ -127,8 +127,11 @@ class DebugpyChannel:
     def _prefetch_start(self, body: Any) -> list[Action]:
         """A thread stopped (its ``stopped`` event is published): ask what the IDE will."""
         thread = body.get("threadId") if isinstance(body, dict) else None
-        if not isinstance(thread, int) or self.closed:
+        if self.closed:
             return []
+        if not isinstance(thread, int):  # nothing to ask about: say so (the adapter waits)
+            self._gathering = Gathering(0, [])
+            return self._prefetch_publish()
         self._gathering = Gathering(thread, self._watches.take())
         return self._prefetch_send(self._gathering.start())
 

@@ -103,7 +103,9 @@ async def test_every_prefetched_answer_is_debugpys_own(tmp_path: Path) -> None:
             "stackFrames"
         ][0]["id"]
         scopes = await _ask(run, 31, "scopes", {"frameId": frame})
-        _same(cache.answer({"seq": 31, "command": "scopes", "arguments": {"frameId": frame}}), scopes)
+        _same(
+            cache.answer({"seq": 31, "command": "scopes", "arguments": {"frameId": frame}}), scopes
+        )
         ref = next(s for s in scopes["body"]["scopes"] if not s["expensive"])["variablesReference"]
         args = {"variablesReference": ref}
         local_vars = await _ask(run, 32, "variables", args)

@@ -254,3 +254,10 @@ def test_the_prefetch_event_is_never_shown_and_an_ide_leaving_drops_its_held_req
     h.sent(h.core.ide_disconnected(h.core.generation))
     assert h.deliver(prefetch_entry(prefetch_body())) == []
     assert h.core.stop.held == [] and len(h.core.stop.cache.answers) == 5
+
+
+def test_a_stop_without_a_thread_still_gets_its_prefetch_event() -> None:
+    h = live_shim()
+    h.event("stopped", {"reason": "pause", "allThreadsStopped": True})
+    assert h.prefetch == []
+    assert h.dap()[-1]["event"] == PREFETCH_EVENT and h.dap()[-1]["body"]["answers"] == []
