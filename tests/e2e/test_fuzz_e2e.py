@@ -252,7 +252,8 @@ async def test_a_debug_session_survives_a_flood_of_junk(tmp_path: Path) -> None:
             fuzz_token, _ = await control.create_token(label="the hostile peer")
         async with debug_run(home, relay, workdir, "python", "app.py") as (debug, _run, port):
             async with open_control(owner) as control:
-                decoy = (await control.submit(RunSpec(command=["true"], workdir="/decoy"))).id
+                decoy_spec = RunSpec(command=["true"], workdir="/decoy", debug=False)
+                decoy = (await control.submit(decoy_spec)).id  # ends at once
             async with open_dap_client("127.0.0.1", port) as ide:
                 async with ide_session(ide, [bp_args(workdir, "app.py", 11)]):
                     pass
