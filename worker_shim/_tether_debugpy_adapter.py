@@ -18,30 +18,29 @@ the same arguments. Defensive like the boot script: if debugpy is not as this wa
 nothing is patched, a note goes to stderr (the run's log), and the adapter runs as stock.
 """
 
-import functools
+import importlib.util
+import os
 import runpy
-import socket
 from typing import Any
 
 
 def _patch_sockets() -> str | None:
-    """``TCP_NODELAY`` on every socket debugpy's adapter makes; ``None`` when done, else why not."""
+    """``TCP_NODELAY`` on every socket debugpy's adapter makes; ``None`` when done, else why not.
+    The wrapper is the boot script's (loaded from beside the file this one links to)."""
     from debugpy.common import sockets
 
     original: Any = getattr(sockets, "_new_sock", None)
     if not callable(original):
         return "debugpy.common.sockets._new_sock is missing"
-
-    @functools.wraps(original)
-    def new_sock(*args: Any, **kwargs: Any) -> Any:
-        sock = original(*args, **kwargs)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except (OSError, AttributeError):
-            pass
-        return sock
-
-    sockets._new_sock = new_sock
+    here = os.path.dirname(os.path.realpath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "_tether_debugpy_boot", os.path.join(here, "_tether_debugpy_boot.py")
+    )
+    if spec is None or spec.loader is None:
+        return "tether's boot script is missing"
+    boot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(boot)
+    sockets._new_sock = boot.nodelay(original)
     return None
 
 

@@ -54,18 +54,26 @@ def _patch_pydevd() -> str | None:
     if not callable(original) or used is not original:
         return "pydevd.start_client is not pydevd_comm.start_client"
 
-    @functools.wraps(original)
-    def start_client(*args: Any, **kwargs: Any) -> Any:
-        sock = original(*args, **kwargs)
+    start_client = nodelay(original)
+    pydevd_comm.start_client = start_client
+    pydevd.start_client = start_client
+    return None
+
+
+def nodelay(make_socket: Any) -> Any:
+    """``make_socket`` (a function returning a socket) with ``TCP_NODELAY`` set on what it
+    returns; every argument passes through, so a changed signature cannot break anything."""
+
+    @functools.wraps(make_socket)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        sock = make_socket(*args, **kwargs)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except (OSError, AttributeError):
             pass
         return sock
 
-    pydevd_comm.start_client = start_client
-    pydevd.start_client = start_client
-    return None
+    return wrapped
 
 
 def _adapter_from(home: str) -> None:
