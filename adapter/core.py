@@ -246,9 +246,11 @@ class AdapterCore:
         if checked.get("type") == "response":
             return [self._emit(checked)]
         msg = checked
-        if self.stop.holding and self.phase is IdePhase.CONFIGURED:
-            self.stop.held.append(msg)  # answered, in order, once the stop's prefetch is here
-            return []
+        if self.phase is IdePhase.CONFIGURED and self.stop.deadline is not None:
+            if self.stop.holds(msg):
+                self.stop.held.append(msg)  # answered, in order, once the prefetch is here
+                return []
+            return [*self._release(self.stop.release()), *self.on_ide_message(msg)]
         answer = self.stop.request(msg)
         if answer is not None and self.session.live:
             return self._prefetched(msg, answer)
@@ -274,10 +276,7 @@ class AdapterCore:
 
     def _release(self, held: list[dict[str, Any]]) -> list[Action]:
         """The requests that waited for a stop's prefetch, in order."""
-        actions: list[Action] = []
-        for msg in held:
-            actions += self.on_ide_message(msg)
-        return actions
+        return [action for msg in held for action in self.on_ide_message(msg)]
 
     def on_ide_garbage(self, reason: str) -> list[Action]:
         """The IDE sent something that is not a DAP request (the stream stays usable).

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol_specs.prefetch import StopCache
+from protocol_specs.prefetch import RUNS_PROGRAM, StopCache
 
 __all__ = ["PREFETCH_WAIT", "StopAnswers"]
 
@@ -29,25 +29,32 @@ class StopAnswers:
         #: the IDE's requests waiting for the prefetch, until :attr:`deadline`
         self.held: list[Message] = []
         self.deadline: float | None = None
+        #: a prefetch is on its way for the stop now (one for a stop already over is not kept)
+        self.expecting = False
 
     def __repr__(self) -> str:
         return f"<StopAnswers {len(self.cache.answers)} answers, {len(self.held)} held>"
 
-    @property
-    def holding(self) -> bool:
-        return self.deadline is not None
+    def holds(self, msg: Message) -> bool:
+        """Whether ``msg`` waits for the stop's prefetch. A request that runs the program does
+        not: it ends the stop (what was held goes first, :meth:`release`)."""
+        return self.deadline is not None and msg["command"] not in RUNS_PROGRAM
 
     def stopped(self) -> None:
         """A ``stopped`` came; its prefetch follows: hold the IDE's requests until then."""
         self.deadline = self.clock() + PREFETCH_WAIT
+        self.expecting = True
 
     def event(self, name: str, body: Any) -> None:
         """An event from the worker (the prefetch itself: :meth:`filled`)."""
         self.cache.on_event(name)
 
     def filled(self, body: Any) -> list[Message]:
-        """The prefetch arrived: keep its answers; the held requests, to handle now."""
-        self.cache.fill(body)
+        """The prefetch arrived: keep its answers (unless its stop is over); the held
+        requests, to handle now."""
+        if self.expecting:
+            self.cache.fill(body)
+        self.expecting = False
         return self.release()
 
     def release(self) -> list[Message]:
@@ -70,6 +77,8 @@ class StopAnswers:
         """A request of the IDE: invalidate what it may change; debugpy's answer from the
         prefetch (``seq`` still the core's to set), or ``None``."""
         command = msg["command"]
+        if command in RUNS_PROGRAM:
+            self.expecting = False  # the prefetch on its way is of a stop that is over
         self.cache.on_request(command)
         if command == "evaluate":
             self.cache.on_evaluate(msg.get("arguments"))

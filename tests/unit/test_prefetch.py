@@ -261,3 +261,13 @@ def test_a_stop_without_a_thread_still_gets_its_prefetch_event() -> None:
     h.event("stopped", {"reason": "pause", "allThreadsStopped": True})
     assert h.prefetch == []
     assert h.dap()[-1]["event"] == PREFETCH_EVENT and h.dap()[-1]["body"]["answers"] == []
+
+
+def test_a_step_is_not_held_and_the_late_prefetch_of_its_stop_is_not_kept() -> None:
+    h = prefetching_ide()
+    h.event("stopped", {"reason": "step", "threadId": 1})
+    assert h.request("threads") == []  # held
+    assert h.request("next", {"threadId": 1}) == []  # not held: threads, then next, go out
+    assert [orjson.loads(e.body)["command"] for e in h.published[-2:]] == ["threads", "next"]
+    assert h.deliver(prefetch_entry(prefetch_body())) == []  # of a stop that is over
+    assert h.core.stop.cache.answers == {}
