@@ -220,13 +220,13 @@ def main() -> int:
     )
     args = parser.parse_args()
     only = set(args.only or BENCHES)
+    for item in args.size:
+        key, _, value = item.partition("=")
+        if key not in SIZES or not value.isdigit():
+            parser.error(f"--size: give NAME=N with NAME one of {', '.join(SIZES)}")
+        SIZES[key] = (int(value), int(value))
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
-        for item in args.size:
-            key, _, value = item.partition("=")
-            if key not in SIZES:
-                parser.error(f"--size: no size {key!r} (one of {', '.join(SIZES)})")
-            SIZES[key] = (int(value), int(value))
         figures = trio.run(run, only, args.quick, Path(tmp), args.rtt_ms, args.jitter_ms)
     figures["wall_s"] = time.time() - started
     figures["date"] = time.strftime("%Y-%m-%d %H:%M", time.localtime(started))

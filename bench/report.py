@@ -381,16 +381,25 @@ def _wan(f: dict[str, Any], n: dict[str, int]) -> list[str]:
     rows += [
         "",
         "The parts, medians: `next` sent until `stopped` arrived, and one `threads` round trip "
-        "within the stop (the link's RTT plus what lies behind it).",
+        "within the stop (the link's RTT plus what lies behind it); the fastest whole stop, and "
+        "how many stops took over 150 ms more than it (a stall, not the link).",
         "",
-        "| RTT | tether: next -> stopped | threads | stock debugpy: next -> stopped | threads |",
-        "|---|---|---|---|---|",
+        "| RTT | tether: next -> stopped | threads | fastest stop | stalled "
+        "| stock debugpy: next -> stopped | threads | fastest stop | stalled |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def stalls(d: Dist) -> str:
+        fastest = min(d.samples)
+        return f"{sum(x > fastest + 150 for x in d.samples)} of {len(d.samples)}"
+
     for row in f["rows"]:
-        s, th = row["stopped"], row["threads"]
+        s, th, w = row["stopped"], row["threads"], row["whole"]
         rows.append(
             f"| {row['rtt_ms']:g} ms | {_ms(s[TETHER].median)} | {_ms(th[TETHER].median)} "
-            f"| {_ms(s[DEBUGPY].median)} | {_ms(th[DEBUGPY].median)} |"
+            f"| {_ms(min(w[TETHER].samples))} | {stalls(w[TETHER])} "
+            f"| {_ms(s[DEBUGPY].median)} | {_ms(th[DEBUGPY].median)} "
+            f"| {_ms(min(w[DEBUGPY].samples))} | {stalls(w[DEBUGPY])} |"
         )
     return [*rows, ""]
 
