@@ -29,6 +29,7 @@ from . import (
     report,
     resume,
     snapshot,
+    wan,
 )
 
 BENCHES = (
@@ -40,6 +41,7 @@ BENCHES = (
     "snapshot",
     "resume",
     "processes",
+    "wan",
 )
 
 #: (full, quick) sizes
@@ -57,11 +59,23 @@ SIZES: dict[str, tuple[int, int]] = {
     "resumes": (30, 2),
     "child_stops": (10, 1),
     "process_children": (16, 2),
+    "wan_blocks": (2, 1),
+    "wan_stops": (25, 3),
 }
 
+#: (full, quick) round-trip times of the slow-link benchmark, ms (``--rtt-ms`` overrides)
+WAN_RTTS_MS: tuple[tuple[float, ...], tuple[float, ...]] = ((0, 20, 50, 100), (0, 50))
 
-async def run(only: set[str], quick: bool, tmp: Path) -> dict[str, Any]:
+
+async def run(
+    only: set[str],
+    quick: bool,
+    tmp: Path,
+    rtts_ms: tuple[float, ...] | None = None,
+    jitter_ms: float = 0.0,
+) -> dict[str, Any]:
     size = {k: v[1] if quick else v[0] for k, v in SIZES.items()}
+    rtts = rtts_ms or WAN_RTTS_MS[quick]
     figures: dict[str, Any] = {"machine": common.machine(), "quick": quick, "sizes": size}
     errors: dict[str, str] = {}
 
@@ -154,6 +168,12 @@ async def run(only: set[str], quick: bool, tmp: Path) -> dict[str, Any]:
             )
             figures["processes"] = {**stops, "memory": mem}
 
+    async def bench_wan() -> None:
+        async with common.tether_stack(tmp / "home-wan") as tether:
+            figures["wan"] = await wan.wan(
+                tether, tmp, rtts, size["wan_blocks"], size["wan_stops"], jitter_ms
+            )
+
     stages = {
         "latency": bench_latency,
         "node_steps": bench_node_steps,
@@ -163,6 +183,7 @@ async def run(only: set[str], quick: bool, tmp: Path) -> dict[str, Any]:
         "snapshot": bench_snapshot,
         "resume": bench_resume,
         "processes": bench_processes,
+        "wan": bench_wan,
     }
     for name, stage in stages.items():
         if name in only:
@@ -181,11 +202,32 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (the test suite's)")
     parser.add_argument("--only", action="append", choices=BENCHES, help="run only these")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument(
+        "--rtt-ms",
+        type=lambda s: tuple(float(x) for x in s.split(",")),
+        help="round-trip times of the slow-link benchmark, comma-separated (default: 0,20,50,100; "
+        "--quick: 0,50)",
+    )
+    parser.add_argument(
+        "--jitter-ms", type=float, default=0.0, help="the slow link's jitter, uniform in [0, J]"
+    )
+    parser.add_argument(
+        "--size",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="override one size (e.g. wan_stops=20)",
+    )
     args = parser.parse_args()
     only = set(args.only or BENCHES)
+    for item in args.size:
+        key, _, value = item.partition("=")
+        if key not in SIZES or not value.isdigit():
+            parser.error(f"--size: give NAME=N with NAME one of {', '.join(SIZES)}")
+        SIZES[key] = (int(value), int(value))
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
-        figures = trio.run(run, only, args.quick, Path(tmp))
+        figures = trio.run(run, only, args.quick, Path(tmp), args.rtt_ms, args.jitter_ms)
     figures["wall_s"] = time.time() - started
     figures["date"] = time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
     out: Path = args.out

@@ -344,6 +344,66 @@ def _processes(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
     return [*rows, ""]
 
 
+def _wan(f: dict[str, Any], n: dict[str, int]) -> list[str]:
+    jitter = f["jitter_ms"]
+    rows = [
+        "## 9. Over a slow link",
+        "",
+        "A whole VS Code stop: `next` sent until the IDE holds everything its views show, asked as "
+        "VS Code asks (its own UI timers left out): on `stopped`, `threads` and `stackTrace` of "
+        "the top frame, one after the other; then at once `stackTrace` of the next 19 frames, "
+        "`scopes` of the top frame followed by `variables` of `Locals`, and two watch `evaluate`s "
+        f"({', '.join(f'`{w}`' for w in f['watches'])}). Measured with Microsoft's DebugClient "
+        "under node (`tests/e2e/node/vscode_scenario.mjs`, its `parallel` step), from its "
+        "transcript: `next` sent until the last of those responses arrived; `programs/loop.py` "
+        "paused 20 frames deep. A link-delay proxy (`bench/delay_proxy.py`, RTT/2 each way"
+        f"{f', jitter uniform in [0, {jitter:g}] ms' if jitter else ', no jitter'}, latency "
+        "only) sits on the slow link: **tether**: between the adapter (`tether debug`, beside "
+        "the IDE) and the relay; the worker and Redis stay local to the relay, as when the relay "
+        "runs near the GPUs. **stock debugpy**: between the client and debugpy's port, an SSH "
+        "tunnel's stand-in. At RTT 0 the proxy is still in the path, so debugpy writes to the "
+        "proxy's socket as it would to sshd's (its Nagle stalls then differ from section 2b's, "
+        f"where node reads debugpy's socket itself). {n['wan_stops']} stops per way in each of "
+        f"{n['wan_blocks']} block(s) per RTT, the ways taking turns.",
+        "",
+        "| RTT | tether median | p99 | stock debugpy median | p99 | tether / debugpy "
+        "| target: tether <= 1.5 x RTT + 10 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in f["rows"]:
+        rtt = row["rtt_ms"]
+        t, d = row["whole"][TETHER], row["whole"][DEBUGPY]
+        target = 1.5 * rtt + 10
+        rows.append(
+            f"| {rtt:g} ms | {_ms(t.median)} | {_ms(t.p99)} | {_ms(d.median)} | {_ms(d.p99)} "
+            f"| {t.median / d.median:.2f} | {_ms(target)}: {_verdict(t.median <= target)} |"
+        )
+    rows += [
+        "",
+        "The parts, medians: `next` sent until `stopped` arrived, and one `threads` round trip "
+        "within the stop (the link's RTT plus what lies behind it); the fastest whole stop, and "
+        "how many stops took over 150 ms more than it (a stall, not the link).",
+        "",
+        "| RTT | tether: next -> stopped | threads | fastest stop | stalled "
+        "| stock debugpy: next -> stopped | threads | fastest stop | stalled |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def stalls(d: Dist) -> str:
+        fastest = min(d.samples)
+        return f"{sum(x > fastest + 150 for x in d.samples)} of {len(d.samples)}"
+
+    for row in f["rows"]:
+        s, th, w = row["stopped"], row["threads"], row["whole"]
+        rows.append(
+            f"| {row['rtt_ms']:g} ms | {_ms(s[TETHER].median)} | {_ms(th[TETHER].median)} "
+            f"| {_ms(min(w[TETHER].samples))} | {stalls(w[TETHER])} "
+            f"| {_ms(s[DEBUGPY].median)} | {_ms(th[DEBUGPY].median)} "
+            f"| {_ms(min(w[DEBUGPY].samples))} | {stalls(w[DEBUGPY])} |"
+        )
+    return [*rows, ""]
+
+
 SECTIONS = {
     "node_steps": _node_steps,
     "flood": _flood,
@@ -352,6 +412,7 @@ SECTIONS = {
     "snapshot": _snapshot,
     "resume": _resume,
     "processes": _processes,
+    "wan": _wan,
 }
 
 

@@ -37,6 +37,7 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
         "snapshot",
         "resume",
         "processes",
+        "wan",
     ):
         assert key in figures, (key, sorted(figures))
     # every latency figure has samples of all three ways
@@ -45,6 +46,13 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
             assert set(ways) == {"tether", "debugpy", "floor"}
             assert all(len(w["samples"]) > 0 for w in ways.values())
     assert figures["idle"]["sessions"] == 20
+    # the slow link: quick RTTs, every stop of both ways measured
+    assert [r["rtt_ms"] for r in figures["wan"]["rows"]] == [0, 50]
+    for row in figures["wan"]["rows"]:
+        assert {w: len(d["samples"]) for w, d in row["whole"].items()} == {
+            "tether": 3,
+            "debugpy": 3,
+        }
     assert [r["sessions_opened"] for r in figures["processes"]["memory"]["runs"]] == [1, 1, 2]
     assert all(r["blob_bytes"] == figures["snapshot"]["file_bytes"]
                for r in figures["snapshot"]["rounds"]["tether"])  # fmt: skip
@@ -59,5 +67,6 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
         "6. Snapshot",
         "7. Resume",
         "8. Processes",
+        "9. Over a slow link",
     ):
         assert f"## {heading}" in report, heading

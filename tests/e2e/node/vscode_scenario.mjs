@@ -1159,6 +1159,34 @@ const OPS = {
     return controlOp("pause")(r, step);
   },
 
+  async parallel(r, step) {
+    // VS Code does not wait for one view before asking for the next: after a stop, the rest of the
+    // stack, the variables view (scopes, then variables) and every watch `evaluate` are in flight
+    // at once (research/latency-wan.md). Each branch runs its steps in order, in this step's
+    // session; the branches run concurrently. Sub-steps share the session's focus.
+    const runBranch = async (branch, b) => {
+      const results = [];
+      for (const [j, sub] of branch.entries()) {
+        const started = now();
+        const entry = { op: sub.op };
+        try {
+          Object.assign(entry, await OPS[sub.op](r, { timeoutMs: step.timeoutMs, ...sub }));
+          if (sub.expect !== undefined) {
+            const m = mismatch(entry, sub.expect);
+            if (m !== null) throw new StepFailure(`expectation failed: ${m}`);
+          }
+        } catch (err) {
+          const why = err instanceof StepFailure ? err.message : String(err?.stack ?? err);
+          throw new StepFailure(`branch ${b} step ${j} (${sub.op}): ${why}`);
+        }
+        entry.ms = now() - started;
+        results.push(entry);
+      }
+      return results;
+    };
+    return { branches: await Promise.all((step.branches ?? []).map(runBranch)) };
+  },
+
   async wait_event(r, step) {
     const predicate = step.match ? (e) => mismatch(e.body ?? {}, step.match) === null : null;
     const event = await r.s.waitEvent(step.event, step.timeoutMs ?? r.timeoutMs, predicate,
@@ -1272,6 +1300,16 @@ function validate(scenario) {
     }
     if (step.session !== undefined && !["string", "number"].includes(typeof step.session)) {
       problems.push(`steps[${i}] (${step.op}): 'session' is "main", a subProcessId, "child:N", a name regex or a wait_session label`);
+    }
+    if (step.op === "parallel") {
+      const ok = Array.isArray(step.branches) && step.branches.every((b) => Array.isArray(b));
+      if (!ok) problems.push(`steps[${i}] (parallel): 'branches' is a list of lists of steps`);
+      else {
+        step.branches.flat().forEach((sub, j) => {
+          if (!OPS[sub?.op] || sub.op === "parallel") problems.push(`steps[${i}] (parallel) sub-step ${j}: ${describe(sub?.op)} is no session op (or is parallel)`);
+          if (sub?.session !== undefined) problems.push(`steps[${i}] (parallel) sub-step ${j}: 'session' belongs on the parallel step`);
+        });
+      }
     }
     const need = {
       evaluate: ["expression"],
