@@ -269,7 +269,7 @@ class AdapterCore:
         actions: list[Action] = [self._emit(answer)]
         if msg["command"] == "evaluate":
             try:
-                actions.insert(0, self._publish(msg, local=True))
+                actions.append(self._publish(msg, local=True))
             except ValueError:
                 pass  # too large to record: answered all the same
         return actions

@@ -223,6 +223,7 @@ class Gathering:
         self.skipped = 0
         self.waiting = 0
         self._size = 0
+        self._top: int | None = None  #: the stopped thread's top frame
 
     def start(self) -> list[Request]:
         """The first requests: ``threads`` and the stopped thread's frames, together."""
@@ -237,11 +238,11 @@ class Gathering:
         """debugpy answered one of them: keep it; the requests it leads to."""
         self.waiting -= 1
         if not isinstance(response, dict) or not response.get("success"):
-            return []
+            return self._next_watch()
         size = len(orjson.dumps(response))
         if self._size + size > self.max_bytes:
             self.skipped += 1
-            return []
+            return self._next_watch()
         self._size += size
         self.answers.append({"command": command, "arguments": arguments, "response": response})
         raw_body = response.get("body")
@@ -251,11 +252,8 @@ class Gathering:
             top = frames[0].get("id") if isinstance(frames, list) and frames else None
             if not isinstance(top, int):
                 return []
-            watches = [
-                ("evaluate", {"expression": e, "frameId": top, "context": "watch"})
-                for e in self.watches
-            ]
-            return self._ask([("scopes", {"frameId": top}), *watches])
+            self._top = top
+            return self._ask([("scopes", {"frameId": top})])
         if command == "scopes":
             scopes = body.get("scopes")
             first = next(
@@ -264,7 +262,16 @@ class Gathering:
             ref = first.get("variablesReference") if first else None
             if isinstance(ref, int) and ref > 0:
                 return self._ask([("variables", {"variablesReference": ref})])
-        return []
+        return self._next_watch()
+
+    def _next_watch(self) -> list[Request]:
+        """One watch at a time: pydevd runs them on the stopped thread, which takes one queued
+        command per wake-up and then sleeps 0.2 s, so a third request in flight waits that long."""
+        if not self.watches or self._top is None:
+            return []
+        expression, self.watches = self.watches[0], self.watches[1:]
+        return self._ask([("evaluate", {"expression": expression, "frameId": self._top,
+                                        "context": "watch"})])  # fmt: skip
 
     @property
     def done(self) -> bool:

@@ -99,8 +99,8 @@ def test_what_runs_the_program_or_may_change_values_makes_answers_stale() -> Non
     assert ("threads",) not in cache.answers
 
 
-def test_the_gathering_asks_what_vs_code_will_in_dependency_order() -> None:
-    g = Gathering(thread=1, watches=["x + 1"])
+def test_the_gathering_asks_what_vs_code_will_one_frame_request_at_a_time() -> None:
+    g = Gathering(thread=1, watches=["x + 1", "y"])
     first = g.start()
     assert first == [
         ("threads", {}),
@@ -108,19 +108,25 @@ def test_the_gathering_asks_what_vs_code_will_in_dependency_order() -> None:
     ]
     assert g.answered(*first[0], response("threads", {"threads": []})) == []
     frames = response("stackTrace", {"stackFrames": FRAMES_25[:20], "totalFrames": 25})
-    after = g.answered(*first[1], frames)
-    assert after == [("scopes", {"frameId": 1}),
-                     ("evaluate", {"expression": "x + 1", "frameId": 1, "context": "watch"})]  # fmt: skip
+    assert g.answered(*first[1], frames) == [("scopes", {"frameId": 1})]
     scopes = response("scopes", {"scopes": [
         {"name": "Globals", "variablesReference": 8, "expensive": True},
         {"name": "Locals", "variablesReference": 9, "expensive": False}]})  # fmt: skip
-    assert g.answered(*after[0], scopes) == [("variables", {"variablesReference": 9})]
+    assert g.answered("scopes", {"frameId": 1}, scopes) == [
+        ("variables", {"variablesReference": 9})
+    ]
+    # the watches, one after the other (pydevd stalls 0.2 s on a third request in flight)
+    after = g.answered("variables", {"variablesReference": 9}, response("variables", {}))
+    assert after == [("evaluate", {"expression": "x + 1", "frameId": 1, "context": "watch"})]
+    failed = {**response("evaluate", {}), "success": False}  # kept out; the next one follows
+    after = g.answered(*after[0], failed)
+    assert after == [("evaluate", {"expression": "y", "frameId": 1, "context": "watch"})]
     assert not g.done
-    g.answered(*after[1], {**response("evaluate", {}), "success": False})  # kept out
-    g.answered("variables", {"variablesReference": 9}, response("variables", {"variables": []}))
+    assert g.answered(*after[0], response("evaluate", {"result": "3"})) == []
     assert g.done
-    assert [a["command"] for a in g.body()["answers"]] == ["threads", "stackTrace", "scopes",
-                                                           "variables"]  # fmt: skip
+    assert [a["command"] for a in g.body()["answers"]] == [
+        "threads", "stackTrace", "scopes", "variables", "evaluate"
+    ]  # fmt: skip
 
 
 def test_answers_past_the_byte_cap_are_left_out() -> None:
@@ -152,18 +158,18 @@ def test_the_worker_publishes_the_answers_after_the_stopped_event() -> None:
     threads, frames = h.prefetch
     h.respond(threads, {"threads": [{"id": 1, "name": "MainThread"}]})
     h.respond(frames, {"stackFrames": FRAMES_25[:20], "totalFrames": 25})
-    assert [m["command"] for m in h.prefetch[2:]] == ["scopes", "evaluate"]
-    assert h.prefetch[3]["arguments"] == {"expression": "x + 1", "frameId": 1, "context": "watch"}
-    h.respond(h.prefetch[3], {"result": "2", "variablesReference": 0})
-    h.respond(h.prefetch[2], {"scopes": [{"name": "Locals", "variablesReference": 9,
-                                          "expensive": False}]})  # fmt: skip
-    assert not [m for m in h.dap() if m.get("event") == PREFETCH_EVENT]  # variables to come
-    h.respond(h.prefetch[4], {"variables": []})
+    assert [m["command"] for m in h.prefetch[2:]] == ["scopes"]
+    locals_ = {"scopes": [{"name": "Locals", "variablesReference": 9, "expensive": False}]}
+    h.respond(h.prefetch[2], locals_)
+    h.respond(h.prefetch[3], {"variables": []})
+    assert not [m for m in h.dap() if m.get("event") == PREFETCH_EVENT]  # the watch to come
+    assert h.prefetch[4]["arguments"] == {"expression": "x + 1", "frameId": 1, "context": "watch"}
+    h.respond(h.prefetch[4], {"result": "2", "variablesReference": 0})
     events = [m.get("event") or m.get("command") for m in h.dap()]
     assert events[-2:] == ["stopped", PREFETCH_EVENT]
     body = h.dap()[-1]["body"]
     assert [a["command"] for a in body["answers"]] == [
-        "threads", "stackTrace", "evaluate", "scopes", "variables"
+        "threads", "stackTrace", "scopes", "variables", "evaluate"
     ]  # fmt: skip
     assert all(a["response"]["success"] for a in body["answers"])
     prefetched = [e for e in h.published if isinstance(e, DapEntry)][-1]
