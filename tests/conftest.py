@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -38,6 +39,14 @@ from relay.embedded import SOCKET_NAME, bundled_server_binary, log_tail, server_
 from relay.store import Store, open_store
 
 SERVER_KINDS = ("bundled", "system")
+
+
+# A suite started from a background job of a non-interactive shell (`.ci/run &`, nohup) inherits
+# SIGINT ignored, and so would every `tether` it starts: Ctrl-C (SIGINT) would then do nothing,
+# and the tests of what Ctrl-C does would fail for that reason alone. Children of a process that
+# handles SIGINT start with it at its default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _server_kinds() -> list[str]:
