@@ -55,6 +55,7 @@ async def run_through_tether(
     steps: list[Any],
     *,
     program: str = "python",
+    extra: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
     """Queue ``program command`` with `tether debug`, configure it from the runner, start a worker,
     run the steps; returns (result, messages, adapter port) once the run ended with exit code 0."""
@@ -71,7 +72,7 @@ async def run_through_tether(
     all_steps = [{"op": "mark", "name": "configured", "wait": True}, *steps]
     async with (
         relay_stack(home) as (_up, relay),
-        debug_run(home, relay, ws, program, *command) as (debug, _run, port),
+        debug_run(home, relay, ws, program, *command, extra=extra) as (debug, _run, port),
     ):
         spec = scenario(port, ws, all_steps, breakpoints=breakpoints, timeout_ms=120_000)
         async with open_vscode_session(spec, timeout=270) as session:
@@ -280,12 +281,9 @@ async def test_a_retry_applies_the_breakpoints_in_the_children_of_the_next_attem
 ) -> None:
     """Attempt 1 fails before any child exists; attempt 2's child gets the breakpoint that was set
     while the run was queued, stops, and is debugged in its own session."""
-    ws = copy_programs(tmp_path / "ws")
     state = tmp_path / "state"
     state.mkdir()
-    home = tmp_path / "home"
     steps: list[dict[str, Any]] = [
-        {"op": "mark", "name": "configured", "wait": True},
         {"op": "wait_output", "contains": "attempt first"},
         {"op": "wait_session", "label": "kid"},
         {
@@ -302,20 +300,10 @@ async def test_a_retry_applies_the_breakpoints_in_the_children_of_the_next_attem
         {"op": "disconnect"},
     ]
     retry = ("--max-retries", "1", "--retry-backoff", "0", "--mount", f"state={state}")
-    async with (
-        relay_stack(home) as (_up, relay),
-        debug_run(home, relay, ws, "python", "mp_flaky.py", extra=retry) as (debug, _run, port),
-    ):
-        bps = {"mp_flaky.py": [FLAKY_CHILD_LINE]}
-        spec = scenario(port, ws, steps, breakpoints=bps, timeout_ms=120_000)
-        async with open_vscode_session(spec, timeout=270) as session:
-            await session.wait_mark("configured")
-            async with worker(home, relay):
-                await session.release("configured")
-                result, messages = await session.result()
-        await debug.wait_line(r"ended \(exited, exit code 0\)", timeout=60)
-    for message in messages:
-        validate_message(message)
+    bps = {"mp_flaky.py": [FLAKY_CHILD_LINE]}
+    result, _messages, _port = await run_through_tether(
+        tmp_path, ["mp_flaky.py"], bps, steps, extra=retry
+    )
     [child] = sessions_by_kind(result, "child")
     assert result["labels"]["hit"]["session"] == child["index"]
     assert result["labels"]["end"]["exitCode"] == 0
