@@ -501,7 +501,7 @@ class AdapterCore:
         body = msg.get("body")
         if name == PREFETCH_EVENT:  # the worker's answers for this stop: never the IDE's
             return self._release(self.stop.filled(body))
-        self.stop.event(str(name), body)
+        self.stop.event(str(name))
         if name == "stopped" and self.session.prefetch and self.phase is IdePhase.CONFIGURED:
             self.stop.stopped()
         if self.phase is not IdePhase.CONFIGURED:

@@ -45,7 +45,7 @@ class StopAnswers:
         self.deadline = self.clock() + PREFETCH_WAIT
         self.expecting = True
 
-    def event(self, name: str, body: Any) -> None:
+    def event(self, name: str) -> None:
         """An event from the worker (the prefetch itself: :meth:`filled`)."""
         self.cache.on_event(name)
 

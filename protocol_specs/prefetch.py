@@ -38,11 +38,13 @@ from typing import Any
 import orjson
 
 __all__ = [
+    "ENDS_STOP",
     "FRAMES",
     "MAX_BYTES",
     "MAX_WATCHES",
     "PREFETCH_EVENT",
     "RUNS_PROGRAM",
+    "STALES",
     "Gathering",
     "StopCache",
     "WatchList",
@@ -78,7 +80,9 @@ RUNS_PROGRAM = frozenset(
 #: requests that may change any value: every cached answer but ``threads`` goes
 _CHANGES_VALUES = frozenset({"setVariable", "setExpression"})
 #: events after which no reference of the stop is valid
-_ENDS_STOP = frozenset({"stopped", "continued", "exited", "terminated", "invalidated"})
+ENDS_STOP = frozenset({"stopped", "continued", "exited", "terminated", "invalidated"})
+#: events that make some cached answer stale (``thread``: the thread list)
+STALES = ENDS_STOP | {"thread"}
 
 
 def cache_key(command: str, arguments: Any) -> tuple[Any, ...] | None:
@@ -174,7 +178,7 @@ class StopCache:
 
     def on_event(self, name: str) -> None:
         """The worker sent the event ``name``."""
-        if name in _ENDS_STOP:
+        if name in ENDS_STOP:
             self.answers.clear()
         elif name == "thread":
             self.answers.pop(("threads",), None)

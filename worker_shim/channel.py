@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from protocol_specs import dap_models as dap
-from protocol_specs.prefetch import PREFETCH_EVENT, Gathering, WatchList
+from protocol_specs.prefetch import PREFETCH_EVENT, STALES, Gathering, WatchList
 from protocol_specs.processes import MAIN
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import DapEntry, StatusEntry
@@ -118,9 +118,8 @@ class DebugpyChannel:
 
     def _prefetch_before(self, event: str) -> list[Action]:
         """debugpy sent ``event``: a stop's prefetch still gathering goes out first, with what it
-        has, if the event ends the stop (the adapter must not keep answers past it)."""
-        if self._gathering is None or event not in ("stopped", "continued", "thread", "exited",
-                                                    "terminated", "invalidated"):  # fmt: skip
+        has, if the event makes answers stale (the adapter must not keep them past it)."""
+        if self._gathering is None or event not in STALES:
             return []
         return self._prefetch_publish()
 
