@@ -183,7 +183,8 @@ class AdapterServer:
         seen = {name: (0, 0) for name in streams}
         while any(seen[n] < need[n] for n in streams):
             delivery = await self.link.deliveries.receive()
-            seen[delivery.stream] = Cursor.parse(delivery.cursor)
+            if delivery.cursor:  # an early one (no cursor yet) comes only after the history
+                seen[delivery.stream] = Cursor.parse(delivery.cursor)
             self._fold(delivery, replaying=True)
         if self.core.session.finished:
             self.finished.set()
@@ -517,6 +518,7 @@ async def serve_adapter(
         policy=policy or LinkPolicy.from_env(),
         on_refused=refused,
         on_state=state,
+        early=True,
     ) as link:
         server = AdapterServer(
             relay_url,

@@ -21,6 +21,14 @@ the time, and returns frames to send or events to act on:
 - *Dedup*: a delivered entry at or before its stream's cursor was handed over before a cut and is
   dropped (:meth:`~LinkState.receive` returns ``None``); the cursor moves only once an entry was
   handed over (:meth:`~LinkState.handed_over`).
+- *Early entries* (``early``: the adapter's and the worker's links ask for them): the relay hands a live entry over as soon
+  as it arrives, before Redis has stored it (a ``deliver`` without a cursor), and sends a
+  ``commit`` naming it, with its cursor, once it is stored. Such an entry may come again with its
+  cursor (the relay re-read Redis, or this link reconnected before the commit), and a publish the
+  producer re-sent after a cut may come early twice: every ``deliver`` names its ``(producer,
+  n)``. The state keeps the early entries not yet stored, and per producer the highest number
+  stored and handed over; what comes again only moves the cursor, or nothing. Entries with cursors
+  come in stream order, which is each producer's order, so that number bounds what is left.
 - *Reports*: ``received`` frames tell the relay how far each stream was read (it trims transient
   entries): ``report_after`` seconds after the first unreported entry, at once after
   ``report_every`` of them, or on :meth:`~LinkState.report_now`; only cursors that moved.
@@ -45,6 +53,7 @@ __all__ = [
     "InvalidCursor",
     "LinkClosed",
     "LinkState",
+    "Moved",
     "NewEntry",
     "OutboxFull",
     "Refusal",
@@ -118,6 +127,14 @@ class NewEntry:
 
 
 @dataclass(frozen=True)
+class Moved:
+    """The cursor moved without an entry to hand over (a ``commit``, or an entry that came again
+    after it was taken early); ``report_due`` as for :meth:`LinkState.handed_over`."""
+
+    report_due: bool
+
+
+@dataclass(frozen=True)
 class Answered:
     """The relay stored every publish up to ``n`` (the outbox has room again)."""
 
@@ -139,7 +156,7 @@ class LinkClosed:
     reason: str
 
 
-LinkEvent = NewEntry | Answered | Refused | LinkClosed
+LinkEvent = NewEntry | Moved | Answered | Refused | LinkClosed
 
 
 # --- the state ------------------------------------------------------------------------------------
@@ -187,6 +204,7 @@ class LinkState:
         history: bool = False,
         client: str = "",
         attempt: int = 0,
+        early: bool = False,
         outbox_entries: int = 10_000,
         outbox_bytes: int = 64 * 1024 * 1024,
         report_every: int = 100,
@@ -199,12 +217,17 @@ class LinkState:
         self.history = history
         self.client = client
         self.attempt = attempt
+        self.early = early
         self._limits = _Limits(outbox_entries, outbox_bytes, report_every, report_after, heartbeat)
         self.inbound = StreamName.TO_IDE if role is Role.IDE else StreamName.TO_WORKER
         #: the newest entry handed over per stream, as the relay wrote it ("0": none yet)
         self.cursors: dict[StreamName, str] = {name: "0" for name in StreamName}
         self.cursors[self.inbound] = cursor
         self._positions = {name: Cursor.parse(text) for name, text in self.cursors.items()}
+        #: early entries handed over, by producer, whose commit (or stored copy) has not come
+        self._early: dict[str, set[int]] = {}
+        #: per producer, the highest number stored and handed over (by cursor order)
+        self._stored: dict[str, int] = {}
         self.welcome: wire.Welcome | None = None  #: the first connection's
         self.latest: wire.Welcome | None = None  #: the current (or last) connection's
         self.epoch = 0  #: connections welcomed so far
@@ -248,6 +271,7 @@ class LinkState:
             client=self.client,
             attempt=self.attempt,
             token=token,
+            early=self.early,
         )
 
     def on_handshake(self, frame: wire.Frame, now: float) -> Refusal | None:
@@ -358,9 +382,26 @@ class LinkState:
     def receive(self, frame: wire.Frame) -> LinkEvent | None:
         """What a frame from the relay means; ``None``: nothing to do (e.g. a redelivery)."""
         if isinstance(frame, wire.Deliver):
+            producer, n = frame.producer, frame.n
+            if not frame.cursor:  # early: not stored yet
+                if (
+                    n < 1
+                    or n <= self._stored.get(producer, 0)
+                    or n in self._early.get(producer, ())
+                ):
+                    return None  # malformed, or a re-sent publish handed over already
+                return NewEntry(frame)
             if Cursor.parse(frame.cursor) <= self._positions[frame.stream]:
                 return None  # already handed over before a reconnect
+            if n and n in self._early.get(producer, ()):  # taken early; now it has its cursor
+                self._was_stored(producer, n)
+                return Moved(self._move(frame.stream, frame.cursor))
             return NewEntry(frame)
+        if isinstance(frame, wire.Commit):
+            self._was_stored(frame.producer, frame.n)
+            if Cursor.parse(frame.cursor) <= self._positions[frame.stream]:
+                return None
+            return Moved(self._move(frame.stream, frame.cursor))
         if isinstance(frame, wire.Ack):
             if frame.cursor:
                 self.acked = frame.cursor
@@ -377,9 +418,28 @@ class LinkState:
         return None
 
     def handed_over(self, frame: wire.Deliver) -> bool:
-        """A :class:`NewEntry` was handed over: its cursor is ours now. Returns whether a report
-        became due (the first unreported entry starts the clock; ``report_every`` sends at once)."""
-        self.cursors[frame.stream] = frame.cursor
-        self._positions[frame.stream] = Cursor.parse(frame.cursor)
+        """A :class:`NewEntry` was handed over: its cursor is ours now (an early one's: once its
+        ``commit`` comes). Returns whether a report became due (the first unreported entry starts
+        the clock; ``report_every`` sends at once)."""
+        if not frame.cursor:
+            self._early.setdefault(frame.producer, set()).add(frame.n)
+            return False
+        if frame.n:
+            self._was_stored(frame.producer, frame.n)
+        return self._move(frame.stream, frame.cursor)
+
+    def _was_stored(self, producer: str, n: int) -> None:
+        """``producer``'s ``n`` is stored and handed over, and with it every earlier number (a
+        producer's entries are stored in order): none of them can come early any more."""
+        self._stored[producer] = max(n, self._stored.get(producer, 0))
+        early = self._early.get(producer)
+        if early:
+            early.difference_update([k for k in early if k <= n])
+            if not early:
+                del self._early[producer]
+
+    def _move(self, stream: StreamName, cursor: str) -> bool:
+        self.cursors[stream] = cursor
+        self._positions[stream] = Cursor.parse(cursor)
         self._unreported += 1
         return self._unreported >= self._limits.report_every or self._unreported == 1

@@ -102,6 +102,7 @@ __all__ = [
     "BlobData",
     "Cancel",
     "Claim",
+    "Commit",
     "ControlEntry",
     "CreateToken",
     "DapEntry",
@@ -186,6 +187,9 @@ class Hello(BaseModel):
     client: str = ""
     #: worker role: the attempt this worker runs (the relay refuses an attempt that is not current)
     attempt: int = 0
+    #: run connections: the peer takes a live entry before Redis has stored it (a ``deliver``
+    #: without a cursor, then a ``commit``), and every ``deliver`` names the entry's publisher
+    early: bool = False
 
 
 class Welcome(BaseModel):
@@ -242,11 +246,38 @@ class Heartbeat(BaseModel):
 
 
 class Deliver(BaseModel):
+    """An entry of the peer's inbound stream, in stream order.
+
+    ``cursor`` is its stream id, or ``""`` for an entry handed to an ``early`` peer before Redis
+    stored it (a :class:`Commit` follows once it is). ``producer`` and ``n`` name the publish that
+    wrote it (``""`` and 0 for the relay's own entries, and on connections without ``early``): a
+    peer that took the entry early recognises it by them when it comes again from Redis.
+    """
+
     model_config = FROZEN
     t: Literal[FrameType.DELIVER] = FrameType.DELIVER
     stream: StreamName
     cursor: str
     entry: bytes
+    producer: str = ""
+    n: int = Field(default=0, ge=0)
+
+    @property
+    def early(self) -> bool:
+        """Handed over before Redis stored it: no cursor yet."""
+        return not self.cursor
+
+
+class Commit(BaseModel):
+    """The entry ``producer`` published as ``n``, which this peer took early, is stored at
+    ``cursor``; every entry of ``stream`` before it was delivered (the peer's cursor moves there)."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.COMMIT] = FrameType.COMMIT
+    stream: StreamName
+    cursor: str
+    producer: str
+    n: int = Field(ge=1)
 
 
 class Error(BaseModel):
@@ -262,11 +293,22 @@ class Error(BaseModel):
 # --- the codec ------------------------------------------------------------------------------------
 
 AnyFrame = (
-    Hello | Welcome | Publish | Ack | Received | Heartbeat | Deliver | AnyControlFrame | Error
+    Hello
+    | Welcome
+    | Publish
+    | Ack
+    | Received
+    | Heartbeat
+    | Deliver
+    | Commit
+    | AnyControlFrame
+    | Error
 )
 Frame = Annotated[AnyFrame, Field(discriminator="t")]
 _FRAME: TypeAdapter[AnyFrame] = TypeAdapter(Frame)
 _DELIVER_KEYS = frozenset({"t", "stream", "cursor", "entry"})
+_DELIVER_ORIGIN_KEYS = _DELIVER_KEYS | {"producer", "n"}
+_COMMIT_KEYS = frozenset({"t", "stream", "cursor", "producer", "n"})
 _PUBLISH_KEYS = frozenset({"t", "n", "entry"})
 _ACK_KEYS = frozenset({"t", "n", "cursor", "duplicate"})
 _STREAM_NAMES = frozenset(name.value for name in StreamName)
@@ -274,7 +316,12 @@ _STREAM_NAMES = frozenset(name.value for name in StreamName)
 
 def encode_frame(frame: AnyFrame) -> bytes:
     kind = type(frame)
-    if kind is Deliver or kind is Ack or kind is Publish or kind is Received:
+    if kind is Deliver:
+        fields = frame.__dict__
+        if not fields["producer"] and not fields["n"]:  # what a peer without ``early`` reads
+            fields = {k: fields[k] for k in ("t", "stream", "cursor", "entry")}
+        return msgpack.packb(fields, use_bin_type=True)  # type: ignore[no-any-return]
+    if kind is Ack or kind is Publish or kind is Received or kind is Commit:
         # the frames of live traffic: their fields as they are (what model_dump gives, faster)
         return msgpack.packb(frame.__dict__, use_bin_type=True)  # type: ignore[no-any-return]
     return msgpack.packb(frame.model_dump(mode="python"), use_bin_type=True)  # type: ignore[no-any-return]
@@ -285,17 +332,37 @@ def _plain_frame(raw: dict[Any, Any]) -> AnyFrame | None:
     t = raw["t"]
     # plain strings, not ``FrameType`` members: an enum attribute lookup per frame costs on this path
     if t == "deliver":
-        if raw.keys() == _DELIVER_KEYS:
+        keys = raw.keys()
+        if keys == _DELIVER_KEYS or keys == _DELIVER_ORIGIN_KEYS:
             stream, cursor, entry = raw["stream"], raw["cursor"], raw["entry"]
+            producer, n = raw.get("producer", ""), raw.get("n", 0)
             if (
                 type(stream) is str
                 and stream in _STREAM_NAMES
                 and type(cursor) is str
                 and type(entry) is bytes
+                and type(producer) is str
+                and type(n) is int
+                and n >= 0
             ):
                 return Deliver.model_construct(
-                    stream=StreamName(stream), cursor=cursor, entry=entry
+                    stream=StreamName(stream), cursor=cursor, entry=entry, producer=producer, n=n
                 )
+    elif t == "commit":
+        stream, cursor = raw.get("stream"), raw.get("cursor")
+        producer, n = raw.get("producer"), raw.get("n")
+        if (
+            raw.keys() == _COMMIT_KEYS
+            and type(stream) is str
+            and stream in _STREAM_NAMES
+            and type(cursor) is str
+            and type(producer) is str
+            and type(n) is int
+            and n >= 1
+        ):
+            return Commit.model_construct(
+                stream=StreamName(stream), cursor=cursor, producer=producer, n=n
+            )
     elif t == "publish":
         n, entry = raw.get("n"), raw.get("entry")
         if raw.keys() == _PUBLISH_KEYS and type(n) is int and n >= 1 and type(entry) is bytes:

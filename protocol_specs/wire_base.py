@@ -28,6 +28,7 @@ class FrameType(StrEnum):
     RECEIVED = "received"
     HEARTBEAT = "heartbeat"
     DELIVER = "deliver"
+    COMMIT = "commit"
     ERROR = "error"
     # the control RPC: requests and their answers, correlated by ``rid``
     SUBMIT = "submit"

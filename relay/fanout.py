@@ -20,6 +20,18 @@ clients. Instead each relay process holds one :class:`Fanout`:
 So a live session costs one Lua call per message and no reads, an idle one costs nothing but a few
 hundred bytes here, and correctness rests on Redis alone: whatever a subscription misses here, it
 re-reads.
+
+Early entries: Redis off the way of live traffic
+------------------------------------------------
+A live DAP message need not wait for Redis: a connection whose peer asked for ``early`` entries
+takes a published entry the moment its publisher's connection on this process received it
+(:meth:`Fanout.forward`), before the append is done, and sends it without a cursor. When the append
+returns, :meth:`Fanout.appended` turns it into a *commit* (the id alone: the peer has the entry).
+A subscription that is stale or re-reading takes nothing early: what it re-reads names each
+entry's publish (:meth:`Store.read_numbered`), so an entry it had sent early goes out as a commit,
+and the peer itself drops one it took early (``protocol_specs/link.py``). The order a peer sees is
+its publishers' order: the links forward a publish early only when nothing they received before it
+still waits to be stored and delivered the ordinary way (``relay/links.py``).
 """
 
 from __future__ import annotations
@@ -30,12 +42,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import NamedTuple
 
 import trio
 
-from .store import Entry, Notice, Store, StoreError, parse_id
+from .store import Notice, Store, StoreError, parse_id
 
-__all__ = ["Fanout", "Subscription"]
+__all__ = ["Fanout", "Item", "Subscription"]
 
 log = logging.getLogger("tether.relay")
 
@@ -47,26 +60,82 @@ MAX_HELD_BYTES = 1 << 20
 RESUBSCRIBE_SECONDS = 1.0
 
 
+class Item(NamedTuple):
+    """What a subscription hands its connection: an entry, an early entry or a commit."""
+
+    cursor: str  #: the entry's id; ``""``: early (not stored yet)
+    payload: bytes | None  #: ``None``: a commit (the entry went out early)
+    producer: str = ""  #: the publish that wrote it, if known (``""``, 0: not a publish)
+    n: int = 0
+
+    @property
+    def commit(self) -> bool:
+        return self.payload is None
+
+
 class Subscription:
     """One connection's view of one stream: what it delivered, and what it may take next."""
 
-    def __init__(self, store: Store, stream: str, cursor: str) -> None:
+    def __init__(self, store: Store, stream: str, cursor: str, *, early: bool = False) -> None:
         self.store = store
         self.stream = stream
         self.cursor = cursor  #: the last id handed to the connection
+        self.early = early  #: the connection takes entries before they are stored
         self._tail = parse_id(cursor)  #: the last id handed over or held
-        self._held: deque[Entry] = deque()
+        self._held: deque[Item] = deque()
         self._held_bytes = 0
+        #: early entries held or handed over whose stored copy has not come: (producer, n)
+        self._early: set[tuple[str, int]] = set()
         self._stale = True  # a new subscription catches up from Redis first
         self._reading = False
         self._wake = trio.Event()
+        #: set while the connection waits for items, everything it was given sent
+        self._settled = trio.Event()
         self.reads = 0  #: reads from Redis so far (tests and benchmarks look)
 
     def __repr__(self) -> str:
         state = "stale" if self._stale else f"{len(self._held)} held"
         return f"<Subscription {self.stream} after {self.cursor} {state}>"
 
-    def noticed(self, prev: str, entry_id: str, payload: bytes | None) -> None:
+    def _fits(self, size: int) -> bool:
+        return len(self._held) < MAX_HELD_ENTRIES and self._held_bytes + size <= MAX_HELD_BYTES
+
+    def _stored(self, producer: str, n: int, entry_id: str, payload: bytes | None) -> Item:
+        """What to hand over for a stored entry: its commit if it went out early, else itself."""
+        if n and self._early:
+            went_early = (producer, n) in self._early
+            # a producer's entries are stored in order: its earlier early ones never will be now
+            self._early = {(p, k) for p, k in self._early if p != producer or k > n}
+            if went_early:
+                return Item(entry_id, None, producer, n)
+        return Item(entry_id, payload, producer, n)
+
+    def forwarded(self, producer: str, n: int, payload: bytes) -> bool:
+        """A live publish, not stored yet: take it early if this connection may and can.
+        True if taken while the connection was idle: it goes out next (:meth:`sent`)."""
+        if not self.early or self._stale or self._reading or not self._fits(len(payload)):
+            return False  # it comes once stored (held, or re-read)
+        if (producer, n) in self._early:
+            return False  # a re-sent publish this connection has already
+        self._held.append(Item("", payload, producer, n))
+        self._held_bytes += len(payload)
+        self._early.add((producer, n))
+        self._wake.set()
+        if not self._settled.is_set():
+            return False  # busy: it goes out after what the connection is sending now
+        self._settled = trio.Event()
+        return True
+
+    async def sent(self, limit: float) -> None:
+        """Wait until the connection sent what it was given and waits again (at most ``limit``
+        seconds): what appends a forwarded publish waits for this, so that the append's own
+        work does not delay the early copy."""
+        with trio.move_on_after(limit):
+            await self._settled.wait()
+
+    def noticed(
+        self, prev: str, entry_id: str, payload: bytes | None, producer: str = "", n: int = 0
+    ) -> None:
         """An entry was appended after ``prev``; take it if it follows on, else re-read."""
         if self._stale or self._reading:
             self._stale = True
@@ -74,13 +143,13 @@ class Subscription:
             new = parse_id(entry_id)
             if new <= self._tail:
                 return  # already have it (our own append, noticed again through Redis)
-            fits = (
-                len(self._held) < MAX_HELD_ENTRIES
-                and self._held_bytes + len(payload or b"") <= MAX_HELD_BYTES
-            )
-            if payload is not None and fits and parse_id(prev) == self._tail:
-                self._held.append((entry_id, payload))
-                self._held_bytes += len(payload)
+            went_early = n > 0 and (producer, n) in self._early
+            size = 0 if went_early else len(payload or b"")
+            have = went_early or payload is not None  # its commit, or the entry itself
+            if parse_id(prev) == self._tail and have and self._fits(size):
+                item = self._stored(producer, n, entry_id, payload)
+                self._held.append(item)
+                self._held_bytes += size
                 self._tail = new
             else:
                 self._stale = True
@@ -91,41 +160,51 @@ class Subscription:
         self._stale = True
         self._wake.set()
 
-    async def next_batch(self, count: int = 200) -> list[Entry]:
-        """The next entries after :attr:`cursor` (at most ``count``), waiting until there are any.
+    async def next_batch(self, count: int = 200) -> list[Item]:
+        """The next items after :attr:`cursor` (at most ``count`` entries read from Redis),
+        waiting until there are any.
 
         Raises :class:`StoreError` if Redis fails while catching up.
         """
         while True:
             if self._stale:
                 self._stale = False
+                for item in self._held:
+                    if not item.cursor:  # never went out: it comes stored instead
+                        self._early.discard((item.producer, item.n))
                 self._held.clear()
                 self._held_bytes = 0
                 self._reading = True
                 try:
-                    batch = await self.store.read_after(self.stream, self.cursor, count=count)
+                    read = await self.store.read_numbered(self.stream, self.cursor, count=count)
                 except BaseException:
                     self._stale = True
                     raise
                 finally:
                     self._reading = False
                 self.reads += 1
-                if batch:
-                    self.cursor = batch[-1][0]
+                if read:
+                    self.cursor = read[-1].id
                     self._tail = parse_id(self.cursor)
-                    if len(batch) == count:
+                    if len(read) == count:
                         self._stale = True  # there may be more
-                    return batch
+                    return [self._stored(e.producer, e.n, e.id, e.payload) for e in read]
                 self._tail = parse_id(self.cursor)
                 continue
             if self._held:
                 batch = list(self._held)
                 self._held.clear()
                 self._held_bytes = 0
-                self.cursor = batch[-1][0]
+                for item in reversed(batch):
+                    if item.cursor:
+                        self.cursor = item.cursor
+                        break
                 return batch
             self._wake = trio.Event()
+            self._settled.set()
             await self._wake.wait()
+            if self._settled.is_set():
+                self._settled = trio.Event()
 
 
 class Fanout:
@@ -143,10 +222,13 @@ class Fanout:
         return sum(len(subs) for subs in self._subscriptions.values())
 
     @asynccontextmanager
-    async def subscribe(self, stream: str, cursor: str) -> AsyncIterator[Subscription]:
-        """A subscription to ``stream`` after ``cursor``; the first one of this process makes
-        Redis send notices of ``stream`` here (before it reads anything), the last one stops it."""
-        subscription = Subscription(self.store, stream, cursor)
+    async def subscribe(
+        self, stream: str, cursor: str, *, early: bool = False
+    ) -> AsyncIterator[Subscription]:
+        """A subscription to ``stream`` after ``cursor`` (``early``: it takes live entries before
+        they are stored); the first one of this process makes Redis send notices of ``stream``
+        here (before it reads anything), the last one stops it."""
+        subscription = Subscription(self.store, stream, cursor, early=early)
         while stream in self._changing:
             await self._changing[stream].wait()
         subs = self._subscriptions.setdefault(stream, set())
@@ -173,12 +255,31 @@ class Fanout:
             del self._changing[stream]
             done.set()
 
-    def appended(self, stream: str, prev: str, entry_id: str, payload: bytes | None) -> None:
-        """``entry_id`` (after ``prev``) is stored in ``stream``; ``payload`` if this process has it.
+    def forward(self, stream: str, producer: str, n: int, payload: bytes) -> list[Subscription]:
+        """``producer``'s publish ``n`` for ``stream`` arrived and is being stored: hand it to the
+        connections that take entries early. :meth:`appended` must follow (or :meth:`lost`).
+        Returns the subscriptions that send it next (see :meth:`Subscription.sent`)."""
+        return [
+            subscription
+            for subscription in self._subscriptions.get(stream, ())
+            if subscription.forwarded(producer, n, payload)
+        ]
+
+    def appended(
+        self,
+        stream: str,
+        prev: str,
+        entry_id: str,
+        payload: bytes | None,
+        producer: str = "",
+        n: int = 0,
+    ) -> None:
+        """``entry_id`` (after ``prev``) is stored in ``stream``; ``payload`` if this process has it,
+        and the publish that wrote it.
 
         Redis does not notify the appending process of its own appends: it must call this."""
         for subscription in self._subscriptions.get(stream, ()):
-            subscription.noticed(prev, entry_id, payload)
+            subscription.noticed(prev, entry_id, payload, producer, n)
 
     def lost(self, stream: str | None = None) -> None:
         """What was appended to ``stream`` (every stream: ``None``) may not have been noticed."""

@@ -9,7 +9,8 @@ key                            type    contents                                 
 ``tether:run:{R}``             hash    ``record``: the RunRecord as JSON, ``v``:  relay         relay
                                        its version (compare-and-set writes)
 ``tether:run:{R}:manifest``    string  the snapshot's manifest (JSON)              relay         relay (claim)
-``tether:run:{R}:to_worker``   stream  IDE -> worker entries (field ``p``)         relay (ide)   relay (worker)
+``tether:run:{R}:to_worker``   stream  IDE -> worker entries (field ``p``; ``o``,  relay (ide)   relay (worker)
+                                       ``n``: the publish that wrote it)
 ``tether:run:{R}:to_ide``      stream  worker -> IDE entries and run status        relay         relay (ide)
 ``tether:run:{R}:logs``        stream  program output chunks and attempt markers   relay         relay (logs)
 ``tether:run:{R}:<s>:meta``    hash    per producer: last number and its entry id; relay         relay

@@ -3,7 +3,13 @@ of its logs (``logs``).
 
 What a link publishes is appended to the run's outbound stream exactly once
 (:meth:`~relay.store.Store.append_once`) and acknowledged only after Redis stored it; a delivery
-task sends the run's inbound stream from the peer's cursor on, woken by ``relay/fanout.py``. A
+task sends the run's inbound stream from the peer's cursor on, woken by ``relay/fanout.py``.
+
+Redis is not on the way of live traffic: a link's receiver checks each publish and, for a DAP
+entry, hands it at once to the peers on this process that take entries early
+(:meth:`Fanout.forward`); a storer task appends the link's publishes in order and answers them.
+A publish goes early only while nothing the link sent before it waits to be stored and delivered
+the ordinary way (a status or presence entry), so every peer sees a producer's entries in order. A
 worker's status entries move the run record along (``relay/registry.py``); its heartbeats renew
 its attempt's lease. Who may open which link, and publish what on it, is
 ``protocol_specs/permissions.py``'s table, checked when the link opens and, for a worker, again
@@ -13,12 +19,14 @@ whenever its attempt may have ended (status entries, heartbeats).
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
+from websockets.exceptions import ConnectionClosed
 
 from protocol_specs import wire
 from protocol_specs.auth import Principal, Refusal
@@ -31,7 +39,7 @@ from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 from . import keys
 from .audit import AuditTrail
 from .config import SERVER_NAME, RelayConfig
-from .fanout import Fanout
+from .fanout import Fanout, Subscription
 from .gate import Peer
 from .registry import Registry
 from .store import NO_CAP, Diversion, StoreError
@@ -42,6 +50,12 @@ log = logging.getLogger("tether.relay")
 
 #: transient entries one ``trim_received`` call deletes at most
 TRIM_BATCH = 1000
+#: publishes a link's receiver checks ahead of its storer (then it waits: Redis sets the pace)
+STORE_QUEUE = 64
+#: how long an append waits for a peer to send the entry's early copy first (seconds)
+EARLY_FIRST = 0.005
+#: how long the commit of an early entry may wait to go out with later ones (seconds)
+COMMIT_AFTER = 0.1
 
 #: status events a worker may publish, and the run transition each one makes
 _WORKER_STATUS: dict[str, RunEvent | None] = {
@@ -79,6 +93,11 @@ class _Link:
     #: entry kind -> why this link may not publish it (None: it may); decided once per kind: the
     #: holder and the run the decision rests on are fixed for the link's life
     refusals: dict[str, Refusal | None] = field(default_factory=dict)
+    #: publishes queued for the storer that go to the peer only once stored: while there are
+    #: any, nothing goes early (it would overtake them)
+    held_back: int = 0
+    #: the peer closed the connection: what is queued is still stored, but nobody is told
+    gone: bool = False
 
     @property
     def run_id(self) -> str:
@@ -88,6 +107,23 @@ class _Link:
     def attempt(self) -> int:
         """A worker's attempt (0 for an IDE)."""
         return self.who.attempt
+
+
+@dataclass(frozen=True)
+class _Queued:
+    """A publish as the link's receiver checked it, waiting for the storer."""
+
+    frame: wire.Publish
+    entry: wire.AnyEntry | None  #: ``None``: malformed (``error`` says how)
+    error: WireError | None
+    early: bool = False  #: handed to the peers before it was stored
+    held_back: bool = False  #: counted in ``_Link.held_back`` until stored
+    #: the peers' subscriptions that send it next: the append waits for them (briefly)
+    sending: tuple[Subscription, ...] = ()
+
+    def __repr__(self) -> str:
+        how = "early" if self.early else "held back" if self.held_back else "stored first"
+        return f"<_Queued n={self.frame.n} {how}>"
 
 
 class Links:
@@ -184,8 +220,12 @@ class Links:
                     await self._deliver_history(
                         peer, run_id, StreamName.TO_WORKER, hello.history_cursor
                     )
-                nursery.start_soon(self._deliver, peer, run_id, inbound, hello.cursor)
-                await self._receive(link)
+                nursery.start_soon(self._deliver, peer, run_id, inbound, hello.cursor, hello.early)
+                async with trio.open_nursery() as publishing:
+                    queue_in, queue = trio.open_memory_channel[_Queued](STORE_QUEUE)
+                    publishing.start_soon(self._store_all, link, queue, publishing.cancel_scope)
+                    async with queue_in:
+                        await self._receive(link, queue_in)
                 nursery.cancel_scope.cancel()
         finally:
             if link.presence is not None and link.presence.attached:
@@ -209,25 +249,60 @@ class Links:
                 await peer.ws.send(wire.encode_frame(frame))
                 cursor = entry_id
 
-    async def _deliver(self, peer: Peer, run_id: str, name: StreamName, cursor: str) -> None:
-        async with self.fanout.subscribe(keys.stream(run_id, name), cursor) as subscription:
+    async def _deliver(
+        self, peer: Peer, run_id: str, name: StreamName, cursor: str, early: bool = False
+    ) -> None:
+        """Send the peer ``name`` from ``cursor`` on, live. The commits of early entries wait
+        (:data:`COMMIT_AFTER` at most), and only the latest of a producer goes: the peer needs
+        them only to move its cursor, and a live session would pay a frame per message."""
+        stream = keys.stream(run_id, name)
+        commits: dict[str, wire.Commit] = {}
+        due = math.inf
+        async with self.fanout.subscribe(stream, cursor, early=early) as subscription:
             while True:
-                for entry_id, payload in await subscription.next_batch(200):
-                    frame = wire.Deliver(stream=name, cursor=entry_id, entry=payload)
+                batch = []
+                with trio.move_on_at(due):
+                    batch = await subscription.next_batch(200)
+                for item in batch:
+                    if item.payload is None:
+                        commits[item.producer] = wire.Commit(
+                            stream=name, cursor=item.cursor, producer=item.producer, n=item.n
+                        )
+                        due = min(due, trio.current_time() + COMMIT_AFTER)
+                        continue
+                    if early:
+                        frame = wire.Deliver(
+                            stream=name,
+                            cursor=item.cursor,
+                            entry=item.payload,
+                            producer=item.producer,
+                            n=item.n,
+                        )
+                    else:
+                        frame = wire.Deliver(stream=name, cursor=item.cursor, entry=item.payload)
                     await peer.ws.send(wire.encode_frame(frame))
+                if commits and trio.current_time() >= due:
+                    for commit in commits.values():
+                        await peer.ws.send(wire.encode_frame(commit))
+                    commits.clear()
+                    due = math.inf
 
-    async def _receive(self, link: _Link) -> None:
+    async def _receive(self, link: _Link, queue: trio.MemorySendChannel[_Queued]) -> None:
+        """Read the peer's frames until it goes: publishes to the storer (live DAP entries to the
+        peers that take them early first), the rest handled here."""
         peer = link.peer
         while True:
-            data = await peer.ws.recv()
+            try:
+                data = await peer.ws.recv()
+            except ConnectionClosed:
+                return  # what was received is stored all the same (the storer drains its queue)
             try:
                 frame = wire.decode_frame(data)
             except WireError as exc:
                 await peer.error(exc.code, exc.message)
                 continue
             if isinstance(frame, wire.Publish):
-                if not await self._publish(link, frame):
-                    return
+                await queue.send(self._admit(link, frame))
             elif isinstance(frame, wire.Received):
                 if frame.stream is link.inbound:
                     key = keys.stream(link.run_id, link.inbound)
@@ -250,35 +325,88 @@ class Links:
                     f"{frame.t!r} frames are not valid on a run connection",
                 )
 
+    def _admit(self, link: _Link, frame: wire.Publish) -> _Queued:
+        """Check a publish as it arrives; a DAP entry the link may publish goes early to the
+        peers on this process (unless something before it is held back: it would overtake it)."""
+        try:
+            entry = wire.decode_entry(frame.entry)
+        except WireError as exc:
+            return _Queued(frame, None, exc)
+        refusal = self._refusal(link, entry.k)
+        if refusal is not None:
+            return _Queued(frame, entry, None)  # the storer answers it, in order
+        if isinstance(entry, wire.DapEntry) and not link.held_back:
+            sending = self.fanout.forward(
+                keys.stream(link.run_id, link.outbound), link.producer, frame.n, frame.entry
+            )
+            return _Queued(frame, entry, None, early=True, sending=tuple(sending))
+        if not isinstance(entry, wire.LogEntry):  # logs go to a stream of their own
+            link.held_back += 1
+            return _Queued(frame, entry, None, held_back=True)
+        return _Queued(frame, entry, None)
+
+    def _refusal(self, link: _Link, kind: str) -> Refusal | None:
+        if kind not in link.refusals:
+            link.refusals[kind] = authorize(
+                link.who, _PUBLISH[kind], link.record, about_run=link.run_id
+            )
+        return link.refusals[kind]
+
+    async def _store_all(
+        self,
+        link: _Link,
+        queue: trio.MemoryReceiveChannel[_Queued],
+        stop: trio.CancelScope,
+    ) -> None:
+        """Store and answer the link's publishes in order, until the receiver is done and the
+        queue is empty; a refusal that ends the link cancels ``stop``."""
+        async with queue:
+            async for item in queue:
+                try:
+                    open_ = await self._store(link, item)
+                finally:
+                    if item.held_back:
+                        link.held_back -= 1
+                if not open_:
+                    stop.cancel()
+                    return
+
+    async def _tell(self, link: _Link, frame: wire.AnyFrame) -> None:
+        """Send the peer a frame, unless it is gone (then what it is owed it asks for again)."""
+        if link.gone:
+            return
+        try:
+            await link.peer.ws.send(wire.encode_frame(frame))
+        except ConnectionClosed:
+            link.gone = True
+
     async def _current(self, link: _Link) -> bool:
         """Whether a worker link's attempt is still the run's; if not, close it."""
         record = await self.registry.load(link.run_id)
         refusal = authorize(link.who, Act.OPEN_WORKER, record, about_run=link.run_id)
         if refusal is None:
             return True
-        await link.peer.refuse(refusal)
+        if not link.gone:
+            await link.peer.refuse(refusal)
         return False
 
-    async def _publish(self, link: _Link, frame: wire.Publish) -> bool:
-        """Store one published entry exactly once; False if the link must close."""
-        peer = link.peer
-        try:
-            entry = wire.decode_entry(frame.entry)
-        except WireError as exc:
-            await peer.error(exc.code, exc.message, n=frame.n)
+    async def _store(self, link: _Link, item: _Queued) -> bool:
+        """Store one published entry exactly once and answer it; False if the link must close."""
+        frame, entry = item.frame, item.entry
+        for subscription in item.sending:  # the early copies first: live traffic waits on them
+            await subscription.sent(EARLY_FIRST)
+        if entry is None:
+            assert item.error is not None
+            await self._refuse(link, frame.n, item.error.code, item.error.message)
             return await self._skip(link, frame.n)
-        if entry.k not in link.refusals:
-            link.refusals[entry.k] = authorize(
-                link.who, _PUBLISH[entry.k], link.record, about_run=link.run_id
-            )
-        refusal = link.refusals[entry.k]
+        refusal = self._refusal(link, entry.k)
         if refusal is not None:
-            await peer.error(ErrorCode(refusal.code), refusal.message, n=frame.n)
+            await self._refuse(link, frame.n, ErrorCode(refusal.code), refusal.message)
             return await self._skip(link, frame.n)
         if isinstance(entry, wire.StatusEntry):
             if entry.event not in _WORKER_STATUS and entry.event not in PROCESS_EVENTS:
                 problem = f"workers may not publish status {entry.event!r}"
-                await peer.error(ErrorCode.NOT_ALLOWED, problem, n=frame.n)
+                await self._refuse(link, frame.n, ErrorCode.NOT_ALLOWED, problem)
                 return await self._skip(link, frame.n)
             if not await self._current(link):
                 return False
@@ -307,20 +435,24 @@ class Links:
             self.fanout.lost(stored_in)  # stored or not, nobody else will say
             raise
         if got.outcome == "stored":
-            self.fanout.appended(stored_in, got.prev, got.cursor, frame.entry)
-        if got.outcome == "gap":
-            await peer.fatal(
-                ErrorCode.OUT_OF_ORDER,
-                f"publish {frame.n} skips ahead of {got.last + 1}; resend from there",
+            self.fanout.appended(
+                stored_in, got.prev, got.cursor, frame.entry, link.producer, frame.n
             )
+        # an early entry refused as ``full`` stays with the peers that took it (what they keep
+        # about it goes once a later publish of this producer is stored)
+        if got.outcome == "gap":
+            if not link.gone:
+                await link.peer.fatal(
+                    ErrorCode.OUT_OF_ORDER,
+                    f"publish {frame.n} skips ahead of {got.last + 1}; resend from there",
+                )
             return False
         if got.outcome == "full":
-            await peer.error(
-                ErrorCode.BUFFER_FULL,
+            message = (
                 f"run {link.run_id}: {link.outbound.value} holds {got.size} entries "
-                f"(cap {cap.entries}) or its {cap.bytes} bytes are used up; nobody has read them",
-                n=frame.n,
+                f"(cap {cap.entries}) or its {cap.bytes} bytes are used up; nobody has read them"
             )
+            await self._refuse(link, frame.n, ErrorCode.BUFFER_FULL, message)
             return True
         if got.outcome == "stored":
             if isinstance(entry, wire.StatusEntry):
@@ -329,12 +461,17 @@ class Links:
                 if link.presence is None or link.presence.attached != entry.attached:
                     event = "attach" if entry.attached else "detach"
                     await self.audit.record(
-                        link.run_id, event, link.who, source=peer.source, role="ide"
+                        link.run_id, event, link.who, source=link.peer.source, role="ide"
                     )
                 link.presence = entry
-        ack = wire.Ack(n=frame.n, cursor=got.cursor, duplicate=got.outcome == "duplicate")
-        await peer.ws.send(wire.encode_frame(ack))
+        duplicate = got.outcome == "duplicate"
+        await self._tell(link, wire.Ack(n=frame.n, cursor=got.cursor, duplicate=duplicate))
         return True
+
+    async def _refuse(self, link: _Link, n: int, code: ErrorCode, message: str) -> None:
+        """Answer publish ``n`` with an error (it is not stored; the producer goes on)."""
+        log.info("error to %s: %s: %s", link.peer.source, code.value, message)
+        await self._tell(link, wire.Error(code=code, message=message, n=n))
 
     async def _skip(self, link: _Link, n: int) -> bool:
         """Count a refused publish as answered, so the producer's numbering has no gap."""

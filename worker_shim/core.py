@@ -419,7 +419,8 @@ def parse_delivery(delivery: wire.Deliver) -> tuple[Cursor | None, wire.AnyEntry
     """A delivery's cursor and entry (None for what is malformed: logged, skipped)."""
     cursor: Cursor | None = None
     try:
-        cursor = Cursor.parse(delivery.cursor)
+        if delivery.cursor:  # none yet: an early entry, live traffic after the history
+            cursor = Cursor.parse(delivery.cursor)
     except InvalidCursor:
         log.warning("delivery with a bad cursor %r", delivery.cursor)
     try:

@@ -125,7 +125,7 @@ async def run_shim(
     log_path = runs_dir / f"{record.id}-{record.attempt}.log"
     news = _LinkNews(say, record.id)
     async with worker_link(
-        relay_url, record, policy=policy, on_refused=news.refused, on_state=news.state
+        relay_url, record, policy=policy, on_refused=news.refused, on_state=news.state, early=True
     ) as link:
         news.link = link
         if link.run.finished:

@@ -15,7 +15,8 @@ without sockets); this module does the I/O around it:
   task per connection sends what the state says is due (after a reconnect: every unanswered
   publish, in order) and sleeps until the state's next deadline or a wake-up.
 - *Inbound*: the receiver hands each new entry to ``deliveries`` (bounded: a slow reader slows the
-  relay), then tells the state, which moves the stream's cursor.
+  relay), then tells the state, which moves the stream's cursor. A live entry may come before
+  Redis stored it (``early``): it has no cursor then, and a ``commit`` moves the cursor later.
 - *Liveness*: WebSocket pings (``ping_interval``/``ping_timeout``) close a dead connection; the
   sender also sends a ``heartbeat`` frame every ``heartbeat`` seconds (a worker's renews its lease).
 
@@ -41,7 +42,7 @@ from websockets.exceptions import ConnectionClosed, InvalidURI, WebSocketExcepti
 from websockets.trio.client import ClientConnection, connect
 
 from protocol_specs import wire
-from protocol_specs.link import Answered, LinkClosed, LinkState, NewEntry, Refused
+from protocol_specs.link import Answered, LinkClosed, LinkState, Moved, NewEntry, Refused
 from protocol_specs.runs import RunRecord
 from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 
@@ -116,6 +117,7 @@ class RunLink:
         on_refused: Callable[[int, wire.Error], None] | None = None,
         on_state: Callable[[bool, str], None] | None = None,
         attempt: int = 0,
+        early: bool = False,
     ) -> None:
         self.endpoint = endpoint(target)
         self.url = self.endpoint.url
@@ -131,6 +133,7 @@ class RunLink:
             history=history,
             client=client,
             attempt=attempt,
+            early=early,
             outbox_entries=p.outbox_entries,
             outbox_bytes=p.outbox_bytes,
             report_every=p.report_every,
@@ -394,6 +397,9 @@ class RunLink:
                         return "closed"
                     if self.state.handed_over(event.frame):
                         self._wake.set()
+                elif isinstance(event, Moved):
+                    if event.report_due:
+                        self._wake.set()
                 elif isinstance(event, Answered):
                     self._notify_changed()
                 elif isinstance(event, Refused):
@@ -419,8 +425,12 @@ async def open_run_link(
     on_refused: Callable[[int, wire.Error], None] | None = None,
     on_state: Callable[[bool, str], None] | None = None,
     attempt: int = 0,
+    early: bool = False,
 ) -> AsyncIterator[RunLink]:
-    """A :class:`RunLink`, connected once before this returns (else :class:`RelayError`)."""
+    """A :class:`RunLink`, connected once before this returns (else :class:`RelayError`).
+
+    ``early``: take live entries before Redis stored them (``deliveries`` then hands over entries
+    without a cursor; see ``protocol_specs/link.py``)."""
     link = RunLink(
         target,
         attempt=attempt,
@@ -433,6 +443,7 @@ async def open_run_link(
         policy=policy,
         on_refused=on_refused,
         on_state=on_state,
+        early=early,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(link.maintain)

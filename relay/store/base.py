@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import trio
 
@@ -28,6 +28,7 @@ __all__ = [
     "Entry",
     "Notice",
     "NoticeSink",
+    "Numbered",
     "Store",
     "StoreError",
     "StreamId",
@@ -42,7 +43,21 @@ __all__ = [
 Entry = tuple[str, bytes]
 """A stream entry: its id and its payload."""
 
+
+class Numbered(NamedTuple):
+    """A stream entry and the publish that wrote it (:meth:`Store.append_once`'s ``producer`` and
+    ``n``; ``""`` and 0 for an entry :meth:`Store.append` wrote)."""
+
+    id: str
+    payload: bytes
+    producer: str = ""
+    n: int = 0
+
+
 PAYLOAD_FIELD = "p"
+#: the fields :meth:`Store.append_once` names the publish in (``Numbered.producer``, ``.n``)
+PRODUCER_FIELD = "o"
+NUMBER_FIELD = "n"
 #: the field of a hash that :meth:`Store.set_versioned` counts its writes in
 VERSION_FIELD = "v"
 DEFAULT_REQUEST_TIMEOUT_MS = 5000
@@ -133,6 +148,10 @@ class Store(Protocol):
         """Up to ``count`` entries with ids greater than ``after``, oldest first; never blocks."""
         ...
 
+    async def read_numbered(self, stream: str, after: str, *, count: int = 100) -> list[Numbered]:
+        """As :meth:`read_after`, with the publish that wrote each entry."""
+        ...
+
     async def last_id(self, stream: str) -> str | None:
         """The id of the newest entry still in the stream, ``None`` if there is none."""
         ...
@@ -215,6 +234,7 @@ class Store(Protocol):
 
         A stored entry is announced to the listeners watching the stream it went to (see
         :meth:`listen`), except ``notify_except``: the appender's own, which hands it over itself.
+        An entry stored in ``stream`` itself keeps ``producer`` and ``n`` (:meth:`read_numbered`).
         """
         ...
 

@@ -27,6 +27,7 @@ from .base import (
     Entry,
     Notice,
     NoticeSink,
+    Numbered,
     StoreError,
     check_read_args,
     meta_key,
@@ -39,6 +40,7 @@ from .glide_connection import (
     as_text,
     glide_config,
     glide_errors,
+    numbered_entries,
     quiet_glide,
     redact,
     stream_entries,
@@ -175,6 +177,16 @@ class GlideStore:
                 stream, glide.ExclusiveIdBound(after), glide.MaxId(), count=count
             )
         return stream_entries(reply)
+
+    async def read_numbered(self, stream: str, after: str, *, count: int = 100) -> list[Numbered]:
+        import glide
+
+        check_read_args(0, count)
+        with glide_errors(f"XRANGE {stream} after {after}"):
+            reply = await self._client.xrange(
+                stream, glide.ExclusiveIdBound(after), glide.MaxId(), count=count
+            )
+        return numbered_entries(reply)
 
     async def last_id(self, stream: str) -> str | None:
         import glide

@@ -16,8 +16,11 @@ from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 import trio
 
 from .base import (
+    NUMBER_FIELD,
     PAYLOAD_FIELD,
+    PRODUCER_FIELD,
     Entry,
+    Numbered,
     StoreError,
     check_read_args,
 )
@@ -30,6 +33,7 @@ __all__ = [
     "as_text",
     "glide_config",
     "glide_errors",
+    "numbered_entries",
     "quiet_glide",
     "redact",
     "stream_entries",
@@ -39,6 +43,8 @@ _T = TypeVar("_T")
 log = logging.getLogger("tether.store")
 
 _PAYLOAD_FIELD_BYTES = PAYLOAD_FIELD.encode()
+_PRODUCER_FIELD_BYTES = PRODUCER_FIELD.encode()
+_NUMBER_FIELD_BYTES = NUMBER_FIELD.encode()
 
 log = logging.getLogger("tether.store")
 
@@ -119,6 +125,24 @@ def glide_errors(what: str) -> Iterator[None]:
 
 def as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def numbered_entries(reply: Mapping[bytes, list[list[bytes]] | None] | None) -> list[Numbered]:
+    """As :func:`stream_entries`, with the publish that wrote each entry (``o``, ``n``)."""
+    if not reply:
+        return []
+    out: list[Numbered] = []
+    for entry_id, fields in reply.items():
+        payload, producer, n = b"", "", 0
+        for name, value in fields or ():
+            if name == _PAYLOAD_FIELD_BYTES:
+                payload = value
+            elif name == _PRODUCER_FIELD_BYTES:
+                producer = as_text(value)
+            elif name == _NUMBER_FIELD_BYTES and value.isdigit():
+                n = int(value)
+        out.append(Numbered(as_text(entry_id), payload, producer, n))
+    return out
 
 
 def stream_entries(reply: Mapping[bytes, list[list[bytes]] | None] | None) -> list[Entry]:

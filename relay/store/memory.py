@@ -26,6 +26,7 @@ from .base import (
     Entry,
     Notice,
     NoticeSink,
+    Numbered,
     StoreError,
     StreamId,
     check_read_args,
@@ -49,6 +50,8 @@ class _Group:
 class _Stream:
     ids: list[StreamId] = field(default_factory=list)
     payloads: list[bytes] = field(default_factory=list)
+    #: the publish that wrote each entry: (producer, n), ("", 0) for a plain append
+    origins: list[tuple[str, int]] = field(default_factory=list)
     last: StreamId = START  # last id ever generated: ids keep growing after trims
     groups: dict[str, _Group] = field(default_factory=dict)
 
@@ -58,6 +61,19 @@ class _Stream:
         return [
             (format_id(i), p)
             for i, p in zip(self.ids[start:stop], self.payloads[start:stop], strict=True)
+        ]
+
+    def numbered_after(self, cursor: StreamId, count: int) -> list[Numbered]:
+        start = bisect.bisect_right(self.ids, cursor)
+        stop = start + count
+        return [
+            Numbered(format_id(i), p, *o)
+            for i, p, o in zip(
+                self.ids[start:stop],
+                self.payloads[start:stop],
+                self.origins[start:stop],
+                strict=True,
+            )
         ]
 
 
@@ -186,7 +202,12 @@ class MemoryStore:
         return self._xadd_prev(stream, payload, maxlen)[1]
 
     def _xadd_prev(
-        self, stream: str, payload: bytes, maxlen: int | None = None, notify_except: str = ""
+        self,
+        stream: str,
+        payload: bytes,
+        maxlen: int | None = None,
+        notify_except: str = "",
+        origin: tuple[str, int] = ("", 0),
     ) -> tuple[str, str]:
         """Append; ``(previous id, new id)``, and the notice to every watching listener."""
         s = self._get_or_create(stream, _Stream, _Stream)
@@ -195,9 +216,10 @@ class MemoryStore:
         s.last = Cursor(now_ms) if now_ms > s.last.ms else Cursor(s.last.ms, s.last.seq + 1)
         s.ids.append(s.last)
         s.payloads.append(bytes(payload))
+        s.origins.append(origin)
         if maxlen is not None and len(s.ids) > maxlen:
             drop = len(s.ids) - maxlen
-            del s.ids[:drop], s.payloads[:drop]
+            del s.ids[:drop], s.payloads[:drop], s.origins[:drop]
         self._notify(stream)
         entry_id = format_id(s.last)
         for listener in list(self._watchers.get(stream, ())):
@@ -212,6 +234,13 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         s = self._get(stream, _Stream)
         return s.after(cursor, count) if s else []
+
+    async def read_numbered(self, stream: str, after: str, *, count: int = 100) -> list[Numbered]:
+        check_read_args(0, count)
+        cursor = parse_id(after)
+        await trio.lowlevel.checkpoint()
+        s = self._get(stream, _Stream)
+        return s.numbered_after(cursor, count) if s else []
 
     async def append_once(
         self,
@@ -250,7 +279,7 @@ class MemoryStore:
         ):
             meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), b""
             return Appended("full", size=held)
-        prev, entry_id = self._xadd_prev(stream, payload, None, notify_except)
+        prev, entry_id = self._xadd_prev(stream, payload, None, notify_except, (producer, n))
         meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), entry_id.encode()
         meta["bytes"] = str(held_bytes + len(payload)).encode()
         if transient:
@@ -274,7 +303,7 @@ class MemoryStore:
             if s is not None:
                 at = bisect.bisect_left(s.ids, entry_id)
                 if at < len(s.ids) and s.ids[at] == entry_id:
-                    del s.ids[at], s.payloads[at]
+                    del s.ids[at], s.payloads[at], s.origins[at]
             freed += int(size)
             removed += 1
         del listed[:removed]

@@ -9,7 +9,8 @@ __all__ = ["APPEND", "APPEND_ONCE", "SET_VERSIONED", "TRIM_RECEIVED"]
 #: max bytes, skip (0/1), diverted maxlen; KEYS[4]: the stream to store in (KEYS[1] unless
 #: diverted), KEYS[5] its meta hash, KEYS[6] its watchers; ARGV[9] the notice channel prefix,
 #: ARGV[10] the listener not to notify. Returns {outcome, cursor-or-number, prev}: 1 stored,
-#: 0 duplicate, -1 gap, -2 full, 2 skipped. A stored entry's notice goes to its watchers.
+#: 0 duplicate, -1 gap, -2 full, 2 skipped. A stored entry's notice goes to its watchers. An entry
+#: stored in KEYS[1] names its publish: fields ``o`` (producer) and ``n`` beside ``p``.
 APPEND_ONCE = """
 local function notify(prev, id)
   local text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[4]
@@ -50,7 +51,7 @@ if (max_entries > 0 and held >= max_entries) or (max_bytes > 0 and bytes + size 
   redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], '')
   return {-2, tostring(held)}
 end
-local id = redis.call('XADD', KEYS[1], '*', 'p', ARGV[3])
+local id = redis.call('XADD', KEYS[1], '*', 'p', ARGV[3], 'o', ARGV[1], 'n', ARGV[2])
 local prev = redis.call('HGET', KEYS[2], 'last') or '0-0'
 redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], id, 'last', id)
 redis.call('HINCRBY', KEYS[2], 'bytes', size)

@@ -32,6 +32,7 @@ from relay.store import (
     Entry,
     MemoryStore,
     Notice,
+    Numbered,
     Store,
     StoreError,
     meta_key,
@@ -301,6 +302,24 @@ async def test_reclaim_takes_over_what_a_consumer_left_pending(store: Store) -> 
 # --- exactly-once appends, caps, trimming --------------------------------------------------------
 
 NO_CAP = Cap()
+
+
+async def test_read_numbered_names_the_publish_that_wrote_each_entry(store: Store) -> None:
+    plain = await store.append("s", b"relay")
+    one = await store.append_once("s", "ide-a", 1, b"a")
+    logs = Diversion("logs", maxlen=10)
+    await store.append_once("s", "ide-a", 2, b"log", divert=logs)
+    three = await store.append_once("s", "w 1", 1, b"c")  # any producer text, spaces included
+    assert await store.read_numbered("s", "0") == [
+        Numbered(plain, b"relay"),
+        Numbered(one.cursor, b"a", "ide-a", 1),
+        Numbered(three.cursor, b"c", "w 1", 1),
+    ]
+    assert await store.read_numbered("s", one.cursor, count=1) == [
+        Numbered(three.cursor, b"c", "w 1", 1)
+    ]
+    assert [p for _, p in await store.read_after("s", "0")] == [b"relay", b"a", b"c"]
+    assert await store.read_numbered("missing", "0") == []
 
 
 async def test_append_once_stores_each_number_once_in_order(store: Store) -> None:

@@ -53,6 +53,8 @@ FRAMES: list[wire.AnyFrame] = [
     wire.Received(stream=StreamName.TO_IDE, cursor="1-2"),
     wire.Heartbeat(),
     wire.Deliver(stream=StreamName.TO_WORKER, cursor="1-2", entry=b"x"),
+    wire.Deliver(stream=StreamName.TO_IDE, cursor="", entry=b"x", producer="ide-1", n=4),
+    wire.Commit(stream=StreamName.TO_IDE, cursor="1-3", producer="ide-1", n=4),
     wire.Submit(rid=1, spec=SPEC, manifest=MANIFEST),
     wire.Rerun(rid=2, run="r1"),
     wire.HaveBlobs(rid=3, digests=[DIGEST]),

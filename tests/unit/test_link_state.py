@@ -17,6 +17,7 @@ from protocol_specs.link import (
     Cursor,
     LinkClosed,
     LinkState,
+    Moved,
     NewEntry,
     OutboxFull,
     Refusal,
@@ -286,6 +287,76 @@ def test_dedup_is_per_stream_and_starts_at_the_given_cursor() -> None:
 
 def received(frames: list[bytes]) -> list[tuple[str, str]]:
     return [(f.stream.value, f.cursor) for f in decoded(frames) if isinstance(f, wire.Received)]
+
+
+# --- early entries: handed over before Redis stored them -------------------------------------------
+
+
+def early(producer: str, n: int, cursor: str = "") -> wire.Deliver:
+    return wire.Deliver(
+        stream=StreamName.TO_WORKER, cursor=cursor, entry=entry(f"{producer}{n}"),
+        producer=producer, n=n,
+    )  # fmt: skip
+
+
+def commit(producer: str, n: int, cursor: str) -> wire.Commit:
+    return wire.Commit(stream=StreamName.TO_WORKER, cursor=cursor, producer=producer, n=n)
+
+
+def test_the_hello_asks_for_early_entries_only_when_told() -> None:
+    assert not LinkState(role=Role.WORKER, run="r1", producer="w").hello().early
+    assert LinkState(role=Role.WORKER, run="r1", producer="w", early=True).hello().early
+
+
+def test_an_early_entry_is_handed_over_and_its_commit_moves_the_cursor() -> None:
+    state = connected_worker()
+    assert not hand_over(state, early("a", 1))  # no cursor: nothing to report yet
+    assert state.cursors[StreamName.TO_WORKER] == "0"
+    assert state.receive(commit("a", 1, "4-0")) == Moved(report_due=True)
+    assert state.cursors[StreamName.TO_WORKER] == "4-0"
+    assert state.receive(commit("a", 1, "4-0")) is None  # nothing new
+
+
+def test_an_early_entry_that_comes_again_stored_only_moves_the_cursor() -> None:
+    state = connected_worker()
+    hand_over(state, early("a", 1))
+    hand_over(state, early("a", 2))
+    # the link reconnected before the commits: the relay re-reads them from Redis
+    assert state.receive(early("a", 1, cursor="4-0")) == Moved(report_due=True)
+    assert state.receive(early("a", 2, cursor="4-1")) == Moved(report_due=False)
+    assert state.cursors[StreamName.TO_WORKER] == "4-1"
+    fresh = early("a", 3, cursor="4-2")
+    assert state.receive(fresh) == NewEntry(fresh)
+
+
+def test_a_publish_sent_again_after_a_cut_is_not_handed_over_twice() -> None:
+    state = connected_worker()
+    hand_over(state, early("a", 1))
+    assert state.receive(early("a", 1)) is None  # before its commit
+    state.receive(commit("a", 1, "4-0"))
+    assert state.receive(early("a", 1)) is None  # after it: stored already
+    assert state.receive(early("a", 0)) is None  # unnumbered: never valid early
+
+
+def test_an_earlier_entry_of_a_producer_still_comes_after_a_later_one_went_early() -> None:
+    """The relay did not send ``a``'s publish 1 early (this link's subscription was catching up),
+    but sent 2: 1 must still be handed over when it comes stored."""
+    state = connected_worker()
+    hand_over(state, early("a", 2))
+    one = early("a", 1, cursor="4-0")
+    assert state.receive(one) == NewEntry(one)
+    state.handed_over(one)
+    assert state.receive(early("a", 2, cursor="4-1")) == Moved(report_due=False)
+    assert state.receive(early("a", 2)) is None
+
+
+def test_entries_of_other_producers_and_the_relay_are_not_confused() -> None:
+    state = connected_worker()
+    hand_over(state, early("a", 1))
+    b1 = early("b", 1)
+    assert state.receive(b1) == NewEntry(b1)
+    relay_own = deliver("4-0")  # names no publish
+    assert state.receive(relay_own) == NewEntry(relay_own)
 
 
 def test_a_report_goes_out_report_after_seconds_after_the_first_entry() -> None:
