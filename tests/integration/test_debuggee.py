@@ -32,6 +32,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 LOCAL_ROOT = "/home/dev/project"  # the IDE's side of pathMappings; does not exist here
 NODELAY = "__import__('pydevd').get_global_debugger()._client_socket.getsockopt(6, 1)"
+#: pydevd's poll and its wait for its own threads at the end: the boot script's quick exit
+QUICK_EXIT = (
+    "(__import__('pydevd').TIMEOUT_SLOW, "
+    "hasattr(__import__('pydevd').PyDB.dispose_and_kill_all_pydevd_threads, '__wrapped__'))"
+)
 
 PROGRAM = """\
 def compute(n):
@@ -221,6 +226,10 @@ async def test_a_breakpoint_session_over_the_one_connection(run: Run, fast: bool
             assert await _evaluate(ide, top["id"], "total") == "6"
             # the boot script's point: pydevd's socket has TCP_NODELAY (pinned to this debugpy)
             assert await _evaluate(ide, top["id"], NODELAY) == ("1" if fast else "0")
+            # and pydevd polls every 50 ms, and waits 50 ms at most for its threads at the end
+            assert await _evaluate(ide, top["id"], QUICK_EXIT) == (
+                "(0.05, True)" if fast else "(0.2, False)"
+            )
             assert (await ide.request("continue", {"threadId": thread}))["success"]
             await ide.wait_event("terminated")
         assert await debuggee.wait() == 0
