@@ -21,9 +21,9 @@ from typing import Any
 import orjson
 
 from protocol_specs import dap_models as dap
-from protocol_specs.prefetch import PREFETCH_EVENT, STALES, Gathering, WatchList
+from protocol_specs.prefetch import PREFETCH_EVENT, RUNS_PROGRAM, STALES, Gathering, WatchList
 from protocol_specs.processes import MAIN
-from protocol_specs.session import StatusEvent
+from protocol_specs.session import CONFIGURATION_COMMANDS, StatusEvent
 from protocol_specs.wire import DapEntry, StatusEntry
 
 from .actions import Action, Publish, Terminate, ToDebugpy, status_entry
@@ -110,11 +110,19 @@ class DebugpyChannel:
     def _terminated_by_watch(self, step: Terminate) -> list[Action]:
         raise NotImplementedError
 
-    # --- the stop-time prefetch ---------------------------------------------------------------
-
-    def _note_request(self, command: str, arguments: Any) -> None:
-        """A request of the IDE for this process (forwarded, or one the adapter answered)."""
+    def _forward(self, entry: DapEntry, msg: dict[str, Any]) -> list[Action]:
+        """The IDE's request ``msg`` (from ``entry``) for this process, live: to debugpy, unless
+        the adapter answered it itself. One that runs the program ends the prefetch of the stop
+        now: what it gathered goes out, and it asks debugpy nothing more (what it would ask
+        would only queue before the step in the stopped thread)."""
+        command, arguments = msg["command"], msg.get("arguments")
         self._watches.note(command, arguments)
+        actions = self._prefetch_publish() if command in RUNS_PROGRAM else []
+        if entry.local and command not in CONFIGURATION_COMMANDS:
+            return actions  # a request the adapter answered (the handshake, a prefetched answer)
+        return actions + self._send(command, arguments, origin=entry.origin, seq=msg["seq"])
+
+    # --- the stop-time prefetch ---------------------------------------------------------------
 
     def _prefetch_before(self, event: str) -> list[Action]:
         """debugpy sent ``event``: a stop's prefetch still gathering goes out first, with what it

@@ -34,7 +34,7 @@ import orjson
 
 from protocol_specs.processes import ProcessInfo
 from protocol_specs.runs import RunRecord
-from protocol_specs.session import CONFIGURATION_COMMANDS, BreakpointSet, StatusEvent, is_transient
+from protocol_specs.session import BreakpointSet, StatusEvent, is_transient
 from protocol_specs.wire import DapEntry, PresenceEntry
 
 from .actions import BARRIER_EVENTS, Action, CloseChild, Publish, Settle, Terminate
@@ -100,11 +100,7 @@ class ChildCore(DebugpyChannel):
         msg = request_of(entry)
         if msg is None:
             return []
-        command = msg["command"]
-        self._note_request(command, msg.get("arguments"))
-        if entry.local and command not in CONFIGURATION_COMMANDS:
-            return []  # a request the adapter answered (the handshake, a prefetched answer)
-        return self._send(command, msg.get("arguments"), origin=entry.origin, seq=msg["seq"])
+        return self._forward(entry, msg)
 
     def presence(self, entry: PresenceEntry) -> list[Action]:
         self.watch.presence(entry, self.clock())

@@ -44,7 +44,7 @@ from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, c
 from protocol_specs.link import START, Cursor, InvalidCursor
 from protocol_specs.processes import MAIN
 from protocol_specs.runs import RunRecord, retry_delay
-from protocol_specs.session import CONFIGURATION_COMMANDS, DebugSession, StatusEvent, is_transient
+from protocol_specs.session import DebugSession, StatusEvent, is_transient
 from protocol_specs.wire import DapEntry, PresenceEntry, StatusEntry, WireError
 
 from .actions import (
@@ -201,11 +201,7 @@ class ShimCore(DebugpyChannel):
         msg = request_of(entry)
         if msg is None:
             return []  # not a request debugpy could take (anyone with the user's token can write)
-        command = msg["command"]
-        self._note_request(command, msg.get("arguments"))
-        if entry.local and command not in CONFIGURATION_COMMANDS:
-            return []  # a request the adapter answered (the handshake, a prefetched answer)
-        return self._send(command, msg.get("arguments"), origin=entry.origin, seq=msg["seq"])
+        return self._forward(entry, msg)
 
     def end_run(self) -> list[Action]:
         """The run was ended (cancelled, or lost) while the link was down."""

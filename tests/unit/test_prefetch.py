@@ -190,6 +190,21 @@ def test_an_event_that_ends_the_stop_sends_what_was_gathered_first() -> None:
     assert [m.get("event") for m in h.dap()][-1] == "continued"
 
 
+def test_a_step_ends_the_prefetch_with_what_it_has_and_asks_debugpy_nothing_more() -> None:
+    h = live_shim()
+    h.event("stopped", {"reason": "step", "threadId": 1})
+    threads, frames = h.prefetch
+    h.respond(threads, {"threads": []})
+    h.ide("next", {"threadId": 1}, 12)  # while ``stackTrace`` is in flight
+    names = [m.get("event") for m in h.dap()]
+    assert names[-2:] == ["stopped", PREFETCH_EVENT]
+    assert [a["command"] for a in h.dap()[-1]["body"]["answers"]] == ["threads"]
+    assert h.to_debugpy[-1]["command"] == "next"  # it goes at once
+    h.respond(frames, {"stackFrames": FRAMES_25[:20], "totalFrames": 25})  # late: dropped
+    assert len(h.prefetch) == 2  # no ``scopes`` asked after it
+    assert [m.get("event") for m in h.dap()][-1] == PREFETCH_EVENT
+
+
 # --- the adapter ----------------------------------------------------------------------------------
 
 
