@@ -31,9 +31,7 @@ from websockets.exceptions import ConnectionClosed
 from protocol_specs import wire
 from protocol_specs.auth import Principal, Refusal
 from protocol_specs.permissions import Act, authorize
-from protocol_specs.processes import PROCESS_EVENTS, fold_into_record
-from protocol_specs.runs import RunEvent, RunRecord
-from protocol_specs.session import StatusEvent
+from protocol_specs.runs import RunRecord
 from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 
 from . import keys
@@ -42,7 +40,8 @@ from .config import SERVER_NAME, RelayConfig
 from .fanout import Fanout, Subscription
 from .gate import Peer
 from .registry import Registry
-from .store import NO_CAP, Diversion, StoreError
+from .store import Appended, Diversion, Published, StoreError
+from .worker_status import WorkerStatus, worker_may_publish
 
 __all__ = ["Links"]
 
@@ -56,18 +55,8 @@ STORE_QUEUE = 64
 EARLY_FIRST = 0.005
 #: how long the commit of an early entry may wait to go out with later ones (seconds)
 COMMIT_AFTER = 0.1
-
-#: status events a worker may publish, and the run transition each one makes
-_WORKER_STATUS: dict[str, RunEvent | None] = {
-    StatusEvent.STARTED: RunEvent.START,
-    StatusEvent.WAITING_FOR_IDE: None,
-    StatusEvent.DEBUGGER_LIVE: None,
-    StatusEvent.EXITED: None,  # EXIT_OK or EXIT_ERROR by exit code
-    StatusEvent.START_FAILED: RunEvent.START_FAILED,
-    StatusEvent.UNATTENDED_STOP: None,
-    StatusEvent.BUFFER_FULL: None,
-    StatusEvent.WORKER_STOPPED: None,  # the attempt is lost: retried, or the run ends
-}
+#: publishes the storer takes at once (consecutive DAP entries go to Redis in one step)
+STORE_BATCH = 64
 
 _OPEN = {Role.IDE: Act.OPEN_IDE, Role.WORKER: Act.OPEN_WORKER, Role.LOGS: Act.OPEN_LOGS}
 _PUBLISH: dict[str, Act] = {
@@ -142,8 +131,7 @@ class Links:
         self.fanout = fanout
         self.audit = audit
         self.config = config
-        self.on_unattended = on_unattended
-        self.clock = clock
+        self.statuses = WorkerStatus(registry, on_unattended=on_unattended, clock=clock)
 
     async def _opened(self, peer: Peer, hello: wire.Hello, who: Principal) -> RunRecord | None:
         """The run the link is for, if ``who`` may open it; else ``None`` after refusing it."""
@@ -359,17 +347,99 @@ class Links:
         stop: trio.CancelScope,
     ) -> None:
         """Store and answer the link's publishes in order, until the receiver is done and the
-        queue is empty; a refusal that ends the link cancels ``stop``."""
+        queue is empty; a refusal that ends the link cancels ``stop``. What queued up meanwhile
+        is taken together: consecutive DAP entries in one step of Redis, with one ``ack``."""
         async with queue:
-            async for item in queue:
+            async for first in queue:
+                batch = [first]
+                while len(batch) < STORE_BATCH:
+                    try:
+                        batch.append(queue.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
                 try:
-                    open_ = await self._store(link, item)
+                    open_ = await self._store_batch(link, batch)
                 finally:
-                    if item.held_back:
-                        link.held_back -= 1
+                    link.held_back -= sum(item.held_back for item in batch)
                 if not open_:
                     stop.cancel()
                     return
+
+    async def _store_batch(self, link: _Link, batch: list[_Queued]) -> bool:
+        """Store and answer ``batch`` in order; False if the link must close."""
+        plain: list[_Queued] = []
+        for item in batch:
+            if isinstance(item.entry, wire.DapEntry) and self._refusal(link, "dap") is None:
+                plain.append(item)
+                continue
+            if plain and not await self._store_plain(link, plain):
+                return False
+            plain = []
+            if not await self._store(link, item):
+                return False
+        return not plain or await self._store_plain(link, plain)
+
+    async def _store_plain(self, link: _Link, items: list[_Queued]) -> bool:
+        """Store DAP entries the link may publish, in one step; answer them (one ``ack`` for a
+        run of stored ones). False if the link must close."""
+        for item in items:  # the early copies first: live traffic waits on them
+            for subscription in item.sending:
+                await subscription.sent(EARLY_FIRST)
+        key = keys.stream(link.run_id, link.outbound)
+        entries = [
+            Published(item.frame.n, item.frame.entry, getattr(item.entry, "transient", False))
+            for item in items
+        ]
+        try:
+            got = await self.store.append_batch(
+                key,
+                link.producer,
+                entries,
+                cap=self.config.buffer_cap,
+                notify_except=self.fanout.id,
+            )
+        except BaseException:
+            self.fanout.lost(key)  # stored or not, nobody else will say
+            raise
+        for entry, result in zip(entries, got, strict=True):
+            if result.outcome == "stored":
+                self.fanout.appended(
+                    key, result.prev, result.cursor, entry.payload, link.producer, entry.n
+                )
+        ack: wire.Ack | None = None
+        for entry, result in zip(entries, got, strict=True):
+            if result.outcome == "stored":
+                ack = wire.Ack(n=entry.n, cursor=result.cursor)
+                continue
+            if ack is not None:
+                await self._tell(link, ack)
+                ack = None
+            if not await self._answer(link, entry.n, result):
+                return False
+        if ack is not None:
+            await self._tell(link, ack)
+        return True
+
+    async def _answer(self, link: _Link, n: int, got: Appended) -> bool:
+        """Answer publish ``n`` that was not stored: a duplicate, a full stream, or a gap (which
+        ends the link: False)."""
+        if got.outcome == "gap":
+            if not link.gone:
+                await link.peer.fatal(
+                    ErrorCode.OUT_OF_ORDER,
+                    f"publish {n} skips ahead of {got.last + 1}; resend from there",
+                )
+            return False
+        if got.outcome == "full":
+            cap = self.config.buffer_cap
+            message = (
+                f"run {link.run_id}: {link.outbound.value} holds {got.size} entries "
+                f"(cap {cap.entries}) or its {cap.bytes} bytes are used up; nobody has read them"
+            )
+            await self._refuse(link, n, ErrorCode.BUFFER_FULL, message)
+            return True
+        await self._tell(link, wire.Ack(n=n, cursor=got.cursor, duplicate=True))
+        return True
 
     async def _tell(self, link: _Link, frame: wire.AnyFrame) -> None:
         """Send the peer a frame, unless it is gone (then what it is owed it asks for again)."""
@@ -391,10 +461,9 @@ class Links:
         return False
 
     async def _store(self, link: _Link, item: _Queued) -> bool:
-        """Store one published entry exactly once and answer it; False if the link must close."""
+        """Store one published entry that is not a DAP entry the link may publish (those go in
+        batches, :meth:`_store_plain`) exactly once, and answer it; False if the link must close."""
         frame, entry = item.frame, item.entry
-        for subscription in item.sending:  # the early copies first: live traffic waits on them
-            await subscription.sent(EARLY_FIRST)
         if entry is None:
             assert item.error is not None
             await self._refuse(link, frame.n, item.error.code, item.error.message)
@@ -404,15 +473,13 @@ class Links:
             await self._refuse(link, frame.n, ErrorCode(refusal.code), refusal.message)
             return await self._skip(link, frame.n)
         if isinstance(entry, wire.StatusEntry):
-            if entry.event not in _WORKER_STATUS and entry.event not in PROCESS_EVENTS:
+            if not worker_may_publish(entry.event):
                 problem = f"workers may not publish status {entry.event!r}"
                 await self._refuse(link, frame.n, ErrorCode.NOT_ALLOWED, problem)
                 return await self._skip(link, frame.n)
             if not await self._current(link):
                 return False
-        # status and presence entries are small and rare: never refused for a full buffer
-        cap = self.config.buffer_cap if isinstance(entry, wire.DapEntry) else NO_CAP
-        transient = isinstance(entry, wire.DapEntry) and entry.transient
+        assert not isinstance(entry, wire.DapEntry)
         divert = None
         if isinstance(entry, wire.LogEntry):
             divert = Diversion(
@@ -426,46 +493,26 @@ class Links:
                 link.producer,
                 frame.n,
                 frame.entry,
-                transient=transient,
-                cap=cap,
+                # status and presence entries are small and rare: never refused for a full buffer
                 divert=divert,
                 notify_except=self.fanout.id,
             )
         except BaseException:
             self.fanout.lost(stored_in)  # stored or not, nobody else will say
             raise
-        if got.outcome == "stored":
-            self.fanout.appended(
-                stored_in, got.prev, got.cursor, frame.entry, link.producer, frame.n
-            )
-        # an early entry refused as ``full`` stays with the peers that took it (what they keep
-        # about it goes once a later publish of this producer is stored)
-        if got.outcome == "gap":
-            if not link.gone:
-                await link.peer.fatal(
-                    ErrorCode.OUT_OF_ORDER,
-                    f"publish {frame.n} skips ahead of {got.last + 1}; resend from there",
+        if got.outcome != "stored":
+            return await self._answer(link, frame.n, got)
+        self.fanout.appended(stored_in, got.prev, got.cursor, frame.entry, link.producer, frame.n)
+        if isinstance(entry, wire.StatusEntry):
+            await self.statuses.apply(link.run_id, entry, link.attempt)
+        elif isinstance(entry, wire.PresenceEntry):
+            if link.presence is None or link.presence.attached != entry.attached:
+                event = "attach" if entry.attached else "detach"
+                await self.audit.record(
+                    link.run_id, event, link.who, source=link.peer.source, role="ide"
                 )
-            return False
-        if got.outcome == "full":
-            message = (
-                f"run {link.run_id}: {link.outbound.value} holds {got.size} entries "
-                f"(cap {cap.entries}) or its {cap.bytes} bytes are used up; nobody has read them"
-            )
-            await self._refuse(link, frame.n, ErrorCode.BUFFER_FULL, message)
-            return True
-        if got.outcome == "stored":
-            if isinstance(entry, wire.StatusEntry):
-                await self.worker_status(link.run_id, entry, link.attempt)
-            elif isinstance(entry, wire.PresenceEntry):
-                if link.presence is None or link.presence.attached != entry.attached:
-                    event = "attach" if entry.attached else "detach"
-                    await self.audit.record(
-                        link.run_id, event, link.who, source=link.peer.source, role="ide"
-                    )
-                link.presence = entry
-        duplicate = got.outcome == "duplicate"
-        await self._tell(link, wire.Ack(n=frame.n, cursor=got.cursor, duplicate=duplicate))
+            link.presence = entry
+        await self._tell(link, wire.Ack(n=frame.n, cursor=got.cursor))
         return True
 
     async def _refuse(self, link: _Link, n: int, code: ErrorCode, message: str) -> None:
@@ -478,68 +525,6 @@ class Links:
         key = keys.stream(link.run_id, link.outbound)
         await self.store.append_once(key, link.producer, n, None)
         return True
-
-    async def worker_status(self, run_id: str, entry: wire.StatusEntry, attempt: int) -> None:
-        """Move the run record along with a status the worker of ``attempt`` published."""
-        registry = self.registry
-        if entry.event == StatusEvent.UNATTENDED_STOP:
-            record = await registry.load(run_id)
-            if record is not None and record.spec.webhook:
-                self.on_unattended(record, entry)
-            return
-        if entry.event in PROCESS_EVENTS:  # the run is paused while any of its processes is
-            now = registry.clock()
-            await registry.update(
-                run_id, lambda record: fold_into_record(record, entry, about=attempt, at=now)
-            )
-            return
-        if entry.event in (StatusEvent.WAITING_FOR_IDE, StatusEvent.DEBUGGER_LIVE):
-            waiting = entry.event == StatusEvent.WAITING_FOR_IDE
-            await registry.update(run_id, lambda record: record.waiting(attempt, waiting))
-            return
-        if entry.event == StatusEvent.WORKER_STOPPED:
-            detail = entry.detail or "the worker stopped"
-            ended = await registry.attempt_ended(
-                run_id, RunEvent.JOB_LOST, about=attempt, detail=detail
-            )
-            if ended is not None and ended.finished:
-                await registry.append_status(run_id, StatusEvent.WORKER_LOST, ended, detail=detail)
-            return
-        if entry.event == StatusEvent.EXITED:
-            if entry.exit_code != 0:
-                await registry.attempt_ended(
-                    run_id,
-                    RunEvent.EXIT_ERROR,
-                    about=attempt,
-                    exit_code=entry.exit_code,
-                    detail=entry.detail,
-                )
-                return
-            event = RunEvent.EXIT_OK
-        else:
-            maybe = _WORKER_STATUS.get(entry.event)
-            if maybe is None:
-                return
-            event = maybe
-        run_dir = entry.data.get("run_dir") if event is RunEvent.START else None
-        record = await registry.transition(
-            run_id,
-            event,
-            about=attempt,
-            attempt_fields={"run_dir": run_dir[:1000]} if isinstance(run_dir, str) else None,
-            exit_code=entry.exit_code,
-            detail=entry.detail,
-        )
-        if record is not None and event is RunEvent.START:
-            text = f"attempt {record.attempt} started on {record.worker}"
-            marker = wire.StatusEntry(
-                event=StatusEvent.STARTED,
-                state=record.state.value,
-                at=self.clock(),
-                detail=text,
-                data={"attempt": record.attempt, "worker": record.worker},
-            )
-            await registry.log_marker(run_id, wire.encode_entry(marker))
 
     # --- logs -------------------------------------------------------------------------------------
 

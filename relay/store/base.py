@@ -3,7 +3,7 @@ implementations share. See the package's docstring (``relay/store/__init__.py``)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -29,6 +29,7 @@ __all__ = [
     "Notice",
     "NoticeSink",
     "Numbered",
+    "Published",
     "Store",
     "StoreError",
     "StreamId",
@@ -42,6 +43,15 @@ __all__ = [
 
 Entry = tuple[str, bytes]
 """A stream entry: its id and its payload."""
+
+
+class Published(NamedTuple):
+    """One entry for :meth:`Store.append_batch`: the producer's number, the payload, and whether
+    it is transient."""
+
+    n: int
+    payload: bytes
+    transient: bool = False
 
 
 class Numbered(NamedTuple):
@@ -236,6 +246,19 @@ class Store(Protocol):
         :meth:`listen`), except ``notify_except``: the appender's own, which hands it over itself.
         An entry stored in ``stream`` itself keeps ``producer`` and ``n`` (:meth:`read_numbered`).
         """
+        ...
+
+    async def append_batch(
+        self,
+        stream: str,
+        producer: str,
+        entries: Sequence[Published],
+        *,
+        cap: Cap = NO_CAP,
+        notify_except: str = "",
+    ) -> list[Appended]:
+        """:meth:`append_once` for each of ``producer``'s ``entries`` in order, in one atomic
+        step (no diversion): what each one's call would have returned."""
         ...
 
     async def trim_received(self, stream: str, cursor: str, *, limit: int = 1000) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypeVar
 
@@ -28,6 +28,7 @@ from .base import (
     Notice,
     NoticeSink,
     Numbered,
+    Published,
     StoreError,
     check_read_args,
     meta_key,
@@ -141,6 +142,35 @@ class GlideStore:
             ],
         )
         return _appended(reply)
+
+    async def append_batch(
+        self,
+        stream: str,
+        producer: str,
+        entries: Sequence[Published],
+        *,
+        cap: Cap = NO_CAP,
+        notify_except: str = "",
+    ) -> list[Appended]:
+        if not entries:
+            return []
+        args: list[str | bytes] = [
+            producer,
+            str(cap.entries),
+            str(cap.bytes),
+            NOTICE_CHANNEL,
+            notify_except,
+        ]
+        for entry in entries:
+            args += [str(entry.n), entry.payload, "1" if entry.transient else "0"]
+        reply = await self._script(
+            f"append to {stream}",
+            scripts.APPEND_BATCH,
+            [stream, meta_key(stream), transient_key(stream), watchers_key(stream)],
+            args,
+        )
+        assert isinstance(reply, list) and len(reply) == len(entries)
+        return [_appended(one) for one in reply]
 
     async def trim_received(self, stream: str, cursor: str, *, limit: int = 1000) -> int:
         ms, seq = parse_id(cursor)

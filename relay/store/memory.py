@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -27,6 +27,7 @@ from .base import (
     Notice,
     NoticeSink,
     Numbered,
+    Published,
     StoreError,
     StreamId,
     check_read_args,
@@ -255,6 +256,21 @@ class MemoryStore:
         notify_except: str = "",
     ) -> Appended:
         await trio.lowlevel.checkpoint()
+        return self._append_once(
+            stream, producer, n, payload, transient, cap, notify_except, divert
+        )
+
+    def _append_once(
+        self,
+        stream: str,
+        producer: str,
+        n: int,
+        payload: bytes | None,
+        transient: bool,
+        cap: Cap,
+        notify_except: str,
+        divert: Diversion | None = None,
+    ) -> Appended:
         meta = self._get_or_create(meta_key(stream), _Hash, _Hash)
         last = int(meta.get(f"n:{producer}", b"0"))
         if n <= last:
@@ -286,6 +302,23 @@ class MemoryStore:
             listed = self._get_or_create(transient_key(stream), _List, _List)
             listed.append(f"{entry_id} {len(payload)}".encode())
         return Appended("stored", cursor=entry_id, prev=prev)
+
+    async def append_batch(
+        self,
+        stream: str,
+        producer: str,
+        entries: Sequence[Published],
+        *,
+        cap: Cap = NO_CAP,
+        notify_except: str = "",
+    ) -> list[Appended]:
+        # one step, as Redis runs the script: no checkpoint between the entries
+        got = [
+            self._append_once(stream, producer, e.n, e.payload, e.transient, cap, notify_except)
+            for e in entries
+        ]
+        await trio.lowlevel.checkpoint()
+        return got
 
     async def trim_received(self, stream: str, cursor: str, *, limit: int = 1000) -> int:
         upto = parse_id(cursor)

@@ -3,7 +3,7 @@ server (``EVALSHA``; every key it touches is passed in ``KEYS``, so a cluster ca
 
 from __future__ import annotations
 
-__all__ = ["APPEND", "APPEND_ONCE", "SET_VERSIONED", "TRIM_RECEIVED"]
+__all__ = ["APPEND", "APPEND_BATCH", "APPEND_ONCE", "SET_VERSIONED", "TRIM_RECEIVED"]
 
 #: KEYS: stream, meta, transient list. ARGV: producer, n, payload, transient (0/1), max entries,
 #: max bytes, skip (0/1), diverted maxlen; KEYS[4]: the stream to store in (KEYS[1] unless
@@ -58,6 +58,53 @@ redis.call('HINCRBY', KEYS[2], 'bytes', size)
 if ARGV[4] == '1' then redis.call('RPUSH', KEYS[3], id .. ' ' .. size) end
 notify(prev, id)
 return {1, id, prev}
+"""
+
+#: APPEND_ONCE for several consecutive entries of one producer, into the stream itself (no
+#: diversion, no skip). KEYS: stream, meta, transient list, watchers. ARGV: producer, max entries,
+#: max bytes, notice channel prefix, listener not to notify, then per entry: n, payload, transient
+#: (0/1). Returns APPEND_ONCE's reply per entry, in order.
+APPEND_BATCH = """
+local producer = ARGV[1]
+local max_entries = tonumber(ARGV[2])
+local max_bytes = tonumber(ARGV[3])
+local listeners = redis.call('SMEMBERS', KEYS[4])
+local last = tonumber(redis.call('HGET', KEYS[2], 'n:' .. producer) or '0')
+local held = redis.call('XLEN', KEYS[1])
+local bytes = tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0')
+local added = 0
+local prev = redis.call('HGET', KEYS[2], 'last') or '0-0'
+local out = {}
+for i = 6, #ARGV, 3 do
+  local n = tonumber(ARGV[i])
+  local payload = ARGV[i + 1]
+  local size = string.len(payload)
+  if n <= last then
+    if n == last then
+      out[#out + 1] = {0, redis.call('HGET', KEYS[2], 'c:' .. producer) or ''}
+    else
+      out[#out + 1] = {0, ''}
+    end
+  elseif n ~= last + 1 then
+    out[#out + 1] = {-1, tostring(last)}
+  elseif (max_entries > 0 and held >= max_entries) or (max_bytes > 0 and bytes + size > max_bytes) then
+    redis.call('HSET', KEYS[2], 'n:' .. producer, n, 'c:' .. producer, '')
+    last = n
+    out[#out + 1] = {-2, tostring(held)}
+  else
+    local id = redis.call('XADD', KEYS[1], '*', 'p', payload, 'o', producer, 'n', n)
+    redis.call('HSET', KEYS[2], 'n:' .. producer, n, 'c:' .. producer, id, 'last', id)
+    if ARGV[i + 2] == '1' then redis.call('RPUSH', KEYS[3], id .. ' ' .. size) end
+    local text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[1]
+    for _, listener in ipairs(listeners) do
+      if listener ~= ARGV[5] then redis.call('PUBLISH', ARGV[4] .. listener, text) end
+    end
+    out[#out + 1] = {1, id, prev}
+    last, held, bytes, added, prev = n, held + 1, bytes + size, added + size, id
+  end
+end
+if added > 0 then redis.call('HINCRBY', KEYS[2], 'bytes', added) end
+return out
 """
 
 #: KEYS: stream, meta, watchers. ARGV: payload, exact maxlen (-1: none), notice channel prefix.

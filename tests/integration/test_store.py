@@ -33,6 +33,7 @@ from relay.store import (
     MemoryStore,
     Notice,
     Numbered,
+    Published,
     Store,
     StoreError,
     meta_key,
@@ -340,6 +341,41 @@ async def test_append_once_stores_each_number_once_in_order(store: Store) -> Non
         (other.cursor, b"x"),
     ]
     assert await store.buffered_bytes("s") == 3
+
+
+async def test_append_batch_is_append_once_for_each_entry(store: Store) -> None:
+    """A batch answers and stores exactly what one ``append_once`` per entry would, in order:
+    stored, a re-sent duplicate, past the cap, a gap (and everything after it)."""
+    cap = Cap(entries=4, bytes=1000)
+    await store.append_once("one", "p", 1, b"a", cap=cap)
+    await store.append_once("batch", "p", 1, b"a", cap=cap)
+    entries = [
+        Published(1, b"a"),  # re-sent: a duplicate of the last one stored
+        Published(2, b"bb", transient=True),
+        Published(3, b"c"),
+        Published(4, b"d"),
+        Published(5, b"full"),  # the cap: 4 entries
+        Published(7, b"gap"),
+        Published(6, b"late"),  # the next number after all: but the stream is still full
+    ]
+    singly = [
+        await store.append_once("one", "p", e.n, e.payload, transient=e.transient, cap=cap)
+        for e in entries
+    ]
+    batched = await store.append_batch("batch", "p", entries, cap=cap)
+    assert [a.outcome for a in batched] == [a.outcome for a in singly] == [
+        "duplicate", "stored", "stored", "stored", "full", "gap", "full"
+    ]  # fmt: skip
+    assert [(a.last, a.size) for a in batched] == [(a.last, a.size) for a in singly]
+    one, batch = await store.read_numbered("one", "0"), await store.read_numbered("batch", "0")
+    assert [(e.payload, e.producer, e.n) for e in batch] == [
+        (e.payload, e.producer, e.n) for e in one
+    ]
+    assert [a.cursor for a in batched if a.outcome == "stored"] == [e.id for e in batch[1:]]
+    assert [a.prev for a in batched if a.outcome == "stored"] == [e.id for e in batch[:-1]]
+    assert await store.buffered_bytes("batch") == await store.buffered_bytes("one") == 5
+    assert await store.trim_received("batch", batch[-1].id) == 1  # the transient one
+    assert await store.append_batch("batch", "p", []) == []
 
 
 async def test_append_once_refuses_past_the_cap_and_counts_the_number(store: Store) -> None:
