@@ -113,14 +113,14 @@ class DebugpyChannel:
     def _forward(self, entry: DapEntry, msg: dict[str, Any]) -> list[Action]:
         """The IDE's request ``msg`` (from ``entry``) for this process, live: to debugpy, unless
         the adapter answered it itself. One that runs the program ends the prefetch of the stop
-        now: what it gathered goes out, and it asks debugpy nothing more (what it would ask
-        would only queue before the step in the stopped thread)."""
+        now: it asks debugpy nothing more (what it would ask would only queue before the step in
+        the stopped thread), and what it gathered goes out after the request went to debugpy."""
         command, arguments = msg["command"], msg.get("arguments")
         self._watches.note(command, arguments)
-        actions = self._prefetch_publish() if command in RUNS_PROGRAM else []
+        ended = self._prefetch_publish() if command in RUNS_PROGRAM else []
         if entry.local and command not in CONFIGURATION_COMMANDS:
-            return actions  # a request the adapter answered (the handshake, a prefetched answer)
-        return actions + self._send(command, arguments, origin=entry.origin, seq=msg["seq"])
+            return ended  # a request the adapter answered (the handshake, a prefetched answer)
+        return self._send(command, arguments, origin=entry.origin, seq=msg["seq"]) + ended
 
     # --- the stop-time prefetch ---------------------------------------------------------------
 

@@ -199,7 +199,7 @@ def test_a_step_ends_the_prefetch_with_what_it_has_and_asks_debugpy_nothing_more
     names = [m.get("event") for m in h.dap()]
     assert names[-2:] == ["stopped", PREFETCH_EVENT]
     assert [a["command"] for a in h.dap()[-1]["body"]["answers"]] == ["threads"]
-    assert h.to_debugpy[-1]["command"] == "next"  # it goes at once
+    assert h.to_debugpy[-1]["command"] == "next"  # it goes at once, before the prefetch
     h.respond(frames, {"stackFrames": FRAMES_25[:20], "totalFrames": 25})  # late: dropped
     assert len(h.prefetch) == 2  # no ``scopes`` asked after it
     assert [m.get("event") for m in h.dap()][-1] == PREFETCH_EVENT
