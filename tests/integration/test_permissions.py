@@ -135,6 +135,9 @@ async def _link_then(holder: Holder, s: Scene, *frames: bytes) -> str:
     if opened is None:
         return code
     ws_cm, ws = opened  # type: ignore[misc]
+    # a publish is answered by the link's storer, in publish order, and other frames as they
+    # arrive: wait for the publish's own answer (an ack, or an error naming it, or a fatal one)
+    published = any(msgpack.unpackb(frame).get("t") == "publish" for frame in frames)
     try:
         for frame in frames:
             await ws.send(frame)
@@ -144,6 +147,8 @@ async def _link_then(holder: Holder, s: Scene, *frames: bytes) -> str:
             if reply.get("t") == "ack":
                 return "ok"
             if reply.get("t") == "error":
+                if published and reply.get("n") is None and not reply.get("fatal"):
+                    continue  # the probe's: the publish's own answer is still to come
                 return "ok" if reply["code"] == "bad_frame" else str(reply["code"])
     except ConnectionClosed:
         return "closed"
