@@ -33,7 +33,7 @@ from relay.client import Endpoint, open_control
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 FRAME_TYPES = [
-    "hello", "publish", "ack", "received", "heartbeat", "deliver", "submit", "rerun",
+    "hello", "publish", "ack", "received", "heartbeat", "deliver", "commit", "submit", "rerun",
     "have_blobs", "put_blob", "get_blob", "list_runs", "report", "cancel", "get_run", "claim",
     "dispatch", "create_token", "list_tokens", "revoke_token", "get_audit", "error", "bogus",
 ]  # fmt: skip
