@@ -24,7 +24,7 @@ from . import (
     flood,
     idle,
     latency,
-    node_steps,
+    node_latency,
     processes,
     report,
     resume,
@@ -34,7 +34,6 @@ from . import (
 
 BENCHES = (
     "latency",
-    "node_steps",
     "flood",
     "first_stop",
     "idle",
@@ -46,11 +45,13 @@ BENCHES = (
 
 #: (full, quick) sizes
 SIZES: dict[str, tuple[int, int]] = {
-    "requests": (200, 5),
-    "steps": (500, 5),
-    "node_step_blocks": (3, 1),
-    "node_steps": (100, 3),
-    "stops": (100, 3),
+    "requests": (200, 5),  # the idle benchmark's live session (a Python client)
+    "request_blocks": (3, 1),
+    "request_rounds": (70, 3),
+    "step_blocks": (3, 1),
+    "steps": (100, 3),
+    "stop_blocks": (3, 1),
+    "stops": (35, 3),
     "flood_lines": (200_000, 2_000),
     "first_stops": (10, 1),
     "idle_sessions": (10_000, 20),
@@ -80,16 +81,15 @@ async def run(
     errors: dict[str, str] = {}
 
     async def bench_latency() -> None:
-        async with AsyncExitStack() as stack:
-            tether = await stack.enter_async_context(common.tether_stack(tmp / "home-latency"))
-            sessions = await latency.open_sessions(stack, tether, tmp, "latency")
-            figures["requests"] = await latency.requests(sessions, size["requests"])
-            figures["stepping"] = await latency.stepping(sessions, size["steps"], size["stops"])
-
-    async def bench_node_steps() -> None:
-        async with common.tether_stack(tmp / "home-node-steps") as tether:
-            figures["node_steps"] = await node_steps.node_steps(
-                tether, tmp, size["node_step_blocks"], size["node_steps"]
+        async with common.tether_stack(tmp / "home-latency") as tether:
+            figures["requests"] = await node_latency.requests(
+                tether, tmp, size["request_blocks"], size["request_rounds"]
+            )
+            figures["steps"] = await node_latency.steps(
+                tether, tmp, size["step_blocks"], size["steps"]
+            )
+            figures["stops"] = await node_latency.stops(
+                tether, tmp, size["stop_blocks"], size["stops"]
             )
 
     async def bench_flood() -> None:
@@ -176,7 +176,6 @@ async def run(
 
     stages = {
         "latency": bench_latency,
-        "node_steps": bench_node_steps,
         "flood": bench_flood,
         "first_stop": bench_first_stop,
         "idle": bench_idle,

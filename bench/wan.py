@@ -45,10 +45,19 @@ WATCHES = ("total", "i * factor")
 STOP_REQUESTS = {"threads": 1, "stackTrace": 2, "scopes": 1, "variables": 1, "evaluate": 2}
 _TIMEOUT_S = 600
 
-__all__ = ["PROGRAM", "STOP_REQUESTS", "WAN_WAYS", "WATCHES", "relay_via", "stop_times", "wan"]
+__all__ = [
+    "PROGRAM",
+    "STOP_REQUESTS",
+    "WAN_WAYS",
+    "WATCHES",
+    "inspect_steps",
+    "relay_via",
+    "stop_times",
+    "wan",
+]
 
 
-def _inspect() -> list[dict[str, Any]]:
+def inspect_steps() -> list[dict[str, Any]]:
     """What VS Code asks once it holds a ``stopped`` event, in its order and parallelism."""
     return [
         {"op": "threads"},
@@ -65,10 +74,10 @@ def _inspect() -> list[dict[str, Any]]:
 
 
 def _steps(n: int) -> list[dict[str, Any]]:
-    stop = [{"op": "next"}, {"op": "wait_stopped", "inspect": False}, *_inspect()]
+    stop = [{"op": "next"}, {"op": "wait_stopped", "inspect": False}, *inspect_steps()]
     return [
         {"op": "wait_stopped", "inspect": False, "reason": "breakpoint"},
-        *_inspect(),  # warm-up: the first stop, not timed
+        *inspect_steps(),  # warm-up: the first stop, not timed
         *(stop * n),
         {"op": "disconnect", "terminateDebuggee": True},
     ]
