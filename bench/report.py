@@ -99,14 +99,17 @@ def _stepping(steps: dict[str, Any], stops: dict[str, Any], n: dict[str, int]) -
 
     t = steps["stopped"][TETHER].median / steps["stopped"][DEBUGPY].median
     whole = stops["whole"]
-    twice = whole[TETHER].median / whole[FLOOR].median
+    # the floor's whole stop still waits on VS Code's Nagle and debugpy's delayed ACK now and
+    # then (requests written back to back): its fastest stop is the floor without those stalls
+    fastest = {w: min(whole[w].samples) for w in (TETHER, DEBUGPY, FLOOR)}
+    twice = whole[TETHER].median / fastest[FLOOR]
     rows += [
         row("next -> response", steps["answered"], ""),
         row("next -> stopped", steps["stopped"], f"<= 0.25 x debugpy: {_verdict(t <= 0.25)}"),
         row(
             "whole VS Code stop",
             whole,
-            f"<= 2 x floor: {_verdict(twice <= 2)} ({twice:.2f} x)",
+            f"<= 2 x the floor's fastest stop: {_verdict(twice <= 2)} ({twice:.2f} x)",
         ),
     ]
     e = steps["ended"]
@@ -119,6 +122,13 @@ def _stepping(steps: dict[str, Any], stops: dict[str, Any], n: dict[str, int]) -
     )
     return [
         *rows,
+        "",
+        f"The fastest whole stop: tether {_ms(fastest[TETHER])}, stock debugpy "
+        f"{_ms(fastest[DEBUGPY])}, floor {_ms(fastest[FLOOR])}. The floor's median is not its "
+        "floor: VS Code's client writes the concurrent requests of a stop back to back with "
+        "Nagle on, and debugpy's adapter process delays its ACKs, so most of its stops wait "
+        "40 ms once or more (tether's adapter acknowledges the IDE's packets at once); the target is judged "
+        "against the floor's fastest stop.",
         "",
         "`last line -> terminated`: the program is continued to its end; from the `output` event "
         "of its last line to `terminated`, once per block. Stock debugpy and the floor send the "

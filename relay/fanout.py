@@ -60,6 +60,10 @@ MAX_HELD_BYTES = 1 << 20
 RESUBSCRIBE_SECONDS = 1.0
 
 
+#: what an idle subscription holds for its early entries: nothing (no set each)
+_NONE: set[tuple[str, int]] = set()
+
+
 class Item(NamedTuple):
     """What a subscription hands its connection: an entry, an early entry or a commit."""
 
@@ -76,6 +80,23 @@ class Item(NamedTuple):
 class Subscription:
     """One connection's view of one stream: what it delivered, and what it may take next."""
 
+    __slots__ = (
+        "_early",
+        "_held",
+        "_held_bytes",
+        "_reading",
+        "_settled",
+        "_stale",
+        "_tail",
+        "_waiting",
+        "_wake",
+        "cursor",
+        "early",
+        "reads",
+        "store",
+        "stream",
+    )
+
     def __init__(self, store: Store, stream: str, cursor: str, *, early: bool = False) -> None:
         self.store = store
         self.stream = stream
@@ -85,12 +106,13 @@ class Subscription:
         self._held: deque[Item] = deque()
         self._held_bytes = 0
         #: early entries held or handed over whose stored copy has not come: (producer, n)
-        self._early: set[tuple[str, int]] = set()
+        self._early: set[tuple[str, int]] = _NONE  # a set of its own once there is one
         self._stale = True  # a new subscription catches up from Redis first
         self._reading = False
         self._wake = trio.Event()
-        #: set while the connection waits for items, everything it was given sent
-        self._settled = trio.Event()
+        #: the connection waits for items, everything it was given sent
+        self._waiting = False
+        self._settled: trio.Event | None = None  #: set when it waits again (for :meth:`sent`)
         self.reads = 0  #: reads from Redis so far (tests and benchmarks look)
 
     def __repr__(self) -> str:
@@ -119,17 +141,23 @@ class Subscription:
             return False  # a re-sent publish this connection has already
         self._held.append(Item("", payload, producer, n))
         self._held_bytes += len(payload)
+        if self._early is _NONE:
+            self._early = set()
         self._early.add((producer, n))
         self._wake.set()
-        if not self._settled.is_set():
+        if not self._waiting:
             return False  # busy: it goes out after what the connection is sending now
-        self._settled = trio.Event()
+        self._waiting = False  # it wakes up for this one
         return True
 
     async def sent(self, limit: float) -> None:
         """Wait until the connection sent what it was given and waits again (at most ``limit``
         seconds): what appends a forwarded publish waits for this, so that the append's own
         work does not delay the early copy."""
+        if self._waiting:
+            return
+        if self._settled is None:
+            self._settled = trio.Event()
         with trio.move_on_after(limit):
             await self._settled.wait()
 
@@ -201,10 +229,14 @@ class Subscription:
                         break
                 return batch
             self._wake = trio.Event()
-            self._settled.set()
-            await self._wake.wait()
-            if self._settled.is_set():
-                self._settled = trio.Event()
+            self._waiting = True
+            if self._settled is not None:
+                self._settled.set()
+                self._settled = None
+            try:
+                await self._wake.wait()
+            finally:
+                self._waiting = False
 
 
 class Fanout:

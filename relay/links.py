@@ -68,7 +68,7 @@ _PUBLISH: dict[str, Act] = {
 }
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Link:
     peer: Peer
     record: RunRecord  #: as it was when the link opened
@@ -87,6 +87,13 @@ class _Link:
     held_back: int = 0
     #: the peer closed the connection: what is queued is still stored, but nobody is told
     gone: bool = False
+    #: publishes checked and waiting for the storer, which runs while there are any
+    queue: list[_Queued] = field(default_factory=list)
+    storing: bool = False
+    #: set when the storer takes from the queue, or ends (made by whoever waits for it)
+    drained: trio.Event | None = None
+    #: the storer refused a publish in a way that ends the link
+    closing: bool = False
 
     @property
     def run_id(self) -> str:
@@ -98,7 +105,7 @@ class _Link:
         return self.who.attempt
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Queued:
     """A publish as the link's receiver checked it, waiting for the storer."""
 
@@ -209,11 +216,11 @@ class Links:
                         peer, run_id, StreamName.TO_WORKER, hello.history_cursor
                     )
                 nursery.start_soon(self._deliver, peer, run_id, inbound, hello.cursor, hello.early)
-                async with trio.open_nursery() as publishing:
-                    queue_in, queue = trio.open_memory_channel[_Queued](STORE_QUEUE)
-                    publishing.start_soon(self._store_all, link, queue, publishing.cancel_scope)
-                    async with queue_in:
-                        await self._receive(link, queue_in)
+                await self._receive(link, nursery)
+                # what is queued when the peer went is still stored
+                while link.storing:
+                    link.drained = trio.Event()
+                    await link.drained.wait()
                 nursery.cancel_scope.cancel()
         finally:
             if link.presence is not None and link.presence.attached:
@@ -249,7 +256,10 @@ class Links:
         async with self.fanout.subscribe(stream, cursor, early=early) as subscription:
             while True:
                 batch = []
-                with trio.move_on_at(due):
+                if commits:
+                    with trio.move_on_at(due):
+                        batch = await subscription.next_batch(200)
+                else:  # no cancel scope held by every idle connection
                     batch = await subscription.next_batch(200)
                 for item in batch:
                     if item.payload is None:
@@ -275,9 +285,10 @@ class Links:
                     commits.clear()
                     due = math.inf
 
-    async def _receive(self, link: _Link, queue: trio.MemorySendChannel[_Queued]) -> None:
+    async def _receive(self, link: _Link, publishing: trio.Nursery) -> None:
         """Read the peer's frames until it goes: publishes to the storer (live DAP entries to the
-        peers that take them early first), the rest handled here."""
+        peers that take them early first), the rest handled here. The storer is a task of
+        ``publishing`` while there is something to store (an idle link keeps none)."""
         peer = link.peer
         while True:
             try:
@@ -290,7 +301,15 @@ class Links:
                 await peer.error(exc.code, exc.message)
                 continue
             if isinstance(frame, wire.Publish):
-                await queue.send(self._admit(link, frame))
+                while len(link.queue) >= STORE_QUEUE:  # Redis sets the pace
+                    link.drained = trio.Event()
+                    await link.drained.wait()
+                if link.closing:
+                    return
+                link.queue.append(self._admit(link, frame))
+                if not link.storing:
+                    link.storing = True
+                    publishing.start_soon(self._store_all, link)
             elif isinstance(frame, wire.Received):
                 if frame.stream is link.inbound:
                     key = keys.stream(link.run_id, link.inbound)
@@ -340,30 +359,27 @@ class Links:
             )
         return link.refusals[kind]
 
-    async def _store_all(
-        self,
-        link: _Link,
-        queue: trio.MemoryReceiveChannel[_Queued],
-        stop: trio.CancelScope,
-    ) -> None:
-        """Store and answer the link's publishes in order, until the receiver is done and the
-        queue is empty; a refusal that ends the link cancels ``stop``. What queued up meanwhile
+    async def _store_all(self, link: _Link) -> None:
+        """Store and answer the link's queued publishes in order, until none is left (or one
+        ends the link: nothing more is stored, the receiver returns). What queued up meanwhile
         is taken together: consecutive DAP entries in one step of Redis, with one ``ack``."""
-        async with queue:
-            async for first in queue:
-                batch = [first]
-                while len(batch) < STORE_BATCH:
-                    try:
-                        batch.append(queue.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
+        try:
+            while link.queue and not link.closing:
+                batch = link.queue[:STORE_BATCH]
+                del link.queue[:STORE_BATCH]
+                if link.drained is not None:
+                    link.drained.set()
                 try:
                     open_ = await self._store_batch(link, batch)
                 finally:
                     link.held_back -= sum(item.held_back for item in batch)
                 if not open_:
-                    stop.cancel()
-                    return
+                    link.closing = True  # the peer was told (a fatal error): its recv ends
+                    link.queue.clear()
+        finally:
+            link.storing = False
+            if link.drained is not None:
+                link.drained.set()
 
     async def _store_batch(self, link: _Link, batch: list[_Queued]) -> bool:
         """Store and answer ``batch`` in order; False if the link must close."""
