@@ -199,24 +199,21 @@ class GlideStore:
         return as_text(reply)
 
     async def read_after(self, stream: str, after: str, *, count: int = 100) -> list[Entry]:
-        import glide
-
-        check_read_args(0, count)
-        with glide_errors(f"XRANGE {stream} after {after}"):
-            reply = await self._client.xrange(
-                stream, glide.ExclusiveIdBound(after), glide.MaxId(), count=count
-            )
-        return stream_entries(reply)
+        return stream_entries(await self._range(stream, after, count))
 
     async def read_numbered(self, stream: str, after: str, *, count: int = 100) -> list[Numbered]:
+        return numbered_entries(await self._range(stream, after, count))
+
+    async def _range(
+        self, stream: str, after: str, count: int
+    ) -> Mapping[bytes, list[list[bytes]] | None] | None:
         import glide
 
         check_read_args(0, count)
         with glide_errors(f"XRANGE {stream} after {after}"):
-            reply = await self._client.xrange(
+            return await self._client.xrange(
                 stream, glide.ExclusiveIdBound(after), glide.MaxId(), count=count
             )
-        return numbered_entries(reply)
 
     async def last_id(self, stream: str) -> str | None:
         import glide

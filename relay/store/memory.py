@@ -230,18 +230,18 @@ class MemoryStore:
         return prev, entry_id
 
     async def read_after(self, stream: str, after: str, *, count: int = 100) -> list[Entry]:
-        check_read_args(0, count)
-        cursor = parse_id(after)
-        await trio.lowlevel.checkpoint()
-        s = self._get(stream, _Stream)
+        s, cursor = await self._range(stream, after, count)
         return s.after(cursor, count) if s else []
 
     async def read_numbered(self, stream: str, after: str, *, count: int = 100) -> list[Numbered]:
+        s, cursor = await self._range(stream, after, count)
+        return s.numbered_after(cursor, count) if s else []
+
+    async def _range(self, stream: str, after: str, count: int) -> tuple[_Stream | None, StreamId]:
         check_read_args(0, count)
         cursor = parse_id(after)
         await trio.lowlevel.checkpoint()
-        s = self._get(stream, _Stream)
-        return s.numbered_after(cursor, count) if s else []
+        return self._get(stream, _Stream), cursor
 
     async def append_once(
         self,
