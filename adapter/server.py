@@ -133,6 +133,7 @@ class AdapterServer:
         self._conns: dict[int, _Ide] = {}  #: every IDE connection, by generation
         self.finished = trio.Event()
         self._wake_timer = trio.Event()
+        self._timer_at: float | None = None  #: the deadline the timer sleeps until
         #: publish number -> the process and ``origin_seq`` it carried (None: presence), until
         #: the relay answers it: all :meth:`AdapterCore.publish_refused` needs (never the body)
         self._published: dict[int, tuple[str, int | None]] = {}
@@ -234,13 +235,19 @@ class AdapterServer:
                         self.on_event(news.detail)
                 if self.core.session.finished:
                     self.finished.set()
-            self._wake_timer.set()
+            self._deadline_moved()
         self.on_event(f"gave up on the relay: {self.link.failed}")
         self.finished.set()
 
+    def _deadline_moved(self) -> None:
+        """Wake the timer if the cores now have a deadline before the one it sleeps until."""
+        deadline = self.processes.next_deadline
+        if deadline is not None and (self._timer_at is None or deadline < self._timer_at):
+            self._wake_timer.set()
+
     async def _timer(self) -> None:
         while True:
-            deadline = self.processes.next_deadline
+            deadline = self._timer_at = self.processes.next_deadline
             self._wake_timer = trio.Event()
             if deadline is None:
                 await self._wake_timer.wait()
@@ -351,7 +358,7 @@ class AdapterServer:
         async with self._lock:
             if self._conns.get(ide.generation) is ide and not ide.closing:
                 await self._perform(self.processes.on_ide_message(ide.generation, msg))
-                self._wake_timer.set()
+                self._deadline_moved()
 
     async def _ide_messages(self, ide: _Ide, framer: dap_framing.DapFramer) -> bool:
         """Handle what the IDE sent so far; False if the connection must close."""

@@ -415,6 +415,7 @@ class _Driver:
         self._publish_lock = trio.Lock()  # publishes in the order they were decided
         self._output_held = trio.Event()
         self._wake_timer = trio.Event()
+        self._timer_at: float | None = None  #: the deadline the timer sleeps until
 
     def __repr__(self) -> str:
         return f"<_Driver {self.core!r}>"
@@ -450,7 +451,9 @@ class _Driver:
             self.finished.set()
         if self.core.output_held:
             self._output_held.set()
-        self._wake_timer.set()
+        deadline = self.processes.next_deadline  # earlier than the timer's: wake it
+        if deadline is not None and (self._timer_at is None or deadline < self._timer_at):
+            self._wake_timer.set()
 
     def raise_failure(self) -> None:
         """The replay failed: the attempt could not start (``start_failed``)."""
@@ -525,7 +528,7 @@ class _Driver:
 
     async def timer(self) -> None:
         while True:
-            deadline = self.processes.next_deadline
+            deadline = self._timer_at = self.processes.next_deadline
             self._wake_timer = trio.Event()
             with trio.move_on_at(deadline if deadline is not None else float("inf")):
                 await self._wake_timer.wait()
