@@ -37,7 +37,7 @@ decides what happens (the run's ``on_unattended_stop`` policy).
 
 This module is the I/O only: the debugpy socket, the run link, the program. What to send and
 publish is decided by :class:`worker_shim.core.ShimCore` (routing, the replay, unattended stops),
-without I/O; :class:`_Driver` performs it.
+without I/O; :class:`~worker_shim.driver.Driver` performs it.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -55,7 +54,7 @@ from typing import Any
 
 import trio
 
-from protocol_specs import dap_framing, wire
+from protocol_specs import wire
 from protocol_specs.link import Cursor
 from protocol_specs.processes import MAIN
 from protocol_specs.runs import RunRecord
@@ -65,20 +64,11 @@ from protocol_specs.wire import Role, StreamName, WireError
 from relay.client import LinkPolicy, RunLink, Target, open_run_link
 
 from .actions import (
-    Action,
-    CloseChild,
-    OpenChild,
-    PipeOutputToIde,
-    Publish,
-    ReplayFailed,
-    Say,
-    Settle,
-    Terminate,
-    ToDebugpy,
     status_entry,
 )
 from .core import ShimCore, exit_status, terminates
 from .debuggee import Debuggee, OutputPump, start_debuggee, start_plain, terminate_group
+from .driver import Driver
 from .files import Fetch, materialise
 from .output import ProgramOutput, open_program_output, unbuffered_env
 from .processes import Processes
@@ -90,7 +80,6 @@ log = logging.getLogger("tether.worker")
 
 #: how long debugpy may take, after the program exited, to hand over its last events
 FINISH_TIMEOUT = 10.0
-RECEIVE_SIZE = 256 * 1024
 
 
 #: the worker's relay link: keep trying for a minute when the run starts (the pool just reached
@@ -334,7 +323,7 @@ async def _run_debug(
     stream = await debuggee.connect()
     tail = Cursor.parse(link.tails.get(StreamName.TO_WORKER.value, "0"))
     core = ShimCore(record, str(run_dir), tail=tail, clock=trio.current_time)
-    driver = _Driver(Processes(core), stream, link, output, debuggee, say)
+    driver = Driver(Processes(core), stream, link, output, debuggee, say)
     try:
         return await _drive(link, record, debuggee, say, news, output, core, driver)
     finally:
@@ -350,7 +339,7 @@ async def _drive(
     news: _LinkNews,
     output: ProgramOutput,
     core: ShimCore,
-    driver: _Driver,
+    driver: Driver,
 ) -> int | None:
     async with trio.open_nursery() as nursery:
         driver.scope = nursery.cancel_scope
@@ -381,163 +370,3 @@ async def _drive(
     await _exited(link, record, code)
     say(f"run {record.id} exited with {code}")
     return code
-
-
-class _Driver:
-    """Performs what :class:`~worker_shim.processes.Processes` (the main process's
-    :class:`~worker_shim.core.ShimCore` and one core per child) decides: the debugpy connections
-    (one per debugged process, each read by a task of its own), the run link, the program. Each
-    task performs the actions of its own decisions, in order; writes to a connection and
-    publishes each take a lock, so neither interleaves."""
-
-    def __init__(
-        self,
-        processes: Processes,
-        stream: trio.SocketStream,
-        link: RunLink,
-        output: ProgramOutput,
-        debuggee: Debuggee,
-        say: Callable[[str], None],
-    ) -> None:
-        self.processes = processes
-        self.core = processes.main
-        self.streams: dict[str, trio.SocketStream] = {MAIN: stream}
-        self.nursery: trio.Nursery | None = None
-        self.link = link
-        self.output = output
-        self.debuggee = debuggee
-        self.say = say
-        self.scope: trio.CancelScope | None = None
-        self.finished = trio.Event()  #: debugpy said ``terminated``, or closed the connection
-        self.failure: ReplayFailed | None = None
-        self._terminate = trio.Event()
-        self._send_locks: dict[str, trio.Lock] = {}
-        self._publish_lock = trio.Lock()  # publishes in the order they were decided
-        self._output_held = trio.Event()
-        self._wake_timer = trio.Event()
-        self._timer_at: float | None = None  #: the deadline the timer sleeps until
-
-    def __repr__(self) -> str:
-        return f"<_Driver {self.core!r}>"
-
-    async def perform(self, actions: list[Action]) -> None:
-        for action in actions:
-            if isinstance(action, ToDebugpy):
-                await self._send(action.process, action.message)
-            elif isinstance(action, OpenChild):
-                await self._open_child(action.process)
-            elif isinstance(action, CloseChild):
-                stream = self.streams.pop(action.process, None)
-                if stream is not None:
-                    await stream.aclose()
-            elif isinstance(action, Publish):
-                async with self._publish_lock:
-                    n = await self.link.publish(action.entry)
-                if action.output:
-                    self.core.output_published(n)
-            elif isinstance(action, Settle):
-                await self.output.settle(self.debuggee.output)
-            elif isinstance(action, PipeOutputToIde):
-                self.output.to_ide = True
-            elif isinstance(action, Say):
-                self.say(action.text)
-            elif isinstance(action, Terminate):
-                self._terminate.set()
-            elif isinstance(action, ReplayFailed):
-                self.failure = action
-                if self.scope is not None:
-                    self.scope.cancel()
-        if self.core.finished:
-            self.finished.set()
-        if self.core.output_held:
-            self._output_held.set()
-        deadline = self.processes.next_deadline  # earlier than the timer's: wake it
-        if deadline is not None and (self._timer_at is None or deadline < self._timer_at):
-            self._wake_timer.set()
-
-    def raise_failure(self) -> None:
-        """The replay failed: the attempt could not start (``start_failed``)."""
-        if self.failure is None:
-            return
-        if self.failure.timed_out:
-            raise trio.TooSlowError(self.failure.detail)
-        raise RuntimeError(self.failure.detail)
-
-    async def _send(self, key: str, message: dict[str, Any]) -> None:
-        stream = self.streams.get(key)
-        if stream is None:
-            return  # that process's connection is gone: its pump said so
-        async with self._send_locks.setdefault(key, trio.Lock()):
-            try:
-                await stream.send_all(dap_framing.encode_message(message))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass  # debugpy is gone: the pump sees it too
-
-    async def close_streams(self) -> None:
-        """Close every debugpy connection still open (a child announced as the run ended may
-        have had no pump to run)."""
-        streams, self.streams = list(self.streams.values()), {}
-        for stream in streams:
-            await stream.aclose()
-
-    async def _open_child(self, key: str) -> None:
-        """A new connection to debugpy's adapter for a child process (the "one connection" rule
-        is the main session's), read by a pump of its own."""
-        try:
-            stream = await trio.open_tcp_stream("127.0.0.1", self.debuggee.port)
-        except OSError as exc:
-            log.warning("cannot connect to debugpy for process %s: %s", key, exc)
-            await self.perform(self.processes.closed(key))
-            return
-        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.streams[key] = stream
-        assert self.nursery is not None
-        self.nursery.start_soon(self.pump, key, stream)
-
-    async def pump(self, key: str, stream: trio.SocketStream) -> None:
-        """Read debugpy's messages on ``key``'s connection until it is closed."""
-        framer = dap_framing.DapFramer()
-        try:
-            while data := await stream.receive_some(RECEIVE_SIZE):
-                framer.receive_data(data)
-                while (raw := framer.next_raw()) is not None:
-                    answered = self.link.answered
-                    await self.perform(self.processes.on_debugpy_message(key, raw, answered))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        except dap_framing.DapFramingError as exc:
-            log.error("debugpy sent bad DAP data on %r: %s", key or "main", exc)
-        finally:
-            if key != MAIN:
-                self.streams.pop(key, None)
-                with trio.CancelScope(shield=True):
-                    await stream.aclose()
-        await self.perform(self.processes.closed(key))
-
-    async def flush_output_when_answered(self) -> None:
-        """Send held output as soon as the relay answered the output entry before it."""
-        while True:
-            await self._output_held.wait()
-            self._output_held = trio.Event()
-            await self.link.wait_answered(self.core.output_in_flight)
-            await self.perform(self.core.flush_output())
-
-    async def deliveries(self) -> None:
-        async for delivery in self.link.deliveries:
-            await self.perform(self.processes.on_delivery(delivery))
-
-    async def timer(self) -> None:
-        while True:
-            deadline = self._timer_at = self.processes.next_deadline
-            self._wake_timer = trio.Event()
-            with trio.move_on_at(deadline if deadline is not None else float("inf")):
-                await self._wake_timer.wait()
-            if deadline is not None and trio.current_time() >= deadline:
-                await self.perform(self.processes.on_tick())
-
-    async def end_run(self) -> None:
-        await self.perform(self.processes.end_run())
-
-    async def stop_on_terminate(self) -> None:
-        await self._terminate.wait()
-        await self.debuggee.terminate()
