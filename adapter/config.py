@@ -59,6 +59,8 @@ class Profile(BaseModel):
     max_retries: int | None = None
     retry_backoff: str = ""
     on_unattended_stop: str = ""
+    #: ``tether run``: start Python programs so that ``tether attach`` can debug them later
+    debuggable: bool | None = None
     env: dict[str, str] = Field(default_factory=dict)
     mounts: dict[str, str] = Field(default_factory=dict)
     tags: list[str] = Field(default_factory=list)

@@ -196,6 +196,9 @@ class RunSpec(BaseModel):
     debug: bool = True
     #: debug mode: hold the program before user code until an IDE finished its configuration
     wait_for_ide: bool = True
+    #: not debug mode: a Python program starts so that an IDE can attach later (``tether
+    #: attach``), without a restart; nothing of the debugger is loaded until then
+    debuggable: bool = True
     env: dict[str, str] = Field(default_factory=dict, max_length=1000)
     #: names in ``env`` whose values are secret: the worker's program gets them, but ``tether ls``,
     #: ``status`` and the logs show :data:`REDACTED` (and the program's output has them blanked)

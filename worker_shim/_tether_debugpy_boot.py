@@ -145,10 +145,15 @@ def main() -> None:
         home = sys.argv[2]
         sys.path.append(home)
         del sys.argv[1:3]
+    # --tether-attach PATH -- TARGET: run the program now, debugpy only when the worker asks
+    if sys.argv[1:2] == ["--tether-attach"] and sys.argv[3:4] == ["--"]:
+        _run_attachable(sys.argv[2], home, sys.argv[4:])
+        return
     from debugpy.server import cli  # imports pydevd (vendored) and puts it on sys.path
 
     if home is not None and os.path.isfile(os.path.join(home, "__main__.py")):
         _adapter_from(home)
+    sys.excepthook = _without_our_frames(sys.excepthook)
 
     try:
         why_not = _patch_pydevd()
@@ -173,6 +178,107 @@ def main() -> None:
 
         traceback.print_exception(type(exc), exc, None)
         sys.exit(1)
+
+
+def _run_attachable(path: str, home: str | None, target: list[str]) -> None:
+    """Run ``target`` (``script args``, ``-m module args`` or ``-c code args``) as plain python
+    would, debuggable later without a restart or ptrace: a thread connects to the worker's unix
+    socket ``path`` and waits, and nothing of debugpy is loaded, let alone tracing, until the
+    worker writes ``attach`` there. Then the thread starts debugpy listening (the program goes on running) and
+    answers with the port of debugpy's adapter; the worker connects to it as for a debug run, and
+    the breakpoints it sends apply to the running program's threads."""
+    import runpy
+    import threading
+
+    thread = threading.Thread(
+        target=_serve_attach, args=(path, home), name="tether.attach", daemon=True
+    )
+    thread.is_pydev_daemon_thread = True  # type: ignore[attr-defined]  # not the user's
+    thread.start()
+    sys.excepthook = _without_our_frames(sys.excepthook, debugger=False)
+    safe = sys.flags.isolated or getattr(sys.flags, "safe_path", False)  # -I, -P: no path entry
+    if target[0] == "-m":
+        sys.argv = [target[1], *target[2:]]  # runpy puts the module's file in sys.argv[0]
+        if not safe:
+            sys.path.insert(0, os.getcwd())
+        runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+    elif target[0] == "-c":
+        import types
+
+        sys.argv = ["-c", *target[2:]]
+        if not safe:
+            sys.path.insert(0, "")
+        main = sys.modules["__main__"] = types.ModuleType("__main__")  # not this script's globals
+        exec(compile(target[1], "<string>", "exec"), main.__dict__)
+    else:
+        sys.argv = list(target)
+        if not safe:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target[0])))
+        runpy.run_path(target[0], run_name="__main__")
+
+
+def _serve_attach(path: str, home: str | None) -> None:
+    """The attach thread: connected to the worker's unix socket ``path``, it answers each
+    ``attach`` line with the port of debugpy's adapter (debugpy starts listening the first
+    time), or ``error: why``. Without the worker there (a program started by hand), it ends."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:
+        conn.close()
+        return
+    port = 0
+    with conn, conn.makefile("rb") as requests:
+        for line in requests:
+            if line.strip() != b"attach":
+                continue
+            try:
+                port = port or _listen(home)
+                answer = f"{port}\n"
+            except Exception as exc:  # said to the worker; the program goes on
+                answer = f"error: {type(exc).__name__}: {exc}\n"
+            try:
+                conn.sendall(answer.encode())
+            except OSError:
+                return
+
+
+def _listen(home: str | None) -> int:
+    """Start debugpy as the boot script would have at the start (its fixes, the worker's
+    adapter), listening for the worker on loopback, the program's children not followed."""
+    import debugpy
+
+    if home is not None and os.path.isfile(os.path.join(home, "__main__.py")):
+        _adapter_from(home)
+    why_not = _patch_pydevd()
+    if why_not is not None:
+        print(f"tether: debugging without the TCP_NODELAY fix: {why_not}", file=sys.stderr)
+    debugpy.configure(subProcess=False)
+    _host, port = debugpy.listen(("127.0.0.1", 0))
+    os.environ["DEBUGPY_RUNNING"] = "true"  # what debugpy's own start sets
+    return int(port)
+
+
+def _without_our_frames(hook: Any, *, debugger: bool = True) -> Any:
+    """``sys.excepthook`` showing an uncaught exception as plain python would: without the frames
+    of this script, ``runpy`` and (``debugger``) debugpy's command line above the program's own."""
+    import runpy
+
+    ours: tuple[str, ...] = (os.path.realpath(__file__), os.path.realpath(runpy.__file__))
+    if debugger:
+        import debugpy
+
+        ours += (os.path.dirname(os.path.realpath(debugpy.__file__)),)
+
+    @functools.wraps(hook)
+    def excepthook(kind: Any, value: Any, tb: Any) -> Any:
+        while tb is not None and os.path.realpath(tb.tb_frame.f_code.co_filename).startswith(ours):
+            tb = tb.tb_next
+        if isinstance(value, BaseException):
+            value.__traceback__ = tb  # what the default hook prints, whatever ``tb`` says
+        return hook(kind, value, tb)
+
+    return excepthook
 
 
 def _before_user_code(exc: BaseException) -> bool:

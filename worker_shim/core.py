@@ -132,8 +132,11 @@ class ShimCore(DebugpyChannel):
 
     # --- start ------------------------------------------------------------------------------------
 
-    def start(self, pid: int) -> list[Action]:
-        """The program started under debugpy (nothing of the user's code ran yet)."""
+    def start(self, pid: int, *, late: bool = False) -> list[Action]:
+        """The program started under debugpy (nothing of the user's code ran yet); ``late``: a
+        plain run that has been running since its ``started``, now debugged (an IDE attached)."""
+        if late:
+            return self._maybe_replay()
         data = {
             "pid": pid,
             "run_dir": self.run_dir,

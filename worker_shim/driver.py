@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
 
-from protocol_specs import dap_framing
+from protocol_specs import dap_framing, wire
 from protocol_specs.processes import MAIN
 from relay.client import RunLink
 
@@ -177,7 +177,11 @@ class Driver:
             await self.link.wait_answered(self.core.output_in_flight)
             await self.perform(self.core.flush_output())
 
-    async def deliveries(self) -> None:
+    async def deliveries(self, backlog: Sequence[wire.Deliver] = ()) -> None:
+        """Hand the run's ``to_worker`` entries to the sessions: ``backlog`` (what was taken
+        off the link before, by a plain run's watch), then the link's."""
+        for delivery in backlog:
+            await self.perform(self.processes.on_delivery(delivery))
         async for delivery in self.link.deliveries:
             await self.perform(self.processes.on_delivery(delivery))
 

@@ -31,7 +31,7 @@ _COMMAND_MAX = 512
 #: options of debugpy's command line (and tether's boot script) that take a value
 _DEBUGPY_VALUED = frozenset(
     {"--listen", "--connect", "--log-to", "--pid", "--adapter-access-token",
-     "--parent-session-pid", "--tether-debugpy"}
+     "--parent-session-pid", "--tether-debugpy", "--tether-attach"}
 )  # fmt: skip
 _DEBUGGER_SCRIPTS = frozenset({"_tether_debugpy_boot.py", "debugpy", "__main__.py"})
 _LAUNCH = "_tether_launch.py"

@@ -76,13 +76,16 @@ class Processes:
         live = sum(1 for c in self.children.values() if not c.ended)
         return f"<Processes children={len(self.children)} live={live} {self.main!r}>"
 
-    def start(self, pid: int, command: list[str] | None = None) -> list[Action]:
-        """The main process is ``pid``, running ``command`` (as submitted)."""
+    def start(
+        self, pid: int, command: list[str] | None = None, *, late: bool = False
+    ) -> list[Action]:
+        """The main process is ``pid``, running ``command`` (as submitted); ``late``: see
+        :meth:`ShimCore.start <worker_shim.core.ShimCore.start>`."""
         facts = self._read(pid)
         self._cmdlines[MAIN] = facts.cmdline
         self.infos[MAIN] = describe(pid, facts, parent=MAIN, nth=0, host=self._host, key=MAIN,
                                     command=command)  # fmt: skip
-        return self.main.start(pid)
+        return self.main.start(pid, late=late)
 
     # --- from the relay ---------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ __all__ = [
     "NOT_WITH_MAIN_ONLY",
     "SITECUSTOMIZE",
     "boot_dir",
+    "build_attachable_argv",
     "build_debug_argv",
     "build_launch_argv",
     "check_python",
@@ -298,6 +299,30 @@ def build_debug_argv(
         "--wait-for-client",
         "--configure-subProcess",
         "true" if subprocesses else "false",
+        *target,
+    ]
+
+
+def build_attachable_argv(
+    user_argv: list[str], *, python: str = sys.executable, home: str = "", socket: str
+) -> list[str]:
+    """The argv of a plain run that an IDE may attach to later (a debuggable run): the user's
+    Python options, then the boot script, which runs the target at once and starts debugpy only
+    when asked on the unix socket ``socket``, where the worker listens (``_tether_debugpy_boot.py``,
+    ``--tether-attach``).
+    ``ValueError`` for a command that is not Python (:func:`split_python_command`)."""
+    opts, target = split_python_command(user_argv)
+    home_args = ["--tether-debugpy", home] if home else []
+    return [
+        python,
+        "-X",
+        "frozen_modules=off",
+        *opts,
+        str(BOOT),
+        *home_args,
+        "--tether-attach",
+        socket,
+        "--",
         *target,
     ]
 

@@ -46,6 +46,8 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
+from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from functools import partial
@@ -72,6 +74,14 @@ from .driver import Driver
 from .files import Fetch, materialise
 from .output import ProgramOutput, open_program_output, unbuffered_env
 from .processes import Processes
+from .python_command import (
+    build_attachable_argv,
+    check_python,
+    debugpy_home,
+    is_python,
+    resolve_python,
+    split_python_command,
+)
 from .replay import DEFAULT_INITIALIZE
 
 __all__ = ["DEFAULT_INITIALIZE", "run_shim", "worker_link", "worker_link_policy"]
@@ -183,7 +193,11 @@ async def _attempt(
     env = {**inherited, **record.spec.program_env(), **(env or {})}
     async with open_program_output(link, record.attempt, record.spec.secrets()) as output:
         if not record.spec.debug:
-            return await _run_plain(link, record, run_dir, env, log_path, say, news, output)
+            with tempfile.TemporaryDirectory(prefix="tether-attach-") as where:
+                attachable = await _attachable_argv(record, run_dir, env, python, Path(where))
+                return await _run_plain(
+                    link, record, run_dir, env, log_path, say, news, output, attachable
+                )
         try:
             async with start_debuggee(
                 record.spec.command,
@@ -258,6 +272,28 @@ async def _status(link: RunLink, event: StatusEvent, **fields: Any) -> None:
     await link.publish(status_entry(event, **fields))
 
 
+async def _attachable_argv(
+    record: RunRecord, run_dir: Path, env: dict[str, str], python: str, where: Path
+) -> tuple[list[str], str] | None:
+    """How a plain run's program starts so that an IDE can attach later (``spec.debuggable``):
+    its argv and the unix socket it listens on for the worker's ``attach``. ``None``: it runs
+    plain (not asked for, not a Python command, or an interpreter debugpy cannot run)."""
+    command = record.spec.command
+    if not record.spec.debuggable or not (is_python(command[0]) or command[0].endswith(".py")):
+        return None
+    try:
+        split_python_command(command)
+        if is_python(command[0]):
+            python = resolve_python(command[0], env=env, cwd=str(run_dir))
+        await check_python(python, env=env, cwd=str(run_dir))
+    except ValueError as exc:
+        log.info("run %s runs without a way to attach later: %s", record.id, exc)
+        return None
+    socket_path = str(where / "attach.sock")
+    home = str(debugpy_home(where))
+    return build_attachable_argv(command, python=python, home=home, socket=socket_path), socket_path
+
+
 async def _run_plain(
     link: RunLink,
     record: RunRecord,
@@ -267,10 +303,24 @@ async def _run_plain(
     say: Callable[[str], None],
     news: _LinkNews,
     on_output: ProgramOutput,
+    attachable: tuple[list[str], str] | None,
 ) -> int | None:
+    """A run without the debugger; ``attachable``: its program waits for a ``tether attach``
+    (an IDE's presence on the run): then debugpy starts in it, and the run goes on as a debug
+    run does (:func:`_run_debug`, what this attempt took off the link first)."""
+    listener = None
+    if attachable is not None:
+        try:
+            listener = await _attach_listener(attachable[1])
+        except OSError as exc:
+            log.warning("run %s runs without a way to attach later: %s", record.id, exc)
+            attachable = None
+    argv = attachable[0] if attachable else record.spec.command
     try:
-        process = await start_plain(record.spec.command, cwd=str(run_dir), env=env)
+        process = await start_plain(argv, cwd=str(run_dir), env=env)
     except (OSError, ValueError) as exc:
+        if listener is not None:
+            listener.close()
         await _status(link, StatusEvent.START_FAILED, detail=str(exc))
         say(f"run {record.id} could not start: {exc}")
         return None
@@ -280,10 +330,22 @@ async def _run_plain(
         StatusEvent.STARTED,
         data={"pid": process.pid, "run_dir": str(run_dir), "attempt": record.attempt},
     )
+    terminate = partial(terminate_group, process)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(output.run)
-        nursery.start_soon(_watch_terminate, link, record, partial(terminate_group, process))
-        nursery.start_soon(_terminate_when, news.ended, partial(terminate_group, process))
+        nursery.start_soon(_terminate_when, news.ended, terminate)
+        if listener is not None:
+            with listener:
+                seen = await _until_an_ide(link, record, process, terminate)
+                port = await _attach(listener, record, say) if seen is not None else None
+            if port is not None:
+                debuggee = Debuggee(process, port, output)
+                code = await _run_debug(
+                    link, record, run_dir, debuggee, say, news, on_output, backlog=seen
+                )
+                nursery.cancel_scope.cancel()
+                return code
+        nursery.start_soon(_watch_terminate, link, record, terminate)
         code = await process.wait()
         await output.drained()
         nursery.cancel_scope.cancel()
@@ -291,6 +353,82 @@ async def _run_plain(
     await _exited(link, record, code)
     say(f"run {record.id} exited with {code}")
     return code
+
+
+#: the most ``to_worker`` entries a plain run keeps for an IDE that attaches (its configuration)
+ATTACH_BACKLOG = 10_000
+#: how long the program may take to start debugpy when the worker asks
+ATTACH_TIMEOUT = 60.0
+
+
+async def _until_an_ide(
+    link: RunLink,
+    record: RunRecord,
+    process: trio.Process,
+    terminate: Callable[[], Awaitable[None]],
+) -> list[wire.Deliver] | None:
+    """What the link delivered until an IDE attached to the run (its adapter's presence), or
+    ``None`` once the program exited; a ``terminate`` meant for this attempt is done at once."""
+    seen: deque[wire.Deliver] = deque(maxlen=ATTACH_BACKLOG)
+    with trio.CancelScope() as scope:
+
+        async def stop_at_exit() -> None:
+            await process.wait()
+            scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_at_exit)
+            async for delivery in link.deliveries:
+                seen.append(delivery)
+                try:
+                    entry = wire.decode_entry(delivery.entry)
+                except WireError as exc:
+                    log.warning("skipping malformed entry %s: %s", delivery.cursor, exc.message)
+                    continue
+                if terminates(entry, record):
+                    await terminate()
+                elif isinstance(entry, wire.PresenceEntry) and entry.attached:
+                    nursery.cancel_scope.cancel()
+                    return list(seen)
+    return None
+
+
+async def _attach_listener(path: str) -> trio.socket.SocketType:
+    """The unix socket a debuggable program connects to at its start, before its own code."""
+    listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    try:
+        await listener.bind(path)
+        listener.listen(1)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+async def _attach(
+    listener: trio.socket.SocketType, record: RunRecord, say: Callable[[str], None]
+) -> int | None:
+    """Ask the program to start debugpy; the port of debugpy's adapter, or ``None`` (said)."""
+    text = ""
+    try:
+        with trio.fail_after(ATTACH_TIMEOUT):
+            conn, _addr = await listener.accept()  # it connected when it started
+            async with trio.SocketStream(conn) as stream:
+                await stream.send_all(b"attach\n")
+                answer = b""
+                while not answer.endswith(b"\n"):
+                    chunk = await stream.receive_some(1024)
+                    if not chunk:
+                        break
+                    answer += chunk
+        text = answer.decode(errors="replace").strip()
+        port = int(text)
+    except (OSError, trio.TooSlowError, ValueError, trio.BrokenResourceError) as exc:
+        detail = text or f"{type(exc).__name__}: {exc}"
+        say(f"run {record.id}: an IDE attached, but the program could not start debugpy: {detail}")
+        return None
+    say(f"run {record.id}: an IDE attached; debugging the running program")
+    return port
 
 
 async def _terminate_when(event: trio.Event, terminate: Callable[[], Awaitable[None]]) -> None:
@@ -319,13 +457,21 @@ async def _run_debug(
     say: Callable[[str], None],
     news: _LinkNews,
     output: ProgramOutput,
+    *,
+    backlog: list[wire.Deliver] | None = None,
 ) -> int | None:
+    """``backlog``: a plain run an IDE attached to (what its watch took off the link; the
+    program has been running since its ``started``)."""
     stream = await debuggee.connect()
     tail = Cursor.parse(link.tails.get(StreamName.TO_WORKER.value, "0"))
+    if backlog:
+        tail = max(tail, *(Cursor.parse(d.cursor) for d in backlog if d.cursor))
     core = ShimCore(record, str(run_dir), tail=tail, clock=trio.current_time)
     driver = Driver(Processes(core), stream, link, output, debuggee, say)
     try:
-        return await _drive(link, record, debuggee, say, news, output, core, driver)
+        return await _drive(
+            link, record, debuggee, say, news, output, core, driver, backlog=backlog
+        )
     finally:
         with trio.CancelScope(shield=True):
             await driver.close_streams()
@@ -340,6 +486,8 @@ async def _drive(
     output: ProgramOutput,
     core: ShimCore,
     driver: Driver,
+    *,
+    backlog: list[wire.Deliver] | None = None,
 ) -> int | None:
     async with trio.open_nursery() as nursery:
         driver.scope = nursery.cancel_scope
@@ -350,8 +498,10 @@ async def _drive(
         nursery.start_soon(driver.stop_on_terminate)
         nursery.start_soon(_report_refusals, link, news)
         # the fold starts once ``started`` is out: the replay may follow at once
-        await driver.perform(driver.processes.start(debuggee.process.pid, record.spec.command))
-        nursery.start_soon(driver.deliveries)
+        late = backlog is not None
+        pid = debuggee.process.pid
+        await driver.perform(driver.processes.start(pid, record.spec.command, late=late))
+        nursery.start_soon(driver.deliveries, backlog or ())
         nursery.start_soon(_terminate_when, news.ended, driver.end_run)
         code = await debuggee.wait()
         # what the program wrote is in its pipes now (debugpy's adapter holds them open, so no

@@ -137,6 +137,14 @@ def _run_commands(sub: _Commands) -> None:
     run_options(s, debug=False)
     relay_flag(s)
     s.add_argument(
+        "--debuggable",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="start a Python program so that `tether attach` can debug it later, without a "
+        "restart; nothing of the debugger is loaded until then (default: on; config key "
+        "debuggable)",
+    )
+    s.add_argument(
         "--json", action="store_true", help="print the run's record as JSON (default: its id)"
     )
     s.set_defaults(fn=cmd_run)

@@ -13,6 +13,7 @@ import trio
 
 from adapter.render import Clock, Progress, Terminal, launch_json, runs_table, status_text
 from protocol_specs import wire
+from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
 from relay.client import Endpoint, RelayError, follow_logs, open_control
 
@@ -63,7 +64,11 @@ async def cmd_attach(args: argparse.Namespace) -> int:
     relay = resolve_relay(args.relay, args)
     clock = Clock("")
     _port_free(args.port)
-    args.run = await full_run_id(relay, args.run)
+    async with open_control(relay, client="tether-cli") as control:
+        record = await control_call(control.get_run(args.run))
+    if why := not_attachable(record):
+        raise SystemExit(f"tether: {why}")
+    args.run = record.id
     SERVING.append(args.run)
     return await _serve(
         relay,
@@ -265,6 +270,29 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
         record = await control_call(control.cancel(before.id))
     print(f"run {record.id}: {record.state.value}")
     return 0
+
+
+def not_attachable(record: RunRecord) -> str:
+    """Why an IDE cannot debug the run, or ``""``: a debug run always can, a plain run when it
+    started a Python program debuggable (``tether run``'s default)."""
+    from worker_shim.python_command import is_python
+
+    if record.spec.debug:
+        return ""
+    command = " ".join(record.spec.command)[:200]
+    if not record.spec.debuggable:
+        return (
+            f"run {record.id} was started with --no-debuggable: no debugger can reach it without "
+            f"a restart (`tether debug -- {command}` runs it again under the debugger)"
+        )
+    program = record.spec.command[0]
+    if not (is_python(program) or program.endswith(".py")):
+        return (
+            f"run {record.id} runs `{command}`, not a Python program: only a Python program can "
+            f"be attached to later (`tether debug -- {command}` debugs every Python process it "
+            "starts)"
+        )
+    return ""
 
 
 async def full_run_id(relay: Endpoint, run: str) -> str:

@@ -79,6 +79,7 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
             workdir=str(workdir),
             debug=debug,
             wait_for_ide=not getattr(args, "no_wait", False),
+            debuggable=pick("debuggable", True),
             env={**pairs(args.env, "--env", chosen.env), **secrets},
             secret_env=sorted(secrets),
             name=args.name or "",

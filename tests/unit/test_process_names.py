@@ -98,6 +98,26 @@ CASES = [
         [PY, "-u", "main.py", "fork"],
         "main.py",
     ),
+    # a plain run's program, debuggable later (tether attach)
+    (
+        [
+            PY,
+            "-X",
+            "frozen_modules=off",
+            "/w/worker_shim/_tether_debugpy_boot.py",
+            "--tether-debugpy",
+            "/tmp/t/debugpy-home",
+            "--tether-attach",
+            "/tmp/t/attach.sock",
+            "--",
+            "-m",
+            "pkg.train",
+            "--lr",
+            "3",
+        ],
+        [PY, "-m", "pkg.train", "--lr", "3"],
+        "pkg.train",
+    ),
     # a non-Python command's main process: tether's launcher
     (
         [

@@ -202,6 +202,18 @@ def live(**spec: Any) -> Harness:
 # --- the replay -----------------------------------------------------------------------------------
 
 
+def test_a_plain_run_attached_late_replays_without_saying_started_again() -> None:
+    """A debuggable plain run an IDE attached to: the program has run since its ``started``;
+    the replay waits for the IDE's configuration as a debug run's does, then goes on."""
+    h = Harness(tail="8-0", debug=False)
+    h.perform(h.core.start(4242, late=True))
+    assert h.statuses() == []
+    assert h.core.phase is ReplayPhase.FOLDING  # the IDE's configuration is still to come
+    h.configure_ide()
+    assert h.core.phase is ReplayPhase.INITIALIZING
+    assert h.sent("initialize")["command"] == "initialize"
+
+
 def test_the_replay_sends_the_latest_configuration_in_order_before_configuration_done() -> None:
     h = Harness(tail="8-0")
     h.perform(h.core.start(4242))
