@@ -20,6 +20,7 @@ import trio
 
 from . import (
     common,
+    debuggable,
     first_stop,
     flood,
     idle,
@@ -41,6 +42,7 @@ BENCHES = (
     "resume",
     "processes",
     "wan",
+    "debuggable",
 )
 
 #: (full, quick) sizes
@@ -62,6 +64,7 @@ SIZES: dict[str, tuple[int, int]] = {
     "process_children": (16, 2),
     "wan_blocks": (2, 1),
     "wan_stops": (25, 3),
+    "debuggable_runs": (15, 2),
 }
 
 #: (full, quick) round-trip times of the slow-link benchmark, ms (``--rtt-ms`` overrides)
@@ -174,6 +177,9 @@ async def run(
                 tether, tmp, rtts, size["wan_blocks"], size["wan_stops"], jitter_ms
             )
 
+    async def bench_debuggable() -> None:
+        figures["debuggable"] = await debuggable.run(tmp, size["debuggable_runs"], quick)
+
     stages = {
         "latency": bench_latency,
         "flood": bench_flood,
@@ -183,6 +189,7 @@ async def run(
         "resume": bench_resume,
         "processes": bench_processes,
         "wan": bench_wan,
+        "debuggable": bench_debuggable,
     }
     for name, stage in stages.items():
         if name in only:

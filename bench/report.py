@@ -473,6 +473,52 @@ def _wan(f: dict[str, Any], n: dict[str, int]) -> list[str]:
     return [*rows, ""]
 
 
+def _debuggable(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
+    when = (
+        [
+            f"_Measured separately (`./dev bench --only debuggable`, {f['measured']}, same machine)._",
+            "",
+        ]
+        if f.get("measured")
+        else []
+    )
+    rows = [
+        "## 10. Debuggable runs",
+        "",
+        *when,
+        "What a plain run costs while nobody is attached, when `tether run` starts it so that "
+        "`tether attach` can debug it later (the default): the program against plain `python` "
+        f"(Python {f['python']}), {f['runs']} runs each, alternating; the worker's side of the "
+        "attach socket holds each program's connection, as a worker does. The loops time "
+        "themselves; the start is the whole process, start to exit.",
+        "",
+        "| | plain median | min | debuggable median | min | ratio: medians | minimums "
+        "| pairs (median) | target |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, p in f["programs"].items():
+        plain, ours = p["plain"], p["debuggable"]
+        medians, minimums = ours["median"] / plain["median"], ours["min"] / plain["min"]
+        paired = p.get("paired_ratio", medians)
+        loop = "iterations" in p and p["iterations"] > 0
+        target = f"<= 1.02 (pairs): {_verdict(paired <= 1.02)}" if loop else ""
+        what = f"{name} ({p['iterations']:,})" if loop else name
+        rows.append(
+            f"| {what} | {_ms(plain['median'] * 1000)} | {_ms(plain['min'] * 1000)} "
+            f"| {_ms(ours['median'] * 1000)} | {_ms(ours['min'] * 1000)} | {medians:.3f} "
+            f"| {minimums:.3f} | {paired:.3f} | {target} |"
+        )
+    return [
+        *rows,
+        "",
+        "This machine's speed for one program jumps by up to a third from run to run (two cores "
+        "shared with other guests: a run lands in a fast or a slow mode), which moves medians "
+        "and minimums by several percent either way; the target reads the median of the ratios "
+        "of the pairs run back to back.",
+        "",
+    ]
+
+
 SECTIONS = {
     "flood": _flood,
     "first_stop": _first_stop,
@@ -481,6 +527,7 @@ SECTIONS = {
     "resume": _resume,
     "processes": _processes,
     "wan": _wan,
+    "debuggable": _debuggable,
 }
 
 

@@ -38,6 +38,7 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
         "resume",
         "processes",
         "wan",
+        "debuggable",
     ):
         assert key in figures, (key, sorted(figures))
     # every latency figure has samples of all three ways
@@ -50,6 +51,11 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
             assert set(ways) == {"tether", "debugpy", "floor"}
             assert all(len(w["samples"]) > 0 for w in ways.values())
     assert figures["idle"]["sessions"] == 20
+    assert all(
+        len(p[way]["samples"]) == 2
+        for p in figures["debuggable"]["programs"].values()
+        for way in ("plain", "debuggable")
+    )
     # the slow link: quick RTTs, every stop of both ways measured
     assert [r["rtt_ms"] for r in figures["wan"]["rows"]] == [0, 50]
     for row in figures["wan"]["rows"]:
@@ -71,5 +77,6 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
         "7. Resume",
         "8. Processes",
         "9. Over a slow link",
+        "10. Debuggable runs",
     ):
         assert f"## {heading}" in report, heading
