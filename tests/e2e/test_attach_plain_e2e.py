@@ -55,9 +55,7 @@ async def test_a_plain_run_is_attached_to_mid_run_and_its_breakpoint_is_hit(
             home=home, name="run",
         ) as run:  # fmt: skip
             run_id = (await run.wait_line(r"^(\S+)$")).group(1)
-        async with tether(
-            "logs", run_id, "-f", "--relay", relay, home=home, name="logs"
-        ) as logs:
+        async with tether("logs", run_id, "-f", "--relay", relay, home=home, name="logs") as logs:
             await logs.wait_line(r"running", timeout=120)  # it runs, and no debugger is in it
             async with tether(
                 "attach", run_id, "--relay", relay, "--port", "0", home=home, name="attach"
