@@ -71,6 +71,7 @@ class Processes:
         self._host = socket.gethostname() if host is None else host
         self._born: dict[str, int] = {}  #: parent key -> how many children it had
         self._cmdlines: dict[str, list[str]] = {}  #: key -> real command line (forks share it)
+        self._over = False  #: the program exited: a child announced now is not reported
 
     def __repr__(self) -> str:
         live = sum(1 for c in self.children.values() if not c.ended)
@@ -149,7 +150,9 @@ class Processes:
 
     def end(self) -> list[Action]:
         """The program exited: each child still thought alive is reported gone (the program's
-        group is ended with it)."""
+        group is ended with it). A child debugpy announces after this (its message was on the
+        way) is not reported started: its ``process_exited`` could not follow."""
+        self._over = True
         actions: list[Action] = []
         for child in self.children.values():
             actions += self._of(child.connection_closed())
@@ -175,6 +178,9 @@ class Processes:
         key = process_key(pid)
         if key in self.children or key == MAIN:
             return []  # announced twice (debugpy tells each client once; be sure)
+        if self._over:
+            log.info("process %s was announced after the program exited: not debugged", key)
+            return []
         nth = self._born[parent] = self._born.get(parent, 0) + 1
         facts = self._read(pid)
         self._cmdlines[key] = facts.cmdline

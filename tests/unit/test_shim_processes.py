@@ -215,6 +215,20 @@ def test_ranks_not_listed_run_free_and_children_of_children_are_named_from_their
     assert len(h.statuses(StatusEvent.PROCESS_STARTED)) == 3
 
 
+def test_every_child_reported_started_is_reported_gone_even_one_announced_as_the_program_ended() -> (
+    None
+):
+    h = Harness()
+    h.go_live()
+    h.announce("", 201)
+    h.perform(h.p.end())  # the program exited: the shim ends what it thought alive
+    h.announce("", 202)  # debugpy's announcement was on its way
+    assert h.sent[""][-1]["command"] == "startDebugging"  # answered all the same
+    started = {s.process for s in h.statuses(StatusEvent.PROCESS_STARTED)}
+    gone = {s.process for s in h.statuses(StatusEvent.PROCESS_EXITED)}
+    assert started == gone == {"201"} and h.opened == ["201"]
+
+
 def test_stale_requests_for_processes_of_the_streams_past_are_not_answered() -> None:
     h = Harness()
     h.ide("continue", {"threadId": 1}, 5, process="4242")  # an earlier attempt's child
