@@ -61,6 +61,8 @@ class Profile(BaseModel):
     on_unattended_stop: str = ""
     #: ``tether run``: start Python programs so that ``tether attach`` can debug them later
     debuggable: bool | None = None
+    #: an uncaught exception stops the program for an IDE instead of ending it
+    post_mortem: bool | None = None
     env: dict[str, str] = Field(default_factory=dict)
     mounts: dict[str, str] = Field(default_factory=dict)
     tags: list[str] = Field(default_factory=list)

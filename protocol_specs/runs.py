@@ -199,6 +199,10 @@ class RunSpec(BaseModel):
     #: not debug mode: a Python program starts so that an IDE can attach later (``tether
     #: attach``), without a restart; nothing of the debugger is loaded until then
     debuggable: bool = True
+    #: an uncaught exception stops its thread in the raising frame instead of ending the program
+    #: (a debug run: when no IDE configured exception breakpoints; a plain run: a debuggable
+    #: program), until an IDE lets it go or the unattended-stop policy acts
+    post_mortem: bool = True
     env: dict[str, str] = Field(default_factory=dict, max_length=1000)
     #: names in ``env`` whose values are secret: the worker's program gets them, but ``tether ls``,
     #: ``status`` and the logs show :data:`REDACTED` (and the program's output has them blanked)

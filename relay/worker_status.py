@@ -1,6 +1,7 @@
 """What a worker's status entries do to its run: the record moves along the table in
 ``protocol_specs/runs.py`` (``relay/registry.py`` performs it), a process of the run is listed or
-paused, an unattended stop is posted to the run's webhook, and the logs get an attempt's marker.
+paused, an unattended stop is posted to the run's webhook and marked in its logs (as is an
+attempt's start).
 Only the events below may come from a worker; the relay writes the others itself.
 """
 
@@ -57,6 +58,8 @@ class WorkerStatus:
             record = await registry.load(run_id)
             if record is not None and record.spec.webhook:
                 self.on_unattended(record, entry)
+            # the logs too: ``tether run -f`` and ``tether logs -f`` are a plain run's terminal
+            await registry.log_marker(run_id, wire.encode_entry(entry))
             return
         if entry.event in PROCESS_EVENTS:  # the run is paused while any of its processes is
             now = registry.clock()

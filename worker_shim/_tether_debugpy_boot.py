@@ -145,10 +145,14 @@ def main() -> None:
         home = sys.argv[2]
         sys.path.append(home)
         del sys.argv[1:3]
-    # --tether-attach PATH -- TARGET: run the program now, debugpy only when the worker asks
-    if sys.argv[1:2] == ["--tether-attach"] and sys.argv[3:4] == ["--"]:
-        _run_attachable(sys.argv[2], home, sys.argv[4:])
-        return
+    # --tether-attach PATH [--tether-post-mortem] -- TARGET: run the program now, debugpy only
+    # when the worker asks (or an uncaught exception would end the program)
+    if sys.argv[1:2] == ["--tether-attach"]:
+        post_mortem = sys.argv[3:4] == ["--tether-post-mortem"]
+        rest = sys.argv[4 if post_mortem else 3 :]
+        if rest[:1] == ["--"]:
+            _run_attachable(sys.argv[2], home, rest[1:], post_mortem)
+            return
     from debugpy.server import cli  # imports pydevd (vendored) and puts it on sys.path
 
     if home is not None and os.path.isfile(os.path.join(home, "__main__.py")):
@@ -180,22 +184,35 @@ def main() -> None:
         sys.exit(1)
 
 
-def _run_attachable(path: str, home: str | None, target: list[str]) -> None:
+def _run_attachable(path: str, home: str | None, target: list[str], post_mortem: bool) -> None:
     """Run ``target`` (``script args``, ``-m module args`` or ``-c code args``) as plain python
-    would, debuggable later without a restart or ptrace: a thread connects to the worker's unix
-    socket ``path`` and waits, and nothing of debugpy is loaded, let alone tracing, until the
-    worker writes ``attach`` there. Then the thread starts debugpy listening (the program goes on running) and
-    answers with the port of debugpy's adapter; the worker connects to it as for a debug run, and
-    the breakpoints it sends apply to the running program's threads."""
-    import runpy
+    would, debuggable later without a restart or ptrace: connected to the worker's unix socket
+    ``path``, a thread waits, and nothing of debugpy is loaded, let alone tracing, until the
+    worker writes ``attach`` there. Then the thread starts debugpy listening (the program goes on
+    running) and answers with the port of debugpy's adapter; the worker connects to it as for a
+    debug run, and the breakpoints it sends apply to the running program's threads.
+
+    ``post_mortem``: an uncaught exception (of the main thread or another) stops its thread
+    before it is reported (:meth:`_Worker.post_mortem`, from the exception hooks); once it is let
+    go, the program ends as it would have (the traceback, exit code 1)."""
     import threading
 
-    thread = threading.Thread(
-        target=_serve_attach, args=(path, home), name="tether.attach", daemon=True
-    )
-    thread.is_pydev_daemon_thread = True  # type: ignore[attr-defined]  # not the user's
-    thread.start()
-    sys.excepthook = _without_our_frames(sys.excepthook, debugger=False)
+    worker = _Worker(path, home)
+    if worker.conn is not None:
+        thread = threading.Thread(target=worker.serve, name="tether.attach", daemon=True)
+        thread.is_pydev_daemon_thread = True  # type: ignore[attr-defined]  # not the user's
+        thread.start()
+    hook = sys.excepthook
+    if post_mortem:  # the hooks run once the exception left every frame: pydevd saw it pass
+        hook = _stopping_first(hook, worker)
+        threading.excepthook = _stopping_first(threading.excepthook, worker, thread=True)
+    sys.excepthook = _without_our_frames(hook, debugger=False)
+    _run_target(target)
+
+
+def _run_target(target: list[str]) -> None:
+    import runpy
+
     safe = sys.flags.isolated or getattr(sys.flags, "safe_path", False)  # -I, -P: no path entry
     if target[0] == "-m":
         sys.argv = [target[1], *target[2:]]  # runpy puts the module's file in sys.argv[0]
@@ -217,30 +234,106 @@ def _run_attachable(path: str, home: str | None, target: list[str]) -> None:
         runpy.run_path(target[0], run_name="__main__")
 
 
-def _serve_attach(path: str, home: str | None) -> None:
-    """The attach thread: connected to the worker's unix socket ``path``, it answers each
-    ``attach`` line with the port of debugpy's adapter (debugpy starts listening the first
-    time), or ``error: why``. Without the worker there (a program started by hand), it ends."""
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(path)
-    except OSError:
-        conn.close()
-        return
-    port = 0
-    with conn, conn.makefile("rb") as requests:
-        for line in requests:
-            if line.strip() != b"attach":
-                continue
-            try:
-                port = port or _listen(home)
-                answer = f"{port}\n"
-            except Exception as exc:  # said to the worker; the program goes on
-                answer = f"error: {type(exc).__name__}: {exc}\n"
-            try:
-                conn.sendall(answer.encode())
-            except OSError:
-                return
+#: how long a post-mortem waits for the worker to connect and configure debugpy
+CLIENT_TIMEOUT = 60.0
+
+
+class _Worker:
+    """The worker at the other end of the unix socket ``path`` (``None`` without it: a program
+    started by hand runs plain). Lines from the worker: ``attach``; to it: the port of debugpy's
+    adapter (or ``error: why``) in answer, and ``post-mortem PORT`` when an uncaught exception
+    stopped a thread and debugpy waits for the worker at ``PORT``."""
+
+    def __init__(self, path: str, home: str | None) -> None:
+        import threading
+
+        self.home = home
+        self.pid = os.getpid()  # a forked child inherits the socket, never the worker
+        self.port = 0
+        self._listening = threading.Lock()
+        self._writing = threading.Lock()
+        self.conn: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.conn.connect(path)
+        except OSError:
+            self.conn.close()
+            self.conn = None
+
+    def listen(self) -> int:
+        """debugpy listening (started the first time), its adapter's port."""
+        with self._listening:
+            self.port = self.port or _listen(self.home)
+            return self.port
+
+    def say(self, line: str) -> bool:
+        if self.conn is None or os.getpid() != self.pid:
+            return False
+        try:
+            with self._writing:
+                self.conn.sendall(f"{line}\n".encode())
+        except OSError:
+            return False
+        return True
+
+    def serve(self) -> None:
+        """The attach thread: each ``attach`` line is answered with the port (debugpy starts
+        listening the first time) or ``error: why``; the program goes on either way."""
+        assert self.conn is not None
+        with self.conn.makefile("rb") as requests:
+            for line in requests:
+                if line.strip() != b"attach":
+                    continue
+                try:
+                    answer = str(self.listen())
+                except Exception as exc:  # said to the worker; the program goes on
+                    answer = f"error: {type(exc).__name__}: {exc}"
+                if not self.say(answer):
+                    return
+
+    def post_mortem(self, excinfo: Any) -> None:
+        """Stop this thread on the uncaught exception ``excinfo``, in its raising frame, until
+        the worker's client lets it go (an IDE, or the run's unattended-stop policy): debugpy
+        starts, the worker is told, connects and configures it (its exception filters decide,
+        as debugpy's own stops on uncaught exceptions do), then debugpy stops here. Not for how
+        programs end on purpose (``SystemExit``, ``KeyboardInterrupt``), nor once debugpy has a
+        client: it stops on uncaught exceptions itself then."""
+        if not isinstance(excinfo[1], Exception) or self.conn is None or os.getpid() != self.pid:
+            return
+        if "debugpy" in sys.modules and sys.modules["debugpy"].is_client_connected():
+            return
+        try:
+            port = self.listen()
+        except Exception as exc:
+            print(f"tether: no post-mortem (debugpy did not start: {exc})", file=sys.stderr)
+            return
+        if not self.say(f"post-mortem {port}"):
+            return
+        import threading
+
+        import debugpy
+
+        give_up = threading.Timer(CLIENT_TIMEOUT, debugpy.wait_for_client.cancel)
+        give_up.daemon = True
+        give_up.start()
+        debugpy.wait_for_client()
+        give_up.cancel()
+        if debugpy.is_client_connected():
+            debugpy.trigger_exception_handler(excinfo)
+
+
+def _stopping_first(hook: Any, worker: _Worker, *, thread: bool = False) -> Any:
+    """``sys.excepthook`` (``thread``: ``threading.excepthook``) stopping the thread post-mortem
+    before ``hook`` reports the exception."""
+
+    @functools.wraps(hook)
+    def excepthook(*args: Any) -> Any:
+        if thread:
+            worker.post_mortem((args[0].exc_type, args[0].exc_value, args[0].exc_traceback))
+        else:
+            worker.post_mortem(args)
+        return hook(*args)
+
+    return excepthook
 
 
 def _listen(home: str | None) -> int:

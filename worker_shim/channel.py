@@ -57,7 +57,8 @@ class DebugpyChannel:
         self.closed = False
         self._seq = 0
         self._sent: dict[int, Sent] = {}
-        self._lookup_seq: int | None = None  #: the pause report's ``stackTrace`` in flight
+        #: the watch's look-ups in flight: seq -> ``stackTrace`` or ``exceptionInfo``
+        self._lookups: dict[int, str] = {}
         self._watches = WatchList()  #: watch expressions the IDE evaluated since the last stop
         self._gathering: Gathering | None = None  #: the prefetch of the stop now, in flight
         self._prefetch_sent: dict[int, tuple[str, dict[str, Any]]] = {}
@@ -92,12 +93,10 @@ class DebugpyChannel:
                 if isinstance(step, LookUp):
                     if self.closed:
                         self.watch.found([])  # debugpy is gone: it says nothing
+                        self.watch.found_exception({})
                         again = True
                     else:
-                        actions += self._send(
-                            "stackTrace", {"threadId": step.thread_id, "levels": 1}
-                        )
-                        self._lookup_seq = self._seq
+                        actions += self._look_up(step)
                 elif isinstance(step, Continue):
                     actions += self._send("continue", {"threadId": step.thread_id})
                 elif isinstance(step, Terminate):
@@ -109,6 +108,35 @@ class DebugpyChannel:
 
     def _terminated_by_watch(self, step: Terminate) -> list[Action]:
         raise NotImplementedError
+
+    def _look_up(self, step: LookUp) -> list[Action]:
+        actions = self._send("stackTrace", {"threadId": step.thread_id, "levels": 1})
+        self._lookups[self._seq] = "stackTrace"
+        if step.exception:
+            actions += self._send("exceptionInfo", {"threadId": step.thread_id})
+            self._lookups[self._seq] = "exceptionInfo"
+        return actions
+
+    def _looked_up(self, seq: int, msg: dict[str, Any]) -> list[Action] | None:
+        """debugpy's answer ``msg`` to the watch's look-up ``seq`` (None: it is not one)."""
+        command = self._lookups.pop(seq, None)
+        if command is None:
+            return None
+        body = msg.get("body") if msg.get("success") else None
+        body = body if isinstance(body, dict) else {}
+        if command == "stackTrace":
+            frames = body.get("stackFrames")
+            self.watch.found(frames if isinstance(frames, list) else [])
+        else:
+            self.watch.found_exception(body)
+        return self._watch_step()
+
+    def _lookups_lost(self) -> None:
+        """debugpy is gone: the look-ups in flight are answered with nothing."""
+        if self._lookups:
+            self._lookups.clear()
+            self.watch.found([])
+            self.watch.found_exception({})
 
     def _forward(self, entry: DapEntry, msg: dict[str, Any]) -> list[Action]:
         """The IDE's request ``msg`` (from ``entry``) for this process, live: to debugpy, unless

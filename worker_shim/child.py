@@ -125,9 +125,7 @@ class ChildCore(DebugpyChannel):
         self._queued.clear()
         if self.phase not in (ReplayPhase.LIVE, ReplayPhase.ENDED):
             self._enter(ReplayPhase.ENDED, "debugpy closed the connection")
-        if self._lookup_seq is not None:
-            self._lookup_seq = None
-            self.watch.found([])
+        self._lookups_lost()
         return [*self._exited(), *self._watch_step()]
 
     def _on_response(self, msg: dict[str, Any]) -> list[Action]:
@@ -145,12 +143,9 @@ class ChildCore(DebugpyChannel):
         prefetched = self._prefetch_answered(request_seq, msg)
         if prefetched is not None:
             return prefetched
-        if sent.command == "stackTrace" and request_seq == self._lookup_seq:
-            self._lookup_seq = None
-            body = msg.get("body")
-            frames = body.get("stackFrames") if isinstance(body, dict) else None
-            self.watch.found(frames if isinstance(frames, list) else [])
-            return self._watch_step()
+        looked_up = self._looked_up(request_seq, msg)
+        if looked_up is not None:
+            return looked_up
         if sent.command == "disconnect":
             return [CloseChild(self.key)]
         if not msg.get("success") and sent.command in ("initialize", "configurationDone"):

@@ -108,10 +108,11 @@ class ShimCore(DebugpyChannel):
         self._open_channel(wall)
         self.session = DebugSession()
         self.watch = Watch(record, run_dir, self._status)
-        self.plan = ConfigurationPlan()
+        self.plan = ConfigurationPlan(post_mortem=record.spec.post_mortem)
         self._tail = tail
         self._seen = START
         self._waiting_said = False
+        self._waits = record.spec.wait_for_ide  #: for the IDE's configuration before the replay
         self._initialized = False  #: debugpy said ``initialized``
         self._batch: set[int] = set()  #: configuration requests of the replay in flight
         self._answered: set[str] = set()  #: the replay's own requests answered so far
@@ -132,9 +133,13 @@ class ShimCore(DebugpyChannel):
 
     # --- start ------------------------------------------------------------------------------------
 
-    def start(self, pid: int, *, late: bool = False) -> list[Action]:
+    def start(self, pid: int, *, late: bool = False, post_mortem: bool = False) -> list[Action]:
         """The program started under debugpy (nothing of the user's code ran yet); ``late``: a
-        plain run that has been running since its ``started``, now debugged (an IDE attached)."""
+        plain run that has been running since its ``started``, now debugged (an IDE attached);
+        ``post_mortem``: that, for an uncaught exception, with no IDE to wait for."""
+        if post_mortem:
+            self._waits = False
+            late = True
         if late:
             return self._maybe_replay()
         data = {
@@ -150,7 +155,7 @@ class ShimCore(DebugpyChannel):
         configuration (or the run does not wait for an IDE)."""
         if self.phase is not ReplayPhase.FOLDING or self.terminating or self._seen < self._tail:
             return []
-        if self.session.configuration_done or not self.record.spec.wait_for_ide:
+        if self.session.configuration_done or not self._waits:
             self._enter(ReplayPhase.INITIALIZING, "caught up and configured")
             self._replay_deadline = self.clock() + HANDSHAKE_TIMEOUT
             return self._send("initialize", initialize_arguments(self.session))
@@ -256,9 +261,7 @@ class ShimCore(DebugpyChannel):
             # the program ended (terminated) before going live
             self._enter(ReplayPhase.ENDED, "debugpy closed the connection")
             self._replay_deadline = None
-        if self._lookup_seq is not None:
-            self._lookup_seq = None
-            self.watch.found([])
+        self._lookups_lost()
         return self._watch_step()
 
     def _dispatch(self, raw: bytes) -> list[Action]:
@@ -287,12 +290,15 @@ class ShimCore(DebugpyChannel):
         sent = self._sent.pop(request_seq, None)
         if sent is None:
             return []
-        if sent.origin is None:
+        actions: list[Action] = []
+        if sent.origin is None and request_seq not in self._batch:
             return self._own_response(request_seq, sent.command, msg)
-        body = orjson.dumps({**msg, "request_seq": sent.seq})
-        entry = DapEntry(origin=sent.origin, body=body, transient=is_transient(msg, sent.command))
-        actions: list[Action] = [Settle(), Publish(entry)]
-        if request_seq in self._batch:
+        if sent.origin is not None:
+            body = orjson.dumps({**msg, "request_seq": sent.seq})
+            transient = is_transient(msg, sent.command)
+            entry = DapEntry(origin=sent.origin, body=body, transient=transient)
+            actions += [Settle(), Publish(entry)]
+        if request_seq in self._batch:  # the replay's (the worker's own: POST_MORTEM)
             self._batch.discard(request_seq)
             if not self._batch and self.phase is ReplayPhase.CONFIGURING:
                 actions += self._configure()
@@ -327,14 +333,9 @@ class ShimCore(DebugpyChannel):
         prefetched = self._prefetch_answered(seq, msg)
         if prefetched is not None:
             return prefetched
-        if command == "stackTrace":
-            if seq == self._lookup_seq:
-                self._lookup_seq = None
-                body = msg.get("body")
-                frames = body.get("stackFrames") if isinstance(body, dict) else None
-                self.watch.found(frames if isinstance(frames, list) else [])
-                return self._watch_step()
-            return []
+        looked_up = self._looked_up(seq, msg)
+        if looked_up is not None:
+            return looked_up
         if command not in ("initialize", "attach", "configurationDone"):
             return []  # ``continue`` after an unattended stop: nothing to do with the answer
         if self.phase not in _REPLAYING:
@@ -369,7 +370,9 @@ class ShimCore(DebugpyChannel):
         self._enter(ReplayPhase.CONFIGURING, "configuration to send")
         actions: list[Action] = []
         for bset in batch:
-            actions += self._send(bset.command, bset.arguments, origin=bset.origin, seq=bset.seq)
+            # the worker's own (POST_MORTEM, origin ""): its answer is nobody's
+            origin = bset.origin or None
+            actions += self._send(bset.command, bset.arguments, origin=origin, seq=bset.seq)
             self._batch.add(self._seq)
         return actions
 

@@ -44,7 +44,7 @@ from .actions import Action, OpenChild, Publish, Terminate, status_entry
 from .child import ChildCore
 from .core import ShimCore, parse_delivery, request_of
 from .process_names import ProcFacts, describe, read_proc
-from .replay import attach_arguments, initialize_arguments, pipe_output_attach
+from .replay import attach_arguments, configuration, initialize_arguments, pipe_output_attach
 
 __all__ = ["Processes"]
 
@@ -78,15 +78,20 @@ class Processes:
         return f"<Processes children={len(self.children)} live={live} {self.main!r}>"
 
     def start(
-        self, pid: int, command: list[str] | None = None, *, late: bool = False
+        self,
+        pid: int,
+        command: list[str] | None = None,
+        *,
+        late: bool = False,
+        post_mortem: bool = False,
     ) -> list[Action]:
-        """The main process is ``pid``, running ``command`` (as submitted); ``late``: see
-        :meth:`ShimCore.start <worker_shim.core.ShimCore.start>`."""
+        """The main process is ``pid``, running ``command`` (as submitted); ``late`` and
+        ``post_mortem``: see :meth:`ShimCore.start <worker_shim.core.ShimCore.start>`."""
         facts = self._read(pid)
         self._cmdlines[MAIN] = facts.cmdline
         self.infos[MAIN] = describe(pid, facts, parent=MAIN, nth=0, host=self._host, key=MAIN,
                                     command=command)  # fmt: skip
-        return self.main.start(pid, late=late)
+        return self.main.start(pid, late=late, post_mortem=post_mortem)
 
     # --- from the relay ---------------------------------------------------------------------------
 
@@ -220,7 +225,7 @@ class Processes:
 
     def configuration(self) -> list[BreakpointSet]:
         """The run's latest configuration, folded from every process."""
-        return self.config.configuration()
+        return configuration(self.config, post_mortem=self.record.spec.post_mortem)
 
     def _of(self, actions: list[Action]) -> list[Action]:
         """A child's actions, its ``Terminate`` (the run's unattended-stop policy) made the

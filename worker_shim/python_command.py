@@ -304,12 +304,18 @@ def build_debug_argv(
 
 
 def build_attachable_argv(
-    user_argv: list[str], *, python: str = sys.executable, home: str = "", socket: str
+    user_argv: list[str],
+    *,
+    python: str = sys.executable,
+    home: str = "",
+    socket: str,
+    post_mortem: bool = False,
 ) -> list[str]:
     """The argv of a plain run that an IDE may attach to later (a debuggable run): the user's
     Python options, then the boot script, which runs the target at once and starts debugpy only
     when asked on the unix socket ``socket``, where the worker listens (``_tether_debugpy_boot.py``,
-    ``--tether-attach``).
+    ``--tether-attach``); ``post_mortem``: or when an uncaught exception would end the program
+    (``--tether-post-mortem``).
     ``ValueError`` for a command that is not Python (:func:`split_python_command`)."""
     opts, target = split_python_command(user_argv)
     home_args = ["--tether-debugpy", home] if home else []
@@ -322,6 +328,7 @@ def build_attachable_argv(
         *home_args,
         "--tether-attach",
         socket,
+        *(["--tether-post-mortem"] if post_mortem else []),
         "--",
         *target,
     ]

@@ -134,19 +134,34 @@ def pipe_output_attach(attach: Mapping[str, Any]) -> dict[str, Any]:
     return args
 
 
+#: what the worker configures when the run is post-mortem (``spec.post_mortem``) and no IDE
+#: configured exception breakpoints: stop on uncaught exceptions (its own request: origin "")
+POST_MORTEM = BreakpointSet("setExceptionBreakpoints", {"filters": ["uncaught"]}, [], "", 0)
+
+
+def configuration(session: DebugSession, *, post_mortem: bool) -> list[BreakpointSet]:
+    """``session``'s configuration to replay, with :data:`POST_MORTEM` if it applies: the IDE's
+    own exception breakpoints always win (a user who turned uncaught exceptions off)."""
+    plan = session.configuration()
+    if post_mortem and session.exception_breakpoints is None:
+        plan.append(POST_MORTEM)
+    return plan
+
+
 class ConfigurationPlan:
     """Which configuration requests to send next: only the latest state per kind and source ever
     applies, and what was sent already (the same request: origin and seq) is not sent again."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, post_mortem: bool = False) -> None:
         self._applied: dict[tuple[str, str], tuple[str, int]] = {}
+        self.post_mortem = post_mortem
 
     def __repr__(self) -> str:
         return f"<ConfigurationPlan applied={len(self._applied)}>"
 
     def next_batch(self, session: DebugSession) -> list[BreakpointSet]:
         batch = []
-        for bset in session.configuration():
+        for bset in configuration(session, post_mortem=self.post_mortem):
             key = (bset.command, _source_of(bset))
             if self._applied.get(key) == (bset.origin, bset.seq):
                 continue

@@ -47,7 +47,6 @@ import logging
 import os
 import sys
 import tempfile
-from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from functools import partial
@@ -69,19 +68,12 @@ from .actions import (
     status_entry,
 )
 from .core import ShimCore, exit_status, terminates
+from .debuggable import attach_listener, attachable_argv, until_debugged
 from .debuggee import Debuggee, OutputPump, start_debuggee, start_plain, terminate_group
 from .driver import Driver
 from .files import Fetch, materialise
 from .output import ProgramOutput, open_program_output, unbuffered_env
 from .processes import Processes
-from .python_command import (
-    build_attachable_argv,
-    check_python,
-    debugpy_home,
-    is_python,
-    resolve_python,
-    split_python_command,
-)
 from .replay import DEFAULT_INITIALIZE
 
 __all__ = ["DEFAULT_INITIALIZE", "run_shim", "worker_link", "worker_link_policy"]
@@ -194,7 +186,7 @@ async def _attempt(
     async with open_program_output(link, record.attempt, record.spec.secrets()) as output:
         if not record.spec.debug:
             with tempfile.TemporaryDirectory(prefix="tether-attach-") as where:
-                attachable = await _attachable_argv(record, run_dir, env, python, Path(where))
+                attachable = await attachable_argv(record, run_dir, env, python, Path(where))
                 return await _run_plain(
                     link, record, run_dir, env, log_path, say, news, output, attachable
                 )
@@ -272,28 +264,6 @@ async def _status(link: RunLink, event: StatusEvent, **fields: Any) -> None:
     await link.publish(status_entry(event, **fields))
 
 
-async def _attachable_argv(
-    record: RunRecord, run_dir: Path, env: dict[str, str], python: str, where: Path
-) -> tuple[list[str], str] | None:
-    """How a plain run's program starts so that an IDE can attach later (``spec.debuggable``):
-    its argv and the unix socket it listens on for the worker's ``attach``. ``None``: it runs
-    plain (not asked for, not a Python command, or an interpreter debugpy cannot run)."""
-    command = record.spec.command
-    if not record.spec.debuggable or not (is_python(command[0]) or command[0].endswith(".py")):
-        return None
-    try:
-        split_python_command(command)
-        if is_python(command[0]):
-            python = resolve_python(command[0], env=env, cwd=str(run_dir))
-        await check_python(python, env=env, cwd=str(run_dir))
-    except ValueError as exc:
-        log.info("run %s runs without a way to attach later: %s", record.id, exc)
-        return None
-    socket_path = str(where / "attach.sock")
-    home = str(debugpy_home(where))
-    return build_attachable_argv(command, python=python, home=home, socket=socket_path), socket_path
-
-
 async def _run_plain(
     link: RunLink,
     record: RunRecord,
@@ -311,7 +281,7 @@ async def _run_plain(
     listener = None
     if attachable is not None:
         try:
-            listener = await _attach_listener(attachable[1])
+            listener = await attach_listener(attachable[1])
         except OSError as exc:
             log.warning("run %s runs without a way to attach later: %s", record.id, exc)
             attachable = None
@@ -336,13 +306,17 @@ async def _run_plain(
         nursery.start_soon(_terminate_when, news.ended, terminate)
         if listener is not None:
             with listener:
-                seen = await _until_an_ide(link, record, process, terminate)
-                port = await _attach(listener, record, say) if seen is not None else None
-            if port is not None:
-                debuggee = Debuggee(process, port, output)
+                debugged = await until_debugged(link, record, process, terminate, listener, say)
+            if debugged is not None:
+                if debugged.post_mortem:
+                    say(f"run {record.id}: an uncaught exception; the program waits post-mortem")
+                else:
+                    say(f"run {record.id}: an IDE attached; debugging the running program")
+                debuggee = Debuggee(process, debugged.port, output)
                 code = await _run_debug(
-                    link, record, run_dir, debuggee, say, news, on_output, backlog=seen
-                )
+                    link, record, run_dir, debuggee, say, news, on_output,
+                    backlog=debugged.backlog, post_mortem=debugged.post_mortem,
+                )  # fmt: skip
                 nursery.cancel_scope.cancel()
                 return code
         nursery.start_soon(_watch_terminate, link, record, terminate)
@@ -353,82 +327,6 @@ async def _run_plain(
     await _exited(link, record, code)
     say(f"run {record.id} exited with {code}")
     return code
-
-
-#: the most ``to_worker`` entries a plain run keeps for an IDE that attaches (its configuration)
-ATTACH_BACKLOG = 10_000
-#: how long the program may take to start debugpy when the worker asks
-ATTACH_TIMEOUT = 60.0
-
-
-async def _until_an_ide(
-    link: RunLink,
-    record: RunRecord,
-    process: trio.Process,
-    terminate: Callable[[], Awaitable[None]],
-) -> list[wire.Deliver] | None:
-    """What the link delivered until an IDE attached to the run (its adapter's presence), or
-    ``None`` once the program exited; a ``terminate`` meant for this attempt is done at once."""
-    seen: deque[wire.Deliver] = deque(maxlen=ATTACH_BACKLOG)
-    with trio.CancelScope() as scope:
-
-        async def stop_at_exit() -> None:
-            await process.wait()
-            scope.cancel()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stop_at_exit)
-            async for delivery in link.deliveries:
-                seen.append(delivery)
-                try:
-                    entry = wire.decode_entry(delivery.entry)
-                except WireError as exc:
-                    log.warning("skipping malformed entry %s: %s", delivery.cursor, exc.message)
-                    continue
-                if terminates(entry, record):
-                    await terminate()
-                elif isinstance(entry, wire.PresenceEntry) and entry.attached:
-                    nursery.cancel_scope.cancel()
-                    return list(seen)
-    return None
-
-
-async def _attach_listener(path: str) -> trio.socket.SocketType:
-    """The unix socket a debuggable program connects to at its start, before its own code."""
-    listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-    try:
-        await listener.bind(path)
-        listener.listen(1)
-    except OSError:
-        listener.close()
-        raise
-    return listener
-
-
-async def _attach(
-    listener: trio.socket.SocketType, record: RunRecord, say: Callable[[str], None]
-) -> int | None:
-    """Ask the program to start debugpy; the port of debugpy's adapter, or ``None`` (said)."""
-    text = ""
-    try:
-        with trio.fail_after(ATTACH_TIMEOUT):
-            conn, _addr = await listener.accept()  # it connected when it started
-            async with trio.SocketStream(conn) as stream:
-                await stream.send_all(b"attach\n")
-                answer = b""
-                while not answer.endswith(b"\n"):
-                    chunk = await stream.receive_some(1024)
-                    if not chunk:
-                        break
-                    answer += chunk
-        text = answer.decode(errors="replace").strip()
-        port = int(text)
-    except (OSError, trio.TooSlowError, ValueError, trio.BrokenResourceError) as exc:
-        detail = text or f"{type(exc).__name__}: {exc}"
-        say(f"run {record.id}: an IDE attached, but the program could not start debugpy: {detail}")
-        return None
-    say(f"run {record.id}: an IDE attached; debugging the running program")
-    return port
 
 
 async def _terminate_when(event: trio.Event, terminate: Callable[[], Awaitable[None]]) -> None:
@@ -459,9 +357,11 @@ async def _run_debug(
     output: ProgramOutput,
     *,
     backlog: list[wire.Deliver] | None = None,
+    post_mortem: bool = False,
 ) -> int | None:
     """``backlog``: a plain run an IDE attached to (what its watch took off the link; the
-    program has been running since its ``started``)."""
+    program has been running since its ``started``); ``post_mortem``: no IDE, an uncaught
+    exception holds the program (the replay does not wait for an IDE's configuration)."""
     stream = await debuggee.connect()
     tail = Cursor.parse(link.tails.get(StreamName.TO_WORKER.value, "0"))
     if backlog:
@@ -470,8 +370,9 @@ async def _run_debug(
     driver = Driver(Processes(core), stream, link, output, debuggee, say)
     try:
         return await _drive(
-            link, record, debuggee, say, news, output, core, driver, backlog=backlog
-        )
+            link, record, debuggee, say, news, output, core, driver,
+            backlog=backlog, post_mortem=post_mortem,
+        )  # fmt: skip
     finally:
         with trio.CancelScope(shield=True):
             await driver.close_streams()
@@ -488,6 +389,7 @@ async def _drive(
     driver: Driver,
     *,
     backlog: list[wire.Deliver] | None = None,
+    post_mortem: bool = False,
 ) -> int | None:
     async with trio.open_nursery() as nursery:
         driver.scope = nursery.cancel_scope
@@ -500,7 +402,8 @@ async def _drive(
         # the fold starts once ``started`` is out: the replay may follow at once
         late = backlog is not None
         pid = debuggee.process.pid
-        await driver.perform(driver.processes.start(pid, record.spec.command, late=late))
+        start = driver.processes.start(pid, record.spec.command, late=late, post_mortem=post_mortem)
+        await driver.perform(start)
         nursery.start_soon(driver.deliveries, backlog or ())
         nursery.start_soon(_terminate_when, news.ended, driver.end_run)
         code = await debuggee.wait()

@@ -9,8 +9,10 @@ goes on; short stops (stepping) are not reported.
 
 What it reports goes out in the order it was decided, one report at a time (a FIFO). A report
 that says where the program is waits for debugpy's answer to a one-frame ``stackTrace`` (a
-:class:`LookUp` the core sends), for :data:`LOOKUP_TIMEOUT` at most; the reports behind it wait
-with it, so ``resumed`` never overtakes the ``paused`` before it.
+:class:`LookUp` the core sends) and, for a stop on an exception, to ``exceptionInfo`` (which
+exception, and whether it is uncaught: a post-mortem reads "uncaught ValueError at train.py:18 in
+step"), for :data:`LOOKUP_TIMEOUT` at most; the reports behind it wait with it, so ``resumed``
+never overtakes the ``paused`` before it.
 
 Sans-I/O: the caller passes the time in (:meth:`Watch.step` after every fact and at
 :attr:`Watch.next_deadline`) and performs what comes back.
@@ -31,7 +33,15 @@ from protocol_specs.wire import PresenceEntry, StatusEntry
 
 from .actions import Action, Publish, Say, Terminate
 
-__all__ = ["LOOKUP_TIMEOUT", "PAUSE_REPORT_AFTER", "Continue", "LookUp", "Watch", "where_text"]
+__all__ = [
+    "LOOKUP_TIMEOUT",
+    "PAUSE_REPORT_AFTER",
+    "Continue",
+    "LookUp",
+    "Watch",
+    "stop_text",
+    "where_text",
+]
 
 #: a stop shorter than this (a step) is not reported as the run being paused
 PAUSE_REPORT_AFTER = 0.5
@@ -41,9 +51,11 @@ LOOKUP_TIMEOUT = 5.0
 
 @dataclass(frozen=True)
 class LookUp:
-    """Ask debugpy for the top frame of ``thread_id``; answer with :meth:`Watch.found`."""
+    """Ask debugpy for the top frame of ``thread_id`` (answer with :meth:`Watch.found`) and, with
+    ``exception``, its ``exceptionInfo`` (answer with :meth:`Watch.found_exception`)."""
 
     thread_id: int
+    exception: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,8 +72,17 @@ Step = Action | LookUp | Continue
 class _Report:
     #: the thread to say where of first (None: nothing to look up)
     thread_id: int | None
-    make: Callable[[str], list[Step]]
+    #: what to publish, given where (`` at train.py:18 in step``) and the exception's info
+    make: Callable[[str, dict[str, Any]], list[Step]]
+    exception: bool = False  #: the thread stopped on an exception: look that up too
     where: str | None = None
+    info: dict[str, Any] | None = None
+
+    @property
+    def ready(self) -> bool:
+        if self.thread_id is None:
+            return True
+        return self.where is not None and (self.info is not None or not self.exception)
 
 
 class Watch:
@@ -113,6 +134,16 @@ class Watch:
         """debugpy's ``stackFrames`` for the look-up asked last (empty: it would not say)."""
         if self._reports and self._lookup_until is not None:
             self._reports[0].where = where_text(frames, self.roots)
+            self._lookup_done()
+
+    def found_exception(self, info: dict[str, Any]) -> None:
+        """debugpy's ``exceptionInfo`` body for the look-up asked last (empty: it would not say)."""
+        if self._reports and self._lookup_until is not None:
+            self._reports[0].info = info
+            self._lookup_done()
+
+    def _lookup_done(self) -> None:
+        if self._reports[0].ready:
             self._lookup_until = None
 
     # --- time -------------------------------------------------------------------------------------
@@ -132,17 +163,21 @@ class Watch:
             self._decide(decision)
         self._decisions = []
         if self._lookup_until is not None and now >= self._lookup_until:
-            self.found([])
+            head = self._reports[0]
+            head.where = "" if head.where is None else head.where
+            head.info = {} if head.info is None else head.info
+            self._lookup_until = None
         out: list[Step] = []
         while self._reports:
             head = self._reports[0]
-            if head.thread_id is not None and head.where is None:
+            if not head.ready:
                 if self._lookup_until is None:
                     self._lookup_until = now + LOOKUP_TIMEOUT
-                    out.append(LookUp(head.thread_id))
+                    assert head.thread_id is not None
+                    out.append(LookUp(head.thread_id, exception=head.exception))
                 break
             self._reports.popleft()
-            out += head.make(head.where or "")
+            out += head.make(head.where or "", head.info or {})
         return out
 
     def _report_pause(self, now: float) -> None:
@@ -152,7 +187,7 @@ class Watch:
             if self._paused_reported:
                 self._paused_reported = False
                 self._reports.append(
-                    _Report(None, lambda _where: [self._publish(StatusEvent.RESUMED)])
+                    _Report(None, lambda _where, _info: [self._publish(StatusEvent.RESUMED)])
                 )
             return
         if self._paused_reported or now < since + PAUSE_REPORT_AFTER:
@@ -161,31 +196,35 @@ class Watch:
         tid, body = next(iter(self.attention.stopped.items()))
         reason = str(body.get("reason", ""))
 
-        def paused(where: str) -> list[Step]:
-            where = where.removeprefix(" at ")
-            data = {"where": where, "reason": reason, "thread_id": tid}
-            return [self._publish(StatusEvent.PAUSED, detail=where, data=data)]
+        def paused(where: str, info: dict[str, Any]) -> list[Step]:
+            text = stop_text(reason, where, info).removeprefix(" at ")
+            data = {"where": text, "reason": reason, "thread_id": tid, **_exception(info)}
+            return [self._publish(StatusEvent.PAUSED, detail=text, data=data)]
 
-        self._reports.append(_Report(tid, paused))
+        self._reports.append(_Report(tid, paused, exception=reason == "exception"))
 
     def _decide(self, decision: att.Decision) -> None:
         rid = self.record.id
         if isinstance(decision, att.Notice):
             self._reports.append(
-                _Report(decision.thread_id, lambda where: self._notice(decision, where))
+                _Report(
+                    decision.thread_id,
+                    lambda where, info: self._notice(decision, where, info),
+                    exception=decision.reason == "exception",
+                )
             )
         elif isinstance(decision, att.Resume):
             of = f" of {self.name}" if self.name else ""
             text = f"run {rid}: unattended stop{of} timed out; continuing"
             self._reports.append(
-                _Report(None, lambda _w: [Say(text), Continue(decision.thread_id)])
+                _Report(None, lambda _w, _i: [Say(text), Continue(decision.thread_id)])
             )
         else:
             detail = decision.detail
             self._reports.append(
                 _Report(
                     None,
-                    lambda _w: [
+                    lambda _w, _i: [
                         Say(f"run {rid}: {detail}; terminating"),
                         self._publish(
                             StatusEvent.UNATTENDED_STOP, detail=f"Terminating: {detail}."
@@ -195,7 +234,7 @@ class Watch:
                 )
             )
 
-    def _notice(self, notice: att.Notice, where: str) -> list[Step]:
+    def _notice(self, notice: att.Notice, where: str, info: dict[str, Any]) -> list[Step]:
         spec = self.record.spec
         policy = spec.on_unattended_stop
         if policy == "wait":
@@ -206,9 +245,13 @@ class Watch:
         else:
             then = f"If no IDE attaches within {spec.unattended_timeout:g} s, it will {policy}."
         who = f"Run {self.record.id}" + (f": {self.name}" if self.name else "")
+        if info.get("exceptionId"):
+            stop = f"stopped on {_article(stop_text(notice.reason, where, info, message=True))}"
+        else:
+            stop = f"is paused{where} ({notice.reason or 'stopped'})"
         detail = (
-            f"{who} is paused{where} ({notice.reason or 'stopped'}) "
-            f"and no IDE is attached. {then} Attach with: tether attach {self.record.id}"
+            f"{who} {stop} and no IDE is attached. {then} "
+            f"Attach with: tether attach {self.record.id}"
         )
         data = {
             "policy": policy,
@@ -216,11 +259,47 @@ class Watch:
             "thread_id": notice.thread_id,
             "reason": notice.reason,
             "where": where.removeprefix(" at "),
+            **_exception(info),
         }
         return [Say(detail), self._publish(StatusEvent.UNATTENDED_STOP, detail=detail, data=data)]
 
     def _publish(self, event: str, **fields: Any) -> Publish:
         return Publish(self.status(event, **fields))
+
+
+#: how ``exceptionInfo``'s ``breakMode`` reads in a report
+_BREAK_MODES = {"unhandled": "uncaught", "userUnhandled": "user-uncaught"}
+
+
+def stop_text(reason: str, where: str, info: dict[str, Any], *, message: bool = False) -> str:
+    """What a report says of a stop: ``where`` (`` at train.py:18 in step``), or for a stop on
+    an exception with its ``exceptionInfo``: ``uncaught ValueError at train.py:18 in step``
+    (``ValueError raised at ...`` for a stop on a raised one); ``message``: with the exception's
+    message (``uncaught ValueError (boom) at ...``)."""
+    name = str(info.get("exceptionId") or "")
+    if reason != "exception" or not name:
+        return where
+    description = str(info.get("description") or "")[:200]
+    if message and description:
+        name = f"{name} ({description})"
+    mode = _BREAK_MODES.get(str(info.get("breakMode")))
+    return f"{mode} {name}{where}" if mode else f"{name} raised{where}"
+
+
+def _article(text: str) -> str:
+    return ("an " if text[:1] in "aeiouAEIOU" else "a ") + text
+
+
+def _exception(info: dict[str, Any]) -> dict[str, Any]:
+    """The ``exception`` field of a report's data (none without one)."""
+    if not info.get("exceptionId"):
+        return {}
+    exception = {
+        "id": str(info["exceptionId"]),
+        "description": str(info.get("description") or "")[:1000],
+        "break_mode": str(info.get("breakMode") or ""),
+    }
+    return {"exception": exception}
 
 
 def where_text(frames: list[Any], roots: list[str]) -> str:

@@ -81,6 +81,38 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         metavar="DURATION",
         help="wait before the first retry, doubling each time (default 10s)",
     )
+    g = s.add_argument_group("when the program pauses with no IDE attached")
+    g.add_argument(
+        "--post-mortem",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="an uncaught exception stops the program in its raising frame instead of ending "
+        "it, until an IDE lets it go or --on-unattended-stop acts (default: on; config key "
+        "post_mortem)",
+    )
+    g.add_argument(
+        "--on-unattended-stop",
+        choices=["wait", "continue", "terminate"],
+        help="wait for an IDE (the run keeps its GPUs meanwhile), or continue / terminate after "
+        + (
+            "--unattended-timeout (default: wait)"
+            if debug
+            else "--unattended-timeout (default: continue: the program goes on, or ends as it "
+            "would have after an uncaught exception)"
+        ),
+    )
+    g.add_argument(
+        "--unattended-timeout",
+        type=parse_duration,
+        metavar="DURATION",
+        help="how long an unattended stop lasts before continue/terminate act "
+        "(e.g. 90s, 30m, 2h; default 30m)",
+    )
+    g.add_argument(
+        "--webhook",
+        metavar="URL",
+        help="POST a JSON notice here when the program pauses with no IDE attached",
+    )
     s.add_argument(
         "--snapshot-limit",
         type=lambda text: parse_memory(text) * 1024 * 1024,

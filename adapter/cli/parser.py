@@ -96,25 +96,6 @@ def _run_commands(sub: _Commands) -> None:
         action="store_true",
         help="start the program when the worker starts, even if no IDE configured breakpoints yet",
     )
-    s.add_argument(
-        "--on-unattended-stop",
-        choices=["wait", "continue", "terminate"],
-        help="when the program pauses and no IDE is attached: wait for one (default; "
-        "the run keeps its GPUs meanwhile), or continue / terminate after --unattended-timeout",
-    )
-    s.add_argument(
-        "--unattended-timeout",
-        type=parse_duration,
-        default=1800.0,
-        metavar="DURATION",
-        help="how long an unattended stop lasts before continue/terminate act "
-        "(e.g. 90s, 30m, 2h; default 30m)",
-    )
-    s.add_argument(
-        "--webhook",
-        metavar="URL",
-        help="POST a JSON notice here when the program pauses with no IDE attached",
-    )
     g = s.add_argument_group("processes (torchrun ranks, DataLoader workers, multiprocessing)")
     g.add_argument(
         "--processes",

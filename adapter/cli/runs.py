@@ -205,12 +205,23 @@ async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
     """Print a run's output as it comes; the run's exit code once it ends (follow)."""
     ended: dict[str, wire.StatusEntry] = {}
     terminal = Terminal()
+    notices: list[str] = []
+    noticed = trio.Event()
 
     def show(entry: wire.LogEntry | wire.StatusEntry) -> None:
+        nonlocal noticed
         if isinstance(entry, wire.LogEntry):
             terminal.write(entry.stream, entry.data)
             return
         terminal.end()
+        if entry.event == StatusEvent.UNATTENDED_STOP:
+            # as in tether debug: the terminal rings and, following it live, the desktop says it
+            bell = "\a" if follow else ""
+            print(f"{bell}-- tether: {entry.detail or entry.event}", file=sys.stderr, flush=True)
+            if follow and entry.detail and not entry.detail.startswith("Terminating"):
+                notices.append(entry.detail)
+                noticed.set()
+            return
         if entry.event == StatusEvent.FINISHED:
             ended["entry"] = entry
             code = f", exit code {entry.exit_code}" if entry.exit_code is not None else ""
@@ -221,8 +232,19 @@ async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
             text = entry.detail or entry.event
         print(f"-- tether: {text}", file=sys.stderr, flush=True)
 
+    async def desktop() -> None:
+        nonlocal noticed
+        while True:
+            await noticed.wait()
+            noticed = trio.Event()
+            while notices:
+                await _desktop_notice(notices.pop(0))
+
     try:
-        await follow_logs(relay, run_id, show, follow=follow)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(desktop)
+            await follow_logs(relay, run_id, show, follow=follow)
+            nursery.cancel_scope.cancel()
     except RelayError as exc:
         raise SystemExit(f"tether: {exc.message}") from None
     finally:

@@ -84,8 +84,10 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
             secret_env=sorted(secrets),
             name=args.name or "",
             client_os="windows" if os.name == "nt" else "unix",
-            on_unattended_stop=pick("on_unattended_stop", "wait"),
-            unattended_timeout=getattr(args, "unattended_timeout", None) or 1800.0,
+            post_mortem=pick("post_mortem", True),
+            # a plain run is nobody's session: a stop nobody attends ends after the timeout
+            on_unattended_stop=pick("on_unattended_stop", "wait" if debug else "continue"),
+            unattended_timeout=_given(getattr(args, "unattended_timeout", None), 1800.0),
             webhook=getattr(args, "webhook", None) or "",
             resources=Resources(
                 gpus=pick("gpus", 0),
@@ -108,6 +110,11 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise SystemExit(f"tether: invalid run: {where}: {err['msg']}") from None
+
+
+def _given(value: Any, default: Any) -> Any:
+    """``value`` unless it was not given (``0`` is a value)."""
+    return default if value is None else value
 
 
 def _check_debuggable(command: list[str], workdir: Path, processes: str) -> None:

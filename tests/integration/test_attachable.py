@@ -9,6 +9,7 @@ import subprocess
 import sys
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -145,3 +146,132 @@ async def test_attach_starts_debugpy_in_the_running_program(tmp_path: Path) -> N
         with trio.fail_after(20):
             assert await process.wait() == 0
     listener.close()
+
+
+PM = """\
+import sys
+import threading
+
+
+def fail(n):
+    x = {"n": n}
+    raise ValueError(f"boom {n}")  # line 7
+
+
+def in_thread():
+    fail(7)  # line 11
+
+
+if sys.argv[1] == "thread":
+    t = threading.Thread(target=in_thread)
+    t.start()
+    t.join()
+    print("thread over")
+elif sys.argv[1] == "exit":
+    sys.exit(3)
+fail(3)  # line 21
+"""
+
+
+async def _post_mortem(tmp_path: Path, mode: str) -> tuple[list[tuple[str, str, list[Any]]], int]:
+    """Run PM in ``mode`` with post-mortem on, as the worker would: each ``post-mortem PORT``
+    line gets a client that configures debugpy (uncaught exceptions) and inspects each stop:
+    (exception, its first variables, the frames), then lets the thread go. The stops and the
+    exit code."""
+    (tmp_path / "pm.py").write_text(PM)
+    argv = build_attachable_argv(
+        ["python", "pm.py", mode],
+        python=sys.executable,
+        home=str(debugpy_home(tmp_path)),
+        socket=str(tmp_path / "attach.sock"),
+        post_mortem=True,
+    )
+    listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await listener.bind(str(tmp_path / "attach.sock"))
+    listener.listen(1)
+    stops: list[tuple[str, str, list[Any]]] = []
+    err = tmp_path / "stderr"
+    async with trio.open_nursery() as nursery:
+        with err.open("wb") as sink:
+            process = await nursery.start(
+                partial(trio.run_process, argv, cwd=tmp_path, stderr=sink, check=False)
+            )
+        with trio.fail_after(30):
+            conn, _ = await listener.accept()
+            stream = trio.SocketStream(conn)
+            nursery.start_soon(_close_at_exit, process, stream)
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await stream.receive_some(100)
+                if not chunk:
+                    break  # the program ended without a post-mortem
+                line += chunk
+        if line:
+            word, port = line.split()
+            assert word == b"post-mortem"
+            async with open_dap_client("127.0.0.1", int(port)) as ide:
+                await ide.request("initialize", {"adapterID": "debugpy", "pathFormat": "path"})
+                attach = ide.send_request_nowait("attach", {"justMyCode": True})
+                await ide.wait_event("initialized", timeout=20)
+                await ide.request("setExceptionBreakpoints", {"filters": ["uncaught"]})
+                await ide.request("configurationDone")
+                await ide.response(attach, timeout=20)
+                for _ in range(2 if mode == "thread" else 1):
+                    stopped = await ide.wait_event("stopped", timeout=20)
+                    assert stopped["body"]["reason"] == "exception"
+                    thread = stopped["body"]["threadId"]
+                    info = await ide.request("exceptionInfo", {"threadId": thread})
+                    assert info["body"]["breakMode"] == "unhandled"
+                    frames = await ide.request("stackTrace", {"threadId": thread})
+                    top = frames["body"]["stackFrames"][0]
+                    scopes = await ide.request("scopes", {"frameId": top["id"]})
+                    ref = scopes["body"]["scopes"][0]["variablesReference"]
+                    variables = await ide.request("variables", {"variablesReference": ref})
+                    values = {v["name"]: v["value"] for v in variables["body"]["variables"]}
+                    stops.append(
+                        (
+                            f"{info['body']['exceptionId']}: {info['body']['description']}",
+                            values["x"],
+                            [(f["name"], f["line"]) for f in frames["body"]["stackFrames"]],
+                        )
+                    )
+                    await ide.request("continue", {"threadId": thread})
+                await ide.wait_event("terminated", timeout=20)
+        with trio.fail_after(20):
+            code = await process.wait()
+    listener.close()
+    plain = _run([sys.executable, "pm.py", mode], tmp_path)
+    assert err.read_text().replace(str(tmp_path) + "/", "") == plain.stderr.replace(
+        str(tmp_path) + "/", ""
+    )  # once let go, it ends as plain python would have: the same traceback
+    assert code == plain.returncode
+    return stops, code
+
+
+async def _close_at_exit(process: trio.Process, stream: trio.SocketStream) -> None:
+    await process.wait()
+    await stream.aclose()
+
+
+async def test_an_uncaught_exception_stops_in_its_frame_post_mortem(tmp_path: Path) -> None:
+    stops, code = await _post_mortem(tmp_path, "main")
+    assert stops == [("ValueError: boom 3", "{'n': 3}", [("fail", 7), ("<module>", 21)])]
+    assert code == 1
+
+
+async def test_a_threads_uncaught_exception_stops_it_then_the_main_threads_once(
+    tmp_path: Path,
+) -> None:
+    """The thread's post-mortem starts debugpy; the main thread's exception after it is
+    debugpy's own stop on an uncaught exception (once, not twice)."""
+    stops, code = await _post_mortem(tmp_path, "thread")
+    assert stops == [
+        ("ValueError: boom 7", "{'n': 7}", [("fail", 7), ("in_thread", 11)]),
+        ("ValueError: boom 3", "{'n': 3}", [("fail", 7), ("<module>", 21)]),
+    ]
+    assert code == 1
+
+
+async def test_sys_exit_is_how_a_program_ends_not_a_crash(tmp_path: Path) -> None:
+    stops, code = await _post_mortem(tmp_path, "exit")
+    assert stops == [] and code == 3

@@ -66,7 +66,9 @@ class Harness:
 
     def __init__(self, *, tail: str = "0-0", attempt: int = 1, **spec: Any) -> None:
         self.clock = Clock()
-        fields: dict[str, Any] = {"command": ["python", "train.py"], "workdir": WORKDIR, **spec}
+        # post-mortem's own configuration is tested on its own (``post_mortem=True``)
+        fields: dict[str, Any] = {"command": ["python", "train.py"], "workdir": WORKDIR,
+                                  "post_mortem": False, **spec}  # fmt: skip
         self.record = RunRecord(id="r1", spec=RunSpec(**fields), attempt=attempt)
         self.core = ShimCore(
             self.record, RUN_DIR, tail=Cursor.parse(tail), clock=self.clock, wall=lambda: WALL
@@ -212,6 +214,31 @@ def test_a_plain_run_attached_late_replays_without_saying_started_again() -> Non
     h.configure_ide()
     assert h.core.phase is ReplayPhase.INITIALIZING
     assert h.sent("initialize")["command"] == "initialize"
+
+
+def test_a_post_mortem_run_stops_on_uncaught_exceptions_unless_the_ide_said_otherwise() -> None:
+    """Nobody configured exception breakpoints: the worker asks for uncaught ones itself, and
+    its answer is nobody's; an IDE's own choice (here: none at all) always wins."""
+    h = Harness(wait_for_ide=False, post_mortem=True)
+    h.perform(h.core.start(4242))
+    h.respond(h.sent("initialize"), {"supportsConfigurationDoneRequest": True})
+    h.event("initialized")
+    own = h.sent("setExceptionBreakpoints")
+    assert own["arguments"] == {"filters": ["uncaught"]}
+    assert "configurationDone" not in [m["command"] for m in h.to_debugpy]
+    h.respond(own, {"breakpoints": []})
+    h.respond(h.sent("configurationDone"))
+    h.respond(h.sent("attach"))
+    assert h.core.live and h.dap() == []  # the worker's own request: nothing published
+
+    h = Harness(post_mortem=True)
+    h.perform(h.core.start(4242))
+    h.configure_ide()
+    h.ide("setExceptionBreakpoints", {"filters": []}, 9, local=True)  # the user turned it off
+    h.respond(h.sent("initialize"), {})
+    h.event("initialized")
+    sent = [m for m in h.to_debugpy if m["command"] == "setExceptionBreakpoints"]
+    assert [m["arguments"] for m in sent] == [{"filters": []}]
 
 
 def test_the_replay_sends_the_latest_configuration_in_order_before_configuration_done() -> None:
@@ -485,20 +512,37 @@ def test_a_stop_with_an_ide_attached_is_only_reported_as_paused() -> None:
 def test_an_unattended_stop_is_announced_then_terminated_after_the_timeout() -> None:
     h = live(on_unattended_stop="terminate", unattended_timeout=60)
     stopped_at = h.clock.now
-    h.event("stopped", {"reason": "exception", "threadId": 7})
+    h.event("stopped", {"reason": "exception", "threadId": 7, "text": "ValueError"})
     lookup = h.sent("stackTrace")
     assert lookup["arguments"]["threadId"] == 7
+    # a stop on an exception: which one, and whether it is uncaught, is looked up as well
+    info = {"exceptionId": "ValueError", "description": "boom", "breakMode": "unhandled"}
+    assert h.sent("exceptionInfo")["arguments"] == {"threadId": 7}
     frame = {"id": 1, "name": "f", "line": 3, "column": 1, "source": {"path": f"{WORKDIR}/x.py"}}
-    actions = h.respond(lookup, {"stackFrames": [frame]})
+    h.respond(lookup, {"stackFrames": [frame]})
+    assert h.statuses() == []  # the report waits for both answers
+    actions = h.respond(h.sent("exceptionInfo"), info)
     [notice] = h.statuses()
     assert notice.event == StatusEvent.UNATTENDED_STOP
-    assert "Run r1 is paused at x.py:3 in f (exception) and no IDE is attached." in notice.detail
+    assert (
+        "Run r1 stopped on an uncaught ValueError (boom) at x.py:3 in f and no IDE is attached."
+        in notice.detail
+    )
     assert "within 60 s, it will terminate" in notice.detail
     assert notice.data["policy"] == "terminate" and notice.data["where"] == "x.py:3 in f"
+    assert notice.data["exception"] == {
+        "id": "ValueError",
+        "description": "boom",
+        "break_mode": "unhandled",
+    }
     assert any(isinstance(a, Say) for a in actions)
     assert h.core.next_deadline == stopped_at + PAUSE_REPORT_AFTER
     h.tick(stopped_at + PAUSE_REPORT_AFTER)
     h.respond(h.sent("stackTrace"), {"stackFrames": [frame]})
+    h.respond(h.sent("exceptionInfo"), info)
+    paused = h.statuses()[-1]  # what tether ls shows
+    assert paused.event == StatusEvent.PAUSED
+    assert paused.data["where"] == paused.detail == "uncaught ValueError at x.py:3 in f"
     assert h.core.next_deadline == stopped_at + 60
     actions = h.tick(stopped_at + 60)
     assert [s.event for s in h.statuses()][-1] == StatusEvent.UNATTENDED_STOP

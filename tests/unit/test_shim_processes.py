@@ -34,7 +34,8 @@ FACTS = {
 class Harness:
     def __init__(self, **spec: Any) -> None:
         self.now = 10.0
-        fields: dict[str, Any] = {"command": ["python", "train.py"], "workdir": WORKDIR, **spec}
+        fields: dict[str, Any] = {"command": ["python", "train.py"], "workdir": WORKDIR,
+                                  "post_mortem": False, **spec}  # fmt: skip
         record = RunRecord(id="r1", spec=RunSpec(wait_for_ide=False, **fields), attempt=1)
         main = ShimCore(record, RUN_DIR, tail=Cursor.parse("0-0"), clock=lambda: self.now,
                         wall=lambda: WALL)  # fmt: skip

@@ -1,0 +1,184 @@
+"""A plain run's program, debuggable later: how it starts, and the worker's end of its line.
+
+Theory of operation
+-------------------
+A Python program of a plain run (``tether run``, ``spec.debuggable``) starts under the boot
+script in attachable mode (``_tether_debugpy_boot.py --tether-attach PATH``): it runs as plain
+``python`` would, connected to a unix socket the worker listens on (``PATH``, in a private
+directory), with nothing of the debugger loaded. The line carries text lines:
+
+- ``attach`` (worker -> program): an IDE attached to the run; the program starts debugpy
+  listening and answers with its adapter's port (or ``error: why``);
+- ``post-mortem PORT`` (program -> worker, unasked; ``spec.post_mortem``): an uncaught exception
+  is about to end a thread; debugpy listens at ``PORT`` and the thread waits for the worker's
+  configuration, then stops in its raising frame.
+
+Either way the worker connects to debugpy and the run goes on as a debug run
+(:func:`worker_shim.shim._run_debug`, with what this attempt took off the link meanwhile).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from protocol_specs import wire
+from protocol_specs.runs import RunRecord
+from protocol_specs.wire import WireError
+from relay.client import RunLink
+
+from .core import terminates
+from .python_command import (
+    build_attachable_argv,
+    check_python,
+    debugpy_home,
+    is_python,
+    resolve_python,
+    split_python_command,
+)
+
+__all__ = ["ATTACH_BACKLOG", "Debugged", "attach_listener", "attachable_argv", "until_debugged"]
+
+log = logging.getLogger("tether.worker")
+
+#: the most ``to_worker`` entries a plain run keeps for an IDE that attaches (its configuration)
+ATTACH_BACKLOG = 10_000
+#: how long the program may take to connect to the worker's socket once an IDE wants it
+CONNECT_TIMEOUT = 60.0
+
+
+async def attachable_argv(
+    record: RunRecord, run_dir: Path, env: dict[str, str], python: str, where: Path
+) -> tuple[list[str], str] | None:
+    """How a plain run's program starts so that an IDE can attach later (``spec.debuggable``):
+    its argv and the unix socket it connects to. ``None``: it runs plain (not asked for, not a
+    Python command, or an interpreter debugpy cannot run)."""
+    spec = record.spec
+    command = spec.command
+    if not spec.debuggable or not (is_python(command[0]) or command[0].endswith(".py")):
+        return None
+    try:
+        split_python_command(command)
+        if is_python(command[0]):
+            python = resolve_python(command[0], env=env, cwd=str(run_dir))
+        await check_python(python, env=env, cwd=str(run_dir))
+    except ValueError as exc:
+        log.info("run %s runs without a way to attach later: %s", record.id, exc)
+        return None
+    socket_path = str(where / "attach.sock")
+    home = str(debugpy_home(where))
+    argv = build_attachable_argv(
+        command, python=python, home=home, socket=socket_path, post_mortem=spec.post_mortem
+    )
+    return argv, socket_path
+
+
+async def attach_listener(path: str) -> trio.socket.SocketType:
+    """The unix socket a debuggable program connects to at its start, before its own code."""
+    listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    try:
+        await listener.bind(path)
+        listener.listen(1)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+@dataclass(frozen=True)
+class Debugged:
+    """debugpy listens in the program at ``port``: an IDE attached, or (``post_mortem``) an
+    uncaught exception holds a thread; ``backlog``: what the link delivered until then."""
+
+    port: int
+    post_mortem: bool
+    backlog: list[wire.Deliver]
+
+
+def parse_line(line: str) -> tuple[int | None, bool]:
+    """A line from the program: (the port of debugpy's adapter, whether it is a post-mortem);
+    (None, False) for ``error: why`` or anything else."""
+    words = line.split()
+    post_mortem = words[:1] == ["post-mortem"]
+    word = words[1] if post_mortem and len(words) > 1 else (words[0] if words else "")
+    if word.isdecimal() and 0 < int(word) < 65536:
+        return int(word), post_mortem
+    return None, False
+
+
+async def until_debugged(
+    link: RunLink,
+    record: RunRecord,
+    process: trio.Process,
+    terminate: Callable[[], Awaitable[None]],
+    listener: trio.socket.SocketType,
+    say: Callable[[str], None],
+) -> Debugged | None:
+    """Watch a debuggable plain run until debugpy listens in its program (:class:`Debugged`),
+    or ``None`` once the program exited; a ``terminate`` meant for this attempt is done at once."""
+    seen: deque[wire.Deliver] = deque(maxlen=ATTACH_BACKLOG)
+    found: list[tuple[int, bool]] = []
+    connected = trio.Event()
+    streams: list[trio.SocketStream] = []
+
+    async def stop_at_exit() -> None:
+        await process.wait()
+        nursery.cancel_scope.cancel()
+
+    async def read_program() -> None:
+        conn, _addr = await listener.accept()  # it connects when it starts
+        stream = trio.SocketStream(conn)
+        streams.append(stream)
+        connected.set()
+        buffer = b""
+        while chunk := await stream.receive_some(1024):
+            buffer += chunk
+            while b"\n" in buffer:
+                raw, buffer = buffer.split(b"\n", 1)
+                text = raw.decode(errors="replace").strip()
+                port, post_mortem = parse_line(text)
+                if port is None:
+                    say(f"run {record.id}: the program could not start debugpy: {text}")
+                    continue
+                found.append((port, post_mortem))
+                nursery.cancel_scope.cancel()
+                return
+
+    async def ask_attach() -> None:
+        with trio.move_on_after(CONNECT_TIMEOUT) as waited:
+            await connected.wait()
+        if waited.cancelled_caught:
+            say(f"run {record.id}: an IDE attached, but the program never connected to the worker")
+            return
+        try:
+            await streams[0].send_all(b"attach\n")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the program is ending: its exit ends the watch
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stop_at_exit)
+        nursery.start_soon(read_program)
+        asked = False
+        async for delivery in link.deliveries:
+            seen.append(delivery)
+            try:
+                entry = wire.decode_entry(delivery.entry)
+            except WireError as exc:
+                log.warning("skipping malformed entry %s: %s", delivery.cursor, exc.message)
+                continue
+            if terminates(entry, record):
+                await terminate()
+            elif isinstance(entry, wire.PresenceEntry) and entry.attached and not asked:
+                asked = True
+                nursery.start_soon(ask_attach)
+    for stream in streams:
+        await stream.aclose()
+    if not found:
+        return None
+    port, post_mortem = found[0]
+    return Debugged(port, post_mortem, list(seen))
