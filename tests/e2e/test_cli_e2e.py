@@ -135,6 +135,7 @@ async def test_run_without_debugger_and_commands_find_tether_up_on_their_own(
         async with tether(
             "run",
             "--follow",
+            "--no-post-mortem",  # the crash ends the program at once
             "--name",
             "crashy",
             "--workdir",

@@ -1,6 +1,6 @@
 """The Slurm backend against a real single-node Slurm (munged, slurmctld, slurmd started here):
 submit, queue, run, logs, debug with a breakpoint set while the job is pending, cancel while
-pending, and a requeued job retried as a new attempt."""
+pending, a requeued job retried as a new attempt, and a crash stopped post-mortem."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 import trio
 from slurm_cluster import SlurmCluster, slurm_available
 from stack import Proc, debug_run, relay_stack, tether
+from test_post_mortem_e2e import CRASH, WHERE
 from test_runs_e2e import FLAKY, FLAKY_BREAKPOINT
 from test_session_e2e import assert_schema_valid, bp_args, ide_session, resume, stopped_frame
 
@@ -221,3 +222,30 @@ async def test_a_requeued_job_is_retried_as_a_new_attempt(
             await status.process.wait()
         assert re.search(rf"#1 .*job {first} .*-> lost", status.output), status.output
         assert re.search(rf"#2 on \S+ job {second} .*-> succeeded", status.output), status.output
+
+
+async def test_a_crash_in_a_slurm_job_stops_post_mortem_then_ends_by_the_policy(
+    tmp_path: Path, slurm: SlurmCluster
+) -> None:
+    """The worker in the job is the pool's: a plain run's uncaught exception stops the program
+    and is announced; nobody attaches, so after the timeout it ends with its own exit code."""
+    workdir = project(tmp_path)
+    (workdir / "crash.py").write_text(CRASH)
+    home = tmp_path / "home"
+    async with (
+        relay_stack(home, workers=0) as (_up, relay),
+        slurm_backend(home, relay, slurm),
+        tether(
+            "run", "--backend", "slurm", "--follow", "--unattended-timeout", "1s",
+            "--workdir", str(workdir), "--", "python", "crash.py", "fast",
+            home=home, name="run",
+        ) as run,
+    ):  # fmt: skip
+        run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+        notice = await run.wait_line(r"-- tether: Run .* no IDE is attached", timeout=120)
+        assert f"Run {run_id} stopped on an uncaught ValueError (bad batch 7) at {WHERE}" in (
+            notice.string
+        )
+        await run.wait_line(r"ValueError: bad batch 7", timeout=60)
+        await run.wait_line(rf"-- tether: run {run_id} failed, exit code 1", timeout=60)
+        assert await run.process.wait() == 1
