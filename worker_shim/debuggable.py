@@ -29,10 +29,9 @@ import trio
 
 from protocol_specs import wire
 from protocol_specs.runs import RunRecord
-from protocol_specs.wire import WireError
 from relay.client import RunLink
 
-from .core import terminates
+from .core import parse_delivery, terminates
 from .python_command import (
     build_attachable_argv,
     check_python,
@@ -166,11 +165,7 @@ async def until_debugged(
         asked = False
         async for delivery in link.deliveries:
             seen.append(delivery)
-            try:
-                entry = wire.decode_entry(delivery.entry)
-            except WireError as exc:
-                log.warning("skipping malformed entry %s: %s", delivery.cursor, exc.message)
-                continue
+            _cursor, entry = parse_delivery(delivery)
             if terminates(entry, record):
                 await terminate()
             elif isinstance(entry, wire.PresenceEntry) and entry.attached and not asked:

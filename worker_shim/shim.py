@@ -61,13 +61,13 @@ from protocol_specs.processes import MAIN
 from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
-from protocol_specs.wire import Role, StreamName, WireError
+from protocol_specs.wire import Role, StreamName
 from relay.client import LinkPolicy, RunLink, Target, open_run_link
 
 from .actions import (
     status_entry,
 )
-from .core import ShimCore, exit_status, terminates
+from .core import ShimCore, exit_status, parse_delivery, terminates
 from .debuggable import attach_listener, attachable_argv, until_debugged
 from .debuggee import Debuggee, OutputPump, start_debuggee, start_plain, terminate_group
 from .driver import Driver
@@ -338,12 +338,7 @@ async def _watch_terminate(
     link: RunLink, record: RunRecord, terminate: Callable[[], Awaitable[None]]
 ) -> None:
     async for delivery in link.deliveries:
-        try:
-            entry = wire.decode_entry(delivery.entry)
-        except WireError as exc:
-            log.warning("skipping malformed entry %s: %s", delivery.cursor, exc.message)
-            continue
-        if terminates(entry, record):
+        if terminates(parse_delivery(delivery)[1], record):
             await terminate()
 
 

@@ -179,7 +179,7 @@ async def _print_output(relay: Endpoint, run_id: str, from_end: bool, done: trio
 async def _desktop_notice(text: str) -> None:
     from adapter.notify import notify_desktop
 
-    await notify_desktop("tether: a breakpoint is waiting", text)
+    await notify_desktop("tether: a paused run is waiting for you", text)
 
 
 async def cmd_run(args: argparse.Namespace) -> int:

@@ -116,6 +116,17 @@ async def tether(
                 nursery.cancel_scope.cancel()
 
 
+async def status_saying(home: Path, run_id: str, text: str, *, timeout: float = 30) -> str:
+    """``tether status RUN``'s output once it says ``text`` (what the worker reports after a
+    while, such as a pause, which no event announces to a client)."""
+    with trio.fail_after(timeout):
+        while True:
+            async with tether("status", run_id, home=home, name="status") as status:
+                await status.process.wait()
+            if text in status.output:
+                return status.output
+
+
 async def stop(process: trio.Process, *, grace: float = 10) -> None:
     if process.returncode is None:
         try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from stack import TETHER, debug_run, home_env, relay_stack, tether, worker
+from stack import TETHER, debug_run, home_env, relay_stack, status_saying, tether, worker
 from test_session_e2e import assert_schema_valid, bp_args, ide_session, resume, stopped_frame
 
 from adapter.dap_client import open_dap_client
@@ -103,14 +103,10 @@ async def test_paused_shows_where_and_cancel_while_paused_ends_the_session(
             pass
         _stopped, frame = await stopped_frame(ide)
         assert frame["line"] == 11
-        with trio.fail_after(30):
-            while True:  # the worker reports a stop once it lasted half a second
-                async with tether("status", run_id, home=home, name="status") as status:
-                    await status.process.wait()
-                if "paused at" in status.output:
-                    break
-        assert re.search(r"state\s+paused", status.output)
-        assert "paused at  app.py:11 in compute" in status.output
+        # the worker reports a stop once it lasted half a second
+        status = await status_saying(home, run_id, "paused at")
+        assert re.search(r"state\s+paused", status)
+        assert "paused at  app.py:11 in compute" in status
         async with tether("ls", home=home, name="ls") as ls:
             await ls.process.wait()
         assert re.search(rf"{run_id}\s+app.py\s+paused\s+local .* app.py:11 in compute", ls.output)

@@ -11,6 +11,7 @@ import pytest
 from adapter.cli.settings import parse_duration, parse_memory, parse_ranks, read_credentials
 from adapter.cli.submission import build_spec
 from adapter.config import ConfigError, load_profile
+from protocol_specs.runs import RunSpec
 
 CONFIG = """
 [default]
@@ -238,3 +239,36 @@ def test_a_shell_script_in_the_workdir_is_debugged_through_its_python_processes(
     # a launcher that is not there is said at submit
     with pytest.raises(SystemExit, match=r"no program './gone.sh'"):
         build_spec(_debug_args(tmp_path, "./gone.sh"), debug=True)
+
+
+def test_post_mortem_and_the_unattended_policy_reach_the_spec_of_both_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain run nobody attends ends after the timeout (continue); a debug run waits. A zero
+    timeout is a timeout, not "the default"; the profile may turn post-mortem off."""
+    from adapter.cli.parser import build_parser as _parser
+
+    monkeypatch.setenv("TETHER_CONFIG", str(tmp_path / "none.toml"))
+
+    def spec(*argv: str) -> RunSpec:
+        args = _parser().parse_args([argv[0], "--workdir", str(tmp_path), *argv[1:], "--",
+                                     "python", "t.py"])  # fmt: skip
+        return build_spec(args, debug=argv[0] == "debug")
+
+    run, debug = spec("run"), spec("debug")
+    assert (run.post_mortem, run.on_unattended_stop, run.unattended_timeout) == (
+        True,
+        "continue",
+        1800.0,
+    )
+    assert (debug.post_mortem, debug.on_unattended_stop) == (True, "wait")
+    quick = spec("run", "--no-post-mortem", "--unattended-timeout", "0", "--webhook", "http://h/x")
+    assert (quick.post_mortem, quick.unattended_timeout, quick.webhook) == (
+        False,
+        0.0,
+        "http://h/x",
+    )
+    assert spec("run", "--on-unattended-stop", "wait").on_unattended_stop == "wait"
+    (tmp_path / "none.toml").write_text("[default]\npost_mortem = false\n")
+    assert spec("debug").post_mortem is False
+    assert spec("debug", "--post-mortem").post_mortem is True
