@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from .auth import Scope, TokenInfo
 from .runs import RunRecord, RunSpec
 from .snapshots import BLOB_CHUNK, Digest, Manifest
+from .tunnels import TunnelSpec
 from .wire_base import FROZEN, FrameType
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "ListRuns",
     "ListTokens",
     "Missing",
+    "OpenTunnel",
     "PutBlob",
     "Report",
     "ReportEvent",
@@ -51,6 +53,7 @@ __all__ = [
     "Submit",
     "TokenCreated",
     "TokenList",
+    "TunnelOpened",
 ]
 
 
@@ -73,6 +76,7 @@ class AuditEvent(StrEnum):
     DETACH = "detach"
     LOGS = "logs"  #: someone followed the run's logs
     REFUSED = "refused"  #: a connection to the run was refused
+    TUNNEL = "tunnel"  #: a shell, a command or a port forward into the run (detail: which)
 
 
 class Submit(BaseModel):
@@ -322,6 +326,28 @@ class AuditLog(BaseModel):
     entries: list[AuditEntry]
 
 
+class OpenTunnel(BaseModel):
+    """Open a tunnel into ``run``'s worker (``protocol_specs/tunnels.py``); answered
+    :class:`TunnelOpened`. The relay checks the run is the caller's and has a worker now."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.OPEN_TUNNEL] = FrameType.OPEN_TUNNEL
+    rid: int
+    run: str
+    spec: TunnelSpec
+
+
+class TunnelOpened(BaseModel):
+    """``tunnel``: the tunnel's id, for the ``tunnel`` connection's ``hello``; ``run``: the run's
+    full id (the request may have named it by a prefix or its name)."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.TUNNEL] = FrameType.TUNNEL
+    rid: int
+    run: str
+    tunnel: str
+
+
 AnyControlFrame = (
     Submit
     | Rerun
@@ -347,4 +373,6 @@ AnyControlFrame = (
     | RevokeToken
     | GetAudit
     | AuditLog
+    | OpenTunnel
+    | TunnelOpened
 )

@@ -58,6 +58,7 @@ __all__ = [
     "OutboxFull",
     "Refusal",
     "Refused",
+    "inbound_of",
 ]
 
 
@@ -97,6 +98,7 @@ PERMANENT_REFUSALS = frozenset(
         ErrorCode.STALE_ATTEMPT,
         ErrorCode.FORBIDDEN,
         ErrorCode.TOO_MANY_FAILURES,
+        ErrorCode.NO_SUCH_TUNNEL,
     }
 )
 
@@ -187,6 +189,13 @@ class _Outbox:
     size: int = 0
 
 
+def inbound_of(role: Role, tunnel: str = "") -> StreamName:
+    """The stream a link of ``role`` reads (a tunnel's: ``tunnel`` names it)."""
+    if tunnel:
+        return StreamName.TUNNEL_UP if role is Role.WORKER else StreamName.TUNNEL_DOWN
+    return StreamName.TO_IDE if role is Role.IDE else StreamName.TO_WORKER
+
+
 class LinkState:
     """One run link's bookkeeping in the ``ide`` or ``worker`` role, across its connections.
 
@@ -205,6 +214,7 @@ class LinkState:
         client: str = "",
         attempt: int = 0,
         early: bool = False,
+        tunnel: str = "",
         outbox_entries: int = 10_000,
         outbox_bytes: int = 64 * 1024 * 1024,
         report_every: int = 100,
@@ -218,8 +228,9 @@ class LinkState:
         self.client = client
         self.attempt = attempt
         self.early = early
+        self.tunnel = tunnel  #: a tunnel's link (its two streams instead of the run's)
         self._limits = _Limits(outbox_entries, outbox_bytes, report_every, report_after, heartbeat)
-        self.inbound = StreamName.TO_IDE if role is Role.IDE else StreamName.TO_WORKER
+        self.inbound = inbound_of(role, tunnel)
         #: the newest entry handed over per stream, as the relay wrote it ("0": none yet)
         self.cursors: dict[StreamName, str] = {name: "0" for name in StreamName}
         self.cursors[self.inbound] = cursor
@@ -272,6 +283,7 @@ class LinkState:
             attempt=self.attempt,
             token=token,
             early=self.early,
+            tunnel=self.tunnel,
         )
 
     def on_handshake(self, frame: wire.Frame, now: float) -> Refusal | None:

@@ -50,6 +50,7 @@ class Act(StrEnum):
     OPEN_IDE = "open an `ide` connection"
     OPEN_WORKER = "open a `worker` connection"
     OPEN_LOGS = "open a `logs` connection"
+    OPEN_TUNNEL = "`open_tunnel`, open a `tunnel` connection"
     OPEN_CONTROL = "open a `control` connection"
     HAVE_BLOBS = "`have_blobs`"
     PUT_BLOB = "`put_blob`"
@@ -73,6 +74,7 @@ class Act(StrEnum):
     PUBLISH_STATUS = "publish a status entry"
     PUBLISH_LOG = "publish a log entry"
     PUBLISH_CONTROL = "publish a control entry"
+    PUBLISH_TUNNEL = "publish a tunnel entry (on a tunnel's link)"
     HEARTBEAT = "`heartbeat`, `received` on a run connection"
 
 
@@ -99,6 +101,7 @@ _ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule]] = {
     Act.OPEN_IDE: (OWN, Y, N, N),
     Act.OPEN_WORKER: (N, N, N, A),
     Act.OPEN_LOGS: (OWN, Y, N, N),
+    Act.OPEN_TUNNEL: (OWN, Y, N, N),
     Act.OPEN_CONTROL: (Y, Y, Y, Y),
     Act.HAVE_BLOBS: (OWN, Y, N, N),
     Act.PUT_BLOB: (Y, Y, N, N),
@@ -123,6 +126,7 @@ _ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule]] = {
     Act.PUBLISH_STATUS: (N, N, N, A),
     Act.PUBLISH_LOG: (N, N, N, A),
     Act.PUBLISH_CONTROL: (N, N, N, N),
+    Act.PUBLISH_TUNNEL: (OWN, Y, N, A),
     Act.HEARTBEAT: (OWN, Y, N, A),
 }
 
@@ -255,6 +259,7 @@ LINK_ACTS = frozenset(
         Act.PUBLISH_STATUS,
         Act.PUBLISH_LOG,
         Act.PUBLISH_CONTROL,
+        Act.PUBLISH_TUNNEL,
         Act.HEARTBEAT,
     }
 )

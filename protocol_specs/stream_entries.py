@@ -32,6 +32,7 @@ __all__ = [
     "StatusEntry",
     "StatusEvent",
     "StreamName",
+    "TunnelEntry",
     "decode_entry",
     "encode_entry",
 ]
@@ -44,6 +45,9 @@ class StreamName(StrEnum):
     TO_WORKER = "to_worker"
     TO_IDE = "to_ide"
     LOGS = "logs"
+    #: a tunnel's two streams (``protocol_specs/tunnels.py``): the user's side to the worker, back
+    TUNNEL_UP = "up"
+    TUNNEL_DOWN = "down"
 
 
 class EntryKind(StrEnum):
@@ -54,6 +58,7 @@ class EntryKind(StrEnum):
     CONTROL = "control"
     LOG = "log"
     PRESENCE = "presence"
+    TUNNEL = "tunnel"
 
 
 class StatusEvent(StrEnum):
@@ -133,16 +138,19 @@ class StatusEntry(BaseModel):
 
 
 class ControlEntry(BaseModel):
-    """An instruction for the worker shim, written into ``to_worker`` (e.g. ``terminate``).
+    """An instruction for the worker shim, written into ``to_worker`` by the relay: ``terminate``,
+    or ``tunnel`` (open the tunnel named ``detail``, as ``data`` says:
+    :class:`protocol_specs.tunnels.TunnelSpec`).
 
     ``attempt`` names the attempt it is for (0: every attempt); a later attempt ignores it.
     """
 
     model_config = FROZEN
     k: Literal[EntryKind.CONTROL] = EntryKind.CONTROL
-    action: Literal["terminate"]
+    action: Literal["terminate", "tunnel"]
     detail: str = ""
     attempt: int = 0
+    data: dict[str, Any] = Field(default_factory=dict)
 
 
 class LogEntry(BaseModel):
@@ -174,7 +182,29 @@ class PresenceEntry(BaseModel):
     link_lost: bool = False
 
 
-AnyEntry = DapEntry | StatusEntry | ControlEntry | PresenceEntry | LogEntry
+class TunnelEntry(BaseModel):
+    """One step of a tunnel (``protocol_specs/tunnels.py``), in its ``up`` or ``down`` stream.
+
+    ``op``: ``data`` (``data`` bytes; ``fd`` 1 or 2 for a command's stdout and stderr, 0 for
+    what goes to it), ``eof`` (no more of ``fd``), ``resize`` (``cols``, ``rows``), ``signal``
+    (``detail``: ``SIGINT``...), ``exit`` (the worker's last word: ``code``, and ``detail`` when
+    it could not run or was refused).
+    """
+
+    model_config = FROZEN
+    k: Literal[EntryKind.TUNNEL] = EntryKind.TUNNEL
+    op: Literal["data", "eof", "resize", "signal", "exit"]
+    data: bytes = Field(default=b"", max_length=1024 * 1024)
+    fd: int = Field(default=0, ge=0, le=2)
+    cols: int = Field(default=0, ge=0, le=10_000)
+    rows: int = Field(default=0, ge=0, le=10_000)
+    code: int | None = None
+    detail: str = Field(default="", max_length=4096)
+    #: not needed once received (every ``data`` entry): deleted when the reader says so
+    transient: bool = False
+
+
+AnyEntry = DapEntry | StatusEntry | ControlEntry | PresenceEntry | LogEntry | TunnelEntry
 Entry = Annotated[AnyEntry, Field(discriminator="k")]
 _ENTRY: TypeAdapter[AnyEntry] = TypeAdapter(Entry)
 

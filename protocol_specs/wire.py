@@ -55,6 +55,7 @@ from .control_frames import (
     ListRuns,
     ListTokens,
     Missing,
+    OpenTunnel,
     PutBlob,
     Report,
     ReportEvent,
@@ -66,6 +67,7 @@ from .control_frames import (
     Submit,
     TokenCreated,
     TokenList,
+    TunnelOpened,
 )
 from .runs import RunRecord
 from .stream_entries import (
@@ -80,6 +82,7 @@ from .stream_entries import (
     StatusEntry,
     StatusEvent,
     StreamName,
+    TunnelEntry,
     decode_entry,
     encode_entry,
 )
@@ -124,6 +127,7 @@ __all__ = [
     "ListTokens",
     "LogEntry",
     "Missing",
+    "OpenTunnel",
     "PresenceEntry",
     "Publish",
     "PutBlob",
@@ -142,6 +146,8 @@ __all__ = [
     "Submit",
     "TokenCreated",
     "TokenList",
+    "TunnelEntry",
+    "TunnelOpened",
     "Welcome",
     "WireError",
     "decode_entry",
@@ -164,6 +170,7 @@ class Role(StrEnum):
     WORKER = "worker"
     CONTROL = "control"
     LOGS = "logs"
+    TUNNEL = "tunnel"  #: the user's side of a tunnel (``protocol_specs/tunnels.py``)
 
 
 # --- the handshake and the link frames of run traffic ---------------------------------------------
@@ -190,6 +197,8 @@ class Hello(BaseModel):
     #: run connections: the peer takes a live entry before Redis has stored it (a ``deliver``
     #: without a cursor, then a ``commit``), and every ``deliver`` names the entry's publisher
     early: bool = False
+    #: ``tunnel`` role, and a ``worker`` serving one: the tunnel (its streams instead of the run's)
+    tunnel: str = Field(default="", max_length=64)
 
 
 class Welcome(BaseModel):

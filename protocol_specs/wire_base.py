@@ -55,6 +55,8 @@ class FrameType(StrEnum):
     REVOKE_TOKEN = "revoke_token"
     GET_AUDIT = "get_audit"
     AUDIT = "audit"
+    OPEN_TUNNEL = "open_tunnel"
+    TUNNEL = "tunnel"
 
 
 class ErrorCode(StrEnum):
@@ -93,6 +95,8 @@ class ErrorCode(StrEnum):
     #: the user has ``RelayConfig.max_active_runs`` runs not yet finished
     TOO_MANY_RUNS = "too_many_runs"
     NO_SUCH_TOKEN = "no_such_token"
+    #: a ``tunnel`` link names no tunnel of the run's current attempt (over, or never opened)
+    NO_SUCH_TUNNEL = "no_such_tunnel"
     INTERNAL = "internal"
     # --- a client's own, never on the wire ---
     #: no relay answering: refused, dropped before the welcome, not a WebSocket, lost meanwhile

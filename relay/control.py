@@ -33,6 +33,7 @@ from .claims import Claims
 from .config import SERVER_NAME, RelayConfig
 from .gate import Peer
 from .registry import Registry
+from .tunnels import Tunnels
 
 __all__ = ["Control"]
 
@@ -72,7 +73,10 @@ class Control:
         tokens: TokenStore,
         audit: AuditTrail,
         config: RelayConfig,
+        *,
+        tunnels: Tunnels,
     ) -> None:
+        self.tunnels = tunnels
         self.registry = registry
         self.store = registry.store
         self.claims = claims
@@ -162,6 +166,13 @@ class Control:
             case wire.GetRun():
                 record = await self._run(who, Act.GET_RUN, frame.run)
                 return _run_info(await self.registry.with_liveness(record), rid)
+            case wire.OpenTunnel():
+                record = await self._run(who, Act.OPEN_TUNNEL, frame.run)
+                opened = await self.tunnels.open(record, frame.spec, frame.rid)
+                if isinstance(opened, wire.TunnelOpened):
+                    detail = f"{opened.tunnel}: {frame.spec.describe()}"
+                    await self._audit(record.id, "tunnel", conn, detail=detail)
+                return opened
             case wire.GetAudit():
                 record = await self._run(who, Act.GET_AUDIT, frame.run)
                 entries = await self.audit.read(record.id)

@@ -22,6 +22,7 @@ from websockets.trio.server import ServerConnection
 
 from protocol_specs import wire
 from protocol_specs.auth import AuthThrottle, Principal, Refusal, check_token
+from protocol_specs.tunnels import MAX_TUNNELS
 from protocol_specs.wire import ErrorCode, Role, WireError
 
 from .audit import AuditTrail
@@ -109,7 +110,9 @@ class Gate:
         """Count the connection in its slot while it lasts; ``False`` (after refusing it) if the
         slot is full. Control connections of a user are counted apart from their IDE and logs
         links, so idle links never lock the user's CLI out."""
-        if who.kind == "worker":
+        if who.kind == "worker" and hello.tunnel:  # a run's tunnels are counted apart
+            slot, cap, what = f"tunnels:{who.token}", 2 * MAX_TUNNELS, "tunnel "
+        elif who.kind == "worker":
             slot, cap, what = f"worker:{who.token}", self.config.max_worker_connections, ""
         elif hello.role is Role.CONTROL:
             slot, cap, what = f"control:{who.user}", self.config.max_control_connections, "control "

@@ -17,6 +17,10 @@ key                            type    contents                                 
                                        ``bytes``: payload bytes held in stream <s>
 ``tether:run:{R}:<s>:transient``  list  ``"<id> <size>"`` of <s>'s transient entries relay         relay (trim)
 ``tether:run:{R}:<s>:watchers``  set   relay processes delivering <s> (notices)    relay         relay (append)
+``tether:run:{R}:tunnel:<T>:up`` stream a tunnel's entries, user -> worker (and        relay         relay
+``...:down``                           back), with their ``meta``/``transient``/``watchers`` keys
+``tether:run:{R}:tunnels:<a>`` zset    attempt <a>'s tunnels, scored by when they   relay         relay
+                                       opened (:data:`CLOSED` once their ``exit`` came)
 ``tether:appended:<listener>``  pubsub  append notices and ticks for one relay      relay         that relay
 ``tether:run:{R}:audit``       stream  who attached, submitted, cancelled, was     relay         ``tether audit``
                                        refused (``AuditEntry`` msgpack)
@@ -43,6 +47,7 @@ deleted as soon as the reading side reported receiving them (``received`` frames
 from __future__ import annotations
 
 __all__ = [
+    "CLOSED",
     "DELAYED",
     "LEASES",
     "NOTICE_CHANNEL",
@@ -60,6 +65,9 @@ __all__ = [
     "stream",
     "token",
     "transient_key",
+    "tunnel_keys",
+    "tunnel_stream",
+    "tunnels",
     "user_active",
     "user_blobs",
     "user_runs",
@@ -120,6 +128,29 @@ def manifest(run_id: str) -> str:
 def stream(run_id: str, name: str) -> str:
     """``name`` is ``to_worker``, ``to_ide`` or ``logs`` (:class:`protocol_specs.wire.StreamName`)."""
     return f"tether:run:{{{run_id}}}:{name}"
+
+
+def tunnel_stream(run_id: str, tunnel: str, name: str) -> str:
+    """A tunnel's stream: ``name`` is ``up`` or ``down`` (``protocol_specs/tunnels.py``)."""
+    return f"tether:run:{{{run_id}}}:tunnel:{tunnel}:{name}"
+
+
+def tunnels(run_id: str, attempt: int) -> str:
+    """The zset of an attempt's tunnels (member: the tunnel's id)."""
+    return f"tether:run:{{{run_id}}}:tunnels:{attempt}"
+
+
+#: a closed tunnel's score in :func:`tunnels` (open ones score when they opened, far below)
+CLOSED = float(2**52)
+
+
+def tunnel_keys(run_id: str, tunnel: str) -> list[str]:
+    """Every key of one tunnel (they expire together once it is over)."""
+    out = []
+    for name in ("up", "down"):
+        base = tunnel_stream(run_id, tunnel, name)
+        out += [base, meta_key(base), transient_key(base), watchers_key(base)]
+    return out
 
 
 def meta_key(stream: str) -> str:

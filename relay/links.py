@@ -1,9 +1,10 @@
-"""Run connections: an adapter's (``ide``) and a worker's (``worker``) link to one run, and a reader
-of its logs (``logs``).
+"""Run connections: an adapter's (``ide``) and a worker's (``worker``) link to one run, the two
+links of a tunnel into it (``tunnel``, and a ``worker`` naming the tunnel: the tunnel's streams,
+``relay/tunnels.py``), and a reader of its logs (``logs``).
 
 What a link publishes is appended to the run's outbound stream exactly once
 (:meth:`~relay.store.Store.append_once`) and acknowledged only after Redis stored it; a delivery
-task sends the run's inbound stream from the peer's cursor on, woken by ``relay/fanout.py``.
+task sends the run's inbound stream from the peer's cursor on (``relay/delivery.py``).
 
 Redis is not on the way of live traffic: a link's receiver checks each publish and, for a DAP
 entry, hands it at once to the peers on this process that take entries early
@@ -19,7 +20,6 @@ whenever its attempt may have ended (status entries, heartbeats).
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 import time
 from collections.abc import Callable
@@ -37,10 +37,12 @@ from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 from . import keys
 from .audit import AuditTrail
 from .config import SERVER_NAME, RelayConfig
+from .delivery import deliver, deliver_history
 from .fanout import Fanout, Subscription
 from .gate import Peer
 from .registry import Registry
 from .store import Appended, Diversion, Published, StoreError
+from .tunnels import Tunnels
 from .worker_status import WorkerStatus, worker_may_publish
 
 __all__ = ["Links"]
@@ -53,18 +55,22 @@ TRIM_BATCH = 1000
 STORE_QUEUE = 64
 #: how long an append waits for a peer to send the entry's early copy first (seconds)
 EARLY_FIRST = 0.005
-#: how long the commit of an early entry may wait to go out with later ones (seconds)
-COMMIT_AFTER = 0.1
 #: publishes the storer takes at once (consecutive DAP entries go to Redis in one step)
 STORE_BATCH = 64
 
-_OPEN = {Role.IDE: Act.OPEN_IDE, Role.WORKER: Act.OPEN_WORKER, Role.LOGS: Act.OPEN_LOGS}
+_OPEN = {
+    Role.IDE: Act.OPEN_IDE,
+    Role.WORKER: Act.OPEN_WORKER,
+    Role.LOGS: Act.OPEN_LOGS,
+    Role.TUNNEL: Act.OPEN_TUNNEL,
+}
 _PUBLISH: dict[str, Act] = {
     "dap": Act.PUBLISH_DAP,
     "presence": Act.PUBLISH_PRESENCE,
     "status": Act.PUBLISH_STATUS,
     "log": Act.PUBLISH_LOG,
     "control": Act.PUBLISH_CONTROL,
+    "tunnel": Act.PUBLISH_TUNNEL,
 }
 
 
@@ -94,10 +100,18 @@ class _Link:
     drained: trio.Event | None = None
     #: the storer refused a publish in a way that ends the link
     closing: bool = False
+    #: a tunnel's link (``protocol_specs/tunnels.py``): its streams instead of the run's
+    tunnel: str = ""
 
     @property
     def run_id(self) -> str:
         return self.record.id
+
+    def key(self, name: StreamName) -> str:
+        """The Redis key of the link's stream ``name``."""
+        if self.tunnel:
+            return keys.tunnel_stream(self.record.id, self.tunnel, name.value)
+        return keys.stream(self.record.id, name)
 
     @property
     def attempt(self) -> int:
@@ -139,6 +153,7 @@ class Links:
         self.audit = audit
         self.config = config
         self.statuses = WorkerStatus(registry, on_unattended=on_unattended, clock=clock)
+        self.tunnels = Tunnels(self.store, clock=clock)
 
     async def _opened(self, peer: Peer, hello: wire.Hello, who: Principal) -> RunRecord | None:
         """The run the link is for, if ``who`` may open it; else ``None`` after refusing it."""
@@ -172,6 +187,18 @@ class Links:
         if record is None:
             return
         run_id = record.id
+        tunnel = hello.tunnel
+        if (hello.role is Role.TUNNEL and not tunnel) or (hello.role is Role.IDE and tunnel):
+            await peer.fatal(ErrorCode.BAD_FRAME, "only tunnel and worker links name a tunnel")
+            return
+        if tunnel and not await self.tunnels.known(record, tunnel):
+            await peer.fatal(
+                ErrorCode.NO_SUCH_TUNNEL,
+                f"run {run_id} has no tunnel {tunnel!r} now (it ended with an earlier attempt, "
+                "or was never opened)",
+            )
+            return
+        detail = f"attempt {who.attempt}" if who.kind == "worker" else ""
         await self.audit.record(
             run_id,
             "connect",
@@ -179,16 +206,27 @@ class Links:
             source=peer.source,
             role=hello.role.value,
             client=hello.client,
-            detail=f"attempt {who.attempt}" if who.kind == "worker" else "",
+            detail=f"{detail} tunnel {tunnel}".strip() if tunnel else detail,
         )
-        if hello.role is Role.IDE:
-            outbound, inbound = StreamName.TO_WORKER, StreamName.TO_IDE
+        if tunnel:
+            names = (StreamName.TUNNEL_UP, StreamName.TUNNEL_DOWN)
+            outbound, inbound = names[::-1] if hello.role is Role.WORKER else names
+        elif hello.role is Role.IDE:
+            names = outbound, inbound = StreamName.TO_WORKER, StreamName.TO_IDE
         else:
+            names = (StreamName.TO_WORKER, StreamName.TO_IDE)
             outbound, inbound = StreamName.TO_IDE, StreamName.TO_WORKER
-        tails = {
-            name.value: (await self.store.last_id(keys.stream(run_id, name))) or "0"
-            for name in (StreamName.TO_WORKER, StreamName.TO_IDE)
-        }
+        link = _Link(
+            peer,
+            record,
+            hello.role,
+            who,
+            outbound,
+            inbound,
+            hello.producer or secrets.token_hex(8),
+            tunnel=tunnel,
+        )
+        tails = {name.value: (await self.store.last_id(link.key(name))) or "0" for name in names}
         if hello.role is Role.WORKER and not record.finished:
             await self.registry.renew_lease(run_id, who.attempt)
         welcome = wire.Welcome(
@@ -200,22 +238,21 @@ class Links:
             user=who.user,
         )
         await peer.ws.send(wire.encode_frame(welcome))
-        link = _Link(
-            peer,
-            record,
-            hello.role,
-            who,
-            outbound,
-            inbound,
-            hello.producer or secrets.token_hex(8),
-        )
         try:
             async with trio.open_nursery() as nursery:
                 if hello.role is Role.IDE and hello.history:
-                    await self._deliver_history(
-                        peer, run_id, StreamName.TO_WORKER, hello.history_cursor
+                    await deliver_history(
+                        peer, self.store, run_id, StreamName.TO_WORKER, hello.history_cursor
                     )
-                nursery.start_soon(self._deliver, peer, run_id, inbound, hello.cursor, hello.early)
+                nursery.start_soon(
+                    deliver,
+                    peer,
+                    self.fanout,
+                    link.key(inbound),
+                    inbound,
+                    hello.cursor,
+                    hello.early,
+                )
                 await self._receive(link, nursery)
                 # what is queued when the peer went is still stored
                 while link.storing:
@@ -234,56 +271,6 @@ class Links:
                         )
                     except StoreError as exc:
                         log.warning("run %s: cannot record an IDE leaving: %s", run_id, exc)
-
-    async def _deliver_history(self, peer: Peer, run_id: str, name: StreamName, after: str) -> None:
-        key = keys.stream(run_id, name)
-        cursor = after
-        while batch := await self.store.read_after(key, cursor, count=500):
-            for entry_id, payload in batch:
-                frame = wire.Deliver(stream=name, cursor=entry_id, entry=payload)
-                await peer.ws.send(wire.encode_frame(frame))
-                cursor = entry_id
-
-    async def _deliver(
-        self, peer: Peer, run_id: str, name: StreamName, cursor: str, early: bool = False
-    ) -> None:
-        """Send the peer ``name`` from ``cursor`` on, live. The commits of early entries wait
-        (:data:`COMMIT_AFTER` at most), and only the latest of a producer goes: the peer needs
-        them only to move its cursor, and a live session would pay a frame per message."""
-        stream = keys.stream(run_id, name)
-        commits: dict[str, wire.Commit] = {}
-        due = math.inf
-        async with self.fanout.subscribe(stream, cursor, early=early) as subscription:
-            while True:
-                batch = []
-                if commits:
-                    with trio.move_on_at(due):
-                        batch = await subscription.next_batch(200)
-                else:  # no cancel scope held by every idle connection
-                    batch = await subscription.next_batch(200)
-                for item in batch:
-                    if item.payload is None:
-                        commits[item.producer] = wire.Commit(
-                            stream=name, cursor=item.cursor, producer=item.producer, n=item.n
-                        )
-                        due = min(due, trio.current_time() + COMMIT_AFTER)
-                        continue
-                    if early:
-                        frame = wire.Deliver(
-                            stream=name,
-                            cursor=item.cursor,
-                            entry=item.payload,
-                            producer=item.producer,
-                            n=item.n,
-                        )
-                    else:
-                        frame = wire.Deliver(stream=name, cursor=item.cursor, entry=item.payload)
-                    await peer.ws.send(wire.encode_frame(frame))
-                if commits and trio.current_time() >= due:
-                    for commit in commits.values():
-                        await peer.ws.send(wire.encode_frame(commit))
-                    commits.clear()
-                    due = math.inf
 
     async def _receive(self, link: _Link, publishing: trio.Nursery) -> None:
         """Read the peer's frames until it goes: publishes to the storer (live DAP entries to the
@@ -312,7 +299,7 @@ class Links:
                     publishing.start_soon(self._store_all, link)
             elif isinstance(frame, wire.Received):
                 if frame.stream is link.inbound:
-                    key = keys.stream(link.run_id, link.inbound)
+                    key = link.key(link.inbound)
                     while (
                         await self.store.trim_received(key, frame.cursor, limit=TRIM_BATCH)
                         >= TRIM_BATCH
@@ -344,7 +331,7 @@ class Links:
             return _Queued(frame, entry, None)  # the storer answers it, in order
         if isinstance(entry, wire.DapEntry) and not link.held_back:
             sending = self.fanout.forward(
-                keys.stream(link.run_id, link.outbound), link.producer, frame.n, frame.entry
+                link.key(link.outbound), link.producer, frame.n, frame.entry
             )
             return _Queued(frame, entry, None, early=True, sending=tuple(sending))
         if not isinstance(entry, wire.LogEntry):  # logs go to a stream of their own
@@ -354,9 +341,13 @@ class Links:
 
     def _refusal(self, link: _Link, kind: str) -> Refusal | None:
         if kind not in link.refusals:
-            link.refusals[kind] = authorize(
-                link.who, _PUBLISH[kind], link.record, about_run=link.run_id
-            )
+            if bool(link.tunnel) != (kind == "tunnel"):  # a tunnel's link carries only its steps
+                where = "a tunnel's link" if link.tunnel else "a run's link (only on a tunnel's)"
+                link.refusals[kind] = Refusal(ErrorCode.NOT_ALLOWED, f"no {kind} entry on {where}")
+            else:
+                link.refusals[kind] = authorize(
+                    link.who, _PUBLISH[kind], link.record, about_run=link.run_id
+                )
         return link.refusals[kind]
 
     async def _store_all(self, link: _Link) -> None:
@@ -385,7 +376,10 @@ class Links:
         """Store and answer ``batch`` in order; False if the link must close."""
         plain: list[_Queued] = []
         for item in batch:
-            if isinstance(item.entry, wire.DapEntry) and self._refusal(link, "dap") is None:
+            entry = item.entry
+            if isinstance(entry, wire.DapEntry | wire.TunnelEntry) and (
+                self._refusal(link, entry.k) is None
+            ):
                 plain.append(item)
                 continue
             if plain and not await self._store_plain(link, plain):
@@ -396,12 +390,12 @@ class Links:
         return not plain or await self._store_plain(link, plain)
 
     async def _store_plain(self, link: _Link, items: list[_Queued]) -> bool:
-        """Store DAP entries the link may publish, in one step; answer them (one ``ack`` for a
-        run of stored ones). False if the link must close."""
+        """Store DAP (or tunnel) entries the link may publish, in one step; answer them (one
+        ``ack`` for a run of stored ones). False if the link must close."""
         for item in items:  # the early copies first: live traffic waits on them
             for subscription in item.sending:
                 await subscription.sent(EARLY_FIRST)
-        key = keys.stream(link.run_id, link.outbound)
+        key = link.key(link.outbound)
         entries = [
             Published(item.frame.n, item.frame.entry, getattr(item.entry, "transient", False))
             for item in items
@@ -417,11 +411,14 @@ class Links:
         except BaseException:
             self.fanout.lost(key)  # stored or not, nobody else will say
             raise
-        for entry, result in zip(entries, got, strict=True):
+        for item, entry, result in zip(items, entries, got, strict=True):
             if result.outcome == "stored":
                 self.fanout.appended(
                     key, result.prev, result.cursor, entry.payload, link.producer, entry.n
                 )
+                if isinstance(item.entry, wire.TunnelEntry) and item.entry.op == "exit":
+                    if link.role is Role.WORKER:  # the worker's last word: the tunnel is over
+                        await self.tunnels.closed(link.run_id, link.attempt, link.tunnel)
         ack: wire.Ack | None = None
         for entry, result in zip(entries, got, strict=True):
             if result.outcome == "stored":
@@ -501,7 +498,7 @@ class Links:
             divert = Diversion(
                 keys.stream(link.run_id, StreamName.LOGS), maxlen=self.config.log_entries
             )
-        key = keys.stream(link.run_id, link.outbound)
+        key = link.key(link.outbound)
         stored_in = divert.stream if divert else key
         try:
             got = await self.store.append_once(
@@ -538,7 +535,7 @@ class Links:
 
     async def _skip(self, link: _Link, n: int) -> bool:
         """Count a refused publish as answered, so the producer's numbering has no gap."""
-        key = keys.stream(link.run_id, link.outbound)
+        key = link.key(link.outbound)
         await self.store.append_once(key, link.producer, n, None)
         return True
 
@@ -562,7 +559,8 @@ class Links:
         )
         await peer.ws.send(wire.encode_frame(welcome))
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._deliver, peer, record.id, StreamName.LOGS, hello.cursor)
+            logs = keys.stream(record.id, StreamName.LOGS)
+            nursery.start_soon(deliver, peer, self.fanout, logs, StreamName.LOGS, hello.cursor)
             while True:  # a logs connection publishes nothing; it may only say it is alive
                 data = await peer.ws.recv()
                 try:

@@ -46,6 +46,7 @@ from protocol_specs.wire import ErrorCode, StreamName
 from . import keys
 from .config import RelayConfig
 from .store import Store, StoreError
+from .tunnels import expire_tunnels
 
 __all__ = ["RECORD_FIELD", "Change", "Registry", "new_run_id"]
 
@@ -257,6 +258,7 @@ class Registry:
         )
         for key in keys.run_keys(after.id):
             await self.store.expire(key, self.config.retention)
+        await expire_tunnels(self.store, after, self.config.retention)
 
     # --- submission -------------------------------------------------------------------------------
 

@@ -62,6 +62,7 @@ _MAX_MESSAGE = {
     Role.IDE: wire.MAX_RUN_FRAME_BYTES,
     Role.WORKER: wire.MAX_RUN_FRAME_BYTES,
     Role.LOGS: wire.MAX_HELLO_BYTES,
+    Role.TUNNEL: wire.MAX_RUN_FRAME_BYTES,
 }
 
 
@@ -96,7 +97,13 @@ class Relay:
             clock=clock,
         )
         self.control = Control(
-            self.registry, self.claims, self.blobs, self.tokens, self.audit, config
+            self.registry,
+            self.claims,
+            self.blobs,
+            self.tokens,
+            self.audit,
+            config,
+            tunnels=self.links.tunnels,
         )
 
     async def handle(self, ws: ServerConnection) -> None:

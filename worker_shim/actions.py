@@ -11,13 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from protocol_specs.wire import DapEntry, StatusEntry, StatusEvent
+from protocol_specs.wire import ControlEntry, DapEntry, StatusEntry, StatusEvent
 
 __all__ = [
     "BARRIER_EVENTS",
     "Action",
     "CloseChild",
     "OpenChild",
+    "OpenTunnel",
     "PipeOutputToIde",
     "Publish",
     "ReplayFailed",
@@ -46,6 +47,13 @@ class OpenChild:
     follow. If it cannot be opened, tell :meth:`worker_shim.processes.Processes.closed`."""
 
     process: str
+
+
+@dataclass(frozen=True)
+class OpenTunnel:
+    """Serve the tunnel this ``tunnel`` control entry asks for (``worker_shim/tunnels.py``)."""
+
+    entry: ControlEntry
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,7 @@ Action = (
     | ReplayFailed
     | OpenChild
     | CloseChild
+    | OpenTunnel
 )
 
 

@@ -50,6 +50,7 @@ from protocol_specs.wire import DapEntry, PresenceEntry, StatusEntry, WireError
 from .actions import (
     BARRIER_EVENTS,
     Action,
+    OpenTunnel,
     PipeOutputToIde,
     Publish,
     ReplayFailed,
@@ -185,6 +186,8 @@ class ShimCore(DebugpyChannel):
         if isinstance(entry, wire.ControlEntry):
             if terminates(entry, self.record):
                 actions += self._terminate()
+            elif entry.action == "tunnel":
+                actions.append(OpenTunnel(entry))
         elif isinstance(entry, PresenceEntry):
             self.watch.presence(entry, self.clock())
             actions += self._watch_step()

@@ -117,9 +117,12 @@ async def until_debugged(
     terminate: Callable[[], Awaitable[None]],
     listener: trio.socket.SocketType,
     say: Callable[[str], None],
+    *,
+    on_entry: Callable[[wire.AnyEntry | None], object] = lambda _entry: None,
 ) -> Debugged | None:
     """Watch a debuggable plain run until debugpy listens in its program (:class:`Debugged`),
-    or ``None`` once the program exited; a ``terminate`` meant for this attempt is done at once."""
+    or ``None`` once the program exited; a ``terminate`` meant for this attempt is done at once,
+    and every entry goes to ``on_entry`` too (tunnels to open)."""
     seen: deque[wire.Deliver] = deque(maxlen=ATTACH_BACKLOG)
     found: list[tuple[int, bool]] = []
     connected = trio.Event()
@@ -166,6 +169,7 @@ async def until_debugged(
         async for delivery in link.deliveries:
             seen.append(delivery)
             _cursor, entry = parse_delivery(delivery)
+            on_entry(entry)
             if terminates(entry, record):
                 await terminate()
             elif isinstance(entry, wire.PresenceEntry) and entry.attached and not asked:

@@ -19,6 +19,7 @@ from .actions import (
     Action,
     CloseChild,
     OpenChild,
+    OpenTunnel,
     PipeOutputToIde,
     Publish,
     ReplayFailed,
@@ -30,6 +31,7 @@ from .actions import (
 from .debuggee import Debuggee
 from .output import ProgramOutput
 from .processes import Processes
+from .tunnels import Tunnels
 
 __all__ = ["RECEIVE_SIZE", "Driver"]
 
@@ -53,8 +55,10 @@ class Driver:
         output: ProgramOutput,
         debuggee: Debuggee,
         say: Callable[[str], None],
+        tunnels: Tunnels | None = None,
     ) -> None:
         self.processes = processes
+        self.tunnels = tunnels
         self.core = processes.main
         self.streams: dict[str, trio.SocketStream] = {MAIN: stream}
         self.nursery: trio.Nursery | None = None
@@ -81,6 +85,9 @@ class Driver:
                 await self._send(action.process, action.message)
             elif isinstance(action, OpenChild):
                 await self._open_child(action.process)
+            elif isinstance(action, OpenTunnel):
+                if self.tunnels is not None:
+                    self.tunnels.open(action.entry)
             elif isinstance(action, CloseChild):
                 stream = self.streams.pop(action.process, None)
                 if stream is not None:

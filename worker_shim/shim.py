@@ -75,6 +75,7 @@ from .files import Fetch, materialise
 from .output import ProgramOutput, open_program_output, unbuffered_env
 from .processes import Processes
 from .replay import DEFAULT_INITIALIZE
+from .tunnels import Tunnels, open_tunnels
 
 __all__ = ["DEFAULT_INITIALIZE", "run_shim", "worker_link", "worker_link_policy"]
 
@@ -103,6 +104,7 @@ async def run_shim(
     policy: LinkPolicy | None = None,
     on_event: Callable[[str], None] | None = None,
     say_when_stopped: bool = True,
+    allow_tunnels: bool = True,
 ) -> int | None:
     """Run one claimed attempt to its end; returns the program's exit code (None if it never
     started). ``fetch`` downloads snapshot blobs (kept in ``cache``); ``env`` is added to the
@@ -110,7 +112,8 @@ async def run_shim(
 
     ``say_when_stopped``: if the worker stops before the attempt ended, tell the relay the
     attempt is over (a pool's worker); a scheduler's job leaves that to its backend, which knows
-    why the job ended (requeued, preempted, cancelled)."""
+    why the job ended (requeued, preempted, cancelled). ``allow_tunnels``: serve the user's
+    shells, commands and port forwards into the run (``worker_shim/tunnels.py``)."""
     say = on_event or (lambda _text: None)
     run_dir = runs_dir / f"{record.id}-{record.attempt}"
     log_path = runs_dir / f"{record.id}-{record.attempt}.log"
@@ -123,8 +126,12 @@ async def run_shim(
             say(f"run {record.id} is {link.run.state.value}; not starting it")
             return None
         try:
-            return await _attempt(link, record, manifest, run_dir, log_path, fetch, cache, env,
-                                  python, say, news)  # fmt: skip
+            async with open_tunnels(
+                relay_url, record, run_dir, _program_env(record, env), allowed=allow_tunnels,
+                say=say,
+            ) as tunnels:  # fmt: skip
+                return await _attempt(link, record, manifest, run_dir, log_path, fetch, cache,
+                                      env, python, say, news, tunnels)  # fmt: skip
         except BaseException:
             if not say_when_stopped:
                 raise
@@ -170,6 +177,7 @@ async def _attempt(
     python: str,
     say: Callable[[str], None],
     news: _LinkNews,
+    tunnels: Tunnels,
 ) -> int | None:
     """The attempt, once its link is up: files, then the program, plain or under the debugger."""
     try:
@@ -181,14 +189,13 @@ async def _attempt(
         say(f"run {record.id}: cannot materialise the snapshot: {exc}")
         return None
     say(f"run {record.id} attempt {record.attempt}: {files} files in {run_dir}")
-    inherited = {k: v for k, v in os.environ.items() if k not in WORKER_ONLY_ENV}
-    env = {**inherited, **record.spec.program_env(), **(env or {})}
+    env = _program_env(record, env)
     async with open_program_output(link, record.attempt, record.spec.secrets()) as output:
         if not record.spec.debug:
             with tempfile.TemporaryDirectory(prefix="tether-attach-") as where:
                 attachable = await attachable_argv(record, run_dir, env, python, Path(where))
                 return await _run_plain(
-                    link, record, run_dir, env, log_path, say, news, output, attachable
+                    link, record, run_dir, env, log_path, say, news, output, attachable, tunnels
                 )
         try:
             async with start_debuggee(
@@ -202,7 +209,9 @@ async def _attempt(
                 # children debugged too, each configured by the shim (``worker_shim.processes``)
                 subprocesses=record.spec.processes != "main",
             ) as debuggee:
-                return await _run_debug(link, record, run_dir, debuggee, say, news, output)
+                return await _run_debug(
+                    link, record, run_dir, debuggee, say, news, output, tunnels=tunnels
+                )
         except (ValueError, OSError, RuntimeError) as exc:
             detail = output.blank(str(exc))
             await _status(link, StatusEvent.START_FAILED, detail=detail)
@@ -212,6 +221,13 @@ async def _attempt(
 
 #: the worker's own credentials: never handed down to the program it runs
 WORKER_ONLY_ENV = frozenset({"TETHER_TOKEN", "TETHER_CONFIG"})
+
+
+def _program_env(record: RunRecord, env: dict[str, str] | None) -> dict[str, str]:
+    """The program's environment (and its tunnels' commands'): the worker's, without its own
+    credentials, the run's (secrets included), then what the worker adds (its GPUs)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in WORKER_ONLY_ENV}
+    return {**inherited, **record.spec.program_env(), **(env or {})}
 
 
 async def _exited(link: RunLink, record: RunRecord, code: int) -> None:
@@ -274,6 +290,7 @@ async def _run_plain(
     news: _LinkNews,
     on_output: ProgramOutput,
     attachable: tuple[list[str], str] | None,
+    tunnels: Tunnels,
 ) -> int | None:
     """A run without the debugger; ``attachable``: its program waits for a ``tether attach``
     (an IDE's presence on the run): then debugpy starts in it, and the run goes on as a debug
@@ -306,7 +323,9 @@ async def _run_plain(
         nursery.start_soon(_terminate_when, news.ended, terminate)
         if listener is not None:
             with listener:
-                debugged = await until_debugged(link, record, process, terminate, listener, say)
+                debugged = await until_debugged(
+                    link, record, process, terminate, listener, say, on_entry=tunnels.open
+                )
             if debugged is not None:
                 if debugged.post_mortem:
                     say(f"run {record.id}: an uncaught exception; the program waits post-mortem")
@@ -315,11 +334,11 @@ async def _run_plain(
                 debuggee = Debuggee(process, debugged.port, output)
                 code = await _run_debug(
                     link, record, run_dir, debuggee, say, news, on_output,
-                    backlog=debugged.backlog, post_mortem=debugged.post_mortem,
+                    backlog=debugged.backlog, post_mortem=debugged.post_mortem, tunnels=tunnels,
                 )  # fmt: skip
                 nursery.cancel_scope.cancel()
                 return code
-        nursery.start_soon(_watch_terminate, link, record, terminate)
+        nursery.start_soon(_watch_terminate, link, record, terminate, tunnels)
         code = await process.wait()
         await output.drained()
         nursery.cancel_scope.cancel()
@@ -335,11 +354,14 @@ async def _terminate_when(event: trio.Event, terminate: Callable[[], Awaitable[N
 
 
 async def _watch_terminate(
-    link: RunLink, record: RunRecord, terminate: Callable[[], Awaitable[None]]
+    link: RunLink, record: RunRecord, terminate: Callable[[], Awaitable[None]], tunnels: Tunnels
 ) -> None:
+    """A plain run's deliveries: a ``terminate`` for this attempt, tunnels to open."""
     async for delivery in link.deliveries:
-        if terminates(parse_delivery(delivery)[1], record):
+        entry = parse_delivery(delivery)[1]
+        if terminates(entry, record):
             await terminate()
+        tunnels.open(entry)
 
 
 async def _run_debug(
@@ -353,6 +375,7 @@ async def _run_debug(
     *,
     backlog: list[wire.Deliver] | None = None,
     post_mortem: bool = False,
+    tunnels: Tunnels | None = None,
 ) -> int | None:
     """``backlog``: a plain run an IDE attached to (what its watch took off the link; the
     program has been running since its ``started``); ``post_mortem``: no IDE, an uncaught
@@ -362,7 +385,7 @@ async def _run_debug(
     if backlog:
         tail = max(tail, *(Cursor.parse(d.cursor) for d in backlog if d.cursor))
     core = ShimCore(record, str(run_dir), tail=tail, clock=trio.current_time)
-    driver = Driver(Processes(core), stream, link, output, debuggee, say)
+    driver = Driver(Processes(core), stream, link, output, debuggee, say, tunnels)
     try:
         return await _drive(
             link, record, debuggee, say, news, output, core, driver,

@@ -23,6 +23,7 @@ from .runs import (
 )
 from .service import cmd_backend, cmd_relay, cmd_up, cmd_worker
 from .settings import DEFAULT_RELAY_PORT, count, parse_duration, parse_ranks
+from .tunnel import cmd_exec
 
 __all__ = ["build_parser"]
 
@@ -159,6 +160,18 @@ def _run_commands(sub: _Commands) -> None:
     )
     s.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     s.set_defaults(fn=cmd_logs)
+
+    s = sub.add_parser(
+        "exec",
+        help="run a command on the run's worker, in its directory with its environment",
+    )
+    relay_flag(s)
+    s.add_argument(
+        "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
+    )
+    # ``--relay`` may come after RUN too: cmd_exec reads what precedes ``--``
+    s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    s.set_defaults(fn=cmd_exec)
 
     s = sub.add_parser("cancel", help="cancel a run (queued, running or paused)")
     relay_flag(s)

@@ -20,6 +20,7 @@ from protocol_specs import wire
 from protocol_specs.auth import Scope, TokenInfo
 from protocol_specs.runs import RunRecord, RunSpec
 from protocol_specs.snapshots import BLOB_CHUNK, Manifest
+from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.wire import ErrorCode, Role
 
 from .connect import RelayError, Target, open_connection
@@ -125,6 +126,10 @@ class ControlClient:
 
     async def get_run(self, run: str) -> RunRecord:
         return await self._run(wire.GetRun, run=run)
+
+    async def open_tunnel(self, run: str, spec: TunnelSpec) -> wire.TunnelOpened:
+        """Open a tunnel into ``run``'s worker (``protocol_specs/tunnels.py``): its id."""
+        return await self._call(wire.OpenTunnel, wire.TunnelOpened, run=run, spec=spec)
 
     async def list_runs(self, limit: int = 50) -> list[RunRecord]:
         return (await self._call(wire.ListRuns, wire.RunList, limit=limit)).runs

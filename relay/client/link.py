@@ -118,6 +118,7 @@ class RunLink:
         on_state: Callable[[bool, str], None] | None = None,
         attempt: int = 0,
         early: bool = False,
+        tunnel: str = "",
     ) -> None:
         self.endpoint = endpoint(target)
         self.url = self.endpoint.url
@@ -134,6 +135,7 @@ class RunLink:
             client=client,
             attempt=attempt,
             early=early,
+            tunnel=tunnel,
             outbox_entries=p.outbox_entries,
             outbox_bytes=p.outbox_bytes,
             report_every=p.report_every,
@@ -426,11 +428,14 @@ async def open_run_link(
     on_state: Callable[[bool, str], None] | None = None,
     attempt: int = 0,
     early: bool = False,
+    tunnel: str = "",
 ) -> AsyncIterator[RunLink]:
     """A :class:`RunLink`, connected once before this returns (else :class:`RelayError`).
 
     ``early``: take live entries before Redis stored them (``deliveries`` then hands over entries
-    without a cursor; see ``protocol_specs/link.py``)."""
+    without a cursor; see ``protocol_specs/link.py``). ``tunnel``: the link of a tunnel
+    (``protocol_specs/tunnels.py``): role ``tunnel`` on the user's side, ``worker`` on the
+    worker's."""
     link = RunLink(
         target,
         attempt=attempt,
@@ -444,6 +449,7 @@ async def open_run_link(
         on_refused=on_refused,
         on_state=on_state,
         early=early,
+        tunnel=tunnel,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(link.maintain)

@@ -27,9 +27,10 @@ from protocol_specs.auth import Scope
 from protocol_specs.permissions import Act, Holder, expected, permissions_markdown
 from protocol_specs.runs import RunSpec
 from protocol_specs.snapshots import Manifest, ManifestEntry
+from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.wire import Role
 from relay.auth import TokenStore
-from relay.client import Endpoint, RelayError, open_control
+from relay.client import Endpoint, RelayError, open_control, open_run_link
 from relay.server import serve_relay, server_port
 from relay.store import Store, open_store
 
@@ -114,11 +115,13 @@ async def scene(url: str, store: Store, *, claimed: bool = True) -> Scene:
 # --- performing one act -----------------------------------------------------------------------------
 
 
-async def _hello(ep: Endpoint, role: Role, run: str, attempt: int = 0) -> tuple[object, str]:
+async def _hello(
+    ep: Endpoint, role: Role, run: str, attempt: int = 0, tunnel: str = ""
+) -> tuple[object, str]:
     """Open a raw link; ``(the open connection, "ok")`` or ``(None, the refusal's code)``."""
     ws_cm = connect(ep.url, compression=None)
     ws = await ws_cm.__aenter__()
-    hello = wire.Hello(role=role, run=run, token=ep.token, attempt=attempt)
+    hello = wire.Hello(role=role, run=run, token=ep.token, attempt=attempt, tunnel=tunnel)
     await ws.send(wire.encode_frame(hello))
     reply = wire.decode_frame(await ws.recv())
     if isinstance(reply, wire.Error):
@@ -127,11 +130,13 @@ async def _hello(ep: Endpoint, role: Role, run: str, attempt: int = 0) -> tuple[
     return (ws_cm, ws), "ok"
 
 
-async def _link_then(holder: Holder, s: Scene, *frames: bytes) -> str:
-    """Open the holder's natural link to the run, send ``frames``, and say what came back."""
+async def _link_then(holder: Holder, s: Scene, *frames: bytes, tunnel: str = "") -> str:
+    """Open the holder's natural link to the run (to its ``tunnel``: the tunnel's), send
+    ``frames``, and say what came back."""
     ep = s.holders[holder]
     worker = holder in (Holder.WORKER, Holder.OTHER_WORKER, Holder.STALE_WORKER)
-    opened, code = await _hello(ep, Role.WORKER if worker else Role.IDE, s.run)
+    role = Role.WORKER if worker else Role.TUNNEL if tunnel else Role.IDE
+    opened, code = await _hello(ep, role, s.run, tunnel=tunnel)
     if opened is None:
         return code
     ws_cm, ws = opened  # type: ignore[misc]
@@ -198,7 +203,37 @@ async def perform(act: Act, holder: Holder, s: Scene) -> str:
         case Act.HEARTBEAT:
             frames = (wire.encode_frame(wire.Heartbeat()),)
             return await _link_then(holder, s, *frames)
+        case Act.OPEN_TUNNEL:
+            # asked on a control connection, and the tunnel's link (to one the owner opened)
+            tunnel = await _tunnel(s)
+            asked = await _control(holder, s, lambda c: _open_tunnel(c, s))
+            opened, code = await _hello(ep, Role.TUNNEL, s.run, tunnel=tunnel)
+            if opened is not None:
+                await opened[0].__aexit__(None, None, None)  # type: ignore[index]
+            return asked if asked == code else f"{asked} (open_tunnel), {code} (its link)"
+        case Act.PUBLISH_TUNNEL:
+            entry = wire.TunnelEntry(op="data", data=b"x")
+            return await _link_then(holder, s, _publish(entry), tunnel=await _tunnel(s))
     return await _control(holder, s, lambda control: _control_act(act, control, s))
+
+
+async def _tunnel(s: Scene) -> str:
+    """The run started (its worker says so), and a tunnel the owner opened into it."""
+    async with open_run_link(
+        s.holders[Holder.WORKER], role=Role.WORKER, run=s.run, attempt=2
+    ) as worker:
+        await worker.publish(wire.StatusEntry(event="started", data={"pid": 1}))
+        await worker.flush()
+    async with open_control(s.owner) as control:
+        return (await control.open_tunnel(s.run, TunnelSpec(kind="exec", argv=["true"]))).tunnel
+
+
+async def _open_tunnel(control: object, s: Scene) -> str:
+    from relay.client import ControlClient
+
+    assert isinstance(control, ControlClient)
+    await control.open_tunnel(s.run, TunnelSpec(kind="shell"))
+    return "ok"
 
 
 async def _ok(_control: object) -> str:

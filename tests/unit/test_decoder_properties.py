@@ -24,6 +24,7 @@ from protocol_specs.auth import Scope, TokenInfo
 from protocol_specs.dap_framing import DapFramer, DapFramingError, encode_message
 from protocol_specs.runs import REDACTED, RunRecord, RunSpec
 from protocol_specs.snapshots import Manifest, ManifestEntry
+from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 
 DIGEST = "ab" * 32
@@ -79,6 +80,8 @@ FRAMES: list[wire.AnyFrame] = [
     wire.RevokeToken(rid=14, id="0123456789abcdef"),
     wire.GetAudit(rid=15, run="r1"),
     wire.AuditLog(rid=15, run="r1", entries=[wire.AuditEntry(at=1.0, event="attach")]),
+    wire.OpenTunnel(rid=16, run="r1", spec=TunnelSpec(kind="exec", argv=["nvidia-smi"])),
+    wire.TunnelOpened(rid=16, run="r1", tunnel="ab12"),
     wire.Error(code=ErrorCode.FORBIDDEN, message="no", fatal=True, rid=3),
 ]
 ENTRIES: list[wire.AnyEntry] = [
@@ -86,6 +89,8 @@ ENTRIES: list[wire.AnyEntry] = [
     wire.StatusEntry(event="exited", state="succeeded", exit_code=0, data={"pid": 3}),
     wire.ControlEntry(action="terminate", detail="user", attempt=2),
     wire.LogEntry(stream="stderr", data=b"Traceback...\n", attempt=2),
+    wire.TunnelEntry(op="data", fd=1, data=b"GPU 0", transient=True),
+    wire.ControlEntry(action="tunnel", detail="ab12", attempt=2, data={"kind": "shell"}),
     wire.PresenceEntry(origin="a", epoch=3, attached=True),
 ]
 

@@ -245,7 +245,17 @@ def test_after_a_cut_the_hello_resumes_after_the_last_entry_handed_over() -> Non
         StreamName.TO_IDE: "4-1",
         StreamName.TO_WORKER: "3-0",
         StreamName.LOGS: "0",
+        StreamName.TUNNEL_UP: "0",
+        StreamName.TUNNEL_DOWN: "0",
     }
+
+
+def test_a_tunnels_links_read_its_own_streams() -> None:
+    user = LinkState(role=Role.TUNNEL, run="r1", producer="t", tunnel="ab12")
+    worker = LinkState(role=Role.WORKER, run="r1", producer="w", tunnel="ab12", attempt=2)
+    assert (user.inbound, worker.inbound) == (StreamName.TUNNEL_DOWN, StreamName.TUNNEL_UP)
+    assert user.hello().tunnel == worker.hello().tunnel == "ab12"
+    assert LinkState(role=Role.WORKER, run="r1", producer="w").hello().tunnel == ""
 
 
 def test_an_entry_not_handed_over_is_delivered_again() -> None:

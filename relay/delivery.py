@@ -1,0 +1,82 @@
+"""Sending a stream to a peer: live from a cursor on (woken by ``relay/fanout.py``), with early
+entries and their commits, or a run's history as it is now."""
+
+from __future__ import annotations
+
+import math
+
+import trio
+
+from protocol_specs import wire
+from protocol_specs.wire import StreamName
+
+from . import keys
+from .fanout import Fanout
+from .gate import Peer
+from .store import Store
+
+__all__ = ["COMMIT_AFTER", "deliver", "deliver_history"]
+
+#: how long the commit of an early entry may wait to go out with later ones (seconds)
+COMMIT_AFTER = 0.1
+
+
+async def deliver_history(
+    peer: Peer, store: Store, run_id: str, name: StreamName, after: str
+) -> None:
+    """Send the peer the run's stream ``name`` after ``after``, as it is now (an IDE's
+    ``history``)."""
+    key = keys.stream(run_id, name)
+    cursor = after
+    while batch := await store.read_after(key, cursor, count=500):
+        for entry_id, payload in batch:
+            frame = wire.Deliver(stream=name, cursor=entry_id, entry=payload)
+            await peer.ws.send(wire.encode_frame(frame))
+            cursor = entry_id
+
+
+async def deliver(
+    peer: Peer,
+    fanout: Fanout,
+    stream: str,
+    name: StreamName,
+    cursor: str,
+    early: bool = False,
+) -> None:
+    """Send the peer the stream ``name`` (key ``stream``) from ``cursor`` on, live. The
+    commits of early entries wait (:data:`COMMIT_AFTER` at most), and only the latest of a
+    producer goes: the peer needs them only to move its cursor, and a live session would pay
+    a frame per message."""
+    commits: dict[str, wire.Commit] = {}
+    due = math.inf
+    async with fanout.subscribe(stream, cursor, early=early) as subscription:
+        while True:
+            batch = []
+            if commits:
+                with trio.move_on_at(due):
+                    batch = await subscription.next_batch(200)
+            else:  # no cancel scope held by every idle connection
+                batch = await subscription.next_batch(200)
+            for item in batch:
+                if item.payload is None:
+                    commits[item.producer] = wire.Commit(
+                        stream=name, cursor=item.cursor, producer=item.producer, n=item.n
+                    )
+                    due = min(due, trio.current_time() + COMMIT_AFTER)
+                    continue
+                if early:
+                    frame = wire.Deliver(
+                        stream=name,
+                        cursor=item.cursor,
+                        entry=item.payload,
+                        producer=item.producer,
+                        n=item.n,
+                    )
+                else:
+                    frame = wire.Deliver(stream=name, cursor=item.cursor, entry=item.payload)
+                await peer.ws.send(wire.encode_frame(frame))
+            if commits and trio.current_time() >= due:
+                for commit in commits.values():
+                    await peer.ws.send(wire.encode_frame(commit))
+                commits.clear()
+                due = math.inf

@@ -1,0 +1,258 @@
+"""Tunnels into a run (``protocol_specs/tunnels.py``): ``exec`` through a real relay and the real
+worker shim running a real program, with ``tether exec``'s own client (:func:`run_tunnel`).
+
+A command runs in the run's directory with its environment; its output arrives whole and in
+order, each stream apart; stdin goes up; signals reach it; its exit status comes back. What the
+relay refuses (a run that is not running, or is over; another user) and what the worker refuses
+(``--no-shell``) is said, and a command still running when the attempt ends is ended with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+import trio
+from credentials import user_endpoint
+
+from adapter.cli.tunnel import TETHER_FAILED, run_tunnel
+from protocol_specs import wire
+from protocol_specs.auth import Scope
+from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.snapshots import Manifest, ManifestEntry
+from protocol_specs.tunnels import TunnelSpec
+from protocol_specs.wire import Role, TunnelEntry
+from relay.client import (
+    ControlClient,
+    Endpoint,
+    RelayError,
+    follow_logs,
+    open_control,
+    open_run_link,
+)
+from relay.server import serve_relay, server_port
+from relay.store import MemoryStore
+from worker_shim.shim import run_shim
+
+pytestmark = pytest.mark.timeout(60)
+
+WAITS = """\
+import sys, time
+print("up", flush=True)
+time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 60)
+"""
+
+
+@dataclass
+class Stack:
+    url: Endpoint
+    control: ControlClient
+    run: RunRecord
+    store: MemoryStore
+    ended: trio.Event
+
+    async def exec(
+        self, argv: list[str], *, stdin: bytes | None = None
+    ) -> tuple[int, bytes, bytes]:
+        """``tether exec RUN -- argv`` as the CLI does it: (exit status, stdout, stderr)."""
+        spec = TunnelSpec(kind="exec", argv=argv, stdin=stdin is not None)
+        opened = await self.control.open_tunnel(self.run.id, spec)
+        out: dict[int, BinaryIO] = {1: io.BytesIO(), 2: io.BytesIO()}
+        fd = None
+        if stdin is not None:
+            read, write = os.pipe()
+            fd = read
+        async with trio.open_nursery() as nursery:
+            if stdin is not None:
+                nursery.start_soon(_write_all, write, stdin)
+            code = await run_tunnel(self.url, opened, stdin=fd, out=out)
+        if fd is not None:
+            os.close(fd)
+        return code, out[1].getvalue(), out[2].getvalue()  # type: ignore[attr-defined]
+
+
+async def _write_all(fd: int, data: bytes) -> None:
+    stream = trio.lowlevel.FdStream(fd)
+    async with stream:
+        await stream.send_all(data)
+
+
+@asynccontextmanager
+async def running(tmp_path: Path, *args: str, allow_tunnels: bool = True) -> AsyncIterator[Stack]:
+    """A plain run of ``waits.py args`` started by the real shim (its output said ``up``)."""
+    store = MemoryStore()
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(
+            lambda task_status: serve_relay(store, port=0, task_status=task_status)
+        )
+        url = await user_endpoint(store, f"ws://127.0.0.1:{server_port(server)}")
+        data = WAITS.encode()
+        digest = hashlib.sha256(data).hexdigest()
+        manifest = Manifest(entries=[ManifestEntry(path="waits.py", digest=digest, size=len(data))])
+        spec = RunSpec(
+            command=[sys.executable, "waits.py", *args],
+            workdir="/home/me/project",
+            debug=False,
+            env={"TUNNEL_TEST": "yes"},
+        )
+        async with open_control(url) as control:
+            await control.put_blob(digest, data)
+            record = await control.submit(spec, manifest)
+            assigned = await control.claim("w-0")
+            ended = trio.Event()
+
+            async def worker() -> None:
+                await run_shim(
+                    url.with_token(assigned.token),
+                    assigned.run,
+                    assigned.manifest,
+                    runs_dir=tmp_path / "runs",
+                    fetch=control.read_blob,
+                    cache=tmp_path / "cache",
+                    python=sys.executable,
+                    allow_tunnels=allow_tunnels,
+                )
+                ended.set()
+
+            nursery.start_soon(worker)
+            # its output comes after its ``started`` (one link, stored in order): it is running
+            await _until_output(url, record.id, b"up")
+            yield Stack(url, control, await control.get_run(record.id), store, ended)
+            if not ended.is_set():
+                await control.cancel(record.id)  # the shim ends the program and returns
+            with trio.fail_after(30):
+                await ended.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def _until_output(url: Endpoint, run_id: str, text: bytes) -> None:
+    seen = trio.Event()
+
+    def show(entry: wire.LogEntry | wire.StatusEntry) -> None:
+        if isinstance(entry, wire.LogEntry) and text in entry.data:
+            seen.set()
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow_logs, url, run_id, show)
+            await seen.wait()
+            nursery.cancel_scope.cancel()
+
+
+# --- exec ---------------------------------------------------------------------------------------
+
+
+async def test_a_command_runs_in_the_runs_directory_with_its_environment(tmp_path: Path) -> None:
+    async with running(tmp_path) as stack:
+        script = "import os, sys; print(os.getcwd()); print(os.environ['TUNNEL_TEST']); " + (
+            "print('to stderr', file=sys.stderr); sys.exit(7)"
+        )
+        code, out, err = await stack.exec([sys.executable, "-c", script])
+    assert code == 7
+    assert out.decode().splitlines() == [str(tmp_path / "runs" / f"{stack.run.id}-1"), "yes"]
+    assert err == b"to stderr\n"
+
+
+async def test_large_output_arrives_whole_and_in_order_and_stdin_goes_up(tmp_path: Path) -> None:
+    big = b"".join(i.to_bytes(4, "big") for i in range(1_500_000))  # 6 MB, every chunk unlike
+    writes = (
+        "import sys; data = bytes(range(256)) * 24000; "
+        "[sys.stdout.buffer.write(data[i:i + 1000]) for i in range(0, len(data), 1000)]"
+    )
+    digest = "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())"
+    async with running(tmp_path) as stack:
+        code, out, _err = await stack.exec([sys.executable, "-c", writes])
+        assert code == 0 and out == bytes(range(256)) * 24000
+        code, out, _err = await stack.exec([sys.executable, "-c", digest], stdin=big)
+        assert code == 0 and out.decode().strip() == hashlib.sha256(big).hexdigest()
+
+
+async def test_a_signal_reaches_the_command_and_its_status_comes_back(tmp_path: Path) -> None:
+    async with running(tmp_path) as stack:
+        spec = TunnelSpec(kind="exec", argv=["sh", "-c", "echo ready; exec sleep 30"])
+        opened = await stack.control.open_tunnel(stack.run.id, spec)
+        async with open_run_link(
+            stack.url, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel
+        ) as link:
+            ops = []
+            with trio.fail_after(30):
+                async for delivery in link.deliveries:
+                    entry = wire.decode_entry(delivery.entry)
+                    assert isinstance(entry, TunnelEntry)
+                    ops.append(entry.op)
+                    if entry.op == "data":
+                        await link.publish(TunnelEntry(op="signal", detail="SIGINT"))
+                    if entry.op == "exit":
+                        break
+    assert entry.code == 130  # 128 + SIGINT, as a shell says
+    assert ops == ["data", "eof", "eof", "exit"]
+
+
+async def test_what_cannot_run_is_said_with_the_status_a_shell_gives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with running(tmp_path) as stack:
+        code, _out, err = await stack.exec(["no-such-command-here"])
+    assert _out == b""
+    assert code == 127 and err == b""
+    assert "cannot run no-such-command-here: No such file" in capsys.readouterr().err
+
+
+# --- refusals -----------------------------------------------------------------------------------
+
+
+async def test_a_worker_that_allows_no_tunnels_says_so(tmp_path: Path) -> None:
+    async with running(tmp_path, allow_tunnels=False) as stack:
+        spec = TunnelSpec(kind="exec", argv=["true"])
+        opened = await stack.control.open_tunnel(stack.run.id, spec)
+        async with open_run_link(
+            stack.url, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel
+        ) as link:
+            with trio.fail_after(30):
+                delivery = await link.deliveries.receive()
+    entry = wire.decode_entry(delivery.entry)
+    assert isinstance(entry, TunnelEntry) and entry.op == "exit" and entry.code is None
+    assert "--no-shell" in entry.detail
+
+
+async def test_only_a_running_run_of_ones_own_has_tunnels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with running(tmp_path, "0.5") as stack:
+        other = await user_endpoint(stack.store, stack.url, user="bob", scopes=[Scope.RUNS])
+        async with open_control(other) as control:
+            with pytest.raises(RelayError) as refused:
+                await control.open_tunnel(stack.run.id, TunnelSpec(kind="shell"))
+        assert refused.value.code == "no_such_run"
+        # a link to a tunnel nobody opened
+        nobodys = wire.TunnelOpened(rid=0, run=stack.run.id, tunnel="x")
+        assert await run_tunnel(stack.url, nobodys, stdin=None, out={}) == TETHER_FAILED
+        assert "has no tunnel 'x' now" in capsys.readouterr().err
+        queued = await stack.control.submit(RunSpec(command=["true"], workdir="/w", debug=False))
+        with pytest.raises(RelayError) as refused:
+            await stack.control.open_tunnel(queued.id, TunnelSpec(kind="shell"))
+        assert "is queued: nothing runs it yet" in refused.value.message
+        with trio.fail_after(30):
+            await stack.ended.wait()  # the program ended: the run is over
+        with pytest.raises(RelayError) as refused:
+            await stack.control.open_tunnel(stack.run.id, TunnelSpec(kind="shell"))
+        assert refused.value.code == "run_finished" and "has ended (succeeded)" in (
+            refused.value.message
+        )
+
+
+async def test_a_command_still_running_when_the_attempt_ends_is_ended_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with running(tmp_path, "1") as stack:
+        code, _out, _err = await stack.exec(["sleep", "30"])
+    assert code == TETHER_FAILED
+    assert f"tether: run {stack.run.id}'s attempt 1 ended" in capsys.readouterr().err

@@ -1,0 +1,228 @@
+"""The worker's end of tunnels (``protocol_specs/tunnels.py``): a command run for the user, in the
+run's directory with the run's environment, its bytes through the relay.
+
+The relay writes a ``control`` entry ``tunnel`` into ``to_worker`` for each tunnel the user opens;
+whatever reads the run's deliveries (the debug session's driver, a plain run's watch) hands it to
+:meth:`Tunnels.open`, which serves it in a task of its own on a link of its own (role ``worker``,
+``hello.tunnel``): what comes ``up`` goes to the command (stdin, signals), what the command writes
+goes ``down``, then one ``exit`` with its exit code. A worker that does not allow tunnels
+(``tether worker --no-shell``) answers each with an ``exit`` saying so. When the attempt ends,
+its tunnels end with it (their commands' process groups are ended, and the ``exit`` says why).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+
+import trio
+
+from protocol_specs import wire
+from protocol_specs.runs import RunRecord
+from protocol_specs.tunnels import CHUNK, TunnelSpec
+from protocol_specs.wire import Role, TunnelEntry, WireError
+from relay.client import RelayError, RunLink, Target, open_run_link
+
+from .debuggee import terminate_group
+
+__all__ = ["Tunnels", "open_tunnels", "tunnel_request"]
+
+log = logging.getLogger("tether.worker")
+
+#: signals the user's side may send a command (by name)
+SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP,
+           "SIGQUIT": signal.SIGQUIT, "SIGKILL": signal.SIGKILL}  # fmt: skip
+
+
+def tunnel_request(entry: wire.AnyEntry | None, record: RunRecord) -> TunnelSpec | None:
+    """The tunnel ``entry`` asks this attempt to open (``None``: it is no such request, or an
+    earlier attempt's, or malformed: logged)."""
+    if not isinstance(entry, wire.ControlEntry) or entry.action != "tunnel":
+        return None
+    if entry.attempt not in (0, record.attempt) or not entry.detail:
+        return None
+    try:
+        return TunnelSpec.model_validate(entry.data)
+    except ValueError as exc:
+        log.warning("run %s: a malformed tunnel request %s: %s", record.id, entry.detail, exc)
+        return None
+
+
+class Tunnels:
+    """The tunnels of one attempt; :meth:`open` serves one until its command ends."""
+
+    def __init__(
+        self,
+        relay: Target,
+        record: RunRecord,
+        run_dir: Path,
+        env: dict[str, str],
+        nursery: trio.Nursery,
+        *,
+        allowed: bool = True,
+        say: Callable[[str], None] = lambda _text: None,
+    ) -> None:
+        self.relay = relay
+        self.record = record
+        self.run_dir = run_dir
+        self.env = env
+        self.nursery = nursery
+        self.allowed = allowed
+        self.say = say
+        self.serving: set[str] = set()
+        #: the commands running now, by tunnel (cancelled when the attempt ends)
+        self._running: dict[str, trio.CancelScope] = {}
+        self._serving = 0  #: tunnels being served (their last words included)
+        self._idle = trio.Event()  #: set when ``_serving`` drops to 0
+        self._ended = ""  #: why the attempt's tunnels end (set once it does)
+
+    def open(self, entry: wire.AnyEntry | None) -> bool:
+        """Serve the tunnel ``entry`` asks for (if it is such a request: True)."""
+        spec = tunnel_request(entry, self.record)
+        if spec is None:
+            return False
+        assert isinstance(entry, wire.ControlEntry)
+        if entry.detail not in self.serving:  # a request delivered twice is served once
+            self.serving.add(entry.detail)
+            self.nursery.start_soon(self._serve, entry.detail, spec)
+        return True
+
+    async def _serve(self, tunnel: str, spec: TunnelSpec) -> None:
+        self._serving += 1
+        try:
+            await self._serve_link(tunnel, spec)
+        finally:
+            self._serving -= 1
+            if not self._serving:
+                self._idle.set()
+                self._idle = trio.Event()
+
+    async def _serve_link(self, tunnel: str, spec: TunnelSpec) -> None:
+        record = self.record
+        try:
+            async with open_run_link(
+                self.relay,
+                role=Role.WORKER,
+                run=record.id,
+                attempt=record.attempt,
+                tunnel=tunnel,
+                client="tether-worker",
+            ) as link:
+                self.say(f"run {record.id}: tunnel {tunnel}: {spec.describe()}")
+                code: int | None = None
+                detail = self._ended
+                if not detail:
+                    with trio.CancelScope() as scope:
+                        self._running[tunnel] = scope
+                        try:
+                            code, detail = await self._run(link, spec)
+                        finally:
+                            del self._running[tunnel]
+                    if scope.cancelled_caught:
+                        code, detail = None, self._ended
+                await link.publish(TunnelEntry(op="exit", code=code, detail=detail))
+        except RelayError as exc:
+            log.warning("run %s: tunnel %s: %s", record.id, tunnel, exc)
+
+    async def end(self, why: str) -> None:
+        """The attempt is over: every tunnel's command is ended, and its ``exit`` says ``why``
+        (waits a while for those to be stored)."""
+        self._ended = why
+        for scope in list(self._running.values()):
+            scope.cancel()
+        with trio.move_on_after(15):  # the commands' groups end, the links flush
+            while self._serving:
+                await self._idle.wait()
+
+    async def _run(self, link: RunLink, spec: TunnelSpec) -> tuple[int | None, str]:
+        """Run what ``spec`` asks for; its exit code, and why when it did not run to its end."""
+        if not self.allowed:
+            return None, "this worker does not allow shells, commands or port forwards (--no-shell)"
+        if spec.kind != "exec":
+            return None, f"this worker cannot {spec.kind} yet"
+        return await _exec(link, spec, self.run_dir, self.env)
+
+
+async def _exec(
+    link: RunLink, spec: TunnelSpec, cwd: Path, env: dict[str, str]
+) -> tuple[int | None, str]:
+    try:
+        process = await trio.lowlevel.open_process(
+            spec.argv,
+            cwd=str(cwd),
+            env=env,
+            stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own group: a signal or the end reaches its children
+        )
+    except OSError as exc:
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        return code, f"cannot run {spec.argv[0]}: {exc.strerror or exc}"
+    try:
+        async with trio.open_nursery() as feeding:
+            feeding.start_soon(_feed, link, process)
+            async with trio.open_nursery() as pumps:
+                assert process.stdout is not None and process.stderr is not None
+                pumps.start_soon(_pump, link, process.stdout, 1)
+                pumps.start_soon(_pump, link, process.stderr, 2)
+            code = await process.wait()
+            feeding.cancel_scope.cancel()
+    finally:
+        if process.returncode is None:  # cancelled: the attempt ended
+            with trio.CancelScope(shield=True):
+                await terminate_group(process)
+    return (128 - code if code < 0 else code), ""
+
+
+async def _pump(link: RunLink, stream: trio.abc.ReceiveStream, fd: int) -> None:
+    """What the command writes on ``fd``, down the tunnel, then its end."""
+    while chunk := await stream.receive_some(CHUNK):
+        await link.publish(TunnelEntry(op="data", fd=fd, data=bytes(chunk), transient=True))
+    await link.publish(TunnelEntry(op="eof", fd=fd))
+
+
+async def _feed(link: RunLink, process: trio.Process) -> None:
+    """What comes up the tunnel, to the command: its stdin and signals."""
+    async for delivery in link.deliveries:
+        try:
+            entry = wire.decode_entry(delivery.entry)
+        except WireError as exc:
+            log.warning("tunnel: skipping a malformed entry: %s", exc.message)
+            continue
+        if not isinstance(entry, TunnelEntry):
+            continue
+        if entry.op == "data" and process.stdin is not None:
+            with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await process.stdin.send_all(entry.data)
+        elif entry.op == "eof" and process.stdin is not None:
+            await process.stdin.aclose()
+        elif entry.op == "signal" and entry.detail in SIGNALS:
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, SIGNALS[entry.detail])
+
+
+@asynccontextmanager
+async def open_tunnels(
+    relay: Target,
+    record: RunRecord,
+    run_dir: Path,
+    env: dict[str, str],
+    *,
+    allowed: bool = True,
+    say: Callable[[str], None] = lambda _text: None,
+) -> AsyncIterator[Tunnels]:
+    """The attempt's tunnels, served until the block ends (then what still runs is ended)."""
+    async with trio.open_nursery() as nursery:
+        tunnels = Tunnels(relay, record, run_dir, env, nursery, allowed=allowed, say=say)
+        try:
+            yield tunnels
+        finally:
+            with trio.CancelScope(shield=True):
+                await tunnels.end(f"run {record.id}'s attempt {record.attempt} ended")
+            nursery.cancel_scope.cancel()
