@@ -29,6 +29,7 @@ from protocol_specs.wire import Role, TunnelEntry, WireError
 from relay.client import RelayError, RunLink, Target, open_run_link
 
 from .debuggee import terminate_group
+from .terminal import run_shell
 
 __all__ = ["Tunnels", "open_tunnels", "tunnel_request"]
 
@@ -121,6 +122,9 @@ class Tunnels:
                         self._running[tunnel] = scope
                         try:
                             code, detail = await self._run(link, spec)
+                        except Exception as exc:  # a tunnel never takes the run down with it
+                            log.exception("run %s: tunnel %s failed", record.id, tunnel)
+                            detail = f"the worker failed serving it: {type(exc).__name__}: {exc}"
                         finally:
                             del self._running[tunnel]
                     if scope.cancelled_caught:
@@ -143,9 +147,11 @@ class Tunnels:
         """Run what ``spec`` asks for; its exit code, and why when it did not run to its end."""
         if not self.allowed:
             return None, "this worker does not allow shells, commands or port forwards (--no-shell)"
-        if spec.kind != "exec":
-            return None, f"this worker cannot {spec.kind} yet"
-        return await _exec(link, spec, self.run_dir, self.env)
+        if spec.kind == "exec":
+            return await _exec(link, spec, self.run_dir, self.env)
+        if spec.kind == "shell":
+            return await run_shell(link, spec, self.run_dir, self.env)
+        return await _forward(link, spec.port)
 
 
 async def _exec(
@@ -180,10 +186,43 @@ async def _exec(
     return (128 - code if code < 0 else code), ""
 
 
+async def _forward(link: RunLink, port: int) -> tuple[int | None, str]:
+    """One forwarded connection: to ``port`` on the worker's loopback, both ways, each direction
+    ending on its own (half-close), as ``ssh -L`` does."""
+    try:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+    except OSError as exc:
+        return None, f"nothing accepts connections on port {port} of the worker ({exc})"
+    async with stream:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_pump, link, stream, 1)
+            async for delivery in link.deliveries:
+                try:
+                    entry = wire.decode_entry(delivery.entry)
+                except WireError:
+                    continue
+                if not isinstance(entry, TunnelEntry):
+                    continue
+                try:
+                    if entry.op == "data":
+                        await stream.send_all(entry.data)
+                    elif entry.op == "eof":
+                        await stream.send_eof()
+                        break
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    nursery.cancel_scope.cancel()
+                    return None, f"the connection to port {port} ended: {exc}"
+    return 0, ""
+
+
 async def _pump(link: RunLink, stream: trio.abc.ReceiveStream, fd: int) -> None:
-    """What the command writes on ``fd``, down the tunnel, then its end."""
-    while chunk := await stream.receive_some(CHUNK):
-        await link.publish(TunnelEntry(op="data", fd=fd, data=bytes(chunk), transient=True))
+    """What the command (or the forwarded connection) writes on ``fd``, down the tunnel, then
+    its end (a connection reset ends it too)."""
+    try:
+        while chunk := await stream.receive_some(CHUNK):
+            await link.publish(TunnelEntry(op="data", fd=fd, data=bytes(chunk), transient=True))
+    except trio.BrokenResourceError:
+        pass
     await link.publish(TunnelEntry(op="eof", fd=fd))
 
 

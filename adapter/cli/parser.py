@@ -23,7 +23,7 @@ from .runs import (
 )
 from .service import cmd_backend, cmd_relay, cmd_up, cmd_worker
 from .settings import DEFAULT_RELAY_PORT, count, parse_duration, parse_ranks
-from .tunnel import cmd_exec
+from .tunnel import cmd_exec, cmd_port_forward, cmd_shell
 
 __all__ = ["build_parser"]
 
@@ -172,6 +172,31 @@ def _run_commands(sub: _Commands) -> None:
     # ``--relay`` may come after RUN too: cmd_exec reads what precedes ``--``
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     s.set_defaults(fn=cmd_exec)
+
+    s = sub.add_parser(
+        "shell", help="a shell on the run's worker, on this terminal, in the run's directory"
+    )
+    relay_flag(s)
+    s.add_argument(
+        "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
+    )
+    s.set_defaults(fn=cmd_shell)
+
+    s = sub.add_parser(
+        "port-forward",
+        help="forward local ports to ports on the run's worker (like ssh -L), until Ctrl-C",
+    )
+    relay_flag(s)
+    s.add_argument(
+        "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
+    )
+    s.add_argument(
+        "forwards",
+        nargs="+",
+        metavar="[LOCAL:]REMOTE",
+        help="127.0.0.1:LOCAL here to REMOTE on the worker's loopback (LOCAL 0: any free port)",
+    )
+    s.set_defaults(fn=cmd_port_forward)
 
     s = sub.add_parser("cancel", help="cancel a run (queued, running or paused)")
     relay_flag(s)

@@ -1,11 +1,19 @@
-"""Into the run: ``tether exec`` runs a command on the run's worker, through the relay
-(``protocol_specs/tunnels.py``), in the run's directory with the run's environment."""
+"""Into the run, through the relay (``protocol_specs/tunnels.py``): ``tether exec`` runs a command
+on the run's worker, ``tether shell`` opens a shell there on a terminal (both in the run's
+directory with the run's environment), ``tether port-forward`` forwards local ports to ports of
+the worker's loopback, a tunnel per connection."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import termios
+import tty
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
 from typing import BinaryIO
 
 import trio
@@ -15,10 +23,10 @@ from protocol_specs.tunnels import CHUNK, TunnelSpec
 from protocol_specs.wire import Role, TunnelEntry, WireError
 from relay.client import Endpoint, RunLink, open_control, open_run_link
 
-from .errors import relay_error
+from .errors import control_call, relay_error
 from .settings import resolve_relay
 
-__all__ = ["TETHER_FAILED", "cmd_exec", "run_tunnel"]
+__all__ = ["TETHER_FAILED", "cmd_exec", "cmd_port_forward", "cmd_shell", "run_tunnel"]
 
 #: the exit status when tether itself failed (the command did not run, or its end was lost),
 #: as ``ssh`` does: a command's own status is anything else
@@ -31,19 +39,161 @@ async def cmd_exec(args: argparse.Namespace) -> int:
         raise SystemExit("tether: give the command after --, e.g. tether exec RUN -- nvidia-smi")
     relay = resolve_relay(args.relay, args)
     send_stdin = not sys.stdin.isatty()
-    spec = TunnelSpec(kind="exec", argv=command, stdin=send_stdin)
+    opened = await _open(relay, args.run, TunnelSpec(kind="exec", argv=command, stdin=send_stdin))
+    if isinstance(opened, str):
+        return _failed(opened)
+    stdin = sys.stdin.fileno() if send_stdin else None
+    code, said = await run_tunnel(relay, opened, stdin=stdin, out=_stdio())
+    return _failed(said, code) if said else code
+
+
+async def cmd_shell(args: argparse.Namespace) -> int:
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise SystemExit(
+            "tether: tether shell needs a terminal; for a command in a script: "
+            "tether exec RUN -- COMMAND"
+        )
+    relay = resolve_relay(args.relay, args)
+    size = os.get_terminal_size()
+    term = os.environ.get("TERM") or "xterm-256color"
+    spec = TunnelSpec(kind="shell", cols=size.columns, rows=size.lines, term=term)
+    opened = await _open(relay, args.run, spec)
+    if isinstance(opened, str):
+        return _failed(opened)
+    with raw_terminal(sys.stdin.fileno()):
+        code, said = await run_tunnel(relay, opened, stdin=0, out=_stdio(), window=True)
+    return _failed(said, code) if said else code
+
+
+async def cmd_port_forward(args: argparse.Namespace) -> int:
+    relay = resolve_relay(args.relay, args)
+    forwards = [_forward_spec(text) for text in args.forwards]
+    async with open_control(relay, client="tether-port-forward") as control:
+        record = await control_call(control.get_run(args.run))
+    if record.finished or record.state.value not in ("running", "paused"):
+        raise SystemExit(
+            f"tether: run {record.id} is {record.state.value}: a port of its worker can be "
+            "forwarded while it runs"
+        )
+    opened = []
+    for local, remote in forwards:  # every port taken before any is served
+        try:
+            opened.append((await trio.open_tcp_listeners(local, host="127.0.0.1"), remote))
+        except OSError as exc:
+            raise SystemExit(
+                f"tether: cannot listen on 127.0.0.1:{local}: {exc.strerror}"
+            ) from None
+    async with trio.open_nursery() as nursery:
+        for listeners, remote in opened:
+            port = listeners[0].socket.getsockname()[1]
+            print(
+                f"tether: forwarding 127.0.0.1:{port} to port {remote} of run {record.id}'s "
+                "worker (Ctrl-C stops)",
+                file=sys.stderr,
+                flush=True,
+            )
+            serve = partial(_forward_one, relay, record.id, remote)
+            nursery.start_soon(partial(trio.serve_listeners, serve, listeners))
+    return 0
+
+
+def _forward_spec(text: str) -> tuple[int, int]:
+    """``[LOCAL:]REMOTE`` as (local port, remote port); local 0: any free one."""
+    local, _, remote = text.rpartition(":")
     try:
-        async with open_control(relay, client="tether-exec") as control:
-            opened = await control.open_tunnel(args.run, spec)
-    except BaseException as exc:  # refused: said in one line, with tether's own status
+        pair = int(local or remote), int(remote)
+    except ValueError:
+        raise SystemExit(
+            f"tether: {text!r} is not [LOCAL:]REMOTE, e.g. 6006 or 8080:6006"
+        ) from None
+    if not (0 <= pair[0] <= 65535 and 1 <= pair[1] <= 65535):
+        raise SystemExit(f"tether: {text!r}: ports are 1 to 65535 (LOCAL 0: any free one)")
+    return pair
+
+
+async def _forward_one(relay: Endpoint, run: str, remote: int, stream: trio.SocketStream) -> None:
+    """One local connection, through a tunnel of its own to ``remote`` on the worker."""
+    async with stream:
+        opened = await _open(relay, run, TunnelSpec(kind="forward", port=remote))
+        if isinstance(opened, str):
+            print(f"tether: port {remote}: {opened}", file=sys.stderr, flush=True)
+            return
+        try:
+            async with open_run_link(
+                relay, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel, client="tether-cli"
+            ) as link:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_local_to_tunnel, stream, link)
+                    end = await _tunnel_to_local(link, stream)
+                    nursery.cancel_scope.cancel()
+        except BaseException as exc:
+            refused = relay_error(exc)
+            if refused is None:
+                raise
+            end = TunnelEntry(op="exit", detail=refused.message)
+        if end.detail:
+            print(f"tether: port {remote}: {end.detail}", file=sys.stderr, flush=True)
+
+
+async def _local_to_tunnel(stream: trio.SocketStream, link: RunLink) -> None:
+    try:
+        while chunk := await stream.receive_some(CHUNK):
+            await link.publish(TunnelEntry(op="data", data=bytes(chunk), transient=True))
+    except trio.BrokenResourceError:
+        pass
+    await link.publish(TunnelEntry(op="eof"))
+
+
+async def _tunnel_to_local(link: RunLink, stream: trio.SocketStream) -> TunnelEntry:
+    """What the worker's end of the connection sends, to the local one, until the tunnel's
+    ``exit`` (returned)."""
+    async for delivery in link.deliveries:
+        try:
+            entry = wire.decode_entry(delivery.entry)
+        except WireError:
+            continue
+        if not isinstance(entry, TunnelEntry):
+            continue
+        try:
+            if entry.op == "data":
+                await stream.send_all(entry.data)
+            elif entry.op == "eof":
+                await stream.send_eof()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the local side went: its end goes up, and the tunnel ends
+        if entry.op == "exit":
+            return entry
+    return TunnelEntry(op="exit", detail="the relay link ended before the connection did")
+
+
+async def _open(relay: Endpoint, run: str, spec: TunnelSpec) -> wire.TunnelOpened | str:
+    """The opened tunnel, or why the relay would not open it."""
+    try:
+        async with open_control(relay, client=f"tether-{spec.kind}") as control:
+            return await control.open_tunnel(run, spec)
+    except BaseException as exc:
         refused = relay_error(exc)
         if refused is None:
             raise
-        print(f"tether: {refused.message}", file=sys.stderr)
-        return TETHER_FAILED
-    return await run_tunnel(
-        relay, opened, stdin=sys.stdin.fileno() if send_stdin else None, out=_stdio()
-    )
+        return refused.message
+
+
+def _failed(said: str, code: int = TETHER_FAILED) -> int:
+    print(f"tether: {said}", file=sys.stderr)
+    return code
+
+
+@contextmanager
+def raw_terminal(fd: int) -> Iterator[None]:
+    """The terminal in raw mode (every key goes to the remote shell as typed), restored after,
+    blocking again (the reader made it non-blocking, and the shell that runs us shares it)."""
+    saved = termios.tcgetattr(fd)
+    tty.setraw(fd)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        os.set_blocking(fd, True)
 
 
 def _options_before_the_command(args: argparse.Namespace) -> list[str]:
@@ -69,37 +219,56 @@ def _stdio() -> dict[int, BinaryIO]:
 
 
 async def run_tunnel(
-    relay: Endpoint, opened: wire.TunnelOpened, *, stdin: int | None, out: dict[int, BinaryIO]
-) -> int:
-    """Serve an opened ``exec`` tunnel: ``stdin`` (a file descriptor) goes up, what comes down
-    goes to ``out`` by fd; the command's exit status (:data:`TETHER_FAILED` if it did not run)."""
+    relay: Endpoint,
+    opened: wire.TunnelOpened,
+    *,
+    stdin: int | None,
+    out: dict[int, BinaryIO],
+    window: bool = False,
+) -> tuple[int, str]:
+    """Serve an opened tunnel: ``stdin`` (a file descriptor) goes up, what comes down goes to
+    ``out`` by fd, and with ``window`` this terminal's size when it changes. The command's exit
+    status (:data:`TETHER_FAILED` if it did not run), and what to tell the user ("" if all went
+    as it should)."""
     try:
         async with open_run_link(
-            relay, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel, client="tether-exec"
+            relay, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel, client="tether-cli"
         ) as link:
             async with trio.open_nursery() as nursery:
                 if stdin is not None:
                     nursery.start_soon(_send, link, stdin)
+                if window:
+                    nursery.start_soon(_resizes, link, stdin if stdin is not None else 0)
                 end = await _receive(link, out)
                 nursery.cancel_scope.cancel()
     except BaseException as exc:  # a refusal may come wrapped in the link's exception group
         refused = relay_error(exc)
         if refused is None:
             raise
-        print(f"tether: {refused.message}", file=sys.stderr)
-        return TETHER_FAILED
-    if end.detail or end.code is None:
-        print(f"tether: {end.detail or 'the command did not run'}", file=sys.stderr)
-    return TETHER_FAILED if end.code is None else end.code
+        return TETHER_FAILED, refused.message
+    if end.code is None:
+        return TETHER_FAILED, end.detail or "the command did not run"
+    return end.code, end.detail
 
 
 async def _send(link: RunLink, fd: int) -> None:
     """Our stdin, up the tunnel, then its end."""
     stream = trio.lowlevel.FdStream(os.dup(fd))
-    async with stream:
-        while chunk := await stream.receive_some(CHUNK):
-            await link.publish(TunnelEntry(op="data", data=bytes(chunk), transient=True))
-    await link.publish(TunnelEntry(op="eof"))
+    try:
+        async with stream:
+            while chunk := await stream.receive_some(CHUNK):
+                await link.publish(TunnelEntry(op="data", data=bytes(chunk), transient=True))
+        await link.publish(TunnelEntry(op="eof"))
+    finally:
+        os.set_blocking(fd, True)  # what runs us shares it
+
+
+async def _resizes(link: RunLink, fd: int) -> None:
+    """This terminal's new size, up the tunnel, each time it changes."""
+    with trio.open_signal_receiver(signal.SIGWINCH) as changes:
+        async for _ in changes:
+            size = os.get_terminal_size(fd)
+            await link.publish(TunnelEntry(op="resize", cols=size.columns, rows=size.lines))
 
 
 async def _receive(link: RunLink, out: dict[int, BinaryIO]) -> TunnelEntry:

@@ -21,6 +21,11 @@ async def _exec(
     home: Path, relay: str, run_id: str, *command: str, stdin: bytes = b""
 ) -> subprocess.CompletedProcess[bytes]:
     argv = [TETHER, "exec", run_id, "--relay", relay, "--", *command]
+    with trio.fail_after(60):
+        return await _run(argv, stdin, home)
+
+
+async def _run(argv: list[str], stdin: bytes, home: Path) -> subprocess.CompletedProcess[bytes]:
     return await trio.run_process(
         argv, stdin=stdin, capture_stdout=True, capture_stderr=True, env=home_env(home),
         check=False,
@@ -32,7 +37,7 @@ async def test_exec_runs_a_command_in_the_run_and_returns_its_status(tmp_path: P
     workdir = tmp_path / "project"
     workdir.mkdir()
     (workdir / "waits.py").write_text(WAITS)
-    async with relay_stack(home) as (_up, relay), worker(home, relay):
+    async with relay_stack(home) as (_up, relay), worker(home, relay) as pool:
         async with tether(
             "exec", "no-such-run", "--relay", relay, "--", "true", home=home, name="refused"
         ) as refused:
@@ -45,22 +50,29 @@ async def test_exec_runs_a_command_in_the_run_and_returns_its_status(tmp_path: P
             run_id = (await run.wait_line(r"^(\S+)$")).group(1)
         async with tether("logs", run_id, "-f", "--relay", relay, home=home, name="logs") as logs:
             await logs.wait_line("up", timeout=120)
-            done = await _exec(home, relay, run_id, "sh", "-c", 'ls; echo "$WHO" >&2; exit 3')
-            assert done.returncode == 3
-            assert done.stdout == b"waits.py\n" and done.stderr == b"tether\n"
-            data = bytes(range(256)) * 8192  # 2 MiB through stdin and back out
-            done = await _exec(home, relay, run_id, "cat", stdin=data)
-            assert done.returncode == 0
-            assert hashlib.sha256(done.stdout).digest() == hashlib.sha256(data).digest()
-            done = await _exec(home, relay, run_id, "no-such-command")
-            assert done.returncode == 127
-            assert b"cannot run no-such-command" in done.stderr
-            async with tether("audit", run_id, "--relay", relay, home=home, name="audit") as audit:
-                await audit.process.wait()
-            assert "exec: cat" in audit.output and "exec: no-such-command" in audit.output
+            try:
+                await _commands(home, relay, run_id)
+            except trio.TooSlowError:
+                raise AssertionError(f"tether exec hung; the worker said:\n{pool.output}") from None
             async with tether("cancel", run_id, "--relay", relay, home=home, name="cancel") as c:
                 await c.process.wait()
             await logs.wait_line(r"-- tether: run \S+ cancelled", timeout=60)
         done = await _exec(home, relay, run_id, "true")
         assert done.returncode == 255
         assert b"has ended (cancelled): no worker serves it any more" in done.stderr
+
+
+async def _commands(home: Path, relay: str, run_id: str) -> None:
+    done = await _exec(home, relay, run_id, "sh", "-c", 'ls; echo "$WHO" >&2; exit 3')
+    assert done.returncode == 3
+    assert done.stdout == b"waits.py\n" and done.stderr == b"tether\n"
+    data = bytes(range(256)) * 8192  # 2 MiB through stdin and back out
+    done = await _exec(home, relay, run_id, "cat", stdin=data)
+    assert done.returncode == 0
+    assert hashlib.sha256(done.stdout).digest() == hashlib.sha256(data).digest()
+    done = await _exec(home, relay, run_id, "no-such-command")
+    assert done.returncode == 127
+    assert b"cannot run no-such-command" in done.stderr
+    async with tether("audit", run_id, "--relay", relay, home=home, name="audit") as audit:
+        await audit.process.wait()
+    assert "exec: cat" in audit.output and "exec: no-such-command" in audit.output

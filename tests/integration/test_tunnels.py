@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -73,7 +74,9 @@ class Stack:
         async with trio.open_nursery() as nursery:
             if stdin is not None:
                 nursery.start_soon(_write_all, write, stdin)
-            code = await run_tunnel(self.url, opened, stdin=fd, out=out)
+            code, said = await run_tunnel(self.url, opened, stdin=fd, out=out)
+            if said:
+                print(f"tether: {said}", file=sys.stderr)  # as the CLI does
         if fd is not None:
             os.close(fd)
         return code, out[1].getvalue(), out[2].getvalue()  # type: ignore[attr-defined]
@@ -223,9 +226,7 @@ async def test_a_worker_that_allows_no_tunnels_says_so(tmp_path: Path) -> None:
     assert "--no-shell" in entry.detail
 
 
-async def test_only_a_running_run_of_ones_own_has_tunnels(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+async def test_only_a_running_run_of_ones_own_has_tunnels(tmp_path: Path) -> None:
     async with running(tmp_path, "0.5") as stack:
         other = await user_endpoint(stack.store, stack.url, user="bob", scopes=[Scope.RUNS])
         async with open_control(other) as control:
@@ -234,8 +235,8 @@ async def test_only_a_running_run_of_ones_own_has_tunnels(
         assert refused.value.code == "no_such_run"
         # a link to a tunnel nobody opened
         nobodys = wire.TunnelOpened(rid=0, run=stack.run.id, tunnel="x")
-        assert await run_tunnel(stack.url, nobodys, stdin=None, out={}) == TETHER_FAILED
-        assert "has no tunnel 'x' now" in capsys.readouterr().err
+        code, said = await run_tunnel(stack.url, nobodys, stdin=None, out={})
+        assert code == TETHER_FAILED and "has no tunnel 'x' now" in said
         queued = await stack.control.submit(RunSpec(command=["true"], workdir="/w", debug=False))
         with pytest.raises(RelayError) as refused:
             await stack.control.open_tunnel(queued.id, TunnelSpec(kind="shell"))
@@ -256,3 +257,44 @@ async def test_a_command_still_running_when_the_attempt_ends_is_ended_and_says_w
         code, _out, _err = await stack.exec(["sleep", "30"])
     assert code == TETHER_FAILED
     assert f"tether: run {stack.run.id}'s attempt 1 ended" in capsys.readouterr().err
+
+
+# --- shell --------------------------------------------------------------------------------------
+
+
+async def test_a_shell_runs_on_a_terminal_of_the_asked_size_and_ends_with_its_status(
+    tmp_path: Path,
+) -> None:
+    async with running(tmp_path) as stack:
+        spec = TunnelSpec(kind="shell", cols=100, rows=30)
+        opened = await stack.control.open_tunnel(stack.run.id, spec)
+        async with open_run_link(
+            stack.url, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel
+        ) as link:
+            typed = b"stty size; echo $((6 * 7))-$TUNNEL_TEST; tty; exit 3\r"
+            await link.publish(TunnelEntry(op="data", data=typed))
+            shown = b""
+            with trio.fail_after(30):
+                async for delivery in link.deliveries:
+                    entry = wire.decode_entry(delivery.entry)
+                    assert isinstance(entry, TunnelEntry)
+                    if entry.op == "data":
+                        shown += entry.data
+                    if entry.op == "exit":
+                        break
+    assert entry.code == 3, shown
+    assert b"30 100" in shown and b"42-yes" in shown and b"/dev/pts/" in shown
+
+
+# --- forward ------------------------------------------------------------------------------------
+
+
+async def test_a_forward_to_a_port_nothing_listens_on_ends_saying_so(tmp_path: Path) -> None:
+    async with running(tmp_path) as stack:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        spec = TunnelSpec(kind="forward", port=port)
+        opened = await stack.control.open_tunnel(stack.run.id, spec)
+        code, said = await run_tunnel(stack.url, opened, stdin=None, out={})
+    assert code == TETHER_FAILED and f"nothing accepts connections on port {port}" in said
