@@ -30,6 +30,7 @@ from . import (
     report,
     resume,
     snapshot,
+    tunnels,
     wan,
 )
 
@@ -43,6 +44,7 @@ BENCHES = (
     "processes",
     "wan",
     "debuggable",
+    "tunnels",
 )
 
 #: (full, quick) sizes
@@ -65,6 +67,8 @@ SIZES: dict[str, tuple[int, int]] = {
     "wan_blocks": (2, 1),
     "wan_stops": (25, 3),
     "debuggable_runs": (15, 2),
+    "keystrokes": (200, 5),
+    "forward_mib": (256, 4),
 }
 
 #: (full, quick) round-trip times of the slow-link benchmark, ms (``--rtt-ms`` overrides)
@@ -180,6 +184,12 @@ async def run(
     async def bench_debuggable() -> None:
         figures["debuggable"] = await debuggable.run(tmp, size["debuggable_runs"], quick)
 
+    async def bench_tunnels() -> None:
+        async with common.tether_stack(tmp / "home-tunnels") as tether:
+            figures["tunnels"] = await tunnels.run(
+                tether, tmp, size["keystrokes"], size["forward_mib"], rtts
+            )
+
     stages = {
         "latency": bench_latency,
         "flood": bench_flood,
@@ -190,6 +200,7 @@ async def run(
         "processes": bench_processes,
         "wan": bench_wan,
         "debuggable": bench_debuggable,
+        "tunnels": bench_tunnels,
     }
     for name, stage in stages.items():
         if name in only:

@@ -310,6 +310,16 @@ async def redis_used_memory(url: str) -> int:
     raise ValueError("no used_memory in INFO")
 
 
+def ms(x: float) -> str:
+    """Milliseconds as the report writes them."""
+    return f"{x:.2f} ms" if x < 100 else f"{x:.0f} ms"
+
+
+def verdict(ok: bool) -> str:
+    """A target, met or not, as the report writes it."""
+    return "met" if ok else "**not met**"
+
+
 async def timed(coro: Any) -> tuple[float, Any]:
     """(milliseconds, result) of awaiting ``coro``."""
     t0 = trio.current_time()
@@ -337,6 +347,7 @@ __all__ = [
     "direct_client",
     "direct_session",
     "machine",
+    "ms",
     "peak_rss_kib",
     "redis_used_memory",
     "relay_stack",
@@ -345,5 +356,6 @@ __all__ = [
     "tether_session",
     "tether_stack",
     "timed",
+    "verdict",
     "worker",
 ]

@@ -6,22 +6,15 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .common import DEBUGPY, FLOOR, TETHER, WAY_NAMES, Dist
-
-
-def _ms(x: float) -> str:
-    return f"{x:.2f} ms" if x < 100 else f"{x:.0f} ms"
-
-
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "**not met**"
+from .common import DEBUGPY, FLOOR, TETHER, WAY_NAMES, Dist, ms, verdict
+from .tunnels import section as tunnels_section
 
 
 def _way_cells(ways: dict[str, Dist]) -> str:
     t, d, f = ways[TETHER], ways[DEBUGPY], ways[FLOOR]
     return (
-        f"{_ms(t.median)} | {_ms(t.p99)} | {_ms(d.median)} | {_ms(d.p99)} "
-        f"| {_ms(f.median)} | {_ms(f.p99)}"
+        f"{ms(t.median)} | {ms(t.p99)} | {ms(d.median)} | {ms(d.p99)} "
+        f"| {ms(f.median)} | {ms(f.p99)}"
     )
 
 
@@ -69,7 +62,7 @@ def _requests(f: dict[str, Any], n: dict[str, int]) -> list[str]:
         above = t.median - fl.median
         rows.append(
             f"| {name} | {_way_cells(ways)} | {t.median / d.median:.3f} | {above:+.2f} ms "
-            f"| <= floor + 2 ms: {_verdict(above <= 2.0)} |"
+            f"| <= floor + 2 ms: {verdict(above <= 2.0)} |"
         )
     return [*rows, ""]
 
@@ -105,26 +98,26 @@ def _stepping(steps: dict[str, Any], stops: dict[str, Any], n: dict[str, int]) -
     twice = whole[TETHER].median / fastest[FLOOR]
     rows += [
         row("next -> response", steps["answered"], ""),
-        row("next -> stopped", steps["stopped"], f"<= 0.25 x debugpy: {_verdict(t <= 0.25)}"),
+        row("next -> stopped", steps["stopped"], f"<= 0.25 x debugpy: {verdict(t <= 0.25)}"),
         row(
             "whole VS Code stop",
             whole,
-            f"<= 2 x the floor's fastest stop: {_verdict(twice <= 2)} ({twice:.2f} x)",
+            f"<= 2 x the floor's fastest stop: {verdict(twice <= 2)} ({twice:.2f} x)",
         ),
     ]
     e = steps["ended"]
     tt, d, fl = e[TETHER], e[DEBUGPY], e[FLOOR]
     rows.append(
-        f"| last line -> terminated | {_ms(tt.median)} | {_ms(max(tt.samples))} (max) "
-        f"| {_ms(d.median)} | {_ms(max(d.samples))} (max) | {_ms(fl.median)} "
-        f"| {_ms(max(fl.samples))} (max) | {tt.median / d.median:.1f} "
-        f"| {tt.median - fl.median:+.0f} ms | <= 500 ms: {_verdict(max(tt.samples) <= 500)} |"
+        f"| last line -> terminated | {ms(tt.median)} | {ms(max(tt.samples))} (max) "
+        f"| {ms(d.median)} | {ms(max(d.samples))} (max) | {ms(fl.median)} "
+        f"| {ms(max(fl.samples))} (max) | {tt.median / d.median:.1f} "
+        f"| {tt.median - fl.median:+.0f} ms | <= 500 ms: {verdict(max(tt.samples) <= 500)} |"
     )
     return [
         *rows,
         "",
-        f"The fastest whole stop: tether {_ms(fastest[TETHER])}, stock debugpy "
-        f"{_ms(fastest[DEBUGPY])}, floor {_ms(fastest[FLOOR])}. The floor's median is not its "
+        f"The fastest whole stop: tether {ms(fastest[TETHER])}, stock debugpy "
+        f"{ms(fastest[DEBUGPY])}, floor {ms(fastest[FLOOR])}. The floor's median is not its "
         "floor: VS Code's client writes the concurrent requests of a stop back to back with "
         "Nagle on, and debugpy's adapter process delays its ACKs, so most of its stops wait "
         "40 ms once or more (tether's adapter acknowledges the IDE's packets at once); the target is judged "
@@ -197,7 +190,7 @@ def _flood(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
         f"| through tether | {', '.join(f'{x:,.0f}' for x in t)} |",
         f"| stock debugpy | {', '.join(f'{x:,.0f}' for x in d)} |",
         f"| ratio (worst / best pairing) | {ratio:.2f} / {best:.2f}: target >= 0.9 "
-        f"{_verdict(ratio >= 0.9)} |",
+        f"{verdict(ratio >= 0.9)} |",
         "",
         "Peak resident memory (VmHWM) of each tether process after each run (the adapter is a new "
         "process per run; the others serve every run). Bounded if the full runs' peaks stay at "
@@ -217,7 +210,7 @@ def _flood(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
 
 def _responsiveness(r: dict[str, dict[str, Any]], lines: int) -> list[str]:
     def ms(x: float | None) -> str:
-        return "-" if x is None else _ms(x)
+        return "-" if x is None else ms(x)
 
     rows = [
         f"Responsiveness during a flood of {lines:,} lines, seen by VS Code's own client "
@@ -244,7 +237,7 @@ def _responsiveness(r: dict[str, dict[str, Any]], lines: int) -> list[str]:
             f"| {name} | {x['threads_answered']} of {x['threads_sent']} "
             f"| {ms(x['threads_median_ms'])} | {ms(x['threads_max_ms'])} "
             f"| {'-' if waited is None else f'{waited:.1f} s'} "
-            f"| {'none within the window' if stop is None else _ms(stop)} "
+            f"| {'none within the window' if stop is None else ms(stop)} "
             f"| {count(x['printed_at_stop'])} | {count(x['lines_before_stopped'])} |"
         )
     return rows
@@ -262,9 +255,9 @@ def _first_stop(f: dict[str, Dist], _n: dict[str, int]) -> list[str]:
         "",
         "| | median | p99 | runs |",
         "|---|---|---|---|",
-        f"| through tether | {_ms(t.median)} | {_ms(t.p99)} | {len(t.samples)} |",
-        f"| stock debugpy | {_ms(d.median)} | {_ms(d.p99)} | {len(d.samples)} |",
-        f"| ratio | {ratio:.2f} (target <= 1.2: {_verdict(ratio <= 1.2)}) | | |",
+        f"| through tether | {ms(t.median)} | {ms(t.p99)} | {len(t.samples)} |",
+        f"| stock debugpy | {ms(d.median)} | {ms(d.p99)} | {len(d.samples)} |",
+        f"| ratio | {ratio:.2f} (target <= 1.2: {verdict(ratio <= 1.2)}) | | |",
         "",
     ]
 
@@ -280,8 +273,8 @@ def _idle(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
         *([f"Opening more failed: `{f['failure']}`", ""] if f.get("failure") else []),
         "| | per idle session | target |",
         "|---|---|---|",
-        f"| relay resident memory | {relay:.1f} KiB | <= 50 KB: {_verdict(relay * 1024 <= 50_000)} |",
-        f"| Redis used_memory | {redis:.1f} KiB | <= 10 KB: {_verdict(redis * 1024 <= 10_000)} |",
+        f"| relay resident memory | {relay:.1f} KiB | <= 50 KB: {verdict(relay * 1024 <= 50_000)} |",
+        f"| Redis used_memory | {redis:.1f} KiB | <= 10 KB: {verdict(redis * 1024 <= 10_000)} |",
         "",
         "A live session's round trips (through tether) before and after the idle sessions joined:",
         "",
@@ -291,8 +284,8 @@ def _idle(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
     for c, before in f["live_before"].items():
         after = f["live_after"][c]
         rows.append(
-            f"| {c} | {_ms(before.median)} | {_ms(before.p99)} | {_ms(after.median)} "
-            f"| {_ms(after.p99)} |"
+            f"| {c} | {ms(before.median)} | {ms(before.p99)} | {ms(after.median)} "
+            f"| {ms(after.p99)} |"
         )
     return [*rows, ""]
 
@@ -314,15 +307,15 @@ def _snapshot(f: dict[str, Any], n: dict[str, int]) -> list[str]:
         rr = r[i] if i < len(r) else {"bytes": -1, "ms": float("nan")}
         rows.append(
             f"| {i + 1} | {tt['bytes']:,} ({tt['blob_bytes']:,} + {tt['manifest_bytes']:,}) "
-            f"| {_ms(tt['ms'])} | {rr['bytes']:,} | {_ms(rr['ms'])} |"
+            f"| {ms(tt['ms'])} | {rr['bytes']:,} | {ms(rr['ms'])} |"
         )
     if r:
         only_changed = all(tt["blob_bytes"] == f["file_bytes"] for tt in t)
         faster = statistics.median(x["ms"] for x in t) < statistics.median(x["ms"] for x in r)
         rows += [
             "",
-            f"Only the changed file's bytes uploaded: {_verdict(only_changed)}; faster than "
-            f"rsync (median): {_verdict(faster)}.",
+            f"Only the changed file's bytes uploaded: {verdict(only_changed)}; faster than "
+            f"rsync (median): {verdict(faster)}.",
         ]
     return [*rows, ""]
 
@@ -337,9 +330,9 @@ def _resume(f: dict[str, Dist], _n: dict[str, int]) -> list[str]:
         "",
         "| | median | p99 |",
         "|---|---|---|",
-        f"| reconnect | {_ms(r.median)} | {_ms(r.p99)} |",
-        f"| first buffered message after it | {_ms(b.median)} | {_ms(b.p99)} |",
-        f"| target: < 100 ms beyond the reconnect | {_verdict(b.p99 < 100)} (p99) | |",
+        f"| reconnect | {ms(r.median)} | {ms(r.p99)} |",
+        f"| first buffered message after it | {ms(b.median)} | {ms(b.p99)} |",
+        f"| target: < 100 ms beyond the reconnect | {verdict(b.p99 < 100)} (p99) | |",
         "",
     ]
 
@@ -368,10 +361,10 @@ def _processes(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
         "| | median | p99 | runs | to `startDebugging`, median "
         "| check: `MARK` after the stop, median |",
         "|---|---|---|---|---|---|",
-        f"| through tether | {_ms(t.median)} | {_ms(t.p99)} | {len(t.samples)} "
-        f"| {_ms(ot.median)} | {_ms(mt.median)} |",
-        f"| stock debugpy | {_ms(d.median)} | {_ms(d.p99)} | {len(d.samples)} "
-        f"| {_ms(od.median)} | {_ms(md.median)} |",
+        f"| through tether | {ms(t.median)} | {ms(t.p99)} | {len(t.samples)} "
+        f"| {ms(ot.median)} | {ms(mt.median)} |",
+        f"| stock debugpy | {ms(d.median)} | {ms(d.p99)} | {len(d.samples)} "
+        f"| {ms(od.median)} | {ms(md.median)} |",
         f"| ratio | {t.median / d.median:.2f} | | | | {mt.median / md.median:.2f} |",
         "",
         "`startDebugging`: from the birth to the client receiving the offer of the child's "
@@ -444,8 +437,8 @@ def _wan(f: dict[str, Any], n: dict[str, int]) -> list[str]:
         t, d = row["whole"][TETHER], row["whole"][DEBUGPY]
         target = 1.5 * rtt + 10
         rows.append(
-            f"| {rtt:g} ms | {_ms(t.median)} | {_ms(t.p99)} | {_ms(d.median)} | {_ms(d.p99)} "
-            f"| {t.median / d.median:.2f} | {_ms(target)}: {_verdict(t.median <= target)} |"
+            f"| {rtt:g} ms | {ms(t.median)} | {ms(t.p99)} | {ms(d.median)} | {ms(d.p99)} "
+            f"| {t.median / d.median:.2f} | {ms(target)}: {verdict(t.median <= target)} |"
         )
     rows += [
         "",
@@ -465,10 +458,10 @@ def _wan(f: dict[str, Any], n: dict[str, int]) -> list[str]:
     for row in f["rows"]:
         s, th, w = row["stopped"], row["threads"], row["whole"]
         rows.append(
-            f"| {row['rtt_ms']:g} ms | {_ms(s[TETHER].median)} | {_ms(th[TETHER].median)} "
-            f"| {_ms(min(w[TETHER].samples))} | {stalls(w[TETHER])} "
-            f"| {_ms(s[DEBUGPY].median)} | {_ms(th[DEBUGPY].median)} "
-            f"| {_ms(min(w[DEBUGPY].samples))} | {stalls(w[DEBUGPY])} |"
+            f"| {row['rtt_ms']:g} ms | {ms(s[TETHER].median)} | {ms(th[TETHER].median)} "
+            f"| {ms(min(w[TETHER].samples))} | {stalls(w[TETHER])} "
+            f"| {ms(s[DEBUGPY].median)} | {ms(th[DEBUGPY].median)} "
+            f"| {ms(min(w[DEBUGPY].samples))} | {stalls(w[DEBUGPY])} |"
         )
     return [*rows, ""]
 
@@ -501,11 +494,11 @@ def _debuggable(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
         medians, minimums = ours["median"] / plain["median"], ours["min"] / plain["min"]
         paired = p.get("paired_ratio", medians)
         loop = "iterations" in p and p["iterations"] > 0
-        target = f"<= 1.02 (pairs): {_verdict(paired <= 1.02)}" if loop else ""
+        target = f"<= 1.02 (pairs): {verdict(paired <= 1.02)}" if loop else ""
         what = f"{name} ({p['iterations']:,})" if loop else name
         rows.append(
-            f"| {what} | {_ms(plain['median'] * 1000)} | {_ms(plain['min'] * 1000)} "
-            f"| {_ms(ours['median'] * 1000)} | {_ms(ours['min'] * 1000)} | {medians:.3f} "
+            f"| {what} | {ms(plain['median'] * 1000)} | {ms(plain['min'] * 1000)} "
+            f"| {ms(ours['median'] * 1000)} | {ms(ours['min'] * 1000)} | {medians:.3f} "
             f"| {minimums:.3f} | {paired:.3f} | {target} |"
         )
     return [
@@ -528,6 +521,7 @@ SECTIONS = {
     "processes": _processes,
     "wan": _wan,
     "debuggable": _debuggable,
+    "tunnels": tunnels_section,
 }
 
 

@@ -97,9 +97,11 @@ async def run_pool(
     on_event: Callable[[str], None] | None = None,
     keep_runs: int = KEEP_RUNS,
     cache_max: int = CACHE_MAX_BYTES,
+    allow_tunnels: bool = True,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run ``slots`` claim loops until cancelled. ``start_delay`` stands in for a GPU queue.
+    """Run ``slots`` claim loops until cancelled. ``start_delay`` stands in for a GPU queue;
+    ``allow_tunnels``: serve the users' ``tether exec``/``shell``/``port-forward``.
 
     ``relay_url``'s token needs the ``backend`` scope; each claimed attempt runs with the worker
     token the relay minted for it."""
@@ -119,6 +121,7 @@ async def run_pool(
                 pool,
                 say,
                 (keep_runs, cache_max),
+                allow_tunnels,
             )
         task_status.started()
 
@@ -132,6 +135,7 @@ async def _slot(
     gpus: GpuPool,
     say: Callable[[str], None],
     bounds: tuple[int, int] = (KEEP_RUNS, CACHE_MAX_BYTES),
+    allow_tunnels: bool = True,
 ) -> None:
     backoff = 0.2
     lost = False
@@ -160,7 +164,8 @@ async def _slot(
                         continue
                     env = {"CUDA_VISIBLE_DEVICES": ",".join(taken)} if gpus.gpus else {}
                     try:
-                        await _run(as_worker, record, manifest, control, work_dir, python, say, env)
+                        await _run(as_worker, record, manifest, control, work_dir, python, say,
+                                   env, allow_tunnels=allow_tunnels)  # fmt: skip
                     except RelayError as exc:
                         say(f"{worker}: lost the relay while running {record.id}: {exc}")
                     finally:
@@ -189,6 +194,7 @@ async def run_one(
     worker: str,
     python: str = sys.executable,
     on_event: Callable[[str], None] | None = None,
+    allow_tunnels: bool = True,
 ) -> int | None:
     """Claim ``run_id``'s attempt ``attempt`` and run it (a scheduler job's worker, holding the
     attempt's worker token)."""
@@ -202,8 +208,9 @@ async def run_one(
         say(f"{worker}: claimed run {record.id} (attempt {record.attempt})")
         try:
             return await _run(
-                as_worker, record, assigned.manifest, control, work_dir, python, say, scheduled=True
-            )
+                as_worker, record, assigned.manifest, control, work_dir, python, say,
+                scheduled=True, allow_tunnels=allow_tunnels,
+            )  # fmt: skip
         finally:
             with trio.CancelScope(shield=True):
                 await tidy(work_dir)
@@ -220,6 +227,7 @@ async def _run(
     env: dict[str, str] | None = None,
     *,
     scheduled: bool = False,
+    allow_tunnels: bool = True,
 ) -> int | None:
     """One claimed attempt, its blobs fetched over ``control`` (or a new control connection, if
     that one is lost) into the worker's cache. ``scheduled``: a scheduler's job (its backend
@@ -236,6 +244,7 @@ async def _run(
             python=python,
             on_event=say,
             say_when_stopped=not scheduled,
+            allow_tunnels=allow_tunnels,
         )
 
 

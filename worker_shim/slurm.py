@@ -93,7 +93,13 @@ def sbatch_options(record: RunRecord) -> list[str]:
 
 
 def job_script(
-    record: RunRecord, *, python: str, credentials: Path, work_dir: Path, output: Path
+    record: RunRecord,
+    *,
+    python: str,
+    credentials: Path,
+    work_dir: Path,
+    output: Path,
+    allow_tunnels: bool = True,
 ) -> str:
     lines = ["#!/bin/bash"]
     lines += [f"#SBATCH {opt}" for opt in sbatch_options(record)]
@@ -101,7 +107,8 @@ def job_script(
         f"#SBATCH --output={output}",
         "# written by tether backend slurm; the worker dials out to the relay",
         f"exec {shlex.quote(python)} -m adapter.cli worker "
-        f"--credentials {shlex.quote(str(credentials))} --work-dir {shlex.quote(str(work_dir))}",
+        f"--credentials {shlex.quote(str(credentials))} --work-dir {shlex.quote(str(work_dir))}"
+        + ("" if allow_tunnels else " --no-shell"),
         "",
     ]
     return "\n".join(lines)
@@ -119,8 +126,12 @@ class SlurmBackend:
         sbatch_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         on_event: Callable[[str], None] | None = None,
+        allow_tunnels: bool = True,
     ) -> None:
         self.relay = relay
+        self.allow_tunnels = (
+            allow_tunnels  #: its jobs' workers serve tether exec/shell/port-forward
+        )
         self.worker_relay = worker_relay or endpoint(relay).url
         self.state_dir = state_dir
         self.python = python
@@ -222,6 +233,7 @@ class SlurmBackend:
                 credentials=credentials,
                 work_dir=self.state_dir / "work",
                 output=self.state_dir / "jobs" / f"{key}.out",
+                allow_tunnels=self.allow_tunnels,
             )
         )
         try:

@@ -56,6 +56,7 @@ async def open_local_stack(
     token: str = "",
     user: str | None = None,
     pool_bounds: tuple[int, int] | None = None,
+    allow_tunnels: bool = True,
 ) -> AsyncIterator[LocalStack]:
     """Run the stack until the block exits; the server's data lives in ``data_dir/redis`` (unless
     ``redis`` names an existing server), snapshot blobs in ``data_dir/blobs``, run directories in
@@ -123,6 +124,7 @@ async def open_local_stack(
                             on_event=on_worker_event,
                             keep_runs=keep_runs,
                             cache_max=cache_max,
+                            allow_tunnels=allow_tunnels,
                             task_status=task_status,
                         )
                 finally:

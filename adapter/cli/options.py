@@ -172,6 +172,11 @@ def pool_options(sp: argparse.ArgumentParser) -> None:
         help=f"most the snapshot blob cache holds, e.g. 50G (default {CACHE_MAX_BYTES // 2**30}G)",
     )
     sp.add_argument(
+        "--no-shell",
+        action="store_true",
+        help="refuse the users' tether exec, shell and port-forward into the runs here",
+    )
+    sp.add_argument(
         "--start-delay",
         type=float,
         default=0.0,

@@ -306,6 +306,11 @@ def _service_commands(sub: _Commands) -> None:
         metavar="ARG",
         help="extra sbatch argument for every job, e.g. --account=ml (repeatable)",
     )
+    s.add_argument(
+        "--no-shell",
+        action="store_true",
+        help="its jobs' workers refuse the users' tether exec, shell and port-forward",
+    )
     s.set_defaults(fn=cmd_backend)
 
 

@@ -111,6 +111,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
                 work_dir=work_dir,
                 worker=f"{socket.gethostname()}-{os.getpid()}",
                 on_event=clock.say,
+                allow_tunnels=not args.no_shell,
             )
         except RelayError as exc:
             raise SystemExit(f"tether worker: {exc.message}") from None
@@ -128,6 +129,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
                 on_event=clock.say,
                 keep_runs=args.keep_runs,
                 cache_max=args.cache_max * 2**20,
+                allow_tunnels=not args.no_shell,
                 task_status=task_status,
             )
         )
@@ -174,6 +176,7 @@ async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
         gpus=[g for g in args.gpus.split(",") if g] if args.gpus is not None else None,
         on_worker_event=clock.say,
         pool_bounds=(args.keep_runs, args.cache_max * 2**20),
+        allow_tunnels=not args.no_shell,
     ) as stack:
         relay, redis_url = stack.relay, stack.redis
         if stack.minted:
@@ -220,6 +223,7 @@ async def cmd_backend(args: argparse.Namespace) -> int:
         poll=args.poll,
         sbatch_args=args.sbatch_arg or [],
         on_event=clock.say,
+        allow_tunnels=not args.no_shell,
     )
     print(f"tether backend slurm: ready relay={relay} state_dir={state_dir}", flush=True)
     await backend.serve()

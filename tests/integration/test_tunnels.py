@@ -17,12 +17,14 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
 import pytest
 import trio
 from credentials import user_endpoint
+from faults.proxy import FaultProxy
 
 from adapter.cli.tunnel import TETHER_FAILED, run_tunnel
 from protocol_specs import wire
@@ -35,6 +37,7 @@ from relay.client import (
     ControlClient,
     Endpoint,
     RelayError,
+    RunLink,
     follow_logs,
     open_control,
     open_run_link,
@@ -54,11 +57,17 @@ time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 60)
 
 @dataclass
 class Stack:
-    url: Endpoint
+    url: Endpoint  #: the relay, through ``proxy`` for everyone (the worker too)
     control: ControlClient
     run: RunRecord
     store: MemoryStore
     ended: trio.Event
+    proxy: FaultProxy
+
+    async def open(self, spec: TunnelSpec) -> wire.TunnelOpened:
+        """A tunnel opened on a control connection of its own (a cut ends the held one)."""
+        async with open_control(self.url) as control:
+            return await control.open_tunnel(self.run.id, spec)
 
     async def exec(
         self, argv: list[str], *, stdin: bytes | None = None
@@ -96,7 +105,9 @@ async def running(tmp_path: Path, *args: str, allow_tunnels: bool = True) -> Asy
         server = await nursery.start(
             lambda task_status: serve_relay(store, port=0, task_status=task_status)
         )
-        url = await user_endpoint(store, f"ws://127.0.0.1:{server_port(server)}")
+        proxy = FaultProxy("127.0.0.1", server_port(server))
+        await nursery.start(proxy.run)
+        url = await user_endpoint(store, proxy.url_for())
         data = WAITS.encode()
         digest = hashlib.sha256(data).hexdigest()
         manifest = Manifest(entries=[ManifestEntry(path="waits.py", digest=digest, size=len(data))])
@@ -128,9 +139,10 @@ async def running(tmp_path: Path, *args: str, allow_tunnels: bool = True) -> Asy
             nursery.start_soon(worker)
             # its output comes after its ``started`` (one link, stored in order): it is running
             await _until_output(url, record.id, b"up")
-            yield Stack(url, control, await control.get_run(record.id), store, ended)
-            if not ended.is_set():
-                await control.cancel(record.id)  # the shim ends the program and returns
+            yield Stack(url, control, await control.get_run(record.id), store, ended, proxy)
+            if not ended.is_set():  # the shim ends the program and returns
+                async with open_control(url) as fresh:  # the test may have cut the held one
+                    await fresh.cancel(record.id)
             with trio.fail_after(30):
                 await ended.wait()
         nursery.cancel_scope.cancel()
@@ -294,7 +306,101 @@ async def test_a_forward_to_a_port_nothing_listens_on_ends_saying_so(tmp_path: P
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        spec = TunnelSpec(kind="forward", port=port)
-        opened = await stack.control.open_tunnel(stack.run.id, spec)
+        opened = await stack.open(TunnelSpec(kind="forward", port=port))
         code, said = await run_tunnel(stack.url, opened, stdin=None, out={})
     assert code == TETHER_FAILED and f"nothing accepts connections on port {port}" in said
+
+
+# --- link cuts ----------------------------------------------------------------------------------
+
+
+async def _until(link: RunLink, op: str) -> TunnelEntry:
+    """The next entry of ``op`` that comes down (data before it: dropped)."""
+    with trio.fail_after(30):
+        async for delivery in link.deliveries:
+            entry = wire.decode_entry(delivery.entry)
+            assert isinstance(entry, TunnelEntry)
+            if entry.op == op:
+                return entry
+    raise AssertionError(f"the tunnel ended before {op!r}")
+
+
+async def _read_all(link: RunLink) -> tuple[bytes, TunnelEntry]:
+    """Everything that comes down, and the ``exit``."""
+    got = b""
+    with trio.fail_after(30):
+        async for delivery in link.deliveries:
+            entry = wire.decode_entry(delivery.entry)
+            assert isinstance(entry, TunnelEntry)
+            if entry.op == "data":
+                got += entry.data
+            if entry.op == "exit":
+                return got, entry
+    raise AssertionError("the tunnel ended without its exit")
+
+
+async def test_cut_links_lose_nothing_of_a_command_a_shell_or_a_forwarded_connection(
+    tmp_path: Path,
+) -> None:
+    """Every link (the user's side and the worker's) is cut mid-tunnel: each reconnects and
+    resumes, and the bytes both ways arrive whole, once and in order."""
+    rest = b"".join(b"%d\n" % i for i in range(30000))
+    script = "import sys; print('ready', flush=True); sys.stdin.readline(); " + (
+        "sys.stdout.write(''.join('%d\\n' % i for i in range(30000)))"
+    )
+    async with running(tmp_path) as stack:
+        # a command: its first output, the cut, then our line up and all of its output down
+        spec = TunnelSpec(kind="exec", argv=[sys.executable, "-c", script], stdin=True)
+        opened = await stack.open(spec)
+        async with open_run_link(
+            stack.url, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel
+        ) as link:
+            first = b""
+            while not first.endswith(b"\n"):
+                first += (await _until(link, "data")).data
+            assert first == b"ready\n"
+            assert await stack.proxy.cut() >= 2  # the worker's tunnel link and ours at least
+            await link.publish(TunnelEntry(op="data", data=b"go\n"))
+            got, end = await _read_all(link)
+        assert (got, end.code) == (rest, 0)
+        # a shell: a line typed, the cut, another line
+        opened = await stack.open(TunnelSpec(kind="shell"))
+        async with open_run_link(
+            stack.url, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel
+        ) as link:
+            await link.publish(TunnelEntry(op="data", data=b"echo one-$((40 + 1))\r"))
+            shown = b""
+            while b"one-41" not in shown:
+                shown += (await _until(link, "data")).data
+            await stack.proxy.cut()
+            await link.publish(TunnelEntry(op="data", data=b"echo two-$((40 + 2)); exit 4\r"))
+            got, end = await _read_all(link)
+        assert b"two-42" in got and end.code == 4
+        # a forwarded connection to an echo server on the worker's loopback
+        echoed = await _forward_through_a_cut(stack)
+        assert echoed == b"first half|second half"
+    assert stack.proxy.faults["cut"] == 3
+
+
+async def _forward_through_a_cut(stack: Stack) -> bytes:
+    async def echo(stream: trio.SocketStream) -> None:
+        async with stream:
+            async for chunk in stream:
+                await stream.send_all(chunk)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, echo, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        opened = await stack.open(TunnelSpec(kind="forward", port=port))
+        async with open_run_link(
+            stack.url, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel
+        ) as link:
+            await link.publish(TunnelEntry(op="data", data=b"first half|"))
+            got = (await _until(link, "data")).data
+            await stack.proxy.cut()
+            await link.publish(TunnelEntry(op="data", data=b"second half"))
+            await link.publish(TunnelEntry(op="eof"))  # the echo server then closes its end
+            rest, end = await _read_all(link)
+        nursery.cancel_scope.cancel()
+    assert end.code == 0
+    return got + rest

@@ -272,3 +272,11 @@ def test_post_mortem_and_the_unattended_policy_reach_the_spec_of_both_commands(
     (tmp_path / "none.toml").write_text("[default]\npost_mortem = false\n")
     assert spec("debug").post_mortem is False
     assert spec("debug", "--post-mortem").post_mortem is True
+
+
+def test_workers_and_the_slurm_backend_can_refuse_tunnels() -> None:
+    from adapter.cli.parser import build_parser as _parser
+
+    for argv in (["worker"], ["up"], ["backend", "slurm"]):
+        assert _parser().parse_args([*argv, "--no-shell"]).no_shell is True
+        assert _parser().parse_args(argv).no_shell is False
