@@ -60,6 +60,9 @@ class TunnelSpec(BaseModel):
     term: str = Field(default="xterm-256color", max_length=64)
     #: ``forward``: the TCP port on the worker's loopback
     port: int = Field(default=0, ge=0, le=65535)
+    #: ``exec``, ``shell``: in this process's directory with its environment (a pid of the run's:
+    #: a torchrun rank's ``RANK``, ``LOCAL_RANK``, ``CUDA_VISIBLE_DEVICES``); "": the run's
+    process: str = Field(default="", pattern=r"^[0-9]{0,10}$")
 
     @model_validator(mode="after")
     def _complete(self) -> TunnelSpec:
@@ -74,8 +77,9 @@ class TunnelSpec(BaseModel):
     def describe(self) -> str:
         """For the audit trail and the worker's log: ``exec: nvidia-smi -L``, ``shell``,
         ``forward 6006``."""
+        of = f" (as process {self.process})" if self.process else ""
         if self.kind == "exec":
-            return "exec: " + " ".join(self.argv)[:500]
+            return "exec: " + " ".join(self.argv)[:500] + of
         if self.kind == "forward":
             return f"forward {self.port}"
-        return "shell"
+        return "shell" + of

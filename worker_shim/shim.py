@@ -209,6 +209,7 @@ async def _attempt(
                 # children debugged too, each configured by the shim (``worker_shim.processes``)
                 subprocesses=record.spec.processes != "main",
             ) as debuggee:
+                tunnels.program = debuggee.process.pid
                 return await _run_debug(
                     link, record, run_dir, debuggee, say, news, output, tunnels=tunnels
                 )
@@ -311,6 +312,7 @@ async def _run_plain(
         await _status(link, StatusEvent.START_FAILED, detail=str(exc))
         say(f"run {record.id} could not start: {exc}")
         return None
+    tunnels.program = process.pid
     output = OutputPump(process, str(log_path), on_output, record.spec.secrets())
     await _status(
         link,

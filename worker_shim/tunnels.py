@@ -29,6 +29,7 @@ from protocol_specs.wire import Role, TunnelEntry, WireError
 from relay.client import RelayError, RunLink, Target, open_run_link
 
 from .debuggee import terminate_group
+from .process_names import read_proc
 from .terminal import run_shell
 
 __all__ = ["Tunnels", "open_tunnels", "tunnel_request"]
@@ -75,6 +76,8 @@ class Tunnels:
         self.nursery = nursery
         self.allowed = allowed
         self.say = say
+        #: the program's pid once it started (``spec.process`` must be it or a descendant)
+        self.program: int | None = None
         self.serving: set[str] = set()
         #: the commands running now, by tunnel (cancelled when the attempt ends)
         self._running: dict[str, trio.CancelScope] = {}
@@ -147,11 +150,32 @@ class Tunnels:
         """Run what ``spec`` asks for; its exit code, and why when it did not run to its end."""
         if not self.allowed:
             return None, "this worker does not allow shells, commands or port forwards (--no-shell)"
+        if spec.kind == "forward":
+            return await _forward(link, spec.port)
+        where = self._context(spec)
+        if isinstance(where, str):
+            return None, where
+        cwd, env = where
         if spec.kind == "exec":
-            return await _exec(link, spec, self.run_dir, self.env)
-        if spec.kind == "shell":
-            return await run_shell(link, spec, self.run_dir, self.env)
-        return await _forward(link, spec.port)
+            return await _exec(link, spec, cwd, env)
+        return await run_shell(link, spec, cwd, env)
+
+    def _context(self, spec: TunnelSpec) -> tuple[Path, dict[str, str]] | str:
+        """Where a command runs, with what environment: the run's, or (``spec.process``) that
+        process's own, if it is the program or one of its descendants; else why not."""
+        if not spec.process:
+            return self.run_dir, self.env
+        pid = int(spec.process)
+        ancestor, hops = pid, 0
+        while ancestor and ancestor != self.program and hops < 64:
+            ancestor, hops = read_proc(ancestor).ppid or 0, hops + 1
+        if self.program is None or ancestor != self.program:
+            return f"process {pid} is not one of run {self.record.id}'s (tether status lists them)"
+        try:
+            cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+        except OSError as exc:
+            return f"process {pid} is gone ({exc.strerror})"
+        return cwd, read_proc(pid).environ
 
 
 async def _exec(

@@ -23,7 +23,7 @@ from .runs import (
 )
 from .service import cmd_backend, cmd_relay, cmd_up, cmd_worker
 from .settings import DEFAULT_RELAY_PORT, count, parse_duration, parse_ranks
-from .tunnel import cmd_exec, cmd_port_forward, cmd_shell
+from .tunnel import cmd_exec, cmd_port_forward, cmd_shell, process_flag
 
 __all__ = ["build_parser"]
 
@@ -166,6 +166,7 @@ def _run_commands(sub: _Commands) -> None:
         help="run a command on the run's worker, in its directory with its environment",
     )
     relay_flag(s)
+    process_flag(s)
     s.add_argument(
         "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
     )
@@ -177,6 +178,7 @@ def _run_commands(sub: _Commands) -> None:
         "shell", help="a shell on the run's worker, on this terminal, in the run's directory"
     )
     relay_flag(s)
+    process_flag(s)
     s.add_argument(
         "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
     )

@@ -21,12 +21,19 @@ import trio
 from protocol_specs import wire
 from protocol_specs.tunnels import CHUNK, TunnelSpec
 from protocol_specs.wire import Role, TunnelEntry, WireError
-from relay.client import Endpoint, RunLink, open_control, open_run_link
+from relay.client import Endpoint, LinkPolicy, RunLink, open_control, open_run_link
 
 from .errors import control_call, relay_error
 from .settings import resolve_relay
 
-__all__ = ["TETHER_FAILED", "cmd_exec", "cmd_port_forward", "cmd_shell", "run_tunnel"]
+__all__ = [
+    "TETHER_FAILED",
+    "cmd_exec",
+    "cmd_port_forward",
+    "cmd_shell",
+    "process_flag",
+    "run_tunnel",
+]
 
 #: the exit status when tether itself failed (the command did not run, or its end was lost),
 #: as ``ssh`` does: a command's own status is anything else
@@ -39,7 +46,8 @@ async def cmd_exec(args: argparse.Namespace) -> int:
         raise SystemExit("tether: give the command after --, e.g. tether exec RUN -- nvidia-smi")
     relay = resolve_relay(args.relay, args)
     send_stdin = not sys.stdin.isatty()
-    opened = await _open(relay, args.run, TunnelSpec(kind="exec", argv=command, stdin=send_stdin))
+    spec = TunnelSpec(kind="exec", argv=command, stdin=send_stdin, process=args.process or "")
+    opened = await _open(relay, args.run, spec)
     if isinstance(opened, str):
         return _failed(opened)
     stdin = sys.stdin.fileno() if send_stdin else None
@@ -56,7 +64,9 @@ async def cmd_shell(args: argparse.Namespace) -> int:
     relay = resolve_relay(args.relay, args)
     size = os.get_terminal_size()
     term = os.environ.get("TERM") or "xterm-256color"
-    spec = TunnelSpec(kind="shell", cols=size.columns, rows=size.lines, term=term)
+    spec = TunnelSpec(
+        kind="shell", cols=size.columns, rows=size.lines, term=term, process=args.process or ""
+    )
     opened = await _open(relay, args.run, spec)
     if isinstance(opened, str):
         return _failed(opened)
@@ -120,8 +130,9 @@ async def _forward_one(relay: Endpoint, run: str, remote: int, stream: trio.Sock
             return
         try:
             async with open_run_link(
-                relay, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel, client="tether-cli"
-            ) as link:
+                relay, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel, client="tether-cli",
+                policy=tunnel_link_policy(),
+            ) as link:  # fmt: skip
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_local_to_tunnel, stream, link)
                     end = await _tunnel_to_local(link, stream)
@@ -178,6 +189,16 @@ async def _open(relay: Endpoint, run: str, spec: TunnelSpec) -> wire.TunnelOpene
         return refused.message
 
 
+#: how long a tunnel's link keeps trying to get back to the relay before it ends, saying so
+GIVE_UP_AFTER = 120.0
+
+
+def tunnel_link_policy() -> LinkPolicy:
+    """A tunnel's link reconnects after a drop (nothing typed or shown is lost meanwhile) and
+    gives up after :data:`GIVE_UP_AFTER` s without the relay: a shell never hangs for ever."""
+    return LinkPolicy.from_env(give_up_after=GIVE_UP_AFTER)
+
+
 def _failed(said: str, code: int = TETHER_FAILED) -> int:
     print(f"tether: {said}", file=sys.stderr)
     return code
@@ -208,10 +229,27 @@ def _options_before_the_command(args: argparse.Namespace) -> list[str]:
     if cut:
         options = argparse.ArgumentParser(prog="tether exec RUN", add_help=False)
         relay_flag(options)
+        process_flag(options)
         for name, value in vars(options.parse_args(words[:cut])).items():
             if value is not None:
                 setattr(args, name, value)
     return words[cut + 1 :]
+
+
+def process_flag(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--process",
+        metavar="PID",
+        type=_pid,
+        help="in that process's directory with its environment (a rank's RANK, LOCAL_RANK, "
+        "CUDA_VISIBLE_DEVICES...; tether status lists the run's processes); default: the run's",
+    )
+
+
+def _pid(text: str) -> str:
+    if not text.isdecimal() or len(text) > 10:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id")
+    return text
 
 
 def _stdio() -> dict[int, BinaryIO]:
@@ -232,8 +270,9 @@ async def run_tunnel(
     as it should)."""
     try:
         async with open_run_link(
-            relay, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel, client="tether-cli"
-        ) as link:
+            relay, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel, client="tether-cli",
+            policy=tunnel_link_policy(),
+        ) as link:  # fmt: skip
             async with trio.open_nursery() as nursery:
                 if stdin is not None:
                     nursery.start_soon(_send, link, stdin)

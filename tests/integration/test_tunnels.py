@@ -98,8 +98,16 @@ async def _write_all(fd: int, data: bytes) -> None:
 
 
 @asynccontextmanager
-async def running(tmp_path: Path, *args: str, allow_tunnels: bool = True) -> AsyncIterator[Stack]:
-    """A plain run of ``waits.py args`` started by the real shim (its output said ``up``)."""
+async def running(
+    tmp_path: Path,
+    *args: str,
+    allow_tunnels: bool = True,
+    debug: bool = False,
+    program: str = WAITS,
+    up: bytes = b"up",
+) -> AsyncIterator[Stack]:
+    """A plain run (``debug``: a debug run that does not wait for an IDE) of ``program`` (as
+    ``waits.py args``) started by the real shim, once its output said ``up``."""
     store = MemoryStore()
     async with trio.open_nursery() as nursery:
         server = await nursery.start(
@@ -108,13 +116,14 @@ async def running(tmp_path: Path, *args: str, allow_tunnels: bool = True) -> Asy
         proxy = FaultProxy("127.0.0.1", server_port(server))
         await nursery.start(proxy.run)
         url = await user_endpoint(store, proxy.url_for())
-        data = WAITS.encode()
+        data = program.encode()
         digest = hashlib.sha256(data).hexdigest()
         manifest = Manifest(entries=[ManifestEntry(path="waits.py", digest=digest, size=len(data))])
         spec = RunSpec(
             command=[sys.executable, "waits.py", *args],
             workdir="/home/me/project",
-            debug=False,
+            debug=debug,
+            wait_for_ide=False,
             env={"TUNNEL_TEST": "yes"},
         )
         async with open_control(url) as control:
@@ -138,7 +147,7 @@ async def running(tmp_path: Path, *args: str, allow_tunnels: bool = True) -> Asy
 
             nursery.start_soon(worker)
             # its output comes after its ``started`` (one link, stored in order): it is running
-            await _until_output(url, record.id, b"up")
+            await _until_output(url, record.id, up)
             yield Stack(url, control, await control.get_run(record.id), store, ended, proxy)
             if not ended.is_set():  # the shim ends the program and returns
                 async with open_control(url) as fresh:  # the test may have cut the held one
@@ -404,3 +413,57 @@ async def _forward_through_a_cut(stack: Stack) -> bytes:
         nursery.cancel_scope.cancel()
     assert end.code == 0
     return got + rest
+
+
+# --- the other ways in --------------------------------------------------------------------------
+
+PARENT = """\
+import os, subprocess, sys, time
+os.makedirs("rank1", exist_ok=True)
+child = subprocess.Popen(
+    [sys.executable, "-c", "import time; time.sleep(60)"],
+    cwd="rank1", env={**os.environ, "RANK": "1"},
+)
+print("child", child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+async def test_a_command_runs_as_one_of_the_runs_processes_and_only_those(tmp_path: Path) -> None:
+    """``--process PID``: in that process's directory with its environment (a rank's), if it
+    is the program or a descendant; any other pid of the node is refused."""
+    async with running(tmp_path, program=PARENT, up=b"child") as stack:
+        pid = await _child_pid(stack)
+        spec = TunnelSpec(kind="exec", argv=["sh", "-c", "pwd; echo $RANK"], process=str(pid))
+        opened = await stack.open(spec)
+        out: dict[int, BinaryIO] = {1: io.BytesIO(), 2: io.BytesIO()}
+        code, said = await run_tunnel(stack.url, opened, stdin=None, out=out)
+        assert (code, said) == (0, "")
+        cwd, rank = out[1].getvalue().decode().split()  # type: ignore[attr-defined]
+        assert cwd.endswith("/rank1") and rank == "1"
+        spec = TunnelSpec(kind="exec", argv=["true"], process=str(os.getpid()))
+        code, said = await run_tunnel(stack.url, await stack.open(spec), stdin=None, out={})
+        assert code == TETHER_FAILED and f"process {os.getpid()} is not one of run" in said
+
+
+async def _child_pid(stack: Stack) -> int:
+    found: list[int] = []
+    got = trio.Event()
+
+    def show(entry: wire.LogEntry | wire.StatusEntry) -> None:
+        if isinstance(entry, wire.LogEntry) and b"child " in entry.data:
+            found.append(int(entry.data.split()[1]))
+            got.set()
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow_logs, stack.url, stack.run.id, show)
+            await got.wait()
+            nursery.cancel_scope.cancel()
+    return found[0]
+
+
+async def test_a_debug_runs_worker_serves_tunnels_too(tmp_path: Path) -> None:
+    async with running(tmp_path, debug=True) as stack:
+        code, out, _err = await stack.exec(["sh", "-c", "echo $TUNNEL_TEST"])
+    assert (code, out) == (0, b"yes\n")
