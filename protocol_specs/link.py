@@ -215,6 +215,7 @@ class LinkState:
         attempt: int = 0,
         early: bool = False,
         tunnel: str = "",
+        after: bool = False,
         outbox_entries: int = 10_000,
         outbox_bytes: int = 64 * 1024 * 1024,
         report_every: int = 100,
@@ -229,6 +230,7 @@ class LinkState:
         self.attempt = attempt
         self.early = early
         self.tunnel = tunnel  #: a tunnel's link (its two streams instead of the run's)
+        self.after = after  #: a worker serving an ended attempt's tunnels (``Hello.after``)
         self._limits = _Limits(outbox_entries, outbox_bytes, report_every, report_after, heartbeat)
         self.inbound = inbound_of(role, tunnel)
         #: the newest entry handed over per stream, as the relay wrote it ("0": none yet)
@@ -284,6 +286,7 @@ class LinkState:
             token=token,
             early=self.early,
             tunnel=self.tunnel,
+            after=self.after,
         )
 
     def on_handshake(self, frame: wire.Frame, now: float) -> Refusal | None:

@@ -199,6 +199,9 @@ class Hello(BaseModel):
     early: bool = False
     #: ``tunnel`` role, and a ``worker`` serving one: the tunnel (its streams instead of the run's)
     tunnel: str = Field(default="", max_length=64)
+    #: ``worker`` role: a worker that keeps an ended attempt's directory and serves the run's
+    #: tunnels there (it reads ``to_worker`` from its end on, and publishes nothing)
+    after: bool = False
 
 
 class Welcome(BaseModel):

@@ -55,6 +55,7 @@ __all__ = [
     "RUNS",
     "TOKENS",
     "audit",
+    "held",
     "lease",
     "manifest",
     "meta_key",
@@ -133,6 +134,12 @@ def stream(run_id: str, name: str) -> str:
 def tunnel_stream(run_id: str, tunnel: str, name: str) -> str:
     """A tunnel's stream: ``name`` is ``up`` or ``down`` (``protocol_specs/tunnels.py``)."""
     return f"tether:run:{{{run_id}}}:tunnel:{tunnel}:{name}"
+
+
+def held(run_id: str) -> str:
+    """Set (with a short expiry, renewed) while a worker keeps the run's ended attempt's
+    directory and serves its tunnels (a ``worker`` link with ``hello.after``)."""
+    return f"tether:run:{{{run_id}}}:held"
 
 
 def tunnels(run_id: str, attempt: int) -> str:

@@ -102,6 +102,8 @@ class _Link:
     closing: bool = False
     #: a tunnel's link (``protocol_specs/tunnels.py``): its streams instead of the run's
     tunnel: str = ""
+    #: a worker that keeps an ended attempt's directory, serving the run's tunnels there
+    after: bool = False
 
     @property
     def run_id(self) -> str:
@@ -191,6 +193,9 @@ class Links:
         if (hello.role is Role.TUNNEL and not tunnel) or (hello.role is Role.IDE and tunnel):
             await peer.fatal(ErrorCode.BAD_FRAME, "only tunnel and worker links name a tunnel")
             return
+        if hello.after and (hello.role is not Role.WORKER or tunnel):
+            await peer.fatal(ErrorCode.BAD_FRAME, "only a worker's run link serves it 'after'")
+            return
         if tunnel and not await self.tunnels.known(record, tunnel):
             await peer.fatal(
                 ErrorCode.NO_SUCH_TUNNEL,
@@ -225,9 +230,14 @@ class Links:
             inbound,
             hello.producer or secrets.token_hex(8),
             tunnel=tunnel,
+            after=hello.after,
         )
         tails = {name.value: (await self.store.last_id(link.key(name))) or "0" for name in names}
-        if hello.role is Role.WORKER and not record.finished:
+        cursor = hello.cursor
+        if hello.after:  # what the user asks from now on; never the run's past
+            await self.tunnels.hold(run_id)
+            cursor = tails[inbound.value] if cursor == "0" else cursor
+        elif hello.role is Role.WORKER and not record.finished and not tunnel:
             await self.registry.renew_lease(run_id, who.attempt)
         welcome = wire.Welcome(
             server=SERVER_NAME,
@@ -250,7 +260,7 @@ class Links:
                     self.fanout,
                     link.key(inbound),
                     inbound,
-                    hello.cursor,
+                    cursor,
                     hello.early,
                 )
                 await self._receive(link, nursery)
@@ -310,7 +320,11 @@ class Links:
                     continue  # tokens are looked at again by the gate's recheck
                 if not await self._current(link):
                     return
-                if not await self.registry.renew_lease(link.run_id, link.attempt):
+                if link.after:  # it still keeps the ended attempt's directory
+                    await self.tunnels.hold(link.run_id)
+                elif link.tunnel:
+                    continue  # the attempt's lease is its main link's to renew
+                elif not await self.registry.renew_lease(link.run_id, link.attempt):
                     await peer.fatal(ErrorCode.LEASE_LOST, f"run {link.run_id} is no longer yours")
                     return
             else:
@@ -341,7 +355,11 @@ class Links:
 
     def _refusal(self, link: _Link, kind: str) -> Refusal | None:
         if kind not in link.refusals:
-            if bool(link.tunnel) != (kind == "tunnel"):  # a tunnel's link carries only its steps
+            if link.after:
+                link.refusals[kind] = Refusal(
+                    ErrorCode.NOT_ALLOWED, "a worker serving an ended attempt publishes nothing"
+                )
+            elif bool(link.tunnel) != (kind == "tunnel"):  # a tunnel's link carries only its steps
                 where = "a tunnel's link" if link.tunnel else "a run's link (only on a tunnel's)"
                 link.refusals[kind] = Refusal(ErrorCode.NOT_ALLOWED, f"no {kind} entry on {where}")
             else:

@@ -28,6 +28,10 @@ __all__ = ["Tunnels", "expire_tunnels"]
 
 log = logging.getLogger("tether.relay")
 
+#: how long a worker's word that it keeps an ended attempt's directory lasts (its ``after``
+#: link's heartbeats, every 10 s at most, renew it)
+HOLD_TTL = 35.0
+
 #: the states in which a worker runs the run's program (a tunnel has somewhere to go)
 _LIVE = (RunState.RUNNING, RunState.PAUSED)
 
@@ -38,14 +42,18 @@ class Tunnels:
         self.clock = clock
 
     async def open(self, record: RunRecord, spec: TunnelSpec, rid: int) -> wire.AnyFrame:
-        """Open a tunnel into ``record``'s worker (the caller may: checked before); the answer."""
-        if record.finished:
+        """Open a tunnel into ``record``'s worker (the caller may: checked before); the answer.
+        An ended run's tunnels go to the worker that still keeps its last attempt's directory
+        (:meth:`hold`), if one does."""
+        if record.finished and not await self.store.get_bytes(keys.held(record.id)):
             return _error(
                 ErrorCode.RUN_FINISHED,
-                f"run {record.id} has ended ({record.state.value}): no worker serves it any more",
+                f"run {record.id} has ended ({record.state.value}) and no worker keeps its "
+                "directory any more (a pool keeps its newest runs'; a scheduler's job ends "
+                "with its run)",
                 rid,
             )
-        if record.state not in _LIVE:
+        if record.state not in _LIVE and not record.finished:
             return _error(
                 ErrorCode.NOT_ALLOWED,
                 f"run {record.id} is {record.state.value}: nothing runs it yet; a tunnel goes to "
@@ -69,6 +77,13 @@ class Tunnels:
         )
         log.info("run %s: tunnel %s opened (%s)", record.id, tunnel, spec.describe())
         return wire.TunnelOpened(rid=rid, run=record.id, tunnel=tunnel)
+
+    async def hold(self, run_id: str) -> None:
+        """A worker keeps ``run_id``'s ended attempt's directory (said again at every heartbeat
+        of its ``after`` link; forgotten :data:`HOLD_TTL` s after the last)."""
+        key = keys.held(run_id)
+        await self.store.set_bytes(key, b"1")
+        await self.store.expire(key, HOLD_TTL)
 
     async def known(self, record: RunRecord, tunnel: str) -> bool:
         """Whether ``tunnel`` was opened for ``record``'s current attempt."""

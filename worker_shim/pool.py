@@ -35,9 +35,10 @@ from relay.client import (
 )
 
 from .actions import status_entry
+from .afterlife import Afterlives
 from .files import Fetch
 from .housekeeping import CACHE_MAX_BYTES, KEEP_RUNS, tidy
-from .shim import run_shim, worker_link
+from .shim import program_env, run_dir_of, run_shim, worker_link
 
 __all__ = ["GpuPool", "detect_gpus", "run_one", "run_pool"]
 
@@ -110,6 +111,8 @@ async def run_pool(
     (work_dir / "runs").mkdir(mode=0o700, parents=True, exist_ok=True)
     pool = GpuPool(detect_gpus() if gpus is None else gpus)
     async with trio.open_nursery() as nursery:
+        # the tunnels of the runs that ended here, served in their directories while they stay
+        afterlives = Afterlives(nursery, say) if allow_tunnels else None
         for slot in range(slots):
             nursery.start_soon(
                 _slot,
@@ -122,6 +125,7 @@ async def run_pool(
                 say,
                 (keep_runs, cache_max),
                 allow_tunnels,
+                afterlives,
             )
         task_status.started()
 
@@ -136,6 +140,7 @@ async def _slot(
     say: Callable[[str], None],
     bounds: tuple[int, int] = (KEEP_RUNS, CACHE_MAX_BYTES),
     allow_tunnels: bool = True,
+    afterlives: Afterlives | None = None,
 ) -> None:
     backoff = 0.2
     lost = False
@@ -172,6 +177,10 @@ async def _slot(
                         await gpus.give_back(taken)
                         with trio.CancelScope(shield=True):
                             await tidy(work_dir, keep_runs=bounds[0], cache_max=bounds[1])
+                        if afterlives is not None:
+                            afterlives.tidied()
+                            run_dir = run_dir_of(work_dir / "runs", record)
+                            afterlives.start(as_worker, record, run_dir, program_env(record, env))
         except RelayError as exc:
             log.debug("%s: %s; retrying in %.1f s", worker, exc, backoff)
             say(f"{worker}: lost the relay ({exc.message}); retrying in {backoff:.1f} s")

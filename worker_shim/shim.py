@@ -77,7 +77,8 @@ from .processes import Processes
 from .replay import DEFAULT_INITIALIZE
 from .tunnels import Tunnels, open_tunnels
 
-__all__ = ["DEFAULT_INITIALIZE", "run_shim", "worker_link", "worker_link_policy"]
+__all__ = ["DEFAULT_INITIALIZE", "program_env", "run_dir_of", "run_shim", "worker_link",
+           "worker_link_policy"]  # fmt: skip
 
 log = logging.getLogger("tether.worker")
 
@@ -115,7 +116,7 @@ async def run_shim(
     why the job ended (requeued, preempted, cancelled). ``allow_tunnels``: serve the user's
     shells, commands and port forwards into the run (``worker_shim/tunnels.py``)."""
     say = on_event or (lambda _text: None)
-    run_dir = runs_dir / f"{record.id}-{record.attempt}"
+    run_dir = run_dir_of(runs_dir, record)
     log_path = runs_dir / f"{record.id}-{record.attempt}.log"
     news = _LinkNews(say, record.id)
     async with worker_link(
@@ -127,7 +128,7 @@ async def run_shim(
             return None
         try:
             async with open_tunnels(
-                relay_url, record, run_dir, _program_env(record, env), allowed=allow_tunnels,
+                relay_url, record, run_dir, program_env(record, env), allowed=allow_tunnels,
                 say=say,
             ) as tunnels:  # fmt: skip
                 return await _attempt(link, record, manifest, run_dir, log_path, fetch, cache,
@@ -144,6 +145,11 @@ async def run_shim(
                         await _status(last, StatusEvent.WORKER_STOPPED, detail="the worker stopped")
                         await last.flush()
             raise
+
+
+def run_dir_of(runs_dir: Path, record: RunRecord) -> Path:
+    """The directory of ``record``'s current attempt under ``runs_dir``."""
+    return runs_dir / f"{record.id}-{record.attempt}"
 
 
 def worker_link(
@@ -189,7 +195,7 @@ async def _attempt(
         say(f"run {record.id}: cannot materialise the snapshot: {exc}")
         return None
     say(f"run {record.id} attempt {record.attempt}: {files} files in {run_dir}")
-    env = _program_env(record, env)
+    env = program_env(record, env)
     async with open_program_output(link, record.attempt, record.spec.secrets()) as output:
         if not record.spec.debug:
             with tempfile.TemporaryDirectory(prefix="tether-attach-") as where:
@@ -224,7 +230,7 @@ async def _attempt(
 WORKER_ONLY_ENV = frozenset({"TETHER_TOKEN", "TETHER_CONFIG"})
 
 
-def _program_env(record: RunRecord, env: dict[str, str] | None) -> dict[str, str]:
+def program_env(record: RunRecord, env: dict[str, str] | None) -> dict[str, str]:
     """The program's environment (and its tunnels' commands'): the worker's, without its own
     credentials, the run's (secrets included), then what the worker adds (its GPUs)."""
     inherited = {k: v for k, v in os.environ.items() if k not in WORKER_ONLY_ENV}

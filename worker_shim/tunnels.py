@@ -279,13 +279,15 @@ async def open_tunnels(
     *,
     allowed: bool = True,
     say: Callable[[str], None] = lambda _text: None,
+    ending: str = "",
 ) -> AsyncIterator[Tunnels]:
-    """The attempt's tunnels, served until the block ends (then what still runs is ended)."""
+    """The attempt's tunnels, served until the block ends (then what still runs is ended, its
+    ``exit`` saying ``ending``: by default, that the attempt ended)."""
     async with trio.open_nursery() as nursery:
         tunnels = Tunnels(relay, record, run_dir, env, nursery, allowed=allowed, say=say)
         try:
             yield tunnels
         finally:
             with trio.CancelScope(shield=True):
-                await tunnels.end(f"run {record.id}'s attempt {record.attempt} ended")
+                await tunnels.end(ending or f"run {record.id}'s attempt {record.attempt} ended")
             nursery.cancel_scope.cancel()

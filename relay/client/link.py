@@ -119,6 +119,7 @@ class RunLink:
         attempt: int = 0,
         early: bool = False,
         tunnel: str = "",
+        after: bool = False,
     ) -> None:
         self.endpoint = endpoint(target)
         self.url = self.endpoint.url
@@ -136,6 +137,7 @@ class RunLink:
             attempt=attempt,
             early=early,
             tunnel=tunnel,
+            after=after,
             outbox_entries=p.outbox_entries,
             outbox_bytes=p.outbox_bytes,
             report_every=p.report_every,
@@ -429,6 +431,7 @@ async def open_run_link(
     attempt: int = 0,
     early: bool = False,
     tunnel: str = "",
+    after: bool = False,
 ) -> AsyncIterator[RunLink]:
     """A :class:`RunLink`, connected once before this returns (else :class:`RelayError`).
 
@@ -450,6 +453,7 @@ async def open_run_link(
         on_state=on_state,
         early=early,
         tunnel=tunnel,
+        after=after,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(link.maintain)

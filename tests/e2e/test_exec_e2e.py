@@ -57,9 +57,10 @@ async def test_exec_runs_a_command_in_the_run_and_returns_its_status(tmp_path: P
             async with tether("cancel", run_id, "--relay", relay, home=home, name="cancel") as c:
                 await c.process.wait()
             await logs.wait_line(r"-- tether: run \S+ cancelled", timeout=60)
-        done = await _exec(home, relay, run_id, "true")
-        assert done.returncode == 255
-        assert b"has ended (cancelled): no worker serves it any more" in done.stderr
+        # the run ended; its pool keeps its directory, and serves its tunnels there
+        await pool.wait_line(rf"run {run_id}: its directory stays here", timeout=60)
+        done = await _exec(home, relay, run_id, "sh", "-c", "ls; echo $WHO")
+        assert (done.returncode, done.stdout) == (0, b"waits.py\ntether\n")
 
 
 async def _commands(home: Path, relay: str, run_id: str) -> None:
