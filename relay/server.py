@@ -43,6 +43,7 @@ from .audit import AuditTrail
 from .auth import TokenStore
 from .blobs import BlobStore, MemoryBlobStore
 from .claims import Claims
+from .client import ws_flow  # noqa: F401  (a websockets.trio fix, applied on import)
 from .config import SERVER_NAME, RelayConfig
 from .control import Control
 from .fanout import Fanout

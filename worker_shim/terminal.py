@@ -21,10 +21,9 @@ from pathlib import Path
 
 import trio
 
-from protocol_specs import wire
 from protocol_specs.tunnels import CHUNK, TunnelSpec
-from protocol_specs.wire import TunnelEntry, WireError
-from relay.client import RunLink
+from protocol_specs.wire import TunnelEntry
+from relay.client import RunLink, tunnel_steps
 
 from .debuggee import terminate_group
 
@@ -110,13 +109,7 @@ async def _screen(link: RunLink, terminal: trio.lowlevel.FdStream, shown: trio.E
 
 async def _keys(link: RunLink, terminal: trio.lowlevel.FdStream, master: int) -> None:
     """What comes up the tunnel, to the terminal: keys, and the window's size."""
-    async for delivery in link.deliveries:
-        try:
-            entry = wire.decode_entry(delivery.entry)
-        except WireError:
-            continue
-        if not isinstance(entry, TunnelEntry):
-            continue
+    async for entry in tunnel_steps(link):
         if entry.op == "data":
             with suppress(OSError, trio.BrokenResourceError, trio.ClosedResourceError):
                 await terminal.send_all(entry.data)

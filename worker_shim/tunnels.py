@@ -25,8 +25,8 @@ import trio
 from protocol_specs import wire
 from protocol_specs.runs import RunRecord
 from protocol_specs.tunnels import CHUNK, TunnelSpec
-from protocol_specs.wire import Role, TunnelEntry, WireError
-from relay.client import RelayError, RunLink, Target, open_run_link
+from protocol_specs.wire import Role, TunnelEntry
+from relay.client import RelayError, RunLink, Target, open_run_link, tunnel_steps
 
 from .debuggee import terminate_group
 from .process_names import read_proc
@@ -220,13 +220,7 @@ async def _forward(link: RunLink, port: int) -> tuple[int | None, str]:
     async with stream:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_pump, link, stream, 1)
-            async for delivery in link.deliveries:
-                try:
-                    entry = wire.decode_entry(delivery.entry)
-                except WireError:
-                    continue
-                if not isinstance(entry, TunnelEntry):
-                    continue
+            async for entry in tunnel_steps(link):
                 try:
                     if entry.op == "data":
                         await stream.send_all(entry.data)
@@ -252,14 +246,7 @@ async def _pump(link: RunLink, stream: trio.abc.ReceiveStream, fd: int) -> None:
 
 async def _feed(link: RunLink, process: trio.Process) -> None:
     """What comes up the tunnel, to the command: its stdin and signals."""
-    async for delivery in link.deliveries:
-        try:
-            entry = wire.decode_entry(delivery.entry)
-        except WireError as exc:
-            log.warning("tunnel: skipping a malformed entry: %s", exc.message)
-            continue
-        if not isinstance(entry, TunnelEntry):
-            continue
+    async for entry in tunnel_steps(link):
         if entry.op == "data" and process.stdin is not None:
             with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await process.stdin.send_all(entry.data)

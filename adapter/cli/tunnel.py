@@ -20,8 +20,8 @@ import trio
 
 from protocol_specs import wire
 from protocol_specs.tunnels import CHUNK, TunnelSpec
-from protocol_specs.wire import Role, TunnelEntry, WireError
-from relay.client import Endpoint, LinkPolicy, RunLink, open_control, open_run_link
+from protocol_specs.wire import Role, TunnelEntry
+from relay.client import Endpoint, LinkPolicy, RunLink, open_control, open_run_link, tunnel_steps
 
 from .errors import control_call, relay_error
 from .settings import resolve_relay
@@ -158,13 +158,7 @@ async def _local_to_tunnel(stream: trio.SocketStream, link: RunLink) -> None:
 async def _tunnel_to_local(link: RunLink, stream: trio.SocketStream) -> TunnelEntry:
     """What the worker's end of the connection sends, to the local one, until the tunnel's
     ``exit`` (returned)."""
-    async for delivery in link.deliveries:
-        try:
-            entry = wire.decode_entry(delivery.entry)
-        except WireError:
-            continue
-        if not isinstance(entry, TunnelEntry):
-            continue
+    async for entry in tunnel_steps(link):
         try:
             if entry.op == "data":
                 await stream.send_all(entry.data)
@@ -312,13 +306,7 @@ async def _resizes(link: RunLink, fd: int) -> None:
 
 async def _receive(link: RunLink, out: dict[int, BinaryIO]) -> TunnelEntry:
     """What comes down, to ``out``, until the worker's ``exit`` (which is returned)."""
-    async for delivery in link.deliveries:
-        try:
-            entry = wire.decode_entry(delivery.entry)
-        except WireError:
-            continue
-        if not isinstance(entry, TunnelEntry):
-            continue
+    async for entry in tunnel_steps(link):
         if entry.op == "data" and entry.fd in out:
             sink = out[entry.fd]
             sink.write(entry.data)

@@ -48,7 +48,7 @@ from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 
 from .connect import RelayError, Target, endpoint
 
-__all__ = ["FLUSH_TIMEOUT", "LinkPolicy", "RunLink", "open_run_link"]
+__all__ = ["FLUSH_TIMEOUT", "LinkPolicy", "RunLink", "open_run_link", "tunnel_steps"]
 
 log = logging.getLogger("tether.relay.client")
 
@@ -463,3 +463,29 @@ async def open_run_link(
                 await link.flush()  # a clean exit leaves nothing unstored
         finally:
             nursery.cancel_scope.cancel()
+
+
+def tunnel_steps(link: RunLink) -> AsyncIterator[wire.TunnelEntry]:
+    """The :class:`~protocol_specs.wire.TunnelEntry` steps a tunnel's link delivers, in order
+    (anything else, or malformed, is skipped: it cannot come from a well-behaved peer). An
+    iterator over the link's deliveries, not a generator: leaving a loop over it early leaves
+    nothing to finalise."""
+    return _TunnelSteps(link)
+
+
+class _TunnelSteps:
+    def __init__(self, link: RunLink) -> None:
+        self._deliveries = link.deliveries
+
+    def __aiter__(self) -> _TunnelSteps:
+        return self
+
+    async def __anext__(self) -> wire.TunnelEntry:
+        while True:
+            delivery = await self._deliveries.__anext__()  # StopAsyncIteration: the link ended
+            try:
+                entry = wire.decode_entry(delivery.entry)
+            except WireError:
+                continue
+            if isinstance(entry, wire.TunnelEntry):
+                return entry

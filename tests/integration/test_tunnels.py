@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -159,10 +160,13 @@ async def running(
 
 async def _until_output(url: Endpoint, run_id: str, text: bytes) -> None:
     seen = trio.Event()
+    output = bytearray()  # a line may come in pieces
 
     def show(entry: wire.LogEntry | wire.StatusEntry) -> None:
-        if isinstance(entry, wire.LogEntry) and text in entry.data:
-            seen.set()
+        if isinstance(entry, wire.LogEntry):
+            output.extend(entry.data)
+            if text in output:
+                seen.set()
 
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -449,11 +453,14 @@ async def test_a_command_runs_as_one_of_the_runs_processes_and_only_those(tmp_pa
 async def _child_pid(stack: Stack) -> int:
     found: list[int] = []
     got = trio.Event()
+    output = bytearray()  # a line may come in pieces (each of print's writes, unbuffered)
 
     def show(entry: wire.LogEntry | wire.StatusEntry) -> None:
-        if isinstance(entry, wire.LogEntry) and b"child " in entry.data:
-            found.append(int(entry.data.split()[1]))
-            got.set()
+        if isinstance(entry, wire.LogEntry):
+            output.extend(entry.data)
+            if (m := re.search(rb"child (\d+)\n", output)) and not found:
+                found.append(int(m[1]))
+                got.set()
 
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:

@@ -1,0 +1,50 @@
+"""A fix to ``websockets.trio`` (17.x): a connection's reader never waits behind its writer.
+
+``Connection.recv_events`` (the task that reads the socket) calls ``send_data()`` after every
+read, to write what the protocol queued in answer (a pong, a close). ``send_data()`` takes the
+connection's send lock even when there is nothing to write. When both ends send a lot at once
+(a tunnel carrying megabytes each way), each end's writer blocks in ``send_all`` (the other end
+reads no more), holding its lock, and each end's reader waits for that lock, so neither end reads
+again: a deadlock (seen: ``tether exec RUN -- cat`` of 2 MiB hung about one time in ten).
+
+Patched ``send_data``: called by the reader, it returns at once when there is nothing to write,
+and when the writer holds the lock it leaves what there is (a pong) to a task of the connection's
+own, which writes it once the lock is free; the reader goes on reading. Everything else (every
+``send()``, which must wait for its bytes to be written) is as before. Applied once, on import;
+if ``websockets`` is not as this was written against, nothing is patched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from websockets.trio.connection import Connection
+
+__all__ = ["PATCHED"]
+
+
+def _apply() -> bool:
+    original: Any = getattr(Connection, "send_data", None)
+    recv_events: Any = getattr(Connection, "recv_events", None)
+    if original is None or recv_events is None or getattr(original, "_tether", False):
+        return bool(getattr(original, "_tether", False))
+    reader_code = recv_events.__code__
+
+    async def send_data(self: Any) -> None:
+        coro = trio.lowlevel.current_task().coro
+        if getattr(coro, "cr_code", None) is reader_code:  # the connection's reader
+            if not self.protocol.writes:
+                return
+            if self.send_lock.locked():
+                self.nursery.start_soon(original, self)
+                return
+        await original(self)
+
+    send_data._tether = True  # type: ignore[attr-defined]
+    Connection.send_data = send_data  # type: ignore[method-assign]
+    return True
+
+
+#: whether the fix is in place (``websockets`` as known)
+PATCHED = _apply()
