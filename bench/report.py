@@ -209,7 +209,7 @@ def _flood(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
 
 
 def _responsiveness(r: dict[str, dict[str, Any]], lines: int) -> list[str]:
-    def ms(x: float | None) -> str:
+    def ms_or_none(x: float | None) -> str:
         return "-" if x is None else ms(x)
 
     rows = [
@@ -235,9 +235,9 @@ def _responsiveness(r: dict[str, dict[str, Any]], lines: int) -> list[str]:
         stop = x["pause_to_stopped_ms"]
         rows.append(
             f"| {name} | {x['threads_answered']} of {x['threads_sent']} "
-            f"| {ms(x['threads_median_ms'])} | {ms(x['threads_max_ms'])} "
+            f"| {ms_or_none(x['threads_median_ms'])} | {ms_or_none(x['threads_max_ms'])} "
             f"| {'-' if waited is None else f'{waited:.1f} s'} "
-            f"| {'none within the window' if stop is None else ms(stop)} "
+            f"| {'none within the window' if stop is None else ms_or_none(stop)} "
             f"| {count(x['printed_at_stop'])} | {count(x['lines_before_stopped'])} |"
         )
     return rows

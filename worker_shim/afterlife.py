@@ -76,7 +76,8 @@ class Afterlives:
                     ) as tunnels:
                         async for delivery in link.deliveries:
                             tunnels.open(parse_delivery(delivery)[1])
-        except RelayError as exc:  # retried elsewhere (an earlier attempt's token), or gone
-            log.info("run %s: no longer serving its ended attempt's tunnels: %s", record.id, exc)
+        except* RelayError as group:  # retried (this token is an earlier attempt's), or gone
+            why = group.exceptions[0]
+            log.info("run %s: no longer serving its ended attempt's tunnels: %s", record.id, why)
         finally:
             self.serving.pop(run_dir, None)

@@ -133,8 +133,8 @@ class Tunnels:
                     if scope.cancelled_caught:
                         code, detail = None, self._ended
                 await link.publish(TunnelEntry(op="exit", code=code, detail=detail))
-        except RelayError as exc:
-            log.warning("run %s: tunnel %s: %s", record.id, tunnel, exc)
+        except* RelayError as group:  # the link's refusal comes wrapped in its exception group
+            log.warning("run %s: tunnel %s: %s", record.id, tunnel, group.exceptions[0])
 
     async def end(self, why: str) -> None:
         """The attempt is over: every tunnel's command is ended, and its ``exit`` says ``why``
