@@ -311,3 +311,4 @@ class SlurmBackend:
         self._stale.pop(job.job, None)
         self._save()
         (self.state_dir / "credentials" / f"{job.run}-{job.attempt}.json").unlink(missing_ok=True)
+        self.say(f"run {job.run} attempt {job.attempt}: done with Slurm job {job.job}")

@@ -8,8 +8,9 @@ reads no more), holding its lock, and each end's reader waits for that lock, so 
 again: a deadlock (seen: ``tether exec RUN -- cat`` of 2 MiB hung about one time in ten).
 
 Patched ``send_data``: called by the reader, it returns at once when there is nothing to write,
-and when the writer holds the lock it leaves what there is (a pong) to a task of the connection's
-own, which writes it once the lock is free; the reader goes on reading. Everything else (every
+and when the writer holds the lock while the connection is open it leaves what there is (a pong)
+to a task of the connection's own, which writes it once the lock is free; the reader goes on
+reading. Once the closing handshake began, the reader writes as it always did. Everything else (every
 ``send()``, which must wait for its bytes to be written) is as before. Applied once, on import;
 if ``websockets`` is not as this was written against, nothing is patched.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import trio
+from websockets.protocol import State
 from websockets.trio.connection import Connection
 
 __all__ = ["PATCHED"]
@@ -36,14 +38,24 @@ def _apply() -> bool:
         if getattr(coro, "cr_code", None) is reader_code:  # the connection's reader
             if not self.protocol.writes:
                 return
-            if self.send_lock.locked():
-                self.nursery.start_soon(original, self)
+            if self.send_lock.locked() and self.protocol.state is State.OPEN:
+                # open, the reader's only answer is a pong; a close it writes as ever (in order)
+                self.nursery.start_soon(_flush, original, self)
                 return
         await original(self)
 
     send_data._tether = True  # type: ignore[attr-defined]
     Connection.send_data = send_data  # type: ignore[method-assign]
     return True
+
+
+async def _flush(original: Any, connection: Any) -> None:
+    """Write what the reader left (a pong, a close) once the writer is done; a connection that
+    broke meanwhile is the reader's to notice (as the unpatched reader would have)."""
+    try:
+        await original(connection)
+    except Exception:  # the reader sees the broken stream and reports it
+        pass
 
 
 #: whether the fix is in place (``websockets`` as known)

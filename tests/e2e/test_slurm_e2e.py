@@ -102,6 +102,8 @@ async def test_run_on_slurm_with_logs_status_and_the_job_id(
                 await run.wait_line(rf"-- tether: run {run_id} succeeded")
                 assert await run.process.wait() == 0
             info = await trio.to_thread.run_sync(slurm.wait_job_state, job, {"COMPLETED"}, 30)
+            # the backend saw it end too: its credentials are gone
+            await backend.wait_line(rf"run {run_id} attempt 1: done with Slurm job {job}")
             assert info["TimeLimit"] == "00:10:00" and info["NumCPUs"] == "1"
             async with tether("status", run_id, home=home, name="status") as status:
                 await status.process.wait()
