@@ -14,6 +14,7 @@ import errno
 import fcntl
 import os
 import shutil
+import signal
 import struct
 import termios
 from contextlib import suppress
@@ -77,7 +78,7 @@ async def run_shell(
     terminal = trio.lowlevel.FdStream(master)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_keys, link, terminal, master)
+            nursery.start_soon(_keys, link, terminal, master, process.pid)
             shown = trio.Event()
             nursery.start_soon(_screen, link, terminal, shown)
             code = await process.wait()
@@ -107,8 +108,9 @@ async def _screen(link: RunLink, terminal: trio.lowlevel.FdStream, shown: trio.E
     shown.set()
 
 
-async def _keys(link: RunLink, terminal: trio.lowlevel.FdStream, master: int) -> None:
-    """What comes up the tunnel, to the terminal: keys, and the window's size."""
+async def _keys(link: RunLink, terminal: trio.lowlevel.FdStream, master: int, pid: int) -> None:
+    """What comes up the tunnel, to the terminal: keys, the window's size, and a hang-up (the
+    user's side went: ``SIGHUP`` to the shell's session, as a closed terminal does)."""
     async for entry in tunnel_steps(link):
         if entry.op == "data":
             with suppress(OSError, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -116,3 +118,6 @@ async def _keys(link: RunLink, terminal: trio.lowlevel.FdStream, master: int) ->
         elif entry.op == "resize" and entry.cols and entry.rows:
             with suppress(OSError):
                 set_size(master, entry.cols, entry.rows)
+        elif entry.op == "signal" and entry.detail == "SIGHUP":
+            with suppress(OSError):
+                os.killpg(pid, signal.SIGHUP)

@@ -12,7 +12,7 @@ import sys
 import termios
 import tty
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import partial
 from typing import BinaryIO
 
@@ -76,8 +76,8 @@ async def cmd_shell(args: argparse.Namespace) -> int:
 
 
 async def cmd_port_forward(args: argparse.Namespace) -> int:
+    forwards = [_forward_spec(text) for text in args.forwards]  # bad input: said first
     relay = resolve_relay(args.relay, args)
-    forwards = [_forward_spec(text) for text in args.forwards]
     async with open_control(relay, client="tether-port-forward") as control:
         record = await control_call(control.get_run(args.run))
     if record.finished or record.state.value not in ("running", "paused"):
@@ -267,13 +267,17 @@ async def run_tunnel(
             relay, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel, client="tether-cli",
             policy=tunnel_link_policy(),
         ) as link:  # fmt: skip
-            async with trio.open_nursery() as nursery:
-                if stdin is not None:
-                    nursery.start_soon(_send, link, stdin)
-                if window:
-                    nursery.start_soon(_resizes, link, stdin if stdin is not None else 0)
-                end = await _receive(link, out)
-                nursery.cancel_scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    if stdin is not None:
+                        nursery.start_soon(_send, link, stdin)
+                    if window:
+                        nursery.start_soon(_resizes, link, stdin if stdin is not None else 0)
+                    end = await _receive(link, out)
+                    nursery.cancel_scope.cancel()
+            except BaseException:  # Ctrl-C, a signal: the remote side hangs up too, as with ssh
+                await _hang_up(link)
+                raise
     except BaseException as exc:  # a refusal may come wrapped in the link's exception group
         refused = relay_error(exc)
         if refused is None:
@@ -282,6 +286,20 @@ async def run_tunnel(
     if end.code is None:
         return TETHER_FAILED, end.detail or "the command did not run"
     return end.code, end.detail
+
+
+async def _hang_up(link: RunLink) -> None:
+    """Tell the command (or shell) its user went (``SIGHUP``) and wait for its end, briefly,
+    whatever happens."""
+    with trio.CancelScope(shield=True), trio.move_on_after(HANG_UP_WAIT), suppress(Exception):
+        await link.publish(TunnelEntry(op="signal", detail="SIGHUP"))
+        async for entry in tunnel_steps(link):
+            if entry.op == "exit":
+                return
+
+
+#: how long tether waits, after Ctrl-C, for the remote command to end
+HANG_UP_WAIT = 3.0
 
 
 async def _send(link: RunLink, fd: int) -> None:

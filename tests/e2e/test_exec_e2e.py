@@ -5,6 +5,8 @@ processes: ``tether up``'s relay and Redis, a worker pool running a plain run, t
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -74,6 +76,18 @@ async def _commands(home: Path, relay: str, run_id: str) -> None:
     done = await _exec(home, relay, run_id, "no-such-command")
     assert done.returncode == 127
     assert b"cannot run no-such-command" in done.stderr
+    # Ctrl-C: tether says nothing more (no traceback), and the remote command hangs up too
+    async with tether(
+        "exec", run_id, "--relay", relay, "--", "sh", "-c", "echo started; exec sleep 120",
+        home=home, name="interrupted",
+    ) as interrupted:  # fmt: skip
+        await interrupted.wait_line("started")
+        os.kill(interrupted.process.pid, signal.SIGINT)
+        with trio.fail_after(30):
+            assert await interrupted.process.wait() == 130
+    assert "Traceback" not in interrupted.output
+    left = await _exec(home, relay, run_id, "sh", "-c", "pgrep -f 'slee[p] 120' || echo none")
+    assert left.stdout == b"none\n"
     async with tether("audit", run_id, "--relay", relay, home=home, name="audit") as audit:
         await audit.process.wait()
     assert "exec: cat" in audit.output and "exec: no-such-command" in audit.output
