@@ -1,7 +1,10 @@
 """Every Redis key tether uses, and the data model behind them.
 
-Per-run keys carry the run id in a ``{hash tag}`` so a Redis Cluster keeps all of a run's keys on one
-shard (multi-key operations on one run stay legal there).
+Per-run keys carry the run id in a ``{hash tag}`` so a Redis Cluster keeps all of a run's keys in
+one slot: every script names only keys of one run (a stream and the keys :func:`beside` it). The
+global keys (queues, leases, indexes, tokens, users) are each used by single-key commands only, so
+on a cluster they are spread over the masters by their own names; a stream without a hash tag (a
+queue) keeps its companion keys in its slot as ``{<stream>}:meta`` and so on.
 
 =============================  ======  =========================================  ============  ============
 key                            type    contents                                   written by    read by
@@ -15,6 +18,7 @@ key                            type    contents                                 
 ``tether:run:{R}:logs``        stream  program output chunks and attempt markers   relay         relay (logs)
 ``tether:run:{R}:<s>:meta``    hash    per producer: last number and its entry id; relay         relay
                                        ``bytes``: payload bytes held in stream <s>
+                                       (a queue's: ``{tether:queue:<b>}:meta``)
 ``tether:run:{R}:<s>:transient``  list  ``"<id> <size>"`` of <s>'s transient entries relay         relay (trim)
 ``tether:run:{R}:<s>:watchers``  set   relay processes delivering <s> (notices)    relay         relay (append)
 ``tether:run:{R}:tunnel:<T>:up`` stream a tunnel's entries, user -> worker (and        relay         relay
@@ -55,6 +59,8 @@ __all__ = [
     "RUNS",
     "TOKENS",
     "audit",
+    "beside",
+    "hash_tag",
     "held",
     "lease",
     "manifest",
@@ -160,19 +166,33 @@ def tunnel_keys(run_id: str, tunnel: str) -> list[str]:
     return out
 
 
+def hash_tag(key: str) -> str | None:
+    """The part of ``key`` a Redis Cluster hashes to find its slot, if not the whole key: what
+    stands between the first ``{`` and the first ``}`` after it, when that is not empty."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return key[start + 1 : end] if end > start + 1 else None
+
+
+def beside(key: str, suffix: str) -> str:
+    """A key named after ``key``, in ``key``'s hash slot (so one script may use both on a Redis
+    Cluster): ``key:suffix``, or ``{key}:suffix`` for a key without a hash tag (hashed whole)."""
+    return f"{key}:{suffix}" if hash_tag(key) is not None else f"{{{key}}}:{suffix}"
+
+
 def meta_key(stream: str) -> str:
     """The hash :meth:`~relay.store.Store.append_once` keeps a stream's producers and byte count in."""
-    return f"{stream}:meta"
+    return beside(stream, "meta")
 
 
 def watchers_key(stream: str) -> str:
     """The set of listeners (relay processes) that deliver ``stream`` and want its notices."""
-    return f"{stream}:watchers"
+    return beside(stream, "watchers")
 
 
 def transient_key(stream: str) -> str:
     """The list of a stream's transient entries (``"<id> <size>"``) not yet trimmed."""
-    return f"{stream}:transient"
+    return beside(stream, "transient")
 
 
 #: a listener's (relay process's) pub/sub channel for append notices is this prefix and its id

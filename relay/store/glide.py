@@ -39,16 +39,17 @@ from .base import (
 from .glide_connection import (
     GlideReader,
     as_text,
-    glide_config,
+    create_client,
     glide_errors,
     numbered_entries,
+    open_client,
     quiet_glide,
     redact,
     stream_entries,
 )
 
 if TYPE_CHECKING:
-    from glide import GlideClient, GlideClientConfiguration
+    from .glide_connection import Client, Config
 
 __all__ = ["GlideStore"]
 
@@ -74,24 +75,24 @@ def _appended(reply: object) -> Appended:
 class GlideStore:
     """A :class:`Store` on a Redis-compatible server through valkey-glide. Use :func:`open_store`."""
 
-    def __init__(self, client: GlideClient, config: GlideClientConfiguration, url: str) -> None:
+    def __init__(self, client: Client, config: Config, url: str) -> None:
+        import glide
+
         self._client = client
         self._config = config
         self._url = redact(url)
+        #: a Redis Cluster: the subscriber's connections are one per node
+        self.cluster = isinstance(client, glide.GlideClusterClient)
 
     def __repr__(self) -> str:
-        return f"<GlideStore {self._url}>"
+        return f"<GlideStore {self._url}{' (cluster)' if self.cluster else ''}>"
 
     @classmethod
     async def connect(
         cls, url: str, *, request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
     ) -> GlideStore:
-        import glide
-
-        config = glide_config(url, request_timeout_ms)
         quiet_glide()
-        with glide_errors(f"cannot connect to {redact(url)}"):
-            client = await glide.GlideClient.create(config)
+        client, config = await open_client(url, request_timeout_ms)
         return cls(client, config, url)
 
     async def _script(
@@ -246,22 +247,23 @@ class GlideStore:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        import glide
 
-        modes = glide.GlideClientConfiguration.PubSubChannelModes
+        # a cluster's PUBLISH reaches every node: one subscription on any node hears them all
+        # (sharded pub/sub does not fit: an append's script may only publish to its run's slot)
         config = copy.copy(self._config)
-        config.pubsub_subscriptions = glide.GlideClientConfiguration.PubSubSubscriptions(
-            channels_and_patterns={modes.Exact: {NOTICE_CHANNEL + listener}},
+        kind = type(config)
+        config.pubsub_subscriptions = kind.PubSubSubscriptions(
+            channels_and_patterns={kind.PubSubChannelModes.Exact: {NOTICE_CHANNEL + listener}},
             callback=None,
             context=None,
         )
         with glide_errors("cannot subscribe to append notices"):
-            subscriber = await glide.GlideClient.create(config)
+            subscriber = await create_client(config)
         ticks = _Ticks(listener, sink)
         try:
             async with trio.open_nursery() as nursery:
                 with glide_errors("CLIENT ID"):
-                    ticks.connection(await subscriber.custom_command(["CLIENT", "ID"]))
+                    ticks.connection(await self._connection_ids(subscriber))
                 nursery.start_soon(self._tick, ticks, subscriber)
                 task_status.started()
                 while True:
@@ -271,14 +273,23 @@ class GlideStore:
             with trio.CancelScope(shield=True):
                 await subscriber.close()
 
-    async def _tick(self, ticks: _Ticks, subscriber: GlideClient) -> None:
+    async def _connection_ids(self, subscriber: Client) -> object:
+        """The subscriber's connection id (a cluster: its id on every node): a change means glide
+        reconnected, and resubscribed, since the last look."""
+        import glide
+
+        if isinstance(subscriber, glide.GlideClusterClient):
+            return await subscriber.custom_command(["CLIENT", "ID"], glide.AllNodes())
+        return await subscriber.custom_command(["CLIENT", "ID"])
+
+    async def _tick(self, ticks: _Ticks, subscriber: Client) -> None:
         """Every ``TICK_SECONDS``: has the subscriber connection been replaced (glide reconnects
         and resubscribes by itself, and whatever was published meanwhile is gone)? Then publish a
         numbered tick to ourselves, and say "maybe lost" when our own ticks are late."""
         while True:
             try:
                 with glide_errors("CLIENT ID"):
-                    ticks.connection(await subscriber.custom_command(["CLIENT", "ID"]))
+                    ticks.connection(await self._connection_ids(subscriber))
                 with glide_errors("PUBLISH tick"):
                     await self._client.publish(ticks.next(), NOTICE_CHANNEL + ticks.nonce)
             except StoreError as exc:

@@ -7,10 +7,11 @@ glide client of its own; plain commands share :class:`~relay.store.glide.GlideSt
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import trio
@@ -26,14 +27,25 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from glide import GlideClient, GlideClientConfiguration
+    from glide import (
+        GlideClient,
+        GlideClientConfiguration,
+        GlideClusterClient,
+        GlideClusterClientConfiguration,
+    )
+
+    #: a single server's or a cluster's (``relay/store/__init__.py``)
+    Client: TypeAlias = GlideClient | GlideClusterClient
+    Config: TypeAlias = GlideClientConfiguration | GlideClusterClientConfiguration
 
 __all__ = [
     "GlideReader",
     "as_text",
+    "create_client",
     "glide_config",
     "glide_errors",
     "numbered_entries",
+    "open_client",
     "quiet_glide",
     "redact",
     "stream_entries",
@@ -45,8 +57,6 @@ log = logging.getLogger("tether.store")
 _PAYLOAD_FIELD_BYTES = PAYLOAD_FIELD.encode()
 _PRODUCER_FIELD_BYTES = PRODUCER_FIELD.encode()
 _NUMBER_FIELD_BYTES = NUMBER_FIELD.encode()
-
-log = logging.getLogger("tether.store")
 
 _glide_logging_configured = False
 
@@ -65,10 +75,8 @@ def redact(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    hosts = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{hosts}"))
 
 
 def _database(text: str, url: str) -> int | None:
@@ -79,8 +87,25 @@ def _database(text: str, url: str) -> int | None:
     return int(text)
 
 
-def glide_config(url: str, request_timeout_ms: int) -> GlideClientConfiguration:
-    """``redis://[user:password@]host[:port][/db]``, ``rediss://`` (TLS), ``unix:///path[?db=N]``."""
+def _hosts(netloc: str, url: str) -> list[tuple[str, int]]:
+    """``host[:port][,host[:port]...]`` after any ``user:password@`` (a cluster's seed nodes)."""
+    hosts = []
+    for one in netloc.rpartition("@")[2].split(","):
+        parts = urlsplit(f"//{one}")
+        try:
+            port = parts.port or 6379
+        except ValueError:
+            raise ValueError(f"bad port in store URL {redact(url)!r}") from None
+        hosts.append((parts.hostname or "localhost", port))
+    return hosts
+
+
+def glide_config(
+    url: str, request_timeout_ms: int, *, cluster: bool = False, host: int = 0
+) -> Config:
+    """``redis://[user:password@]host[:port][,host[:port]...][/db]``, ``rediss://`` (TLS),
+    ``unix:///path[?db=N]``. ``cluster``: a Redis Cluster's configuration (every host a seed node;
+    database 0 only); else a single server's, on the ``host``-th host."""
     import glide
 
     parts = urlsplit(url)
@@ -89,10 +114,10 @@ def glide_config(url: str, request_timeout_ms: int) -> GlideClientConfiguration:
             raise ValueError(
                 f"unix socket URL needs an absolute path (unix:///...): {redact(url)!r}"
             )
-        address = glide.NodeAddress(unix_socket_path=unquote(parts.path))
+        addresses = [glide.NodeAddress(unix_socket_path=unquote(parts.path))]
         database = _database(parse_qs(parts.query).get("db", [""])[0], url)
     elif parts.scheme in ("redis", "rediss", "valkey", "valkeys"):
-        address = glide.NodeAddress(parts.hostname or "localhost", parts.port or 6379)
+        addresses = [glide.NodeAddress(h, p) for h, p in _hosts(parts.netloc, url)]
         database = _database(parts.path.strip("/"), url)
     else:
         raise ValueError(
@@ -104,13 +129,86 @@ def glide_config(url: str, request_timeout_ms: int) -> GlideClientConfiguration:
         credentials = glide.ServerCredentials(
             password=unquote(parts.password), username=unquote(parts.username or "") or None
         )
+    tls = parts.scheme in ("rediss", "valkeys")
+    if cluster:
+        if database:
+            raise ValueError(
+                f"a Redis Cluster has database 0 only, not {database}: {redact(url)!r}"
+            )
+        return glide.GlideClusterClientConfiguration(
+            addresses, use_tls=tls, credentials=credentials, request_timeout=request_timeout_ms
+        )
     return glide.GlideClientConfiguration(
-        [address],
-        use_tls=parts.scheme in ("rediss", "valkeys"),
+        [addresses[host]],
+        use_tls=tls,
         credentials=credentials,
         database_id=database,
         request_timeout=request_timeout_ms,
     )
+
+
+def seed_count(url: str) -> int:
+    """How many hosts ``url`` names (a cluster's seed nodes; 1 for a unix socket)."""
+    parts = urlsplit(url)
+    return 1 if parts.scheme == "unix" else len(_hosts(parts.netloc, url))
+
+
+async def create_client(config: Config) -> Client:
+    """A client for ``config``: a cluster client for a cluster's configuration."""
+    import glide
+
+    if isinstance(config, glide.GlideClusterClientConfiguration):
+        return await glide.GlideClusterClient.create(config)
+    return await glide.GlideClient.create(config)
+
+
+async def open_client(url: str, request_timeout_ms: int) -> tuple[Client, Config]:
+    """Connect to the server(s) at ``url``. A Redis Cluster is recognised by asking the first of
+    its hosts that answers (``INFO cluster``); it is then reached with every host as a seed."""
+    import glide
+
+    if urlsplit(url).scheme == "unix":
+        config = glide_config(url, request_timeout_ms)
+        with glide_errors(f"cannot connect to {redact(url)}"):
+            return await glide.GlideClient.create(config), config
+    failure = StoreError(f"cannot connect to {redact(url)}")
+    for host in range(seed_count(url)):
+        config = glide_config(url, request_timeout_ms, host=host)
+        probe = copy.copy(config)
+        probe.database_id = None  # a cluster refuses SELECT: ask it first
+        try:
+            with glide_errors(f"cannot connect to {redact(url)}"):
+                client = await glide.GlideClient.create(probe)
+        except StoreError as exc:
+            failure = exc
+            continue
+        try:
+            with glide_errors(f"INFO cluster on {redact(url)}"):
+                info = await client.info([glide.InfoSection.CLUSTER])
+        except BaseException:
+            await _close(client)
+            raise
+        if b"cluster_enabled:1" not in info and seed_count(url) == 1:
+            if not config.database_id:
+                return client, config
+            await _close(client)
+            with glide_errors(f"cannot connect to {redact(url)}"):
+                return await glide.GlideClient.create(config), config
+        await _close(client)
+        if b"cluster_enabled:1" not in info:
+            raise StoreError(
+                f"{redact(url)} names several hosts, but they are not the nodes of a Redis"
+                " Cluster: name the one host of a single server"
+            )
+        cluster = glide_config(url, request_timeout_ms, cluster=True)
+        with glide_errors(f"cannot connect to the Redis Cluster at {redact(url)}"):
+            return await create_client(cluster), cluster
+    raise failure
+
+
+async def _close(client: Client) -> None:
+    with trio.CancelScope(shield=True):
+        await client.close()
 
 
 @contextmanager
@@ -167,23 +265,21 @@ def stream_entries(reply: Mapping[bytes, list[list[bytes]] | None] | None) -> li
 class GlideReader:
     """A :class:`BlockingReader` owning one glide client; reconnects after a discarded client."""
 
-    def __init__(self, config: GlideClientConfiguration) -> None:
+    def __init__(self, config: Config) -> None:
         self._config = config
-        self._client: GlideClient | None = None
+        self._client: Client | None = None
         self._closed = False
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "connected" if self._client else "idle"
         return f"<GlideReader {state}>"
 
-    async def connect(self) -> GlideClient:
+    async def connect(self) -> Client:
         if self._closed:
             raise StoreError("blocking reader is closed")
         if self._client is None:
-            import glide
-
             with glide_errors("cannot open a blocking-read connection"):
-                self._client = await glide.GlideClient.create(self._config)
+                self._client = await create_client(self._config)
         return self._client
 
     async def aclose(self) -> None:
@@ -196,7 +292,7 @@ class GlideReader:
             with trio.CancelScope(shield=True):
                 await client.close()
 
-    async def _blocking(self, what: str, command: Callable[[GlideClient], Awaitable[_T]]) -> _T:
+    async def _blocking(self, what: str, command: Callable[[Client], Awaitable[_T]]) -> _T:
         import glide
 
         client = await self.connect()

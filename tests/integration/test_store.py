@@ -303,12 +303,14 @@ async def test_reclaim_takes_over_what_a_consumer_left_pending(store: Store) -> 
 # --- exactly-once appends, caps, trimming --------------------------------------------------------
 
 NO_CAP = Cap()
+#: a diversion's stream is in its numbered stream's hash slot (on a cluster, one script writes both)
+S_LOGS = "{s}:logs"
 
 
 async def test_read_numbered_names_the_publish_that_wrote_each_entry(store: Store) -> None:
     plain = await store.append("s", b"relay")
     one = await store.append_once("s", "ide-a", 1, b"a")
-    logs = Diversion("logs", maxlen=10)
+    logs = Diversion(S_LOGS, maxlen=10)
     await store.append_once("s", "ide-a", 2, b"log", divert=logs)
     three = await store.append_once("s", "w 1", 1, b"c")  # any producer text, spaces included
     assert await store.read_numbered("s", "0") == [
@@ -727,11 +729,11 @@ async def test_appends_notify_the_listeners_watching_their_stream(store: Store) 
         b = await _notices(store, "b", nursery)
         await store.watch("s", "a")
         await store.watch("s", "b")
-        await store.watch("logs", "a")
+        await store.watch(S_LOGS, "a")
         first = await store.append("s", b"1")
         second = await store.append_once("s", "p", 1, b"2", notify_except="b")
         third = await store.append_once(
-            "s", "p", 2, b"3", divert=Diversion("logs"), notify_except="b"
+            "s", "p", 2, b"3", divert=Diversion(S_LOGS), notify_except="b"
         )
         await store.append("elsewhere", b"x")  # watched by nobody
         await store.unwatch("s", "a")
@@ -742,7 +744,7 @@ async def test_appends_notify_the_listeners_watching_their_stream(store: Store) 
         assert got_a == [
             Notice("s", "0-0", first),
             Notice("s", first, second.cursor),
-            Notice("logs", "0-0", third.cursor),
+            Notice(S_LOGS, "0-0", third.cursor),
         ]
         assert second.prev == first and third.prev == "0-0"
         # b was spared the appends it made itself; notices on one channel keep their order
