@@ -29,6 +29,7 @@ from . import (
     processes,
     report,
     resume,
+    scale_out,
     snapshot,
     tunnels,
     wan,
@@ -45,6 +46,7 @@ BENCHES = (
     "wan",
     "debuggable",
     "tunnels",
+    "scale_out",
 )
 
 #: (full, quick) sizes
@@ -69,6 +71,9 @@ SIZES: dict[str, tuple[int, int]] = {
     "debuggable_runs": (15, 2),
     "keystrokes": (200, 5),
     "forward_mib": (256, 4),
+    "scale_sessions": (4_000, 20),  # idle sessions with each number of relays
+    "scale_pairs": (16, 2),
+    "scale_seconds": (5, 1),
 }
 
 #: (full, quick) round-trip times of the slow-link benchmark, ms (``--rtt-ms`` overrides)
@@ -190,6 +195,15 @@ async def run(
                 tether, tmp, size["keystrokes"], size["forward_mib"], rtts
             )
 
+    async def bench_scale_out() -> None:
+        figures["scale_out"] = await scale_out.run(
+            tmp / "home-scale",
+            size["scale_sessions"],
+            size["scale_pairs"],
+            size["requests"],
+            size["scale_seconds"],
+        )
+
     stages = {
         "latency": bench_latency,
         "flood": bench_flood,
@@ -201,6 +215,7 @@ async def run(
         "wan": bench_wan,
         "debuggable": bench_debuggable,
         "tunnels": bench_tunnels,
+        "scale_out": bench_scale_out,
     }
     for name, stage in stages.items():
         if name in only:

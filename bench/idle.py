@@ -35,7 +35,7 @@ _CONFIG = [
 ]
 
 
-async def _idle_session(
+async def idle_session(
     relay: Endpoint, run: str, done: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED
 ) -> None:
     async with open_run_link(relay, role=Role.IDE, run=run) as link:
@@ -85,7 +85,7 @@ async def run(
             try:
                 async with trio.open_nursery() as batch:
                     for run in runs[i : i + 100]:
-                        batch.start_soon(idle.start, _idle_session, relay, run, done)
+                        batch.start_soon(idle.start, idle_session, relay, run, done)
             except Exception as exc:  # a limit reached: report how far it got, and why
                 failure = f"{exc!r}"[:500]
                 break

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import DEBUGPY, FLOOR, TETHER, WAY_NAMES, Dist, ms, verdict
+from .scale_out import section as scale_out_section
 from .tunnels import section as tunnels_section
 
 
@@ -522,6 +523,7 @@ SECTIONS = {
     "wan": _wan,
     "debuggable": _debuggable,
     "tunnels": tunnels_section,
+    "scale_out": scale_out_section,
 }
 
 

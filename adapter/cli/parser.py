@@ -225,7 +225,8 @@ def _service_commands(sub: _Commands) -> None:
     s.add_argument(
         "--redis",
         default=os.environ.get("TETHER_REDIS", "redis://127.0.0.1:6379"),
-        help="Redis >= 6.2 or Valkey URL (redis://, unix://; default $TETHER_REDIS)",
+        help="Redis >= 6.2 or Valkey URL (redis://, unix://; a Redis Cluster: "
+        "redis://NODE[,NODE...], any of its nodes; default $TETHER_REDIS)",
     )
     s.add_argument(
         "--host",

@@ -24,10 +24,11 @@ from node_harness import (  # noqa: E402
     vscode_attach,
     vscode_initialize,
 )
-from stack import Proc, debug_run, relay_stack, tether, worker  # noqa: E402
+from stack import Proc, admin_token, debug_run, relay_stack, tether, worker  # noqa: E402
 
 __all__ = [
     "Proc",
+    "admin_token",
     "debug_run",
     "ensure_node_modules",
     "open_vscode_session",

@@ -39,6 +39,7 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
         "processes",
         "wan",
         "debuggable",
+        "scale_out",
     ):
         assert key in figures, (key, sorted(figures))
     # every latency figure has samples of all three ways
@@ -51,6 +52,12 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
             assert set(ways) == {"tether", "debugpy", "floor"}
             assert all(len(w["samples"]) > 0 for w in ways.values())
     assert figures["idle"]["sessions"] == 20
+    # several relays on a cluster: each configuration opened its idle sessions and echoed
+    scale = figures["scale_out"]["configurations"]
+    assert [(c["relays"], c["sessions"], c["failure"]) for c in scale] == [
+        (1, 20, ""), (2, 20, ""), (4, 20, "")
+    ]  # fmt: skip
+    assert all(c["round_trips_per_s"] > 0 and len(c["beside"]["samples"]) == 5 for c in scale)
     assert all(
         len(p[way]["samples"]) == 2
         for p in figures["debuggable"]["programs"].values()
@@ -78,5 +85,6 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
         "8. Processes",
         "9. Over a slow link",
         "10. Debuggable runs",
+        "12. Scale out",
     ):
         assert f"## {heading}" in report, heading
