@@ -10,7 +10,10 @@ Symlinks are kept as symlinks when they point inside the tree; one pointing out 
 /mnt/datasets``) is left out with a warning: hand such data to the run with ``--mount``.
 
 :func:`build_snapshot` hashes every file (SHA-256) into a :class:`~protocol_specs.snapshots.Manifest`;
-:func:`upload_snapshot` asks the relay which blobs it lacks and uploads those alone.
+:func:`submit_snapshot` uploads what the relay lacks and submits the run on the snapshot's root
+tree (``protocol_specs/trees.py``): the relay is asked about the root, then only about what each
+changed directory names, so a second submit of a big tree with one changed file sends that file
+and the few trees above it.
 
 Hashing a big tree on every submit would cost more than the upload it saves, so a
 :class:`HashCache` (one small file per working directory under ``$TETHER_HOME/cache``) remembers
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import os
 import stat
 import subprocess
@@ -33,10 +35,18 @@ from pathlib import Path
 from time import time_ns
 from typing import BinaryIO
 
+import msgpack
 import trio
 from pydantic import ValidationError
 
-from protocol_specs.snapshots import MAX_FILE_BYTES, Manifest, ManifestEntry
+from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.snapshots import (
+    MAX_FILE_BYTES,
+    Manifest,
+    ManifestEntry,
+    check_relative_path,
+)
+from protocol_specs.trees import Trees, build_trees
 from protocol_specs.wire import ErrorCode
 from relay.client import ControlClient, RelayError
 
@@ -48,6 +58,7 @@ __all__ = [
     "Uploaded",
     "build_snapshot",
     "list_files",
+    "submit_snapshot",
     "upload_snapshot",
 ]
 
@@ -80,6 +91,13 @@ def _size(n: float) -> str:
 
 def list_files(root: Path) -> list[str]:
     """Relative paths of the files and symlinks a snapshot of ``root`` contains, sorted."""
+    return [rel for rel, _ in scan(root)]
+
+
+def scan(root: Path) -> list[tuple[str, os.stat_result]]:
+    """The files and symlinks a snapshot of ``root`` contains, sorted by path, each with its
+    ``lstat`` (one system call a file: a second submit of a big tree is mostly this)."""
+    top = os.fspath(root)
     try:
         out = subprocess.run(
             ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -87,24 +105,29 @@ def list_files(root: Path) -> list[str]:
             capture_output=True,
             check=True,
         ).stdout
-        names = [n for n in out.decode().split("\0") if n]
-        found = [n for n in names if not _skipped(n) and _is_file_or_link(root / n)]
+        found = []
+        for rel in dict.fromkeys(out.decode().split("\0")):
+            if rel and not _skipped(rel) and (st := _file_or_link(os.path.join(top, rel))):
+                found.append((rel, st))
     except (OSError, subprocess.CalledProcessError):
-        found = _walk(root)
+        found = _walk(top)
     extra = _patterns(root / ".tetherignore")
-    return sorted({n for n in found if not _ignored(n, extra)})
+    if extra:
+        found = [(rel, st) for rel, st in found if not _ignored(rel, extra)]
+    found.sort(key=lambda item: item[0])
+    return found
 
 
-def _is_file_or_link(path: Path) -> bool:
+def _file_or_link(path: str) -> os.stat_result | None:
     try:
-        mode = path.lstat().st_mode
+        st = os.lstat(path)
     except OSError:
-        return False  # deleted but still in git's index
-    return stat.S_ISREG(mode) or stat.S_ISLNK(mode)
+        return None  # deleted but still in git's index
+    return st if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) else None
 
 
 def _skipped(rel: str) -> bool:
-    return any(part in ALWAYS_SKIPPED for part in Path(rel).parts)
+    return any(part in ALWAYS_SKIPPED for part in rel.split("/"))
 
 
 def _patterns(path: Path) -> list[str]:
@@ -131,26 +154,35 @@ def _ignored(rel: str, patterns: list[str]) -> bool:
     return False
 
 
-def _walk(root: Path) -> list[str]:
-    patterns = _patterns(root / ".gitignore")
+def _walk(top: str) -> list[tuple[str, os.stat_result]]:
+    """Every file and symlink under ``top`` but the usual caches and what the root
+    ``.gitignore`` names; a symlink to a directory is kept as a symlink, not entered."""
+    patterns = _patterns(Path(top, ".gitignore"))
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = os.path.relpath(dirpath, root)
-        keep = []
-        for d in dirnames:
-            rel = os.path.normpath(os.path.join(rel_dir, d))
-            if d in ALWAYS_SKIPPED or _ignored(rel, patterns):
-                continue
-            if os.path.islink(os.path.join(dirpath, d)):
-                found.append(rel)  # a symlink to a directory: kept as a symlink, not entered
-            else:
-                keep.append(d)
-        dirnames[:] = keep
-        for name in filenames:
-            rel = os.path.normpath(os.path.join(rel_dir, name))
-            if not _ignored(rel, patterns) and _is_file_or_link(Path(dirpath, name)):
-                found.append(rel)
-    return sorted(found)
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            entries = list(os.scandir(os.path.join(top, rel_dir)))
+        except OSError:
+            continue  # unreadable: left out, as os.walk does
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            try:
+                is_dir = entry.is_dir()
+                if is_dir and entry.name in ALWAYS_SKIPPED:
+                    continue
+                if patterns and _ignored(rel, patterns):
+                    continue
+                if entry.is_symlink():
+                    found.append((rel, entry.stat(follow_symlinks=False)))
+                elif is_dir:
+                    pending.append(rel)
+                elif entry.is_file(follow_symlinks=False):
+                    found.append((rel, entry.stat(follow_symlinks=False)))
+            except OSError:
+                continue  # gone meanwhile
+    return found
 
 
 @dataclass
@@ -163,7 +195,7 @@ class Snapshot:
     warnings: list[str] = field(default_factory=list)
 
 
-def _hash_file(path: Path) -> str:
+def _hash_file(path: str | Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1024 * 1024):
@@ -183,22 +215,22 @@ class HashCache:
         self._old: dict[str, list[int | str]] = {}
         self._new: dict[str, list[int | str]] = {}
         try:
-            loaded = json.loads(path.read_text())
+            loaded = msgpack.unpackb(path.read_bytes())
             if isinstance(loaded, dict):
                 self._old = loaded
-        except (OSError, ValueError):
+        except (OSError, ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
             pass
 
     @classmethod
     def for_tree(cls, cache_dir: Path, root: Path) -> HashCache:
         key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:32]
-        return cls(cache_dir / f"{key}.json")
+        return cls(cache_dir / f"{key}.msgpack")
 
     @staticmethod
     def _stamp(st: os.stat_result) -> list[int | str]:
         return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
-    def digest(self, rel: str, path: Path, st: os.stat_result) -> str:
+    def digest(self, rel: str, path: str | Path, st: os.stat_result) -> str:
         stamp = self._stamp(st)
         known = self._old.get(rel)
         if known is not None and known[:4] == stamp:
@@ -214,7 +246,7 @@ class HashCache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self._new, separators=(",", ":")))
+            tmp.write_bytes(msgpack.packb(self._new))
             tmp.replace(self.path)
         except OSError:
             pass
@@ -229,10 +261,10 @@ def build_snapshot(
     sources: dict[str, str] = {}
     warnings: list[str] = []
     total = 0
-    for rel in list_files(root):
-        path = root / rel
+    top = os.fspath(root)
+    for rel, st in scan(root):
+        path = os.path.join(top, rel)
         try:
-            st = path.lstat()
             if stat.S_ISLNK(st.st_mode):
                 target = os.readlink(path)
                 try:
@@ -256,14 +288,25 @@ def build_snapshot(
                     "--snapshot-limit"
                 )
             digest = cache.digest(rel, path, st) if cache else _hash_file(path)
+            check_relative_path(rel)
         except PermissionError:
             raise SnapshotError(
                 f"cannot read {rel}: permission denied; add it to .tetherignore"
             ) from None
         except OSError as exc:
             raise SnapshotError(f"cannot read {rel}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise SnapshotError(f"cannot snapshot {rel!r}: {exc}") from None
+        # built as checked here, not again field by field (the relay validates what it gets)
         entries.append(
-            ManifestEntry(path=rel, mode=st.st_mode & 0o777, size=st.st_size, digest=digest)
+            ManifestEntry.model_construct(
+                path=rel,
+                kind="file",
+                mode=st.st_mode & 0o777,
+                size=st.st_size,
+                digest=digest,
+                target="",
+            )
         )
         sources.setdefault(digest, rel)
     try:
@@ -280,18 +323,28 @@ class Uploaded:
     blobs: int  #: blobs uploaded
     bytes: int  #: bytes uploaded
     reused: int  #: blobs the relay already had
+    trees: int = 0  #: tree objects uploaded (``protocol_specs/trees.py``)
 
 
 async def upload_snapshot(
     control: ControlClient,
     snapshot: Snapshot,
     on_progress: Callable[[int, int], None] = lambda _done, _total: None,
+    *,
+    trees: Trees | None = None,
 ) -> Uploaded:
-    """Upload the blobs the relay lacks; ``on_progress(bytes done, bytes to do)`` as it goes."""
+    """Upload what the relay lacks of the snapshot; ``on_progress(bytes done, bytes to do)`` as it
+    goes. With ``trees``, the relay is asked top-down (an unchanged directory is one digest, its
+    files are not asked about) and the trees it lacks are uploaded after the files, deepest first;
+    without, it is asked about every file."""
     digests = snapshot.manifest.digests
-    missing = await control.missing_blobs(digests)
+    if trees is None:
+        missing, lacking_trees = await control.missing_blobs(digests), list[str]()
+    else:
+        missing, lacking_trees = await _missing_top_down(control, trees)
     sizes = {e.digest: e.size for e in snapshot.manifest.entries if e.kind == "file"}
-    todo = sum(sizes[d] for d in missing)
+    files = [d for d in missing if d in sizes]
+    todo = sum(sizes[d] for d in files)
     done = 0
 
     def count(n: int) -> None:
@@ -299,7 +352,7 @@ async def upload_snapshot(
         done += n
         on_progress(done, todo)
 
-    for digest in missing:
+    for digest in files:
         rel = snapshot.sources[digest]
         with open(snapshot.root / rel, "rb") as f:  # noqa: ASYNC230 (read in worker threads)
 
@@ -316,4 +369,55 @@ async def upload_snapshot(
                 if exc.code == ErrorCode.BAD_BLOB:
                     raise SnapshotError(f"{rel} changed while it was being uploaded") from None
                 raise
-    return Uploaded(blobs=len(missing), bytes=todo, reused=len(digests) - len(missing))
+    if trees is not None:
+        await _upload_trees(control, trees, lacking_trees)
+    return Uploaded(
+        blobs=len(files), bytes=todo, reused=len(digests) - len(files), trees=len(lacking_trees)
+    )
+
+
+async def _missing_top_down(control: ControlClient, trees: Trees) -> tuple[list[str], list[str]]:
+    """(what the relay lacks, the trees among it), asking about the root, then about what each
+    lacking tree names, level by level."""
+    lacking: list[str] = []
+    level = [trees.root]
+    while level:
+        missing = await control.missing_blobs(level)
+        lacking += missing
+        level = trees.children(d for d in missing if d in trees.blobs)
+    return lacking, [d for d in lacking if d in trees.blobs]
+
+
+async def submit_snapshot(
+    control: ControlClient,
+    spec: RunSpec,
+    snapshot: Snapshot,
+    on_progress: Callable[[int, int], None] = lambda _done, _total: None,
+) -> tuple[RunRecord, Uploaded]:
+    """Upload what the relay lacks of ``snapshot`` and submit ``spec`` on it, named by its root
+    tree. A relay that holds a tree but lost something below it (its blob collection spares what
+    was used lately, not what a kept tree names) refuses the submit: then every tree and file is
+    asked about and the submit made again."""
+    trees = build_trees(snapshot.manifest)
+    uploaded = await upload_snapshot(control, snapshot, on_progress, trees=trees)
+    try:
+        return await control.submit(spec, tree=trees.root), uploaded
+    except RelayError as exc:
+        if exc.code != ErrorCode.MISSING_BLOBS:
+            raise
+    again = await upload_snapshot(control, snapshot, on_progress)
+    await _upload_trees(control, trees, await control.missing_blobs(trees.order))
+    record = await control.submit(spec, tree=trees.root)
+    return record, Uploaded(
+        blobs=uploaded.blobs + again.blobs,
+        bytes=uploaded.bytes + again.bytes,
+        reused=again.reused,
+        trees=uploaded.trees,
+    )
+
+
+async def _upload_trees(control: ControlClient, trees: Trees, lacking: list[str]) -> None:
+    wanted = set(lacking)
+    for digest in trees.order:  # a tree after everything it names
+        if digest in wanted:
+            await control.put_blob(digest, trees.blobs[digest])

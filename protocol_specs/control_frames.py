@@ -15,11 +15,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from .auth import Scope, TokenInfo
 from .runs import RunRecord, RunSpec
-from .snapshots import BLOB_CHUNK, Digest, Manifest
+from .snapshots import BLOB_CHUNK, Digest, Manifest, check_digest
 from .tunnels import TunnelSpec
 from .wire_base import FROZEN, FrameType
 
@@ -80,13 +80,27 @@ class AuditEvent(StrEnum):
 
 
 class Submit(BaseModel):
-    """Queue a run of ``spec`` on the snapshot ``manifest`` (whose blobs the relay must hold)."""
+    """Queue a run of ``spec`` on the snapshot ``manifest``, or on the one the root tree ``tree``
+    names (``protocol_specs/trees.py``; ``manifest`` empty then). The relay must hold its blobs
+    and trees."""
 
     model_config = FROZEN
     t: Literal[FrameType.SUBMIT] = FrameType.SUBMIT
     rid: int
     spec: RunSpec
     manifest: Manifest = Field(default_factory=Manifest)
+    tree: str = ""
+
+    @field_validator("tree")
+    @classmethod
+    def _tree(cls, value: str) -> str:
+        return check_digest(value) if value else value
+
+    @model_validator(mode="after")
+    def _one_snapshot(self) -> Submit:
+        if self.tree and self.manifest.entries:
+            raise ValueError("a submit names its snapshot by a manifest or by a tree, not both")
+        return self
 
 
 class Rerun(BaseModel):

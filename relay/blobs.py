@@ -24,15 +24,16 @@ import hashlib
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
 import trio
 
-from protocol_specs.snapshots import MAX_FILE_BYTES
+from protocol_specs.snapshots import MAX_FILE_BYTES, Manifest
+from protocol_specs.trees import MAX_TREE_BYTES, Expansion, TreeError
 
-__all__ = ["BlobError", "BlobStore", "FileBlobStore", "MemoryBlobStore", "Upload"]
+__all__ = ["BlobError", "BlobStore", "FileBlobStore", "MemoryBlobStore", "Upload", "expand_tree"]
 
 
 class BlobError(Exception):
@@ -237,3 +238,23 @@ class _MemoryUpload(_HashingUpload):
 
     async def abort(self) -> None:
         self.parts.clear()
+
+
+async def expand_tree(
+    blobs: BlobStore, root: str, lacking: Callable[[list[str]], Awaitable[list[str]]]
+) -> Manifest:
+    """The manifest a snapshot's root tree names (``protocol_specs/trees.py``), reading each
+    level's trees once ``lacking`` said none of them is missing (for the submitter: a user reads
+    only trees they uploaded). :class:`BlobError` for lacking trees (how many, the first),
+    :class:`~protocol_specs.trees.TreeError` for one that is malformed or too big."""
+    expansion = Expansion(root)
+    while expansion.needs:
+        level = list(expansion.needs)
+        if missing := await lacking(level):
+            raise BlobError(f"{len(missing)} of the snapshot's trees (first: {missing[0][:12]})")
+        for digest in level:
+            size, data = await blobs.read(digest, 0, MAX_TREE_BYTES + 1)
+            if size > MAX_TREE_BYTES:
+                raise TreeError(f"tree {digest[:12]} is {size} bytes (at most {MAX_TREE_BYTES})")
+            expansion.feed(digest, data)
+    return expansion.manifest()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar
 
 import msgpack
@@ -23,12 +24,13 @@ from protocol_specs.auth import Principal, Scope, check_token
 from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord
 from protocol_specs.snapshots import Manifest
+from protocol_specs.trees import TreeError
 from protocol_specs.wire import ErrorCode, WireError
 
 from . import keys
 from .audit import AuditTrail
 from .auth import TokenStore
-from .blobs import BlobError, BlobStore, Upload
+from .blobs import BlobError, BlobStore, Upload, expand_tree
 from .claims import Claims
 from .config import SERVER_NAME, RelayConfig
 from .gate import Peer
@@ -136,7 +138,8 @@ class Control:
                 return await self._get_blob(frame, conn)
             case wire.Submit():
                 self._allow(who, Act.SUBMIT)
-                missing = await self._missing(who, frame.manifest.digests)
+                manifest = await self._snapshot(who, frame)
+                missing = await self._missing(who, manifest.digests)
                 if missing:
                     return wire.Error(
                         code=ErrorCode.MISSING_BLOBS,
@@ -144,7 +147,7 @@ class Control:
                         f"(first: {missing[0][:12]}); upload them before submitting",
                         rid=rid,
                     )
-                got = await self.registry.submit(frame.spec, frame.manifest, owner=who.user)
+                got = await self.registry.submit(frame.spec, manifest, owner=who.user)
                 if isinstance(got, RunRecord):
                     await self._audit(got.id, "submit", conn)
                 return _run_info(got, rid)
@@ -320,6 +323,19 @@ class Control:
                 "give more of the id",
             )
         return await self.registry.load(found[0]) if found else None
+
+    async def _snapshot(self, who: Principal, frame: wire.Submit) -> Manifest:
+        """The submit's manifest: as sent, or read from the root tree it names."""
+        if not frame.tree:
+            return frame.manifest
+        try:
+            return await expand_tree(self.blobs, frame.tree, partial(self._missing, who))
+        except BlobError as exc:
+            raise _Refused(
+                ErrorCode.MISSING_BLOBS, f"the relay lacks {exc}; upload them before submitting"
+            ) from None
+        except TreeError as exc:
+            raise _Refused(ErrorCode.BAD_FRAME, f"the snapshot's tree is refused: {exc}") from None
 
     async def _missing(self, who: Principal, digests: list[str]) -> list[str]:
         """Which of ``digests`` the relay lacks, as far as ``who`` may know: a user is told of the

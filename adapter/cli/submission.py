@@ -168,7 +168,7 @@ async def submit_run(
         HashCache,
         SnapshotError,
         build_snapshot,
-        upload_snapshot,
+        submit_snapshot,
     )
 
     root = Path(spec.workdir)
@@ -182,10 +182,11 @@ async def submit_run(
     manifest = snapshot.manifest
     async with open_control(relay, client="tether-cli") as control:
         try:
-            uploaded = await upload_snapshot(control, snapshot, progress or (lambda _d, _t: None))
+            record, uploaded = await control_call(
+                submit_snapshot(control, spec, snapshot, progress or (lambda _d, _t: None))
+            )
         except SnapshotError as exc:
             raise SystemExit(f"tether: {exc}") from None
-        record = await control_call(control.submit(spec, manifest))
     say(
         f"submitted run {record.id}: {' '.join(spec.command)} ({len(manifest.entries)} files, "
         f"{mib(manifest.total_bytes)}; uploaded {uploaded.blobs} new files, "

@@ -36,6 +36,7 @@ class ControlClient:
         self.user = user  #: who the relay took us to be
         self._rid = 0
         self._lock = trio.Lock()
+        self.bytes_sent = 0  #: of the frames this client sent (what a benchmark counts)
 
     async def _call(self, frame_type: type, expect: type[_R], **fields: object) -> _R:
         """One request and its reply; a lost connection is a :class:`RelayError`
@@ -50,8 +51,9 @@ class ControlClient:
     async def _exchange(self, frame_type: type, expect: type[_R], **fields: object) -> _R:
         async with self._lock:
             self._rid += 1
-            frame = frame_type(rid=self._rid, **fields)
-            await self._ws.send(wire.encode_frame(frame))
+            data = wire.encode_frame(frame_type(rid=self._rid, **fields))
+            self.bytes_sent += len(data)
+            await self._ws.send(data)
             while True:
                 reply = wire.decode_frame(await self._ws.recv())
                 if isinstance(reply, wire.Error) and reply.fatal:
@@ -115,8 +117,11 @@ class ControlClient:
             if offset >= reply.size or not reply.data:
                 return b"".join(parts)
 
-    async def submit(self, spec: RunSpec, manifest: Manifest | None = None) -> RunRecord:
-        return await self._run(wire.Submit, spec=spec, manifest=manifest or Manifest())
+    async def submit(
+        self, spec: RunSpec, manifest: Manifest | None = None, *, tree: str = ""
+    ) -> RunRecord:
+        """Queue a run on the snapshot ``manifest``, or on the one the root ``tree`` names."""
+        return await self._run(wire.Submit, spec=spec, manifest=manifest or Manifest(), tree=tree)
 
     async def rerun(self, run: str) -> RunRecord:
         return await self._run(wire.Rerun, run=run)

@@ -30,7 +30,7 @@ def test_an_unchanged_file_is_not_read_again(
 
     read: list[Path] = []
     real = snapshot._hash_file
-    monkeypatch.setattr(snapshot, "_hash_file", lambda p: read.append(p) or real(p))
+    monkeypatch.setattr(snapshot, "_hash_file", lambda p: read.append(Path(p)) or real(p))
     again = build_snapshot(tree, cache=HashCache.for_tree(cache_dir, tree))
     assert read == [] and again.manifest == first.manifest
 
@@ -57,7 +57,7 @@ def test_a_file_changed_within_the_racy_window_is_never_trusted(
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
     read: list[Path] = []
     real = snapshot._hash_file
-    monkeypatch.setattr(snapshot, "_hash_file", lambda p: read.append(p) or real(p))
+    monkeypatch.setattr(snapshot, "_hash_file", lambda p: read.append(Path(p)) or real(p))
     again = build_snapshot(tree, cache=HashCache.for_tree(cache_dir, tree))
     assert read == [target]
     assert again.manifest.entries[0].digest == real(target)
