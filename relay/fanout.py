@@ -12,8 +12,11 @@ clients. Instead each relay process holds one :class:`Fanout`:
 - an append made by *this* process is handed over at once, with its payload (:meth:`Fanout.appended`);
   Redis does not echo it back;
 - a subscription whose last delivered id is the notice's previous id takes the payload as is: no
-  read at all. Otherwise (it is behind, the notice has no payload, or it holds too much already)
-  it is *stale* and re-reads from Redis after its cursor, which is always right;
+  read at all. A notice from another process carries the entry when it is small (a DAP message,
+  an output chunk: ``NOTICE_PAYLOAD_BYTES``), so a run whose IDE and worker are on two relay
+  processes is delivered without reads too. Otherwise (it is behind, the notice has no payload,
+  or it holds too much already) it is *stale* and re-reads from Redis after its cursor, which is
+  always right;
 - "notices may be lost" (a dropped pub/sub connection, see ``Store.listen``) makes every
   subscription stale.
 
@@ -325,7 +328,14 @@ class Fanout:
         if notice is None:
             self.lost()
         else:
-            self.appended(notice.stream, notice.prev, notice.entry_id, None)
+            self.appended(
+                notice.stream,
+                notice.prev,
+                notice.entry_id,
+                notice.payload,
+                notice.producer,
+                notice.n,
+            )
 
     async def listen(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -16,6 +16,7 @@ from relay.keys import NOTICE_CHANNEL, meta_key, transient_key, watchers_key
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_MS",
     "NOTICE_CHANNEL",
+    "NOTICE_PAYLOAD_BYTES",
     "NO_CAP",
     "PAYLOAD_FIELD",
     "TICK_LATE_SECONDS",
@@ -36,6 +37,7 @@ __all__ = [
     "check_read_args",
     "format_id",
     "meta_key",
+    "notice_from",
     "parse_id",
     "transient_key",
     "watchers_key",
@@ -104,11 +106,36 @@ class Appended:
 
 @dataclass(frozen=True)
 class Notice:
-    """An entry was appended to ``stream``: its id, and the id of the entry before it."""
+    """An entry was appended to ``stream``: its id, and the id of the entry before it; an entry of
+    at most :data:`NOTICE_PAYLOAD_BYTES` comes with its payload and the publish that wrote it (so
+    another relay process delivers it without reading it back)."""
 
     stream: str
     prev: str
     entry_id: str
+    payload: bytes | None = None
+    producer: str = ""
+    n: int = 0
+
+
+#: the largest entry whose notice carries it (a DAP message is mostly smaller; output chunks too)
+NOTICE_PAYLOAD_BYTES = 16 * 1024
+
+
+def notice_from(message: bytes) -> Notice | None:
+    """A notice as the store's scripts publish it (``None``: not a notice)::
+
+    n <prev> <id> <stream>
+    p <prev> <id> <n> <len(producer)> <stream>\n<producer><payload>
+    """
+    if message[:2] == b"n ":
+        prev, entry_id, stream = message[2:].decode().split(" ", 2)
+        return Notice(stream, prev, entry_id)
+    if message[:2] == b"p ":
+        head, _, rest = message.partition(b"\n")
+        _, prev, entry_id, n, size, stream = head.decode().split(" ", 5)
+        return Notice(stream, prev, entry_id, rest[int(size) :], rest[: int(size)].decode(), int(n))
+    return None
 
 
 #: what :meth:`Store.listen` hands over: a notice, or ``None`` for "notices may have been lost"

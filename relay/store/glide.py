@@ -17,6 +17,7 @@ from .base import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     NO_CAP,
     NOTICE_CHANNEL,
+    NOTICE_PAYLOAD_BYTES,
     TICK_LATE_SECONDS,
     TICK_SECONDS,
     VERSION_FIELD,
@@ -25,13 +26,13 @@ from .base import (
     Cap,
     Diversion,
     Entry,
-    Notice,
     NoticeSink,
     Numbered,
     Published,
     StoreError,
     check_read_args,
     meta_key,
+    notice_from,
     parse_id,
     transient_key,
     watchers_key,
@@ -140,6 +141,7 @@ class GlideStore:
                 str(divert.maxlen if divert else 0),
                 NOTICE_CHANNEL,
                 notify_except,
+                str(NOTICE_PAYLOAD_BYTES),
             ],
         )
         return _appended(reply)
@@ -161,6 +163,7 @@ class GlideStore:
             str(cap.bytes),
             NOTICE_CHANNEL,
             notify_except,
+            str(NOTICE_PAYLOAD_BYTES),
         ]
         for entry in entries:
             args += [str(entry.n), entry.payload, "1" if entry.transient else "0"]
@@ -194,7 +197,12 @@ class GlideStore:
             f"XADD {stream}",
             scripts.APPEND,
             [stream, meta_key(stream), watchers_key(stream)],
-            [payload, str(-1 if maxlen is None else maxlen), NOTICE_CHANNEL],
+            [
+                payload,
+                str(-1 if maxlen is None else maxlen),
+                NOTICE_CHANNEL,
+                str(NOTICE_PAYLOAD_BYTES),
+            ],
         )
         assert isinstance(reply, bytes | str)
         return as_text(reply)
@@ -268,7 +276,8 @@ class GlideStore:
                 task_status.started()
                 while True:
                     message = await subscriber.get_pubsub_message()
-                    ticks.received(as_text(message.message))
+                    data = message.message
+                    ticks.received(data if isinstance(data, bytes) else data.encode())
         finally:
             with trio.CancelScope(shield=True):
                 await subscriber.close()
@@ -488,13 +497,12 @@ class _Ticks:
             log.warning("append notices are late; connections re-read what they deliver")
             self.sink(None)
 
-    def received(self, text: str) -> None:
-        kind, _, rest = text.partition(" ")
-        if kind == "n":
-            prev, entry_id, stream = rest.split(" ", 2)
-            self.sink(Notice(stream, prev, entry_id))
-        elif kind == "t":
-            nonce, _, k = rest.partition(" ")
+    def received(self, message: bytes) -> None:
+        notice = notice_from(message)
+        if notice is not None:
+            self.sink(notice)
+        elif message[:2] == b"t ":
+            nonce, _, k = message[2:].decode().partition(" ")
             if nonce != self.nonce:
                 return  # another relay process's tick
             number = int(k)

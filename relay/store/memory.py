@@ -18,6 +18,7 @@ from protocol_specs.link import START, Cursor
 
 from .base import (
     NO_CAP,
+    NOTICE_PAYLOAD_BYTES,
     VERSION_FIELD,
     Appended,
     BlockingReader,
@@ -223,10 +224,12 @@ class MemoryStore:
             del s.ids[:drop], s.payloads[:drop], s.origins[:drop]
         self._notify(stream)
         entry_id = format_id(s.last)
+        carried = len(payload) <= NOTICE_PAYLOAD_BYTES
+        notice = Notice(stream, prev, entry_id, *((bytes(payload), *origin) if carried else ()))
         for listener in list(self._watchers.get(stream, ())):
             sink = self._sinks.get(listener)
             if sink is not None and listener != notify_except:
-                sink(Notice(stream, prev, entry_id))
+                sink(notice)
         return prev, entry_id
 
     async def read_after(self, stream: str, after: str, *, count: int = 100) -> list[Entry]:

@@ -8,14 +8,25 @@ __all__ = ["APPEND", "APPEND_BATCH", "APPEND_ONCE", "SET_VERSIONED", "TRIM_RECEI
 #: KEYS: stream, meta, transient list. ARGV: producer, n, payload, transient (0/1), max entries,
 #: max bytes, skip (0/1), diverted maxlen; KEYS[4]: the stream to store in (KEYS[1] unless
 #: diverted), KEYS[5] its meta hash, KEYS[6] its watchers; ARGV[9] the notice channel prefix,
-#: ARGV[10] the listener not to notify. Returns {outcome, cursor-or-number, prev}: 1 stored,
-#: 0 duplicate, -1 gap, -2 full, 2 skipped. A stored entry's notice goes to its watchers. An entry
+#: ARGV[10] the listener not to notify, ARGV[11] the largest payload a notice carries. Returns
+#: {outcome, cursor-or-number, prev}: 1 stored, 0 duplicate, -1 gap, -2 full, 2 skipped. A stored
+#: entry's notice goes to its watchers (``relay/store/base.py``, ``notice_from``). An entry
 #: stored in KEYS[1] names its publish: fields ``o`` (producer) and ``n`` beside ``p``.
 APPEND_ONCE = """
-local function notify(prev, id)
-  local text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[4]
+local function notify(prev, id, producer, n)
+  local text
   for _, listener in ipairs(redis.call('SMEMBERS', KEYS[6])) do
-    if listener ~= ARGV[10] then redis.call('PUBLISH', ARGV[9] .. listener, text) end
+    if listener ~= ARGV[10] then
+      if not text then
+        if string.len(ARGV[3]) <= tonumber(ARGV[11]) then
+          text = 'p ' .. prev .. ' ' .. id .. ' ' .. n .. ' ' .. string.len(producer) .. ' '
+            .. KEYS[4] .. '\\n' .. producer .. ARGV[3]
+        else
+          text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[4]
+        end
+      end
+      redis.call('PUBLISH', ARGV[9] .. listener, text)
+    end
   end
 end
 local last = tonumber(redis.call('HGET', KEYS[2], 'n:' .. ARGV[1]) or '0')
@@ -39,7 +50,7 @@ if KEYS[4] ~= KEYS[1] then
   redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], did)
   local dprev = redis.call('HGET', KEYS[5], 'last') or '0-0'
   redis.call('HSET', KEYS[5], 'last', did)
-  notify(dprev, did)
+  notify(dprev, did, '', '0')
   return {1, did, dprev}
 end
 local size = string.len(ARGV[3])
@@ -56,14 +67,14 @@ local prev = redis.call('HGET', KEYS[2], 'last') or '0-0'
 redis.call('HSET', KEYS[2], 'n:' .. ARGV[1], n, 'c:' .. ARGV[1], id, 'last', id)
 redis.call('HINCRBY', KEYS[2], 'bytes', size)
 if ARGV[4] == '1' then redis.call('RPUSH', KEYS[3], id .. ' ' .. size) end
-notify(prev, id)
+notify(prev, id, ARGV[1], ARGV[2])
 return {1, id, prev}
 """
 
 #: APPEND_ONCE for several consecutive entries of one producer, into the stream itself (no
 #: diversion, no skip). KEYS: stream, meta, transient list, watchers. ARGV: producer, max entries,
-#: max bytes, notice channel prefix, listener not to notify, then per entry: n, payload, transient
-#: (0/1). Returns APPEND_ONCE's reply per entry, in order.
+#: max bytes, notice channel prefix, listener not to notify, the largest payload a notice carries,
+#: then per entry: n, payload, transient (0/1). Returns APPEND_ONCE's reply per entry, in order.
 APPEND_BATCH = """
 local producer = ARGV[1]
 local max_entries = tonumber(ARGV[2])
@@ -74,8 +85,9 @@ local held = redis.call('XLEN', KEYS[1])
 local bytes = tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0')
 local added = 0
 local prev = redis.call('HGET', KEYS[2], 'last') or '0-0'
+local notice_max = tonumber(ARGV[6])
 local out = {}
-for i = 6, #ARGV, 3 do
+for i = 7, #ARGV, 3 do
   local n = tonumber(ARGV[i])
   local payload = ARGV[i + 1]
   local size = string.len(payload)
@@ -95,9 +107,19 @@ for i = 6, #ARGV, 3 do
     local id = redis.call('XADD', KEYS[1], '*', 'p', payload, 'o', producer, 'n', n)
     redis.call('HSET', KEYS[2], 'n:' .. producer, n, 'c:' .. producer, id, 'last', id)
     if ARGV[i + 2] == '1' then redis.call('RPUSH', KEYS[3], id .. ' ' .. size) end
-    local text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[1]
+    local text
     for _, listener in ipairs(listeners) do
-      if listener ~= ARGV[5] then redis.call('PUBLISH', ARGV[4] .. listener, text) end
+      if listener ~= ARGV[5] then
+        if not text then
+          if size <= notice_max then
+            text = 'p ' .. prev .. ' ' .. id .. ' ' .. ARGV[i] .. ' ' .. string.len(producer)
+              .. ' ' .. KEYS[1] .. '\\n' .. producer .. payload
+          else
+            text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[1]
+          end
+        end
+        redis.call('PUBLISH', ARGV[4] .. listener, text)
+      end
     end
     out[#out + 1] = {1, id, prev}
     last, held, bytes, added, prev = n, held + 1, bytes + size, added + size, id
@@ -107,8 +129,8 @@ if added > 0 then redis.call('HINCRBY', KEYS[2], 'bytes', added) end
 return out
 """
 
-#: KEYS: stream, meta, watchers. ARGV: payload, exact maxlen (-1: none), notice channel prefix.
-#: Returns the entry's id.
+#: KEYS: stream, meta, watchers. ARGV: payload, exact maxlen (-1: none), notice channel prefix,
+#: the largest payload a notice carries. Returns the entry's id.
 APPEND = """
 local id
 if tonumber(ARGV[2]) >= 0 then
@@ -118,8 +140,15 @@ else
 end
 local prev = redis.call('HGET', KEYS[2], 'last') or '0-0'
 redis.call('HSET', KEYS[2], 'last', id)
-local text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[1]
+local text
 for _, listener in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  if not text then
+    if string.len(ARGV[1]) <= tonumber(ARGV[4]) then
+      text = 'p ' .. prev .. ' ' .. id .. ' 0 0 ' .. KEYS[1] .. '\\n' .. ARGV[1]
+    else
+      text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[1]
+    end
+  end
   redis.call('PUBLISH', ARGV[3] .. listener, text)
 end
 return id

@@ -11,8 +11,10 @@ from protocol_specs.runs import RunSpec
 from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
 from protocol_specs.wire import Role
 from relay.client import Endpoint, open_control, open_run_link
+from relay.fanout import Fanout, Item, Subscription
 from relay.server import serve_relay, server_port
 from relay.store import GlideStore, Store
+from relay.store.base import NOTICE_PAYLOAD_BYTES
 
 BODY = b'{"seq":1,"type":"request","command":"threads"}'
 SOURCE = b"print(1)\n"
@@ -87,3 +89,30 @@ async def test_a_lost_subscription_loses_no_delivery(
         await worker.publish(wire.DapEntry(body=b'{"seq":2,"type":"event","event":"b"}'))
         with trio.fail_after(10):
             assert b'"b"' in await _next_dap(ide)
+
+
+async def test_another_processes_small_appends_arrive_without_a_read(
+    store: Store, nursery: trio.Nursery
+) -> None:
+    """A notice carries a small entry: the relay process that delivers it reads nothing back
+    (the IDE on one relay, the worker on another); a big one it reads."""
+    here = Fanout(store)
+    await nursery.start(here.listen)
+    got, seen = trio.open_memory_channel[list[Item]](10)
+
+    async def deliver(subscription: Subscription) -> None:
+        while True:
+            await got.send(await subscription.next_batch())
+
+    async with here.subscribe("{r}:s", "0") as subscription:
+        nursery.start_soon(deliver, subscription)
+        small = await store.append_once("{r}:s", "elsewhere", 1, b"small", notify_except="other")
+        with trio.fail_after(5):
+            assert await seen.receive() == [Item(small.cursor, b"small", "elsewhere", 1)]
+        assert subscription.reads == 1  # its first catch-up, before anything was there
+        big = b"b" * (NOTICE_PAYLOAD_BYTES + 1)
+        large = await store.append_once("{r}:s", "elsewhere", 2, big, notify_except="other")
+        with trio.fail_after(5):
+            assert await seen.receive() == [Item(large.cursor, big, "elsewhere", 2)]
+        assert subscription.reads == 2
+        nursery.cancel_scope.cancel()

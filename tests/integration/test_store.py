@@ -40,6 +40,7 @@ from relay.store import (
     open_store,
     transient_key,
 )
+from relay.store.base import NOTICE_PAYLOAD_BYTES
 
 
 class _Server(Protocol):  # tests/conftest.py's RedisServer
@@ -741,14 +742,44 @@ async def test_appends_notify_the_listeners_watching_their_stream(store: Store) 
         with trio.fail_after(5):
             got_a = [await a.receive() for _ in range(3)]
             got_b = [await b.receive() for _ in range(2)]
+        # small entries come with the notice, and with the publish that wrote them
         assert got_a == [
-            Notice("s", "0-0", first),
-            Notice("s", first, second.cursor),
-            Notice(S_LOGS, "0-0", third.cursor),
+            Notice("s", "0-0", first, b"1"),
+            Notice("s", first, second.cursor, b"2", "p", 1),
+            Notice(S_LOGS, "0-0", third.cursor, b"3"),  # a diverted entry names no publish
         ]
         assert second.prev == first and third.prev == "0-0"
         # b was spared the appends it made itself; notices on one channel keep their order
-        assert got_b == [Notice("s", "0-0", first), Notice("s", second.cursor, fourth)]
+        assert got_b == [
+            Notice("s", "0-0", first, b"1"),
+            Notice("s", second.cursor, fourth, b"4"),
+        ]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_notice_carries_small_entries_only(store: Store) -> None:
+    """Up to NOTICE_PAYLOAD_BYTES the entry rides along (any bytes, a producer with spaces and
+    newlines); beyond, the notice names it and the listener reads it."""
+    async with trio.open_nursery() as nursery:
+        a = await _notices(store, "a", nursery)
+        await store.watch("s", "a")
+        odd = b"\n p 1 2 \x00\xff" * 10
+        small = await store.append_once("s", "w 1\nx", 1, odd)
+        [big] = await store.append_batch(
+            "s", "w 1\nx", [Published(2, b"x" * (NOTICE_PAYLOAD_BYTES + 1))]
+        )
+        [fits] = await store.append_batch(
+            "s", "w 1\nx", [Published(3, b"y" * NOTICE_PAYLOAD_BYTES)]
+        )
+        large = await store.append("s", b"z" * (NOTICE_PAYLOAD_BYTES + 1))
+        with trio.fail_after(5):
+            got = [await a.receive() for _ in range(4)]
+        assert got == [
+            Notice("s", "0-0", small.cursor, odd, "w 1\nx", 1),
+            Notice("s", small.cursor, big.cursor),
+            Notice("s", big.cursor, fits.cursor, b"y" * NOTICE_PAYLOAD_BYTES, "w 1\nx", 3),
+            Notice("s", fits.cursor, large),
+        ]
         nursery.cancel_scope.cancel()
 
 
