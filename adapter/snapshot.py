@@ -42,9 +42,11 @@ from pydantic import ValidationError
 from protocol_specs.runs import RunRecord, RunSpec
 from protocol_specs.snapshots import (
     MAX_FILE_BYTES,
+    MAX_PATH_CHARS,
     Manifest,
     ManifestEntry,
     check_relative_path,
+    file_entry,
 )
 from protocol_specs.trees import Trees, build_trees
 from protocol_specs.wire import ErrorCode
@@ -288,7 +290,8 @@ def build_snapshot(
                     "--snapshot-limit"
                 )
             digest = cache.digest(rel, path, st) if cache else _hash_file(path)
-            check_relative_path(rel)
+            if "\\" in rel or len(rel) > MAX_PATH_CHARS:  # else a scanned name is a normal one
+                check_relative_path(rel)
         except PermissionError:
             raise SnapshotError(
                 f"cannot read {rel}: permission denied; add it to .tetherignore"
@@ -297,17 +300,8 @@ def build_snapshot(
             raise SnapshotError(f"cannot read {rel}: {exc.strerror or exc}") from None
         except ValueError as exc:
             raise SnapshotError(f"cannot snapshot {rel!r}: {exc}") from None
-        # built as checked here, not again field by field (the relay validates what it gets)
-        entries.append(
-            ManifestEntry.model_construct(
-                path=rel,
-                kind="file",
-                mode=st.st_mode & 0o777,
-                size=st.st_size,
-                digest=digest,
-                target="",
-            )
-        )
+        # checked here, not again field by field
+        entries.append(file_entry(rel, st.st_mode & 0o777, st.st_size, digest))
         sources.setdefault(digest, rel)
     try:
         manifest = Manifest(entries=entries)

@@ -8,7 +8,8 @@ server) by ``tests/redis_cluster.py``. For each number of relays, on the same cl
   relays every message crosses from one relay process to another through the cluster; the worker
   end echoes each DAP entry; one at a time.
 - **idle sessions**: queued debug sessions as section 5 makes them (a link that published its
-  configuration with 20 breakpoints, then idles), spread over the relays in turn; how long they
+  configuration with 20 breakpoints, then idles; held by a process of their own), spread over the
+  relays in turn; how long they
   took to set up, the relays' resident memory and the masters' ``used_memory`` per session, and
   the live round trips again beside them.
 - **throughput**: many such pairs echoing at once (the IDE's end on relay ``i``, the worker's on
@@ -41,6 +42,7 @@ from tests.redis_cluster import RedisCluster
 
 from . import idle
 from .common import Dist, Endpoint, ms, redis_used_memory, rss_kib, verdict
+from .idle_holder import held_sessions
 
 RELAYS = (1, 2, 4)
 
@@ -150,37 +152,6 @@ async def _throughput(pairs: list[Pair], seconds: float) -> float:
     return rate
 
 
-@asynccontextmanager
-async def _with_idle(relays: list[Endpoint], sessions: int) -> AsyncIterator[dict[str, Any]]:
-    t0 = trio.current_time()
-    out: dict[str, Any] = {"failure": "", "sessions": 0}
-    done = trio.Event()
-    async with open_control(relays[0], client="bench") as control:
-        runs = []
-        for i in range(sessions):
-            spec = RunSpec(
-                command=["python", "x.py"], workdir="/tmp", name=f"idle-{i}", backend="idle"
-            )
-            runs.append((await control.submit(spec)).id)
-    async with trio.open_nursery() as nursery:
-        for i in range(0, sessions, 100):  # 100 connecting at a time
-            try:
-                async with trio.open_nursery() as batch:
-                    for k, run in enumerate(runs[i : i + 100], i):
-                        batch.start_soon(
-                            nursery.start, idle.idle_session, relays[k % len(relays)], run, done
-                        )
-            except Exception as exc:  # a limit reached: report how far it got, and why
-                out["failure"] = f"{exc!r}"[:500]
-                break
-            out["sessions"] = min(i + 100, sessions)
-        out["setup_s"] = trio.current_time() - t0
-        try:
-            yield out
-        finally:
-            done.set()
-
-
 async def run(home: Path, sessions: int, pairs: int, n: int, seconds: float) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     cap = str(sessions * len(RELAYS) + pairs * len(RELAYS) + 100)
@@ -204,7 +175,10 @@ async def run(home: Path, sessions: int, pairs: int, n: int, seconds: float) -> 
                 alone = await _live(echo[0], n)
                 rss0 = sum(rss_kib(p.process.pid) for p in procs)
                 mem0 = await cluster_used_memory(cluster)
-                async with _with_idle(ends, sessions) as opened:
+                t0 = trio.current_time()
+                runs = await idle.submit_idle_runs(ends[0], sessions)
+                async with held_sessions(ends, runs) as opened:
+                    opened["setup_s"] = trio.current_time() - t0
                     rss1 = sum(rss_kib(p.process.pid) for p in procs)
                     mem1 = await cluster_used_memory(cluster)
                     beside = await _live(echo[0], n)

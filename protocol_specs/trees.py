@@ -30,16 +30,19 @@ from typing import Any
 import msgpack
 
 from .snapshots import (
+    MAX_FILE_BYTES,
     MAX_FILES,
     MAX_PATH_CHARS,
     Manifest,
     ManifestEntry,
     check_digest,
+    file_entry,
 )
 
 __all__ = [
     "MAX_TREE_BYTES",
     "Expansion",
+    "Row",
     "TreeError",
     "Trees",
     "build_trees",
@@ -155,7 +158,9 @@ def decode_tree(data: bytes) -> list[Row]:
         previous = name
         if kind not in ("f", "l", "d") or not isinstance(ref, str):
             raise TreeError(f"{name[:80]!r}: bad kind or reference")
-        if type(mode) is not int or type(size) is not int or mode < 0 or size < 0:
+        if type(mode) is not int or type(size) is not int or not 0 <= mode <= 0o777:
+            raise TreeError(f"{name[:80]!r}: bad mode or size")
+        if not 0 <= size <= MAX_FILE_BYTES:
             raise TreeError(f"{name[:80]!r}: bad mode or size")
         if kind in ("f", "d"):
             try:
@@ -189,14 +194,23 @@ class Expansion:
         self.needs = [self.root]
         self._where = {self.root: [""]}
 
-    def feed(self, digest: str, data: bytes) -> None:
+    def feed(self, digest: str, data: bytes) -> list[Row]:
+        """Take the bytes of ``digest``, one of :attr:`needs`; returns its rows (decoded and
+        checked: the same digest's rows may be given to :meth:`feed_rows` another time)."""
         if digest not in self._where or digest not in self.needs:
             raise TreeError(f"tree {digest[:12]} was not asked for")
         if _digest(data) != digest:
             raise TreeError(f"tree {digest[:12]}: the bytes do not match the digest")
+        rows = decode_tree(data)
+        self.feed_rows(digest, rows)
+        return rows
+
+    def feed_rows(self, digest: str, rows: list[Row]) -> None:
+        """Take the rows :meth:`feed` decoded from ``digest``'s bytes, one of :attr:`needs`."""
+        if digest not in self._where or digest not in self.needs:
+            raise TreeError(f"tree {digest[:12]} was not asked for")
         self.needs.remove(digest)
         self.trees.append(digest)
-        rows = decode_tree(data)
         for prefix in self._where.pop(digest):
             if prefix.count("/") >= MAX_DEPTH:
                 raise TreeError(f"directories nest deeper than {MAX_DEPTH} levels")
@@ -205,20 +219,21 @@ class Expansion:
                 self._paths += 1
                 if self._paths > 2 * MAX_FILES:
                     raise TreeError(f"more than {2 * MAX_FILES} files and directories")
+                if len(path) > MAX_PATH_CHARS:
+                    raise TreeError(f"{path[:200]!r}: longer than {MAX_PATH_CHARS} characters")
                 if kind == "d":
                     if ref not in self._where:
                         self._where[ref] = []
                         self.needs.append(ref)
                     self._where[ref].append(path)
-                    continue
-                try:
-                    if kind == "f":
-                        entry = ManifestEntry(path=path, mode=mode, size=size, digest=ref)
-                    else:
+                elif kind == "f":  # every field checked already (decode_tree, the length above)
+                    self._entries.append(file_entry(path, mode, size, ref))
+                else:
+                    try:
                         entry = ManifestEntry(path=path, kind="symlink", target=ref)
-                except ValueError as exc:
-                    raise TreeError(str(exc)) from None
-                self._entries.append(entry)
+                    except ValueError as exc:
+                        raise TreeError(str(exc)) from None
+                    self._entries.append(entry)
 
     def manifest(self) -> Manifest:
         if self.needs:

@@ -24,6 +24,7 @@ import hashlib
 import os
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
@@ -31,7 +32,7 @@ from typing import Protocol
 import trio
 
 from protocol_specs.snapshots import MAX_FILE_BYTES, Manifest
-from protocol_specs.trees import MAX_TREE_BYTES, Expansion, TreeError
+from protocol_specs.trees import MAX_TREE_BYTES, Expansion, Row, TreeError
 
 __all__ = ["BlobError", "BlobStore", "FileBlobStore", "MemoryBlobStore", "Upload", "expand_tree"]
 
@@ -101,6 +102,7 @@ class _HashingUpload:
 class FileBlobStore:
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._top = os.fspath(root)
         root.mkdir(parents=True, exist_ok=True)
         (root / "incoming").mkdir(exist_ok=True)
 
@@ -109,6 +111,10 @@ class FileBlobStore:
 
     def path(self, digest: str) -> Path:
         return self.root / digest[:2] / digest[2:]
+
+    def _where(self, digest: str) -> str:
+        """:meth:`path` as text, made without pathlib (asked for twenty thousand at a time)."""
+        return os.path.join(self._top, digest[:2], digest[2:])
 
     async def missing(self, digests: list[str]) -> list[str]:
         return await trio.to_thread.run_sync(self._missing, digests)
@@ -119,7 +125,7 @@ class FileBlobStore:
         out = []
         for digest in digests:
             try:
-                os.utime(self.path(digest))
+                os.utime(self._where(digest))
             except OSError:
                 out.append(digest)
         return out
@@ -240,21 +246,35 @@ class _MemoryUpload(_HashingUpload):
         self.parts.clear()
 
 
+#: decoded trees by digest (content-addressed: a digest's rows never change), newest last
+_DECODED: OrderedDict[str, list[Row]] = OrderedDict()
+#: how many decoded trees a relay process keeps (a second submit decodes only what changed)
+DECODED_TREES = 4096
+
+
 async def expand_tree(
     blobs: BlobStore, root: str, lacking: Callable[[list[str]], Awaitable[list[str]]]
 ) -> Manifest:
     """The manifest a snapshot's root tree names (``protocol_specs/trees.py``), reading each
     level's trees once ``lacking`` said none of them is missing (for the submitter: a user reads
     only trees they uploaded). :class:`BlobError` for lacking trees (how many, the first),
-    :class:`~protocol_specs.trees.TreeError` for one that is malformed or too big."""
+    :class:`~protocol_specs.trees.TreeError` for one that is malformed or too big. Trees decoded
+    lately are not read or decoded again (but still asked about)."""
     expansion = Expansion(root)
     while expansion.needs:
         level = list(expansion.needs)
         if missing := await lacking(level):
             raise BlobError(f"{len(missing)} of the snapshot's trees (first: {missing[0][:12]})")
         for digest in level:
+            rows = _DECODED.get(digest)
+            if rows is not None:
+                _DECODED.move_to_end(digest)
+                expansion.feed_rows(digest, rows)
+                continue
             size, data = await blobs.read(digest, 0, MAX_TREE_BYTES + 1)
             if size > MAX_TREE_BYTES:
                 raise TreeError(f"tree {digest[:12]} is {size} bytes (at most {MAX_TREE_BYTES})")
-            expansion.feed(digest, data)
+            _DECODED[digest] = expansion.feed(digest, data)
+            while len(_DECODED) > DECODED_TREES:
+                _DECODED.popitem(last=False)
     return expansion.manifest()

@@ -48,6 +48,7 @@ from .config import SERVER_NAME, RelayConfig
 from .control import Control
 from .fanout import Fanout
 from .gate import Gate, Peer
+from .heap import keep_heap
 from .links import Links
 from .registry import Registry
 from .store import Store, StoreError
@@ -188,6 +189,7 @@ async def serve_relay(
         nursery.start_soon(relay.sweep_forever)
         nursery.start_soon(relay.gate.recheck_forever)
         nursery.start_soon(relay.collect_blobs_forever)
+        nursery.start_soon(keep_heap, relay.fanout.__len__)
         await serve(
             relay.handle,
             port,

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from relay.embedded import STREAM_NODE_BYTES
+
 __all__ = ["RedisCluster"]
 
 SLOTS = 16384
@@ -101,6 +103,8 @@ class Node:
             "--save", "",
             "--daemonize", "no",
             "--logfile", str(self.data_dir / "server.log"),
+            # as tether up's server and the README's operator checklist have it
+            "--stream-node-max-bytes", str(STREAM_NODE_BYTES),
         ]  # fmt: skip
 
     def start(self) -> None:
