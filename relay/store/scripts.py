@@ -5,6 +5,18 @@ from __future__ import annotations
 
 __all__ = ["APPEND", "APPEND_BATCH", "APPEND_ONCE", "SET_VERSIONED", "TRIM_RECEIVED"]
 
+#: The text of an append's notice (``relay/store/base.py``, ``notice_from``): the entry itself
+#: when its payload is at most ``max`` bytes, else its id alone. Shared by the appending scripts.
+_NOTICE = """
+local function notice(prev, id, n, producer, stream, payload, max)
+  if string.len(payload) <= max then
+    return 'p ' .. prev .. ' ' .. id .. ' ' .. n .. ' ' .. string.len(producer) .. ' ' .. stream
+      .. '\\n' .. producer .. payload
+  end
+  return 'n ' .. prev .. ' ' .. id .. ' ' .. stream
+end
+"""
+
 #: KEYS: stream, meta, transient list. ARGV: producer, n, payload, transient (0/1), max entries,
 #: max bytes, skip (0/1), diverted maxlen; KEYS[4]: the stream to store in (KEYS[1] unless
 #: diverted), KEYS[5] its meta hash, KEYS[6] its watchers; ARGV[9] the notice channel prefix,
@@ -12,19 +24,14 @@ __all__ = ["APPEND", "APPEND_BATCH", "APPEND_ONCE", "SET_VERSIONED", "TRIM_RECEI
 #: {outcome, cursor-or-number, prev}: 1 stored, 0 duplicate, -1 gap, -2 full, 2 skipped. A stored
 #: entry's notice goes to its watchers (``relay/store/base.py``, ``notice_from``). An entry
 #: stored in KEYS[1] names its publish: fields ``o`` (producer) and ``n`` beside ``p``.
-APPEND_ONCE = """
+APPEND_ONCE = (
+    _NOTICE
+    + """
 local function notify(prev, id, producer, n)
   local text
   for _, listener in ipairs(redis.call('SMEMBERS', KEYS[6])) do
     if listener ~= ARGV[10] then
-      if not text then
-        if string.len(ARGV[3]) <= tonumber(ARGV[11]) then
-          text = 'p ' .. prev .. ' ' .. id .. ' ' .. n .. ' ' .. string.len(producer) .. ' '
-            .. KEYS[4] .. '\\n' .. producer .. ARGV[3]
-        else
-          text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[4]
-        end
-      end
+      text = text or notice(prev, id, n, producer, KEYS[4], ARGV[3], tonumber(ARGV[11]))
       redis.call('PUBLISH', ARGV[9] .. listener, text)
     end
   end
@@ -70,12 +77,15 @@ if ARGV[4] == '1' then redis.call('RPUSH', KEYS[3], id .. ' ' .. size) end
 notify(prev, id, ARGV[1], ARGV[2])
 return {1, id, prev}
 """
+)
 
 #: APPEND_ONCE for several consecutive entries of one producer, into the stream itself (no
 #: diversion, no skip). KEYS: stream, meta, transient list, watchers. ARGV: producer, max entries,
 #: max bytes, notice channel prefix, listener not to notify, the largest payload a notice carries,
 #: then per entry: n, payload, transient (0/1). Returns APPEND_ONCE's reply per entry, in order.
-APPEND_BATCH = """
+APPEND_BATCH = (
+    _NOTICE
+    + """
 local producer = ARGV[1]
 local max_entries = tonumber(ARGV[2])
 local max_bytes = tonumber(ARGV[3])
@@ -110,14 +120,7 @@ for i = 7, #ARGV, 3 do
     local text
     for _, listener in ipairs(listeners) do
       if listener ~= ARGV[5] then
-        if not text then
-          if size <= notice_max then
-            text = 'p ' .. prev .. ' ' .. id .. ' ' .. ARGV[i] .. ' ' .. string.len(producer)
-              .. ' ' .. KEYS[1] .. '\\n' .. producer .. payload
-          else
-            text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[1]
-          end
-        end
+        text = text or notice(prev, id, ARGV[i], producer, KEYS[1], payload, notice_max)
         redis.call('PUBLISH', ARGV[4] .. listener, text)
       end
     end
@@ -128,10 +131,13 @@ end
 if added > 0 then redis.call('HINCRBY', KEYS[2], 'bytes', added) end
 return out
 """
+)
 
 #: KEYS: stream, meta, watchers. ARGV: payload, exact maxlen (-1: none), notice channel prefix,
 #: the largest payload a notice carries. Returns the entry's id.
-APPEND = """
+APPEND = (
+    _NOTICE
+    + """
 local id
 if tonumber(ARGV[2]) >= 0 then
   id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[2], '*', 'p', ARGV[1])
@@ -142,17 +148,12 @@ local prev = redis.call('HGET', KEYS[2], 'last') or '0-0'
 redis.call('HSET', KEYS[2], 'last', id)
 local text
 for _, listener in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  if not text then
-    if string.len(ARGV[1]) <= tonumber(ARGV[4]) then
-      text = 'p ' .. prev .. ' ' .. id .. ' 0 0 ' .. KEYS[1] .. '\\n' .. ARGV[1]
-    else
-      text = 'n ' .. prev .. ' ' .. id .. ' ' .. KEYS[1]
-    end
-  end
+  text = text or notice(prev, id, '0', '', KEYS[1], ARGV[1], tonumber(ARGV[4]))
   redis.call('PUBLISH', ARGV[3] .. listener, text)
 end
 return id
 """
+)
 
 #: KEYS: stream, meta, transient list. ARGV: cursor ms, cursor seq, limit. Returns entries deleted.
 TRIM_RECEIVED = """

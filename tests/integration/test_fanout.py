@@ -106,13 +106,14 @@ async def test_another_processes_small_appends_arrive_without_a_read(
 
     async with here.subscribe("{r}:s", "0") as subscription:
         nursery.start_soon(deliver, subscription)
+        await subscription.sent(5)  # caught up (one read: nothing there yet), waiting
         small = await store.append_once("{r}:s", "elsewhere", 1, b"small", notify_except="other")
         with trio.fail_after(5):
             assert await seen.receive() == [Item(small.cursor, b"small", "elsewhere", 1)]
-        assert subscription.reads == 1  # its first catch-up, before anything was there
+        assert subscription.reads == 1  # its first catch-up only
         big = b"b" * (NOTICE_PAYLOAD_BYTES + 1)
         large = await store.append_once("{r}:s", "elsewhere", 2, big, notify_except="other")
         with trio.fail_after(5):
             assert await seen.receive() == [Item(large.cursor, big, "elsewhere", 2)]
-        assert subscription.reads == 2
+        assert subscription.reads >= 2  # read back (and once more if a notice may be lost)
         nursery.cancel_scope.cancel()
