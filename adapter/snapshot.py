@@ -29,11 +29,10 @@ import hashlib
 import os
 import stat
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import time_ns
-from typing import BinaryIO
 
 import msgpack
 import trio
@@ -41,6 +40,7 @@ from pydantic import ValidationError
 
 from protocol_specs.runs import RunRecord, RunSpec
 from protocol_specs.snapshots import (
+    BLOB_CHUNK,
     MAX_FILE_BYTES,
     MAX_PATH_CHARS,
     Manifest,
@@ -346,28 +346,56 @@ async def upload_snapshot(
         done += n
         on_progress(done, todo)
 
-    for digest in files:
-        rel = snapshot.sources[digest]
-        with open(snapshot.root / rel, "rb") as f:  # noqa: ASYNC230 (read in worker threads)
-
-            async def read(offset: int, length: int, f: BinaryIO = f) -> bytes:
-                def piece() -> bytes:
-                    f.seek(offset)
-                    return f.read(length)
-
-                return await trio.to_thread.run_sync(piece)
-
-            try:
-                await control.put_blob(digest, (sizes[digest], read), count)
-            except RelayError as exc:
-                if exc.code == ErrorCode.BAD_BLOB:
-                    raise SnapshotError(f"{rel} changed while it was being uploaded") from None
-                raise
+    small = [d for d in files if sizes[d] <= BLOB_CHUNK]
+    try:
+        await control.put_small_blobs(
+            _read_files(snapshot, small), lambda _d, n: count(n)
+        )  # many on their way at once
+        for digest in files:
+            if sizes[digest] > BLOB_CHUNK:
+                await _put_big(control, snapshot, digest, sizes[digest], count)
+    except RelayError as exc:
+        if exc.code == ErrorCode.BAD_BLOB:
+            rel = next((snapshot.sources[d] for d in files if d[:12] in exc.message), "a file")
+            raise SnapshotError(f"{rel} changed while it was being uploaded") from None
+        raise
     if trees is not None:
         await _upload_trees(control, trees, lacking_trees)
     return Uploaded(
         blobs=len(files), bytes=todo, reused=len(digests) - len(files), trees=len(lacking_trees)
     )
+
+
+async def _read_files(snapshot: Snapshot, digests: list[str]) -> AsyncIterator[tuple[str, bytes]]:
+    """Each blob's bytes, read in worker threads a batch at a time."""
+    for i in range(0, len(digests), 64):
+        batch = digests[i : i + 64]
+
+        def read(batch: list[str] = batch) -> list[bytes]:
+            return [(snapshot.root / snapshot.sources[d]).read_bytes() for d in batch]
+
+        for digest, data in zip(batch, await trio.to_thread.run_sync(read), strict=True):
+            yield digest, data
+
+
+async def _put_big(
+    control: ControlClient,
+    snapshot: Snapshot,
+    digest: str,
+    size: int,
+    count: Callable[[int], None],
+) -> None:
+    """A blob of more than one piece, piece by piece."""
+    with open(snapshot.root / snapshot.sources[digest], "rb") as f:  # noqa: ASYNC230 (read in worker threads)
+
+        async def read(offset: int, length: int) -> bytes:
+            def piece() -> bytes:
+                f.seek(offset)
+                return f.read(length)
+
+            return await trio.to_thread.run_sync(piece)
+
+        await control.put_blob(digest, (size, read), count)
 
 
 async def _missing_top_down(control: ControlClient, trees: Trees) -> tuple[list[str], list[str]]:
@@ -411,7 +439,20 @@ async def submit_snapshot(
 
 
 async def _upload_trees(control: ControlClient, trees: Trees, lacking: list[str]) -> None:
+    """The trees the relay lacks, each after everything it names (in :attr:`Trees.order`): the
+    small ones many at a time, one of over a piece (some 40,000 entries) on its own."""
     wanted = set(lacking)
-    for digest in trees.order:  # a tree after everything it names
-        if digest in wanted:
+    run: list[str] = []
+    for digest in [*(d for d in trees.order if d in wanted), ""]:
+        if digest and len(trees.blobs[digest]) <= BLOB_CHUNK:
+            run.append(digest)
+            continue
+        await control.put_small_blobs(_aiter((d, trees.blobs[d]) for d in run))
+        run = []
+        if digest:
             await control.put_blob(digest, trees.blobs[digest])
+
+
+async def _aiter(items: Iterable[tuple[str, bytes]]) -> AsyncIterator[tuple[str, bytes]]:
+    for item in items:
+        yield item

@@ -63,6 +63,8 @@ SIZES: dict[str, tuple[int, int]] = {
     "idle_sessions": (10_000, 20),
     "snapshot_files": (20_000, 200),
     "snapshot_mib": (500, 2),
+    "snapshot_big_files": (200_000, 300),  # the second tree: many small files
+    "snapshot_big_mib": (200, 1),
     "resumes": (30, 2),
     "child_stops": (10, 1),
     "process_children": (16, 2),
@@ -158,7 +160,14 @@ async def run(
     async def bench_snapshot() -> None:
         async with common.tether_stack(tmp / "home-snapshot") as tether:
             figures["snapshot"] = await snapshot.run(
-                tether.endpoint(), tmp, size["snapshot_files"], size["snapshot_mib"], 3
+                tether.endpoint(), tmp / "tree-a", size["snapshot_files"], size["snapshot_mib"], 3
+            )
+            figures["snapshot"]["big"] = await snapshot.run(
+                tether.endpoint(),
+                tmp / "tree-b",
+                size["snapshot_big_files"],
+                size["snapshot_big_mib"],
+                3,
             )
 
     async def bench_resume() -> None:

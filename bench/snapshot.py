@@ -27,13 +27,14 @@ from .common import timed
 
 
 def make_tree(root: Path, files: int, total_mib: int) -> None:
-    """``files`` files of random bytes in 100 directories, ``total_mib`` MiB in all, last
-    modified an hour ago (a working tree is mostly old files)."""
+    """``files`` files of random bytes, 200 a directory (100 directories at least), ``total_mib``
+    MiB in all, last modified an hour ago (a working tree is mostly old files)."""
     size = total_mib * 1024 * 1024 // files
     rng = random.Random(6)
     hour_ago = time.time() - 3600
+    dirs = max(100, files // 200)
     for i in range(files):
-        d = root / f"pkg{i % 100:02d}"
+        d = root / f"pkg{i % dirs:02d}"
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"f{i:05d}.bin"
         path.write_bytes(rng.randbytes(size))
@@ -97,4 +98,11 @@ async def run(relay: Endpoint, tmp: Path, files: int, mib: int, rounds: int) -> 
         if have_rsync:
             results["rsync"].append(await trio.to_thread.run_sync(rsync, src, mirror))
     os.sync()
-    return {"first": first, "rounds": results, "file_bytes": mib * 1024 * 1024 // files}
+    await trio.to_thread.run_sync(shutil.rmtree, tmp)  # a big tree is many inodes
+    return {
+        "files": files,
+        "mib": mib,
+        "first": first,
+        "rounds": results,
+        "file_bytes": mib * 1024 * 1024 // files,
+    }

@@ -71,8 +71,9 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
             "debugpy": 3,
         }
     assert [r["sessions_opened"] for r in figures["processes"]["memory"]["runs"]] == [1, 1, 2]
-    assert all(r["blob_bytes"] == figures["snapshot"]["file_bytes"]
-               for r in figures["snapshot"]["rounds"]["tether"])  # fmt: skip
+    for tree in (figures["snapshot"], figures["snapshot"]["big"]):
+        assert all(r["blob_bytes"] == tree["file_bytes"] and r["trees"] >= 2
+                   for r in tree["rounds"]["tether"])  # fmt: skip
     report = (tmp_path / "report.md").read_text()
     for heading in (
         "1. Request latency",
