@@ -66,7 +66,14 @@ def _server_kinds() -> list[str]:
 
 
 REDIS_SERVERS = _server_kinds()
-_REAL = [pytest.param(kind, marks=pytest.mark.redis, id=kind) for kind in REDIS_SERVERS]
+_REAL = [
+    pytest.param(
+        kind,
+        marks=[pytest.mark.redis, *([pytest.mark.cluster] if kind == "cluster" else [])],
+        id=kind,
+    )
+    for kind in REDIS_SERVERS
+]
 #: the single servers (a cluster has no unix socket, no database but 0, no one binary of its own)
 _SINGLE = [p for p in _REAL if p.values[0] != "cluster"]
 

@@ -25,7 +25,7 @@ from test_node_harness_debugpy import LOOP_LINE, SCALE_FIRST
 from protocol_specs.dap_schema import validate_message
 from relay import keys
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.cluster, pytest.mark.timeout(240)]
 
 
 async def test_a_vscode_session_through_two_relays_survives_a_master_restart(

@@ -11,7 +11,7 @@ from redis_cluster import RedisCluster, command
 from relay import keys
 from relay.store import GlideStore, StoreError, open_store
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.cluster]
 
 
 def slot(cluster: RedisCluster, key: str) -> int:
