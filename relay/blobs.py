@@ -246,10 +246,32 @@ class _MemoryUpload(_HashingUpload):
         self.parts.clear()
 
 
-#: decoded trees by digest (content-addressed: a digest's rows never change), newest last
-_DECODED: OrderedDict[str, list[Row]] = OrderedDict()
-#: how many decoded trees a relay process keeps (a second submit decodes only what changed)
-DECODED_TREES = 4096
+class _DecodedTrees:
+    """Trees decoded lately, by digest (content-addressed: a digest's rows never change), newest
+    last, at most :data:`DECODED_ROWS` rows in all: a second submit decodes only what changed."""
+
+    def __init__(self) -> None:
+        self.trees: OrderedDict[str, list[Row]] = OrderedDict()
+        self.rows = 0
+
+    def get(self, digest: str) -> list[Row] | None:
+        rows = self.trees.get(digest)
+        if rows is not None:
+            self.trees.move_to_end(digest)
+        return rows
+
+    def put(self, digest: str, rows: list[Row]) -> None:
+        if len(rows) > DECODED_ROWS or digest in self.trees:
+            return
+        self.trees[digest] = rows
+        self.rows += len(rows)
+        while self.rows > DECODED_ROWS:
+            self.rows -= len(self.trees.popitem(last=False)[1])
+
+
+#: the rows a relay process keeps decoded (some 60 MB: a tree of 200,000 files and change)
+DECODED_ROWS = 250_000
+_DECODED = _DecodedTrees()
 
 
 async def expand_tree(
@@ -268,13 +290,10 @@ async def expand_tree(
         for digest in level:
             rows = _DECODED.get(digest)
             if rows is not None:
-                _DECODED.move_to_end(digest)
                 expansion.feed_rows(digest, rows)
                 continue
             size, data = await blobs.read(digest, 0, MAX_TREE_BYTES + 1)
             if size > MAX_TREE_BYTES:
                 raise TreeError(f"tree {digest[:12]} is {size} bytes (at most {MAX_TREE_BYTES})")
-            _DECODED[digest] = expansion.feed(digest, data)
-            while len(_DECODED) > DECODED_TREES:
-                _DECODED.popitem(last=False)
+            _DECODED.put(digest, expansion.feed(digest, data))
     return expansion.manifest()

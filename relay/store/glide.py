@@ -255,7 +255,6 @@ class GlideStore:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-
         # a cluster's PUBLISH reaches every node: one subscription on any node hears them all
         # (sharded pub/sub does not fit: an append's script may only publish to its run's slot)
         config = copy.copy(self._config)

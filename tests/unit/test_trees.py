@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.trees import Expansion, TreeError, Trees, build_trees, decode_tree, encode_tree
+from relay import blobs
 
 
 def digest(text: str) -> str:
@@ -162,3 +163,17 @@ def test_structured_garbage_decodes_to_a_tree_or_a_tree_error(
         decode_tree(msgpack.packb([list(r) for r in rows]))
     except TreeError:
         pass
+
+
+def test_the_relays_decoded_trees_stay_within_their_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(blobs, "DECODED_ROWS", 10)
+    kept = blobs._DecodedTrees()
+    rows = [("a", "f", 0o644, 1, digest("a"))] * 4
+    for name in ("x", "y", "z"):
+        kept.put(digest(name), rows)
+    assert kept.get(digest("x")) is None and kept.rows == 8  # the oldest went
+    assert kept.get(digest("y")) == rows
+    kept.put(digest("w"), rows)  # y was used last: z goes
+    assert kept.get(digest("z")) is None and kept.get(digest("y")) == rows
+    kept.put(digest("huge"), rows * 3)  # more than it may hold at all: not kept
+    assert kept.get(digest("huge")) is None and kept.rows == 8
