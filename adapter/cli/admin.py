@@ -13,7 +13,7 @@ from adapter.render import audit_lines, tokens_table
 from protocol_specs.auth import Scope, TokenInfo
 from relay.client import open_control
 
-from .errors import control_call
+from .errors import control_call, store_at
 from .settings import resolve_relay
 
 __all__ = ["cmd_audit", "cmd_token_create", "cmd_token_list", "cmd_token_revoke"]
@@ -28,9 +28,8 @@ async def cmd_token_create(args: argparse.Namespace) -> int:
         import getpass
 
         from relay.auth import TokenStore
-        from relay.store import open_store
 
-        async with open_store(args.redis) as store:
+        async with store_at(args.redis) as store:
             token, record = await TokenStore(store).create(
                 args.user or getpass.getuser(),
                 scopes=_scopes(args),

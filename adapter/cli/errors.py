@@ -1,14 +1,19 @@
-"""How a command's failure reaches the user: a relay's refusal becomes one line (``SystemExit``),
-and the exception groups trio raises are flattened to the errors inside them."""
+"""How a command's failure reaches the user: a relay's refusal, or a store that cannot be reached,
+becomes one line (``SystemExit``), and the exception groups trio raises are flattened to the
+errors inside them."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, TypeVar
 
 from relay.client import RelayError
 
-__all__ = ["control_call", "leaves", "relay_error"]
+if TYPE_CHECKING:
+    from relay.store import Store
+
+__all__ = ["control_call", "leaves", "relay_error", "store_at"]
 
 _T = TypeVar("_T")
 
@@ -37,3 +42,17 @@ def relay_error(exc: BaseException) -> RelayError | None:
         if found and all(found):
             return found[0]
     return None
+
+
+@asynccontextmanager
+async def store_at(url: str) -> AsyncIterator[Store]:
+    """The store at ``url`` (``--redis``); a URL it cannot use or a server it cannot reach ends
+    the command with why, in one line (what goes wrong later is the caller's)."""
+    from relay.store import StoreError, open_store
+
+    async with AsyncExitStack() as stack:
+        try:
+            store = await stack.enter_async_context(open_store(url))
+        except (ValueError, StoreError) as exc:
+            raise SystemExit(f"tether: --redis: {exc}") from None
+        yield store

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .errors import store_at
+
 if TYPE_CHECKING:
     from relay.client import Endpoint
 
@@ -71,7 +73,6 @@ async def open_local_stack(
     from relay.client import Endpoint
     from relay.embedded import run_embedded_server
     from relay.server import serve_relay, server_port
-    from relay.store import open_store
     from worker_shim.housekeeping import CACHE_MAX_BYTES, KEEP_RUNS
     from worker_shim.pool import run_pool
 
@@ -81,7 +82,7 @@ async def open_local_stack(
         run_embedded_server(data_dir / "redis") if redis is None else contextlib.nullcontext(redis)
     )
     user = user or getpass.getuser()
-    async with server_cm as redis_url, open_store(redis_url) as store:
+    async with server_cm as redis_url, store_at(redis_url) as store:
         tokens = TokenStore(store)
         held = check_token(token, await tokens.lookup(token), tokens.clock()) if token else None
         minted = not (isinstance(held, Principal) and held.user == user and held.admin)

@@ -16,7 +16,7 @@ from adapter.config import config_path, profile_token, save_token
 from adapter.render import Clock
 from relay.client import Endpoint, RelayError
 
-from .errors import leaves
+from .errors import leaves, store_at
 from .settings import (
     endpoint_file,
     is_loopback,
@@ -34,7 +34,6 @@ __all__ = ["cmd_backend", "cmd_relay", "cmd_up", "cmd_worker"]
 async def cmd_relay(args: argparse.Namespace) -> int:
     from relay.blobs import FileBlobStore
     from relay.server import serve_relay, server_port
-    from relay.store import open_store
 
     tls = tls_context(args.tls_cert, args.tls_key)
     if tls is None and not is_loopback(args.host) and not args.insecure:
@@ -46,7 +45,7 @@ async def cmd_relay(args: argparse.Namespace) -> int:
         )
     config = relay_config(args)
     blobs = FileBlobStore(Path(args.blobs or tether_home() / "data" / "blobs"))
-    async with open_store(args.redis) as store, trio.open_nursery() as nursery:
+    async with store_at(args.redis) as store, trio.open_nursery() as nursery:
         try:
             server = await nursery.start(
                 lambda task_status: serve_relay(

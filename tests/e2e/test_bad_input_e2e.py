@@ -68,6 +68,9 @@ async def test_bad_input_gets_a_clear_line_and_never_a_traceback(tmp_path: Path)
                 (("up", "--data-dir", str(home / "data"), "--relay-port", "0"), "already run by"),
                 (("token", "revoke", "nosuchtoken"), "no token 'nosuchtoken'"),
                 (("relay", "--redis", "memory://", "--port", port), "another relay?"),
+                (("relay", "--redis", "http://x", "--port", "0"), "--redis: unsupported store URL"),
+                (("relay", "--redis", "redis://a:b,c:1", "--port", "0"), "--redis: bad port"),
+                (("token", "create", "--redis", "redis://127.0.0.1:1"), "--redis: cannot connect"),
             ]
             wrong = []
             for args, said in cases:
