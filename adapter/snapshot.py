@@ -372,7 +372,14 @@ async def _read_files(snapshot: Snapshot, digests: list[str]) -> AsyncIterator[t
         batch = digests[i : i + 64]
 
         def read(batch: list[str] = batch) -> list[bytes]:
-            return [(snapshot.root / snapshot.sources[d]).read_bytes() for d in batch]
+            out = []
+            for digest in batch:
+                rel = snapshot.sources[digest]
+                try:
+                    out.append((snapshot.root / rel).read_bytes())
+                except OSError as exc:  # gone or unreadable since it was hashed
+                    raise SnapshotError(f"cannot read {rel}: {exc.strerror or exc}") from None
+            return out
 
         for digest, data in zip(batch, await trio.to_thread.run_sync(read), strict=True):
             yield digest, data

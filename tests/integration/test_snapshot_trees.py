@@ -11,7 +11,7 @@ import pytest
 import trio
 from credentials import user_endpoint
 
-from adapter.snapshot import Snapshot, build_snapshot, submit_snapshot
+from adapter.snapshot import Snapshot, SnapshotError, build_snapshot, submit_snapshot
 from protocol_specs.auth import Scope
 from protocol_specs.runs import RunSpec
 from protocol_specs.trees import build_trees
@@ -126,3 +126,15 @@ async def test_a_malformed_tree_is_refused_with_why(
             await control.submit(SPEC, tree=digest)
         # the relay serves on
         assert await control.missing_blobs([digest]) == []
+
+
+async def test_a_file_gone_since_it_was_hashed_is_said(
+    relay: tuple[Endpoint, Endpoint], tmp_path: Path
+) -> None:
+    me, _ = relay
+    snapshot = tree(tmp_path)
+    (tmp_path / "pkg2" / "sub" / "f5.py").unlink()
+    async with open_control(me) as control:
+        with pytest.raises(SnapshotError, match=r"cannot read pkg2/sub/f5.py: No such file"):
+            await submit_snapshot(control, SPEC, snapshot)
+        assert await control.missing_blobs([]) == []  # the connection serves on
