@@ -1,4 +1,4 @@
-"""Snapshotting the submitted working directory: a manifest of content-addressed files.
+"""Snapshotting the submitted working directory: a Merkle tree of content-addressed files.
 
 Which files: inside a git work tree, what git would commit (tracked files plus untracked ones not
 ignored: ``git ls-files --cached --others --exclude-standard``); elsewhere, every file except those
@@ -9,59 +9,58 @@ matched by the root ``.gitignore`` and the usual caches (``.git``, ``.venv``, ``
 Symlinks are kept as symlinks when they point inside the tree; one pointing out (``data ->
 /mnt/datasets``) is left out with a warning: hand such data to the run with ``--mount``.
 
-:func:`build_snapshot` hashes every file (SHA-256) into a :class:`~protocol_specs.snapshots.Manifest`;
-:func:`submit_snapshot` uploads what the relay lacks and submits the run on the snapshot's root
-tree (``protocol_specs/trees.py``): the relay is asked about the root, then only about what each
-changed directory names, so a second submit of a big tree with one changed file sends that file
-and the few trees above it.
+:func:`build_snapshot` hashes every file (SHA-256) into a tree object per directory
+(``protocol_specs/trees.py``): the root's digest names the snapshot. ``adapter/snapshot_upload.py``
+uploads what the relay lacks, asking about the root, then only about what each changed directory
+names, so a second submit of a big tree with one changed file sends that file and the few trees
+above it.
 
 Hashing a big tree on every submit would cost more than the upload it saves, so a
 :class:`HashCache` (one small file per working directory under ``$TETHER_HOME/cache``) remembers
 each file's digest with its size, mtime, ctime and inode, as git's index does: a file whose stat
-is unchanged is not read again. A file modified within :data:`RACY_SECONDS` of when its digest was
-taken is never trusted (a write in the same clock tick would leave its stat unchanged).
+is unchanged is not read again. It remembers each directory's tree too, with a fingerprint of its
+entries' stats: a directory where nothing changed costs its files' ``lstat`` and nothing more (a
+second submit of 20,000 files is mostly the one system call a file). A file modified within
+:data:`RACY_SECONDS` of when its digest was taken is never trusted (a write in the same clock tick
+would leave its stat unchanged), nor is its directory's record.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
+import itertools
 import os
 import stat
 import subprocess
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from time import time_ns
+from typing import Any
 
 import msgpack
-import trio
 from pydantic import ValidationError
 
-from protocol_specs.runs import RunRecord, RunSpec
 from protocol_specs.snapshots import (
-    BLOB_CHUNK,
     MAX_FILE_BYTES,
+    MAX_FILES,
     MAX_PATH_CHARS,
     Manifest,
     ManifestEntry,
     check_relative_path,
-    file_entry,
 )
-from protocol_specs.trees import Trees, build_trees
-from protocol_specs.wire import ErrorCode
-from relay.client import ControlClient, RelayError
+from protocol_specs.trees import Expansion, Row, Trees, decode_tree, encode_tree
 
 __all__ = [
     "DEFAULT_LIMIT",
     "HashCache",
     "Snapshot",
     "SnapshotError",
-    "Uploaded",
     "build_snapshot",
     "list_files",
-    "submit_snapshot",
-    "upload_snapshot",
+    "scan",
 ]
 
 #: the most bytes a snapshot may hold unless the user says otherwise (``--snapshot-limit``)
@@ -96,10 +95,28 @@ def list_files(root: Path) -> list[str]:
     return [rel for rel, _ in scan(root)]
 
 
-def scan(root: Path) -> list[tuple[str, os.stat_result]]:
+def scan(root: Path) -> Entries:
     """The files and symlinks a snapshot of ``root`` contains, sorted by path, each with its
-    ``lstat`` (one system call a file: a second submit of a big tree is mostly this)."""
+    ``lstat``."""
+    found = [
+        (f"{d}/{name}" if d else name, st)
+        for d, entries in scan_dirs(root).items()
+        for name, st in entries
+    ]
+    found.sort(key=lambda item: item[0])
+    return found
+
+
+Entries = list[tuple[str, os.stat_result]]
+"""A directory's files and symlinks: each one's name and ``lstat``."""
+
+
+def scan_dirs(root: Path) -> dict[str, Entries]:
+    """The files and symlinks a snapshot of ``root`` contains, by directory (relative; "" the
+    root; only directories holding some), each with its name and ``lstat`` (one system call a
+    file: a second submit of a big tree is mostly this)."""
     top = os.fspath(root)
+    extra = _patterns(root / ".tetherignore")
     try:
         out = subprocess.run(
             ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -107,16 +124,15 @@ def scan(root: Path) -> list[tuple[str, os.stat_result]]:
             capture_output=True,
             check=True,
         ).stdout
-        found = []
-        for rel in dict.fromkeys(out.decode().split("\0")):
-            if rel and not _skipped(rel) and (st := _file_or_link(os.path.join(top, rel))):
-                found.append((rel, st))
     except (OSError, subprocess.CalledProcessError):
-        found = _walk(top)
-    extra = _patterns(root / ".tetherignore")
-    if extra:
-        found = [(rel, st) for rel, st in found if not _ignored(rel, extra)]
-    found.sort(key=lambda item: item[0])
+        return _walk(top, _patterns(root / ".gitignore") + extra)
+    found: dict[str, Entries] = {}
+    for rel in dict.fromkeys(out.decode().split("\0")):
+        if not rel or _skipped(rel) or (extra and _ignored(rel, extra)):
+            continue
+        if st := _file_or_link(os.path.join(top, rel)):
+            parent, _, name = rel.rpartition("/")
+            found.setdefault(parent, []).append((name, st))
     return found
 
 
@@ -156,45 +172,79 @@ def _ignored(rel: str, patterns: list[str]) -> bool:
     return False
 
 
-def _walk(top: str) -> list[tuple[str, os.stat_result]]:
-    """Every file and symlink under ``top`` but the usual caches and what the root
-    ``.gitignore`` names; a symlink to a directory is kept as a symlink, not entered."""
-    patterns = _patterns(Path(top, ".gitignore"))
-    found = []
+def _walk(top: str, patterns: list[str]) -> dict[str, Entries]:
+    """Every file and symlink under ``top`` but the usual caches and what ``patterns`` (the root
+    ``.gitignore`` and ``.tetherignore``) name, by directory; a symlink to a directory is kept as a
+    symlink, not entered."""
+    found: dict[str, Entries] = {}
     pending = [""]
     while pending:
         rel_dir = pending.pop()
         try:
-            entries = list(os.scandir(os.path.join(top, rel_dir)))
+            with os.scandir(os.path.join(top, rel_dir)) as listing:
+                entries = list(listing)
         except OSError:
             continue  # unreadable: left out, as os.walk does
+        here: Entries = []
         for entry in entries:
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            name = entry.name
             try:
-                is_dir = entry.is_dir()
-                if is_dir and entry.name in ALWAYS_SKIPPED:
+                if name in ALWAYS_SKIPPED and entry.is_dir():
                     continue
-                if patterns and _ignored(rel, patterns):
+                if patterns and _ignored(f"{rel_dir}/{name}" if rel_dir else name, patterns):
                     continue
                 if entry.is_symlink():
-                    found.append((rel, entry.stat(follow_symlinks=False)))
-                elif is_dir:
-                    pending.append(rel)
+                    here.append((name, entry.stat(follow_symlinks=False)))
+                elif entry.is_dir():
+                    pending.append(f"{rel_dir}/{name}" if rel_dir else name)
                 elif entry.is_file(follow_symlinks=False):
-                    found.append((rel, entry.stat(follow_symlinks=False)))
+                    here.append((name, entry.stat(follow_symlinks=False)))
             except OSError:
                 continue  # gone meanwhile
+        if here:
+            found[rel_dir] = here
     return found
 
 
 @dataclass
 class Snapshot:
+    """A working directory as its trees (``protocol_specs/trees.py``): the root's digest names it."""
+
     root: Path
-    manifest: Manifest
-    #: digest -> a relative path holding those bytes
-    sources: dict[str, str]
+    trees: Trees
+    #: tree digest -> a directory (relative; "" the root) holding that tree: where its files are
+    dirs: dict[str, str]
+    files: int  #: files and symlinks
+    size: int  #: bytes in all
     #: what was left out, and why (symlinks pointing out of the tree)
     warnings: list[str] = field(default_factory=list)
+
+    @cached_property
+    def manifest(self) -> Manifest:
+        """Every file and symlink (expanded from the trees: for a check of every file)."""
+        expansion = Expansion(self.trees.root)
+        while expansion.needs:
+            wanted = expansion.needs[0]
+            expansion.feed_rows(wanted, decode_tree(self.trees.blobs[wanted]))
+        return expansion.manifest()
+
+    def files_in(self, trees: Iterable[str]) -> dict[str, tuple[str, int]]:
+        """The files the trees among ``trees`` name: digest -> (a relative path holding those
+        bytes, size)."""
+        out: dict[str, tuple[str, int]] = {}
+        for digest in trees:
+            if digest not in self.dirs:
+                continue
+            base = self.dirs[digest]
+            for name, kind, _mode, size, ref in decode_tree(self.trees.blobs[digest]):
+                if kind == "f" and ref not in out:
+                    out[ref] = (f"{base}/{name}" if base else name, size)
+        return out
+
+    @cached_property
+    def sources(self) -> dict[str, str]:
+        """digest -> a relative path holding those bytes, for every file."""
+        return {d: rel for d, (rel, _) in self.files_in(self.trees.order).items()}
 
 
 def _hash_file(path: str | Path) -> str:
@@ -210,17 +260,29 @@ RACY_SECONDS = 2.0
 
 
 class HashCache:
-    """Digests of a tree's files by stat, kept in ``path`` between snapshots (see the module doc)."""
+    """What the last snapshot of a tree learnt, by directory, kept in ``path`` between snapshots
+    (see the module doc). A directory's record: ``[fingerprint, tree digest, tree bytes, files,
+    bytes, file records, links, warnings]``; its file records (``name -> [size, mtime, ctime,
+    inode, digest]``) stay packed unless the directory changed."""
+
+    VERSION = 2
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._old: dict[str, list[int | str]] = {}
-        self._new: dict[str, list[int | str]] = {}
+        self._old: dict[str, list[Any]] = {}
+        self._new: dict[str, list[Any]] = {}
         try:
             loaded = msgpack.unpackb(path.read_bytes())
-            if isinstance(loaded, dict):
-                self._old = loaded
-        except (OSError, ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+            if isinstance(loaded, dict) and loaded.get("v") == self.VERSION:
+                self._old = loaded["dirs"]
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            msgpack.ExtraData,
+            msgpack.FormatError,
+            msgpack.StackError,
+        ):
             pass
 
     @classmethod
@@ -228,238 +290,219 @@ class HashCache:
         key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:32]
         return cls(cache_dir / f"{key}.msgpack")
 
-    @staticmethod
-    def _stamp(st: os.stat_result) -> list[int | str]:
-        return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    def directory(self, rel: str) -> list[Any] | None:
+        """The directory's record from the last snapshot, if it is whole (the file is the user's
+        and may be damaged: a record whose tree is not what its digest says is not used)."""
+        record = self._old.get(rel)
+        if not isinstance(record, list) or len(record) != 8:
+            return None
+        fingerprint, digest, data, files, size, packed, links, warnings = record
+        if not (
+            isinstance(fingerprint, bytes)
+            and isinstance(data, bytes)
+            and isinstance(packed, bytes)
+            and type(files) is int
+            and type(size) is int
+            and isinstance(links, list)
+            and all(isinstance(x, list) and len(x) == 2 for x in links)
+            and isinstance(warnings, list)
+            and hashlib.sha256(data).hexdigest() == digest
+        ):
+            return None
+        return record
 
-    def digest(self, rel: str, path: str | Path, st: os.stat_result) -> str:
-        stamp = self._stamp(st)
-        known = self._old.get(rel)
-        if known is not None and known[:4] == stamp:
-            digest = str(known[4])
-        else:
-            digest = _hash_file(path)
-        if time_ns() - st.st_mtime_ns > RACY_SECONDS * 1e9:
-            self._new[rel] = [*stamp, digest]
-        return digest
+    @staticmethod
+    def file_records(record: list[Any] | None) -> dict[str, list[Any]]:
+        if record is None:
+            return {}
+        try:
+            files = msgpack.unpackb(record[5])
+        except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError):
+            return {}
+        return files if isinstance(files, dict) else {}
+
+    def keep(self, rel: str, record: list[Any]) -> None:
+        self._new[rel] = record
 
     def save(self) -> None:
-        """Keep what this snapshot learnt (only the files it saw); a failure only costs speed."""
+        """Keep what this snapshot learnt (only the directories it saw); a failure only costs
+        speed."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_bytes(msgpack.packb(self._new))
+            tmp.write_bytes(msgpack.packb({"v": self.VERSION, "dirs": self._new}))
             tmp.replace(self.path)
         except OSError:
             pass
 
 
+def _fingerprint(entries: Entries, subdirs: list[Row]) -> bytes:
+    """What a directory's record is good for: its entries' names and stats, its subtrees."""
+    stamps = [(n, s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_mode) for n, s in entries]
+    return hashlib.blake2b(repr((stamps, subdirs)).encode(), digest_size=16).digest()
+
+
 def build_snapshot(
     root: Path, *, limit: int = DEFAULT_LIMIT, cache: HashCache | None = None
 ) -> Snapshot:
-    """Hash the files of ``root`` into a manifest; :class:`SnapshotError` says what is wrong.
-    With ``cache``, files whose stat did not change are not read again."""
-    entries: list[ManifestEntry] = []
-    sources: dict[str, str] = {}
-    warnings: list[str] = []
-    total = 0
-    top = os.fspath(root)
-    for rel, st in scan(root):
-        path = os.path.join(top, rel)
+    """Hash the files of ``root`` into its trees; :class:`SnapshotError` says what is wrong.
+    With ``cache``, a directory whose entries' stats did not change is not built again, and a
+    file whose stat did not change is not read again."""
+    by_dir = scan_dirs(root)
+    by_dir.setdefault("", [])
+    for rel in list(by_dir):
+        if rel:
+            _add_parents(by_dir, rel.rpartition("/")[0])
+    build = _Build(root, limit, cache or HashCache(Path(os.devnull)), time_ns())  # no cache
+    subdirs: dict[str, list[Row]] = {}
+    # deepest first: a directory's tree is made once every subdirectory's is
+    for rel in sorted(by_dir, key=lambda p: (-p.count("/") if p else 1, p)):
+        entries = sorted(by_dir[rel], key=lambda e: e[0])
+        digest = build.directory(rel, entries, sorted(subdirs.pop(rel, [])))
+        if rel:
+            parent, _, name = rel.rpartition("/")
+            subdirs.setdefault(parent, []).append((name, "d", 0, 0, digest))
+        else:
+            build.trees.root = digest
+    if build.files > MAX_FILES:
+        raise SnapshotError(
+            f"the working directory holds {build.files} files, over the {MAX_FILES} limit; add "
+            "what the run does not need to .tetherignore"
+        )
+    if build.links:
         try:
-            if stat.S_ISLNK(st.st_mode):
-                target = os.readlink(path)
-                try:
-                    entries.append(ManifestEntry(path=rel, kind="symlink", target=target))
-                except ValidationError:
-                    warnings.append(
-                        f"{rel} -> {target} points outside the working directory; left out "
-                        "(give such data to the run with --mount NAME=PATH)"
-                    )
-                continue
-            if st.st_size > MAX_FILE_BYTES:
-                raise SnapshotError(
-                    f"{rel} is {_size(st.st_size)}, over the {_size(MAX_FILE_BYTES)} limit for one "
-                    "file; add it to .tetherignore (and hand it to the run with --mount)"
-                )
-            total += st.st_size
-            if total > limit:
-                raise SnapshotError(
-                    f"the working directory holds more than {_size(limit)} (reached at {rel}); "
-                    "add large files (data, checkpoints) to .tetherignore or .gitignore, or raise "
-                    "--snapshot-limit"
-                )
-            digest = cache.digest(rel, path, st) if cache else _hash_file(path)
-            if "\\" in rel or len(rel) > MAX_PATH_CHARS:  # else a scanned name is a normal one
-                check_relative_path(rel)
-        except PermissionError:
-            raise SnapshotError(
-                f"cannot read {rel}: permission denied; add it to .tetherignore"
-            ) from None
-        except OSError as exc:
-            raise SnapshotError(f"cannot read {rel}: {exc.strerror or exc}") from None
-        except ValueError as exc:
-            raise SnapshotError(f"cannot snapshot {rel!r}: {exc}") from None
-        # checked here, not again field by field
-        entries.append(file_entry(rel, st.st_mode & 0o777, st.st_size, digest))
-        sources.setdefault(digest, rel)
-    try:
-        manifest = Manifest(entries=entries)
-    except ValidationError as exc:
-        raise SnapshotError(f"cannot snapshot {root}: {exc.errors()[0]['msg']}") from None
+            links = [ManifestEntry(path=p, kind="symlink", target=t) for p, t in build.links]
+            Manifest(entries=sorted(links, key=lambda e: e.path))
+        except ValidationError as exc:
+            raise SnapshotError(f"cannot snapshot {root}: {exc.errors()[0]['msg']}") from None
     if cache is not None:
         cache.save()
-    return Snapshot(root, manifest, sources, warnings)
+    return Snapshot(root, build.trees, build.dirs, build.files, build.size, build.warnings)
+
+
+def _add_parents(by_dir: dict[str, Entries], path: str) -> None:
+    while path not in by_dir:  # the root is in it
+        by_dir[path] = []
+        path = path.rpartition("/")[0]
 
 
 @dataclass
-class Uploaded:
-    blobs: int  #: blobs uploaded
-    bytes: int  #: bytes uploaded
-    reused: int  #: blobs the relay already had
-    trees: int = 0  #: tree objects uploaded (``protocol_specs/trees.py``)
+class _Build:
+    """One snapshot being built, a directory at a time."""
 
+    root: Path
+    limit: int
+    cache: HashCache
+    now: int  #: when it started (ns): a stat this close to it is racy
+    trees: Trees = field(default_factory=lambda: Trees(root=""))
+    dirs: dict[str, str] = field(default_factory=dict)
+    files: int = 0
+    size: int = 0  #: bytes so far
+    links: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
-async def upload_snapshot(
-    control: ControlClient,
-    snapshot: Snapshot,
-    on_progress: Callable[[int, int], None] = lambda _done, _total: None,
-    *,
-    trees: Trees | None = None,
-) -> Uploaded:
-    """Upload what the relay lacks of the snapshot; ``on_progress(bytes done, bytes to do)`` as it
-    goes. With ``trees``, the relay is asked top-down (an unchanged directory is one digest, its
-    files are not asked about) and the trees it lacks are uploaded after the files, deepest first;
-    without, it is asked about every file."""
-    digests = snapshot.manifest.digests
-    if trees is None:
-        missing, lacking_trees = await control.missing_blobs(digests), list[str]()
-    else:
-        missing, lacking_trees = await _missing_top_down(control, trees)
-    sizes = {e.digest: e.size for e in snapshot.manifest.entries if e.kind == "file"}
-    files = [d for d in missing if d in sizes]
-    todo = sum(sizes[d] for d in files)
-    done = 0
+    def directory(self, rel: str, entries: Entries, subdirs: list[Row]) -> str:
+        """The tree digest of directory ``rel``: its record's if nothing in it changed, else
+        built (reading only the files whose stat changed)."""
+        fingerprint = _fingerprint(entries, subdirs)
+        old = self.cache.directory(rel)
+        if old is not None and old[0] == fingerprint:
+            record = old
+        else:
+            record = self._build(rel, entries, subdirs, fingerprint, old)
+        self.cache.keep(rel, record)
+        _, digest, data, files, size, _, links, warnings = record
+        self.files += files
+        self.size += size
+        if self.size > self.limit:
+            raise SnapshotError(
+                f"the working directory holds more than {_size(self.limit)} (reached in "
+                f"{rel or 'the top directory'}); add large files (data, checkpoints) to "
+                ".tetherignore or .gitignore, or raise --snapshot-limit"
+            )
+        self.links += [(f"{rel}/{n}" if rel else n, t) for n, t in links]
+        self.warnings += warnings
+        if digest not in self.trees.blobs:  # two directories alike are one tree
+            self.trees.blobs[digest] = data
+            self.trees.order.append(digest)
+            self.dirs[digest] = rel
+        return str(digest)
 
-    def count(n: int) -> None:
-        nonlocal done
-        done += n
-        on_progress(done, todo)
-
-    small = [d for d in files if sizes[d] <= BLOB_CHUNK]
-    try:
-        await control.put_small_blobs(
-            _read_files(snapshot, small), lambda _d, n: count(n)
-        )  # many on their way at once
-        for digest in files:
-            if sizes[digest] > BLOB_CHUNK:
-                await _put_big(control, snapshot, digest, sizes[digest], count)
-    except RelayError as exc:
-        if exc.code == ErrorCode.BAD_BLOB:
-            rel = next((snapshot.sources[d] for d in files if d[:12] in exc.message), "a file")
-            raise SnapshotError(f"{rel} changed while it was being uploaded") from None
-        raise
-    if trees is not None:
-        await _upload_trees(control, trees, lacking_trees)
-    return Uploaded(
-        blobs=len(files), bytes=todo, reused=len(digests) - len(files), trees=len(lacking_trees)
-    )
-
-
-async def _read_files(snapshot: Snapshot, digests: list[str]) -> AsyncIterator[tuple[str, bytes]]:
-    """Each blob's bytes, read in worker threads a batch at a time."""
-    for i in range(0, len(digests), 64):
-        batch = digests[i : i + 64]
-
-        def read(batch: list[str] = batch) -> list[bytes]:
-            out = []
-            for digest in batch:
-                rel = snapshot.sources[digest]
-                try:
-                    out.append((snapshot.root / rel).read_bytes())
-                except OSError as exc:  # gone or unreadable since it was hashed
-                    raise SnapshotError(f"cannot read {rel}: {exc.strerror or exc}") from None
-            return out
-
-        for digest, data in zip(batch, await trio.to_thread.run_sync(read), strict=True):
-            yield digest, data
-
-
-async def _put_big(
-    control: ControlClient,
-    snapshot: Snapshot,
-    digest: str,
-    size: int,
-    count: Callable[[int], None],
-) -> None:
-    """A blob of more than one piece, piece by piece."""
-    with open(snapshot.root / snapshot.sources[digest], "rb") as f:  # noqa: ASYNC230 (read in worker threads)
-
-        async def read(offset: int, length: int) -> bytes:
-            def piece() -> bytes:
-                f.seek(offset)
-                return f.read(length)
-
-            return await trio.to_thread.run_sync(piece)
-
-        await control.put_blob(digest, (size, read), count)
-
-
-async def _missing_top_down(control: ControlClient, trees: Trees) -> tuple[list[str], list[str]]:
-    """(what the relay lacks, the trees among it), asking about the root, then about what each
-    lacking tree names, level by level."""
-    lacking: list[str] = []
-    level = [trees.root]
-    while level:
-        missing = await control.missing_blobs(level)
-        lacking += missing
-        level = trees.children(d for d in missing if d in trees.blobs)
-    return lacking, [d for d in lacking if d in trees.blobs]
-
-
-async def submit_snapshot(
-    control: ControlClient,
-    spec: RunSpec,
-    snapshot: Snapshot,
-    on_progress: Callable[[int, int], None] = lambda _done, _total: None,
-) -> tuple[RunRecord, Uploaded]:
-    """Upload what the relay lacks of ``snapshot`` and submit ``spec`` on it, named by its root
-    tree. A relay that holds a tree but lost something below it (its blob collection spares what
-    was used lately, not what a kept tree names) refuses the submit: then every tree and file is
-    asked about and the submit made again."""
-    trees = build_trees(snapshot.manifest)
-    uploaded = await upload_snapshot(control, snapshot, on_progress, trees=trees)
-    try:
-        return await control.submit(spec, tree=trees.root), uploaded
-    except RelayError as exc:
-        if exc.code != ErrorCode.MISSING_BLOBS:
-            raise
-    again = await upload_snapshot(control, snapshot, on_progress)
-    await _upload_trees(control, trees, await control.missing_blobs(trees.order))
-    record = await control.submit(spec, tree=trees.root)
-    return record, Uploaded(
-        blobs=uploaded.blobs + again.blobs,
-        bytes=uploaded.bytes + again.bytes,
-        reused=again.reused,
-        trees=uploaded.trees,
-    )
-
-
-async def _upload_trees(control: ControlClient, trees: Trees, lacking: list[str]) -> None:
-    """The trees the relay lacks, each after everything it names (in :attr:`Trees.order`): the
-    small ones many at a time, one of over a piece (some 40,000 entries) on its own."""
-    wanted = set(lacking)
-    run: list[str] = []
-    for digest in [*(d for d in trees.order if d in wanted), ""]:
-        if digest and len(trees.blobs[digest]) <= BLOB_CHUNK:
-            run.append(digest)
-            continue
-        await control.put_small_blobs(_aiter((d, trees.blobs[d]) for d in run))
-        run = []
-        if digest:
-            await control.put_blob(digest, trees.blobs[digest])
-
-
-async def _aiter(items: Iterable[tuple[str, bytes]]) -> AsyncIterator[tuple[str, bytes]]:
-    for item in items:
-        yield item
+    def _build(
+        self,
+        rel: str,
+        entries: Entries,
+        subdirs: list[Row],
+        fingerprint: bytes,
+        old: list[Any] | None,
+    ) -> list[Any]:
+        known = self.cache.file_records(old)
+        top = os.fspath(self.root)
+        rows: list[Row] = list(subdirs)
+        records: dict[str, list[Any]] = {}
+        links: list[tuple[str, str]] = []
+        warnings: list[str] = []
+        size = 0
+        racy = False
+        for name, st in entries:
+            path_rel = f"{rel}/{name}" if rel else name
+            path = os.path.join(top, path_rel)
+            if self.now - st.st_mtime_ns <= RACY_SECONDS * 1e9:
+                racy = True
+            try:
+                if "\\" in path_rel or len(path_rel) > MAX_PATH_CHARS:
+                    check_relative_path(path_rel)  # else a scanned name is a normal one
+                if stat.S_ISLNK(st.st_mode):
+                    target = os.readlink(path)
+                    try:
+                        ManifestEntry(path=path_rel, kind="symlink", target=target)
+                    except ValidationError:
+                        warnings.append(
+                            f"{path_rel} -> {target} points outside the working directory; left "
+                            "out (give such data to the run with --mount NAME=PATH)"
+                        )
+                        continue
+                    rows.append((name, "l", 0, 0, target))
+                    links.append((name, target))
+                    continue
+                if st.st_size > MAX_FILE_BYTES:
+                    raise SnapshotError(
+                        f"{path_rel} is {_size(st.st_size)}, over the {_size(MAX_FILE_BYTES)} "
+                        "limit for one file; add it to .tetherignore (and hand it to the run with "
+                        "--mount)"
+                    )
+                if self.size + size + st.st_size > self.limit:
+                    raise SnapshotError(
+                        f"the working directory holds more than {_size(self.limit)} (reached at "
+                        f"{path_rel}); add large files (data, checkpoints) to .tetherignore or "
+                        ".gitignore, or raise --snapshot-limit"
+                    )
+                stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+                was = known.get(name)
+                digest = str(was[4]) if was is not None and was[:4] == stamp else _hash_file(path)
+            except PermissionError:
+                raise SnapshotError(
+                    f"cannot read {path_rel}: permission denied; add it to .tetherignore"
+                ) from None
+            except OSError as exc:
+                raise SnapshotError(f"cannot read {path_rel}: {exc.strerror or exc}") from None
+            except ValueError as exc:
+                if isinstance(exc, SnapshotError):
+                    raise
+                raise SnapshotError(f"cannot snapshot {path_rel!r}: {exc}") from None
+            if self.now - st.st_mtime_ns > RACY_SECONDS * 1e9:
+                records[name] = [*stamp, digest]
+            rows.append((name, "f", st.st_mode & 0o777, st.st_size, digest))
+            size += st.st_size
+        rows.sort()
+        for before, after in itertools.pairwise(rows):
+            if before[0] == after[0]:
+                clash = f"{rel}/{after[0]}" if rel else after[0]
+                raise SnapshotError(f"cannot snapshot {clash!r}: a file and a directory at once")
+        data = encode_tree(rows)
+        digest = hashlib.sha256(data).hexdigest()
+        files = len(rows) - len(subdirs)
+        # a record whose fingerprint never matches: its files' digests are still good
+        mark = b"" if racy else fingerprint
+        packed = msgpack.packb(records)
+        return [mark, digest, data, files, size, packed, links, warnings]

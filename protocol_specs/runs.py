@@ -384,8 +384,11 @@ class RunRecord(BaseModel):
     #: records written before queue entries were acknowledged at claim time: the entry a worker
     #: claimed (acknowledged when the attempt ends)
     queue_entry: str = ""
-    #: the snapshot (manifest id), its file count and bytes
+    #: the snapshot (its manifest's id, or its root tree's digest), its file count and bytes
     snapshot: str = ""
+    #: a snapshot recorded by its root tree (``relay/trees.py``): the digest; its manifest is
+    #: expanded when a worker claims the run
+    tree: str = ""
     files: int = 0
     size: int = 0
     #: the current attempt's number (1-based) and every attempt so far

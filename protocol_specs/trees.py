@@ -79,14 +79,19 @@ class Trees:
     blobs: dict[str, bytes] = field(default_factory=dict)  #: tree digest -> its bytes
     #: every tree's digest, each after every tree below it (the order to upload them in)
     order: list[str] = field(default_factory=list)
-    #: tree digest -> the digests it names: its subtrees' and its files'
+    #: tree digest -> the digests it names: its subtrees' and its files' (read from its bytes
+    #: when first asked for)
     refs: dict[str, list[str]] = field(default_factory=dict)
 
     def children(self, digests: Iterable[str]) -> list[str]:
         """What the trees among ``digests`` name (their subtrees and files), each once."""
         out: dict[str, None] = {}
         for digest in digests:
-            for ref in self.refs.get(digest, ()):
+            refs = self.refs.get(digest)
+            if refs is None and digest in self.blobs:
+                rows = decode_tree(self.blobs[digest])
+                refs = self.refs[digest] = [r[4] for r in rows if r[1] != "l"]
+            for ref in refs or ():
                 out[ref] = None
         return list(out)
 

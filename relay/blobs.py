@@ -24,17 +24,15 @@ import hashlib
 import os
 import secrets
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import trio
 
-from protocol_specs.snapshots import MAX_FILE_BYTES, Manifest
-from protocol_specs.trees import MAX_TREE_BYTES, Expansion, Row, TreeError
+from protocol_specs.snapshots import MAX_FILE_BYTES
 
-__all__ = ["BlobError", "BlobStore", "FileBlobStore", "MemoryBlobStore", "Upload", "expand_tree"]
+__all__ = ["BlobError", "BlobStore", "FileBlobStore", "MemoryBlobStore", "Upload"]
 
 
 class BlobError(Exception):
@@ -244,56 +242,3 @@ class _MemoryUpload(_HashingUpload):
 
     async def abort(self) -> None:
         self.parts.clear()
-
-
-class _DecodedTrees:
-    """Trees decoded lately, by digest (content-addressed: a digest's rows never change), newest
-    last, at most :data:`DECODED_ROWS` rows in all: a second submit decodes only what changed."""
-
-    def __init__(self) -> None:
-        self.trees: OrderedDict[str, list[Row]] = OrderedDict()
-        self.rows = 0
-
-    def get(self, digest: str) -> list[Row] | None:
-        rows = self.trees.get(digest)
-        if rows is not None:
-            self.trees.move_to_end(digest)
-        return rows
-
-    def put(self, digest: str, rows: list[Row]) -> None:
-        if len(rows) > DECODED_ROWS or digest in self.trees:
-            return
-        self.trees[digest] = rows
-        self.rows += len(rows)
-        while self.rows > DECODED_ROWS:
-            self.rows -= len(self.trees.popitem(last=False)[1])
-
-
-#: the rows a relay process keeps decoded (some 60 MB: a tree of 200,000 files and change)
-DECODED_ROWS = 250_000
-_DECODED = _DecodedTrees()
-
-
-async def expand_tree(
-    blobs: BlobStore, root: str, lacking: Callable[[list[str]], Awaitable[list[str]]]
-) -> Manifest:
-    """The manifest a snapshot's root tree names (``protocol_specs/trees.py``), reading each
-    level's trees once ``lacking`` said none of them is missing (for the submitter: a user reads
-    only trees they uploaded). :class:`BlobError` for lacking trees (how many, the first),
-    :class:`~protocol_specs.trees.TreeError` for one that is malformed or too big. Trees decoded
-    lately are not read or decoded again (but still asked about)."""
-    expansion = Expansion(root)
-    while expansion.needs:
-        level = list(expansion.needs)
-        if missing := await lacking(level):
-            raise BlobError(f"{len(missing)} of the snapshot's trees (first: {missing[0][:12]})")
-        for digest in level:
-            rows = _DECODED.get(digest)
-            if rows is not None:
-                expansion.feed_rows(digest, rows)
-                continue
-            size, data = await blobs.read(digest, 0, MAX_TREE_BYTES + 1)
-            if size > MAX_TREE_BYTES:
-                raise TreeError(f"tree {digest[:12]} is {size} bytes (at most {MAX_TREE_BYTES})")
-            _DECODED.put(digest, expansion.feed(digest, data))
-    return expansion.manifest()

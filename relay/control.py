@@ -30,11 +30,12 @@ from protocol_specs.wire import ErrorCode, WireError
 from . import keys
 from .audit import AuditTrail
 from .auth import TokenStore
-from .blobs import BlobError, BlobStore, Upload, expand_tree
+from .blobs import BlobError, BlobStore, Upload
 from .claims import Claims
 from .config import SERVER_NAME, RelayConfig
 from .gate import Peer
 from .registry import Registry
+from .trees import CheckedTrees, Rooted, check_tree
 from .tunnels import Tunnels
 
 __all__ = ["Control"]
@@ -86,6 +87,8 @@ class Control:
         self.tokens = tokens
         self.audit = audit
         self.config = config
+        #: the subtrees each user had checked lately: a second submit reads what changed
+        self.checked = CheckedTrees(config.blob_grace / 2, registry.clock)
 
     async def serve(self, peer: Peer, who: Principal, token: str) -> None:
         conn = _Conn(peer, who, token)
@@ -138,8 +141,8 @@ class Control:
                 return await self._get_blob(frame, conn)
             case wire.Submit():
                 self._allow(who, Act.SUBMIT)
-                manifest = await self._snapshot(who, frame)
-                missing = await self._missing(who, manifest.digests)
+                snapshot = await self._snapshot(who, frame)
+                missing = [] if frame.tree else await self._missing(who, frame.manifest.digests)
                 if missing:
                     return wire.Error(
                         code=ErrorCode.MISSING_BLOBS,
@@ -147,15 +150,19 @@ class Control:
                         f"(first: {missing[0][:12]}); upload them before submitting",
                         rid=rid,
                     )
-                got = await self.registry.submit(frame.spec, manifest, owner=who.user)
+                got = await self.registry.submit(frame.spec, snapshot, owner=who.user)
                 if isinstance(got, RunRecord):
                     await self._audit(got.id, "submit", conn)
                 return _run_info(got, rid)
             case wire.Rerun():
                 record = await self._run(who, Act.RERUN, frame.run)
-                manifest = await self.registry.manifest_of(record.id)
+                again: Manifest | Rooted = (
+                    Rooted(record.tree, record.snapshot, record.files, record.size)
+                    if record.tree
+                    else await self.registry.manifest_of(record.id)
+                )
                 got = await self.registry.submit(
-                    record.spec, manifest, owner=who.user, rerun_of=record.id
+                    record.spec, again, owner=who.user, rerun_of=record.id
                 )
                 if isinstance(got, RunRecord):
                     await self._audit(got.id, "submit", conn, detail=f"rerun of {record.id}")
@@ -193,9 +200,9 @@ class Control:
                 taken = await self.registry.claim_run(frame.worker, frame.run, frame.attempt)
                 if isinstance(taken, wire.Error):
                     return taken.model_copy(update={"rid": rid})
-                claimed, manifest = taken
+                claimed = taken
                 conn.undo = lambda: self.registry.release(claimed, "its worker is gone")
-                return await self._assigned(frame.rid, conn, claimed, manifest)
+                return await self._assigned(frame.rid, conn, claimed)
             case wire.Claim():
                 self._allow(who, Act.CLAIM_NEXT)
                 backend, worker = frame.backend, frame.worker
@@ -206,8 +213,7 @@ class Control:
                 if next_run is None:
                     raise ConnectionClosed(None, None)
                 conn.undo = lambda: self.registry.release(next_run, "its worker is gone")
-                manifest = await self.registry.manifest_of(next_run.id)
-                return await self._assigned(frame.rid, conn, next_run, manifest)
+                return await self._assigned(frame.rid, conn, next_run)
             case wire.Dispatch():
                 self._allow(who, Act.DISPATCH)
                 backend = frame.backend
@@ -217,7 +223,7 @@ class Control:
                 if handed is None:
                     raise ConnectionClosed(None, None)
                 conn.undo = lambda: self.registry.enqueue(handed)
-                return await self._assigned(frame.rid, conn, handed, Manifest())
+                return await self._assigned(frame.rid, conn, handed, manifest=False)
             case wire.CreateToken():
                 user = frame.user or who.user
                 others = user != who.user or bool(set(frame.scopes) - {Scope.RUNS})
@@ -324,12 +330,15 @@ class Control:
             )
         return await self.registry.load(found[0]) if found else None
 
-    async def _snapshot(self, who: Principal, frame: wire.Submit) -> Manifest:
-        """The submit's manifest: as sent, or read from the root tree it names."""
+    async def _snapshot(self, who: Principal, frame: wire.Submit) -> Manifest | Rooted:
+        """The submit's snapshot: the manifest as sent, or the root tree it names, checked
+        reading only what changed since ``who`` last submitted it (``relay/trees.py``)."""
         if not frame.tree:
             return frame.manifest
         try:
-            return await expand_tree(self.blobs, frame.tree, partial(self._missing, who))
+            lacking = partial(self._missing, who)
+            checked = await check_tree(self.blobs, frame.tree, lacking, self.checked, who.user)
+            return Rooted.checked(frame.tree, checked)
         except BlobError as exc:
             raise _Refused(
                 ErrorCode.MISSING_BLOBS, f"the relay lacks {exc}; upload them before submitting"
@@ -403,10 +412,19 @@ class Control:
     # --- answers ----------------------------------------------------------------------------------
 
     async def _assigned(
-        self, rid: int, conn: _Conn, record: RunRecord, manifest: Manifest
-    ) -> wire.Assigned:
-        """A claimed or dispatched attempt, with a worker token for it (unless the requester is
-        that attempt's worker already)."""
+        self, rid: int, conn: _Conn, record: RunRecord, *, manifest: bool = True
+    ) -> wire.AnyFrame:
+        """A claimed or dispatched attempt, with its manifest (a dispatch to a scheduler: none)
+        and a worker token for it (unless the requester is that attempt's worker already). A
+        snapshot the relay lost part of since the submit (its blobs deleted by hand) fails the
+        attempt's start, saying so."""
+        try:
+            snapshot = await self.registry.manifest_of(record.id) if manifest else Manifest()
+        except (BlobError, TreeError) as exc:
+            conn.undo = None
+            detail = f"the relay lost part of the run's snapshot: {exc}"
+            await self.registry.snapshot_lost(record, detail)
+            return wire.Error(code=ErrorCode.NO_SUCH_BLOB, message=detail, rid=rid)
         token = ""
         if conn.who.kind != "worker":
             ttl = self.config.retention + self.config.lease
@@ -417,7 +435,7 @@ class Control:
             conn,
             detail=f"attempt {record.attempt} to {record.worker or 'a scheduler job'}",
         )
-        return wire.Assigned(rid=rid, run=record, manifest=manifest, token=token)
+        return wire.Assigned(rid=rid, run=record, manifest=snapshot, token=token)
 
     async def _audit(self, run_id: str, event: str, conn: _Conn, *, detail: str = "") -> None:
         await self.audit.record(

@@ -28,6 +28,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any, NamedTuple
 
 from protocol_specs import wire
@@ -41,11 +42,14 @@ from protocol_specs.runs import (
 )
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
+from protocol_specs.trees import TreeError
 from protocol_specs.wire import ErrorCode, StreamName
 
 from . import keys
+from .blobs import BlobError
 from .config import RelayConfig
 from .store import Store, StoreError
+from .trees import Expand, Rooted
 from .tunnels import expire_tunnels
 
 __all__ = ["RECORD_FIELD", "Change", "Registry", "new_run_id"]
@@ -56,6 +60,12 @@ log = logging.getLogger("tether.relay")
 RECORD_FIELD = "record"
 #: writers that may win in a row against one update before it gives up (each a round trip)
 MAX_CONFLICTS = 100
+
+
+def _snapshot_fields(snapshot: Manifest | Rooted) -> dict[str, Any]:
+    if isinstance(snapshot, Rooted):
+        return asdict(snapshot)
+    return {"snapshot": snapshot.id, "files": len(snapshot.entries), "size": snapshot.total_bytes}
 
 
 class Change(NamedTuple):
@@ -74,11 +84,18 @@ class Registry:
     """Run records, their transitions, leases, retries and the queue's entries, on one store."""
 
     def __init__(
-        self, store: Store, config: RelayConfig, *, clock: Callable[[], float] = time.time
+        self,
+        store: Store,
+        config: RelayConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        expand: Expand | None = None,
     ) -> None:
         self.store = store
         self.config = config
         self.clock = clock
+        #: a root tree's manifest and trees (``relay/trees.py``): for runs recorded by their tree
+        self.expand = expand
         #: the backends whose queue this process has used (their consumer group exists)
         self.backends: set[str] = set()
 
@@ -263,8 +280,10 @@ class Registry:
     # --- submission -------------------------------------------------------------------------------
 
     async def submit(
-        self, spec: RunSpec, manifest: Manifest, *, owner: str, rerun_of: str = ""
+        self, spec: RunSpec, snapshot: Manifest | Rooted, *, owner: str, rerun_of: str = ""
     ) -> RunRecord | wire.Error:
+        """Record and queue a run on ``snapshot``: a manifest (kept beside the record) or a root
+        tree already checked (the record names it; the manifest is expanded at claim)."""
         cap = self.config.max_active_runs
         active = await self.store.zrange_by_score(keys.user_active(owner), float("inf"), cap)
         if len(active) >= cap:
@@ -279,16 +298,17 @@ class Registry:
             spec=spec,
             created_at=now,
             updated_at=now,
-            snapshot=manifest.id,
-            files=len(manifest.entries),
-            size=manifest.total_bytes,
+            **_snapshot_fields(snapshot),
             attempts=[Attempt(n=1, queued_at=now)],
             rerun_of=rerun_of,
             owner=owner,
         )
         while not await self.create(record):
             record = record.model_copy(update={"id": new_run_id()})
-        await self.store.set_bytes(keys.manifest(record.id), manifest.model_dump_json().encode())
+        if isinstance(snapshot, Manifest):
+            await self.store.set_bytes(
+                keys.manifest(record.id), snapshot.model_dump_json().encode()
+            )
         await self.store.zadd(keys.RUNS, record.id, now)
         await self.store.zadd(keys.user_runs(owner), record.id, now)
         await self.store.zadd(keys.user_active(owner), record.id, now)
@@ -311,8 +331,16 @@ class Registry:
         for run_id in await self.store.zrange_desc(keys.RUNS, 10**9):
             raw = await self.store.get_bytes(keys.manifest(run_id))
             if raw is None:
-                if await self.load(run_id) is None:  # expired: forget it everywhere
+                record = await self.load(run_id)
+                if record is None:  # expired: forget it everywhere
                     await self.store.zrem(keys.RUNS, run_id)
+                elif record.tree and self.expand is not None:  # its files and its trees
+                    try:
+                        manifest, trees = await self.expand(record.tree)
+                    except (BlobError, TreeError) as exc:
+                        log.warning("run %s: its snapshot cannot be read: %s", run_id, exc)
+                        continue
+                    live.update(manifest.digests, trees)
                 continue
             for entry in orjson.loads(raw).get("entries", []):
                 if isinstance(entry, dict) and entry.get("digest"):
@@ -320,8 +348,25 @@ class Registry:
         return live
 
     async def manifest_of(self, run_id: str) -> Manifest:
+        """The run's manifest: as kept, or expanded from its root tree (:class:`BlobError` or
+        :class:`TreeError` if the relay lost part of it)."""
         raw = await self.store.get_bytes(keys.manifest(run_id))
-        return Manifest.model_validate_json(raw) if raw else Manifest()
+        if raw:
+            return Manifest.model_validate_json(raw)
+        record = await self.load(run_id)
+        if record is None or not record.tree or self.expand is None:
+            return Manifest()
+        return (await self.expand(record.tree))[0]
+
+    async def snapshot_lost(self, record: RunRecord, detail: str) -> None:
+        """A claimed attempt whose snapshot the relay cannot read any more: it fails to start."""
+        failed = await self.transition(
+            record.id, RunEvent.START_FAILED, about=record.attempt, detail=detail
+        )
+        if failed is not None:
+            await self.append_status(
+                record.id, StatusEvent.START_FAILED, failed, logs=True, detail=detail
+            )
 
     async def list_runs(self, limit: int, user: str = "") -> list[RunRecord]:
         """The newest runs (``user``: that user's only)."""
@@ -383,9 +428,7 @@ class Registry:
         log.info("run %s: claim by %s released: %s", record.id, record.worker, why)
         await self.enqueue(released)
 
-    async def claim_run(
-        self, worker: str, run_id: str, attempt: int
-    ) -> tuple[RunRecord, Manifest] | wire.Error:
+    async def claim_run(self, worker: str, run_id: str, attempt: int) -> RunRecord | wire.Error:
         """Take ``run_id`` for its attempt ``attempt`` (a worker its scheduler job started)."""
         record = await self.load(run_id)
         if record is None:
@@ -403,7 +446,7 @@ class Registry:
         claimed = await self.claimed(run_id, worker)
         if claimed is None or claimed.attempt != attempt:
             return wire.Error(code=ErrorCode.STALE_ATTEMPT, message=f"run {run_id} was taken")
-        return claimed, await self.manifest_of(run_id)
+        return claimed
 
     async def report(self, frame: wire.Report) -> RunRecord | wire.Error:
         """A scheduler backend's news about an attempt it launched (see :class:`wire.Report`)."""

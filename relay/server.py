@@ -52,6 +52,7 @@ from .heap import keep_heap
 from .links import Links
 from .registry import Registry
 from .store import Store, StoreError
+from .trees import expand_tree
 from .webhook import notify_unattended_stop
 
 __all__ = ["SERVER_NAME", "Relay", "RelayConfig", "serve_relay", "server_port"]
@@ -85,7 +86,12 @@ class Relay:
         #: where background work (webhooks) runs; set by :func:`serve_relay`
         self.background: trio.Nursery | None = None
         self.fanout = Fanout(store)
-        self.registry = Registry(store, config, clock=clock)
+        self.registry = Registry(
+            store,
+            config,
+            clock=clock,
+            expand=lambda root: expand_tree(self.blobs, root, self.blobs.missing),
+        )
         self.claims = Claims(self.registry, consumer=f"relay-{self.fanout.id}")
         self.tokens = TokenStore(store, clock=clock)
         self.audit = AuditTrail(store, entries=config.audit_entries, clock=clock)

@@ -163,13 +163,8 @@ async def submit_run(
     progress: Callable[[int, int], None] | None = None,
 ) -> RunRecord:
     """Snapshot the working directory, upload what the relay lacks, submit the run."""
-    from adapter.snapshot import (
-        DEFAULT_LIMIT,
-        HashCache,
-        SnapshotError,
-        build_snapshot,
-        submit_snapshot,
-    )
+    from adapter.snapshot import DEFAULT_LIMIT, HashCache, SnapshotError, build_snapshot
+    from adapter.snapshot_upload import submit_snapshot
 
     root = Path(spec.workdir)
     cache = HashCache.for_tree(tether_home() / "cache" / "snapshots", root)
@@ -179,7 +174,6 @@ async def submit_run(
         raise SystemExit(f"tether: {exc}") from None
     for warning in snapshot.warnings:
         say(f"warning: {warning}")
-    manifest = snapshot.manifest
     async with open_control(relay, client="tether-cli") as control:
         try:
             record, uploaded = await control_call(
@@ -188,8 +182,8 @@ async def submit_run(
         except SnapshotError as exc:
             raise SystemExit(f"tether: {exc}") from None
     say(
-        f"submitted run {record.id}: {' '.join(spec.command)} ({len(manifest.entries)} files, "
-        f"{mib(manifest.total_bytes)}; uploaded {uploaded.blobs} new files, "
+        f"submitted run {record.id}: {' '.join(spec.command)} ({snapshot.files} files, "
+        f"{mib(snapshot.size)}; uploaded {uploaded.blobs} new files, "
         f"{mib(uploaded.bytes)}; {uploaded.reused} already on the relay)"
     )
     return record

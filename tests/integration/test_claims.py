@@ -179,6 +179,29 @@ async def test_blobs_no_live_run_names_are_collected_and_recent_ones_spared() ->
     assert sorted(blobs.blobs) == ["a" * 64, "c" * 64]
 
 
+async def test_the_collection_keeps_the_trees_and_files_of_a_run_recorded_by_its_tree() -> None:
+    import hashlib
+
+    from protocol_specs.snapshots import Manifest, ManifestEntry
+    from protocol_specs.trees import build_trees
+    from relay.blobs import MemoryBlobStore
+    from relay.trees import Rooted
+
+    now = [10_000.0]
+    blobs = MemoryBlobStore(clock=lambda: now[0])
+    kept, other = hashlib.sha256(b"x").hexdigest(), hashlib.sha256(b"y").hexdigest()
+    trees = build_trees(Manifest(entries=[ManifestEntry(path="src/a.py", digest=kept, size=1)]))
+    for digest, data in [*trees.blobs.items(), (kept, b"x"), (other, b"y")]:
+        blobs.blobs[digest], blobs.used[digest] = data, now[0]
+    store = MemoryStore(clock=lambda: now[0])
+    relay = Relay(store, blobs=blobs, config=RelayConfig(blob_grace=3600), clock=lambda: now[0])
+    rooted = Rooted(tree=trees.root, snapshot=trees.root, files=1, size=1)
+    assert not isinstance(await relay.registry.submit(SPEC, rooted, owner="alice"), wire.Error)
+    now[0] += 7200
+    assert await relay.collect_blobs() == 1
+    assert sorted(blobs.blobs) == sorted([*trees.blobs, kept])
+
+
 async def test_the_file_blob_store_sweeps_by_name_and_age(tmp_path: Path) -> None:
     import hashlib
     import os

@@ -74,3 +74,82 @@ def test_a_broken_cache_file_only_costs_a_rehash(tmp_path: Path) -> None:
     assert build_snapshot(tree, cache=HashCache.for_tree(tmp_path / "cache", tree)).manifest == (
         build_snapshot(tree).manifest
     )
+
+
+def _tree(root: Path) -> None:
+    for d in ("pkg", "pkg/sub", "data"):
+        for n in range(3):
+            path = root / d / f"f{n}.py"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{d} {n}\n")
+            _age(path)
+    (root / "train.py").write_text("print('train')\n")
+    _age(root / "train.py")
+
+
+def _built(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many trees each snapshot encodes from rows (a directory not rebuilt encodes none)."""
+    built: list[int] = []
+    real = snapshot.encode_tree
+
+    def counted(rows: list[snapshot.Row]) -> bytes:
+        built.append(len(rows))
+        return real(rows)
+
+    monkeypatch.setattr(snapshot, "encode_tree", counted)
+    return built
+
+
+def test_a_directory_where_nothing_changed_is_not_built_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree, cache_dir = tmp_path / "tree", tmp_path / "cache"
+    _tree(tree)
+    first = build_snapshot(tree, cache=HashCache.for_tree(cache_dir, tree))
+    built = _built(monkeypatch)
+    again = build_snapshot(tree, cache=HashCache.for_tree(cache_dir, tree))
+    assert built == [] and again.trees.root == first.trees.root
+    assert (
+        (again.files, again.size) == (first.files, first.size) == (10, first.manifest.total_bytes)
+    )
+    (tree / "pkg" / "sub" / "f1.py").write_text("changed\n")
+    _age(tree / "pkg" / "sub" / "f1.py")
+    changed = build_snapshot(tree, cache=HashCache.for_tree(cache_dir, tree))
+    assert len(built) == 3  # pkg/sub, pkg and the root; data's record still good
+    assert changed.trees.root == build_snapshot(tree).trees.root  # as built from nothing
+
+
+def test_whatever_changes_the_trees_are_those_built_from_nothing(tmp_path: Path) -> None:
+    tree, cache_dir = tmp_path / "tree", tmp_path / "cache"
+    _tree(tree)
+    changes = [
+        lambda: (tree / "data" / "f0.py").unlink(),
+        lambda: (tree / "new" / "deep").mkdir(parents=True),
+        lambda: (tree / "new" / "deep" / "x.py").write_text("x\n"),
+        lambda: os.symlink("../pkg/f0.py", tree / "data" / "link.py"),
+        lambda: (tree / "pkg" / "f2.py").chmod(0o755),
+        lambda: os.rename(tree / "pkg" / "sub", tree / "moved"),
+        lambda: os.symlink("/etc", tree / "pkg" / "outside"),
+    ]
+    for change in changes:
+        change()
+        cached = build_snapshot(tree, cache=HashCache.for_tree(cache_dir, tree))
+        fresh = build_snapshot(tree)
+        assert cached.trees.root == fresh.trees.root and cached.manifest == fresh.manifest
+        assert cached.warnings == fresh.warnings
+    assert any("outside -> /etc" in w for w in cached.warnings)
+
+
+def test_a_damaged_directory_record_is_not_used(tmp_path: Path) -> None:
+    import msgpack
+
+    tree, cache_dir = tmp_path / "tree", tmp_path / "cache"
+    _tree(tree)
+    cache = HashCache.for_tree(cache_dir, tree)
+    first = build_snapshot(tree, cache=cache)
+    saved = msgpack.unpackb(cache.path.read_bytes())
+    saved["dirs"]["pkg"][2] = b"not the tree"  # the digest no longer matches
+    cache.path.write_bytes(msgpack.packb(saved))
+    again = build_snapshot(tree, cache=HashCache.for_tree(cache_dir, tree))
+    assert again.trees.root == first.trees.root
+    assert again.trees.blobs[again.trees.root] == first.trees.blobs[first.trees.root]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.trees import Expansion, TreeError, Trees, build_trees, decode_tree, encode_tree
-from relay import blobs
+from relay import trees as relay_trees
 
 
 def digest(text: str) -> str:
@@ -166,8 +166,8 @@ def test_structured_garbage_decodes_to_a_tree_or_a_tree_error(
 
 
 def test_the_relays_decoded_trees_stay_within_their_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(blobs, "DECODED_ROWS", 10)
-    kept = blobs._DecodedTrees()
+    monkeypatch.setattr(relay_trees, "DECODED_ROWS", 10)
+    kept = relay_trees._DecodedTrees()
     rows = [("a", "f", 0o644, 1, digest("a"))] * 4
     for name in ("x", "y", "z"):
         kept.put(digest(name), rows)
