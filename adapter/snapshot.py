@@ -33,6 +33,7 @@ import itertools
 import os
 import stat
 import subprocess
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -126,22 +127,38 @@ def scan_dirs(root: Path) -> dict[str, Entries]:
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         return _walk(top, _patterns(root / ".gitignore") + extra)
-    found: dict[str, Entries] = {}
+    listed: dict[str, list[str]] = {}
     for rel in dict.fromkeys(out.decode().split("\0")):
         if not rel or _skipped(rel) or (extra and _ignored(rel, extra)):
             continue
-        if st := _file_or_link(os.path.join(top, rel)):
-            parent, _, name = rel.rpartition("/")
-            found.setdefault(parent, []).append((name, st))
-    return found
+        parent, _, name = rel.rpartition("/")
+        listed.setdefault(parent, []).append(name)
+    return {d: here for d, names in listed.items() if (here := _files_in(top, d, names))}
 
 
-def _file_or_link(path: str) -> os.stat_result | None:
+def _open_dir(path: str) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def _files_in(top: str, rel_dir: str, names: list[str]) -> Entries:
+    """The files and symlinks among ``names`` in the directory ``rel_dir``, each with its
+    ``lstat``, taken relative to the directory (one name to resolve a call, not a whole path)."""
     try:
-        st = os.lstat(path)
+        fd = _open_dir(os.path.join(top, rel_dir))
     except OSError:
-        return None  # deleted but still in git's index
-    return st if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) else None
+        return []  # gone since git listed it
+    found = []
+    try:
+        for name in names:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue  # deleted but still in git's index
+            if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                found.append((name, st))
+    finally:
+        os.close(fd)
+    return found
 
 
 def _skipped(rel: str) -> bool:
@@ -181,29 +198,38 @@ def _walk(top: str, patterns: list[str]) -> dict[str, Entries]:
     while pending:
         rel_dir = pending.pop()
         try:
-            with os.scandir(os.path.join(top, rel_dir)) as listing:
-                entries = list(listing)
+            fd = _open_dir(os.path.join(top, rel_dir))  # its entries' stats: relative to it
         except OSError:
             continue  # unreadable: left out, as os.walk does
-        here: Entries = []
-        for entry in entries:
+        try:
+            if here := _listing(fd, rel_dir, patterns, pending):
+                found[rel_dir] = here
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return found
+
+
+def _listing(fd: int, rel_dir: str, patterns: list[str], subdirs: list[str]) -> Entries:
+    """The files and symlinks of the directory open as ``fd``; its subdirectories go to
+    ``subdirs``."""
+    here: Entries = []
+    with os.scandir(fd) as listing:
+        for entry in listing:
             name = entry.name
             try:
                 if name in ALWAYS_SKIPPED and entry.is_dir():
                     continue
                 if patterns and _ignored(f"{rel_dir}/{name}" if rel_dir else name, patterns):
                     continue
-                if entry.is_symlink():
+                if entry.is_file(follow_symlinks=False) or entry.is_symlink():
                     here.append((name, entry.stat(follow_symlinks=False)))
                 elif entry.is_dir():
-                    pending.append(f"{rel_dir}/{name}" if rel_dir else name)
-                elif entry.is_file(follow_symlinks=False):
-                    here.append((name, entry.stat(follow_symlinks=False)))
+                    subdirs.append(f"{rel_dir}/{name}" if rel_dir else name)
             except OSError:
                 continue  # gone meanwhile
-        if here:
-            found[rel_dir] = here
-    return found
+    return here
 
 
 @dataclass
@@ -337,17 +363,30 @@ class HashCache:
 
 
 def _fingerprint(entries: Entries, subdirs: list[Row]) -> bytes:
-    """What a directory's record is good for: its entries' names and stats, its subtrees."""
-    stamps = [(n, s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_mode) for n, s in entries]
-    return hashlib.blake2b(repr((stamps, subdirs)).encode(), digest_size=16).digest()
+    """What a directory's record is good for: its entries' names and stats, its subtrees (made
+    for speed: a second submit of a big tree takes one of these a directory)."""
+    fields = [
+        x
+        for _, s in entries
+        for x in (s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_mode)
+    ]
+    try:
+        stats = array("q", fields).tobytes()
+    except OverflowError:  # an inode number past 2**63
+        stats = repr(fields).encode()
+    h = hashlib.blake2b(stats, digest_size=16)
+    h.update("\0".join([n for n, _ in entries]).encode(errors="surrogateescape"))
+    h.update(repr(subdirs).encode(errors="surrogateescape"))
+    return h.digest()
 
 
 def build_snapshot(
-    root: Path, *, limit: int = DEFAULT_LIMIT, cache: HashCache | None = None
+    root: Path, *, limit: int = DEFAULT_LIMIT, cache: HashCache | None = None, save: bool = True
 ) -> Snapshot:
     """Hash the files of ``root`` into its trees; :class:`SnapshotError` says what is wrong.
     With ``cache``, a directory whose entries' stats did not change is not built again, and a
-    file whose stat did not change is not read again."""
+    file whose stat did not change is not read again; what it learnt is saved unless ``save`` is
+    false (the CLI saves it while it uploads: the cache of a big tree is megabytes)."""
     by_dir = scan_dirs(root)
     by_dir.setdefault("", [])
     for rel in list(by_dir):
@@ -357,8 +396,8 @@ def build_snapshot(
     subdirs: dict[str, list[Row]] = {}
     # deepest first: a directory's tree is made once every subdirectory's is
     for rel in sorted(by_dir, key=lambda p: (-p.count("/") if p else 1, p)):
-        entries = sorted(by_dir[rel], key=lambda e: e[0])
-        digest = build.directory(rel, entries, sorted(subdirs.pop(rel, [])))
+        # in the order the directory lists them: an order that changed only costs a rebuild
+        digest = build.directory(rel, by_dir[rel], sorted(subdirs.pop(rel, [])))
         if rel:
             parent, _, name = rel.rpartition("/")
             subdirs.setdefault(parent, []).append((name, "d", 0, 0, digest))
@@ -375,7 +414,7 @@ def build_snapshot(
             Manifest(entries=sorted(links, key=lambda e: e.path))
         except ValidationError as exc:
             raise SnapshotError(f"cannot snapshot {root}: {exc.errors()[0]['msg']}") from None
-    if cache is not None:
+    if cache is not None and save:
         cache.save()
     return Snapshot(root, build.trees, build.dirs, build.files, build.size, build.warnings)
 
@@ -444,7 +483,7 @@ class _Build:
         warnings: list[str] = []
         size = 0
         racy = False
-        for name, st in entries:
+        for name, st in sorted(entries, key=lambda e: e[0]):
             path_rel = f"{rel}/{name}" if rel else name
             path = os.path.join(top, path_rel)
             if self.now - st.st_mtime_ns <= RACY_SECONDS * 1e9:

@@ -47,8 +47,11 @@ async def submit(relay: Endpoint, root: Path, cache_dir: Path) -> dict[str, Any]
 
     async def once() -> dict[str, Any]:
         cache = HashCache.for_tree(cache_dir, root)
-        snapshot = await trio.to_thread.run_sync(lambda: build_snapshot(root, cache=cache))
-        async with open_control(relay, client="bench") as control:
+        snapshot = await trio.to_thread.run_sync(
+            lambda: build_snapshot(root, cache=cache, save=False)
+        )
+        async with trio.open_nursery() as nursery, open_control(relay, client="bench") as control:
+            nursery.start_soon(trio.to_thread.run_sync, cache.save)  # as `tether run` does
             spec = RunSpec(command=["python", "-c", "pass"], workdir=str(root), name="snapshot")
             _record, uploaded = await submit_snapshot(control, spec, snapshot)
             sent = control.bytes_sent

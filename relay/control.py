@@ -386,6 +386,10 @@ class Control:
         uploads = conn.uploads
         upload = uploads.get(frame.digest)
         try:
+            if frame.offset == 0 and len(frame.data) == frame.size and upload is None:
+                await self.blobs.put(frame.digest, frame.data)  # whole in one piece
+                await self.store.sadd(keys.user_blobs(conn.who.user), [frame.digest])
+                return wire.Stored(rid=frame.rid, received=frame.size, complete=True)
             if frame.offset == 0:
                 if upload is not None:
                     await upload.abort()

@@ -163,18 +163,21 @@ async def submit_run(
     progress: Callable[[int, int], None] | None = None,
 ) -> RunRecord:
     """Snapshot the working directory, upload what the relay lacks, submit the run."""
+    import trio
+
     from adapter.snapshot import DEFAULT_LIMIT, HashCache, SnapshotError, build_snapshot
     from adapter.snapshot_upload import submit_snapshot
 
     root = Path(spec.workdir)
     cache = HashCache.for_tree(tether_home() / "cache" / "snapshots", root)
     try:
-        snapshot = build_snapshot(root, limit=limit or DEFAULT_LIMIT, cache=cache)
+        snapshot = build_snapshot(root, limit=limit or DEFAULT_LIMIT, cache=cache, save=False)
     except SnapshotError as exc:
         raise SystemExit(f"tether: {exc}") from None
     for warning in snapshot.warnings:
         say(f"warning: {warning}")
-    async with open_control(relay, client="tether-cli") as control:
+    async with trio.open_nursery() as nursery, open_control(relay, client="tether-cli") as control:
+        nursery.start_soon(trio.to_thread.run_sync, cache.save)  # while the relay is asked
         try:
             record, uploaded = await control_call(
                 submit_snapshot(control, spec, snapshot, progress or (lambda _d, _t: None))

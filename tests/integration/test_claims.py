@@ -223,6 +223,21 @@ async def test_the_file_blob_store_sweeps_by_name_and_age(tmp_path: Path) -> Non
     assert gone == 1 and await store.missing(digests) == [old]
 
 
+async def test_a_whole_blob_is_stored_in_one_go_and_refused_whole(tmp_path: Path) -> None:
+    import hashlib
+
+    from relay.blobs import BlobError, FileBlobStore
+
+    store = FileBlobStore(tmp_path / "blobs")
+    good = hashlib.sha256(b"bytes").hexdigest()
+    await store.put(good, b"bytes")
+    assert await store.read(good, 0, 100) == (5, b"bytes")
+    with pytest.raises(BlobError, match="do not match the digest"):
+        await store.put("0" * 64, b"other bytes")
+    assert await store.missing(["0" * 64]) == ["0" * 64]
+    assert list((tmp_path / "blobs" / "incoming").iterdir()) == []  # no part file left behind
+
+
 async def test_a_run_is_named_by_a_unique_prefix_of_its_id_or_by_its_name(
     redis_store: Store,
 ) -> None:
