@@ -238,11 +238,37 @@ async def run(
     return figures
 
 
+#: what describes a run rather than a section of it
+_RUN_KEYS = ("machine", "quick", "sizes", "wall_s", "date", "errors", "remeasured")
+
+
+def _merged(path: Path, new: dict[str, Any], only: set[str]) -> dict[str, Any]:
+    """The figures at ``path`` with the sections of ``new`` in place of theirs, and a note of
+    which were measured again and when (the report says so)."""
+    try:
+        old: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return new
+    if old.get("quick") != new["quick"]:
+        return new
+    old.update({k: v for k, v in new.items() if k not in _RUN_KEYS})
+    errors = {k: v for k, v in old.get("errors", {}).items() if k not in only}
+    errors.update(new.get("errors", {}))
+    old["errors"] = errors
+    old.setdefault("remeasured", []).append({"date": new["date"], "only": sorted(only)})
+    return old
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (the test suite's)")
     parser.add_argument("--only", action="append", choices=BENCHES, help="run only these")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other sections of the report in --out (with --only: re-measure these)",
+    )
     parser.add_argument(
         "--rtt-ms",
         type=lambda s: tuple(float(x) for x in s.split(",")),
@@ -272,6 +298,8 @@ def main() -> int:
     figures["wall_s"] = time.time() - started
     figures["date"] = time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
     out: Path = args.out
+    if args.merge:
+        figures = _merged(out / "results" / "figures.json", figures, only)
     (out / "results").mkdir(parents=True, exist_ok=True)
     (out / "results" / "figures.json").write_text(json.dumps(figures, indent=2, default=vars))
     written = report.write(figures, out)

@@ -2,9 +2,9 @@
 
 The benchmark process that measures a live session's round trips must not also carry thousands of
 idle links: its own garbage collections would be in its figures. This process opens the sessions
-(section 5's, :func:`idle_session`, 100 connecting at a time, spread over the relays in
-turn), prints one line ``ready {"sessions": N, "setup_s": S, "failure": "..."}`` and holds them
-until its standard input closes.
+(section 5's, :func:`idle_session`, 100 connecting at a time, spread over the relays in turn) at
+the lowest CPU priority, prints one line ``ready {"sessions": N, "setup_s": S, "failure": "..."}``
+and holds them until its standard input closes.
 
 Standard input: one JSON line ``{"relays": [URL, ...], "token": TOKEN, "runs": [RUN ID, ...]}``.
 """
@@ -12,6 +12,7 @@ Standard input: one JSON line ``{"relays": [URL, ...], "token": TOKEN, "runs": [
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -109,6 +110,9 @@ async def held_sessions(relays: list[Endpoint], runs: list[str]) -> AsyncIterato
 
 
 def main() -> None:
+    # The lowest CPU priority: these sessions stand for laptops elsewhere, and on a two-core
+    # benchmark host their keepalives would take over half a core from the relay being measured.
+    os.nice(19)
     config = json.loads(sys.stdin.readline())
     relays = [Endpoint(url, token=config["token"]) for url in config["relays"]]
     trio.run(hold, relays, config["runs"])

@@ -554,6 +554,11 @@ def write(figures: dict[str, Any], out: Path) -> list[Path]:
         f"{m['cpu']} ({m['cores']} cores, {m['memory_mib']} MiB), {m['os']}, Python "
         f"{m['python']}, debugpy {m['debugpy']}. Everything on loopback; each figure is tether "
         "against its baseline measured in the same run, interleaved.",
+        *(
+            f"Measured again {again['date']} (`./dev bench --merge` of "
+            f"{', '.join(again['only'])}): those sections are from then."
+            for again in figures.get("remeasured", [])
+        ),
         "",
     ]
     written = []

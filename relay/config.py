@@ -24,7 +24,8 @@ class RelayConfig:
     lease: float = 90.0
     #: how long a finished run's keys stay in Redis
     retention: float = 7 * 24 * 3600.0
-    #: WebSocket pings: a peer that misses a pong for ``ping_timeout`` is disconnected
+    #: a silent peer is probed after ``ping_interval`` and disconnected once it left
+    #: ``ping_timeout`` of probes unanswered (TCP keepalive: ``server.keep_alive``)
     ping_interval: float = 15.0
     ping_timeout: float = 15.0
     #: a run's logs stream keeps about this many output chunks (each at most 16 KiB), oldest dropped

@@ -224,14 +224,14 @@ def relay_options(s: argparse.ArgumentParser) -> None:
         type=parse_duration,
         default=d.ping_interval,
         metavar="DURATION",
-        help=f"WebSocket ping interval (default {d.ping_interval:g}s)",
+        help=f"silence before the relay probes a peer (TCP keepalive; default {d.ping_interval:g}s)",
     )
     g.add_argument(
         "--ping-timeout",
         type=parse_duration,
         default=d.ping_timeout,
         metavar="DURATION",
-        help=f"drop a peer that misses a pong this long (default {d.ping_timeout:g}s)",
+        help=f"drop a peer whose probes go unanswered this long (default {d.ping_timeout:g}s)",
     )
     g.add_argument(
         "--max-connections",

@@ -7,7 +7,7 @@ import gc
 import trio
 import trio.testing
 
-from relay.heap import MIN_GROWTH, HeapAction, HeapPolicy, keep_heap
+from relay.heap import MIN_GROWTH, STEADY_GROWTH, HeapAction, HeapPolicy, keep_heap
 
 
 def test_a_growing_relay_freezes_at_each_quarter_and_thaws_after_halving() -> None:
@@ -38,6 +38,31 @@ def test_a_growing_relay_freezes_at_each_quarter_and_thaws_after_halving() -> No
         None,  # counting from 4,999 again
         HeapAction.FREEZE,  # 6,300 >= 4,999 * 5 / 4
     ]
+
+
+def test_growth_that_stops_short_of_a_quarter_is_frozen_once_steady() -> None:
+    policy = HeapPolicy()
+    last = 9_950 + STEADY_GROWTH
+    steps = [8_000, 9_000, 9_900, 9_950, 9_960, last - 1, last]
+    assert [policy.decide(n) for n in steps] == [
+        HeapAction.FREEZE,
+        None,  # +12.5 %, growing
+        None,  # +23.8 %, growing
+        HeapAction.FREEZE,  # steady (+0.5 % since the last look) after +1,950
+        HeapAction.REFREEZE,  # steady, 10 new since the freeze: what survived since, frozen
+        HeapAction.REFREEZE,  # steady, STEADY_GROWTH - 1 new
+        HeapAction.FREEZE,  # steady, STEADY_GROWTH new: a freeze that counts from here
+    ]
+
+
+def test_a_population_that_turned_over_is_collected_whole_once() -> None:
+    policy = HeapPolicy()
+    assert policy.decide(10_000, ended=0) is HeapAction.FREEZE
+    assert policy.decide(10_000, ended=4_000) is HeapAction.REFREEZE  # 40 % turned over
+    assert policy.decide(10_000, ended=5_000) is HeapAction.RENEW  # half: its garbage collected
+    assert policy.decide(10_000, ended=9_000) is HeapAction.REFREEZE  # counting from 5,000
+    assert policy.decide(10_000, ended=10_000) is HeapAction.RENEW
+    assert policy.decide(11_000, ended=10_000) is None  # growing: neither steady nor a quarter
 
 
 async def test_keep_heap_freezes_and_thaws_the_process(
