@@ -246,7 +246,7 @@ def _merged(path: Path, new: dict[str, Any], only: set[str]) -> dict[str, Any]:
     """The figures at ``path`` with the sections of ``new`` in place of theirs, and a note of
     which were measured again and when (the report says so)."""
     try:
-        old: dict[str, Any] = json.loads(path.read_text())
+        old: dict[str, Any] = _distributions(json.loads(path.read_text()))
     except (OSError, ValueError):
         return new
     if old.get("quick") != new["quick"]:
@@ -257,6 +257,17 @@ def _merged(path: Path, new: dict[str, Any], only: set[str]) -> dict[str, Any]:
     old["errors"] = errors
     old.setdefault("remeasured", []).append({"date": new["date"], "only": sorted(only)})
     return old
+
+
+def _distributions(value: Any) -> Any:
+    """Figures read back from JSON, each ``{"samples": [...]}`` a :class:`common.Dist` again."""
+    if isinstance(value, dict):
+        if set(value) == {"samples"} and isinstance(value["samples"], list):
+            return common.Dist(value["samples"])
+        return {k: _distributions(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_distributions(v) for v in value]
+    return value
 
 
 def main() -> int:

@@ -555,9 +555,13 @@ def write(figures: dict[str, Any], out: Path) -> list[Path]:
         f"{m['python']}, debugpy {m['debugpy']}. Everything on loopback; each figure is tether "
         "against its baseline measured in the same run, interleaved.",
         *(
-            f"Measured again {again['date']} (`./dev bench --merge` of "
-            f"{', '.join(again['only'])}): those sections are from then."
+            line
             for again in figures.get("remeasured", [])
+            for line in (
+                "",
+                f"Measured again {again['date']} (`./dev bench --merge` of "
+                f"{', '.join(again['only'])}): those sections are from then.",
+            )
         ),
         "",
     ]
