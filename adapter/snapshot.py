@@ -300,11 +300,11 @@ class HashCache:
         try:
             loaded = msgpack.unpackb(path.read_bytes())
             if isinstance(loaded, dict) and loaded.get("v") == self.VERSION:
-                self._old = loaded["dirs"]
+                dirs = loaded.get("dirs")
+                self._old = dirs if isinstance(dirs, dict) else {}
         except (
             OSError,
             ValueError,
-            KeyError,
             msgpack.ExtraData,
             msgpack.FormatError,
             msgpack.StackError,
@@ -343,7 +343,7 @@ class HashCache:
             return {}
         try:
             files = msgpack.unpackb(record[5])
-        except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError):
+        except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
             return {}
         return files if isinstance(files, dict) else {}
 

@@ -328,13 +328,15 @@ class Registry:
         import orjson
 
         live: set[str] = set()
+        roots: set[str] = set()  #: trees expanded already (reruns share theirs)
         for run_id in await self.store.zrange_desc(keys.RUNS, 10**9):
             raw = await self.store.get_bytes(keys.manifest(run_id))
             if raw is None:
                 record = await self.load(run_id)
                 if record is None:  # expired: forget it everywhere
                     await self.store.zrem(keys.RUNS, run_id)
-                elif record.tree and self.expand is not None:  # its files and its trees
+                elif record.tree and self.expand is not None and record.tree not in roots:
+                    roots.add(record.tree)  # its files and its trees
                     try:
                         manifest, trees = await self.expand(record.tree)
                     except (BlobError, TreeError) as exc:
