@@ -34,7 +34,7 @@ from .snapshots import (
     ManifestEntry,
     check_digest,
 )
-from .trees import MAX_DEPTH, Row, TreeError
+from .trees import MAX_DEPTH, Paths, Row, TreeError
 
 __all__ = ["Summary", "TreeCheck"]
 
@@ -90,7 +90,7 @@ class TreeCheck:
     _where: dict[str, list[str]] = field(default_factory=dict)  #: tree to read -> its paths
     _links: dict[str, str] = field(default_factory=dict)  #: every symlink's path -> its target
     _seen_files: set[str] = field(default_factory=set)
-    _paths: int = 0  #: paths met in the trees read (shared subtrees: bounded, as in Expansion)
+    _paths: Paths = field(default_factory=Paths)  #: paths met, read or vouched for
     #: once :meth:`result` passed: the summary of every tree read
     checked: dict[str, Summary] = field(default_factory=dict)
 
@@ -108,24 +108,17 @@ class TreeCheck:
         self._rows[digest] = rows
         if len(self._rows) > MAX_FILES:
             raise TreeError(f"more than {MAX_FILES} directories")
-        for prefix in self._where.pop(digest):
-            if prefix.count("/") >= MAX_DEPTH:
-                raise TreeError(f"directories nest deeper than {MAX_DEPTH} levels")
-            for name, kind, _mode, _size, ref in rows:
-                path = f"{prefix}/{name}" if prefix else name
-                self._paths += 1
-                if self._paths > 2 * MAX_FILES:
-                    raise TreeError(f"more than {2 * MAX_FILES} files and directories")
-                if len(path) > MAX_PATH_CHARS:
-                    raise TreeError(f"{path[:200]!r}: longer than {MAX_PATH_CHARS} characters")
-                if kind == "d":
-                    self._subtree(ref, path)
-                elif kind == "f":
-                    if ref not in self._seen_files:
-                        self._seen_files.add(ref)
-                        self.files.append(ref)
-                else:
-                    self._links[path] = ref
+        for path, (_name, kind, _mode, _size, ref) in self._paths.place(
+            rows, self._where.pop(digest)
+        ):
+            if kind == "d":
+                self._subtree(ref, path)
+            elif kind == "f":
+                if ref not in self._seen_files:
+                    self._seen_files.add(ref)
+                    self.files.append(ref)
+            else:
+                self._links[path] = ref
 
     def _subtree(self, ref: str, path: str) -> None:
         if ref in self._where:  # met already, still to read
@@ -156,9 +149,7 @@ class TreeCheck:
             )
         if path.count("/") + 1 + summary.depth > MAX_DEPTH:
             raise TreeError(f"directories nest deeper than {MAX_DEPTH} levels")
-        self._paths += 1 + summary.paths
-        if self._paths > 2 * MAX_FILES:
-            raise TreeError(f"more than {2 * MAX_FILES} files and directories")
+        self._paths.take(summary.paths)  # the directory itself was counted where it was named
 
     def summaries(self) -> dict[str, Summary]:
         """A summary of every tree read (each after the trees below it), once :attr:`needs` is

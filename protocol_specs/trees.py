@@ -23,7 +23,7 @@ Nothing here performs I/O.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,7 @@ from .snapshots import (
 __all__ = [
     "MAX_TREE_BYTES",
     "Expansion",
+    "Paths",
     "Row",
     "TreeError",
     "Trees",
@@ -179,6 +180,32 @@ def decode_tree(data: bytes) -> list[Row]:
 
 
 @dataclass
+class Paths:
+    """The paths a snapshot's trees place their entries at, counted against the limits (trees
+    may share subtrees: a few bytes can name millions of paths, so each one placed is counted)."""
+
+    count: int = 0
+
+    def take(self, n: int) -> None:
+        self.count += n
+        if self.count > 2 * MAX_FILES:
+            raise TreeError(f"more than {2 * MAX_FILES} files and directories")
+
+    def place(self, rows: list[Row], prefixes: list[str]) -> Iterator[tuple[str, Row]]:
+        """Each of ``rows`` (one tree's) at each of the paths the tree is at, with its path:
+        :class:`TreeError` for one too deep or too long, or one path too many."""
+        for prefix in prefixes:
+            if prefix.count("/") >= MAX_DEPTH:
+                raise TreeError(f"directories nest deeper than {MAX_DEPTH} levels")
+            for row in rows:
+                path = f"{prefix}/{row[0]}" if prefix else row[0]
+                self.take(1)
+                if len(path) > MAX_PATH_CHARS:
+                    raise TreeError(f"{path[:200]!r}: longer than {MAX_PATH_CHARS} characters")
+                yield path, row
+
+
+@dataclass
 class Expansion:
     """A root tree expanded into its manifest, one tree object at a time (the caller reads them).
 
@@ -192,7 +219,7 @@ class Expansion:
     trees: list[str] = field(default_factory=list)  #: every tree read, in order
     _where: dict[str, list[str]] = field(default_factory=dict)  #: tree -> the paths it is at
     _entries: list[ManifestEntry] = field(default_factory=list)
-    _paths: int = 0  #: files, symlinks and directories met (trees may share subtrees: bounded)
+    _paths: Paths = field(default_factory=Paths)  #: files, symlinks and directories met
 
     def __post_init__(self) -> None:
         check_digest(self.root)
@@ -216,29 +243,22 @@ class Expansion:
             raise TreeError(f"tree {digest[:12]} was not asked for")
         self.needs.remove(digest)
         self.trees.append(digest)
-        for prefix in self._where.pop(digest):
-            if prefix.count("/") >= MAX_DEPTH:
-                raise TreeError(f"directories nest deeper than {MAX_DEPTH} levels")
-            for name, kind, mode, size, ref in rows:
-                path = f"{prefix}/{name}" if prefix else name
-                self._paths += 1
-                if self._paths > 2 * MAX_FILES:
-                    raise TreeError(f"more than {2 * MAX_FILES} files and directories")
-                if len(path) > MAX_PATH_CHARS:
-                    raise TreeError(f"{path[:200]!r}: longer than {MAX_PATH_CHARS} characters")
-                if kind == "d":
-                    if ref not in self._where:
-                        self._where[ref] = []
-                        self.needs.append(ref)
-                    self._where[ref].append(path)
-                elif kind == "f":  # every field checked already (decode_tree, the length above)
-                    self._entries.append(file_entry(path, mode, size, ref))
-                else:
-                    try:
-                        entry = ManifestEntry(path=path, kind="symlink", target=ref)
-                    except ValueError as exc:
-                        raise TreeError(str(exc)) from None
-                    self._entries.append(entry)
+        for path, (_name, kind, mode, size, ref) in self._paths.place(
+            rows, self._where.pop(digest)
+        ):
+            if kind == "d":
+                if ref not in self._where:
+                    self._where[ref] = []
+                    self.needs.append(ref)
+                self._where[ref].append(path)
+            elif kind == "f":  # every field checked already (decode_tree, Paths.place)
+                self._entries.append(file_entry(path, mode, size, ref))
+            else:
+                try:
+                    entry = ManifestEntry(path=path, kind="symlink", target=ref)
+                except ValueError as exc:
+                    raise TreeError(str(exc)) from None
+                self._entries.append(entry)
 
     def manifest(self) -> Manifest:
         if self.needs:

@@ -21,6 +21,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from protocol_specs.snapshots import Manifest
 from protocol_specs.tree_check import Summary, TreeCheck
@@ -93,17 +94,28 @@ async def _rows(blobs: BlobStore, digest: str) -> list[Row]:
     return rows
 
 
-async def expand_tree(blobs: BlobStore, root: str, lacking: Lacking) -> tuple[Manifest, list[str]]:
-    """The manifest a root tree names, and every tree read, each level read once ``lacking`` said
-    none of it is missing. :class:`BlobError` for lacking trees (how many, the first),
+class _Reader(Protocol):
+    needs: list[str]
+
+    def feed_rows(self, digest: str, rows: list[Row]) -> None: ...
+
+
+async def _read(blobs: BlobStore, reader: _Reader, lacking: Lacking) -> None:
+    """Feed ``reader`` the trees it needs, level by level, each level once ``lacking`` said none
+    of it is missing: :class:`BlobError` for lacking trees (how many, the first),
     :class:`~protocol_specs.trees.TreeError` for one that is malformed or too big."""
-    expansion = Expansion(root)
-    while expansion.needs:
-        level = list(expansion.needs)
+    while reader.needs:
+        level = list(reader.needs)
         if missing := await lacking(level):
             raise BlobError(f"{len(missing)} of the snapshot's trees (first: {missing[0][:12]})")
         for digest in level:
-            expansion.feed_rows(digest, await _rows(blobs, digest))
+            reader.feed_rows(digest, await _rows(blobs, digest))
+
+
+async def expand_tree(blobs: BlobStore, root: str, lacking: Lacking) -> tuple[Manifest, list[str]]:
+    """The manifest a root tree names, and every tree read (errors: :func:`_read`)."""
+    expansion = Expansion(root)
+    await _read(blobs, expansion, lacking)
     return expansion.manifest(), expansion.trees
 
 
@@ -147,12 +159,7 @@ async def check_tree(
     file below present and theirs (``lacking``), the limits kept; the summaries learnt are kept.
     :class:`BlobError` names what is lacking, :class:`TreeError` what is malformed."""
     check = TreeCheck(root, checked.known(user))
-    while check.needs:
-        level = list(check.needs)
-        if missing := await lacking(level):
-            raise BlobError(f"{len(missing)} of the snapshot's trees (first: {missing[0][:12]})")
-        for digest in level:
-            check.feed_rows(digest, await _rows(blobs, digest))
+    await _read(blobs, check, lacking)
     if missing := await lacking(check.files):
         raise BlobError(f"{len(missing)} of the snapshot's blobs (first: {missing[0][:12]})")
     whole = check.result()
