@@ -34,7 +34,7 @@ import os
 import stat
 import subprocess
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -287,11 +287,11 @@ RACY_SECONDS = 2.0
 
 class HashCache:
     """What the last snapshot of a tree learnt, by directory, kept in ``path`` between snapshots
-    (see the module doc). A directory's record: ``[fingerprint, tree digest, tree bytes, files,
-    bytes, file records, links, warnings]``; its file records (``name -> [size, mtime, ctime,
-    inode, digest]``) stay packed unless the directory changed."""
+    (see the module doc). A directory's record: ``[fingerprint of its files, of its subtrees,
+    tree digest, tree bytes, files, bytes, file records, links, warnings]``; its file records
+    (``name -> [size, mtime, ctime, inode, digest]``) stay packed unless the directory changed."""
 
-    VERSION = 2
+    VERSION = 3
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -320,11 +320,12 @@ class HashCache:
         """The directory's record from the last snapshot, if it is whole (the file is the user's
         and may be damaged: a record whose tree is not what its digest says is not used)."""
         record = self._old.get(rel)
-        if not isinstance(record, list) or len(record) != 8:
+        if not isinstance(record, list) or len(record) != 9:
             return None
-        fingerprint, digest, data, files, size, packed, links, warnings = record
+        fingerprint, subtrees, digest, data, files, size, packed, links, warnings = record
         if not (
             isinstance(fingerprint, bytes)
+            and isinstance(subtrees, bytes)
             and isinstance(data, bytes)
             and isinstance(packed, bytes)
             and type(files) is int
@@ -342,7 +343,7 @@ class HashCache:
         if record is None:
             return {}
         try:
-            files = msgpack.unpackb(record[5])
+            files = msgpack.unpackb(record[6])
         except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
             return {}
         return files if isinstance(files, dict) else {}
@@ -362,9 +363,9 @@ class HashCache:
             pass
 
 
-def _fingerprint(entries: Entries, subdirs: list[Row]) -> bytes:
-    """What a directory's record is good for: its entries' names and stats, its subtrees (made
-    for speed: a second submit of a big tree takes one of these a directory)."""
+def _fingerprint(entries: Entries) -> bytes:
+    """What a directory's record is good for: its files' names and stats (made for speed: a
+    second submit of a big tree takes one of these a directory)."""
     fields = [
         x
         for _, s in entries
@@ -376,23 +377,39 @@ def _fingerprint(entries: Entries, subdirs: list[Row]) -> bytes:
         stats = repr(fields).encode()
     h = hashlib.blake2b(stats, digest_size=16)
     h.update("\0".join([n for n, _ in entries]).encode(errors="surrogateescape"))
-    h.update(repr(subdirs).encode(errors="surrogateescape"))
     return h.digest()
 
 
+def _stamp(st: os.stat_result) -> list[int]:
+    """What a file's record is good for (as git's index: size, mtime, ctime, inode)."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _subtrees(subdirs: list[Row]) -> bytes:
+    """What a directory's record is good for, too: its subdirectories' names and trees."""
+    return hashlib.blake2b(repr(subdirs).encode(errors="surrogateescape"), digest_size=16).digest()
+
+
 def build_snapshot(
-    root: Path, *, limit: int = DEFAULT_LIMIT, cache: HashCache | None = None, save: bool = True
+    root: Path,
+    *,
+    limit: int = DEFAULT_LIMIT,
+    cache: HashCache | None = None,
+    save: bool = True,
+    progress: Callable[[int, int], None] = lambda _done, _total: None,
 ) -> Snapshot:
     """Hash the files of ``root`` into its trees; :class:`SnapshotError` says what is wrong.
     With ``cache``, a directory whose entries' stats did not change is not built again, and a
     file whose stat did not change is not read again; what it learnt is saved unless ``save`` is
-    false (the CLI saves it while it uploads: the cache of a big tree is megabytes)."""
+    false (the CLI saves it while it uploads: the cache of a big tree is megabytes).
+    ``progress(bytes hashed, bytes to hash)`` after each file read."""
     by_dir = scan_dirs(root)
     by_dir.setdefault("", [])
     for rel in list(by_dir):
         if rel:
             _add_parents(by_dir, rel.rpartition("/")[0])
-    build = _Build(root, limit, cache or HashCache(Path(os.devnull)), time_ns())  # no cache
+    build = _Build(root, limit, cache or HashCache(Path(os.devnull)), time_ns(), progress)
+    build.plan(by_dir)
     subdirs: dict[str, list[Row]] = {}
     # deepest first: a directory's tree is made once every subdirectory's is
     for rel in sorted(by_dir, key=lambda p: (-p.count("/") if p else 1, p)):
@@ -433,6 +450,12 @@ class _Build:
     limit: int
     cache: HashCache
     now: int  #: when it started (ns): a stat this close to it is racy
+    progress: Callable[[int, int], None]
+    #: each directory's fingerprint, and the file records of those whose files changed
+    prints: dict[str, bytes] = field(default_factory=dict)
+    known: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    to_hash: int = 0  #: bytes of the files whose stat changed
+    hashed: int = 0
     trees: Trees = field(default_factory=lambda: Trees(root=""))
     dirs: dict[str, str] = field(default_factory=dict)
     files: int = 0
@@ -440,17 +463,34 @@ class _Build:
     links: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
+    def plan(self, by_dir: dict[str, Entries]) -> None:
+        """How many bytes are to be read (for :attr:`progress`): the files whose stat changed, in
+        the directories whose files changed."""
+        for rel, entries in by_dir.items():
+            fingerprint = self.prints[rel] = _fingerprint(entries)
+            old = self.cache.directory(rel)
+            if old is not None and old[0] == fingerprint:
+                continue
+            known = self.known[rel] = self.cache.file_records(old)
+            for name, st in entries:
+                was = known.get(name)
+                if stat.S_ISREG(st.st_mode) and (was is None or was[:4] != _stamp(st)):
+                    self.to_hash += st.st_size
+
     def directory(self, rel: str, entries: Entries, subdirs: list[Row]) -> str:
         """The tree digest of directory ``rel``: its record's if nothing in it changed, else
         built (reading only the files whose stat changed)."""
-        fingerprint = _fingerprint(entries, subdirs)
+        fingerprint, subtrees = self.prints[rel], _subtrees(subdirs)
         old = self.cache.directory(rel)
-        if old is not None and old[0] == fingerprint:
+        if old is not None and old[0] == fingerprint and old[1] == subtrees:
             record = old
         else:
-            record = self._build(rel, entries, subdirs, fingerprint, old)
+            known = self.known.get(rel)
+            if known is None:
+                known = self.cache.file_records(old)
+            record = self._build(rel, entries, subdirs, [fingerprint, subtrees], known)
         self.cache.keep(rel, record)
-        _, digest, data, files, size, _, links, warnings = record
+        _, _, digest, data, files, size, _, links, warnings = record
         self.files += files
         self.size += size
         if self.size > self.limit:
@@ -472,10 +512,9 @@ class _Build:
         rel: str,
         entries: Entries,
         subdirs: list[Row],
-        fingerprint: bytes,
-        old: list[Any] | None,
+        prints: list[bytes],
+        known: dict[str, list[Any]],
     ) -> list[Any]:
-        known = self.cache.file_records(old)
         top = os.fspath(self.root)
         rows: list[Row] = list(subdirs)
         records: dict[str, list[Any]] = {}
@@ -516,9 +555,14 @@ class _Build:
                         f"{path_rel}); add large files (data, checkpoints) to .tetherignore or "
                         ".gitignore, or raise --snapshot-limit"
                     )
-                stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+                stamp = _stamp(st)
                 was = known.get(name)
-                digest = str(was[4]) if was is not None and was[:4] == stamp else _hash_file(path)
+                if was is not None and was[:4] == stamp:
+                    digest = str(was[4])
+                else:
+                    digest = _hash_file(path)
+                    self.hashed += st.st_size
+                    self.progress(self.hashed, self.to_hash)
             except PermissionError:
                 raise SnapshotError(
                     f"cannot read {path_rel}: permission denied; add it to .tetherignore"
@@ -542,6 +586,6 @@ class _Build:
         digest = hashlib.sha256(data).hexdigest()
         files = len(rows) - len(subdirs)
         # a record whose fingerprint never matches: its files' digests are still good
-        mark = b"" if racy else fingerprint
+        marks = [b"", b""] if racy else prints
         packed = msgpack.packb(records)
-        return [mark, digest, data, files, size, packed, links, warnings]
+        return [*marks, digest, data, files, size, packed, links, warnings]

@@ -46,7 +46,12 @@ async def cmd_debug(args: argparse.Namespace) -> int:
     spec = build_spec(args, debug=True)
     _port_free(args.port)  # before submitting: nothing to clean up if it is taken
     record = await submit_run(
-        relay, spec, clock.say, limit=args.snapshot_limit, progress=Progress(clock, "uploading")
+        relay,
+        spec,
+        clock.say,
+        limit=args.snapshot_limit,
+        progress=Progress(clock, "uploading"),
+        hashing=Progress(clock, "hashing"),
     )
     SERVING.append(record.id)
     return await _serve(
@@ -193,6 +198,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         clock.say,
         limit=args.snapshot_limit,
         progress=Progress(clock, "uploading"),
+        hashing=Progress(clock, "hashing"),
     )
     print(f"tether run: run {record.id} queued", file=sys.stderr, flush=True)
     if args.follow:

@@ -161,8 +161,10 @@ async def submit_run(
     *,
     limit: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    hashing: Callable[[int, int], None] = lambda _done, _total: None,
 ) -> RunRecord:
-    """Snapshot the working directory, upload what the relay lacks, submit the run."""
+    """Snapshot the working directory (``hashing``: the progress of reading the files it has no
+    digest of), upload what the relay lacks (``progress``), submit the run."""
     import trio
 
     from adapter.snapshot import DEFAULT_LIMIT, HashCache, SnapshotError, build_snapshot
@@ -171,7 +173,9 @@ async def submit_run(
     root = Path(spec.workdir)
     cache = HashCache.for_tree(tether_home() / "cache" / "snapshots", root)
     try:
-        snapshot = build_snapshot(root, limit=limit or DEFAULT_LIMIT, cache=cache, save=False)
+        snapshot = build_snapshot(
+            root, limit=limit or DEFAULT_LIMIT, cache=cache, save=False, progress=hashing
+        )
     except SnapshotError as exc:
         raise SystemExit(f"tether: {exc}") from None
     for warning in snapshot.warnings:

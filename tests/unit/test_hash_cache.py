@@ -148,8 +148,30 @@ def test_a_damaged_directory_record_is_not_used(tmp_path: Path) -> None:
     cache = HashCache.for_tree(cache_dir, tree)
     first = build_snapshot(tree, cache=cache)
     saved = msgpack.unpackb(cache.path.read_bytes())
-    saved["dirs"]["pkg"][2] = b"not the tree"  # the digest no longer matches
+    saved["dirs"]["pkg"][3] = b"not the tree"  # the digest no longer matches
     cache.path.write_bytes(msgpack.packb(saved))
     again = build_snapshot(tree, cache=HashCache.for_tree(cache_dir, tree))
     assert again.trees.root == first.trees.root
     assert again.trees.blobs[again.trees.root] == first.trees.blobs[first.trees.root]
+
+
+def test_progress_counts_the_bytes_read_against_those_to_read(tmp_path: Path) -> None:
+    tree, cache_dir = tmp_path / "tree", tmp_path / "cache"
+    _tree(tree)
+    seen: list[tuple[int, int]] = []
+
+    def build() -> None:
+        seen.clear()
+        cache = HashCache.for_tree(cache_dir, tree)
+        build_snapshot(tree, cache=cache, progress=lambda done, total: seen.append((done, total)))
+
+    build()
+    whole = sum(p.stat().st_size for p in tree.rglob("*") if p.is_file())
+    assert len(seen) == 10 and seen[-1] == (whole, whole)  # every file, the total known at once
+    assert all(done <= total == whole for done, total in seen)
+    build()
+    assert seen == []  # nothing to read
+    (tree / "data" / "f2.py").write_text("a change\n")
+    _age(tree / "data" / "f2.py")
+    build()
+    assert seen == [(len("a change\n"), len("a change\n"))]
