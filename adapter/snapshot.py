@@ -454,6 +454,8 @@ class _Build:
     #: each directory's fingerprint, and the file records of those whose files changed
     prints: dict[str, bytes] = field(default_factory=dict)
     known: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    #: each directory's record from the last snapshot, checked once (its tree's digest)
+    olds: dict[str, list[Any] | None] = field(default_factory=dict)
     to_hash: int = 0  #: bytes of the files whose stat changed
     hashed: int = 0
     trees: Trees = field(default_factory=lambda: Trees(root=""))
@@ -468,7 +470,7 @@ class _Build:
         the directories whose files changed."""
         for rel, entries in by_dir.items():
             fingerprint = self.prints[rel] = _fingerprint(entries)
-            old = self.cache.directory(rel)
+            old = self.olds[rel] = self.cache.directory(rel)
             if old is not None and old[0] == fingerprint:
                 continue
             known = self.known[rel] = self.cache.file_records(old)
@@ -481,7 +483,7 @@ class _Build:
         """The tree digest of directory ``rel``: its record's if nothing in it changed, else
         built (reading only the files whose stat changed)."""
         fingerprint, subtrees = self.prints[rel], _subtrees(subdirs)
-        old = self.cache.directory(rel)
+        old = self.olds[rel]
         if old is not None and old[0] == fingerprint and old[1] == subtrees:
             record = old
         else:

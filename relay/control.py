@@ -157,9 +157,7 @@ class Control:
             case wire.Rerun():
                 record = await self._run(who, Act.RERUN, frame.run)
                 again: Manifest | Rooted = (
-                    Rooted(record.tree, record.snapshot, record.files, record.size)
-                    if record.tree
-                    else await self.registry.manifest_of(record.id)
+                    Rooted.of(record) if record.tree else await self.registry.manifest_of(record.id)
                 )
                 got = await self.registry.submit(
                     record.spec, again, owner=who.user, rerun_of=record.id

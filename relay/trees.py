@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from protocol_specs.runs import RunRecord
 from protocol_specs.snapshots import Manifest
 from protocol_specs.tree_check import Summary, TreeCheck
 from protocol_specs.trees import MAX_TREE_BYTES, Expansion, Row, TreeError, decode_tree
@@ -49,6 +50,11 @@ class Rooted:
     @classmethod
     def checked(cls, root: str, summary: Summary) -> Rooted:
         return cls(tree=root, snapshot=root, files=summary.files, size=summary.bytes)
+
+    @classmethod
+    def of(cls, record: RunRecord) -> Rooted:
+        """The snapshot a run recorded by its tree names (for a rerun)."""
+        return cls(tree=record.tree, snapshot=record.snapshot, files=record.files, size=record.size)
 
 
 class _DecodedTrees:
