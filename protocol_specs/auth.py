@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Whoever can send DAP to a worker runs code on it (``evaluate``, ``setVariable``), so every relay
 connection names a token in its ``hello`` and the relay decides, per role and per run, whether the
-token's holder may have it. Two kinds of token:
+token's holder may have it. Three kinds of token:
 
 - **user tokens** (``tthu_...``) belong to a user name and carry scopes: ``runs`` (submit runs,
   attach an IDE to them, read their logs, cancel them: one's own runs only), ``admin`` (every user's
@@ -14,6 +14,11 @@ token's holder may have it. Two kinds of token:
   (``claim``) or to a scheduler backend (``dispatch``). One is good for that run and that attempt
   only: once the run moved on to a later attempt, a worker of the earlier one (a zombie a scheduler
   failed to kill) is refused (``stale_attempt``) and can no longer inject anything.
+- **tickets** (``ttht_...``) stand in for a worker token where a scheduler shows what a job carries
+  to everyone who can see the job (Ray's job list shows each job's runtime environment). A ticket
+  is good for one thing: claiming its run's attempt while that attempt waits to start. The claim's
+  answer carries a worker token, which then lives only in the worker's memory; once the attempt
+  started, or ended, the ticket is worth nothing.
 
 A token is ``tth<kind>_<id>_<secret>``. The relay stores the id with a SHA-256 hash of the secret
 (256 random bits: a slow password hash adds nothing against guessing, and a stolen hash is useless
@@ -46,6 +51,7 @@ __all__ = [
     "Refusal",
     "Scope",
     "TokenInfo",
+    "TokenKind",
     "TokenRecord",
     "check_token",
     "describe",
@@ -55,8 +61,12 @@ __all__ = [
 ]
 
 #: what a token looks like; anything matching this in a log line is a leaked secret
-TOKEN_PATTERN = re.compile(r"tth[uw]_[0-9a-f]{16}_[A-Za-z0-9_-]{43}")
-_TOKEN = re.compile(r"^tth([uw])_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
+TOKEN_PATTERN = re.compile(r"tth[uwt]_[0-9a-f]{16}_[A-Za-z0-9_-]{43}")
+_TOKEN = re.compile(r"^tth([uwt])_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
+
+
+#: what a token is: a user's, a worker's (one attempt), or a ticket (claims one attempt)
+TokenKind = Literal["user", "worker", "ticket"]
 
 
 class Scope(StrEnum):
@@ -71,7 +81,7 @@ class TokenInfo(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     id: str
-    kind: Literal["user", "worker"]
+    kind: TokenKind
     user: str = Field(min_length=1, max_length=64)
     scopes: list[Scope] = Field(default_factory=list)
     label: str = Field(default="", max_length=200)
@@ -80,7 +90,7 @@ class TokenInfo(BaseModel):
     expires_at: float = 0.0
     revoked_at: float = 0.0
     created_by: str = ""
-    #: worker tokens: the run and attempt they are good for
+    #: worker tokens and tickets: the run and attempt they are good for
     run: str = ""
     attempt: int = 0
 
@@ -100,7 +110,7 @@ class Principal:
     """Who is on a connection: the checked token's holder."""
 
     token: str  #: the token's id (safe to log)
-    kind: Literal["user", "worker"]
+    kind: TokenKind
     user: str
     scopes: frozenset[Scope] = frozenset()
     run: str = ""
@@ -122,8 +132,8 @@ class Principal:
         return Scope.ADMIN in self.scopes
 
     def __str__(self) -> str:
-        if self.kind == "worker":
-            return f"worker of {self.run} attempt {self.attempt} (token {self.token})"
+        if self.kind != "user":
+            return f"{self.kind} of {self.run} attempt {self.attempt} (token {self.token})"
         return f"{self.user} (token {self.token})"
 
 
@@ -135,7 +145,7 @@ class Refusal:
     message: str
 
 
-def new_token(kind: Literal["user", "worker"]) -> tuple[str, str, str]:
+def new_token(kind: TokenKind) -> tuple[str, str, str]:
     """A fresh token: ``(token, id, hash of its secret)``; only the caller ever sees ``token``."""
     token_id = secrets.token_hex(8)
     secret = secrets.token_urlsafe(32)

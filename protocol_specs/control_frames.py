@@ -242,6 +242,9 @@ class Dispatch(BaseModel):
     rid: int
     backend: str
     dispatcher: str
+    #: answer with a ticket (``ttht_``: good only to claim the attempt) instead of a worker token,
+    #: for schedulers that show what a job carries to everyone who can list jobs (Ray)
+    ticket: bool = False
 
 
 class RunInfo(BaseModel):

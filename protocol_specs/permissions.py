@@ -5,13 +5,15 @@ Theory of operation
 Every action a relay connection can take is a row of :data:`PERMISSIONS`: opening a connection
 in each role, each control frame, each kind of entry published on a run connection. Every kind of
 credential is a column (:class:`Actor`): a user token's ``runs``, ``admin`` and ``backend`` scopes,
-and a worker token (one run, one attempt). A cell is a :class:`Rule`:
+a worker token (one run, one attempt), and a ticket (claims one run's attempt, nothing else). A cell
+is a :class:`Rule`:
 
 - ``yes``: allowed;
 - ``own``: a user's own runs (their tokens, their blobs); another user's run is answered
   ``no_such_run``, exactly as a run that does not exist, so nobody learns which runs exist;
-- ``attempt``: a worker token's own run at its own attempt; another run is ``forbidden``, an
-  attempt that is over ``stale_attempt`` (a zombie worker injects nothing into the next attempt);
+- ``attempt``: a worker token's (or ticket's) own run at its own attempt; another run is
+  ``forbidden``, an attempt that is over ``stale_attempt`` (a zombie worker injects nothing into
+  the next attempt);
 - ``no``: ``forbidden``.
 
 A token with several scopes may do what any of them allows. :func:`authorize` is the only place
@@ -85,6 +87,7 @@ class Actor(StrEnum):
     ADMIN = "admin"  #: a user token's ``admin`` scope
     BACKEND = "backend"  #: a user token's ``backend`` scope (worker pools, scheduler backends)
     WORKER = "worker"  #: a worker token (one run, one attempt)
+    TICKET = "ticket"  #: a ticket: claims one run's attempt while it waits to start
 
 
 class Rule(StrEnum):
@@ -95,39 +98,39 @@ class Rule(StrEnum):
 
 
 Y, OWN, A, N = Rule.YES, Rule.OWN, Rule.ATTEMPT, Rule.NO
-_COLUMNS = (Actor.USER, Actor.ADMIN, Actor.BACKEND, Actor.WORKER)
-_ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule]] = {
-    #                            runs admin backend worker
-    Act.OPEN_IDE: (OWN, Y, N, N),
-    Act.OPEN_WORKER: (N, N, N, A),
-    Act.OPEN_LOGS: (OWN, Y, N, N),
-    Act.OPEN_TUNNEL: (OWN, Y, N, N),
-    Act.OPEN_CONTROL: (Y, Y, Y, Y),
-    Act.HAVE_BLOBS: (OWN, Y, N, N),
-    Act.PUT_BLOB: (Y, Y, N, N),
-    Act.GET_BLOB: (N, Y, Y, A),
-    Act.SUBMIT: (Y, Y, N, N),
-    Act.RERUN: (OWN, Y, N, N),
-    Act.CANCEL: (OWN, Y, N, N),
-    Act.GET_RUN: (OWN, Y, N, N),
-    Act.LIST_RUNS: (OWN, Y, N, N),
-    Act.GET_AUDIT: (OWN, Y, N, N),
-    Act.CLAIM_NEXT: (N, Y, Y, N),
-    Act.CLAIM_RUN: (N, Y, Y, A),
-    Act.DISPATCH: (N, Y, Y, N),
-    Act.REPORT: (N, Y, Y, N),
-    Act.CREATE_TOKEN: (Y, Y, N, N),
-    Act.CREATE_ANY_TOKEN: (N, Y, N, N),
-    Act.LIST_TOKENS: (OWN, Y, N, N),
-    Act.REVOKE_TOKEN: (OWN, Y, N, N),
+_COLUMNS = (Actor.USER, Actor.ADMIN, Actor.BACKEND, Actor.WORKER, Actor.TICKET)
+_ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule, Rule]] = {
+    #                            runs admin backend worker ticket
+    Act.OPEN_IDE: (OWN, Y, N, N, N),
+    Act.OPEN_WORKER: (N, N, N, A, N),
+    Act.OPEN_LOGS: (OWN, Y, N, N, N),
+    Act.OPEN_TUNNEL: (OWN, Y, N, N, N),
+    Act.OPEN_CONTROL: (Y, Y, Y, Y, Y),
+    Act.HAVE_BLOBS: (OWN, Y, N, N, N),
+    Act.PUT_BLOB: (Y, Y, N, N, N),
+    Act.GET_BLOB: (N, Y, Y, A, N),
+    Act.SUBMIT: (Y, Y, N, N, N),
+    Act.RERUN: (OWN, Y, N, N, N),
+    Act.CANCEL: (OWN, Y, N, N, N),
+    Act.GET_RUN: (OWN, Y, N, N, N),
+    Act.LIST_RUNS: (OWN, Y, N, N, N),
+    Act.GET_AUDIT: (OWN, Y, N, N, N),
+    Act.CLAIM_NEXT: (N, Y, Y, N, N),
+    Act.CLAIM_RUN: (N, Y, Y, A, A),
+    Act.DISPATCH: (N, Y, Y, N, N),
+    Act.REPORT: (N, Y, Y, N, N),
+    Act.CREATE_TOKEN: (Y, Y, N, N, N),
+    Act.CREATE_ANY_TOKEN: (N, Y, N, N, N),
+    Act.LIST_TOKENS: (OWN, Y, N, N, N),
+    Act.REVOKE_TOKEN: (OWN, Y, N, N, N),
     # a user's run connection is an IDE's, a worker token's a worker's: the roles decide these
-    Act.PUBLISH_DAP: (OWN, Y, N, A),
-    Act.PUBLISH_PRESENCE: (OWN, Y, N, N),
-    Act.PUBLISH_STATUS: (N, N, N, A),
-    Act.PUBLISH_LOG: (N, N, N, A),
-    Act.PUBLISH_CONTROL: (N, N, N, N),
-    Act.PUBLISH_TUNNEL: (OWN, Y, N, A),
-    Act.HEARTBEAT: (OWN, Y, N, A),
+    Act.PUBLISH_DAP: (OWN, Y, N, A, N),
+    Act.PUBLISH_PRESENCE: (OWN, Y, N, N, N),
+    Act.PUBLISH_STATUS: (N, N, N, A, N),
+    Act.PUBLISH_LOG: (N, N, N, A, N),
+    Act.PUBLISH_CONTROL: (N, N, N, N, N),
+    Act.PUBLISH_TUNNEL: (OWN, Y, N, A, N),
+    Act.HEARTBEAT: (OWN, Y, N, A, N),
 }
 
 #: act -> actor -> rule
@@ -141,6 +144,8 @@ _SCOPE_ACTOR = {Scope.RUNS: Actor.USER, Scope.ADMIN: Actor.ADMIN, Scope.BACKEND:
 def _actors(who: Principal) -> list[Actor]:
     if who.kind == "worker":
         return [Actor.WORKER]
+    if who.kind == "ticket":
+        return [Actor.TICKET]
     return [_SCOPE_ACTOR[scope] for scope in sorted(who.scopes) if scope in _SCOPE_ACTOR]
 
 
@@ -185,7 +190,7 @@ def _worker_refusal(
 ) -> Refusal | None:
     target = run.id if run is not None else about_run
     if target != who.run:
-        return Refusal("forbidden", f"this worker token is for run {who.run}, not another run")
+        return Refusal("forbidden", f"this {who.kind} token is for run {who.run}, not another run")
     if run is None:
         return Refusal("no_such_run", f"no run {target!r}")
     if who.attempt != run.attempt or (attempt and attempt != who.attempt):
@@ -197,8 +202,8 @@ def _worker_refusal(
 
 
 def _credential(who: Principal) -> str:
-    if who.kind == "worker":
-        return "a worker token"
+    if who.kind != "user":
+        return f"a {who.kind} token"
     scopes = ", ".join(sorted(who.scopes)) or "no"
     return f"a token with {scopes} scope{'s' if len(who.scopes) > 1 else ''}"
 
@@ -233,6 +238,7 @@ class Holder(StrEnum):
     WORKER = "worker of this attempt"
     OTHER_WORKER = "worker of another run"
     STALE_WORKER = "worker of an earlier attempt"
+    TICKET = "ticket of this attempt"
 
 
 _HOLDER_ACTOR = {
@@ -243,6 +249,7 @@ _HOLDER_ACTOR = {
     Holder.WORKER: Actor.WORKER,
     Holder.OTHER_WORKER: Actor.WORKER,
     Holder.STALE_WORKER: Actor.WORKER,
+    Holder.TICKET: Actor.TICKET,
 }
 
 
@@ -285,6 +292,7 @@ def expected(act: Act, holder: Holder) -> str:
             Holder.WORKER: "ok",
             Holder.OTHER_WORKER: "forbidden",
             Holder.STALE_WORKER: "stale_attempt",
+            Holder.TICKET: "ok",
         }[holder]
     return "forbidden"
 

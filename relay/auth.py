@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from protocol_specs.auth import Scope, TokenRecord, new_token, parse_token
+from protocol_specs.auth import Scope, TokenKind, TokenRecord, new_token, parse_token
 
 from . import keys
 from .store import Store
@@ -32,7 +32,7 @@ class TokenStore:
         label: str = "",
         expires_in: float = 0.0,
         created_by: str = "",
-        kind: Literal["user", "worker"] = "user",
+        kind: TokenKind = "user",
         run: str = "",
         attempt: int = 0,
     ) -> tuple[str, TokenRecord]:
@@ -59,11 +59,20 @@ class TokenStore:
             await self.store.expire(keys.token(token_id), max(expires_in, 1.0))
         return token, record
 
-    async def mint_worker(self, user: str, run: str, attempt: int, ttl: float) -> str:
-        """A worker token good for ``run``'s ``attempt`` only (expiring after ``ttl`` s)."""
+    async def mint_worker(
+        self,
+        user: str,
+        run: str,
+        attempt: int,
+        ttl: float,
+        *,
+        kind: Literal["worker", "ticket"] = "worker",
+    ) -> str:
+        """A worker token good for ``run``'s ``attempt`` only (expiring after ``ttl`` s), or a
+        ticket, good only to claim that attempt."""
         token, _ = await self.create(
             user,
-            kind="worker",
+            kind=kind,
             scopes=[],
             run=run,
             attempt=attempt,

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import msgpack
 import trio
@@ -221,7 +221,13 @@ class Control:
                 if handed is None:
                     raise ConnectionClosed(None, None)
                 conn.undo = lambda: self.registry.enqueue(handed)
-                return await self._assigned(frame.rid, conn, handed, manifest=False)
+                return await self._assigned(
+                    frame.rid,
+                    conn,
+                    handed,
+                    manifest=False,
+                    kind="ticket" if frame.ticket else "worker",
+                )
             case wire.CreateToken():
                 user = frame.user or who.user
                 others = user != who.user or bool(set(frame.scopes) - {Scope.RUNS})
@@ -414,10 +420,17 @@ class Control:
     # --- answers ----------------------------------------------------------------------------------
 
     async def _assigned(
-        self, rid: int, conn: _Conn, record: RunRecord, *, manifest: bool = True
+        self,
+        rid: int,
+        conn: _Conn,
+        record: RunRecord,
+        *,
+        manifest: bool = True,
+        kind: Literal["worker", "ticket"] = "worker",
     ) -> wire.AnyFrame:
         """A claimed or dispatched attempt, with its manifest (a dispatch to a scheduler: none)
-        and a worker token for it (unless the requester is that attempt's worker already). A
+        and a worker token for it (unless the requester is that attempt's worker already; a
+        ticket's claim gets one: that is what tickets are for), or a ticket (``kind``). A
         snapshot the relay lost part of since the submit (its blobs deleted by hand) fails the
         attempt's start, saying so."""
         try:
@@ -430,7 +443,9 @@ class Control:
         token = ""
         if conn.who.kind != "worker":
             ttl = self.config.retention + self.config.lease
-            token = await self.tokens.mint_worker(record.owner, record.id, record.attempt, ttl)
+            token = await self.tokens.mint_worker(
+                record.owner, record.id, record.attempt, ttl, kind=kind
+            )
         await self._audit(
             record.id,
             "claim",

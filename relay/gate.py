@@ -112,14 +112,14 @@ class Gate:
         links, so idle links never lock the user's CLI out."""
         if who.kind == "worker" and hello.tunnel:  # a run's tunnels are counted apart
             slot, cap, what = f"tunnels:{who.token}", 2 * MAX_TUNNELS, "tunnel "
-        elif who.kind == "worker":
+        elif who.kind != "user":  # a worker token's or a ticket's
             slot, cap, what = f"worker:{who.token}", self.config.max_worker_connections, ""
         elif hello.role is Role.CONTROL:
             slot, cap, what = f"control:{who.user}", self.config.max_control_connections, "control "
         else:
             slot, cap, what = f"links:{who.user}", self.config.max_connections, "IDE and logs "
         if self.connections.get(slot, 0) >= cap:
-            holder = "this worker token" if who.kind == "worker" else str(who)
+            holder = f"this {who.kind} token" if who.kind != "user" else str(who)
             await peer.fatal(
                 ErrorCode.TOO_MANY_CONNECTIONS,
                 f"{holder} has {cap} {what}connections open to this relay already, the most it "

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import trio
 
+from protocol_specs import wire
 from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
@@ -206,23 +207,30 @@ async def run_one(
     allow_tunnels: bool = True,
 ) -> int | None:
     """Claim ``run_id``'s attempt ``attempt`` and run it (a scheduler job's worker, holding the
-    attempt's worker token)."""
+    attempt's worker token, or a ticket: the claim then answers with the worker token, which
+    serves from there on)."""
     say = on_event or (lambda _text: None)
-    async with open_control(relay_url, client=f"tether-worker {worker}") as control:
-        assigned = await control.claim(worker, run=run_id, attempt=attempt)
+    client = f"tether-worker {worker}"
+
+    async def started(ep: Endpoint, assigned: wire.Assigned, control: ControlClient) -> int | None:
         record = assigned.run
-        as_worker = endpoint(relay_url)
-        if assigned.token:
-            as_worker = as_worker.with_token(assigned.token)
         say(f"{worker}: claimed run {record.id} (attempt {record.attempt})")
         try:
             return await _run(
-                as_worker, record, assigned.manifest, control, work_dir, python, say,
+                ep, record, assigned.manifest, control, work_dir, python, say,
                 scheduled=True, allow_tunnels=allow_tunnels,
             )  # fmt: skip
         finally:
             with trio.CancelScope(shield=True):
                 await tidy(work_dir)
+
+    async with open_control(relay_url, client=client) as control:
+        assigned = await control.claim(worker, run=run_id, attempt=attempt)
+        if not assigned.token:
+            return await started(endpoint(relay_url), assigned, control)
+    as_worker = endpoint(relay_url).with_token(assigned.token)
+    async with open_control(as_worker, client=client) as control:
+        return await started(as_worker, assigned, control)
 
 
 async def _run(

@@ -200,10 +200,13 @@ class ControlClient:
             wire.Claim, wire.Assigned, worker=worker, backend=backend, run=run, attempt=attempt
         )
 
-    async def dispatch(self, backend: str, dispatcher: str) -> wire.Assigned:
-        """The next run queued for ``backend``, and a worker token for its attempt."""
+    async def dispatch(
+        self, backend: str, dispatcher: str, *, ticket: bool = False
+    ) -> wire.Assigned:
+        """The next run queued for ``backend``, and a worker token for its attempt (``ticket``: a
+        ticket instead, good only to claim the attempt, which answers with the worker token)."""
         return await self._call(
-            wire.Dispatch, wire.Assigned, backend=backend, dispatcher=dispatcher
+            wire.Dispatch, wire.Assigned, backend=backend, dispatcher=dispatcher, ticket=ticket
         )
 
     async def create_token(

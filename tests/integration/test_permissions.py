@@ -2,7 +2,8 @@
 walked against a live relay on the bundled server over real WebSockets.
 
 For each act and each kind of token (the owner, another user, an admin, a backend, the worker of
-the run's current attempt, the worker of another run, the worker of the run's earlier attempt), a
+the run's current attempt, the worker of another run, the worker of the run's earlier attempt, a
+ticket for the run's current attempt), a
 fresh scenario is made and the act is performed the way a client does it; what the relay answers
 ("ok", "scoped": allowed but without the owner's things, or the refusal's code) must be what the
 table says.
@@ -105,6 +106,9 @@ async def scene(url: str, store: Store, *, claimed: bool = True) -> Scene:
         Holder.WORKER: Endpoint(url, token=third.token),
         Holder.OTHER_WORKER: Endpoint(url, token=second.token),
         Holder.STALE_WORKER: Endpoint(url, token=first.token),
+        Holder.TICKET: Endpoint(
+            url, token=await tokens.mint_worker("alice", run, 2, 3600, kind="ticket")
+        ),
     }
     if claimed:
         async with open_control(holders[Holder.WORKER]) as control:

@@ -303,6 +303,38 @@ async def test_a_worker_of_an_earlier_attempt_cannot_inject_into_the_next(relay:
         assert link.run.attempt == 2  # the current attempt's worker is served
 
 
+async def test_a_ticket_claims_its_attempt_once_and_is_worth_nothing_after(relay: Relay) -> None:
+    """What a Ray job carries where others can read it: it starts the attempt, once."""
+    spec = SPEC.model_copy(update={"backend": "ray", "max_retries": 1, "retry_backoff": 0.0})
+    run = await submitted(relay.alice, spec)
+    async with open_control(relay.pool) as control:
+        dispatched = await control.dispatch("ray", "ray-backend", ticket=True)
+    ticket = relay.bare(dispatched.token)
+    assert dispatched.run.id == run and dispatched.token.startswith("ttht_")
+    got = await refusal(ticket, Role.WORKER, run)  # a ticket is no worker token
+    assert got.code == ErrorCode.FORBIDDEN
+    async with open_control(ticket) as control:
+        with pytest.raises(RelayError) as info:
+            await control.read_blob("ab" * 32)
+        assert info.value.code == ErrorCode.FORBIDDEN
+        assigned = await control.claim("w-0", run=run, attempt=1)
+        assert assigned.token.startswith("tthw_")  # the worker token, in the claim's answer only
+        with pytest.raises(RelayError) as info:
+            await control.claim("w-thief", run=run, attempt=1)  # the attempt started: spent
+        assert info.value.code == ErrorCode.STALE_ATTEMPT
+    async with open_run_link(relay.bare(assigned.token), role=Role.WORKER, run=run) as link:
+        await link.publish(wire.StatusEntry(event=StatusEvent.STARTED))
+        await link.publish(wire.StatusEntry(event=StatusEvent.EXITED, exit_code=1))
+        await link.flush()
+    async with open_control(ticket) as control:  # attempt 2 is queued: not the ticket's
+        with pytest.raises(RelayError) as info:
+            await control.claim("w-thief", run=run, attempt=2)
+        assert info.value.code == ErrorCode.STALE_ATTEMPT
+    async with open_control(relay.alice) as control:
+        trail = [(e.event, e.token) for e in await control.audit(run)]
+    assert ("claim", dispatched.token.split("_")[1]) in trail  # whoever used it is on record
+
+
 # --- secrets in specs ------------------------------------------------------------------------------
 
 
