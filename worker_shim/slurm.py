@@ -9,8 +9,8 @@ Theory of operation
    batch script running ``tether worker --credentials FILE``, submits it with ``sbatch --parsable``
    (resources: ``--cpus-per-task``, ``--mem``, ``--time``, ``--gres=gpu:N``, ``--partition``) and
    reports the job id to the relay (``tether ls`` shows it while the job is pending);
-2. watches its jobs with ``squeue`` (and ``scontrol show job`` once they left the queue, within
-   ``MinJobAge``; no accounting storage is needed):
+2. watches its jobs with ``scontrol show job`` (Slurm keeps ended jobs for ``MinJobAge``; no
+   accounting storage is needed), and acts as ``worker_shim/job_watch.py`` decides:
 
    - a job that ended, failed, timed out, was cancelled or preempted while its attempt was not
      finished is reported ``lost``: the relay retries it (``--max-retries``) or marks the run lost;
@@ -19,31 +19,28 @@ Theory of operation
      attempt's worker, should it start again, is refused by the relay;
    - a job whose run was cancelled (or moved on to another attempt) is ``scancel``-ed.
 
-The worker in the job claims exactly its run and attempt; compute nodes need no inbound
-connections, only outbound ones to the relay. What the backend tracks is kept in
-``<state dir>/jobs.json``, so it can be restarted.
+The loops around this are ``worker_shim/scheduler.py``'s.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import re
 import shlex
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from protocol_specs.runs import RunRecord
-from relay.client import ControlClient, RelayError, Target, endpoint, open_control
+from relay.client import endpoint
+
+from .job_watch import Phase, Seen
+from .scheduler import Job, SchedulerBackend, SchedulerError
 
 __all__ = ["SlurmBackend", "SlurmError", "job_script", "sbatch_options"]
-
-log = logging.getLogger("tether.slurm")
 
 #: job states after which a job runs no more
 ENDED = frozenset(
@@ -60,21 +57,10 @@ ENDED = frozenset(
         "SPECIAL_EXIT",
     }
 )
-NAME = "slurm"
-#: a job whose attempt is over (the run ended, or a later attempt began) may take this long to end
-#: by itself (its worker was told to stop) before the backend cancels it
-STALE_GRACE = 30.0
 
 
-class SlurmError(Exception):
+class SlurmError(SchedulerError):
     pass
-
-
-@dataclass
-class Job:
-    job: str
-    run: str
-    attempt: int
 
 
 def sbatch_options(record: RunRecord) -> list[str]:
@@ -114,58 +100,23 @@ def job_script(
     return "\n".join(lines)
 
 
-class SlurmBackend:
+class SlurmBackend(SchedulerBackend):
+    name = "slurm"
+    scheduler = "Slurm"
+
     def __init__(
         self,
-        relay: Target,
-        *,
-        state_dir: Path,
-        worker_relay: str | None = None,
-        python: str,
-        poll: float = 5.0,
+        *args: Any,
         sbatch_args: list[str] | None = None,
         env: dict[str, str] | None = None,
-        on_event: Callable[[str], None] | None = None,
-        allow_tunnels: bool = True,
+        **kwargs: Any,
     ) -> None:
-        self.relay = relay
-        self.allow_tunnels = (
-            allow_tunnels  #: its jobs' workers serve tether exec/shell/port-forward
-        )
-        self.worker_relay = worker_relay or endpoint(relay).url
-        self.state_dir = state_dir
-        self.python = python
-        self.poll = poll
+        super().__init__(*args, **kwargs)
         self.sbatch_args = sbatch_args or []
         self.env = {**os.environ, **(env or {})}
-        self.say = on_event or (lambda _text: None)
-        self.jobs: dict[str, Job] = {}
-        #: jobs whose attempt is over but that still run: since when (they get ``STALE_GRACE``)
-        self._stale: dict[str, float] = {}
         for sub in ("jobs", "credentials", "work"):
-            (state_dir / sub).mkdir(parents=True, exist_ok=True)
-        (state_dir / "credentials").chmod(0o700)
-        self._load()
-
-    # --- persistence --------------------------------------------------------------------------
-
-    @property
-    def _jobs_file(self) -> Path:
-        return self.state_dir / "jobs.json"
-
-    def _load(self) -> None:
-        try:
-            raw = json.loads(self._jobs_file.read_text())
-        except (OSError, ValueError):
-            return
-        self.jobs = {j["job"]: Job(**j) for j in raw if isinstance(j, dict)}
-
-    def _save(self) -> None:
-        tmp = self._jobs_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps([asdict(j) for j in self.jobs.values()]))
-        tmp.replace(self._jobs_file)
-
-    # --- Slurm commands -----------------------------------------------------------------------
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "credentials").chmod(0o700)
 
     async def _slurm(self, *argv: str, check: bool = True) -> str:
         result = await trio.run_process(
@@ -188,29 +139,22 @@ class SlurmBackend:
                 out[job] = (state.group(1), int(restarts.group(1)) if restarts else 0)
         return out
 
-    # --- the two loops ------------------------------------------------------------------------
+    async def look(self, jobs: list[str]) -> dict[str, Seen]:
+        seen = {}
+        for job, (state, restarts) in (await self.job_states(jobs)).items():
+            base = state.split("+")[0]
+            if base in ENDED:
+                seen[job] = Seen(Phase.ENDED, base)
+            elif restarts > 0:
+                seen[job] = Seen(Phase.REQUEUED, base)
+            else:
+                seen[job] = Seen(Phase.PENDING if base == "PENDING" else Phase.RUNNING, base)
+        return seen
 
-    async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._dispatch_forever)
-            nursery.start_soon(self._watch_forever)
-            task_status.started()
+    async def cancel(self, job: str) -> None:
+        await self._slurm("scancel", job, check=False)
 
-    async def _dispatch_forever(self) -> None:
-        backoff = 0.2
-        while True:
-            try:
-                async with open_control(self.relay, client="tether-backend slurm") as control:
-                    backoff = 0.2
-                    while True:
-                        assigned = await control.dispatch(NAME, "slurm-backend")
-                        await self.submit(control, assigned.run, assigned.token)
-            except (RelayError, OSError) as exc:
-                log.warning("slurm backend: %s; retrying in %.1f s", exc, backoff)
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-
-    async def submit(self, control: ControlClient, record: RunRecord, token: str) -> None:
+    async def launch(self, record: RunRecord, token: str) -> str:
         """Write the attempt's credentials (its worker token: never on a command line) and
         submit its job."""
         key = f"{record.id}-{record.attempt}"
@@ -241,74 +185,8 @@ class SlurmBackend:
                 "sbatch", "--parsable", f"--chdir={self.state_dir}", *self.sbatch_args, str(script)
             )
         except SlurmError as exc:
-            self.say(f"run {record.id}: sbatch refused attempt {record.attempt}: {exc}")
-            await control.report(
-                record.id, record.attempt, "lost", detail=f"sbatch refused the job: {exc}"
-            )
-            return
-        job = out.strip().split(";")[0]
-        self.jobs[job] = Job(job, record.id, record.attempt)
-        self._save()
-        self.say(f"run {record.id} attempt {record.attempt}: submitted as Slurm job {job}")
-        await control.report(
-            record.id, record.attempt, "job", job=job, detail=f"Slurm job {job} submitted"
-        )
+            raise SlurmError(f"sbatch refused the job: {exc}") from None
+        return out.strip().split(";")[0]
 
-    async def _watch_forever(self) -> None:
-        while True:
-            try:
-                async with open_control(self.relay, client="tether-backend slurm") as control:
-                    while True:
-                        await self.watch_once(control)
-                        await trio.sleep(self.poll)
-            except (RelayError, OSError, SlurmError) as exc:
-                log.warning("slurm backend: %s", exc)
-                await trio.sleep(self.poll)
-
-    async def watch_once(self, control: ControlClient) -> None:
-        """One look at every tracked job; report and cancel as the module docstring says."""
-        if not self.jobs:
-            return
-        states = await self.job_states(list(self.jobs))
-        for job_id, job in list(self.jobs.items()):
-            state, restarts = states.get(job_id, ("GONE", 0))
-            base = state.split("+")[0]
-            try:
-                record = await control.get_run(job.run)
-            except RelayError:
-                record = None
-            current = record is not None and not record.finished and record.attempt == job.attempt
-            if restarts > 0 and base not in ENDED:
-                await self._slurm("scancel", job_id, check=False)
-                await self._lost(control, job, f"Slurm requeued job {job_id} (preempted?)")
-                continue
-            if base in ENDED or base == "GONE":
-                if current:
-                    await self._lost(control, job, f"Slurm job {job_id} ended: {base}")
-                else:
-                    self._forget(job)
-                continue
-            if not current:
-                # the run ended or went on to another attempt: a pending job is cancelled; a
-                # running one's worker stops by itself (it was told), else it is cancelled after
-                # a grace period
-                first = self._stale.setdefault(job_id, trio.current_time())
-                if base != "PENDING" and trio.current_time() - first < STALE_GRACE:
-                    continue
-                self.say(
-                    f"run {job.run}: cancelling Slurm job {job_id} (attempt {job.attempt} over)"
-                )
-                await self._slurm("scancel", job_id, check=False)
-                self._forget(job)
-
-    async def _lost(self, control: ControlClient, job: Job, detail: str) -> None:
-        self.say(f"run {job.run} attempt {job.attempt}: {detail}")
-        await control.report(job.run, job.attempt, "lost", job=job.job, detail=detail)
-        self._forget(job)
-
-    def _forget(self, job: Job) -> None:
-        self.jobs.pop(job.job, None)
-        self._stale.pop(job.job, None)
-        self._save()
+    def forgotten(self, job: Job) -> None:
         (self.state_dir / "credentials" / f"{job.run}-{job.attempt}.json").unlink(missing_ok=True)
-        self.say(f"run {job.run} attempt {job.attempt}: done with Slurm job {job.job}")

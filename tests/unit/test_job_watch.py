@@ -1,0 +1,68 @@
+"""The decisions of ``worker_shim/job_watch.py``: every cell of its table, and the grace a running
+job gets once its attempt is over (a plain clock: the core takes ``now``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker_shim.job_watch import Action, Attempt, Do, JobWatch, Phase, Seen
+
+W, S, OVER = Attempt.WAITING, Attempt.STARTED, Attempt.OVER
+TABLE = {
+    (Phase.PENDING, W): Do.KEEP,
+    (Phase.PENDING, S): Do.KEEP,
+    (Phase.PENDING, OVER): Do.CANCEL,
+    (Phase.RUNNING, W): Do.KEEP,
+    (Phase.RUNNING, S): Do.KEEP,
+    (Phase.ENDED, W): Do.LOST,
+    (Phase.ENDED, S): Do.LOST,
+    (Phase.ENDED, OVER): Do.FORGET,
+    (Phase.GONE, W): Do.LOST,
+    (Phase.GONE, S): Do.LOST,
+    (Phase.GONE, OVER): Do.FORGET,
+    (Phase.REQUEUED, W): Do.CANCEL_LOST,
+    (Phase.REQUEUED, S): Do.CANCEL_LOST,
+    (Phase.REQUEUED, OVER): Do.CANCEL,
+    (Phase.GAVE_UP, W): Do.SUBMIT_AGAIN,
+    (Phase.GAVE_UP, S): Do.LOST,
+    (Phase.GAVE_UP, OVER): Do.FORGET,
+}
+
+
+@pytest.mark.parametrize(("phase", "attempt"), list(TABLE))
+def test_every_cell_of_the_table(phase: Phase, attempt: Attempt) -> None:
+    action = JobWatch("Ray").look("j1", Seen(phase, "FAILED"), attempt, now=0.0)
+    assert action.do is TABLE[(phase, attempt)]
+    assert action.do is Do.KEEP or action.do is Do.FORGET or "j1" in action.why
+
+
+def test_every_phase_and_attempt_has_a_cell() -> None:
+    cells = {(p, a) for p in Phase for a in Attempt} - {(Phase.RUNNING, OVER)}
+    assert cells == set(TABLE)
+
+
+def test_a_running_job_whose_attempt_is_over_gets_its_grace_then_is_cancelled() -> None:
+    watch = JobWatch("Slurm", grace=30.0)
+    running = Seen(Phase.RUNNING)
+    assert watch.look("7", running, OVER, now=100.0) == Action(Do.KEEP)
+    assert watch.look("7", running, OVER, now=129.9) == Action(Do.KEEP)
+    action = watch.look("7", running, OVER, now=130.0)
+    assert action.do is Do.CANCEL and "30 s after its attempt ended" in action.why
+    # forgotten once acted on: the same id seen again starts a new grace
+    assert watch.look("7", running, OVER, now=500.0) == Action(Do.KEEP)
+
+
+def test_the_grace_is_per_job_and_ends_when_the_job_ends() -> None:
+    watch = JobWatch(grace=10.0)
+    watch.look("a", Seen(Phase.RUNNING), OVER, now=0.0)
+    assert watch.look("b", Seen(Phase.RUNNING), OVER, now=9.0).do is Do.KEEP
+    assert watch.look("a", Seen(Phase.ENDED), OVER, now=5.0).do is Do.FORGET
+    assert watch.look("a", Seen(Phase.RUNNING), OVER, now=12.0).do is Do.KEEP  # a new grace
+    assert watch.look("b", Seen(Phase.RUNNING), OVER, now=19.0).do is Do.CANCEL
+
+
+def test_messages_name_the_scheduler_and_what_it_said() -> None:
+    watch = JobWatch("Slurm")
+    assert watch.look("9", Seen(Phase.REQUEUED), W, 0).why == "Slurm requeued job 9 (preempted?)"
+    assert watch.look("9", Seen(Phase.ENDED, "TIMEOUT"), S, 0).why == "Slurm job 9 ended: TIMEOUT"
+    assert watch.look("9", Seen(Phase.GONE), S, 0).why == "Slurm job 9 is gone"

@@ -1,0 +1,135 @@
+"""What a scheduler backend does about each job it launched, decided without I/O.
+
+Theory of operation
+-------------------
+A scheduler backend (``worker_shim/scheduler.py``; Slurm, Ray) launches one job per attempt and
+looks at its jobs every few seconds. Each look pairs two facts per job:
+
+- what the scheduler says of it (:class:`Phase`): waiting for resources, running, over, gone from
+  its books, put back in its queue after it had started (Slurm's requeue on preemption), or given
+  up on before it started (Ray fails a job that waited longer than ``RAY_JOB_START_TIMEOUT_SECONDS``);
+- what the relay says of the job's attempt (:class:`Attempt`): still waiting for its worker, started
+  (the worker claimed it), or over (the run ended, or went on to another attempt).
+
+:class:`JobWatch` turns the pair into one :class:`Action`:
+
+=============  =====================  ===================  ==========================
+scheduler      attempt waiting        attempt started      attempt over
+=============  =====================  ===================  ==========================
+pending        keep                   keep                 cancel
+running        keep                   keep                 cancel after ``grace``
+over, gone     lost                   lost                 forget
+requeued       cancel, lost           cancel, lost         cancel
+gave up        submit again           lost                 forget
+=============  =====================  ===================  ==========================
+
+- *lost*: the relay is told; it retries the run as configured (a new attempt, a new job) or marks
+  it lost. A requeued job is cancelled rather than left to start again, so the retry is a new
+  attempt whose worker the relay knows; the old attempt's worker, should it start, is refused.
+- *cancel after grace*: a running job whose attempt is over had its worker told to stop; it gets
+  ``grace`` seconds to end by itself before it is cancelled.
+- *submit again*: nothing ran, so the same attempt gets a new job and no retry is spent: a run that
+  waits for GPUs for longer than the scheduler's patience keeps waiting, as a Slurm job would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+__all__ = ["STALE_GRACE", "Action", "Attempt", "Do", "JobWatch", "Phase", "Seen"]
+
+#: a running job whose attempt is over may take this long to end by itself before it is cancelled
+STALE_GRACE = 30.0
+
+
+class Phase(StrEnum):
+    """What the scheduler says of a job."""
+
+    PENDING = "pending"  #: queued, waiting for resources
+    RUNNING = "running"
+    ENDED = "ended"  #: over, for any reason
+    GONE = "gone"  #: the scheduler no longer knows it
+    REQUEUED = "requeued"  #: it started, then the scheduler put it back in its queue
+    GAVE_UP = "gave up"  #: the scheduler failed it before it started (it waited too long)
+
+
+class Attempt(StrEnum):
+    """What the relay says of the job's attempt."""
+
+    WAITING = "waiting"  #: current, its worker has not claimed it yet
+    STARTED = "started"  #: current, claimed by its worker
+    OVER = "over"  #: the run ended, or went on to another attempt
+
+
+class Do(StrEnum):
+    KEEP = "keep"
+    FORGET = "forget"  #: stop tracking it (it is over and so is its attempt)
+    CANCEL = "cancel"  #: cancel it, then forget it
+    LOST = "lost"  #: tell the relay the attempt is lost, then forget it
+    CANCEL_LOST = "cancel, lost"  #: cancel it, tell the relay the attempt is lost, forget it
+    SUBMIT_AGAIN = "submit again"  #: the same attempt, a new job
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One job as the scheduler described it."""
+
+    phase: Phase
+    #: what the scheduler said, for people ("FAILED: exit code 1", "PREEMPTED")
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Action:
+    do: Do
+    #: why, as the relay's record and the backend's log will say it
+    why: str = ""
+
+
+@dataclass
+class JobWatch:
+    """Decides per look; remembers only since when each over-attempt job has kept running."""
+
+    #: the scheduler's name, as messages say it ("Slurm", "Ray")
+    scheduler: str = "the scheduler"
+    grace: float = STALE_GRACE
+    _stale_since: dict[str, float] = field(default_factory=dict)
+
+    def look(self, job: str, seen: Seen, attempt: Attempt, now: float) -> Action:
+        action = self._decide(job, seen, attempt, now)
+        if action.do is not Do.KEEP:
+            self._stale_since.pop(job, None)
+        return action
+
+    def _decide(self, job: str, seen: Seen, attempt: Attempt, now: float) -> Action:
+        said = f": {seen.detail}" if seen.detail else ""
+        over = attempt is Attempt.OVER
+        name = f"{self.scheduler} job {job}"
+        match seen.phase:
+            case Phase.REQUEUED:
+                if over:
+                    return Action(Do.CANCEL, f"{name} was requeued; its attempt is over")
+                return Action(Do.CANCEL_LOST, f"{self.scheduler} requeued job {job} (preempted?)")
+            case Phase.ENDED | Phase.GONE:
+                if over:
+                    return Action(Do.FORGET)
+                how = "ended" if seen.phase is Phase.ENDED else "is gone"
+                return Action(Do.LOST, f"{name} {how}{said}")
+            case Phase.GAVE_UP:
+                if over:
+                    return Action(Do.FORGET)
+                if attempt is Attempt.WAITING:
+                    return Action(Do.SUBMIT_AGAIN, f"{name} never started{said}")
+                return Action(Do.LOST, f"{name} failed{said}")
+            case Phase.PENDING | Phase.RUNNING:
+                if not over:
+                    return Action(Do.KEEP)
+                if seen.phase is Phase.PENDING:
+                    return Action(Do.CANCEL, f"{name} is still queued; its attempt is over")
+                first = self._stale_since.setdefault(job, now)
+                if now - first < self.grace:
+                    return Action(Do.KEEP)
+                return Action(
+                    Do.CANCEL, f"{name} still runs {self.grace:g} s after its attempt ended"
+                )

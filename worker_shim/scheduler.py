@@ -1,0 +1,225 @@
+"""What every scheduler backend does: take queued runs from the relay, launch a job per attempt,
+watch the jobs, tell the relay what became of them.
+
+A backend (``worker_shim/slurm.py``, ``worker_shim/ray_jobs.py``) says how to launch, look at and
+cancel a job; this module runs the two loops around that:
+
+1. *dispatch*: each run queued for the backend is handed over by the relay (``dispatch``: the run
+   stays ``queued``) with the credential of its attempt; the job is launched and its id reported
+   (``tether ls`` shows it while the job waits);
+2. *watch*: every ``poll`` seconds each job is looked at, together with its run's record, and
+   ``worker_shim/job_watch.py`` decides what to do.
+
+The worker in the job claims exactly its run and attempt; compute nodes need no inbound
+connections. What the backend tracks is kept in ``<state dir>/jobs.json`` (0600: it holds the
+attempts' credentials), so it can be restarted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import trio
+
+from protocol_specs.runs import RunRecord, RunState
+from relay.client import ControlClient, RelayError, Target, endpoint, open_control
+
+from .job_watch import Action, Attempt, Do, JobWatch, Phase, Seen
+
+__all__ = ["Job", "SchedulerBackend", "SchedulerError"]
+
+log = logging.getLogger("tether.backend")
+
+
+class SchedulerError(Exception):
+    """The scheduler refused or failed a request; the message says what it said."""
+
+
+@dataclass
+class Job:
+    job: str
+    run: str
+    attempt: int
+    #: the attempt's credential (a worker token, or a ticket), to launch it again
+    token: str = ""
+
+
+class SchedulerBackend(ABC):
+    #: the backend's name: runs submitted with ``--backend NAME`` come here
+    name: str
+    #: the scheduler's name in messages ("Slurm", "Ray")
+    scheduler: str
+    #: ask the relay for tickets rather than worker tokens (see ``protocol_specs/auth.py``)
+    tickets: bool = False
+
+    def __init__(
+        self,
+        relay: Target,
+        *,
+        state_dir: Path,
+        worker_relay: str | None = None,
+        python: str,
+        poll: float = 5.0,
+        on_event: Callable[[str], None] | None = None,
+        allow_tunnels: bool = True,
+    ) -> None:
+        self.relay = relay
+        #: its jobs' workers serve tether exec/shell/port-forward
+        self.allow_tunnels = allow_tunnels
+        self.worker_relay = worker_relay or endpoint(relay).url
+        self.state_dir = state_dir
+        self.python = python
+        self.poll = poll
+        self.say = on_event or (lambda _text: None)
+        self.jobs: dict[str, Job] = {}
+        self.watch = JobWatch(self.scheduler)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self._load()
+
+    # --- what a backend says --------------------------------------------------------------------
+
+    @abstractmethod
+    async def launch(self, record: RunRecord, token: str) -> str:
+        """Launch a job for ``record``'s attempt whose worker presents ``token``; its id. Raises
+        :class:`SchedulerError` if the scheduler refuses it."""
+
+    @abstractmethod
+    async def look(self, jobs: list[str]) -> dict[str, Seen]:
+        """What the scheduler says of each of ``jobs`` (one it does not know: leave it out)."""
+
+    @abstractmethod
+    async def cancel(self, job: str) -> None:
+        """Cancel ``job`` (whatever its state; one that is over already is no error)."""
+
+    def forgotten(self, job: Job) -> None:  # noqa: B027 (a hook: most backends keep nothing more)
+        """``job`` is no longer tracked: drop what was kept for it."""
+
+    # --- persistence ----------------------------------------------------------------------------
+
+    @property
+    def _jobs_file(self) -> Path:
+        return self.state_dir / "jobs.json"
+
+    def _load(self) -> None:
+        try:
+            raw = json.loads(self._jobs_file.read_text())
+        except (OSError, ValueError):
+            return
+        self.jobs = {j["job"]: Job(**j) for j in raw if isinstance(j, dict)}
+
+    def _save(self) -> None:
+        tmp = self._jobs_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump([asdict(j) for j in self.jobs.values()], f)
+        tmp.replace(self._jobs_file)
+
+    # --- the two loops --------------------------------------------------------------------------
+
+    async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._dispatch_forever)
+            nursery.start_soon(self._watch_forever)
+            task_status.started()
+
+    def _client(self) -> str:
+        return f"tether-backend {self.name}"
+
+    async def _dispatch_forever(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                async with open_control(self.relay, client=self._client()) as control:
+                    backoff = 0.2
+                    while True:
+                        assigned = await control.dispatch(
+                            self.name, f"{self.name}-backend", ticket=self.tickets
+                        )
+                        await self.submit(control, assigned.run, assigned.token)
+            except (RelayError, OSError) as exc:
+                log.warning("%s backend: %s; retrying in %.1f s", self.name, exc, backoff)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def submit(self, control: ControlClient, record: RunRecord, token: str) -> None:
+        """Launch the attempt's job and report its id (or that the scheduler refused it)."""
+        try:
+            job = await self.launch(record, token)
+        except SchedulerError as exc:
+            self.say(f"run {record.id}: attempt {record.attempt} not submitted: {exc}")
+            await control.report(record.id, record.attempt, "lost", detail=str(exc))
+            return
+        self.jobs[job] = Job(job, record.id, record.attempt, token)
+        self._save()
+        self.say(
+            f"run {record.id} attempt {record.attempt}: submitted as {self.scheduler} job {job}"
+        )
+        await control.report(
+            record.id,
+            record.attempt,
+            "job",
+            job=job,
+            detail=f"{self.scheduler} job {job} submitted",
+        )
+
+    async def _watch_forever(self) -> None:
+        while True:
+            try:
+                async with open_control(self.relay, client=self._client()) as control:
+                    while True:
+                        await self.watch_once(control)
+                        await trio.sleep(self.poll)
+            except (RelayError, OSError, SchedulerError) as exc:
+                log.warning("%s backend: %s", self.name, exc)
+                await trio.sleep(self.poll)
+
+    async def watch_once(self, control: ControlClient) -> None:
+        """One look at every tracked job, acted on as ``worker_shim/job_watch.py`` decides."""
+        if not self.jobs:
+            return
+        seen = await self.look(list(self.jobs))
+        for job_id, job in list(self.jobs.items()):
+            attempt = await self._attempt(control, job)
+            action = self.watch.look(
+                job_id, seen.get(job_id, Seen(Phase.GONE)), attempt, trio.current_time()
+            )
+            await self._act(control, job, action)
+
+    async def _attempt(self, control: ControlClient, job: Job) -> Attempt:
+        try:
+            record = await control.get_run(job.run)
+        except RelayError:  # the run is no more (deleted, or never was)
+            return Attempt.OVER
+        if record.finished or record.attempt != job.attempt:
+            return Attempt.OVER
+        return Attempt.WAITING if record.state is RunState.QUEUED else Attempt.STARTED
+
+    async def _act(self, control: ControlClient, job: Job, action: Action) -> None:
+        match action.do:
+            case Do.KEEP:
+                return
+            case Do.CANCEL | Do.CANCEL_LOST:
+                self.say(f"run {job.run}: cancelling {self.scheduler} job {job.job}: {action.why}")
+                await self.cancel(job.job)
+            case Do.SUBMIT_AGAIN:
+                self.say(f"run {job.run} attempt {job.attempt}: {action.why}; submitting it again")
+                self._forget(job)
+                record = await control.get_run(job.run)
+                await self.submit(control, record, job.token)
+                return
+        if action.do in (Do.LOST, Do.CANCEL_LOST):
+            self.say(f"run {job.run} attempt {job.attempt}: {action.why}")
+            await control.report(job.run, job.attempt, "lost", job=job.job, detail=action.why)
+        self._forget(job)
+
+    def _forget(self, job: Job) -> None:
+        self.jobs.pop(job.job, None)
+        self._save()
+        self.forgotten(job)
+        self.say(f"run {job.run} attempt {job.attempt}: done with {self.scheduler} job {job.job}")
