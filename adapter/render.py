@@ -228,7 +228,8 @@ def status_text(record: RunRecord, now: float) -> str:
         f"resources  gpus={res.gpus} cpus={res.cpus}"
         + (f" mem={res.memory_mb}M" if res.memory_mb else "")
         + (f" time={age(res.time_limit)}" if res.time_limit else "")
-        + (f" partition={res.partition}" if res.partition else ""),
+        + (f" partition={res.partition}" if res.partition else "")
+        + "".join(f" {name}={amount:g}" for name, amount in res.custom.items()),
         f"submitted  {age(now - record.created_at)} ago"
         + (f" by {record.owner}" if record.owner else ""),
     ]

@@ -141,7 +141,7 @@ def next_state(state: RunState, event: RunEvent) -> RunState:
 
 
 #: the backends tether ships (``RunSpec.backend``): the CLI refuses others at submit time
-KNOWN_BACKENDS = ("local", "slurm")
+KNOWN_BACKENDS = ("local", "slurm", "ray")
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
@@ -151,10 +151,14 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 #: what a secret environment value looks like wherever users can see it
 REDACTED = "<secret>"
 _PARTITION = re.compile(r"^[A-Za-z0-9_.-]{0,64}$")
+#: a custom resource's name (Ray's ``--resources``; not one Ray names itself)
+_RESOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}$")
+_RAY_OWN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
 
 
 class Resources(BaseModel):
-    """What the run asks its scheduler for (the local pool honours ``gpus``; Slurm all of it)."""
+    """What the run asks its scheduler for (the local pool honours ``gpus``; Slurm all but
+    ``custom``; Ray all but ``time_limit`` and ``partition``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -166,6 +170,19 @@ class Resources(BaseModel):
     time_limit: float = Field(default=0.0, ge=0, le=365 * 86400)
     #: Slurm partition ("" : the cluster's default)
     partition: str = Field(default="", max_length=64)
+    #: Ray custom resources the run's entrypoint holds (``--resource NAME=AMOUNT``)
+    custom: dict[str, float] = Field(default_factory=dict, max_length=16)
+
+    @field_validator("custom")
+    @classmethod
+    def _custom(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if not _RESOURCE.match(name) or name in _RAY_OWN_RESOURCES:
+                hint = " (use --gpus, --cpus, --mem)" if name in _RAY_OWN_RESOURCES else ""
+                raise ValueError(f"invalid custom resource name {name[:80]!r}{hint}")
+            if not 0 < amount <= 1e9:
+                raise ValueError(f"custom resource {name}: the amount must be over 0")
+        return value
 
     @field_validator("partition")
     @classmethod
@@ -223,7 +240,7 @@ class RunSpec(BaseModel):
     max_retries: int = Field(default=0, ge=0, le=100)
     retry_backoff: float = Field(default=10.0, ge=0, le=3600)
     tags: list[str] = Field(default_factory=list, max_length=32)
-    #: where the run goes: ``local`` (the worker pool of ``tether up``) or ``slurm``
+    #: where the run goes: ``local`` (the worker pool of ``tether up``), ``slurm`` or ``ray``
     backend: str = "local"
     #: debug mode: which processes of the program the IDE is offered (``protocol_specs.processes``)
     processes: Literal["stopped", "all", "main"] = "stopped"
@@ -263,6 +280,15 @@ class RunSpec(BaseModel):
             if "\x00" in text or len(text) > 128 * 1024:
                 raise ValueError(f"environment variable {name}: NUL byte or over 128 KiB")
         return value
+
+    @model_validator(mode="after")
+    def _custom_resources_need_ray(self) -> RunSpec:
+        if self.resources.custom and self.backend != "ray":
+            raise ValueError(
+                f"custom resources ({', '.join(self.resources.custom)}) are a Ray setting: "
+                f"the {self.backend} backend cannot honour them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _secrets_are_in_env(self) -> RunSpec:

@@ -30,6 +30,10 @@ gave up        submit again           lost                 forget
   ``grace`` seconds to end by itself before it is cancelled.
 - *submit again*: nothing ran, so the same attempt gets a new job and no retry is spent: a run that
   waits for GPUs for longer than the scheduler's patience keeps waiting, as a Slurm job would.
+
+A scheduler without time limits of its own (Ray) gets the run's ``--time`` here: a job running
+(as this watch saw it, from its first look at it running) for longer than its ``limit`` is
+cancelled and its attempt lost, as Slurm's ``TIMEOUT`` is.
 """
 
 from __future__ import annotations
@@ -95,12 +99,27 @@ class JobWatch:
     scheduler: str = "the scheduler"
     grace: float = STALE_GRACE
     _stale_since: dict[str, float] = field(default_factory=dict)
+    _running_since: dict[str, float] = field(default_factory=dict)
 
-    def look(self, job: str, seen: Seen, attempt: Attempt, now: float) -> Action:
+    def look(
+        self, job: str, seen: Seen, attempt: Attempt, now: float, *, limit: float = 0.0
+    ) -> Action:
+        """What to do about ``job``; ``limit``: the run's time limit, for a scheduler that has
+        none of its own (0: none)."""
+        if seen.phase is Phase.RUNNING:
+            started = self._running_since.setdefault(job, now)
+            if limit and attempt is not Attempt.OVER and now - started >= limit:
+                self._forget(job)
+                why = f"{self.scheduler} job {job} ran past the run's time limit ({limit:g} s)"
+                return Action(Do.CANCEL_LOST, why)
         action = self._decide(job, seen, attempt, now)
         if action.do is not Do.KEEP:
-            self._stale_since.pop(job, None)
+            self._forget(job)
         return action
+
+    def _forget(self, job: str) -> None:
+        self._stale_since.pop(job, None)
+        self._running_since.pop(job, None)
 
     def _decide(self, job: str, seen: Seen, attempt: Attempt, now: float) -> Action:
         said = f": {seen.detail}" if seen.detail else ""

@@ -48,6 +48,8 @@ class Job:
     attempt: int
     #: the attempt's credential (a worker token, or a ticket), to launch it again
     token: str = ""
+    #: the run's time limit, where the backend enforces it (0: none, or the scheduler does)
+    time_limit: float = 0.0
 
 
 class SchedulerBackend(ABC):
@@ -57,6 +59,8 @@ class SchedulerBackend(ABC):
     scheduler: str
     #: ask the relay for tickets rather than worker tokens (see ``protocol_specs/auth.py``)
     tickets: bool = False
+    #: the scheduler enforces the runs' time limits itself (else the watch does)
+    limits_time: bool = True
 
     def __init__(
         self,
@@ -155,7 +159,8 @@ class SchedulerBackend(ABC):
             self.say(f"run {record.id}: attempt {record.attempt} not submitted: {exc}")
             await control.report(record.id, record.attempt, "lost", detail=str(exc))
             return
-        self.jobs[job] = Job(job, record.id, record.attempt, token)
+        limit = 0.0 if self.limits_time else record.spec.resources.time_limit
+        self.jobs[job] = Job(job, record.id, record.attempt, token, limit)
         self._save()
         self.say(
             f"run {record.id} attempt {record.attempt}: submitted as {self.scheduler} job {job}"
@@ -187,7 +192,11 @@ class SchedulerBackend(ABC):
         for job_id, job in list(self.jobs.items()):
             attempt = await self._attempt(control, job)
             action = self.watch.look(
-                job_id, seen.get(job_id, Seen(Phase.GONE)), attempt, trio.current_time()
+                job_id,
+                seen.get(job_id, Seen(Phase.GONE)),
+                attempt,
+                trio.current_time(),
+                limit=job.time_limit,
             )
             await self._act(control, job, action)
 

@@ -51,7 +51,7 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
     s.add_argument("--tag", action="append", metavar="TAG", help="a tag for the run (repeatable)")
     g = s.add_argument_group("resources and placement")
     g.add_argument(
-        "--backend", choices=KNOWN_BACKENDS, help="where to run: local (default) or slurm"
+        "--backend", choices=KNOWN_BACKENDS, help="where to run: local (default), slurm or ray"
     )
     g.add_argument("--gpus", type=int, metavar="N", help="GPUs for the run (default 0)")
     g.add_argument("--cpus", type=int, metavar="N", help="CPUs for the run (default 1)")
@@ -62,6 +62,12 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         "--time", type=parse_duration, metavar="DURATION", help="time limit, e.g. 4h (Slurm --time)"
     )
     g.add_argument("--partition", help="Slurm partition")
+    g.add_argument(
+        "--resource",
+        action="append",
+        metavar="NAME=AMOUNT",
+        help="a Ray custom resource the run holds, e.g. accelerator_type:A100=1 (repeatable)",
+    )
     g.add_argument(
         "--mount",
         action="append",

@@ -281,10 +281,11 @@ def _service_commands(sub: _Commands) -> None:
         "backend", help="run a scheduler backend: submits queued runs as scheduler jobs"
     )
     relay_flag(s)
-    s.add_argument("kind", choices=["slurm"], help="the scheduler")
+    s.add_argument("kind", choices=["slurm", "ray"], help="the scheduler")
     s.add_argument(
         "--state-dir",
-        help="where job scripts, credentials and job logs go (default $TETHER_HOME/slurm)",
+        help="where the backend keeps its jobs (Slurm: job scripts, credentials and job logs too); "
+        "default $TETHER_HOME/<kind>",
     )
     s.add_argument(
         "--worker-relay",
@@ -301,18 +302,37 @@ def _service_commands(sub: _Commands) -> None:
         type=parse_duration,
         default=5.0,
         metavar="DURATION",
-        help="how often the jobs' states are asked of Slurm (squeue, scontrol), e.g. 5s, 1m (default 5s)",
-    )
-    s.add_argument(
-        "--sbatch-arg",
-        action="append",
-        metavar="ARG",
-        help="extra sbatch argument for every job, e.g. --account=ml (repeatable)",
+        help="how often the jobs' states are asked of the scheduler, e.g. 5s, 1m (default 5s)",
     )
     s.add_argument(
         "--no-shell",
         action="store_true",
         help="its jobs' workers refuse the users' tether exec, shell and port-forward",
+    )
+    g = s.add_argument_group("slurm")
+    g.add_argument(
+        "--sbatch-arg",
+        action="append",
+        metavar="ARG",
+        help="extra sbatch argument for every job, e.g. --account=ml (repeatable)",
+    )
+    g = s.add_argument_group("ray")
+    g.add_argument(
+        "--address",
+        metavar="URL",
+        help="the Ray dashboard, e.g. http://HEAD:8265 (default $RAY_ADDRESS); a token for a "
+        "cluster with token authentication is read from $RAY_AUTH_TOKEN",
+    )
+    g.add_argument(
+        "--header",
+        action="append",
+        metavar="NAME=VALUE",
+        help="an HTTP header for every request to the dashboard (a proxy's; repeatable)",
+    )
+    g.add_argument(
+        "--work-dir",
+        metavar="DIR",
+        help="where the workers on the Ray nodes keep runs (default: their $TETHER_HOME/worker)",
     )
     s.set_defaults(fn=cmd_backend)
 

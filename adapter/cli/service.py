@@ -9,6 +9,7 @@ import errno
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -20,6 +21,7 @@ from .errors import leaves, store_at
 from .settings import (
     endpoint_file,
     is_loopback,
+    pairs,
     read_credentials,
     redact_url,
     relay_config,
@@ -209,21 +211,39 @@ async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
 
 
 async def cmd_backend(args: argparse.Namespace) -> int:
-    from worker_shim.slurm import SlurmBackend
+    from worker_shim.scheduler import SchedulerBackend, SchedulerError
 
     relay = resolve_relay(args.relay, args)
-    clock = Clock("slurm: ")
-    state_dir = Path(args.state_dir or tether_home() / "slurm").resolve()  # noqa: ASYNC240 (startup)
-    backend = SlurmBackend(
-        relay,
-        state_dir=state_dir,
-        worker_relay=args.worker_relay or relay.url,
-        python=args.python,
-        poll=args.poll,
-        sbatch_args=args.sbatch_arg or [],
-        on_event=clock.say,
-        allow_tunnels=not args.no_shell,
+    clock = Clock(f"{args.kind}: ")
+    state_dir = Path(args.state_dir or tether_home() / args.kind).resolve()  # noqa: ASYNC240 (startup)
+    common: dict[str, Any] = {
+        "state_dir": state_dir,
+        "worker_relay": args.worker_relay or relay.url,
+        "python": args.python,
+        "poll": args.poll,
+        "on_event": clock.say,
+        "allow_tunnels": not args.no_shell,
+    }
+    backend: SchedulerBackend
+    where = ""
+    if args.kind == "ray":
+        from worker_shim.ray_jobs import RayBackend, RayJobs
+
+        address = args.address or os.environ.get("RAY_ADDRESS", "")
+        if not address:
+            raise SystemExit("tether backend ray: give the dashboard: --address http://HEAD:8265")
+        jobs = RayJobs(address, pairs(args.header, "--header", {}))
+        try:
+            where = f" ray={await jobs.version()} at {jobs.address}"
+        except SchedulerError as exc:
+            raise SystemExit(f"tether backend ray: {exc}") from None
+        backend = RayBackend(relay, jobs=jobs, work_dir=args.work_dir or "", **common)
+    else:
+        from worker_shim.slurm import SlurmBackend
+
+        backend = SlurmBackend(relay, sbatch_args=args.sbatch_arg or [], **common)
+    print(
+        f"tether backend {args.kind}: ready relay={relay} state_dir={state_dir}{where}", flush=True
     )
-    print(f"tether backend slurm: ready relay={relay} state_dir={state_dir}", flush=True)
     await backend.serve()
     return 0

@@ -95,6 +95,7 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
                 memory_mb=memory,
                 time_limit=time_limit,
                 partition=pick("partition", ""),
+                custom=_amounts(getattr(args, "resource", None)),
             ),
             mounts=pairs(args.mount, "--mount", chosen.mounts),
             max_retries=pick("max_retries", 0),
@@ -143,6 +144,17 @@ def _check_debuggable(command: list[str], workdir: Path, processes: str) -> None
         if "tether run" not in said and "--processes" not in said:
             said += " (tether run runs any command, without the debugger)"
         raise SystemExit(f"tether: {said}") from None
+
+
+def _amounts(items: list[str] | None) -> dict[str, float]:
+    """``--resource NAME=AMOUNT`` items."""
+    out = {}
+    for name, text in pairs(items, "--resource", {}).items():
+        try:
+            out[name] = float(text)
+        except ValueError:
+            raise SystemExit(f"tether: --resource {name}={text}: the amount is a number") from None
+    return out
 
 
 def _backend(name: str) -> str:

@@ -10,21 +10,17 @@ by ``.ci/run``: a venv that cannot be made fails the test instead of skipping it
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_processes_e2e import run_through_tether
+from venvs import own_venv
 
 from protocol_specs.processes import COLLECTIVE_TIMEOUT_HINT
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[2]
-TORCH_VENV = ROOT / ".venv-torch"
 TORCH = "torch==2.13.0"  # the CPU build this machine keeps on disk (pip takes it from there)
 PROGRAM = Path(__file__).resolve().parent / "programs" / "train_ddp.py"
 #: train_step(): the line only rank 1 runs, at step 2
@@ -35,26 +31,8 @@ STEP_LINE = next(
 
 @pytest.fixture(scope="module")
 def torch_python() -> str:
-    python = TORCH_VENV / "bin" / "python"
-    probe = [str(python), "-c", "import torch, numpy; print(torch.__version__)"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return str(python)
-    try:
-        subprocess.run([sys.executable, "-m", "venv", str(TORCH_VENV)], check=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", TORCH, "numpy"],
-            check=True,
-            timeout=900,
-            capture_output=True,
-        )
-        subprocess.run(probe, check=True, capture_output=True)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        said = getattr(exc, "stderr", b"") or b""
-        reason = f"no PyTorch venv ({TORCH}): {said.decode(errors='replace')[-500:]}"
-        if os.environ.get("TETHER_REQUIRE_TORCH") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return str(python)
+    probe = "import torch, numpy"
+    return str(own_venv(".venv-torch", [TORCH, "numpy"], probe, require="TETHER_REQUIRE_TORCH"))
 
 
 async def test_torchrun_rank_1_stops_in_its_training_step(

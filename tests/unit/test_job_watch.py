@@ -66,3 +66,18 @@ def test_messages_name_the_scheduler_and_what_it_said() -> None:
     assert watch.look("9", Seen(Phase.REQUEUED), W, 0).why == "Slurm requeued job 9 (preempted?)"
     assert watch.look("9", Seen(Phase.ENDED, "TIMEOUT"), S, 0).why == "Slurm job 9 ended: TIMEOUT"
     assert watch.look("9", Seen(Phase.GONE), S, 0).why == "Slurm job 9 is gone"
+
+
+def test_a_time_limit_the_scheduler_does_not_keep_is_kept_from_the_first_look_at_it_running() -> (
+    None
+):
+    watch = JobWatch("Ray")
+    assert watch.look("r", Seen(Phase.PENDING), W, now=0.0, limit=60.0).do is Do.KEEP
+    assert watch.look("r", Seen(Phase.RUNNING), S, now=1000.0, limit=60.0).do is Do.KEEP
+    assert watch.look("r", Seen(Phase.RUNNING), S, now=1059.0, limit=60.0).do is Do.KEEP
+    action = watch.look("r", Seen(Phase.RUNNING), S, now=1060.0, limit=60.0)
+    assert action == Action(Do.CANCEL_LOST, "Ray job r ran past the run's time limit (60 s)")
+    # no limit, or an attempt already over (its worker was told to stop): the grace applies
+    assert watch.look("s", Seen(Phase.RUNNING), S, now=0.0).do is Do.KEEP
+    assert watch.look("s", Seen(Phase.RUNNING), S, now=10**6).do is Do.KEEP
+    assert watch.look("t", Seen(Phase.RUNNING), OVER, now=0.0, limit=1.0).do is Do.KEEP

@@ -1,0 +1,317 @@
+"""The Ray backend against a real Ray head (``ray start --head``, started and stopped here by its
+PID): submit and complete with logs, a breakpoint set while the job waits for a GPU another job
+holds (VS Code's DebugClient under node), cancel while pending and while running, a job stopped
+from Ray's side retried as attempt 2, and a job Ray gave up on before it started submitted again.
+
+Ray lives in ``.venv-ray`` (made on first use, ``tests/ray_cluster.py``); tether's worker runs in
+the jobs with this repository's interpreter, as ``--python`` names it. Marked ``ray``: ``./dev test
+-m ray`` runs them alone; CI runs them (``TETHER_REQUIRE_RAY=1``).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from node_harness import open_vscode_session, scenario
+from ray_cluster import RayHead, ray_bin
+from stack import Proc, debug_run, relay_stack, tether
+from test_runs_e2e import FLAKY, FLAKY_BREAKPOINT
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(300)]
+
+HELLO = """\
+import os
+print("hello from ray, gpus:", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
+print("token in my environment:", "TETHER_TOKEN" in os.environ, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
+    """One GPU (declared: Ray only counts it) and a custom resource, on loopback."""
+    ray = ray_bin()
+    home = tmp_path_factory.mktemp("ray-home")
+    with RayHead(
+        ray, cpus=2, gpus=1, resources={"tether_test": 1}, env={"TETHER_HOME": str(home)}
+    ) as head:
+        yield head
+
+
+@asynccontextmanager
+async def ray_backend(home: Path, relay: str, head: RayHead) -> AsyncIterator[Proc]:
+    async with tether(
+        "backend", "ray", "--relay", relay, "--address", head.address,
+        "--python", sys.executable, "--poll", "0.3",
+        home=home, name="ray",
+    ) as proc:  # fmt: skip
+        await proc.wait_line(r"tether backend ray: ready .* ray=2\.")
+        yield proc
+
+
+def project(tmp_path: Path) -> Path:
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "flaky.py").write_text(FLAKY)
+    (workdir / "hello.py").write_text(HELLO)
+    return workdir
+
+
+async def submitted(backend: Proc, run_id: str, attempt: int = 1) -> str:
+    pattern = rf"run {run_id} attempt {attempt}: submitted as Ray job (\S+)"
+    return (await backend.wait_line(pattern)).group(1)
+
+
+async def wait_status(head: RayHead, job: str, states: set[str]) -> str:
+    return await trio.to_thread.run_sync(head.wait_job, job, states)
+
+
+def hold_the_gpu(head: RayHead, name: str) -> str:
+    """Another team's job, holding the cluster's only GPU until stopped."""
+    head.request(
+        "POST",
+        "/api/jobs/",
+        {"entrypoint": "sleep 600", "submission_id": name, "entrypoint_num_gpus": 1},
+    )
+    return name
+
+
+async def test_a_run_on_ray_with_logs_resources_and_a_ticket(tmp_path: Path, head: RayHead) -> None:
+    workdir = project(tmp_path)
+    home = tmp_path / "home"
+    async with (
+        relay_stack(home, workers=0) as (_up, relay),
+        ray_backend(home, relay, head) as backend,
+    ):
+        async with tether(
+            "run", "--backend", "ray", "--gpus", "1", "--mem", "100M",
+            "--resource", "tether_test=1", "--follow", "--workdir", str(workdir),
+            "--", "python", "hello.py",
+            home=home, name="run",
+        ) as run:  # fmt: skip
+            run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+            job = await submitted(backend, run_id)
+            await run.wait_line(r"hello from ray, gpus: 0")
+            await run.wait_line(r"token in my environment: False")  # the program never sees it
+            await run.wait_line(rf"-- tether: run {run_id} succeeded")
+            assert await run.process.wait() == 0
+        await backend.wait_line(rf"run {run_id} attempt 1: done with Ray job {job}")
+        held = head.job_resources(job)
+        assert held == {"CPU": 1, "GPU": 1, "memory": 100 * 2**20, "tether_test": 1}
+        info = head.job(job)
+        assert info["status"] == "SUCCEEDED"
+        assert info["metadata"]["tether_run"] == run_id  # type: ignore[index]
+        token = info["runtime_env"]["env_vars"]["TETHER_TOKEN"]  # type: ignore[index]
+        assert token.startswith("ttht_")  # what anyone can read here is a spent ticket
+        assert "ttht_" not in str(info["entrypoint"]) and "tthw_" not in str(info)
+        async with tether("status", run_id, home=home, name="status") as status:
+            await status.process.wait()
+        assert re.search(rf"#1 on \S+ job {job} .*-> succeeded", status.output), status.output
+
+
+async def test_a_breakpoint_set_while_the_job_waits_for_a_gpu_is_hit(
+    tmp_path: Path, head: RayHead
+) -> None:
+    workdir = project(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "attempted").touch()  # flaky.py goes straight to the breakpoint
+    flaky = str(workdir / "flaky.py")
+    steps: list[dict[str, Any]] = [
+        {"op": "mark", "name": "configured", "wait": True},  # the GPU is freed here
+        {"op": "wait_stopped", "label": "hit", "reason": "breakpoint", "path": flaky,
+         "line": FLAKY_BREAKPOINT},
+        {"op": "variables", "label": "locals", "scope": "Locals"},
+        {"op": "evaluate", "label": "sum", "expression": "sum(range(10))"},
+        {"op": "continue"},
+        {"op": "wait_terminated", "label": "end"},
+        {"op": "disconnect"},
+    ]  # fmt: skip
+    home = tmp_path / "home"
+    blocker = hold_the_gpu(head, f"blocker-{tmp_path.name}")
+    async with (
+        relay_stack(home, workers=0) as (_up, relay),
+        ray_backend(home, relay, head) as backend,
+    ):
+        await wait_status(head, blocker, {"RUNNING"})
+        extra = ("--backend", "ray", "--gpus", "1", "--mount", f"state={state}")
+        async with debug_run(home, relay, workdir, "python", "flaky.py", extra=extra) as (
+            _debug,
+            run_id,
+            port,
+        ):
+            job = await submitted(backend, run_id)
+            spec = scenario(
+                port, workdir, steps, breakpoints={"flaky.py": [FLAKY_BREAKPOINT]},
+                timeout_ms=120_000,
+            )  # fmt: skip
+            async with open_vscode_session(spec, timeout=240) as session:
+                await session.wait_mark("configured")
+                assert head.job(job)["status"] == "PENDING"  # waits for the GPU
+                async with tether("ls", home=home, name="ls") as ls:
+                    await ls.process.wait()
+                line = next(x for x in ls.output.splitlines() if x.startswith(run_id))
+                assert "queued" in line and job in line, ls.output
+                head.request("POST", f"/api/jobs/{blocker}/stop")
+                await session.release("configured")
+                result, _messages = await session.result()
+    handshake = result["handshake"]["setBreakpoints"][0]["breakpoints"][0]
+    assert handshake["verified"] is False  # nothing ran while the job waited
+    labels = result["labels"]
+    assert labels["hit"]["frames"][0]["name"] == "<module>"
+    assert labels["locals"]["values"]["first"] == "False"
+    assert labels["sum"]["result"] == "45"
+    assert labels["end"]["exitCode"] == 0
+
+
+async def test_cancel_while_pending_and_while_running_stops_the_ray_jobs(
+    tmp_path: Path, head: RayHead
+) -> None:
+    workdir = project(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    home = tmp_path / "home"
+    blocker = hold_the_gpu(head, f"blocker-{tmp_path.name}")
+    async with (
+        relay_stack(home, workers=0) as (_up, relay),
+        ray_backend(home, relay, head) as backend,
+    ):
+        await wait_status(head, blocker, {"RUNNING"})
+        async with tether(
+            "run", "--backend", "ray", "--gpus", "1", "--workdir", str(workdir),
+            "--", "python", "hello.py",
+            home=home, name="pending",
+        ) as run:  # fmt: skip
+            pending = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+        held = await submitted(backend, pending)
+        assert head.job(held)["status"] == "PENDING"
+        async with tether("cancel", pending, home=home, name="cancel") as cancel:
+            await cancel.wait_line(rf"run {pending}: cancelled")
+        await backend.wait_line(rf"run {pending}: cancelling Ray job {held}")
+        # Ray cannot stop a job that waits for resources: it ends once it gets them
+        head.request("POST", f"/api/jobs/{blocker}/stop")
+        assert await wait_status(head, held, {"STOPPED", "SUCCEEDED", "FAILED"}) == "STOPPED"
+        logs = head.request("GET", f"/api/jobs/{held}/logs")
+        assert "hello from ray" not in str(logs)  # the program never ran
+
+        async with tether(
+            "run", "--backend", "ray", "--mount", f"state={state}", "--follow",
+            "--workdir", str(workdir), "--", "python", "flaky.py", "hang",
+            home=home, name="running",
+        ) as run:  # fmt: skip
+            running = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+            job = await submitted(backend, running)
+            await run.wait_line(r"^attempt first")
+            assert head.job(job)["status"] == "RUNNING"
+            async with tether("cancel", running, home=home, name="cancel") as cancel:
+                await cancel.wait_line(rf"run {running}: cancelled")
+            await run.wait_line(rf"-- tether: run {running} cancelled")
+        # the worker stops the program and ends; the job ends with it, within the grace
+        await wait_status(head, job, {"STOPPED", "SUCCEEDED", "FAILED"})
+        await backend.wait_line(rf"run {running} attempt 1: done with Ray job {job}")
+        assert "attempt 2" not in backend.output
+
+
+async def test_a_job_stopped_from_rays_side_is_retried_as_attempt_2(
+    tmp_path: Path, head: RayHead
+) -> None:
+    workdir = project(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    home = tmp_path / "home"
+    async with (
+        relay_stack(home, workers=0) as (_up, relay),
+        ray_backend(home, relay, head) as backend,
+    ):
+        async with tether(
+            "run", "--backend", "ray", "--max-retries", "1", "--retry-backoff", "0",
+            "--mount", f"state={state}", "--follow", "--workdir", str(workdir),
+            "--", "python", "flaky.py", "hang",
+            home=home, name="run",
+        ) as run:  # fmt: skip
+            run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+            first = await submitted(backend, run_id)
+            await run.wait_line(r"^attempt first")
+            head.request("POST", f"/api/jobs/{first}/stop")  # `ray job stop`: the job is killed
+            await backend.wait_line(rf"run {run_id} attempt 1: Ray job {first} ended: STOPPED")
+            second = await submitted(backend, run_id, attempt=2)
+            assert second != first
+            await run.wait_line(rf"attempt 1 was lost: Ray job {first} ended: STOPPED")
+            await run.wait_line(r"^attempt again")
+            await run.wait_line(rf"-- tether: run {run_id} succeeded")
+            assert await run.process.wait() == 0
+        async with tether("status", run_id, home=home, name="status") as status:
+            await status.process.wait()
+        assert re.search(rf"#1 .*job {first} .*-> lost", status.output), status.output
+        assert re.search(rf"#2 on \S+ job {second} .*-> succeeded", status.output), status.output
+
+
+async def test_a_job_ray_gave_up_on_before_it_started_is_submitted_again(tmp_path: Path) -> None:
+    """A cluster whose patience (RAY_JOB_START_TIMEOUT_SECONDS) is shorter than the wait for a
+    GPU: Ray fails the job; nothing ran, so the same attempt gets a new job, no retry spent."""
+    workdir = project(tmp_path)
+    home = tmp_path / "home"
+    with RayHead(
+        ray_bin(), cpus=1, gpus=0, env={"RAY_JOB_START_TIMEOUT_SECONDS": "3"}
+    ) as impatient:
+        async with (
+            relay_stack(home, workers=0) as (_up, relay),
+            ray_backend(home, relay, impatient) as backend,
+            tether(
+                "run", "--backend", "ray", "--gpus", "1", "--workdir", str(workdir),
+                "--", "python", "hello.py",
+                home=home, name="run",
+            ) as run,
+        ):  # fmt: skip
+            run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+            first = await submitted(backend, run_id)
+            await backend.wait_line(
+                rf"run {run_id} attempt 1: Ray job {first} never started: FAILED .*"
+                r"submitting it again",
+                timeout=60,
+            )
+            pattern = rf"run {run_id} attempt 1: submitted as Ray job (\S+)"
+            await backend.wait_count(pattern, 2)
+            jobs = [m.group(1) for x in backend.lines if (m := re.search(pattern, x))]
+            assert jobs[0] == first and jobs[1] != first
+            assert impatient.job(first)["error_type"] == "JOB_SUPERVISOR_ACTOR_START_TIMEOUT"
+            async with tether("ls", home=home, name="ls") as ls:
+                await ls.process.wait()
+            line = next(x for x in ls.output.splitlines() if x.startswith(run_id))
+            assert "queued" in line, ls.output  # still its first attempt, still waiting
+            async with tether("cancel", run_id, home=home, name="cancel") as cancel:
+                await cancel.wait_line(rf"run {run_id}: cancelled")
+
+
+async def test_a_run_past_its_time_limit_is_stopped_as_slurm_would(
+    tmp_path: Path, head: RayHead
+) -> None:
+    """Ray has no time limits; the backend keeps the run's --time (from the job's first look
+    running), stops the job and reports the attempt lost, as Slurm's TIMEOUT is."""
+    workdir = project(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    home = tmp_path / "home"
+    async with (
+        relay_stack(home, workers=0) as (_up, relay),
+        ray_backend(home, relay, head) as backend,
+    ):
+        async with tether(
+            "run", "--backend", "ray", "--time", "3s", "--mount", f"state={state}",
+            "--follow", "--workdir", str(workdir), "--", "python", "flaky.py", "hang",
+            home=home, name="run",
+        ) as run:  # fmt: skip
+            run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+            job = await submitted(backend, run_id)
+            await run.wait_line(r"^attempt first")
+            why = rf"Ray job {job} ran past the run's time limit \(3 s\)"
+            await backend.wait_line(rf"run {run_id}: cancelling Ray job {job}: {why}")
+            await run.wait_line(rf"-- tether: run {run_id} lost.*{why}")
+            assert await run.process.wait() != 0
+        assert await wait_status(head, job, {"STOPPED", "SUCCEEDED", "FAILED"}) == "STOPPED"
