@@ -61,6 +61,7 @@ class ReportEvent(StrEnum):
     """What a scheduler backend's :class:`Report` says about an attempt."""
 
     JOB = "job"  #: the scheduler accepted the attempt's job
+    RUNNING = "running"  #: the attempt's job runs: its ticket may claim the attempt from now on
     LOST = "lost"  #: the job ended, was cancelled or preempted without the attempt finishing
 
 
@@ -188,8 +189,9 @@ class RunList(BaseModel):
 class Report(BaseModel):
     """A scheduler backend's news about an attempt it launched.
 
-    ``job``: the scheduler accepted it (``job`` is its id); ``lost``: the job ended, was cancelled
-    or preempted without the worker finishing the attempt (retried like a lost lease).
+    ``job``: the scheduler accepted it (``job`` is its id); ``running``: that job runs (a ticket
+    claims only then); ``lost``: the job ended, was cancelled or preempted without the worker
+    finishing the attempt (retried like a lost lease).
     """
 
     model_config = FROZEN

@@ -112,7 +112,8 @@ _ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule, Rule]] = {
     Act.SUBMIT: (Y, Y, N, N, N),
     Act.RERUN: (OWN, Y, N, N, N),
     Act.CANCEL: (OWN, Y, N, N, N),
-    Act.GET_RUN: (OWN, Y, N, N, N),
+    # a scheduler backend follows the runs it launched jobs for (it is handed every queued run)
+    Act.GET_RUN: (OWN, Y, Y, N, N),
     Act.LIST_RUNS: (OWN, Y, N, N, N),
     Act.GET_AUDIT: (OWN, Y, N, N, N),
     Act.CLAIM_NEXT: (N, Y, Y, N, N),

@@ -372,6 +372,8 @@ class Attempt(BaseModel):
     worker: str = ""
     #: the scheduler's id for this attempt (a Slurm job id), if any
     job: str = ""
+    #: when its scheduler backend saw that job running (a ticket's claim waits for it)
+    job_running_at: float | None = None
     #: where the attempt's files are on its worker (the run directory)
     run_dir: str = ""
     #: how it ended: the terminal state or ``retried``-worthy outcome (``failed``, ``lost``, ...)
@@ -453,6 +455,12 @@ class RunRecord(BaseModel):
         if not self.spec.secret_env:
             return self
         return self.model_copy(update={"spec": self.spec.redacted()})
+
+    @property
+    def job_running(self) -> bool:
+        """The current attempt's job was seen running by its scheduler backend."""
+        last = self.attempts[-1] if self.attempts else None
+        return last is not None and last.n == self.attempt and last.job_running_at is not None
 
     def with_attempt(self, **changes: Any) -> RunRecord:
         """The record with the current attempt's entry updated (created if missing)."""

@@ -86,6 +86,8 @@ class ErrorCode(StrEnum):
     NO_SUCH_BLOB = "no_such_blob"
     #: a worker of an attempt that is no longer the run's current one
     STALE_ATTEMPT = "stale_attempt"
+    #: a ticket's claim before its scheduler backend saw the attempt's job running: ask again
+    JOB_NOT_RUNNING = "job_not_running"
     #: the token may not do this: a wrong role or scope, or another run's worker token
     FORBIDDEN = "forbidden"
     #: too many failed authentications from this address lately: answers are slowed down

@@ -195,6 +195,13 @@ class Control:
             case wire.Claim() if frame.run:
                 target = await self.registry.load(frame.run)
                 self._allow(who, Act.CLAIM_RUN, target, about_run=frame.run, attempt=frame.attempt)
+                if who.kind == "ticket" and target is not None and not target.job_running:
+                    return wire.Error(
+                        code=ErrorCode.JOB_NOT_RUNNING,
+                        message=f"run {frame.run}'s scheduler backend has not yet seen this "
+                        "attempt's job running: a ticket claims only then (ask again)",
+                        rid=rid,
+                    )
                 taken = await self.registry.claim_run(frame.worker, frame.run, frame.attempt)
                 if isinstance(taken, wire.Error):
                     return taken.model_copy(update={"rid": rid})

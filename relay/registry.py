@@ -452,6 +452,11 @@ class Registry:
 
     async def report(self, frame: wire.Report) -> RunRecord | wire.Error:
         """A scheduler backend's news about an attempt it launched (see :class:`wire.Report`)."""
+        if frame.event == "running":
+            at = self.clock()
+            await self.update(frame.run, lambda record: _job_running(record, frame, at))
+            got = await self.load(frame.run)
+            return got or wire.Error(code=ErrorCode.NO_SUCH_RUN, message=f"no run {frame.run!r}")
         if frame.event == "job":
             change = await self.update(
                 frame.run, lambda record: _job_started(record, frame.attempt, frame.job)
@@ -540,6 +545,18 @@ def _job_started(record: RunRecord, attempt: int, job: str) -> RunRecord:
     if record.finished:
         raise IllegalTransition(RunEvent.CLAIM, record.state)
     return record.with_attempt(job=job)
+
+
+def _job_running(record: RunRecord, frame: wire.Report, at: float) -> RunRecord:
+    """The attempt's job runs: news about another job (an earlier one of the attempt, a late
+    look) or another attempt changes nothing."""
+    record.check_attempt(RunEvent.CLAIM, frame.attempt)
+    last = record.attempts[-1] if record.attempts else None
+    if record.finished or last is None or last.n != frame.attempt or last.job != frame.job:
+        raise IllegalTransition(RunEvent.CLAIM, record.state)
+    if last.job_running_at is not None:
+        raise IllegalTransition(RunEvent.CLAIM, record.state)  # said already
+    return record.with_attempt(job_running_at=at)
 
 
 def _encode(record: RunRecord) -> bytes:

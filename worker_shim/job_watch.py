@@ -17,12 +17,15 @@ looks at its jobs every few seconds. Each look pairs two facts per job:
 scheduler      attempt waiting        attempt started      attempt over
 =============  =====================  ===================  ==========================
 pending        keep                   keep                 cancel
-running        keep                   keep                 cancel after ``grace``
+running        say it runs (once)     keep                 cancel after ``grace``
 over, gone     lost                   lost                 forget
 requeued       cancel, lost           cancel, lost         cancel
 gave up        submit again           lost                 forget
 =============  =====================  ===================  ==========================
 
+- *say it runs*: the relay is told the job runs (``report running``), once: a ticket claims its
+  attempt only then (``protocol_specs/auth.py``), so a ticket read from a scheduler's job list
+  while the job waited is worth nothing.
 - *lost*: the relay is told; it retries the run as configured (a new attempt, a new job) or marks
   it lost. A requeued job is cancelled rather than left to start again, so the retry is a new
   attempt whose worker the relay knows; the old attempt's worker, should it start, is refused.
@@ -73,6 +76,7 @@ class Do(StrEnum):
     LOST = "lost"  #: tell the relay the attempt is lost, then forget it
     CANCEL_LOST = "cancel, lost"  #: cancel it, tell the relay the attempt is lost, forget it
     SUBMIT_AGAIN = "submit again"  #: the same attempt, a new job
+    SAY_RUNNING = "say it runs"  #: tell the relay the job runs (then :meth:`JobWatch.said_running`)
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,7 @@ class JobWatch:
     grace: float = STALE_GRACE
     _stale_since: dict[str, float] = field(default_factory=dict)
     _running_since: dict[str, float] = field(default_factory=dict)
+    _said_running: set[str] = field(default_factory=set)
 
     def look(
         self, job: str, seen: Seen, attempt: Attempt, now: float, *, limit: float = 0.0
@@ -109,17 +114,20 @@ class JobWatch:
         if seen.phase is Phase.RUNNING:
             started = self._running_since.setdefault(job, now)
             if limit and attempt is not Attempt.OVER and now - started >= limit:
-                self._forget(job)
                 why = f"{self.scheduler} job {job} ran past the run's time limit ({limit:g} s)"
                 return Action(Do.CANCEL_LOST, why)
-        action = self._decide(job, seen, attempt, now)
-        if action.do is not Do.KEEP:
-            self._forget(job)
-        return action
+        return self._decide(job, seen, attempt, now)
 
-    def _forget(self, job: str) -> None:
+    def said_running(self, job: str) -> None:
+        """The relay was told ``job`` runs."""
+        self._said_running.add(job)
+
+    def forget(self, job: str) -> None:
+        """``job`` was acted on for good (cancelled, reported, replaced): its clocks go. Until
+        then, an action that failed is decided again at the next look, clocks running."""
         self._stale_since.pop(job, None)
         self._running_since.pop(job, None)
+        self._said_running.discard(job)
 
     def _decide(self, job: str, seen: Seen, attempt: Attempt, now: float) -> Action:
         said = f": {seen.detail}" if seen.detail else ""
@@ -142,6 +150,9 @@ class JobWatch:
                     return Action(Do.SUBMIT_AGAIN, f"{name} never started{said}")
                 return Action(Do.LOST, f"{name} failed{said}")
             case Phase.PENDING | Phase.RUNNING:
+                if seen.phase is Phase.RUNNING and attempt is Attempt.WAITING:
+                    if job not in self._said_running:
+                        return Action(Do.SAY_RUNNING)
                 if not over:
                     return Action(Do.KEEP)
                 if seen.phase is Phase.PENDING:

@@ -47,6 +47,8 @@ log = logging.getLogger("tether.worker")
 
 #: how often a blob read tries a new control connection after losing the relay
 FETCH_TRIES = 8
+#: how long a job's worker holding a ticket waits for its backend to see the job running
+TICKET_WAIT = 600.0
 
 
 def detect_gpus() -> list[str]:
@@ -225,12 +227,31 @@ async def run_one(
                 await tidy(work_dir)
 
     async with open_control(relay_url, client=client) as control:
-        assigned = await control.claim(worker, run=run_id, attempt=attempt)
+        assigned = await _claim(control, worker, run_id, attempt, say)
         if not assigned.token:
             return await started(endpoint(relay_url), assigned, control)
     as_worker = endpoint(relay_url).with_token(assigned.token)
     async with open_control(as_worker, client=client) as control:
         return await started(as_worker, assigned, control)
+
+
+async def _claim(
+    control: ControlClient, worker: str, run_id: str, attempt: int, say: Callable[[str], None]
+) -> wire.Assigned:
+    """Claim the attempt. A ticket's claim is refused until the backend saw this job running (it
+    looks every few seconds): asked again, for :data:`TICKET_WAIT` seconds at most."""
+    deadline = trio.current_time() + TICKET_WAIT
+    said = False
+    while True:
+        try:
+            return await control.claim(worker, run=run_id, attempt=attempt)
+        except RelayError as exc:
+            if exc.code != ErrorCode.JOB_NOT_RUNNING or trio.current_time() > deadline:
+                raise
+        if not said:
+            say(f"{worker}: run {run_id}: waiting for the backend to see this job running")
+            said = True
+        await trio.sleep(0.5)  # the backend's next look at its jobs: nothing to wait on here
 
 
 async def _run(

@@ -40,7 +40,7 @@ from protocol_specs.runs import RunRecord
 from relay.client import endpoint
 
 from .job_watch import Phase, Seen
-from .scheduler import SchedulerBackend, SchedulerError
+from .scheduler import SchedulerBackend, SchedulerError, SchedulerRefused
 
 __all__ = ["RayBackend", "RayJobs", "RayRefused", "job_request", "seen_of"]
 
@@ -55,12 +55,12 @@ _PHASES = {
 }
 #: Ray's ``error_type`` for a job that waited longer than ``RAY_JOB_START_TIMEOUT_SECONDS``
 GAVE_UP = "JOB_SUPERVISOR_ACTOR_START_TIMEOUT"
-#: how long an unreachable or failing dashboard is asked again before a submission counts as lost
-SUBMIT_PATIENCE = 600.0
 
 
-class RayRefused(SchedulerError):
-    """Ray answered, and said no (an HTTP 4xx): asking again would not help."""
+class RayRefused(SchedulerRefused):
+    """Ray answered that the request is bad (HTTP 400: a runtime environment it cannot take, a
+    resource name it refuses): asking again would not help. Anything else (no answer, a 5xx, an
+    authentication refused while a token rotates) is asked again, patiently."""
 
 
 def job_request(
@@ -115,7 +115,7 @@ def seen_of(info: dict[str, Any] | None) -> Seen:
         return Seen(Phase.GONE)
     status = str(info.get("status") or "")
     error = str(info.get("error_type") or "")
-    message = " ".join(str(info.get("message") or "").split())[:300]
+    message = " ".join(str(info.get("message") or "").split()).split(". ")[0][:200]
     detail = status + (f" ({message})" if message and status in ("FAILED", "STOPPED") else "")
     if status == "FAILED" and error == GAVE_UP:
         return Seen(Phase.GAVE_UP, detail)
@@ -145,12 +145,12 @@ class RayJobs:
             reply = await self._http.request(method, path, **kwargs)
         except self._errors as exc:
             raise SchedulerError(f"no answer from Ray at {self.address}: {exc}") from None
-        if reply.status_code == 404:
-            return 404, None
+        said = " ".join(reply.text.split())[-300:]
+        if reply.status_code == 404 and "does not exist" in said:
+            return 404, None  # Ray's own answer about a job it does not know
         if reply.status_code >= 400:
-            said = " ".join(reply.text.split())[-300:]
-            error = RayRefused if reply.status_code < 500 else SchedulerError
-            raise error(f"Ray answered HTTP {reply.status_code}: {said}")
+            error = RayRefused if reply.status_code == 400 else SchedulerError
+            raise error(f"Ray answered HTTP {reply.status_code} to {method} {path}: {said}")
         try:
             return reply.status_code, reply.json()
         except ValueError:
@@ -163,9 +163,7 @@ class RayJobs:
         return str(got["ray_version"])
 
     async def submit(self, request: dict[str, Any]) -> None:
-        status, _ = await self._call("POST", "/api/jobs/", json=request)
-        if status == 404:
-            raise SchedulerError(f"{self.address} has no Ray Jobs API (is it the dashboard?)")
+        await self._call("POST", "/api/jobs/", json=request)
 
     async def info(self, submission_id: str) -> dict[str, Any] | None:
         _, got = await self._call("GET", f"/api/jobs/{submission_id}")
@@ -203,7 +201,7 @@ class RayBackend(SchedulerBackend):
         self.api = jobs
         self.work_dir = work_dir
 
-    async def launch(self, record: RunRecord, token: str) -> str:
+    async def launch(self, record: RunRecord, token: str, *, patience: float) -> str:
         submission_id = f"tether-{record.id}-{record.attempt}-{secrets.token_hex(3)}"
         request = job_request(
             record,
@@ -215,7 +213,7 @@ class RayBackend(SchedulerBackend):
             work_dir=self.work_dir,
             allow_tunnels=self.allow_tunnels,
         )
-        deadline = trio.current_time() + SUBMIT_PATIENCE
+        deadline = trio.current_time() + patience
         backoff = 1.0
         while True:
             try:
@@ -224,11 +222,21 @@ class RayBackend(SchedulerBackend):
             except RayRefused:
                 raise
             except SchedulerError as exc:
+                # the request may have reached Ray and only its answer been lost: a job of this
+                # id is then ours (asking for it anew would be refused as a duplicate)
+                if await self._known(submission_id):
+                    return submission_id
                 if trio.current_time() + backoff > deadline:
                     raise
                 log.warning("ray backend: %s; submitting again in %.0f s", exc, backoff)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
+
+    async def _known(self, submission_id: str) -> bool:
+        try:
+            return await self.api.info(submission_id) is not None
+        except SchedulerError:
+            return False
 
     async def look(self, jobs: list[str]) -> dict[str, Seen]:
         return {job: seen_of(await self.api.info(job)) for job in jobs}

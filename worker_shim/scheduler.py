@@ -28,17 +28,27 @@ from pathlib import Path
 import trio
 
 from protocol_specs.runs import RunRecord, RunState
+from protocol_specs.wire import ErrorCode
 from relay.client import ControlClient, RelayError, Target, endpoint, open_control
 
 from .job_watch import Action, Attempt, Do, JobWatch, Phase, Seen
 
-__all__ = ["Job", "SchedulerBackend", "SchedulerError"]
+__all__ = ["SUBMIT_PATIENCE", "Job", "SchedulerBackend", "SchedulerError", "SchedulerRefused"]
 
 log = logging.getLogger("tether.backend")
 
 
+#: how long a scheduler that does not answer (or fails) is asked again before the attempt counts
+#: as lost; a refusal (:class:`SchedulerRefused`) counts at once
+SUBMIT_PATIENCE = 600.0
+
+
 class SchedulerError(Exception):
-    """The scheduler refused or failed a request; the message says what it said."""
+    """The scheduler failed a request, or could not be asked; the message says what it said."""
+
+
+class SchedulerRefused(SchedulerError):
+    """The scheduler answered, and said no: asking again would not help."""
 
 
 @dataclass
@@ -89,9 +99,10 @@ class SchedulerBackend(ABC):
     # --- what a backend says --------------------------------------------------------------------
 
     @abstractmethod
-    async def launch(self, record: RunRecord, token: str) -> str:
+    async def launch(self, record: RunRecord, token: str, *, patience: float) -> str:
         """Launch a job for ``record``'s attempt whose worker presents ``token``; its id. Raises
-        :class:`SchedulerError` if the scheduler refuses it."""
+        :class:`SchedulerRefused` if the scheduler refuses it, :class:`SchedulerError` if it could
+        not be asked for ``patience`` seconds (a backend that cannot tell launches once)."""
 
     @abstractmethod
     async def look(self, jobs: list[str]) -> dict[str, Seen]:
@@ -119,7 +130,8 @@ class SchedulerBackend(ABC):
 
     def _save(self) -> None:
         tmp = self._jobs_file.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        tmp.unlink(missing_ok=True)  # made anew, so it is 0600 whatever a leftover was
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump([asdict(j) for j in self.jobs.values()], f)
         tmp.replace(self._jobs_file)
@@ -154,23 +166,31 @@ class SchedulerBackend(ABC):
     async def submit(self, control: ControlClient, record: RunRecord, token: str) -> None:
         """Launch the attempt's job and report its id (or that the scheduler refused it)."""
         try:
-            job = await self.launch(record, token)
+            job = await self.launch(record, token, patience=SUBMIT_PATIENCE)
         except SchedulerError as exc:
             self.say(f"run {record.id}: attempt {record.attempt} not submitted: {exc}")
             await control.report(record.id, record.attempt, "lost", detail=str(exc))
             return
-        limit = 0.0 if self.limits_time else record.spec.resources.time_limit
-        self.jobs[job] = Job(job, record.id, record.attempt, token, limit)
+        await self._launched(control, record, Job(job, record.id, record.attempt, token))
+
+    async def _launched(
+        self, control: ControlClient, record: RunRecord, job: Job, why: str = ""
+    ) -> None:
+        """Track ``job`` and tell the relay (``tether ls`` shows its id while it waits)."""
+        job.time_limit = 0.0 if self.limits_time else record.spec.resources.time_limit
+        self.jobs[job.job] = job
         self._save()
+        again = f" again ({why})" if why else ""
         self.say(
-            f"run {record.id} attempt {record.attempt}: submitted as {self.scheduler} job {job}"
+            f"run {record.id} attempt {record.attempt}: submitted{again} as "
+            f"{self.scheduler} job {job.job}"
         )
         await control.report(
             record.id,
             record.attempt,
             "job",
-            job=job,
-            detail=f"{self.scheduler} job {job} submitted",
+            job=job.job,
+            detail=f"{self.scheduler} job {job.job} submitted{again}",
         )
 
     async def _watch_forever(self) -> None:
@@ -190,45 +210,67 @@ class SchedulerBackend(ABC):
             return
         seen = await self.look(list(self.jobs))
         for job_id, job in list(self.jobs.items()):
-            attempt = await self._attempt(control, job)
+            record = await self._record(control, job)
             action = self.watch.look(
                 job_id,
                 seen.get(job_id, Seen(Phase.GONE)),
-                attempt,
+                _attempt(record, job),
                 trio.current_time(),
                 limit=job.time_limit,
             )
-            await self._act(control, job, action)
+            await self._act(control, job, action, record)
 
-    async def _attempt(self, control: ControlClient, job: Job) -> Attempt:
+    async def _record(self, control: ControlClient, job: Job) -> RunRecord | None:
+        """The job's run (``None``: it is no more, deleted or never was)."""
         try:
-            record = await control.get_run(job.run)
-        except RelayError:  # the run is no more (deleted, or never was)
-            return Attempt.OVER
-        if record.finished or record.attempt != job.attempt:
-            return Attempt.OVER
-        return Attempt.WAITING if record.state is RunState.QUEUED else Attempt.STARTED
+            return await control.get_run(job.run)
+        except RelayError as exc:
+            if exc.code == ErrorCode.NO_SUCH_RUN:
+                return None
+            raise  # anything else: looked at again at the next poll, nothing decided on it
 
-    async def _act(self, control: ControlClient, job: Job, action: Action) -> None:
+    async def _act(
+        self, control: ControlClient, job: Job, action: Action, record: RunRecord | None
+    ) -> None:
         match action.do:
             case Do.KEEP:
                 return
             case Do.CANCEL | Do.CANCEL_LOST:
                 self.say(f"run {job.run}: cancelling {self.scheduler} job {job.job}: {action.why}")
                 await self.cancel(job.job)
+            case Do.SAY_RUNNING:
+                await control.report(job.run, job.attempt, "running", job=job.job)
+                self.watch.said_running(job.job)
+                return
             case Do.SUBMIT_AGAIN:
-                self.say(f"run {job.run} attempt {job.attempt}: {action.why}; submitting it again")
-                self._forget(job)
-                record = await control.get_run(job.run)
-                await self.submit(control, record, job.token)
+                assert record is not None  # the attempt is waiting: its run is there
+                await self._again(control, job, record, action.why)
                 return
         if action.do in (Do.LOST, Do.CANCEL_LOST):
             self.say(f"run {job.run} attempt {job.attempt}: {action.why}")
             await control.report(job.run, job.attempt, "lost", job=job.job, detail=action.why)
         self._forget(job)
 
+    async def _again(self, control: ControlClient, job: Job, record: RunRecord, why: str) -> None:
+        """A new job for ``job``'s attempt, which never started; asked once (this look holds up
+        the others): if the scheduler cannot take it now, the next look asks again."""
+        try:
+            new = await self.launch(record, job.token, patience=0.0)
+        except SchedulerError as exc:
+            log.warning("run %s: %s; not submitted again yet: %s", job.run, why, exc)
+            return
+        self._forget(job)
+        await self._launched(control, record, Job(new, job.run, job.attempt, job.token), why)
+
     def _forget(self, job: Job) -> None:
         self.jobs.pop(job.job, None)
+        self.watch.forget(job.job)
         self._save()
         self.forgotten(job)
         self.say(f"run {job.run} attempt {job.attempt}: done with {self.scheduler} job {job.job}")
+
+
+def _attempt(record: RunRecord | None, job: Job) -> Attempt:
+    if record is None or record.finished or record.attempt != job.attempt:
+        return Attempt.OVER
+    return Attempt.WAITING if record.state is RunState.QUEUED else Attempt.STARTED

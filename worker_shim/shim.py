@@ -43,6 +43,7 @@ without I/O; :class:`~worker_shim.driver.Driver` performs it.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -230,11 +231,31 @@ async def _attempt(
 WORKER_ONLY_ENV = frozenset({"TETHER_TOKEN", "TETHER_CONFIG"})
 
 
+#: a Ray job's configuration (its runtime environment, the worker's ticket among it), which a Ray
+#: driver hands on to every task and actor it starts
+RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
 def program_env(record: RunRecord, env: dict[str, str] | None) -> dict[str, str]:
     """The program's environment (and its tunnels' commands'): the worker's, without its own
     credentials, the run's (secrets included), then what the worker adds (its GPUs)."""
     inherited = {k: v for k, v in os.environ.items() if k not in WORKER_ONLY_ENV}
+    if RAY_JOB_CONFIG in inherited:
+        inherited[RAY_JOB_CONFIG] = _without_credentials(inherited[RAY_JOB_CONFIG])
     return {**inherited, **record.spec.program_env(), **(env or {})}
+
+
+def _without_credentials(job_config: str) -> str:
+    """A Ray job's configuration without the worker's own variables (one that cannot be read is
+    replaced by an empty one rather than handed on)."""
+    try:
+        config = json.loads(job_config)
+        env_vars = (config.get("runtime_env") or {}).get("env_vars") or {}
+        for name in WORKER_ONLY_ENV:
+            env_vars.pop(name, None)
+        return json.dumps(config)
+    except (ValueError, AttributeError, TypeError):
+        return "{}"
 
 
 async def _exited(link: RunLink, record: RunRecord, code: int) -> None:

@@ -38,7 +38,7 @@ from protocol_specs.runs import RunRecord
 from relay.client import endpoint
 
 from .job_watch import Phase, Seen
-from .scheduler import Job, SchedulerBackend, SchedulerError
+from .scheduler import Job, SchedulerBackend, SchedulerRefused
 
 __all__ = ["SlurmBackend", "SlurmError", "job_script", "sbatch_options"]
 
@@ -59,8 +59,8 @@ ENDED = frozenset(
 )
 
 
-class SlurmError(SchedulerError):
-    pass
+class SlurmError(SchedulerRefused):
+    """A Slurm command failed: the attempt is lost at once (sbatch says why)."""
 
 
 def sbatch_options(record: RunRecord) -> list[str]:
@@ -154,9 +154,10 @@ class SlurmBackend(SchedulerBackend):
     async def cancel(self, job: str) -> None:
         await self._slurm("scancel", job, check=False)
 
-    async def launch(self, record: RunRecord, token: str) -> str:
+    async def launch(self, record: RunRecord, token: str, *, patience: float) -> str:
         """Write the attempt's credentials (its worker token: never on a command line) and
-        submit its job."""
+        submit its job (once: sbatch's own retries are its ``MessageTimeout``)."""
+        del patience
         key = f"{record.id}-{record.attempt}"
         credentials = self.state_dir / "credentials" / f"{key}.json"
         fd = os.open(credentials, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -110,7 +110,8 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
-        raise SystemExit(f"tether: invalid run: {where}: {err['msg']}") from None
+        said = str(err["msg"]).removeprefix("Value error, ")
+        raise SystemExit(f"tether: invalid run: {f'{where}: ' if where else ''}{said}") from None
 
 
 def _given(value: Any, default: Any) -> Any:
@@ -160,7 +161,8 @@ def _amounts(items: list[str] | None) -> dict[str, float]:
 def _backend(name: str) -> str:
     if name not in KNOWN_BACKENDS:
         raise SystemExit(
-            f"tether: unknown backend {name!r}: use {' or '.join(KNOWN_BACKENDS)} "
+            f"tether: unknown backend {name!r}: use {', '.join(KNOWN_BACKENDS[:-1])} or "
+            f"{KNOWN_BACKENDS[-1]} "
             "(a run for a backend nobody serves would wait in its queue for ever)"
         )
     return name

@@ -21,7 +21,7 @@ import pytest
 import trio
 from node_harness import open_vscode_session, scenario
 from ray_cluster import RayHead, ray_bin
-from stack import Proc, debug_run, relay_stack, tether
+from stack import TETHER, Proc, debug_run, home_env, relay_stack, tether
 from test_runs_e2e import FLAKY, FLAKY_BREAKPOINT
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(300)]
@@ -29,7 +29,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(300)]
 HELLO = """\
 import os
 print("hello from ray, gpus:", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
-print("token in my environment:", "TETHER_TOKEN" in os.environ, flush=True)
+job_config = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "")
+print("token in my environment:", "TETHER_TOKEN" in os.environ or "ttht_" in job_config, flush=True)
+print("a Ray job's config:", bool(job_config), flush=True)
 """
 
 
@@ -46,10 +48,19 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
 
 @asynccontextmanager
 async def ray_backend(home: Path, relay: str, head: RayHead) -> AsyncIterator[Proc]:
+    """The backend as the README deploys it: with a token of the ``backend`` scope alone."""
+    made = await trio.run_process(
+        [TETHER, "token", "create", "--relay", relay, "--user", "ray", "--scope", "backend"],
+        env=home_env(home),
+        capture_stdout=True,
+        capture_stderr=True,
+    )
+    token = made.stdout.decode().strip()
+    assert token.startswith("tthu_"), made
     async with tether(
         "backend", "ray", "--relay", relay, "--address", head.address,
         "--python", sys.executable, "--poll", "0.3",
-        home=home, name="ray",
+        home=home, name="ray", extra_env={"TETHER_TOKEN": token},
     ) as proc:  # fmt: skip
         await proc.wait_line(r"tether backend ray: ready .* ray=2\.")
         yield proc
@@ -99,6 +110,7 @@ async def test_a_run_on_ray_with_logs_resources_and_a_ticket(tmp_path: Path, hea
             job = await submitted(backend, run_id)
             await run.wait_line(r"hello from ray, gpus: 0")
             await run.wait_line(r"token in my environment: False")  # the program never sees it
+            await run.wait_line(r"a Ray job's config: True")  # (where Ray would have put it)
             await run.wait_line(rf"-- tether: run {run_id} succeeded")
             assert await run.process.wait() == 0
         await backend.wait_line(rf"run {run_id} attempt 1: done with Ray job {job}")
@@ -271,15 +283,15 @@ async def test_a_job_ray_gave_up_on_before_it_started_is_submitted_again(tmp_pat
         ):  # fmt: skip
             run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
             first = await submitted(backend, run_id)
-            await backend.wait_line(
-                rf"run {run_id} attempt 1: Ray job {first} never started: FAILED .*"
-                r"submitting it again",
-                timeout=60,
+            again = (
+                rf"run {run_id} attempt 1: submitted again \(Ray job {first} never started: "
+                r"FAILED \(Job supervisor actor failed to start within 3.0 seconds\)\) "
+                r"as Ray job (\S+)"
             )
-            pattern = rf"run {run_id} attempt 1: submitted as Ray job (\S+)"
-            await backend.wait_count(pattern, 2)
-            jobs = [m.group(1) for x in backend.lines if (m := re.search(pattern, x))]
-            assert jobs[0] == first and jobs[1] != first
+            second = (await backend.wait_line(again, timeout=60)).group(1)
+            assert second != first
+            async with tether("logs", run_id, home=home, name="logs") as logs:
+                await logs.wait_line(rf"Ray job {second} submitted again \(Ray job {first} never")
             assert impatient.job(first)["error_type"] == "JOB_SUPERVISOR_ACTOR_START_TIMEOUT"
             async with tether("ls", home=home, name="ls") as ls:
                 await ls.process.wait()
@@ -303,14 +315,14 @@ async def test_a_run_past_its_time_limit_is_stopped_as_slurm_would(
         ray_backend(home, relay, head) as backend,
     ):
         async with tether(
-            "run", "--backend", "ray", "--time", "3s", "--mount", f"state={state}",
+            "run", "--backend", "ray", "--time", "15s", "--mount", f"state={state}",
             "--follow", "--workdir", str(workdir), "--", "python", "flaky.py", "hang",
             home=home, name="run",
         ) as run:  # fmt: skip
             run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
             job = await submitted(backend, run_id)
             await run.wait_line(r"^attempt first")
-            why = rf"Ray job {job} ran past the run's time limit \(3 s\)"
+            why = rf"Ray job {job} ran past the run's time limit \(15 s\)"
             await backend.wait_line(rf"run {run_id}: cancelling Ray job {job}: {why}")
             await run.wait_line(rf"-- tether: run {run_id} lost.*{why}")
             assert await run.process.wait() != 0

@@ -96,6 +96,9 @@ async def scene(url: str, store: Store, *, claimed: bool = True) -> Scene:
         await control.report(run, 1, "lost", job="1", detail="preempted")
         second = await control.dispatch(backend, "sched")
         third = await control.dispatch(backend, "sched")
+        # attempt 2's job runs: its ticket may claim it
+        await control.report(run, 2, "job", job="2")
+        await control.report(run, 2, "running", job="2")
     assert (first.run.id, second.run.id, second.run.attempt) == (run, other, 1)
     assert (third.run.id, third.run.attempt) == (run, 2)
     holders = {

@@ -317,6 +317,19 @@ async def test_a_ticket_claims_its_attempt_once_and_is_worth_nothing_after(relay
         with pytest.raises(RelayError) as info:
             await control.read_blob("ab" * 32)
         assert info.value.code == ErrorCode.FORBIDDEN
+        with pytest.raises(RelayError) as info:  # read off a job list while the job waits
+            await control.claim("w-thief", run=run, attempt=1)
+        assert info.value.code == ErrorCode.JOB_NOT_RUNNING
+    async with open_control(relay.pool) as control:
+        await control.report(run, 1, "job", job="ray-1")
+        await control.report(run, 1, "running", job="ray-0")  # another job: changes nothing
+    async with open_control(ticket) as control:
+        with pytest.raises(RelayError) as info:
+            await control.claim("w-thief", run=run, attempt=1)
+        assert info.value.code == ErrorCode.JOB_NOT_RUNNING
+    async with open_control(relay.pool) as control:
+        await control.report(run, 1, "running", job="ray-1")  # the backend saw the job run
+    async with open_control(ticket) as control:
         assigned = await control.claim("w-0", run=run, attempt=1)
         assert assigned.token.startswith("tthw_")  # the worker token, in the claim's answer only
         with pytest.raises(RelayError) as info:

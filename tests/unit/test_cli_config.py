@@ -164,8 +164,24 @@ def test_a_missing_workdir_and_an_unknown_backend_are_refused_at_submit_time(
         build_spec(
             _debug_args(tmp_path, "python", "t.py", workdir=str(tmp_path / "no")), debug=True
         )
-    with pytest.raises(SystemExit, match="unknown backend 'k8s': use local or slurm"):
+    with pytest.raises(SystemExit, match="unknown backend 'k8s': use local, slurm or ray"):
         build_spec(_debug_args(tmp_path, "python", "t.py", backend="k8s"), debug=True)
+
+
+def test_custom_resources_go_to_ray_only_and_are_numbers(tmp_path: Path) -> None:
+    resource = ["accelerator_type:A100=1", "tether_slot=0.5"]
+    spec = build_spec(
+        _debug_args(tmp_path, "python", "t.py", backend="ray", resource=resource), debug=True
+    )
+    assert spec.resources.custom == {"accelerator_type:A100": 1.0, "tether_slot": 0.5}
+    with pytest.raises(
+        SystemExit, match=r"invalid run: custom resources \(tether_slot\) are a Ray"
+    ):
+        build_spec(_debug_args(tmp_path, "python", "t.py", resource=["tether_slot=1"]), debug=True)
+    with pytest.raises(SystemExit, match="--resource x=lots: the amount is a number"):
+        build_spec(
+            _debug_args(tmp_path, "python", "t.py", backend="ray", resource=["x=lots"]), debug=True
+        )
 
 
 def test_options_are_never_abbreviated(capsys: pytest.CaptureFixture[str]) -> None:

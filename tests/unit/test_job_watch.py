@@ -12,7 +12,7 @@ TABLE = {
     (Phase.PENDING, W): Do.KEEP,
     (Phase.PENDING, S): Do.KEEP,
     (Phase.PENDING, OVER): Do.CANCEL,
-    (Phase.RUNNING, W): Do.KEEP,
+    (Phase.RUNNING, W): Do.SAY_RUNNING,
     (Phase.RUNNING, S): Do.KEEP,
     (Phase.ENDED, W): Do.LOST,
     (Phase.ENDED, S): Do.LOST,
@@ -33,12 +33,24 @@ TABLE = {
 def test_every_cell_of_the_table(phase: Phase, attempt: Attempt) -> None:
     action = JobWatch("Ray").look("j1", Seen(phase, "FAILED"), attempt, now=0.0)
     assert action.do is TABLE[(phase, attempt)]
-    assert action.do is Do.KEEP or action.do is Do.FORGET or "j1" in action.why
+    assert action.do in (Do.KEEP, Do.FORGET, Do.SAY_RUNNING) or "j1" in action.why
 
 
 def test_every_phase_and_attempt_has_a_cell() -> None:
     cells = {(p, a) for p in Phase for a in Attempt} - {(Phase.RUNNING, OVER)}
     assert cells == set(TABLE)
+
+
+def test_a_job_is_said_running_once_while_its_attempt_waits_for_its_worker() -> None:
+    watch = JobWatch("Ray")
+    running = Seen(Phase.RUNNING)
+    assert watch.look("j", running, W, now=0.0).do is Do.SAY_RUNNING
+    assert watch.look("j", running, W, now=1.0).do is Do.SAY_RUNNING  # the report failed
+    watch.said_running("j")
+    assert watch.look("j", running, W, now=2.0).do is Do.KEEP
+    assert watch.look("j", running, S, now=3.0).do is Do.KEEP
+    watch.forget("j")
+    assert watch.look("j", running, W, now=4.0).do is Do.SAY_RUNNING  # a restarted backend
 
 
 def test_a_running_job_whose_attempt_is_over_gets_its_grace_then_is_cancelled() -> None:
@@ -48,7 +60,9 @@ def test_a_running_job_whose_attempt_is_over_gets_its_grace_then_is_cancelled() 
     assert watch.look("7", running, OVER, now=129.9) == Action(Do.KEEP)
     action = watch.look("7", running, OVER, now=130.0)
     assert action.do is Do.CANCEL and "30 s after its attempt ended" in action.why
-    # forgotten once acted on: the same id seen again starts a new grace
+    # the cancel failed (the scheduler did not answer): decided again, the clock running
+    assert watch.look("7", running, OVER, now=135.0).do is Do.CANCEL
+    watch.forget("7")  # acted on for good: the same id seen again starts a new grace
     assert watch.look("7", running, OVER, now=500.0) == Action(Do.KEEP)
 
 
@@ -57,6 +71,7 @@ def test_the_grace_is_per_job_and_ends_when_the_job_ends() -> None:
     watch.look("a", Seen(Phase.RUNNING), OVER, now=0.0)
     assert watch.look("b", Seen(Phase.RUNNING), OVER, now=9.0).do is Do.KEEP
     assert watch.look("a", Seen(Phase.ENDED), OVER, now=5.0).do is Do.FORGET
+    watch.forget("a")
     assert watch.look("a", Seen(Phase.RUNNING), OVER, now=12.0).do is Do.KEEP  # a new grace
     assert watch.look("b", Seen(Phase.RUNNING), OVER, now=19.0).do is Do.CANCEL
 
@@ -77,6 +92,8 @@ def test_a_time_limit_the_scheduler_does_not_keep_is_kept_from_the_first_look_at
     assert watch.look("r", Seen(Phase.RUNNING), S, now=1059.0, limit=60.0).do is Do.KEEP
     action = watch.look("r", Seen(Phase.RUNNING), S, now=1060.0, limit=60.0)
     assert action == Action(Do.CANCEL_LOST, "Ray job r ran past the run's time limit (60 s)")
+    # the stop failed: the clock does not start again
+    assert watch.look("r", Seen(Phase.RUNNING), S, now=1065.0, limit=60.0) == action
     # no limit, or an attempt already over (its worker was told to stop): the grace applies
     assert watch.look("s", Seen(Phase.RUNNING), S, now=0.0).do is Do.KEEP
     assert watch.look("s", Seen(Phase.RUNNING), S, now=10**6).do is Do.KEEP

@@ -96,8 +96,9 @@ def test_rays_job_states(info: dict[str, str] | None, phase: Phase) -> None:
 
 
 def test_what_ray_said_is_kept_for_people() -> None:
-    seen = seen_of({"status": "FAILED", "message": "Job entrypoint command failed\nwith code 3"})
-    assert seen.detail == "FAILED (Job entrypoint command failed with code 3)"
+    said = "Job supervisor actor failed to start within 3.0 seconds. This timeout can be set."
+    seen = seen_of({"status": "FAILED", "message": said.replace(" to ", "\nto ")})
+    assert seen.detail == "FAILED (Job supervisor actor failed to start within 3.0 seconds)"
     assert (
         seen_of({"status": "RUNNING", "message": "Job is currently running."}).detail == "RUNNING"
     )
@@ -121,3 +122,28 @@ def test_custom_resources_are_refused_at_submit_unless_the_run_goes_to_ray() -> 
     for bad in ({"GPU": 1}, {"bad name": 1}, {"ok": 0}):
         with pytest.raises(ValidationError):
             Resources(custom=bad)
+
+
+def test_the_program_and_its_ray_tasks_never_get_the_workers_ticket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray hands the job's runtime environment to the driver in RAY_JOB_CONFIG_JSON_ENV_VAR, and
+    the driver to every task it starts: the worker's own variables are taken out of it."""
+    import json
+
+    from worker_shim.shim import RAY_JOB_CONFIG, program_env
+
+    config = {
+        "runtime_env": {"env_vars": {"TETHER_TOKEN": TICKET, "WANDB_MODE": "offline"}},
+        "metadata": {"tether_run": "r1"},
+    }
+    monkeypatch.setenv(RAY_JOB_CONFIG, json.dumps(config))
+    monkeypatch.setenv("TETHER_TOKEN", TICKET)
+    env = program_env(record(), None)
+    assert "TETHER_TOKEN" not in env and TICKET not in str(env)
+    assert json.loads(env[RAY_JOB_CONFIG]) == {
+        "runtime_env": {"env_vars": {"WANDB_MODE": "offline"}},
+        "metadata": {"tether_run": "r1"},
+    }
+    monkeypatch.setenv(RAY_JOB_CONFIG, f"not json {TICKET}")
+    assert program_env(record(), None)[RAY_JOB_CONFIG] == "{}"
