@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +67,30 @@ async def ray_backend(home: Path, relay: str, head: RayHead) -> AsyncIterator[Pr
         yield proc
 
 
-def project(tmp_path: Path) -> Path:
+@dataclass
+class Stack:
+    workdir: Path  #: the project: flaky.py and hello.py
+    state: Path  #: flaky.py's memory across attempts (its ``state`` mount)
+    home: Path
+    relay: str
+    backend: Proc
+
+
+@asynccontextmanager
+async def ray_stack(tmp_path: Path, head: RayHead) -> AsyncIterator[Stack]:
+    """A project, `tether up` (no workers of its own) and the Ray backend for ``head``."""
     workdir = tmp_path / "project"
     workdir.mkdir()
     (workdir / "flaky.py").write_text(FLAKY)
     (workdir / "hello.py").write_text(HELLO)
-    return workdir
+    state = tmp_path / "state"
+    state.mkdir()
+    home = tmp_path / "home"
+    async with (
+        relay_stack(home, workers=0) as (_up, relay),
+        ray_backend(home, relay, head) as backend,
+    ):
+        yield Stack(workdir, state, home, relay, backend)
 
 
 async def submitted(backend: Proc, run_id: str, attempt: int = 1) -> str:
@@ -79,8 +98,33 @@ async def submitted(backend: Proc, run_id: str, attempt: int = 1) -> str:
     return (await backend.wait_line(pattern)).group(1)
 
 
+@asynccontextmanager
+async def ray_run(s: Stack, *args: str, name: str = "run") -> AsyncIterator[tuple[Proc, str, str]]:
+    """``tether run --backend ray ARGS`` in the project: (its process, the run, its Ray job)."""
+    async with tether(
+        "run", "--backend", "ray", "--workdir", str(s.workdir), *args, home=s.home, name=name
+    ) as run:
+        run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+        yield run, run_id, await submitted(s.backend, run_id)
+
+
+async def said(s: Stack, *args: str) -> str:
+    """What a tether command printed, to its end."""
+    async with tether(*args, home=s.home, name=args[0]) as proc:
+        await proc.process.wait()
+    return proc.output
+
+
+async def cancel(s: Stack, run_id: str) -> None:
+    async with tether("cancel", run_id, home=s.home, name="cancel") as proc:
+        await proc.wait_line(rf"run {run_id}: cancelled")
+
+
 async def wait_status(head: RayHead, job: str, states: set[str]) -> str:
     return await trio.to_thread.run_sync(head.wait_job, job, states)
+
+
+ENDED = {"STOPPED", "SUCCEEDED", "FAILED"}
 
 
 def hold_the_gpu(head: RayHead, name: str) -> str:
@@ -94,26 +138,19 @@ def hold_the_gpu(head: RayHead, name: str) -> str:
 
 
 async def test_a_run_on_ray_with_logs_resources_and_a_ticket(tmp_path: Path, head: RayHead) -> None:
-    workdir = project(tmp_path)
-    home = tmp_path / "home"
-    async with (
-        relay_stack(home, workers=0) as (_up, relay),
-        ray_backend(home, relay, head) as backend,
-    ):
-        async with tether(
-            "run", "--backend", "ray", "--gpus", "1", "--mem", "100M",
-            "--resource", "tether_test=1", "--follow", "--workdir", str(workdir),
-            "--", "python", "hello.py",
-            home=home, name="run",
-        ) as run:  # fmt: skip
-            run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
-            job = await submitted(backend, run_id)
+    async with ray_stack(tmp_path, head) as s:
+        resources = ("--gpus", "1", "--mem", "100M", "--resource", "tether_test=1")
+        async with ray_run(s, *resources, "--follow", "--", "python", "hello.py") as (
+            run,
+            run_id,
+            job,
+        ):
             await run.wait_line(r"hello from ray, gpus: 0")
             await run.wait_line(r"token in my environment: False")  # the program never sees it
             await run.wait_line(r"a Ray job's config: True")  # (where Ray would have put it)
             await run.wait_line(rf"-- tether: run {run_id} succeeded")
             assert await run.process.wait() == 0
-        await backend.wait_line(rf"run {run_id} attempt 1: done with Ray job {job}")
+        await s.backend.wait_line(rf"run {run_id} attempt 1: done with Ray job {job}")
         held = head.job_resources(job)
         assert held == {"CPU": 1, "GPU": 1, "memory": 100 * 2**20, "tether_test": 1}
         info = head.job(job)
@@ -122,54 +159,45 @@ async def test_a_run_on_ray_with_logs_resources_and_a_ticket(tmp_path: Path, hea
         token = info["runtime_env"]["env_vars"]["TETHER_TOKEN"]  # type: ignore[index]
         assert token.startswith("ttht_")  # what anyone can read here is a spent ticket
         assert "ttht_" not in str(info["entrypoint"]) and "tthw_" not in str(info)
-        async with tether("status", run_id, home=home, name="status") as status:
-            await status.process.wait()
-        assert re.search(rf"#1 on \S+ job {job} .*-> succeeded", status.output), status.output
+        status = await said(s, "status", run_id)
+        assert re.search(rf"#1 on \S+ job {job} .*-> succeeded", status), status
 
 
 async def test_a_breakpoint_set_while_the_job_waits_for_a_gpu_is_hit(
     tmp_path: Path, head: RayHead
 ) -> None:
-    workdir = project(tmp_path)
-    state = tmp_path / "state"
-    state.mkdir()
-    (state / "attempted").touch()  # flaky.py goes straight to the breakpoint
-    flaky = str(workdir / "flaky.py")
-    steps: list[dict[str, Any]] = [
-        {"op": "mark", "name": "configured", "wait": True},  # the GPU is freed here
-        {"op": "wait_stopped", "label": "hit", "reason": "breakpoint", "path": flaky,
-         "line": FLAKY_BREAKPOINT},
-        {"op": "variables", "label": "locals", "scope": "Locals"},
-        {"op": "evaluate", "label": "sum", "expression": "sum(range(10))"},
-        {"op": "continue"},
-        {"op": "wait_terminated", "label": "end"},
-        {"op": "disconnect"},
-    ]  # fmt: skip
-    home = tmp_path / "home"
     blocker = hold_the_gpu(head, f"blocker-{tmp_path.name}")
-    async with (
-        relay_stack(home, workers=0) as (_up, relay),
-        ray_backend(home, relay, head) as backend,
-    ):
+    async with ray_stack(tmp_path, head) as s:
+        (s.state / "attempted").touch()  # flaky.py goes straight to the breakpoint
+        flaky = str(s.workdir / "flaky.py")
+        steps: list[dict[str, Any]] = [
+            {"op": "mark", "name": "configured", "wait": True},  # the GPU is freed here
+            {"op": "wait_stopped", "label": "hit", "reason": "breakpoint", "path": flaky,
+             "line": FLAKY_BREAKPOINT},
+            {"op": "variables", "label": "locals", "scope": "Locals"},
+            {"op": "evaluate", "label": "sum", "expression": "sum(range(10))"},
+            {"op": "continue"},
+            {"op": "wait_terminated", "label": "end"},
+            {"op": "disconnect"},
+        ]  # fmt: skip
         await wait_status(head, blocker, {"RUNNING"})
-        extra = ("--backend", "ray", "--gpus", "1", "--mount", f"state={state}")
-        async with debug_run(home, relay, workdir, "python", "flaky.py", extra=extra) as (
+        extra = ("--backend", "ray", "--gpus", "1", "--mount", f"state={s.state}")
+        async with debug_run(s.home, s.relay, s.workdir, "python", "flaky.py", extra=extra) as (
             _debug,
             run_id,
             port,
         ):
-            job = await submitted(backend, run_id)
+            job = await submitted(s.backend, run_id)
             spec = scenario(
-                port, workdir, steps, breakpoints={"flaky.py": [FLAKY_BREAKPOINT]},
+                port, s.workdir, steps, breakpoints={"flaky.py": [FLAKY_BREAKPOINT]},
                 timeout_ms=120_000,
             )  # fmt: skip
             async with open_vscode_session(spec, timeout=240) as session:
                 await session.wait_mark("configured")
                 assert head.job(job)["status"] == "PENDING"  # waits for the GPU
-                async with tether("ls", home=home, name="ls") as ls:
-                    await ls.process.wait()
-                line = next(x for x in ls.output.splitlines() if x.startswith(run_id))
-                assert "queued" in line and job in line, ls.output
+                listed = await said(s, "ls")
+                line = next(x for x in listed.splitlines() if x.startswith(run_id))
+                assert "queued" in line and job in line, listed
                 head.request("POST", f"/api/jobs/{blocker}/stop")
                 await session.release("configured")
                 result, _messages = await session.result()
@@ -185,120 +213,76 @@ async def test_a_breakpoint_set_while_the_job_waits_for_a_gpu_is_hit(
 async def test_cancel_while_pending_and_while_running_stops_the_ray_jobs(
     tmp_path: Path, head: RayHead
 ) -> None:
-    workdir = project(tmp_path)
-    state = tmp_path / "state"
-    state.mkdir()
-    home = tmp_path / "home"
     blocker = hold_the_gpu(head, f"blocker-{tmp_path.name}")
-    async with (
-        relay_stack(home, workers=0) as (_up, relay),
-        ray_backend(home, relay, head) as backend,
-    ):
+    async with ray_stack(tmp_path, head) as s:
         await wait_status(head, blocker, {"RUNNING"})
-        async with tether(
-            "run", "--backend", "ray", "--gpus", "1", "--workdir", str(workdir),
-            "--", "python", "hello.py",
-            home=home, name="pending",
-        ) as run:  # fmt: skip
-            pending = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
-        held = await submitted(backend, pending)
+        async with ray_run(s, "--gpus", "1", "--", "python", "hello.py") as (_run, pending, held):
+            pass
         assert head.job(held)["status"] == "PENDING"
-        async with tether("cancel", pending, home=home, name="cancel") as cancel:
-            await cancel.wait_line(rf"run {pending}: cancelled")
-        await backend.wait_line(rf"run {pending}: cancelling Ray job {held}")
+        await cancel(s, pending)
+        await s.backend.wait_line(rf"run {pending}: cancelling Ray job {held}")
         # Ray cannot stop a job that waits for resources: it ends once it gets them
         head.request("POST", f"/api/jobs/{blocker}/stop")
-        assert await wait_status(head, held, {"STOPPED", "SUCCEEDED", "FAILED"}) == "STOPPED"
+        assert await wait_status(head, held, ENDED) == "STOPPED"
         logs = head.request("GET", f"/api/jobs/{held}/logs")
         assert "hello from ray" not in str(logs)  # the program never ran
 
-        async with tether(
-            "run", "--backend", "ray", "--mount", f"state={state}", "--follow",
-            "--workdir", str(workdir), "--", "python", "flaky.py", "hang",
-            home=home, name="running",
-        ) as run:  # fmt: skip
-            running = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
-            job = await submitted(backend, running)
+        hang = ("--mount", f"state={s.state}", "--follow", "--", "python", "flaky.py", "hang")
+        async with ray_run(s, *hang, name="running") as (run, running, job):
             await run.wait_line(r"^attempt first")
             assert head.job(job)["status"] == "RUNNING"
-            async with tether("cancel", running, home=home, name="cancel") as cancel:
-                await cancel.wait_line(rf"run {running}: cancelled")
+            await cancel(s, running)
             await run.wait_line(rf"-- tether: run {running} cancelled")
         # the worker stops the program and ends; the job ends with it, within the grace
-        await wait_status(head, job, {"STOPPED", "SUCCEEDED", "FAILED"})
-        await backend.wait_line(rf"run {running} attempt 1: done with Ray job {job}")
-        assert "attempt 2" not in backend.output
+        await wait_status(head, job, ENDED)
+        await s.backend.wait_line(rf"run {running} attempt 1: done with Ray job {job}")
+        assert "attempt 2" not in s.backend.output
 
 
 async def test_a_job_stopped_from_rays_side_is_retried_as_attempt_2(
     tmp_path: Path, head: RayHead
 ) -> None:
-    workdir = project(tmp_path)
-    state = tmp_path / "state"
-    state.mkdir()
-    home = tmp_path / "home"
-    async with (
-        relay_stack(home, workers=0) as (_up, relay),
-        ray_backend(home, relay, head) as backend,
-    ):
-        async with tether(
-            "run", "--backend", "ray", "--max-retries", "1", "--retry-backoff", "0",
-            "--mount", f"state={state}", "--follow", "--workdir", str(workdir),
-            "--", "python", "flaky.py", "hang",
-            home=home, name="run",
-        ) as run:  # fmt: skip
-            run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
-            first = await submitted(backend, run_id)
+    async with ray_stack(tmp_path, head) as s:
+        retry = ("--max-retries", "1", "--retry-backoff", "0", "--mount", f"state={s.state}")
+        hang = ("--follow", "--", "python", "flaky.py", "hang")
+        async with ray_run(s, *retry, *hang) as (run, run_id, first):
             await run.wait_line(r"^attempt first")
             head.request("POST", f"/api/jobs/{first}/stop")  # `ray job stop`: the job is killed
-            await backend.wait_line(rf"run {run_id} attempt 1: Ray job {first} ended: STOPPED")
-            second = await submitted(backend, run_id, attempt=2)
+            await s.backend.wait_line(rf"run {run_id} attempt 1: Ray job {first} ended: STOPPED")
+            second = await submitted(s.backend, run_id, attempt=2)
             assert second != first
             await run.wait_line(rf"attempt 1 was lost: Ray job {first} ended: STOPPED")
             await run.wait_line(r"^attempt again")
             await run.wait_line(rf"-- tether: run {run_id} succeeded")
             assert await run.process.wait() == 0
-        async with tether("status", run_id, home=home, name="status") as status:
-            await status.process.wait()
-        assert re.search(rf"#1 .*job {first} .*-> lost", status.output), status.output
-        assert re.search(rf"#2 on \S+ job {second} .*-> succeeded", status.output), status.output
+        status = await said(s, "status", run_id)
+        assert re.search(rf"#1 .*job {first} .*-> lost", status), status
+        assert re.search(rf"#2 on \S+ job {second} .*-> succeeded", status), status
 
 
 async def test_a_job_ray_gave_up_on_before_it_started_is_submitted_again(tmp_path: Path) -> None:
     """A cluster whose patience (RAY_JOB_START_TIMEOUT_SECONDS) is shorter than the wait for a
     GPU: Ray fails the job; nothing ran, so the same attempt gets a new job, no retry spent."""
-    workdir = project(tmp_path)
-    home = tmp_path / "home"
-    with RayHead(
-        ray_bin(), cpus=1, gpus=0, env={"RAY_JOB_START_TIMEOUT_SECONDS": "3"}
-    ) as impatient:
+    impatient = RayHead(ray_bin(), cpus=1, gpus=0, env={"RAY_JOB_START_TIMEOUT_SECONDS": "3"})
+    with impatient:
         async with (
-            relay_stack(home, workers=0) as (_up, relay),
-            ray_backend(home, relay, impatient) as backend,
-            tether(
-                "run", "--backend", "ray", "--gpus", "1", "--workdir", str(workdir),
-                "--", "python", "hello.py",
-                home=home, name="run",
-            ) as run,
-        ):  # fmt: skip
-            run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
-            first = await submitted(backend, run_id)
+            ray_stack(tmp_path, impatient) as s,
+            ray_run(s, "--gpus", "1", "--", "python", "hello.py") as (_run, run_id, first),
+        ):
             again = (
                 rf"run {run_id} attempt 1: submitted again \(Ray job {first} never started: "
                 r"FAILED \(Job supervisor actor failed to start within 3.0 seconds\)\) "
                 r"as Ray job (\S+)"
             )
-            second = (await backend.wait_line(again, timeout=60)).group(1)
+            second = (await s.backend.wait_line(again, timeout=60)).group(1)
             assert second != first
-            async with tether("logs", run_id, home=home, name="logs") as logs:
-                await logs.wait_line(rf"Ray job {second} submitted again \(Ray job {first} never")
             assert impatient.job(first)["error_type"] == "JOB_SUPERVISOR_ACTOR_START_TIMEOUT"
-            async with tether("ls", home=home, name="ls") as ls:
-                await ls.process.wait()
-            line = next(x for x in ls.output.splitlines() if x.startswith(run_id))
-            assert "queued" in line, ls.output  # still its first attempt, still waiting
-            async with tether("cancel", run_id, home=home, name="cancel") as cancel:
-                await cancel.wait_line(rf"run {run_id}: cancelled")
+            logs = await said(s, "logs", run_id)
+            assert f"Ray job {second} submitted again (Ray job {first} never" in logs, logs
+            listed = await said(s, "ls")
+            line = next(x for x in listed.splitlines() if x.startswith(run_id))
+            assert "queued" in line, listed  # still its first attempt, still waiting
+            await cancel(s, run_id)
 
 
 async def test_a_run_past_its_time_limit_is_stopped_as_slurm_would(
@@ -306,24 +290,12 @@ async def test_a_run_past_its_time_limit_is_stopped_as_slurm_would(
 ) -> None:
     """Ray has no time limits; the backend keeps the run's --time (from the job's first look
     running), stops the job and reports the attempt lost, as Slurm's TIMEOUT is."""
-    workdir = project(tmp_path)
-    state = tmp_path / "state"
-    state.mkdir()
-    home = tmp_path / "home"
-    async with (
-        relay_stack(home, workers=0) as (_up, relay),
-        ray_backend(home, relay, head) as backend,
-    ):
-        async with tether(
-            "run", "--backend", "ray", "--time", "15s", "--mount", f"state={state}",
-            "--follow", "--workdir", str(workdir), "--", "python", "flaky.py", "hang",
-            home=home, name="run",
-        ) as run:  # fmt: skip
-            run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
-            job = await submitted(backend, run_id)
+    async with ray_stack(tmp_path, head) as s:
+        limited = ("--time", "15s", "--mount", f"state={s.state}", "--follow")
+        async with ray_run(s, *limited, "--", "python", "flaky.py", "hang") as (run, run_id, job):
             await run.wait_line(r"^attempt first")
             why = rf"Ray job {job} ran past the run's time limit \(15 s\)"
-            await backend.wait_line(rf"run {run_id}: cancelling Ray job {job}: {why}")
+            await s.backend.wait_line(rf"run {run_id}: cancelling Ray job {job}: {why}")
             await run.wait_line(rf"-- tether: run {run_id} lost.*{why}")
             assert await run.process.wait() != 0
-        assert await wait_status(head, job, {"STOPPED", "SUCCEEDED", "FAILED"}) == "STOPPED"
+        assert await wait_status(head, job, ENDED) == "STOPPED"
