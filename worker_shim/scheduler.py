@@ -256,6 +256,12 @@ class SchedulerBackend(ABC):
         the others): if the scheduler cannot take it now, the next look asks again."""
         try:
             new = await self.launch(record, job.token, patience=0.0)
+        except SchedulerRefused as exc:  # it will not be taken later either
+            detail = f"{why}; not submitted again: {exc}"
+            self.say(f"run {job.run} attempt {job.attempt}: {detail}")
+            await control.report(job.run, job.attempt, "lost", job=job.job, detail=detail)
+            self._forget(job)
+            return
         except SchedulerError as exc:
             log.warning("run %s: %s; not submitted again yet: %s", job.run, why, exc)
             return
