@@ -69,7 +69,10 @@ class RayHead:
         # Ray's sockets live under the temporary directory: its path must stay short
         self.temp_dir = Path(tempfile.mkdtemp(prefix="tray-", dir="/tmp"))
         self.dashboard_port = _free_port()
+        self.gcs_port = _free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        #: nodes joined later (:meth:`add_node`), each a ``ray start --address ... --block``
+        self.nodes: list[subprocess.Popen[bytes]] = []
 
     @property
     def address(self) -> str:
@@ -83,7 +86,7 @@ class RayHead:
         argv = [
             str(self.ray), "start", "--head", "--block",
             "--node-ip-address", "127.0.0.1",
-            "--port", str(_free_port()),
+            "--port", str(self.gcs_port),
             "--dashboard-host", "127.0.0.1",
             "--dashboard-port", str(self.dashboard_port),
             "--dashboard-agent-listen-port", str(_free_port()),
@@ -107,6 +110,23 @@ class RayHead:
                 return
             time.sleep(0.5)  # polling a daemon's startup from outside: nothing to wait on
         raise RuntimeError(f"Ray's Jobs API did not answer in {timeout:g} s")
+
+    def add_node(self, *, cpus: int = 1, resources: dict[str, float] | None = None) -> None:
+        """A node joining the cluster (what an autoscaler does when a job asks for what no node
+        has): ``ray start --address`` on this machine, with ``resources``; stopped with the
+        head."""
+        argv = [
+            str(self.ray), "start", "--block", "--address", f"127.0.0.1:{self.gcs_port}",
+            "--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus),
+            "--resources", json.dumps(resources or {}),
+            "--object-store-memory", str(100_000_000), "--disable-usage-stats",
+        ]  # fmt: skip
+        env = {**os.environ, **self.env, "RAY_USAGE_STATS_ENABLED": "0"}
+        with (self.temp_dir / f"node-{len(self.nodes)}.log").open("wb") as out:
+            node = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        self.nodes.append(node)
 
     def _jobs_api_answers(self) -> bool:
         try:
@@ -152,19 +172,14 @@ class RayHead:
         return status
 
     def stop(self) -> None:
-        """End the head by its PID, then anything of it left (idempotent)."""
+        """End the head (and the nodes that joined it) by their PIDs, then anything of them left
+        (idempotent)."""
+        nodes, self.nodes = self.nodes, []
+        for node in nodes:
+            _end(node)
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=_STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
+        if process is not None:
+            _end(process)
         for pid in self._own_processes():
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -201,3 +216,18 @@ class RayHead:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (Ray drains and stops what it started), a grace period, then its group killed."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()

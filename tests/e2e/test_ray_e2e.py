@@ -1,7 +1,8 @@
 """The Ray backend against a real Ray head (``ray start --head``, started and stopped here by its
-PID): submit and complete with logs, a breakpoint set while the job waits for a GPU another job
-holds (VS Code's DebugClient under node), cancel while pending and while running, a job stopped
-from Ray's side retried as attempt 2, and a job Ray gave up on before it started submitted again.
+PID): submit and complete with logs, a breakpoint set while the job asks for a resource no node
+has, hit once a node with it joins (VS Code's DebugClient under node), cancel while the job waits
+for the GPU another job holds and while it runs, a job stopped from Ray's side retried as attempt
+2, a job Ray gave up on before it started submitted again, and the run's time limit kept.
 
 Ray lives in ``.venv-ray`` (made on first use, ``tests/ray_cluster.py``); tether's worker runs in
 the jobs with this repository's interpreter, as ``--python`` names it. Marked ``ray``: ``./dev test
@@ -163,15 +164,16 @@ async def test_a_run_on_ray_with_logs_resources_and_a_ticket(tmp_path: Path, hea
         assert re.search(rf"#1 on \S+ job {job} .*-> succeeded", status), status
 
 
-async def test_a_breakpoint_set_while_the_job_waits_for_a_gpu_is_hit(
+async def test_a_breakpoint_set_while_no_node_has_what_the_job_asks_for_is_hit_when_one_joins(
     tmp_path: Path, head: RayHead
 ) -> None:
-    blocker = hold_the_gpu(head, f"blocker-{tmp_path.name}")
+    """The job asks for a resource no node has (an A100, say); a node with it joins later, as
+    an autoscaler would add one: the breakpoint set meanwhile stops the program there."""
     async with ray_stack(tmp_path, head) as s:
         (s.state / "attempted").touch()  # flaky.py goes straight to the breakpoint
         flaky = str(s.workdir / "flaky.py")
         steps: list[dict[str, Any]] = [
-            {"op": "mark", "name": "configured", "wait": True},  # the GPU is freed here
+            {"op": "mark", "name": "configured", "wait": True},  # the node joins here
             {"op": "wait_stopped", "label": "hit", "reason": "breakpoint", "path": flaky,
              "line": FLAKY_BREAKPOINT},
             {"op": "variables", "label": "locals", "scope": "Locals"},
@@ -180,8 +182,7 @@ async def test_a_breakpoint_set_while_the_job_waits_for_a_gpu_is_hit(
             {"op": "wait_terminated", "label": "end"},
             {"op": "disconnect"},
         ]  # fmt: skip
-        await wait_status(head, blocker, {"RUNNING"})
-        extra = ("--backend", "ray", "--gpus", "1", "--mount", f"state={s.state}")
+        extra = ("--backend", "ray", "--resource", "late_gpu=1", "--mount", f"state={s.state}")
         async with debug_run(s.home, s.relay, s.workdir, "python", "flaky.py", extra=extra) as (
             _debug,
             run_id,
@@ -194,11 +195,11 @@ async def test_a_breakpoint_set_while_the_job_waits_for_a_gpu_is_hit(
             )  # fmt: skip
             async with open_vscode_session(spec, timeout=240) as session:
                 await session.wait_mark("configured")
-                assert head.job(job)["status"] == "PENDING"  # waits for the GPU
+                assert head.job(job)["status"] == "PENDING"  # no node has a late_gpu
                 listed = await said(s, "ls")
                 line = next(x for x in listed.splitlines() if x.startswith(run_id))
                 assert "queued" in line and job in line, listed
-                head.request("POST", f"/api/jobs/{blocker}/stop")
+                head.add_node(resources={"late_gpu": 1})
                 await session.release("configured")
                 result, _messages = await session.result()
     handshake = result["handshake"]["setBreakpoints"][0]["breakpoints"][0]
