@@ -16,9 +16,10 @@ token's holder may have it. Three kinds of token:
   failed to kill) is refused (``stale_attempt``) and can no longer inject anything.
 - **tickets** (``ttht_...``) stand in for a worker token where a scheduler shows what a job carries
   to everyone who can see the job (Ray's job list shows each job's runtime environment). A ticket
-  is good for one thing: claiming its run's attempt while that attempt waits to start. The claim's
-  answer carries a worker token, which then lives only in the worker's memory; once the attempt
-  started, or ended, the ticket is worth nothing.
+  is good for one thing: claiming its run's attempt, once its backend saw the job running
+  (``report running``) and until the attempt started. The claim's answer carries a worker token,
+  which then lives only in the worker's memory; once the attempt started, or ended, the ticket is
+  worth nothing.
 
 A token is ``tth<kind>_<id>_<secret>``. The relay stores the id with a SHA-256 hash of the secret
 (256 random bits: a slow password hash adds nothing against guessing, and a stolen hash is useless

@@ -87,7 +87,7 @@ class Actor(StrEnum):
     ADMIN = "admin"  #: a user token's ``admin`` scope
     BACKEND = "backend"  #: a user token's ``backend`` scope (worker pools, scheduler backends)
     WORKER = "worker"  #: a worker token (one run, one attempt)
-    TICKET = "ticket"  #: a ticket: claims one run's attempt while it waits to start
+    TICKET = "ticket"  #: a ticket: claims one run's attempt, once its job runs
 
 
 class Rule(StrEnum):

@@ -454,8 +454,8 @@ class Registry:
         """A scheduler backend's news about an attempt it launched (see :class:`wire.Report`)."""
         if frame.event == "running":
             at = self.clock()
-            await self.update(frame.run, lambda record: _job_running(record, frame, at))
-            got = await self.load(frame.run)
+            ran = await self.update(frame.run, lambda record: _job_running(record, frame, at))
+            got = ran.after if ran is not None else await self.load(frame.run)
             return got or wire.Error(code=ErrorCode.NO_SUCH_RUN, message=f"no run {frame.run!r}")
         if frame.event == "job":
             change = await self.update(
@@ -552,10 +552,13 @@ def _job_running(record: RunRecord, frame: wire.Report, at: float) -> RunRecord:
     look) or another attempt changes nothing."""
     record.check_attempt(RunEvent.CLAIM, frame.attempt)
     last = record.attempts[-1] if record.attempts else None
-    if record.finished or last is None or last.n != frame.attempt or last.job != frame.job:
+    if (
+        record.finished
+        or last is None
+        or (last.n, last.job) != (frame.attempt, frame.job)
+        or last.job_running_at is not None  # said already
+    ):
         raise IllegalTransition(RunEvent.CLAIM, record.state)
-    if last.job_running_at is not None:
-        raise IllegalTransition(RunEvent.CLAIM, record.state)  # said already
     return record.with_attempt(job_running_at=at)
 
 

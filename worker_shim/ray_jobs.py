@@ -13,14 +13,17 @@ the cluster's). For each attempt it is handed (``worker_shim/scheduler.py``):
    ``PENDING`` until a node has them; ``tether ls`` shows the run ``queued`` with the job's id.
 2. The worker's credential is a *ticket* (``protocol_specs/auth.py``), in the job's environment
    (``TETHER_TOKEN``): Ray shows every job's entrypoint and runtime environment to every client of
-   the dashboard, and a ticket is only good for claiming the attempt while it waits to start.
+   the dashboard, and a ticket is only good for claiming the attempt once the backend saw the job
+   running (3.), until the attempt started.
    The claim answers with the worker token, which stays in the worker's memory.
 3. Every ``poll`` seconds it asks for each job's status (``worker_shim/job_watch.py`` decides):
    ``STOPPED``, ``FAILED`` or ``SUCCEEDED`` while the attempt was not finished is a lost attempt,
    retried as the run says; a job Ray failed because it waited longer than the cluster's
    ``RAY_JOB_START_TIMEOUT_SECONDS`` is submitted again for the same attempt (nothing ran); a job
-   whose run was cancelled is stopped. Ray has no time limits: a job running longer than the
-   run's ``--time`` is stopped and its attempt lost, as Slurm's ``TIMEOUT`` is.
+   whose run was cancelled is stopped; a job seen running while its attempt waits for its worker
+   is reported ``running`` (its ticket may claim from then on). Ray has no time limits: a job
+   running longer than the run's ``--time`` is stopped and its attempt lost, as Slurm's
+   ``TIMEOUT`` is.
 
 Logs go through tether's own stream, as on every backend; Ray's job log holds the worker's own
 lines only.
@@ -140,24 +143,25 @@ class RayJobs:
         )
         self._errors = (httpx.HTTPError, OSError)
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Ray's JSON answer; ``None`` when Ray says the job named does not exist."""
         try:
             reply = await self._http.request(method, path, **kwargs)
         except self._errors as exc:
             raise SchedulerError(f"no answer from Ray at {self.address}: {exc}") from None
         said = " ".join(reply.text.split())[-300:]
         if reply.status_code == 404 and "does not exist" in said:
-            return 404, None  # Ray's own answer about a job it does not know
+            return None
         if reply.status_code >= 400:
             error = RayRefused if reply.status_code == 400 else SchedulerError
             raise error(f"Ray answered HTTP {reply.status_code} to {method} {path}: {said}")
         try:
-            return reply.status_code, reply.json()
+            return reply.json()
         except ValueError:
             raise SchedulerError(f"Ray's answer to {method} {path} is not JSON") from None
 
     async def version(self) -> str:
-        _, got = await self._call("GET", "/api/version")
+        got = await self._call("GET", "/api/version")
         if not isinstance(got, dict) or "ray_version" not in got:
             raise SchedulerError(f"{self.address} is not a Ray dashboard (no /api/version)")
         return str(got["ray_version"])
@@ -166,14 +170,11 @@ class RayJobs:
         await self._call("POST", "/api/jobs/", json=request)
 
     async def info(self, submission_id: str) -> dict[str, Any] | None:
-        _, got = await self._call("GET", f"/api/jobs/{submission_id}")
+        got = await self._call("GET", f"/api/jobs/{submission_id}")
         return got if isinstance(got, dict) else None
 
     async def stop(self, submission_id: str) -> None:
         await self._call("POST", f"/api/jobs/{submission_id}/stop")
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
 
 
 def address_of(address: str) -> str:
