@@ -6,11 +6,9 @@ I/O but the terminal's."""
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from protocol_specs.auth import TokenInfo
@@ -19,7 +17,6 @@ from protocol_specs.runs import RunRecord, RunSpec
 from protocol_specs.wire import AuditEntry
 
 __all__ = [
-    "PYTHON_NAME",
     "Clock",
     "Progress",
     "Terminal",
@@ -31,9 +28,6 @@ __all__ = [
     "status_text",
     "tokens_table",
 ]
-
-#: an interpreter's name, as debug mode recognises it (worker_shim.debuggee)
-PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
 
 
 def mib(n: float) -> str:
@@ -137,16 +131,7 @@ def _state(record: RunRecord) -> str:
 
 
 def _display_name(spec: RunSpec) -> str:
-    """What ``ls`` calls a run: its name, else its command without the interpreter's path and
-    options (``train.py --lr 3e-4``, ``-m trainer``)."""
-    if spec.name:
-        return spec.name
-    words = list(spec.command)
-    if words and PYTHON_NAME.fullmatch(Path(words[0]).name):
-        words = words[1:]
-        while words and words[0].startswith("-") and words[0] not in ("-m", "-c"):
-            words = words[1:]
-    return " ".join(words) or " ".join(spec.command)
+    return spec.display_name()
 
 
 def _width(text: str) -> int:
@@ -166,18 +151,6 @@ def _fit(text: str, width: int) -> str:
             break
         out += c
     return out + "\u2026"
-
-
-def _where(record: RunRecord) -> str:
-    if record.paused_at:
-        paused = sum(1 for row in record.processes.values() if row.state == "paused")
-        return record.paused_at + (f" (+{paused - 1} more paused)" if paused > 1 else "")
-    if record.finished and record.exit_code is not None:
-        return f"exit {record.exit_code}"
-    attempt = record.attempts[-1] if record.attempts else None
-    if record.state.value == "queued" and attempt and attempt.job:
-        return f"job {attempt.job}"
-    return record.detail[:40] if record.finished else ""
 
 
 def _processes(record: RunRecord) -> str:
@@ -205,7 +178,7 @@ def runs_table(records: Sequence[RunRecord], now: float) -> str:
                 age(now - r.created_at),
                 tries,
                 *((_processes(r),) * procs),
-                _where(r),
+                r.where(),
             )
         )
     widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]

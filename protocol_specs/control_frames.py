@@ -54,6 +54,8 @@ __all__ = [
     "TokenCreated",
     "TokenList",
     "TunnelOpened",
+    "WebCode",
+    "WebLogin",
 ]
 
 
@@ -291,6 +293,27 @@ class TokenCreated(BaseModel):
     info: TokenInfo
 
 
+class WebLogin(BaseModel):
+    """A one-time code that opens a web view session as the caller (``tether ui``): good once,
+    for ``protocol_specs.web.CODE_TTL`` s."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.WEB_LOGIN] = FrameType.WEB_LOGIN
+    rid: int
+
+
+class WebCode(BaseModel):
+    """The code, and the relay's address as browsers reach it if its operator set one
+    (``public_url``; else the client's own relay URL is the web view's, over HTTP)."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.WEB_CODE] = FrameType.WEB_CODE
+    rid: int
+    code: str
+    expires_in: float
+    base: str = ""
+
+
 class ListTokens(BaseModel):
     """One's own tokens (admins: everyone's, or ``user``'s)."""
 
@@ -394,4 +417,6 @@ AnyControlFrame = (
     | AuditLog
     | OpenTunnel
     | TunnelOpened
+    | WebLogin
+    | WebCode
 )

@@ -71,6 +71,7 @@ class Act(StrEnum):
     CREATE_ANY_TOKEN = "`create_token` for others or with `admin`/`backend`"
     LIST_TOKENS = "`list_tokens`"
     REVOKE_TOKEN = "`revoke_token`"
+    WEB_LOGIN = "`web_login`: a one-time link into the web view"
     PUBLISH_DAP = "publish a DAP entry"
     PUBLISH_PRESENCE = "publish a presence entry"
     PUBLISH_STATUS = "publish a status entry"
@@ -124,6 +125,7 @@ _ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule, Rule]] = {
     Act.CREATE_ANY_TOKEN: (N, Y, N, N, N),
     Act.LIST_TOKENS: (OWN, Y, N, N, N),
     Act.REVOKE_TOKEN: (OWN, Y, N, N, N),
+    Act.WEB_LOGIN: (Y, Y, N, N, N),
     # a user's run connection is an IDE's, a worker token's a worker's: the roles decide these
     Act.PUBLISH_DAP: (OWN, Y, N, A, N),
     Act.PUBLISH_PRESENCE: (OWN, Y, N, N, N),

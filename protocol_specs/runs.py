@@ -148,6 +148,8 @@ _BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 _MOUNT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=/-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+#: an interpreter's file name (``python``, ``python3``, ``python3.11``)
+_PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
 #: what a secret environment value looks like wherever users can see it
 REDACTED = "<secret>"
 _PARTITION = re.compile(r"^[A-Za-z0-9_.-]{0,64}$")
@@ -297,6 +299,18 @@ class RunSpec(BaseModel):
             raise ValueError(f"secret_env names variables not in env: {', '.join(unknown[:5])}")
         return self
 
+    def display_name(self) -> str:
+        """What a list calls the run: its name, else its command without the interpreter's path
+        and options (``train.py --lr 3e-4``, ``-m trainer``)."""
+        if self.name:
+            return self.name
+        words = list(self.command)
+        if words and _PYTHON_NAME.fullmatch(re.split(r"[\\/]", words[0])[-1]):
+            words = words[1:]
+            while words and words[0].startswith("-") and words[0] not in ("-m", "-c"):
+                words = words[1:]
+        return " ".join(words) or " ".join(self.command)
+
     def secrets(self) -> list[str]:
         """The secret values (non-empty), longest first."""
         values = {self.env[name] for name in self.secret_env if self.env.get(name)}
@@ -439,6 +453,15 @@ class RunRecord(BaseModel):
     #: debug mode: the program is held before its first line until an IDE configures the
     #: debugger (the worker said ``waiting_for_ide``, not yet ``debugger_live``)
     waiting_for_ide: bool = False
+    #: the adapters (their ``origin``) with an IDE attached now, as their presence entries say
+    ides: list[str] = Field(default_factory=list, max_length=16)
+
+    def with_ide(self, origin: str, attached: bool) -> RunRecord:
+        """The record with adapter ``origin``'s IDE attached or gone (a finished run has none)."""
+        ides = [o for o in self.ides if o != origin]
+        if attached and not self.finished:
+            ides = [*ides, origin][-16:]
+        return self if ides == self.ides else self.model_copy(update={"ides": ides})
 
     def waiting(self, attempt: int, waiting: bool) -> RunRecord:
         """The record with :attr:`waiting_for_ide` as the worker of ``attempt`` said; raises
@@ -497,7 +520,7 @@ class RunRecord(BaseModel):
                 outcome=updated.state.value,
                 exit_code=updated.exit_code,
                 detail=updated.detail,
-            )
+            ).model_copy(update={"ides": []})
         if updated.state is not RunState.PAUSED:
             updated = updated.model_copy(update={"paused_at": ""})
         if updated.state is not RunState.RUNNING:
@@ -549,3 +572,16 @@ class RunRecord(BaseModel):
     @property
     def finished(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    def where(self) -> str:
+        """Where the run is, in a few words: paused where (and how many more processes are),
+        its exit code, its scheduler job while queued, or why it ended."""
+        if self.paused_at:
+            paused = sum(1 for row in self.processes.values() if row.state == "paused")
+            return self.paused_at + (f" (+{paused - 1} more paused)" if paused > 1 else "")
+        if self.finished and self.exit_code is not None:
+            return f"exit {self.exit_code}"
+        attempt = self.attempts[-1] if self.attempts else None
+        if self.state is RunState.QUEUED and attempt and attempt.job:
+            return f"job {attempt.job}"
+        return self.detail[:40] if self.finished else ""

@@ -68,6 +68,8 @@ from .control_frames import (
     TokenCreated,
     TokenList,
     TunnelOpened,
+    WebCode,
+    WebLogin,
 )
 from .runs import RunRecord
 from .stream_entries import (
@@ -148,6 +150,8 @@ __all__ = [
     "TokenList",
     "TunnelEntry",
     "TunnelOpened",
+    "WebCode",
+    "WebLogin",
     "Welcome",
     "WireError",
     "decode_entry",

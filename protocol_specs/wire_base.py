@@ -57,6 +57,8 @@ class FrameType(StrEnum):
     AUDIT = "audit"
     OPEN_TUNNEL = "open_tunnel"
     TUNNEL = "tunnel"
+    WEB_LOGIN = "web_login"
+    WEB_CODE = "web_code"
 
 
 class ErrorCode(StrEnum):

@@ -51,6 +51,11 @@ class RelayConfig:
     #: asked about within ``blob_grace`` is spared (the submit that asked is about to name it)
     blob_gc_interval: float = 24 * 3600.0
     blob_grace: float = 24 * 3600.0
+    #: serve the web view (``/ui``) on the relay's port
+    web: bool = True
+    #: the relay's address as browsers reach it (``https://tether.example.com``) when a proxy
+    #: stands in front of it: the web view's links and its same-origin check use it
+    public_url: str = ""
 
     @property
     def sweep_interval(self) -> float:

@@ -25,6 +25,7 @@ from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord
 from protocol_specs.snapshots import Manifest
 from protocol_specs.trees import TreeError
+from protocol_specs.web import CODE_TTL
 from protocol_specs.wire import ErrorCode, WireError
 
 from . import keys
@@ -37,6 +38,7 @@ from .gate import Peer
 from .registry import Registry
 from .trees import CheckedTrees, Rooted, check_tree
 from .tunnels import Tunnels
+from .web.sessions import WebSessions, may_log_in
 
 __all__ = ["Control"]
 
@@ -89,6 +91,7 @@ class Control:
         self.config = config
         #: the subtrees each user had checked lately: a second submit reads what changed
         self.checked = CheckedTrees(config.blob_grace / 2, registry.clock)
+        self.sessions = WebSessions(registry.store, tokens, clock=registry.clock)
 
     async def serve(self, peer: Peer, who: Principal, token: str) -> None:
         conn = _Conn(peer, who, token)
@@ -156,21 +159,14 @@ class Control:
                 return _run_info(got, rid)
             case wire.Rerun():
                 record = await self._run(who, Act.RERUN, frame.run)
-                again: Manifest | Rooted = (
-                    Rooted.of(record) if record.tree else await self.registry.manifest_of(record.id)
-                )
-                got = await self.registry.submit(
-                    record.spec, again, owner=who.user, rerun_of=record.id
-                )
-                if isinstance(got, RunRecord):
-                    await self._audit(got.id, "submit", conn, detail=f"rerun of {record.id}")
-                    await self._audit(record.id, "rerun", conn, detail=f"as {got.id}")
+                got = await self.rerun(record, who, source=conn.peer.source, role="control")
                 return _run_info(got, rid)
             case wire.Cancel():
                 record = await self._run(who, Act.CANCEL, frame.run)
-                await self._audit(record.id, "cancel", conn, detail=frame.detail)
-                cancelled = await self.registry.cancel(record.id, frame.detail)
-                return _run_info(cancelled or record, rid)
+                cancelled = await self.cancel_run(
+                    record, who, source=conn.peer.source, role="control", detail=frame.detail
+                )
+                return _run_info(cancelled, rid)
             case wire.GetRun():
                 record = await self._run(who, Act.GET_RUN, frame.run)
                 return _run_info(await self.registry.with_liveness(record), rid)
@@ -248,6 +244,17 @@ class Control:
                 )
                 log.info("token %s for %s created by %s", made.id, user, who)
                 return wire.TokenCreated(rid=frame.rid, token=token, info=made.info())
+            case wire.WebLogin():
+                self._allow(who, Act.WEB_LOGIN)
+                held = await self.tokens.get(who.token)
+                why = "no such token" if held is None else may_log_in(held)
+                if held is None or why:
+                    return wire.Error(code=ErrorCode.FORBIDDEN, message=why, rid=rid)
+                code = await self.sessions.new_code(held)
+                log.info("web login code for %s (token %s)", who.user, who.token)
+                return wire.WebCode(
+                    rid=frame.rid, code=code, expires_in=CODE_TTL, base=self.config.public_url
+                )
             case wire.ListTokens():
                 self._allow(who, Act.LIST_TOKENS)
                 records = await self.tokens.list(frame.user if who.admin else who.user)
@@ -270,6 +277,29 @@ class Control:
             message=f"{frame.t!r} frames are not valid on a control connection",
             rid=rid,
         )
+
+    # --- what the web view does too ---------------------------------------------------------------
+
+    async def rerun(
+        self, record: RunRecord, who: Principal, *, source: str, role: str
+    ) -> RunRecord | wire.Error:
+        """Submit ``record``'s run again, on its snapshot, as ``who`` (authorised already)."""
+        again: Manifest | Rooted = (
+            Rooted.of(record) if record.tree else await self.registry.manifest_of(record.id)
+        )
+        got = await self.registry.submit(record.spec, again, owner=who.user, rerun_of=record.id)
+        if isinstance(got, RunRecord):
+            said = {"source": source, "role": role}
+            await self.audit.record(got.id, "submit", who, detail=f"rerun of {record.id}", **said)
+            await self.audit.record(record.id, "rerun", who, detail=f"as {got.id}", **said)
+        return got
+
+    async def cancel_run(
+        self, record: RunRecord, who: Principal, *, source: str, role: str, detail: str
+    ) -> RunRecord:
+        """Cancel ``record``'s run as ``who`` (authorised already); the record after."""
+        await self.audit.record(record.id, "cancel", who, source=source, role=role, detail=detail)
+        return await self.registry.cancel(record.id, detail) or record
 
     # --- decisions --------------------------------------------------------------------------------
 

@@ -42,6 +42,13 @@ key                            type    contents                                 
 ``tether:leases``              zset    ``R#attempt`` of running attempts, scored   relay         relay sweeps
                                        by when their worker's lease expires
 ``tether:delayed``             zset    retried run ids scored by when they queue   relay         relay sweeps
+``tether:changes``             stream  each run record as written (redacted JSON),  relay         relay (web
+                                       the newest 1000: the web view's live pages                 view)
+``tether:web:session:<h>``     hash    ``session``: a web session (user, token id,  relay         relay (web)
+                                       CSRF token), ``<h>`` the SHA-256 of its id;
+                                       expires with it
+``tether:web:code:<h>``        hash    a one-time login code's token id (taken     relay         relay (web)
+                                       once); expires after two minutes
 =============================  ======  =========================================  ============  ============
 
 Each backend's queue is read through the consumer group :data:`POOL_GROUP`; an entry is acknowledged
@@ -53,6 +60,7 @@ deleted as soon as the reading side reported receiving them (``received`` frames
 from __future__ import annotations
 
 __all__ = [
+    "CHANGES",
     "CLOSED",
     "DELAYED",
     "LEASES",
@@ -81,6 +89,8 @@ __all__ = [
     "user_blobs",
     "user_runs",
     "watchers_key",
+    "web_code",
+    "web_session",
 ]
 
 POOL_GROUP = "pool"
@@ -88,6 +98,17 @@ RUNS = "tether:runs"
 LEASES = "tether:leases"
 DELAYED = "tether:delayed"
 TOKENS = "tether:tokens"
+#: every run record as written (redacted), for the web view's live pages; the newest are kept
+CHANGES = "tether:changes"
+CHANGES_KEPT = 1000
+
+
+def web_session(hashed: str) -> str:
+    return f"tether:web:session:{hashed}"
+
+
+def web_code(hashed: str) -> str:
+    return f"tether:web:code:{hashed}"
 
 
 def token(token_id: str) -> str:

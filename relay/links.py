@@ -279,6 +279,9 @@ class Links:
                         await self.store.append(
                             keys.stream(run_id, StreamName.TO_WORKER), wire.encode_entry(gone)
                         )
+                        await self.registry.update(
+                            run_id, lambda record: record.with_ide(gone.origin, False)
+                        )
                     except StoreError as exc:
                         log.warning("run %s: cannot record an IDE leaving: %s", run_id, exc)
 
@@ -541,6 +544,9 @@ class Links:
                 event = "attach" if entry.attached else "detach"
                 await self.audit.record(
                     link.run_id, event, link.who, source=link.peer.source, role="ide"
+                )
+                await self.registry.update(
+                    link.run_id, lambda record: record.with_ide(entry.origin, entry.attached)
                 )
             link.presence = entry
         await self._tell(link, wire.Ack(n=frame.n, cursor=got.cursor))

@@ -126,8 +126,18 @@ class Registry:
                 return None
             stored = _encode(updated)
             if await self.store.set_versioned(keys.record(run_id), RECORD_FIELD, stored, version):
+                await self.changed(updated)
                 return Change(record, updated, version + 1)
         raise StoreError(f"run {run_id}: {MAX_CONFLICTS} other writers came first; giving up")
+
+    async def changed(self, record: RunRecord) -> None:
+        """Tell the web view's live pages (``keys.CHANGES``) that ``record`` was written. A failure
+        costs them this change (they show it once reloaded): it never fails the write itself."""
+        try:
+            payload = record.redacted().model_dump_json().encode()
+            await self.store.append(keys.CHANGES, payload, maxlen=keys.CHANGES_KEPT)
+        except StoreError as exc:
+            log.warning("run %s: could not announce its change: %s", record.id, exc)
 
     async def create(self, record: RunRecord) -> bool:
         """Store a new run's record; False if the id is taken."""
@@ -320,6 +330,7 @@ class Registry:
             detail=f"queued on {spec.backend}: waiting for a worker",
         )
         await self.enqueue(record)
+        await self.changed(record)
         return record
 
     async def live_digests(self) -> set[str]:

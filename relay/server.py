@@ -54,6 +54,8 @@ from .links import Links
 from .registry import Registry
 from .store import Store, StoreError
 from .trees import expand_tree
+from .web.live import serve_live
+from .web.server import Web
 from .webhook import notify_unattended_stop
 
 __all__ = ["SERVER_NAME", "Relay", "RelayConfig", "serve_relay", "server_port"]
@@ -116,11 +118,24 @@ class Relay:
             config,
             tunnels=self.links.tunnels,
         )
+        self.web = Web(
+            self.registry,
+            self.control,
+            self.tokens,
+            self.audit,
+            self.gate,
+            tls=False,
+            public_url=config.public_url,
+            clock=clock,
+        )
 
     async def handle(self, ws: ServerConnection) -> None:
         keep_alive(ws, self.config)
         try:
-            await self._serve(ws)
+            if ws in self.web.live:
+                await serve_live(self.web, self.fanout, ws, recheck=self.config.recheck)
+            else:
+                await self._serve(ws)
         finally:
             self.ended += 1
 
@@ -198,6 +213,7 @@ async def serve_relay(
     """Serve the relay until cancelled (over TLS with ``ssl``: ``wss://``);
     ``task_status.started`` gets the websockets ``Server``."""
     relay = Relay(store, blobs=blobs, config=config)
+    relay.web.tls = ssl is not None
     async with trio.open_nursery() as nursery:
         relay.background = nursery
         await nursery.start(relay.fanout.listen)
@@ -214,6 +230,7 @@ async def serve_relay(
             ssl=ssl,
             max_size=wire.MAX_HELLO_BYTES,  # raised per role once the token is checked
             ping_interval=None,  # the kernel's keepalive instead: see keep_alive
+            process_request=relay.web.process_request if relay.config.web else None,
             task_status=task_status,
         )
 

@@ -20,6 +20,7 @@ from .runs import (
     cmd_rerun,
     cmd_run,
     cmd_status,
+    cmd_ui,
 )
 from .service import cmd_backend, cmd_relay, cmd_up, cmd_worker
 from .settings import DEFAULT_RELAY_PORT, count, parse_duration, parse_ranks
@@ -152,6 +153,17 @@ def _run_commands(sub: _Commands) -> None:
     )
     s.add_argument("--json", action="store_true", help="the run record as JSON")
     s.set_defaults(fn=cmd_status)
+
+    s = sub.add_parser("ui", help="log into the web view: print (and open) a one-time link")
+    relay_flag(s)
+    s.add_argument("run", nargs="?", help="open this run's page (its id, a prefix, or its name)")
+    s.add_argument(
+        "--open",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="open the link in the browser (default: on; --no-open only prints it)",
+    )
+    s.set_defaults(fn=cmd_ui)
 
     s = sub.add_parser("logs", help="print a run's output (stdout and stderr)")
     relay_flag(s)

@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 import time
+from urllib.parse import urlencode
 
 import trio
 
@@ -15,10 +16,11 @@ from adapter.render import Clock, Progress, Terminal, launch_json, runs_table, s
 from protocol_specs import wire
 from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
+from protocol_specs.web import run_path
 from relay.client import Endpoint, RelayError, follow_logs, open_control
 
 from .errors import control_call
-from .settings import resolve_relay
+from .settings import resolve_relay, web_url
 from .submission import build_spec, submit_run
 
 __all__ = [
@@ -340,10 +342,34 @@ async def cmd_ls(args: argparse.Namespace) -> int:
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
-    async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
+    endpoint = resolve_relay(args.relay, args)
+    async with open_control(endpoint, client="tether-cli") as control:
         record = await control_call(control.get_run(args.run))
     if args.json:
         print(record.model_dump_json(indent=2))
     else:
         print(status_text(record, time.time()))
+        print(f"page       {web_url(endpoint.url, run_path(record.id))}")
+    return 0
+
+
+async def cmd_ui(args: argparse.Namespace) -> int:
+    """``tether ui [RUN]``: a link that logs this user into the web view once, opened in the
+    browser (the code is in the link's fragment, which no server log or Referer ever holds)."""
+    endpoint = resolve_relay(args.relay, args)
+    async with open_control(endpoint, client="tether-cli") as control:
+        path = "/ui"
+        if args.run:
+            path = run_path((await control_call(control.get_run(args.run))).id)
+        got = await control_call(control.web_login())
+    fragment = urlencode({"code": got.code, **({"next": path} if path != "/ui" else {})})
+    link = web_url(endpoint.url, "/ui/login", got.base) + "#" + fragment
+    print(f"tether ui: open {link}")
+    print(
+        f"  (it logs you in once, within {got.expires_in:.0f} s; the page itself is {web_url(endpoint.url, path, got.base)})"
+    )
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(link)
     return 0

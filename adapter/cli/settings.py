@@ -73,6 +73,16 @@ def resolve_relay(flag: str | None, args: argparse.Namespace | None = None) -> E
     return Endpoint(relay_url(url), token=token, ca_file=ca_file)
 
 
+def web_url(relay: str, path: str = "/ui", base: str = "") -> str:
+    """The web view's address for ``path``: under ``base`` (the relay's ``public_url``, when its
+    operator set one), else on the relay's own host and port over HTTP(S)."""
+    if base:
+        return base.rstrip("/") + path
+    scheme, _, rest = relay.partition("://")
+    host = rest.split("/", 1)[0]
+    return f"{'https' if scheme == 'wss' else 'http'}://{host}{path}"
+
+
 def relay_url(url: str) -> str:
     """A relay's WebSocket URL: ``ws://`` or ``wss://``; an ``http(s)://`` one is refused with the
     right spelling, a bare ``host:port`` is taken as ``ws://host:port``."""

@@ -227,6 +227,10 @@ class ControlClient:
         )
         return reply.token, reply.info
 
+    async def web_login(self) -> wire.WebCode:
+        """A one-time code that opens a web view session as this connection's user."""
+        return await self._call(wire.WebLogin, wire.WebCode)
+
     async def list_tokens(self, user: str = "") -> list[TokenInfo]:
         return (await self._call(wire.ListTokens, wire.TokenList, user=user)).tokens
 

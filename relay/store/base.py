@@ -193,6 +193,10 @@ class Store(Protocol):
         """The id of the newest entry still in the stream, ``None`` if there is none."""
         ...
 
+    async def read_last(self, stream: str, count: int) -> list[Entry]:
+        """The newest ``count`` entries, oldest first (a page showing a log's tail)."""
+        ...
+
     def blocking_reader(self) -> AbstractAsyncContextManager[BlockingReader]:
         """A reader with its own connection, closed when the context exits."""
         ...
@@ -348,8 +352,9 @@ class Store(Protocol):
         """Seconds until ``key`` expires; ``None`` if it does not exist or never expires."""
         ...
 
-    async def zrange_desc(self, key: str, count: int) -> list[str]:
-        """The ``count`` members with the highest scores, highest first (ties: member descending)."""
+    async def zrange_desc(self, key: str, count: int, *, start: int = 0) -> list[str]:
+        """The ``count`` members with the highest scores after the ``start`` highest, highest first
+        (ties: member descending)."""
         ...
 
     async def delete(self, *keys: str) -> None: ...

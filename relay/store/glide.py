@@ -231,6 +231,15 @@ class GlideStore:
             reply = await self._client.xrevrange(stream, glide.MaxId(), glide.MinId(), count=1)
         return as_text(next(iter(reply))) if reply else None
 
+    async def read_last(self, stream: str, count: int) -> list[Entry]:
+        import glide
+
+        if count < 1:
+            return []
+        with glide_errors(f"XREVRANGE {stream} COUNT {count}"):
+            reply = await self._client.xrevrange(stream, glide.MaxId(), glide.MinId(), count=count)
+        return stream_entries(reply)[::-1]
+
     @asynccontextmanager
     async def blocking_reader(self) -> AsyncIterator[BlockingReader]:
         reader = GlideReader(self._config)
@@ -433,13 +442,14 @@ class GlideStore:
             ms = await self._client.pttl(key)
         return ms / 1000 if ms >= 0 else None
 
-    async def zrange_desc(self, key: str, count: int) -> list[str]:
+    async def zrange_desc(self, key: str, count: int, *, start: int = 0) -> list[str]:
         import glide
 
         if count < 1:
             return []
+        span = glide.RangeByIndex(start, start + count - 1)
         with glide_errors(f"ZRANGE {key} REV"):
-            members = await self._client.zrange(key, glide.RangeByIndex(0, count - 1), reverse=True)
+            members = await self._client.zrange(key, span, reverse=True)
         return [as_text(m) for m in members]
 
     async def delete(self, *keys: str) -> None:

@@ -240,6 +240,13 @@ class MemoryStore:
         s, cursor = await self._range(stream, after, count)
         return s.numbered_after(cursor, count) if s else []
 
+    async def read_last(self, stream: str, count: int) -> list[Entry]:
+        await trio.lowlevel.checkpoint()
+        s = self._get(stream, _Stream)
+        if s is None or count < 1:
+            return []
+        return s.after(START, len(s.ids))[-count:]
+
     async def _range(self, stream: str, after: str, count: int) -> tuple[_Stream | None, StreamId]:
         check_read_args(0, count)
         cursor = parse_id(after)
@@ -533,11 +540,11 @@ class MemoryStore:
         deadline = self._expiry.get(key)
         return None if deadline is None or key not in self._data else deadline - self._clock()
 
-    async def zrange_desc(self, key: str, count: int) -> list[str]:
+    async def zrange_desc(self, key: str, count: int, *, start: int = 0) -> list[str]:
         await trio.lowlevel.checkpoint()
         z: Mapping[str, float] = self._get(key, _ZSet) or {}
         ranked = sorted(z.items(), key=lambda item: (item[1], item[0]), reverse=True)
-        return [member for member, _ in ranked[: max(count, 0)]]
+        return [member for member, _ in ranked[start : start + max(count, 0)]]
 
     async def delete(self, *keys: str) -> None:
         await trio.lowlevel.checkpoint()

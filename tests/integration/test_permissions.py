@@ -289,6 +289,8 @@ async def _control_act(act: Act, c: object, s: Scene) -> str:
             await c.create_token(user="carol")
         case Act.LIST_TOKENS:
             return "ok" if s.spare_token in {t.id for t in await c.list_tokens()} else "scoped"
+        case Act.WEB_LOGIN:
+            await c.web_login()
         case Act.REVOKE_TOKEN:
             try:
                 await c.revoke_token(s.spare_token)

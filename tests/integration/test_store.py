@@ -86,6 +86,14 @@ async def test_last_id(store: Store) -> None:
     assert await store.last_id("s") == last
 
 
+async def test_read_last_is_the_tail_oldest_first(store: Store) -> None:
+    assert await store.read_last("s", 3) == []
+    ids = [await store.append("s", bytes([i])) for i in range(5)]
+    assert await store.read_last("s", 2) == [(ids[3], b"\x03"), (ids[4], b"\x04")]
+    assert [i for i, _ in await store.read_last("s", 10)] == ids
+    assert await store.read_last("s", 0) == []
+
+
 async def test_payloads_are_kept_byte_for_byte(store: Store) -> None:
     payloads = [bytes(range(256)) * 4, b"", b"\x00", "é".encode()]
     ids = [await store.append("s", p) for p in payloads]
@@ -484,6 +492,10 @@ async def test_sorted_set_newest_first(store: Store) -> None:
     assert await store.zrange_desc("runs", 10) == ["old", "new", "mid2", "mid"]
     assert await store.zrange_desc("runs", 0) == []
     assert await store.zrange_desc("missing", 5) == []
+    # pages: from a position in the ranking
+    assert await store.zrange_desc("runs", 2, start=1) == ["new", "mid2"]
+    assert await store.zrange_desc("runs", 5, start=3) == ["mid"]
+    assert await store.zrange_desc("runs", 5, start=4) == []
 
 
 async def test_sorted_set_conditional_add_remove_and_range_by_score(store: Store) -> None:

@@ -75,6 +75,8 @@ FRAMES: list[wire.AnyFrame] = [
     wire.Assigned(rid=10, run=RECORD, manifest=MANIFEST, token="tthw_x"),
     wire.CreateToken(rid=12, user="you", scopes=[Scope.RUNS, Scope.ADMIN], expires_in=60),
     wire.TokenCreated(rid=12, token="tthu_x", info=INFO),
+    wire.WebLogin(rid=13),
+    wire.WebCode(rid=13, code="c" * 43, expires_in=120.0, base="https://tether.example.com"),
     wire.ListTokens(rid=13, user="you"),
     wire.TokenList(rid=13, tokens=[INFO]),
     wire.RevokeToken(rid=14, id="0123456789abcdef"),

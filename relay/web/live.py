@@ -1,0 +1,118 @@
+"""The web view's live WebSocket: what changed, pushed to an open page as it happens.
+
+A page opens ``/ui/live`` (accepted by :meth:`relay.web.server.Web.process_request`, which checked
+the session and the origin) naming what it shows and the cursors it was rendered at. This module
+then follows, through the relay's :class:`~relay.fanout.Fanout` (one Redis subscription per relay
+process, notices carrying the entry: no reads per viewer while it keeps up):
+
+- ``tether:changes``, every run record as written: a list page gets the row of each run it may
+  see (``{"t": "row", "id", "match", "html"}``: ``match`` false means the run left its filter), a
+  run's page the new summary of its run (``{"t": "summary", "html"}``);
+- on a run's page, the run's logs stream: ``{"t": "log", "text"}``.
+
+The page sends nothing that matters (whatever it sends is read and dropped). The session is looked
+at again every ``recheck`` s: once it is over (logged out, its token revoked) the socket closes.
+Messages are built by the same functions that rendered the page.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import orjson
+import trio
+from websockets.exceptions import ConnectionClosed
+from websockets.trio.server import ServerConnection
+
+from protocol_specs.runs import RunRecord
+from protocol_specs.wire import StreamName
+
+from .. import keys
+from ..fanout import Fanout
+from .pages import run_row, run_summary
+from .server import LiveView, LogText, Web
+
+__all__ = ["serve_live"]
+
+log = logging.getLogger("tether.relay.web")
+
+
+async def serve_live(web: Web, fanout: Fanout, ws: ServerConnection, *, recheck: float) -> None:
+    view = web.live.pop(ws, None)
+    if view is None:
+        await ws.aclose(1008, "not accepted")
+        return
+    clock = web.clock
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_drain, ws, nursery.cancel_scope)
+            nursery.start_soon(_recheck, web, ws, view, recheck, nursery.cancel_scope)
+            nursery.start_soon(_changes, fanout, ws, view, clock)
+            if view.run is not None:
+                nursery.start_soon(_logs, fanout, ws, view)
+    except* ConnectionClosed:
+        pass
+    await ws.aclose()
+
+
+async def _drain(ws: ServerConnection, done: trio.CancelScope) -> None:
+    try:
+        while True:
+            await ws.recv()
+    except ConnectionClosed:
+        done.cancel()
+
+
+async def _recheck(
+    web: Web, ws: ServerConnection, view: LiveView, every: float, done: trio.CancelScope
+) -> None:
+    while True:
+        await trio.sleep(every)
+        if await web.sessions.get(view.session) is None:
+            log.info("closing a live page of %s: its session is over", view.who)
+            await ws.aclose(1008, "the session is over")
+            done.cancel()
+            return
+
+
+async def _changes(
+    fanout: Fanout, ws: ServerConnection, view: LiveView, clock: Callable[[], float]
+) -> None:
+    who = view.who
+    async with fanout.subscribe(keys.CHANGES, view.changes_cursor) as changes:
+        while True:
+            for item in await changes.next_batch():
+                if item.payload is None:
+                    continue
+                record = RunRecord.model_validate_json(item.payload)
+                if view.run is not None:
+                    if record.id == view.run.id:
+                        html = run_summary(record, clock())
+                        await ws.send(orjson.dumps({"t": "summary", "html": html}).decode())
+                    continue
+                query = view.query
+                if not (who.admin or record.owner == who.user) or query is None:
+                    continue
+                if query.owner and record.owner != query.owner:
+                    continue
+                message = {
+                    "t": "row",
+                    "id": record.id,
+                    "match": query.matches(record.state, record.spec.tags, record.owner),
+                    "html": run_row(record, clock()),
+                }
+                await ws.send(orjson.dumps(message).decode())
+
+
+async def _logs(fanout: Fanout, ws: ServerConnection, view: LiveView) -> None:
+    assert view.run is not None
+    log_text = LogText()
+    log_text.at_line_start = view.logs_at_line_start
+    stream = keys.stream(view.run.id, StreamName.LOGS)
+    async with fanout.subscribe(stream, view.logs_cursor) as logs:
+        while True:
+            items = await logs.next_batch()
+            text = "".join(log_text(item.payload) for item in items if item.payload is not None)
+            if text:
+                await ws.send(orjson.dumps({"t": "log", "text": text}).decode())

@@ -1,0 +1,371 @@
+"""The web view's HTML: every page and fragment as a function of plain data (no I/O).
+
+Everything shown is escaped here (:func:`h`); the pages load one stylesheet and one script from
+``/ui/static`` and carry no inline script or style, so the Content-Security-Policy forbids every
+other. The fragments a live page replaces (:func:`run_row`, :func:`run_summary`) are the same
+functions the first render used: a pushed row is the row a reload would show.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from html import escape
+from urllib.parse import urlencode
+
+from protocol_specs.auth import Principal
+from protocol_specs.runs import RunRecord, RunState
+from protocol_specs.web import ListQuery, run_path
+from protocol_specs.wire import AuditEntry
+
+from .listing import Page
+
+__all__ = [
+    "error_page",
+    "h",
+    "login_page",
+    "run_page",
+    "run_row",
+    "run_summary",
+    "runs_page",
+]
+
+#: the adapter port ``tether attach`` serves by default (``adapter.cli.settings``)
+ADAPTER_PORT = 5678
+
+
+def h(text: object) -> str:
+    return escape(str(text), quote=True)
+
+
+def ago(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{max(seconds, 0):.0f}s"
+
+
+def _stamp(at: float, now: float, *, suffix: str = " ago") -> str:
+    if not at:
+        return "-"
+    full = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+    return f'<time datetime="{iso}" title="{full}">{ago(now - at)}{suffix}</time>'
+
+
+def _layout(
+    title: str, body: str, *, who: Principal | None = None, csrf: str = "", live: str = ""
+) -> str:
+    user = ""
+    if who is not None:
+        role = " (admin)" if who.admin else ""
+        user = (
+            f'<span class="who">{h(who.user)}{role}</span>'
+            '<button type="button" class="link" data-post="/ui/logout" '
+            'data-then="/ui/login">Log out</button>'
+        )
+    meta = f'<meta name="tether-csrf" content="{h(csrf)}">' if csrf else ""
+    live_attr = f' data-live="{h(live)}"' if live else ""
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<title>{h(title)} · tether</title>{meta}<link rel="icon" href="data:,">'
+        '<link rel="stylesheet" href="/ui/static/app.css">'
+        '<script src="/ui/static/app.js" defer></script></head>'
+        f'<body{live_attr}><header class="top"><a class="brand" href="/ui">tether</a>'
+        f'<span class="live-dot" title="live updates" hidden></span>'
+        f"<nav>{user}</nav></header><main>{body}</main></body></html>"
+    )
+
+
+def error_page(status: int, message: str, who: Principal | None = None) -> str:
+    body = (
+        f'<section class="card error"><h1>{status}</h1><p>{h(message)}</p>'
+        '<p><a href="/ui">All runs</a></p></section>'
+    )
+    return _layout(str(status), body, who=who)
+
+
+def login_page(message: str = "") -> str:
+    note = f'<p class="flash" role="alert">{h(message)}</p>' if message else ""
+    body = (
+        '<section class="card login"><h1>Log in</h1>'
+        "<p>Paste a tether token (<code>tether token create</code>), or open the link "
+        "<code>tether ui</code> prints.</p>"
+        f'{note}<form id="login" autocomplete="off">'
+        '<label for="token">Token</label>'
+        '<input id="token" name="token" type="password" placeholder="tthu_…" required '
+        'spellcheck="false" autocomplete="off">'
+        '<button type="submit">Log in</button>'
+        '<p class="flash" id="login-error" role="alert" hidden></p></form></section>'
+    )
+    return _layout("Log in", body)
+
+
+# --- the runs list --------------------------------------------------------------------------------
+
+
+def _state_badge(record: RunRecord) -> str:
+    state = record.state.value
+    label = state
+    if record.silent_for:
+        label = f"{state} (worker silent {ago(record.silent_for)})"
+    elif record.waiting_for_ide and record.state is RunState.RUNNING:
+        label = "waiting for an IDE"
+    return f'<span class="badge s-{h(state)}">{h(label)}</span>'
+
+
+def _where(record: RunRecord) -> str:
+    where = record.where()
+    if record.state is RunState.FAILED and record.detail and record.exit_code is not None:
+        where = f"exit {record.exit_code}: {record.detail[:80]}"
+    return h(where)
+
+
+def _duration(record: RunRecord, now: float) -> str:
+    started = next((a.started_at for a in record.attempts if a.started_at), None)
+    if started is None:
+        return "-"
+    end = record.updated_at if record.finished else now
+    return ago(end - started)
+
+
+def run_row(record: RunRecord, now: float) -> str:
+    spec = record.spec
+    last = record.attempts[-1] if record.attempts else None
+    job = f' <span class="dim">job {h(last.job)}</span>' if last and last.job else ""
+    ide = '<span class="ide" title="an IDE is attached">IDE</span>' if record.ides else ""
+    tags = "".join(f'<span class="tag">{h(t)}</span>' for t in spec.tags)
+    return (
+        f'<tr id="run-{h(record.id)}" data-state="{h(record.state.value)}">'
+        f'<td class="id"><a href="{run_path(record.id)}">{h(record.id)}</a></td>'
+        f'<td class="name">{h(spec.display_name()[:80])}{tags}</td>'
+        f"<td>{h(record.owner)}</td>"
+        f'<td class="state">{_state_badge(record)}<div class="where">{_where(record)}</div></td>'
+        f"<td>{h(spec.backend)}{job}</td>"
+        f"<td>{record.attempt}/{spec.max_retries + 1}</td>"
+        f"<td>{_stamp(record.created_at, now)}</td>"
+        f"<td>{_duration(record, now)}</td>"
+        f"<td>{ide}</td></tr>"
+    )
+
+
+def runs_page(
+    page: Page,
+    query: ListQuery,
+    who: Principal,
+    csrf: str,
+    now: float,
+    message: str = "",
+    *,
+    since: str = "0",
+) -> str:
+    options = "".join(
+        f'<option value="{s.value}"{" selected" if query.states == {s} else ""}>{s.value}</option>'
+        for s in RunState
+    )
+    owner = (
+        f'<label>Owner <input name="owner" value="{h(query.owner)}" size="10"></label>'
+        if who.admin
+        else ""
+    )
+    filters = (
+        '<form class="filters" method="get" action="/ui">'
+        f'<label>State <select name="state"><option value="">any</option>{options}</select>'
+        f"</label>{owner}"
+        f'<label>Tag <input name="tag" value="{h(query.tag)}" size="12"></label>'
+        '<button type="submit">Filter</button>'
+        + ('<a href="/ui">Clear</a>' if query != ListQuery() else "")
+        + "</form>"
+    )
+    rows = "".join(run_row(r, now) for r in page.runs)
+    if not rows:
+        rows = '<tr class="empty"><td colspan="9">No runs here.</td></tr>'
+    pager = []
+    if query.start:
+        pager.append(f'<a href="{h(query.link(start=0))}">Newest</a>')
+    if page.next_start is not None:
+        pager.append(f'<a rel="next" href="{h(query.link(start=page.next_start))}">Older</a>')
+    note = f'<p class="flash" role="alert">{h(message)}</p>' if message else ""
+    body = (
+        f'<div class="bar"><h1>Runs</h1>{filters}</div>{note}'
+        '<table class="runs"><thead><tr><th>Run</th><th>Name</th><th>Owner</th><th>State</th>'
+        "<th>Backend</th><th>Attempt</th><th>Submitted</th><th>Duration</th><th>IDE</th></tr>"
+        f'</thead><tbody id="runs" data-first="{int(query.start == 0)}">{rows}</tbody></table>'
+        f'<nav class="pager">{" ".join(pager)}</nav>'
+    )
+    params = query.link(start=0).partition("?")[2]
+    live = f"/ui/live?{params}{'&' if params else ''}{urlencode({'since': since})}"
+    return _layout("Runs", body, who=who, csrf=csrf, live=live)
+
+
+# --- one run --------------------------------------------------------------------------------------
+
+
+def _facts(record: RunRecord, now: float) -> str:
+    spec = record.spec
+    res = spec.resources
+    resources = [f"gpus {res.gpus}", f"cpus {res.cpus}"]
+    if res.memory_mb:
+        resources.append(f"mem {res.memory_mb} MiB")
+    if res.time_limit:
+        resources.append(f"time {ago(res.time_limit)}")
+    if res.partition:
+        resources.append(f"partition {res.partition}")
+    resources += [f"{name} {amount:g}" for name, amount in res.custom.items()]
+    rows = [
+        ("Command", f"<code>{h(' '.join(spec.command))}</code>"),
+        ("Mode", f"{'debug' if spec.debug else 'run'} on {h(spec.backend)}"),
+        ("Resources", h(", ".join(resources))),
+        (
+            "Snapshot",
+            f"{h(record.snapshot[:12])} · {record.files} files, "
+            f"{record.size / 1048576:.1f} MiB · from <code>{h(spec.workdir)}</code>",
+        ),
+        ("Submitted", f"{_stamp(record.created_at, now)} by {h(record.owner or '?')}"),
+        ("Retries", f"attempt {record.attempt} of at most {spec.max_retries + 1}"),
+    ]
+    if spec.tags:
+        rows.append(("Tags", "".join(f'<span class="tag">{h(t)}</span>' for t in spec.tags)))
+    if spec.env:
+        env = " ".join(f"{k}={v}" for k, v in sorted(spec.env.items()))
+        rows.append(("Environment", f"<code>{h(env)}</code>"))
+    if record.rerun_of:
+        rows.append(("Rerun of", f'<a href="{run_path(record.rerun_of)}">{h(record.rerun_of)}</a>'))
+    return '<dl class="facts">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows) + "</dl>"
+
+
+def _attempts(record: RunRecord, now: float) -> str:
+    rows = []
+    for a in record.attempts:
+        outcome = a.outcome or ("running" if a.started_at else "waiting")
+        code = "" if a.exit_code is None else str(a.exit_code)
+        where = a.worker or (f"job {a.job}" if a.job else "")
+        if a.job and a.worker:
+            where += f" (job {a.job})"
+        rows.append(
+            f"<tr><td>#{a.n}</td><td>{h(where or '-')}</td>"
+            f"<td>{_stamp(a.queued_at, now)}</td><td>{_stamp(a.started_at or 0, now)}</td>"
+            f"<td>{_stamp(a.ended_at or 0, now)}</td>"
+            f'<td><span class="badge s-{h(outcome)}">{h(outcome)}</span></td><td>{h(code)}</td>'
+            f'<td class="detail">{h(a.detail[:200])}</td></tr>'
+        )
+    return (
+        '<table class="attempts"><thead><tr><th>#</th><th>Where</th><th>Queued</th>'
+        "<th>Started</th><th>Ended</th><th>Outcome</th><th>Exit</th><th>Detail</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _processes(record: RunRecord) -> str:
+    if not record.processes:
+        return ""
+    rows = "".join(
+        f"<tr><td>{h(row.title)}</td><td>{h(row.pid or '-')}</td>"
+        f'<td><span class="badge s-{h(row.state)}">{h(row.state)}</span></td>'
+        f"<td>{h(row.where or ('exit ' + str(row.exit_code) if row.exit_code is not None else ''))}"
+        "</td></tr>"
+        for row in record.processes.values()
+    )
+    return (
+        "<h3>Processes</h3><table><thead><tr><th>Process</th><th>PID</th><th>State</th>"
+        f"<th>Where</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def run_summary(record: RunRecord, now: float) -> str:
+    """The part of a run's page that changes with its record (replaced live)."""
+    actions = []
+    if not record.finished:
+        actions.append(
+            f'<button type="button" class="danger" data-post="{run_path(record.id)}/cancel" '
+            'data-confirm="Cancel this run?">Cancel</button>'
+        )
+    actions.append(
+        f'<button type="button" data-post="{run_path(record.id)}/rerun" data-follow="1">'
+        "Rerun</button>"
+    )
+    ide = ""
+    if record.ides:
+        ide = f'<span class="ide" title="{len(record.ides)} attached">IDE attached</span>'
+    where = _where(record)
+    paused = f'<p class="paused">{where}</p>' if where else ""
+    return (
+        f'<section id="summary" data-state="{h(record.state.value)}">'
+        f'<div class="bar"><h1><span class="dim">run</span> {h(record.id)} '
+        f"<small>{h(record.spec.display_name()[:100])}</small></h1>"
+        f'<div class="actions">{"".join(actions)}</div></div>'
+        f'<p class="status">{_state_badge(record)} {ide}</p>{paused}'
+        f"{_facts(record, now)}<h2>Attempts</h2>{_attempts(record, now)}{_processes(record)}"
+        "</section>"
+    )
+
+
+def _attach(record: RunRecord) -> str:
+    launch = json.dumps(
+        {
+            "name": f"tether: run {record.id}",
+            "type": "debugpy",
+            "request": "attach",
+            "connect": {"host": "127.0.0.1", "port": ADAPTER_PORT},
+            "justMyCode": True,
+        },
+        indent=2,
+    )
+    nvim = (
+        "require('dap').run({\n"
+        "  type = 'python', request = 'attach', name = 'tether',\n"
+        f"  connect = {{ host = '127.0.0.1', port = {ADAPTER_PORT} }},\n"
+        "})"
+    )
+    return (
+        '<section class="attach"><h2>Debug it</h2>'
+        f"<p>On your machine: <code>tether attach {h(record.id)}</code>, then attach your IDE "
+        f"to 127.0.0.1:{ADAPTER_PORT}.</p>"
+        '<div class="snippets"><figure><figcaption><span>VS Code <code>launch.json</code></span>'
+        '<button type="button" class="link" data-copy="launch">Copy</button></figcaption>'
+        f'<pre id="launch">{h(launch)}</pre></figure>'
+        "<figure><figcaption>nvim-dap"
+        '<button type="button" class="link" data-copy="nvim">Copy</button></figcaption>'
+        f'<pre id="nvim">{h(nvim)}</pre></figure></div></section>'
+    )
+
+
+def _audit(entries: Sequence[AuditEntry]) -> str:
+    rows = "".join(
+        f"<tr><td>{_stamp(e.at, time.time())}</td><td>{h(e.event)}</td><td>{h(e.user or '?')}</td>"
+        f"<td>{h(e.role)}</td><td>{h(e.source)}</td><td>{h(e.detail[:200])}</td></tr>"
+        for e in reversed(entries[-200:])
+    )
+    return (
+        '<table class="audit"><thead><tr><th>When</th><th>What</th><th>Who</th><th>As</th>'
+        f"<th>From</th><th>Detail</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def run_page(
+    record: RunRecord,
+    logs: str,
+    audit: Sequence[AuditEntry],
+    who: Principal,
+    csrf: str,
+    now: float,
+    *,
+    logs_cursor: str,
+    since: str = "0",
+) -> str:
+    body = (
+        f"{run_summary(record, now)}{'' if record.finished else _attach(record)}"
+        '<section class="logs"><div class="bar"><h2>Logs</h2>'
+        '<input id="log-search" type="search" placeholder="Search the log" aria-label="Search">'
+        '<label class="follow"><input id="log-follow" type="checkbox" checked> follow</label>'
+        f'</div><pre id="log">{h(logs)}</pre></section>'
+        f"<section><h2>Audit trail</h2>{_audit(audit)}</section>"
+    )
+    # ``nl``: whether the log shown ends a line (a status marker pushed next starts a new one)
+    nl = int(not logs or logs.endswith("\n"))
+    live = "/ui/live?" + urlencode(
+        {"run": record.id, "logs": logs_cursor, "nl": nl, "since": since}
+    )
+    return _layout(f"run {record.id}", body, who=who, csrf=csrf, live=live)

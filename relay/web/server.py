@@ -1,0 +1,387 @@
+"""The web view's HTTP answers, on the relay's own port (``websockets``' ``process_request``).
+
+The relay's WebSocket server reads every request's head; :meth:`Web.process_request` answers the
+ones for the web view (``protocol_specs/web.py`` decides) and lets every other handshake through to
+the relay's WebSocket rooms, untouched. ``websockets`` reads no request body (one would end the
+connection unanswered) and keeps no connection alive after an answer: the pages' actions are
+body-less ``POST``\\ s, and each request is its own connection.
+
+What a user may see or do is decided as on a control connection: the session's token is looked up
+again on every request (revoked: logged out), and every page and action is authorised by
+:func:`protocol_specs.permissions.authorize`; another user's run is a 404, as a run that does not
+exist. Every action is in the run's audit trail (``role`` ``web``).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from importlib import resources
+
+import orjson
+import trio
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+from websockets.trio.server import ServerConnection
+
+from protocol_specs import web
+from protocol_specs.auth import Principal, TokenRecord, check_token
+from protocol_specs.permissions import Act, authorize
+from protocol_specs.runs import RunRecord
+from protocol_specs.wire import LogEntry, StatusEntry, StreamName, WireError, decode_entry
+
+from .. import keys
+from ..audit import AuditTrail
+from ..auth import TokenStore
+from ..control import Control
+from ..gate import Gate
+from ..registry import Registry
+from ..store import StoreError
+from .listing import list_page
+from .pages import error_page, login_page, run_page, runs_page
+from .sessions import Session, WebSessions, may_log_in
+
+__all__ = ["LiveView", "LogText", "Web"]
+
+log = logging.getLogger("tether.relay.web")
+
+#: log chunks a run's page shows at first (its live tail goes on from there)
+LOG_TAIL = 2000
+_TYPES = {"css": "text/css; charset=utf-8", "js": "text/javascript; charset=utf-8"}
+_STATIC = {
+    name: (resources.files(__package__) / "static" / name).read_bytes()
+    for name in ("app.css", "app.js")
+}
+
+
+@dataclass(frozen=True)
+class LiveView:
+    """What an accepted ``/ui/live`` WebSocket shows: who, and the list or the run it follows."""
+
+    who: Principal
+    session: str  #: the session's id (looked at again while the page is open)
+    query: web.ListQuery | None = None
+    run: RunRecord | None = None
+    #: where its run's logs and the changes stream are followed from
+    logs_cursor: str = "0"
+    #: whether the page's log ends a line (a marker that follows starts a new one)
+    logs_at_line_start: bool = True
+    changes_cursor: str = "0"
+
+
+class LogText:
+    """A run's logs stream as the page shows it: output as it came, each status a marker line of
+    its own (on a new line, even after output that did not end one)."""
+
+    def __init__(self) -> None:
+        self.at_line_start = True
+
+    def __call__(self, payload: bytes) -> str:
+        try:
+            entry = decode_entry(payload)
+        except WireError:
+            return ""
+        text = ""
+        if isinstance(entry, LogEntry):
+            text = entry.data.decode("utf-8", "replace")
+        elif isinstance(entry, StatusEntry):
+            text = ("" if self.at_line_start else "\n") + f"── {entry.detail or entry.event} ──\n"
+        if text:
+            self.at_line_start = text.endswith("\n")
+        return text
+
+
+class Web:
+    def __init__(
+        self,
+        registry: Registry,
+        control: Control,
+        tokens: TokenStore,
+        audit: AuditTrail,
+        gate: Gate,
+        *,
+        tls: bool,
+        public_url: str = "",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.registry = registry
+        self.store = registry.store
+        self.control = control
+        self.tokens = tokens
+        self.audit = audit
+        self.gate = gate
+        self.sessions = WebSessions(registry.store, tokens, clock=clock)
+        self.tls = tls
+        self.public_url = public_url
+        self.clock = clock
+        #: accepted live WebSockets, and what each follows (read by ``relay/web/live.py``)
+        self.live: weakref.WeakKeyDictionary[ServerConnection, LiveView] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    # --- the hook ---------------------------------------------------------------------------------
+
+    async def process_request(self, ws: ServerConnection, request: Request) -> Response | None:
+        """The answer to a web view request; ``None`` lets a relay handshake through."""
+        req = web.HttpRequest.of(request.method, request.path, request.headers.raw_items())
+        if req.upgrade and not req.path.startswith("/ui"):
+            return None  # a relay peer
+        found = web.route(req.method, req.path)
+        if isinstance(found, int):
+            return self._page(found, error_page(found, HTTPStatus(found).phrase))
+        try:
+            response = await self._answer(ws, req, found)
+        except StoreError as exc:
+            log.warning("web request %s %s: %s", req.method, req.path, exc)
+            response = self._page(503, error_page(503, "the relay lost its store; try again"))
+        if req.method == "HEAD" and response is not None:
+            response = Response(response.status_code, response.reason_phrase, response.headers)
+        return response
+
+    async def _answer(
+        self, ws: ServerConnection, req: web.HttpRequest, found: web.Match
+    ) -> Response | None:
+        match found.route:
+            case web.Route.STATIC:
+                body = _STATIC.get(found.name)
+                if body is None:
+                    return self._page(404, error_page(404, "no such file"))
+                kind = _TYPES[found.name.rpartition(".")[2]]
+                return self._response(200, body, kind, cache=True)
+            case web.Route.LOGIN_PAGE:
+                return self._page(200, login_page())
+            case web.Route.LOGIN:
+                return await self._login(ws, req)
+            case web.Route.ROOT if req.upgrade:
+                return None
+        got = await self.sessions.get(web.session_of(req, secure=self.tls))
+        if got is None:
+            return self._unauthenticated(req, found)
+        session, who = got
+        if found.route in web.ACTIONS:
+            refusal = web.origin_refusal(req, self._origin(req)) or (
+                "" if web.csrf_ok(req, session.csrf) else "the CSRF token is missing or wrong"
+            )
+            if refusal:
+                log.info("web action refused for %s: %s", who, refusal)
+                return self._json(403, {"error": refusal})
+        match found.route:
+            case web.Route.ROOT:
+                return self._redirect("/ui")
+            case web.Route.LIST:
+                return await self._list(req, session, who)
+            case web.Route.RUN:
+                return await self._run_page(found.run, session, who)
+            case web.Route.LIVE:
+                return await self._live(ws, req, who)
+            case web.Route.LOGOUT:
+                await self.sessions.close(web.session_of(req, secure=self.tls))
+                return self._json(200, {"ok": True}, cookie=web.clear_cookie(secure=self.tls))
+            case web.Route.CANCEL | web.Route.RERUN:
+                return await self._action(ws, found, who)
+        return self._page(404, error_page(404, "Not Found", who))
+
+    # --- auth -------------------------------------------------------------------------------------
+
+    async def _login(self, ws: ServerConnection, req: web.HttpRequest) -> Response:
+        refusal = web.origin_refusal(req, self._origin(req))
+        if refusal:
+            return self._json(403, {"error": refusal})
+        source = _source(ws)
+        code = req.header(web.CODE_HEADER)
+        bearer = req.header("authorization")
+        record = None
+        if code:
+            record = await self.sessions.take_code(code)
+            why = "the link is used up or expired: run `tether ui` again"
+            if record is not None:
+                why = _record_refusal(record, self.clock())
+        elif bearer.lower().startswith("bearer "):
+            token = bearer[7:].strip()
+            got = check_token(token, await self.tokens.lookup(token), self.clock())
+            if isinstance(got, Principal):
+                record = await self.tokens.get(got.token)
+                why = "" if record is not None else "the token is not valid"
+            else:
+                why = got.message
+        else:
+            why = "give a token"
+        if record is not None and not why:
+            why = may_log_in(record)
+        if why or record is None:
+            delay, _count = self.gate.throttle.failed(source, trio.current_time())
+            log.info("web login refused from %s: %s", source, why)
+            await trio.sleep(delay)
+            return self._json(401, {"error": why or "the token is not valid"})
+        opened = await self.sessions.open(record)
+        log.info("web session opened for %s (token %s) from %s", record.user, record.id, source)
+        cookie = web.session_cookie(opened.id, secure=self.tls)
+        return self._json(200, {"ok": True, "user": record.user}, cookie=cookie)
+
+    def _unauthenticated(self, req: web.HttpRequest, found: web.Match) -> Response:
+        if found.route in web.ACTIONS or found.route is web.Route.LIVE:
+            return self._json(401, {"error": "log in first"})
+        return self._redirect("/ui/login")
+
+    # --- pages ------------------------------------------------------------------------------------
+
+    async def _list(self, req: web.HttpRequest, session: Session, who: Principal) -> Response:
+        refusal = authorize(who, Act.LIST_RUNS)
+        if refusal is not None:
+            return self._page(403, error_page(403, refusal.message, who))
+        try:
+            query = web.ListQuery.parse(req.query)
+        except web.BadQuery as exc:
+            query, message = web.ListQuery(), str(exc)
+        else:
+            message = ""
+        page = await list_page(self.registry, who, query)
+        since = await self.store.last_id(keys.CHANGES) or "0"
+        html = runs_page(page, query, who, session.csrf, self.clock(), message, since=since)
+        return self._page(200, html)
+
+    async def _visible(self, run_id: str, who: Principal, act: Act) -> RunRecord | None:
+        record = await self.registry.load(run_id)
+        if authorize(who, act, record, about_run=run_id) is not None or record is None:
+            return None
+        return record
+
+    async def _run_page(self, run_id: str, session: Session, who: Principal) -> Response:
+        record = await self._visible(run_id, who, Act.GET_RUN)
+        if record is None:
+            return self._page(404, error_page(404, f"no run {run_id} (or not yours)", who))
+        record = await self.registry.with_liveness(record)
+        tail = await self.store.read_last(keys.stream(record.id, StreamName.LOGS), LOG_TAIL)
+        text = LogText()
+        logs = "".join(text(payload) for _, payload in tail)
+        cursor = tail[-1][0] if tail else "0"
+        audit = []
+        if authorize(who, Act.GET_AUDIT, record) is None:
+            audit = await self.audit.read(record.id)
+        since = await self.store.last_id(keys.CHANGES) or "0"
+        html = run_page(
+            record.redacted(),
+            logs,
+            audit,
+            who,
+            session.csrf,
+            self.clock(),
+            logs_cursor=cursor,
+            since=since,
+        )
+        return self._page(200, html)
+
+    async def _action(self, ws: ServerConnection, found: web.Match, who: Principal) -> Response:
+        act = Act.CANCEL if found.route is web.Route.CANCEL else Act.RERUN
+        record = await self._visible(found.run, who, act)
+        if record is None:
+            return self._json(404, {"error": f"no run {found.run} (or not yours)"})
+        source = _source(ws)
+        if act is Act.CANCEL:
+            done = await self.control.cancel_run(
+                record, who, source=source, role="web", detail="cancelled in the web view"
+            )
+            return self._json(200, {"ok": True, "state": done.state.value})
+        got = await self.control.rerun(record, who, source=source, role="web")
+        if not isinstance(got, RunRecord):
+            return self._json(409, {"error": got.message})
+        return self._json(200, {"ok": True, "run": got.id, "url": web.run_path(got.id)})
+
+    async def _live(
+        self, ws: ServerConnection, req: web.HttpRequest, who: Principal
+    ) -> Response | None:
+        """Accept a live WebSocket (``relay/web/live.py`` serves it) from the relay's own pages."""
+        session = web.session_of(req, secure=self.tls)
+        refusal = web.origin_refusal(req, self._origin(req))
+        if refusal or not req.upgrade:
+            return self._json(403, {"error": refusal or "a WebSocket handshake is expected"})
+        changes = req.query.get("since", "0")
+        if not web.STREAM_ID.fullmatch(changes):
+            changes = "0"
+        if run_id := req.query.get("run", ""):
+            record = await self._visible(run_id, who, Act.OPEN_LOGS)
+            if record is None:
+                return self._json(404, {"error": f"no run {run_id} (or not yours)"})
+            logs = req.query.get("logs", "0")
+            if not web.STREAM_ID.fullmatch(logs):
+                logs = "0"
+            self.live[ws] = LiveView(
+                who,
+                session,
+                run=record,
+                logs_cursor=logs,
+                logs_at_line_start=req.query.get("nl", "1") != "0",
+                changes_cursor=changes,
+            )
+        else:
+            try:
+                query = web.ListQuery.parse(req.query)
+            except web.BadQuery as exc:
+                return self._json(400, {"error": str(exc)})
+            self.live[ws] = LiveView(who, session, query=query, changes_cursor=changes)
+        return None
+
+    # --- responses --------------------------------------------------------------------------------
+
+    def _origin(self, req: web.HttpRequest) -> str:
+        return web.origin_of(req, tls=self.tls, public=self.public_url)
+
+    def _response(
+        self,
+        status: int,
+        body: bytes,
+        kind: str,
+        *,
+        cookie: str = "",
+        location: str = "",
+        cache: bool = False,
+    ) -> Response:
+        headers = Headers(
+            [
+                ("Date", _http_date()),
+                ("Connection", "close"),
+                ("Content-Type", kind),
+                ("Content-Length", str(len(body))),
+                *web.security_headers(),
+            ]
+        )
+        if cache:
+            headers["Cache-Control"] = "private, max-age=3600"
+        if cookie:
+            headers["Set-Cookie"] = cookie
+        if location:
+            headers["Location"] = location
+        return Response(status, HTTPStatus(status).phrase, headers, body)
+
+    def _page(self, status: int, html: str) -> Response:
+        return self._response(status, html.encode(), "text/html; charset=utf-8")
+
+    def _json(self, status: int, data: object, *, cookie: str = "") -> Response:
+        return self._response(status, orjson.dumps(data), "application/json", cookie=cookie)
+
+    def _redirect(self, location: str) -> Response:
+        return self._response(303, b"", "text/plain", location=location)
+
+
+def _record_refusal(record: TokenRecord, now: float) -> str:
+    if record.revoked_at:
+        return f"token {record.id} was revoked"
+    if record.expires_at and now >= record.expires_at:
+        return f"token {record.id} has expired"
+    return ""
+
+
+def _source(ws: ServerConnection) -> str:
+    address = ws.remote_address
+    if isinstance(address, tuple) and address:
+        return str(address[0])
+    return str(address or "?")
+
+
+def _http_date() -> str:
+    return email.utils.formatdate(usegmt=True)

@@ -1,0 +1,143 @@
+"""The web view in a real headless Chromium, against `tether up` with real workers and debugpy.
+
+A user logs in with their token and sees a queued, a paused (an uncaught exception, post-mortem)
+and a failed run; opens a running one, watches a log line arrive live, cancels it and sees it
+cancelled; is refused another user's run by id. A `tether ui RUN` link logs a fresh browser in
+once, straight onto the run's page. Screenshots of the list and the run page are saved
+(``tests/e2e/browser.py``: ``build/screenshots``, and ``$TETHER_SCREENSHOTS``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import trio
+from browser import chromium, run_scenario
+from stack import relay_stack, status_saying, tether
+
+pytestmark = [pytest.mark.slow, pytest.mark.web, pytest.mark.timeout(300)]
+
+SLOW = """\
+import os, time
+print("first line", flush=True)
+while not os.path.exists(os.environ["TRIGGER"]):
+    time.sleep(0.05)
+print("second line, live", flush=True)
+while True:
+    time.sleep(1)
+"""
+BOOM = """\
+def step(x):
+    raise ValueError(f"bad {x}")
+
+
+step(3)
+"""
+
+
+async def run(home: Path, relay: str, project: Path, *args: str, token: str = "") -> str:
+    """`tether run ARGS`: the new run's id."""
+    env = {"TETHER_TOKEN": token} if token else None
+    async with tether("run", "--relay", relay, *args, home=home, cwd=project, extra_env=env) as p:
+        with trio.fail_after(60):
+            assert await p.process.wait() == 0, p.output
+    return p.lines[-1].strip()
+
+
+async def token_for(home: Path, relay: str, user: str) -> str:
+    async with tether("token", "create", "--relay", relay, "--user", user, home=home) as p:
+        with trio.fail_after(30):
+            assert await p.process.wait() == 0, p.output
+    found = re.search(r"tthu_\S+", p.output)
+    assert found, p.output
+    return found.group(0)
+
+
+async def test_a_user_watches_runs_in_a_real_browser(tmp_path: Path) -> None:
+    chromium()  # skip early (or fail in CI) without a browser
+    home, project = tmp_path / "home", tmp_path / "project"
+    project.mkdir()
+    (project / "slow.py").write_text(SLOW)
+    (project / "boom.py").write_text(BOOM)
+    trigger = tmp_path / "trigger"
+    async with relay_stack(home, workers=3) as (_up, relay):
+        base = relay.replace("ws://", "http://")
+        alice = await token_for(home, relay, "alice")  # a user: her own runs only
+        failed = await run(home, relay, project, "--name", "fails", "--", "python", "-c",
+                           "import sys; sys.exit(3)", token=alice)  # fmt: skip
+        await status_saying(home, failed, "state      failed")
+        queued = await run(home, relay, project, "--name", "waits", "--backend", "slurm", "--",
+                           "python", "boom.py", token=alice)  # fmt: skip
+        paused = await run(home, relay, project, "--name", "crashes", "--", "python", "boom.py",
+                           token=alice)  # fmt: skip
+        live = await run(home, relay, project, "--name", "live", "--env", f"TRIGGER={trigger}",
+                         "--", "python", "slow.py", token=alice)  # fmt: skip
+        await status_saying(home, paused, "paused at  uncaught ValueError at boom.py:2 in step")
+        await status_saying(home, live, "state      running")
+        bobs = await run(home, relay, project, "--name", "bobs-run", "--backend", "slurm", "--",
+                         "python", "x.py", token=await token_for(home, relay, "bob"))  # fmt: skip
+
+        steps = [
+            {"do": "goto", "path": "/ui"},
+            {"do": "wait_url", "path": "/ui/login"},
+            {"do": "fill", "selector": "#token", "value": alice},
+            {"do": "click", "selector": "#login button[type=submit]"},
+            {"do": "wait_url", "path": "/ui"},
+            {"do": "wait_visible", "selector": ".live-dot"},
+            {"do": "text", "selector": f"#run-{queued} .state", "as": "queued"},
+            {"do": "text", "selector": f"#run-{paused} .state", "as": "paused"},
+            {"do": "text", "selector": f"#run-{failed} .state", "as": "failed"},
+            {"do": "text", "selector": "#runs", "as": "list"},
+            {"do": "screenshot", "name": "web-runs"},
+            {"do": "click", "selector": f"#run-{live} a"},
+            {"do": "wait_url", "path": f"/ui/runs/{live}"},
+            {"do": "wait_visible", "selector": ".live-dot"},
+            {"do": "wait_text", "selector": "#log", "text": "first line"},
+            {"do": "touch", "file": str(trigger)},
+            {"do": "wait_text", "selector": "#log", "text": "second line, live"},
+            {"do": "screenshot", "name": "web-run", "full": True},
+            {"do": "click", "selector": "#summary button.danger", "dialog": "accept"},
+            {"do": "wait_text", "selector": "#summary .status", "text": "cancelled"},
+            {"do": "goto", "path": f"/ui/runs/{bobs}", "status": 404},
+            {"do": "text", "selector": "main", "as": "bobs"},
+        ]
+        got = (await run_scenario(base, steps, tmp_path / "shots"))["values"]
+        assert "queued" in got["queued"]
+        assert (
+            "paused" in got["paused"]
+            and "uncaught ValueError at boom.py:2 in step" in got["paused"]
+        )
+        assert "failed" in got["failed"] and "exit 3" in got["failed"]
+        assert "bobs-run" not in got["list"]
+        assert "not yours" in got["bobs"] and "bobs-run" not in got["bobs"]
+        cancelled = await status_saying(home, live, "state      cancelled")
+        assert "cancelled in the web view" in cancelled
+        async with tether("audit", live, "--relay", relay, home=home) as audit:
+            await audit.process.wait()
+        assert re.search(r"cancel\s+\S+ \(token \w+\) as web", audit.output), audit.output
+
+        # `tether ui RUN` prints a link that logs a fresh browser in once, onto the run's page
+        ui_env = {"TETHER_TOKEN": alice}
+        async with tether(
+            "ui", paused, "--relay", relay, "--no-open", home=home, extra_env=ui_env
+        ) as ui:
+            await ui.process.wait()
+        link = re.search(r"open (http://\S+/ui/login#\S+)", ui.output)
+        assert link, ui.output
+        path = link.group(1).removeprefix(base)
+        steps = [
+            {"do": "goto", "path": path},
+            {"do": "wait_url", "path": f"/ui/runs/{paused}"},
+            {"do": "text", "selector": "#summary", "as": "summary"},
+            {"do": "screenshot", "name": "web-paused", "full": True},
+            {"do": "goto", "path": "/ui/logout"},  # a GET changes nothing: 405
+            {"do": "goto", "path": path},  # the code is spent: the login form says so
+            {"do": "wait_text", "selector": "#login-error", "text": "used up"},
+        ]
+        got = (await run_scenario(base, steps, tmp_path / "shots-link"))["values"]
+        assert "uncaught ValueError at boom.py:2 in step" in got["summary"]
+        async with tether("status", paused, "--relay", relay, home=home) as status:
+            await status.process.wait()
+        assert f"page       {base}/ui/runs/{paused}" in status.output
