@@ -28,7 +28,7 @@ from protocol_specs.wire import DapEntry, StatusEntry
 
 from .actions import Action, Publish, Terminate, ToDebugpy, status_entry
 from .replay import ReplayPhase, next_phase
-from .watch import Continue, LookUp, Watch
+from .watch import STACK_FRAMES, Continue, LookUp, Watch
 
 __all__ = ["DebugpyChannel", "Sent"]
 
@@ -110,7 +110,8 @@ class DebugpyChannel:
         raise NotImplementedError
 
     def _look_up(self, step: LookUp) -> list[Action]:
-        actions = self._send("stackTrace", {"threadId": step.thread_id, "levels": 1})
+        levels = STACK_FRAMES
+        actions = self._send("stackTrace", {"threadId": step.thread_id, "levels": levels})
         self._lookups[self._seq] = "stackTrace"
         if step.exception:
             actions += self._send("exceptionInfo", {"threadId": step.thread_id})

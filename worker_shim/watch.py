@@ -36,6 +36,7 @@ from .actions import Action, Publish, Say, Terminate
 __all__ = [
     "LOOKUP_TIMEOUT",
     "PAUSE_REPORT_AFTER",
+    "STACK_FRAMES",
     "Continue",
     "LookUp",
     "Watch",
@@ -47,6 +48,8 @@ __all__ = [
 PAUSE_REPORT_AFTER = 0.5
 #: how long a report waits for debugpy to say where the program is
 LOOKUP_TIMEOUT = 5.0
+#: frames of the stopped thread a ``paused`` report carries (the web view shows them)
+STACK_FRAMES = 20
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class _Report:
     exception: bool = False  #: the thread stopped on an exception: look that up too
     where: str | None = None
     info: dict[str, Any] | None = None
+    #: the stopped thread's frames, as a report shows them (``stack_of``)
+    stack: list[dict[str, Any]] | None = None
 
     @property
     def ready(self) -> bool:
@@ -134,6 +139,7 @@ class Watch:
         """debugpy's ``stackFrames`` for the look-up asked last (empty: it would not say)."""
         if self._reports and self._lookup_until is not None:
             self._reports[0].where = where_text(frames, self.roots)
+            self._reports[0].stack = stack_of(frames, self.roots)
             self._lookup_done()
 
     def found_exception(self, info: dict[str, Any]) -> None:
@@ -199,9 +205,12 @@ class Watch:
         def paused(where: str, info: dict[str, Any]) -> list[Step]:
             text = stop_text(reason, where, info).removeprefix(" at ")
             data = {"where": text, "reason": reason, "thread_id": tid, **_exception(info)}
+            if report.stack:
+                data["stack"] = report.stack
             return [self._publish(StatusEvent.PAUSED, detail=text, data=data)]
 
-        self._reports.append(_Report(tid, paused, exception=reason == "exception"))
+        report = _Report(tid, paused, exception=reason == "exception")
+        self._reports.append(report)
 
     def _decide(self, decision: att.Decision) -> None:
         rid = self.record.id
@@ -308,12 +317,32 @@ def where_text(frames: list[Any], roots: list[str]) -> str:
     if not frames or not isinstance(frames[0], dict):
         return ""
     frame = frames[0]
+    return f" at {_frame_path(frame, roots)}:{frame.get('line')} in {frame.get('name')}"
+
+
+def stack_of(frames: list[Any], roots: list[str]) -> list[dict[str, Any]]:
+    """The frames as a ``paused`` report carries them: ``{"name", "path", "line"}``, the path
+    relative to the first of ``roots`` it is under, at most :data:`STACK_FRAMES`."""
+    out = []
+    for frame in frames[:STACK_FRAMES]:
+        if isinstance(frame, dict):
+            line = frame.get("line")
+            out.append(
+                {
+                    "name": str(frame.get("name") or "")[:200],
+                    "path": _frame_path(frame, roots)[:300],
+                    "line": line if isinstance(line, int) else 0,
+                }
+            )
+    return out
+
+
+def _frame_path(frame: dict[str, Any], roots: list[str]) -> str:
     source = frame.get("source")
     path = str((source if isinstance(source, dict) else {}).get("path") or "")
     for root in roots:
         try:
-            path = str(PurePath(path).relative_to(root))
-            break
+            return str(PurePath(path).relative_to(root))
         except ValueError:
             continue
-    return f" at {path}:{frame.get('line')} in {frame.get('name')}"
+    return path

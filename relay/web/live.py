@@ -30,7 +30,8 @@ from protocol_specs.wire import StreamName
 
 from .. import keys
 from ..fanout import Fanout
-from .pages import run_row, run_summary
+from .debug_view import debug_view
+from .pages import debug_section, run_row, run_summary
 from .server import LiveView, LogText, Web
 
 __all__ = ["serve_live"]
@@ -80,6 +81,8 @@ async def _changes(
     fanout: Fanout, ws: ServerConnection, view: LiveView, clock: Callable[[], float]
 ) -> None:
     who = view.who
+    #: what the debugger section was drawn for: drawn again when the run pauses or goes on
+    drawn = _stopped(view.run) if view.run is not None else None
     async with fanout.subscribe(keys.CHANGES, view.changes_cursor) as changes:
         while True:
             for item in await changes.next_batch():
@@ -90,6 +93,11 @@ async def _changes(
                     if record.id == view.run.id:
                         html = run_summary(record, clock())
                         await ws.send(orjson.dumps({"t": "summary", "html": html}).decode())
+                        if _stopped(record) != drawn:
+                            drawn = _stopped(record)
+                            debug = await debug_view(fanout.store, record)
+                            html = debug_section(debug, record)
+                            await ws.send(orjson.dumps({"t": "debug", "html": html}).decode())
                     continue
                 query = view.query
                 if not (who.admin or record.owner == who.user) or query is None:
@@ -103,6 +111,12 @@ async def _changes(
                     "html": run_row(record, clock()),
                 }
                 await ws.send(orjson.dumps(message).decode())
+
+
+def _stopped(record: RunRecord) -> tuple[str, int, tuple[str, ...]]:
+    """What decides the debugger section: the state, the attempt, where each process stopped."""
+    where = tuple(f"{key}:{row.where}" for key, row in record.processes.items() if row.where)
+    return record.state.value, record.attempt, where
 
 
 async def _logs(fanout: Fanout, ws: ServerConnection, view: LiveView) -> None:

@@ -19,9 +19,11 @@ from protocol_specs.runs import RunRecord, RunState
 from protocol_specs.web import ListQuery, run_path
 from protocol_specs.wire import AuditEntry
 
+from .debug_view import DebugView
 from .listing import Page
 
 __all__ = [
+    "debug_section",
     "error_page",
     "h",
     "login_page",
@@ -332,6 +334,55 @@ def _attach(record: RunRecord) -> str:
     )
 
 
+def debug_section(view: DebugView, record: RunRecord) -> str:
+    """Breakpoints with whether each is verified, and where each process is stopped with its
+    stack (replaced live when the run pauses or goes on)."""
+    parts = []
+    for process, stop in view.stops.items():
+        row = record.processes.get(process)
+        title = row.title if row else ("main process" if not process else f"process {process}")
+        frames = "".join(
+            f"<tr><td>{i}</td><td><code>{h(f.get('name', ''))}</code></td>"
+            f"<td><code>{h(f.get('path', ''))}:{h(f.get('line', ''))}</code></td></tr>"
+            for i, f in enumerate(stop.stack)
+        )
+        stack = (
+            '<table class="stack"><thead><tr><th>#</th><th>Frame</th><th>Where</th></tr></thead>'
+            f"<tbody>{frames}</tbody></table>"
+            if frames
+            else ""
+        )
+        parts.append(
+            f'<div class="stop"><h3>{h(title)} stopped '
+            f'<span class="dim">({h(stop.reason or "paused")})</span></h3>'
+            f'<p class="paused">{h(stop.where)}</p>{stack}</div>'
+        )
+    if view.breakpoints:
+        rows = "".join(
+            f"<tr><td><code>{h(b.where)}</code></td><td><code>{h(b.condition)}</code></td>"
+            f'<td><span class="badge bp-{b.state}">{b.state}</span></td>'
+            f'<td class="detail">{h(b.message)}</td></tr>'
+            for b in view.breakpoints
+        )
+        parts.append(
+            '<h3>Breakpoints</h3><table class="breakpoints"><thead><tr><th>Where</th>'
+            "<th>Condition</th><th>State</th><th>Detail</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>"
+        )
+    extra = []
+    if view.functions:
+        extra.append("functions: " + ", ".join(view.functions))
+    if view.exceptions:
+        extra.append("exceptions: " + ", ".join(view.exceptions))
+    if extra:
+        parts.append(f'<p class="dim">Also breaking on {h("; ".join(extra))}.</p>')
+    if not view.complete:
+        parts.append('<p class="dim">The session is long: only its start was read here.</p>')
+    if not parts:
+        parts.append('<p class="dim">No breakpoints, and no process is stopped.</p>')
+    return f'<section id="debug"><h2>Debugger</h2>{"".join(parts)}</section>'
+
+
 def _audit(entries: Sequence[AuditEntry]) -> str:
     rows = "".join(
         f"<tr><td>{_stamp(e.at, time.time())}</td><td>{h(e.event)}</td><td>{h(e.user or '?')}</td>"
@@ -354,9 +405,13 @@ def run_page(
     *,
     logs_cursor: str,
     since: str = "0",
+    debug: DebugView | None = None,
 ) -> str:
+    shown = debug is not None and (record.spec.debug or not debug.empty)
     body = (
-        f"{run_summary(record, now)}{'' if record.finished else _attach(record)}"
+        f"{run_summary(record, now)}"
+        f"{debug_section(debug, record) if shown and debug is not None else ''}"
+        f"{'' if record.finished else _attach(record)}"
         '<section class="logs"><div class="bar"><h2>Logs</h2>'
         '<input id="log-search" type="search" placeholder="Search the log" aria-label="Search">'
         '<label class="follow"><input id="log-follow" type="checkbox" checked> follow</label>'

@@ -42,6 +42,7 @@ from ..control import Control
 from ..gate import Gate
 from ..registry import Registry
 from ..store import StoreError
+from .debug_view import debug_view
 from .listing import list_page
 from .pages import error_page, login_page, run_page, runs_page
 from .sessions import Session, WebSessions, may_log_in
@@ -263,6 +264,7 @@ class Web:
         audit = []
         if authorize(who, Act.GET_AUDIT, record) is None:
             audit = await self.audit.read(record.id)
+        debug = await debug_view(self.store, record)
         since = await self.store.last_id(keys.CHANGES) or "0"
         html = run_page(
             record.redacted(),
@@ -273,6 +275,7 @@ class Web:
             self.clock(),
             logs_cursor=cursor,
             since=since,
+            debug=debug,
         )
         return self._page(200, html)
 

@@ -15,7 +15,11 @@ from pathlib import Path
 import pytest
 import trio
 from browser import chromium, run_scenario
-from stack import relay_stack, status_saying, tether
+from stack import PROJECT, debug_run, relay_stack, status_saying, tether
+from test_session_e2e import bp_args, ide_session, stopped_frame
+from test_unattended_e2e import ONCE_LINE
+
+from adapter.dap_client import open_dap_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.web, pytest.mark.timeout(300)]
 
@@ -141,3 +145,39 @@ async def test_a_user_watches_runs_in_a_real_browser(tmp_path: Path) -> None:
         async with tether("status", paused, "--relay", relay, home=home) as status:
             await status.process.wait()
         assert f"page       {base}/ui/runs/{paused}" in status.output
+
+
+async def test_the_run_page_shows_breakpoints_and_the_stopped_stack(tmp_path: Path) -> None:
+    """A debug run stopped at a breakpoint an IDE set: the page says the breakpoint is verified
+    and shows the stopped thread's frames, read-only, with no IDE attached any more."""
+    chromium()
+    home, workdir = tmp_path / "home", tmp_path / "project"
+    workdir.mkdir()
+    for f in PROJECT.glob("*.py"):
+        (workdir / f.name).write_text(f.read_text())
+    async with relay_stack(home, workers=1) as (_up, relay):
+        base = relay.replace("ws://", "http://")
+        token = re.search(r'token = "([^"]+)"', (home / "config.toml").read_text())
+        assert token
+        async with debug_run(home, relay, workdir, "python", "app.py") as (_debug, run_id, port):
+            async with open_dap_client("127.0.0.1", port) as ide:
+                async with ide_session(ide, [bp_args(workdir, "app.py", ONCE_LINE)]):
+                    pass
+                stopped, frame = await stopped_frame(ide)
+                assert frame["line"] == ONCE_LINE, stopped
+                await ide.request("disconnect", {"terminateDebuggee": False})
+            await status_saying(home, run_id, f"paused at  app.py:{ONCE_LINE} in compute")
+            steps = [
+                {"do": "goto", "path": "/ui/login"},
+                {"do": "fill", "selector": "#token", "value": token.group(1)},
+                {"do": "click", "selector": "#login button[type=submit]"},
+                {"do": "wait_url", "path": "/ui"},
+                {"do": "goto", "path": f"/ui/runs/{run_id}"},
+                {"do": "text", "selector": "#debug", "as": "debug"},
+                {"do": "screenshot", "name": "web-debug", "full": True},
+            ]
+            got = (await run_scenario(base, steps, tmp_path / "shots"))["values"]
+    debug = got["debug"]
+    assert f"app.py:{ONCE_LINE}" in debug and "verified" in debug and "pending" not in debug
+    assert "main process stopped" in debug and "(breakpoint)" in debug
+    assert "compute" in debug and "main" in debug and "<module>" in debug

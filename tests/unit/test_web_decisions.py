@@ -209,3 +209,86 @@ def test_log_markers_start_a_line_of_their_own() -> None:
         text(b"\xff not an entry"),
     ]
     assert "".join(parts) == "── queued on local ──\nno newline\n── finished ──\n"
+
+
+def test_the_debug_view_folds_breakpoints_their_verification_and_stops() -> None:
+    import orjson
+
+    from protocol_specs.wire import DapEntry, StatusEntry
+    from relay.web.debug_view import fold
+    from relay.web.pages import debug_section
+
+    def dap(msg: dict[str, object], **fields: object) -> DapEntry:
+        return DapEntry(body=orjson.dumps(msg), **fields)  # type: ignore[arg-type]
+
+    set_bps = {
+        "type": "request",
+        "seq": 7,
+        "command": "setBreakpoints",
+        "arguments": {
+            "source": {"path": "/w/train.py"},
+            "breakpoints": [{"line": 18}, {"line": 40, "condition": "loss != loss"}],
+        },
+    }
+    to_worker = [
+        dap(set_bps, origin="a1", bp_ids=[1, 2], local=True),
+        dap(
+            {
+                "type": "request",
+                "seq": 8,
+                "command": "setExceptionBreakpoints",
+                "arguments": {"filters": ["uncaught"]},
+            },
+            origin="a1",
+        ),  # fmt: skip
+        # a child process's configuration is its own
+        dap(set_bps, origin="a1", bp_ids=[9, 10], process="c1"),
+    ]
+    record_ = record()
+    pending = fold(record_, to_worker, [])
+    assert [(b.where, b.state) for b in pending.breakpoints] == [
+        ("train.py:18", "pending"),
+        ("train.py:40", "pending"),
+    ]
+    assert pending.breakpoints[1].condition == "loss != loss"
+    assert pending.exceptions == ["uncaught"]
+    answer = {
+        "type": "response",
+        "request_seq": 7,
+        "success": True,
+        "command": "setBreakpoints",
+        "body": {"breakpoints": [{"id": 31, "verified": True, "line": 18},
+                                 {"id": 32, "verified": False, "message": "no code"}]},
+    }  # fmt: skip
+    stack = [{"name": "step", "path": "train.py", "line": 18}, {"name": "<module>",
+             "path": "train.py", "line": 50}]  # fmt: skip
+    to_ide = [
+        dap(answer, origin="a1"),
+        dap(
+            {
+                "type": "event",
+                "event": "breakpoint",
+                "body": {
+                    "reason": "changed",
+                    "breakpoint": {"id": 32, "verified": True, "line": 41},
+                },
+            }
+        ),  # fmt: skip
+        StatusEntry(
+            event="paused",
+            data={"where": "train.py:18 in step", "reason": "breakpoint", "stack": stack},
+        ),  # fmt: skip
+        StatusEntry(event="paused", process="c1", data={"where": "x.py:1 in f"}),
+        StatusEntry(event="resumed", process="c1"),
+    ]
+    view = fold(record_, to_worker, to_ide)
+    assert [(b.where, b.state) for b in view.breakpoints] == [
+        ("train.py:18", "verified"),
+        ("train.py:40 (now 41)", "verified"),
+    ]
+    assert list(view.stops) == [""]
+    assert view.stops[""].stack == stack and view.stops[""].reason == "breakpoint"
+    html = debug_section(view, record_)
+    assert "main process stopped" in html and "&lt;module&gt;" in html and "bp-verified" in html
+    gone = fold(record_, to_worker, [*to_ide, StatusEntry(event="retrying")])
+    assert gone.stops == {}

@@ -99,8 +99,8 @@ function onMessage(message) {
   if (message.t === "log" && logView) {
     logText += message.text;
     showLog();
-  } else if (message.t === "summary") {
-    document.getElementById("summary")?.replaceWith(fragment(message.html));
+  } else if (message.t === "summary" || message.t === "debug") {
+    document.getElementById(message.t)?.replaceWith(fragment(message.html));
   } else if (message.t === "row") {
     const rows = document.getElementById("runs");
     if (!rows) return;
