@@ -240,7 +240,7 @@ def test_the_debug_view_folds_breakpoints_their_verification_and_stops() -> None
                 "arguments": {"filters": ["uncaught"]},
             },
             origin="a1",
-        ),  # fmt: skip
+        ),
         # a child process's configuration is its own
         dap(set_bps, origin="a1", bp_ids=[9, 10], process="c1"),
     ]
@@ -273,11 +273,11 @@ def test_the_debug_view_folds_breakpoints_their_verification_and_stops() -> None
                     "breakpoint": {"id": 32, "verified": True, "line": 41},
                 },
             }
-        ),  # fmt: skip
+        ),
         StatusEntry(
             event="paused",
             data={"where": "train.py:18 in step", "reason": "breakpoint", "stack": stack},
-        ),  # fmt: skip
+        ),
         StatusEntry(event="paused", process="c1", data={"where": "x.py:1 in f"}),
         StatusEntry(event="resumed", process="c1"),
     ]
