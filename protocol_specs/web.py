@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from http.cookies import CookieError, SimpleCookie
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .runs import RunState
 
@@ -57,6 +57,7 @@ __all__ = [
     "clear_cookie",
     "csrf_ok",
     "digest",
+    "file_path",
     "new_secret",
     "origin_of",
     "origin_refusal",
@@ -90,6 +91,7 @@ STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}|0")
 _STATIC = re.compile(r"^/ui/static/([a-z0-9-]+\.(?:css|js|svg))$")
 _RUN_PAGE = re.compile(rf"^/ui/runs/({_RUN_ID})$")
 _RUN_ACTION = re.compile(rf"^/ui/runs/({_RUN_ID})/(cancel|rerun)$")
+_RUN_FILES = re.compile(rf"^/ui/runs/({_RUN_ID})/files(?:/(.+))?$")
 _OWNER = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=/-]{0,63}$")
 
@@ -104,6 +106,8 @@ class Route(StrEnum):
     CANCEL = "cancel"
     RERUN = "rerun"
     STATIC = "static"
+    FILES = "files"  #: a run's snapshot: its files
+    FILE = "file"  #: one file of it (``name``: its path in the snapshot)
     LIVE = "live"  #: the WebSocket that pushes changes to an open page
 
 
@@ -175,6 +179,15 @@ def route(method: str, path: str) -> Match | int:
         return Match(Route.STATIC, name=found.group(1)) if get else 405
     if found := _RUN_PAGE.match(path):
         return Match(Route.RUN, run=found.group(1)) if get else 405
+    if found := _RUN_FILES.match(path):
+        if not get:
+            return 405
+        if found.group(2) is None:
+            return Match(Route.FILES, run=found.group(1))
+        name = unquote(found.group(2))
+        if "\x00" in name or len(name) > 4096:
+            return 404
+        return Match(Route.FILE, run=found.group(1), name=name)
     if found := _RUN_ACTION.match(path):
         action = Route.CANCEL if found.group(2) == "cancel" else Route.RERUN
         return Match(action, run=found.group(1)) if post else 405
@@ -183,6 +196,11 @@ def route(method: str, path: str) -> Match | int:
 
 def run_path(run_id: str) -> str:
     return f"/ui/runs/{run_id}"
+
+
+def file_path(run_id: str, path: str, line: int = 0) -> str:
+    """The viewer of a snapshot file (at ``line``)."""
+    return f"/ui/runs/{run_id}/files/{quote(path)}" + (f"#L{line}" if line > 0 else "")
 
 
 # --- sessions ------------------------------------------------------------------------------------

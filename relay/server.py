@@ -124,6 +124,7 @@ class Relay:
             self.tokens,
             self.audit,
             self.gate,
+            self.blobs,
             tls=False,
             public_url=config.public_url,
             clock=clock,

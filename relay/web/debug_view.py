@@ -37,6 +37,8 @@ class Breakpoint:
     #: ``pending``: no debugger has seen it yet (the run waits for a worker)
     state: Literal["verified", "unverified", "pending"]
     message: str = ""
+    path: str = ""  #: the file, relative to the run's workdir when under it
+    line: int = 0
 
 
 @dataclass(frozen=True)
@@ -151,13 +153,15 @@ def _status(stops: dict[str, Stop], entry: StatusEntry) -> None:
 
 def _breakpoint(path: str, bp: dict[str, Any], seen: dict[str, Any] | None) -> Breakpoint:
     line = bp.get("line")
+    at = line if isinstance(line, int) else 0
     condition = str(bp.get("condition") or bp.get("hitCondition") or bp.get("logMessage") or "")
     if seen is None:
-        return Breakpoint(f"{path}:{line}", condition, "pending")
+        return Breakpoint(f"{path}:{line}", condition, "pending", path=path, line=at)
     moved = seen.get("line")
     where = f"{path}:{line}" + (f" (now {moved})" if moved and moved != line else "")
     state: Literal["verified", "unverified"] = "verified" if seen.get("verified") else "unverified"
-    return Breakpoint(where, condition, state, str(seen.get("message") or "")[:300])
+    message = str(seen.get("message") or "")[:300]
+    return Breakpoint(where, condition, state, message, path=path, line=at)
 
 
 def _relative(path: str, record: RunRecord) -> str:

@@ -16,7 +16,8 @@ from urllib.parse import urlencode
 
 from protocol_specs.auth import Principal
 from protocol_specs.runs import RunRecord, RunState
-from protocol_specs.web import ListQuery, run_path
+from protocol_specs.snapshots import Manifest, ManifestEntry
+from protocol_specs.web import ListQuery, file_path, run_path
 from protocol_specs.wire import AuditEntry
 
 from .debug_view import DebugView
@@ -25,6 +26,8 @@ from .listing import Page
 __all__ = [
     "debug_section",
     "error_page",
+    "file_page",
+    "files_page",
     "h",
     "login_page",
     "run_page",
@@ -35,6 +38,8 @@ __all__ = [
 
 #: the adapter port ``tether attach`` serves by default (``adapter.cli.settings``)
 ADAPTER_PORT = 5678
+#: files a snapshot's list shows at once (a filter narrows it)
+FILES_SHOWN = 2000
 
 
 def h(text: object) -> str:
@@ -222,8 +227,9 @@ def _facts(record: RunRecord, now: float) -> str:
         ("Resources", h(", ".join(resources))),
         (
             "Snapshot",
-            f"{h(record.snapshot[:12])} · {record.files} files, "
-            f"{record.size / 1048576:.1f} MiB · from <code>{h(spec.workdir)}</code>",
+            f'<a href="{run_path(record.id)}/files">{record.files} files</a>, '
+            f"{record.size / 1048576:.1f} MiB · from <code>{h(spec.workdir)}</code> "
+            f'<span class="dim">{h(record.snapshot[:12])}</span>',
         ),
         ("Submitted", f"{_stamp(record.created_at, now)} by {h(record.owner or '?')}"),
         ("Retries", f"attempt {record.attempt} of at most {spec.max_retries + 1}"),
@@ -343,7 +349,7 @@ def debug_section(view: DebugView, record: RunRecord) -> str:
         title = row.title if row else ("main process" if not process else f"process {process}")
         frames = "".join(
             f"<tr><td>{i}</td><td><code>{h(f.get('name', ''))}</code></td>"
-            f"<td><code>{h(f.get('path', ''))}:{h(f.get('line', ''))}</code></td></tr>"
+            f"<td>{_source_link(record, str(f.get('path', '')), f.get('line'))}</td></tr>"
             for i, f in enumerate(stop.stack)
         )
         stack = (
@@ -359,7 +365,8 @@ def debug_section(view: DebugView, record: RunRecord) -> str:
         )
     if view.breakpoints:
         rows = "".join(
-            f"<tr><td><code>{h(b.where)}</code></td><td><code>{h(b.condition)}</code></td>"
+            f"<tr><td>{_source_link(record, b.path, b.line, b.where)}</td>"
+            f"<td><code>{h(b.condition)}</code></td>"
             f'<td><span class="badge bp-{b.state}">{b.state}</span></td>'
             f'<td class="detail">{h(b.message)}</td></tr>'
             for b in view.breakpoints
@@ -381,6 +388,68 @@ def debug_section(view: DebugView, record: RunRecord) -> str:
     if not parts:
         parts.append('<p class="dim">No breakpoints, and no process is stopped.</p>')
     return f'<section id="debug"><h2>Debugger</h2>{"".join(parts)}</section>'
+
+
+def _source_link(record: RunRecord, path: str, line: object, label: str = "") -> str:
+    """``path:line`` (or ``label``), linked to the snapshot's copy when the path is one of its
+    (relative)."""
+    text = f"<code>{h(label or f'{path}:{line}')}</code>"
+    if not path or path.startswith(("/", "<")) or ":\\" in path:
+        return text
+    return f'<a href="{h(file_path(record.id, path, line if isinstance(line, int) else 0))}">{text}</a>'
+
+
+def files_page(
+    record: RunRecord, manifest: Manifest, who: Principal, csrf: str, query: str = ""
+) -> str:
+    shown = [e for e in manifest.entries if query in e.path][:FILES_SHOWN]
+    rows = "".join(
+        f'<tr><td><a href="{h(file_path(record.id, e.path))}"><code>{h(e.path)}</code></a></td>'
+        f"<td>{_size(e.size) if e.kind == 'file' else '→ ' + h(e.target)}</td>"
+        f"<td><code>{e.mode:o}</code></td></tr>"
+        for e in shown
+    )
+    more = len([e for e in manifest.entries if query in e.path]) - len(shown)
+    note = f'<p class="dim">{more} more: narrow the filter.</p>' if more > 0 else ""
+    body = (
+        f'<div class="bar"><h1><a href="{run_path(record.id)}">run {h(record.id)}</a> '
+        f"<small>snapshot: {len(manifest.entries)} files</small></h1>"
+        '<form class="filters" method="get">'
+        f'<input name="q" value="{h(query)}" placeholder="Filter paths" aria-label="Filter">'
+        '<button type="submit">Filter</button></form></div>'
+        '<table class="files"><thead><tr><th>Path</th><th>Size</th><th>Mode</th></tr></thead>'
+        f"<tbody>{rows}</tbody></table>{note}"
+    )
+    return _layout(f"run {record.id}: files", body, who=who, csrf=csrf)
+
+
+def file_page(
+    record: RunRecord, entry: ManifestEntry, text: str | None, who: Principal, csrf: str
+) -> str:
+    if entry.kind == "symlink":
+        content = f'<p class="dim">A symbolic link to <code>{h(entry.target)}</code>.</p>'
+    elif text is None:
+        why = "too large to show here" if entry.size > 1024 * 1024 else "not text"
+        content = f'<p class="dim">{_size(entry.size)}: {why}.</p>'
+    else:
+        lines = "".join(
+            f'<span class="line" id="L{n}">{h(line)}</span>\n'
+            for n, line in enumerate(text.splitlines(), start=1)
+        )
+        content = f'<pre class="code">{lines}</pre>'
+    body = (
+        f'<div class="bar"><h1><a href="{run_path(record.id)}">run {h(record.id)}</a> '
+        f'<small><a href="{run_path(record.id)}/files">files</a> / {h(entry.path)}</small></h1>'
+        f"</div>{content}"
+    )
+    return _layout(f"{entry.path} · run {record.id}", body, who=who, csrf=csrf)
+
+
+def _size(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 def _audit(entries: Sequence[AuditEntry]) -> str:

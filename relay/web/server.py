@@ -33,18 +33,20 @@ from protocol_specs import web
 from protocol_specs.auth import Principal, TokenRecord, check_token
 from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord
+from protocol_specs.trees import TreeError
 from protocol_specs.wire import LogEntry, StatusEntry, StreamName, WireError, decode_entry
 
 from .. import keys
 from ..audit import AuditTrail
 from ..auth import TokenStore
+from ..blobs import BlobError, BlobStore
 from ..control import Control
 from ..gate import Gate
 from ..registry import Registry
 from ..store import StoreError
 from .debug_view import debug_view
 from .listing import list_page
-from .pages import error_page, login_page, run_page, runs_page
+from .pages import error_page, file_page, files_page, login_page, run_page, runs_page
 from .sessions import Session, WebSessions, may_log_in
 
 __all__ = ["LiveView", "LogText", "Web"]
@@ -53,6 +55,8 @@ log = logging.getLogger("tether.relay.web")
 
 #: log chunks a run's page shows at first (its live tail goes on from there)
 LOG_TAIL = 2000
+#: the largest snapshot file the viewer shows
+MAX_SHOWN = 1024 * 1024
 _TYPES = {"css": "text/css; charset=utf-8", "js": "text/javascript; charset=utf-8"}
 _STATIC = {
     name: (resources.files(__package__) / "static" / name).read_bytes()
@@ -105,6 +109,7 @@ class Web:
         tokens: TokenStore,
         audit: AuditTrail,
         gate: Gate,
+        blobs: BlobStore,
         *,
         tls: bool,
         public_url: str = "",
@@ -116,6 +121,7 @@ class Web:
         self.tokens = tokens
         self.audit = audit
         self.gate = gate
+        self.blobs = blobs
         self.sessions = WebSessions(registry.store, tokens, clock=clock)
         self.tls = tls
         self.public_url = public_url
@@ -178,6 +184,8 @@ class Web:
                 return await self._list(req, session, who)
             case web.Route.RUN:
                 return await self._run_page(found.run, session, who)
+            case web.Route.FILES | web.Route.FILE:
+                return await self._snapshot(found, req, session, who)
             case web.Route.LIVE:
                 return await self._live(ws, req, who)
             case web.Route.LOGOUT:
@@ -279,6 +287,33 @@ class Web:
         )
         return self._page(200, html)
 
+    async def _snapshot(
+        self, found: web.Match, req: web.HttpRequest, session: Session, who: Principal
+    ) -> Response:
+        """A run's snapshot (what its owner submitted: seeing it is seeing the run): the file
+        list, or one text file."""
+        record = await self._visible(found.run, who, Act.GET_RUN)
+        if record is None:
+            return self._page(404, error_page(404, f"no run {found.run} (or not yours)", who))
+        try:
+            manifest = await self.registry.manifest_of(record.id)
+        except (BlobError, TreeError) as exc:
+            return self._page(410, error_page(410, f"the relay lost this snapshot: {exc}", who))
+        if found.route is web.Route.FILES:
+            html = files_page(record, manifest, who, session.csrf, req.query.get("q", "")[:200])
+            return self._page(200, html)
+        entry = next((e for e in manifest.entries if e.path == found.name), None)
+        if entry is None:
+            return self._page(404, error_page(404, f"no file {found.name} in this snapshot", who))
+        text: str | None = None
+        if entry.kind == "file" and entry.size <= MAX_SHOWN:
+            try:
+                _size, data = await self.blobs.read(entry.digest, 0, entry.size)
+            except BlobError as exc:
+                return self._page(410, error_page(410, f"the relay lost this file: {exc}", who))
+            text = _text(data)
+        return self._page(200, file_page(record, entry, text, who, session.csrf))
+
     async def _action(self, ws: ServerConnection, found: web.Match, who: Principal) -> Response:
         act = Act.CANCEL if found.route is web.Route.CANCEL else Act.RERUN
         record = await self._visible(found.run, who, act)
@@ -369,6 +404,16 @@ class Web:
 
     def _redirect(self, location: str) -> Response:
         return self._response(303, b"", "text/plain", location=location)
+
+
+def _text(data: bytes) -> str | None:
+    """``data`` as text, or ``None`` for a binary file (a NUL byte, or not UTF-8)."""
+    if b"\x00" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _record_refusal(record: TokenRecord, now: float) -> str:

@@ -175,9 +175,16 @@ async def test_the_run_page_shows_breakpoints_and_the_stopped_stack(tmp_path: Pa
                 {"do": "goto", "path": f"/ui/runs/{run_id}"},
                 {"do": "text", "selector": "#debug", "as": "debug"},
                 {"do": "screenshot", "name": "web-debug", "full": True},
+                # the top frame's link opens the snapshot's copy of the file at that line
+                {"do": "click", "selector": "#debug table.stack tbody tr:first-child a"},
+                {"do": "wait_url", "path": f"/ui/runs/{run_id}/files/app.py"},
+                {"do": "text", "selector": f"#L{ONCE_LINE}", "as": "line"},
             ]
             got = (await run_scenario(base, steps, tmp_path / "shots"))["values"]
     debug = got["debug"]
     assert f"app.py:{ONCE_LINE}" in debug and "verified" in debug and "pending" not in debug
     assert "main process stopped" in debug and "(breakpoint)" in debug
     assert "compute" in debug and "main" in debug and "<module>" in debug
+    assert (
+        got["line"].strip() == (workdir / "app.py").read_text().splitlines()[ONCE_LINE - 1].strip()
+    )

@@ -352,3 +352,43 @@ async def test_the_relays_own_websocket_and_bad_requests_are_unaffected(site: Si
             await client.post("/ui/login", content=b"token=x")
     run = await submit(site, site.alice)  # a control connection still works
     assert await state_of(site, run) == "queued"
+
+
+async def test_a_runs_snapshot_can_be_browsed_and_its_text_files_read(site: Site) -> None:
+    import hashlib
+
+    from protocol_specs.snapshots import Manifest, ManifestEntry
+
+    files = {
+        "train.py": b"import torch\nprint('<b>hi</b>')\n",
+        "data dir/notes é.txt": "résumé\n".encode(),
+        "weights.bin": b"\x00\x01\x02",
+    }
+    entries = []
+    async with open_control(site.endpoint(site.alice)) as control:
+        for path, data in files.items():
+            digest = hashlib.sha256(data).hexdigest()
+            await control.put_blob(digest, data)
+            entries.append(ManifestEntry(path=path, size=len(data), digest=digest))
+        run = (
+            await control.submit(
+                RunSpec(command=["python", "train.py"], workdir="/w"),
+                Manifest(entries=sorted(entries, key=lambda e: e.path)),
+            )
+        ).id
+    alice = await log_in(site, site.alice)
+    listing = (await alice.page(f"/ui/runs/{run}/files")).text
+    assert "/files/data%20dir/notes%20%C3%A9.txt" in listing and "weights.bin" in listing
+    assert "train.py" in (await alice.page(f"/ui/runs/{run}/files?q=train")).text
+    assert "weights.bin" not in (await alice.page(f"/ui/runs/{run}/files?q=train")).text
+    shown = (await alice.page(f"/ui/runs/{run}/files/train.py")).text
+    assert '<span class="line" id="L2">print(&#x27;&lt;b&gt;hi&lt;/b&gt;&#x27;)</span>' in shown
+    assert (
+        "résumé" in (await alice.page(f"/ui/runs/{run}/files/data%20dir/notes%20%C3%A9.txt")).text
+    )
+    assert "not text" in (await alice.page(f"/ui/runs/{run}/files/weights.bin")).text
+    assert (await alice.page(f"/ui/runs/{run}/files/nothing.py")).status_code == 404
+    bob = await log_in(site, site.bob)
+    for path in (f"/ui/runs/{run}/files", f"/ui/runs/{run}/files/train.py"):
+        got = await bob.page(path)
+        assert got.status_code == 404 and "import torch" not in got.text
