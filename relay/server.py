@@ -30,6 +30,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from functools import partial
 from ssl import SSLContext
 
 import trio
@@ -38,6 +39,7 @@ from websockets.trio.server import Server, ServerConnection, serve
 
 from protocol_specs import wire
 from protocol_specs.runs import RunRecord
+from protocol_specs.web import run_path
 from protocol_specs.wire import ErrorCode, Role
 
 from .audit import AuditTrail
@@ -88,6 +90,8 @@ class Relay:
         self.blobs: BlobStore = blobs if blobs is not None else MemoryBlobStore()
         #: where background work (webhooks) runs; set by :func:`serve_relay`
         self.background: trio.Nursery | None = None
+        #: the web view's address, for the links in notices (``""``: unknown)
+        self.web_base = ""
         self.fanout = Fanout(store)
         #: connections that ended (``relay/heap.py``: a population that turned over)
         self.ended = 0
@@ -198,7 +202,8 @@ class Relay:
         if self.background is not None:
             # stamped now, on the relay's wall clock, in case the worker's own stamp is unusable
             now = self.registry.clock()
-            self.background.start_soon(notify_unattended_stop, record, entry, now)
+            page = f"{self.web_base}{run_path(record.id)}" if self.web_base else ""
+            self.background.start_soon(notify_unattended_stop, record, entry, now, page)
 
 
 async def serve_relay(
@@ -223,17 +228,22 @@ async def serve_relay(
         nursery.start_soon(relay.gate.recheck_forever)
         nursery.start_soon(relay.collect_blobs_forever)
         nursery.start_soon(keep_heap, relay.fanout.__len__, lambda: relay.ended)
-        await serve(
-            relay.handle,
-            port,
-            host=host,
-            compression=None,
-            ssl=ssl,
-            max_size=wire.MAX_HELLO_BYTES,  # raised per role once the token is checked
-            ping_interval=None,  # the kernel's keepalive instead: see keep_alive
-            process_request=relay.web.process_request if relay.config.web else None,
-            task_status=task_status,
+        server = await nursery.start(
+            partial(
+                serve,
+                relay.handle,
+                port,
+                host=host,
+                compression=None,
+                ssl=ssl,
+                max_size=wire.MAX_HELLO_BYTES,  # raised per role once the token is checked
+                ping_interval=None,  # the kernel's keepalive instead: see keep_alive
+                process_request=relay.web.process_request if relay.config.web else None,
+            )
         )
+        if relay.config.web:
+            relay.web_base = relay.config.public_url or _own_base(host, server_port(server), ssl)
+        task_status.started(server)
 
 
 def keep_alive(ws: ServerConnection, config: RelayConfig) -> None:
@@ -256,6 +266,15 @@ def keep_alive(ws: ServerConnection, config: RelayConfig) -> None:
     ):
         if hasattr(socket, name):
             stream.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+def _own_base(host: str, port: int, ssl: SSLContext | None) -> str:
+    """The web view's address as this relay listens, when that is one a browser can use (not a
+    wildcard: then only ``public_url`` says)."""
+    if host in ("", "0.0.0.0", "::"):
+        return ""
+    name = f"[{host}]" if ":" in host else host
+    return f"{'https' if ssl else 'http'}://{name}:{port}"
 
 
 def server_port(server: Server) -> int:

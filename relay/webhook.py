@@ -94,11 +94,15 @@ async def post_json(url: str, payload: dict[str, Any], *, timeout: float = 10.0)
     return int(fields[1])
 
 
-def unattended_stop_notice(record: RunRecord, entry: StatusEntry, now: float) -> dict[str, Any]:
+def unattended_stop_notice(
+    record: RunRecord, entry: StatusEntry, now: float, page: str = ""
+) -> dict[str, Any]:
     """The JSON body posted for the worker's ``unattended_stop`` ``entry``; ``now`` is the relay's
-    wall clock when it received the entry (``at`` when the worker's own stamp is not usable)."""
+    wall clock when it received the entry (``at`` when the worker's own stamp is not usable);
+    ``page``: the run's page in the web view, when the relay knows its address."""
     at = entry.at if abs(entry.at - now) <= MAX_CLOCK_SKEW else now
     return {
+        **({"url": page} if page else {}),
         "event": entry.event,
         "run": record.id,
         "name": record.spec.name,
@@ -109,10 +113,13 @@ def unattended_stop_notice(record: RunRecord, entry: StatusEntry, now: float) ->
     }
 
 
-async def notify_unattended_stop(record: RunRecord, entry: StatusEntry, now: float) -> None:
+async def notify_unattended_stop(
+    record: RunRecord, entry: StatusEntry, now: float, page: str = ""
+) -> None:
     """POST the notice to the run's webhook; failures are logged (nobody waits for them)."""
+    notice = unattended_stop_notice(record, entry, now, page)
     try:
-        status = await post_json(record.spec.webhook, unattended_stop_notice(record, entry, now))
+        status = await post_json(record.spec.webhook, notice)
     except WebhookError as exc:
         log.warning("run %s: webhook failed: %s", record.id, exc)
         return

@@ -9,7 +9,7 @@ import argparse
 from protocol_specs.runs import KNOWN_BACKENDS
 from worker_shim.housekeeping import CACHE_MAX_BYTES, KEEP_RUNS
 
-from .settings import DEFAULT_ADAPTER_PORT, parse_duration, parse_memory
+from .settings import DEFAULT_ADAPTER_PORT, parse_duration, parse_memory, public_url
 
 __all__ = ["adapter_options", "pool_options", "relay_flag", "relay_options", "run_options"]
 
@@ -269,4 +269,18 @@ def relay_options(s: argparse.ArgumentParser) -> None:
         default=d.max_active_runs,
         metavar="N",
         help=f"most unfinished runs of one user (default {d.max_active_runs})",
+    )
+    g.add_argument(
+        "--web",
+        action=argparse.BooleanOptionalAction,
+        default=d.web,
+        help="serve the web view (/ui) on the relay's port (default: on)",
+    )
+    g.add_argument(
+        "--public-url",
+        type=public_url,
+        default=d.public_url,
+        metavar="URL",
+        help="the relay's address as browsers reach it (https://tether.example.com), when a proxy "
+        "stands in front: the web view's links and its same-origin check use it",
     )

@@ -115,6 +115,7 @@ async def _serve(
 
         def unattended(text: str) -> None:
             # the user may be anywhere but at the IDE: the terminal rings, the desktop shows it
+            text += f"\nIts page: {web_url(relay.url, run_path(run_id))}"
             print(f"\a{text}", flush=True)
             nursery.start_soon(_desktop_notice, text)
 
@@ -227,7 +228,7 @@ async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
             bell = "\a" if follow else ""
             print(f"{bell}-- tether: {entry.detail or entry.event}", file=sys.stderr, flush=True)
             if follow and entry.detail and not entry.detail.startswith("Terminating"):
-                notices.append(entry.detail)
+                notices.append(f"{entry.detail}\nIts page: {web_url(relay.url, run_path(run_id))}")
                 noticed.set()
             return
         if entry.event == StatusEvent.FINISHED:

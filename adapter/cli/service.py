@@ -28,6 +28,7 @@ from .settings import (
     resolve_relay,
     tether_home,
     tls_context,
+    web_url,
 )
 
 __all__ = ["cmd_backend", "cmd_relay", "cmd_up", "cmd_worker"]
@@ -76,6 +77,10 @@ async def cmd_relay(args: argparse.Namespace) -> int:
             f"redis={redact_url(args.redis)} blobs={blobs.root}",
             flush=True,
         )
+        if args.web:
+            own = f"{scheme}://{args.host}:{server_port(server)}"
+            page = f"{args.public_url}/ui" if args.public_url else web_url(own)
+            print(f"tether relay: web view at {page} (log in: tether ui)", flush=True)
         if tls is None and not is_loopback(args.host):
             print("tether relay: warning: serving without TLS (--insecure)", flush=True)
     return 0
@@ -196,7 +201,8 @@ async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
         _UP_READY.append(True)
         print(
             f"  redis: {redis_url}\n  workers: {args.workers} (start delay {args.start_delay:g} s)\n"
-            "  in another terminal: tether debug -- python your_script.py",
+            + (f"  web view: {web_url(relay)} (log in: tether ui)\n" if args.web else "")
+            + "  in another terminal: tether debug -- python your_script.py",
             flush=True,
         )
         try:

@@ -191,7 +191,19 @@ def relay_config(args: argparse.Namespace) -> Any:
         max_control_connections=args.max_control_connections,
         max_active_runs=args.max_runs,
         blob_gc_interval=args.blob_gc,
+        web=args.web,
+        public_url=args.public_url,
     )
+
+
+def public_url(url: str) -> str:
+    """``--public-url``: an http(s) address with a host, nothing after it but a slash."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+        raise argparse.ArgumentTypeError(f"expected http(s)://HOST[:PORT], not {url!r}")
+    return url.rstrip("/")
 
 
 def is_loopback(host: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -139,9 +140,12 @@ async def test_an_unattended_stop_is_announced_then_the_policy_acts(
                 r"\a.*no IDE is attached\. If no IDE attaches within 1 s"
             )
             assert f"it will {policy}" in notice.string
+            page = relay.replace("ws://", "http://") + f"/ui/runs/{run_id}"
+            await debug.wait_line(rf"Its page: {re.escape(page)}$")
             with trio.fail_after(30):
                 await arrived.wait()
             assert received[0]["event"] == "unattended_stop" and received[0]["run"] == run_id
+            assert received[0]["url"] == page  # the web view's page of the run
             assert received[0]["data"]["where"] == f"app.py:{ONCE_LINE} in compute"
             if policy == "continue":
                 await debug.wait_line(r"ended \(exited, exit code 0\)", timeout=60)
