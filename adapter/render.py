@@ -13,7 +13,7 @@ from typing import Any
 
 from protocol_specs.auth import TokenInfo
 from protocol_specs.lines import LineJoiner
-from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.runs import RunRecord, RunSpec, short_duration
 from protocol_specs.wire import AuditEntry
 
 __all__ = [
@@ -114,10 +114,7 @@ class Terminal:
 
 
 def age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
+    return short_duration(seconds)
 
 
 def _state(record: RunRecord) -> str:
@@ -198,11 +195,7 @@ def status_text(record: RunRecord, now: float) -> str:
         f"mode       {'debug' if spec.debug else 'run'} on {spec.backend}",
         f"snapshot   {record.snapshot[:12]} ({record.files} files, {mib(record.size)}) "
         f"from {spec.workdir}",
-        f"resources  gpus={res.gpus} cpus={res.cpus}"
-        + (f" mem={res.memory_mb}M" if res.memory_mb else "")
-        + (f" time={age(res.time_limit)}" if res.time_limit else "")
-        + (f" partition={res.partition}" if res.partition else "")
-        + "".join(f" {name}={amount:g}" for name, amount in res.custom.items()),
+        "resources  " + " ".join(f"{name}={amount}" for name, amount in res.parts()),
         f"submitted  {age(now - record.created_at)} ago"
         + (f" by {record.owner}" if record.owner else ""),
     ]

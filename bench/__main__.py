@@ -33,6 +33,7 @@ from . import (
     snapshot,
     tunnels,
     wan,
+    web,
 )
 
 BENCHES = (
@@ -47,6 +48,7 @@ BENCHES = (
     "debuggable",
     "tunnels",
     "scale_out",
+    "web",
 )
 
 #: (full, quick) sizes
@@ -76,6 +78,8 @@ SIZES: dict[str, tuple[int, int]] = {
     "scale_sessions": (4_000, 20),  # idle sessions with each number of relays
     "scale_pairs": (16, 2),
     "scale_seconds": (5, 1),
+    "web_runs": (10_000, 200),  # runs in the web view's list
+    "web_rounds": (20, 3),
 }
 
 #: (full, quick) round-trip times of the slow-link benchmark, ms (``--rtt-ms`` overrides)
@@ -213,6 +217,11 @@ async def run(
             size["scale_seconds"],
         )
 
+    async def bench_web() -> None:
+        n = str(size["web_runs"] + 100)
+        async with common.tether_stack(tmp / "home-web", relay_args=("--max-runs", n)) as tether:
+            figures["web"] = await web.run(tether, size["web_runs"], size["web_rounds"], tmp)
+
     stages = {
         "latency": bench_latency,
         "flood": bench_flood,
@@ -225,6 +234,7 @@ async def run(
         "debuggable": bench_debuggable,
         "tunnels": bench_tunnels,
         "scale_out": bench_scale_out,
+        "web": bench_web,
     }
     for name, stage in stages.items():
         if name in only:

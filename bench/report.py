@@ -9,6 +9,7 @@ from typing import Any
 from .common import DEBUGPY, FLOOR, TETHER, WAY_NAMES, Dist, ms, verdict
 from .scale_out import section as scale_out_section
 from .tunnels import section as tunnels_section
+from .web import section as web_section
 
 
 def _way_cells(ways: dict[str, Dist]) -> str:
@@ -541,6 +542,7 @@ SECTIONS = {
     "debuggable": _debuggable,
     "tunnels": tunnels_section,
     "scale_out": scale_out_section,
+    "web": web_section,
 }
 
 

@@ -80,6 +80,7 @@ class AuditEvent(StrEnum):
     LOGS = "logs"  #: someone followed the run's logs
     REFUSED = "refused"  #: a connection to the run was refused
     TUNNEL = "tunnel"  #: a shell, a command or a port forward into the run (detail: which)
+    VIEW = "view"  #: someone looked at the run in the web view (detail: at what, if not its page)
 
 
 class Submit(BaseModel):

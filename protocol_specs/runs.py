@@ -30,6 +30,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .resources import Resources, short_duration
+
 __all__ = [
     "KNOWN_BACKENDS",
     "REDACTED",
@@ -46,6 +48,7 @@ __all__ = [
     "StaleAttempt",
     "next_state",
     "retry_delay",
+    "short_duration",
 ]
 
 
@@ -152,46 +155,6 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 _PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
 #: what a secret environment value looks like wherever users can see it
 REDACTED = "<secret>"
-_PARTITION = re.compile(r"^[A-Za-z0-9_.-]{0,64}$")
-#: a custom resource's name (Ray's ``--resources``; not one Ray names itself)
-_RESOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}$")
-_RAY_OWN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
-
-
-class Resources(BaseModel):
-    """What the run asks its scheduler for (the local pool honours ``gpus``; Slurm all but
-    ``custom``; Ray all but ``time_limit`` and ``partition``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    gpus: int = Field(default=0, ge=0, le=64)
-    cpus: int = Field(default=1, ge=1, le=1024)
-    #: memory in MiB (0: the scheduler's default)
-    memory_mb: int = Field(default=0, ge=0, le=64 * 1024 * 1024)
-    #: wall-clock limit in seconds (0: none / the partition's)
-    time_limit: float = Field(default=0.0, ge=0, le=365 * 86400)
-    #: Slurm partition ("" : the cluster's default)
-    partition: str = Field(default="", max_length=64)
-    #: Ray custom resources the run's entrypoint holds (``--resource NAME=AMOUNT``)
-    custom: dict[str, float] = Field(default_factory=dict, max_length=16)
-
-    @field_validator("custom")
-    @classmethod
-    def _custom(cls, value: dict[str, float]) -> dict[str, float]:
-        for name, amount in value.items():
-            if not _RESOURCE.match(name) or name in _RAY_OWN_RESOURCES:
-                hint = " (use --gpus, --cpus, --mem)" if name in _RAY_OWN_RESOURCES else ""
-                raise ValueError(f"invalid custom resource name {name[:80]!r}{hint}")
-            if not 0 < amount <= 1e9:
-                raise ValueError(f"custom resource {name}: the amount must be over 0")
-        return value
-
-    @field_validator("partition")
-    @classmethod
-    def _partition(cls, value: str) -> str:
-        if not _PARTITION.match(value):
-            raise ValueError(f"invalid partition name {value!r}")
-        return value
 
 
 def retry_delay(attempt: int, max_retries: int, backoff: float) -> float | None:

@@ -131,6 +131,7 @@ class Relay:
             self.blobs,
             tls=False,
             public_url=config.public_url,
+            max_live=config.max_connections,
             clock=clock,
         )
 

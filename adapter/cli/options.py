@@ -279,7 +279,7 @@ def relay_options(s: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--public-url",
         type=public_url,
-        default=d.public_url,
+        default=None,
         metavar="URL",
         help="the relay's address as browsers reach it (https://tether.example.com), when a proxy "
         "stands in front: the web view's links and its same-origin check use it",

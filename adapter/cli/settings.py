@@ -192,7 +192,7 @@ def relay_config(args: argparse.Namespace) -> Any:
         max_active_runs=args.max_runs,
         blob_gc_interval=args.blob_gc,
         web=args.web,
-        public_url=args.public_url,
+        public_url=args.public_url or "",
     )
 
 

@@ -371,6 +371,21 @@ class GlideStore:
         )
         return reply == 1
 
+    async def hget_many(self, keys: Sequence[str], field: str) -> list[bytes | None]:
+        import glide
+
+        if not keys:
+            return []
+        batch: glide.Batch | glide.ClusterBatch = (
+            glide.ClusterBatch(is_atomic=False) if self.cluster else glide.Batch(is_atomic=False)
+        )
+        for key in keys:
+            batch.hget(key, field)
+        with glide_errors(f"HGET of {len(keys)} keys"):
+            reply = await self._client.exec(batch, raise_on_error=True)
+        assert reply is not None
+        return [value if isinstance(value, bytes) else None for value in reply]
+
     async def hset(self, key: str, mapping: Mapping[str, bytes | str]) -> None:
         if not mapping:
             return  # HSET without fields is a syntax error; "set nothing" is a no-op

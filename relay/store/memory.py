@@ -240,6 +240,14 @@ class MemoryStore:
         s, cursor = await self._range(stream, after, count)
         return s.numbered_after(cursor, count) if s else []
 
+    async def hget_many(self, keys: Sequence[str], field: str) -> list[bytes | None]:
+        await trio.lowlevel.checkpoint()
+        out: list[bytes | None] = []
+        for key in keys:
+            h: Mapping[str, bytes] = self._get(key, _Hash) or {}
+            out.append(h.get(field))
+        return out
+
     async def read_last(self, stream: str, count: int) -> list[Entry]:
         await trio.lowlevel.checkpoint()
         s = self._get(stream, _Stream)

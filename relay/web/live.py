@@ -45,6 +45,7 @@ async def serve_live(web: Web, fanout: Fanout, ws: ServerConnection, *, recheck:
         await ws.aclose(1008, "not accepted")
         return
     clock = web.clock
+    web.viewers[view.who.user] += 1
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_drain, ws, nursery.cancel_scope)
@@ -54,6 +55,10 @@ async def serve_live(web: Web, fanout: Fanout, ws: ServerConnection, *, recheck:
                 nursery.start_soon(_logs, fanout, ws, view)
     except* ConnectionClosed:
         pass
+    finally:
+        web.viewers[view.who.user] -= 1
+        if not web.viewers[view.who.user]:
+            del web.viewers[view.who.user]
     await ws.aclose()
 
 

@@ -15,11 +15,12 @@ from html import escape
 from urllib.parse import urlencode
 
 from protocol_specs.auth import Principal
-from protocol_specs.runs import RunRecord, RunState
+from protocol_specs.runs import RunRecord, RunState, short_duration
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.web import ListQuery, file_path, run_path
 from protocol_specs.wire import AuditEntry
 
+from .assets import VERSION
 from .debug_view import DebugView
 from .listing import Page
 
@@ -46,11 +47,7 @@ def h(text: object) -> str:
     return escape(str(text), quote=True)
 
 
-def ago(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{max(seconds, 0):.0f}s"
+ago = short_duration
 
 
 def _stamp(at: float, now: float, *, suffix: str = " ago") -> str:
@@ -78,8 +75,8 @@ def _layout(
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f'<title>{h(title)} · tether</title>{meta}<link rel="icon" href="data:,">'
-        '<link rel="stylesheet" href="/ui/static/app.css">'
-        '<script src="/ui/static/app.js" defer></script></head>'
+        f'<link rel="stylesheet" href="/ui/static/app.css?v={VERSION}">'
+        f'<script src="/ui/static/app.js?v={VERSION}" defer></script></head>'
         f'<body{live_attr}><header class="top"><a class="brand" href="/ui">tether</a>'
         f'<span class="live-dot" title="live updates" hidden></span>'
         f"<nav>{user}</nav></header><main>{body}</main></body></html>"
@@ -212,15 +209,7 @@ def runs_page(
 
 def _facts(record: RunRecord, now: float) -> str:
     spec = record.spec
-    res = spec.resources
-    resources = [f"gpus {res.gpus}", f"cpus {res.cpus}"]
-    if res.memory_mb:
-        resources.append(f"mem {res.memory_mb} MiB")
-    if res.time_limit:
-        resources.append(f"time {ago(res.time_limit)}")
-    if res.partition:
-        resources.append(f"partition {res.partition}")
-    resources += [f"{name} {amount:g}" for name, amount in res.custom.items()]
+    resources = [f"{name} {amount}" for name, amount in spec.resources.parts()]
     rows = [
         ("Command", f"<code>{h(' '.join(spec.command))}</code>"),
         ("Mode", f"{'debug' if spec.debug else 'run'} on {h(spec.backend)}"),

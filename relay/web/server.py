@@ -18,10 +18,10 @@ import email.utils
 import logging
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from importlib import resources
 
 import orjson
 import trio
@@ -34,7 +34,14 @@ from protocol_specs.auth import Principal, TokenRecord, check_token
 from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord
 from protocol_specs.trees import TreeError
-from protocol_specs.wire import LogEntry, StatusEntry, StreamName, WireError, decode_entry
+from protocol_specs.wire import (
+    AuditEntry,
+    LogEntry,
+    StatusEntry,
+    StreamName,
+    WireError,
+    decode_entry,
+)
 
 from .. import keys
 from ..audit import AuditTrail
@@ -44,6 +51,7 @@ from ..control import Control
 from ..gate import Gate
 from ..registry import Registry
 from ..store import StoreError
+from . import assets
 from .debug_view import debug_view
 from .listing import list_page
 from .pages import error_page, file_page, files_page, login_page, run_page, runs_page
@@ -57,11 +65,8 @@ log = logging.getLogger("tether.relay.web")
 LOG_TAIL = 2000
 #: the largest snapshot file the viewer shows
 MAX_SHOWN = 1024 * 1024
-_TYPES = {"css": "text/css; charset=utf-8", "js": "text/javascript; charset=utf-8"}
-_STATIC = {
-    name: (resources.files(__package__) / "static" / name).read_bytes()
-    for name in ("app.css", "app.js")
-}
+#: a user looking at a run again within this many seconds adds no ``view`` to its audit trail
+VIEW_AUDIT_EVERY = 600.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,7 @@ class Web:
         *,
         tls: bool,
         public_url: str = "",
+        max_live: int = 64,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = registry
@@ -130,6 +136,9 @@ class Web:
         self.live: weakref.WeakKeyDictionary[ServerConnection, LiveView] = (
             weakref.WeakKeyDictionary()
         )
+        #: live pages open on this relay process, by user (at most ``max_live`` each)
+        self.viewers: Counter[str] = Counter()
+        self.max_live = max_live
 
     # --- the hook ---------------------------------------------------------------------------------
 
@@ -155,17 +164,15 @@ class Web:
     ) -> Response | None:
         match found.route:
             case web.Route.STATIC:
-                body = _STATIC.get(found.name)
+                body = assets.FILES.get(found.name)
                 if body is None:
                     return self._page(404, error_page(404, "no such file"))
-                kind = _TYPES[found.name.rpartition(".")[2]]
+                kind = assets.TYPES[found.name.rpartition(".")[2]]
                 return self._response(200, body, kind, cache=True)
             case web.Route.LOGIN_PAGE:
                 return self._page(200, login_page())
             case web.Route.LOGIN:
                 return await self._login(ws, req)
-            case web.Route.ROOT if req.upgrade:
-                return None
         got = await self.sessions.get(web.session_of(req, secure=self.tls))
         if got is None:
             return self._unauthenticated(req, found)
@@ -183,9 +190,9 @@ class Web:
             case web.Route.LIST:
                 return await self._list(req, session, who)
             case web.Route.RUN:
-                return await self._run_page(found.run, session, who)
+                return await self._run_page(ws, found.run, session, who)
             case web.Route.FILES | web.Route.FILE:
-                return await self._snapshot(found, req, session, who)
+                return await self._snapshot(ws, found, req, session, who)
             case web.Route.LIVE:
                 return await self._live(ws, req, who)
             case web.Route.LOGOUT:
@@ -260,7 +267,9 @@ class Web:
             return None
         return record
 
-    async def _run_page(self, run_id: str, session: Session, who: Principal) -> Response:
+    async def _run_page(
+        self, ws: ServerConnection, run_id: str, session: Session, who: Principal
+    ) -> Response:
         record = await self._visible(run_id, who, Act.GET_RUN)
         if record is None:
             return self._page(404, error_page(404, f"no run {run_id} (or not yours)", who))
@@ -269,9 +278,9 @@ class Web:
         text = LogText()
         logs = "".join(text(payload) for _, payload in tail)
         cursor = tail[-1][0] if tail else "0"
-        audit = []
-        if authorize(who, Act.GET_AUDIT, record) is None:
-            audit = await self.audit.read(record.id)
+        audit = await self._viewed(ws, record, who)
+        if authorize(who, Act.GET_AUDIT, record) is not None:
+            audit = []
         debug = await debug_view(self.store, record)
         since = await self.store.last_id(keys.CHANGES) or "0"
         html = run_page(
@@ -288,13 +297,19 @@ class Web:
         return self._page(200, html)
 
     async def _snapshot(
-        self, found: web.Match, req: web.HttpRequest, session: Session, who: Principal
+        self,
+        ws: ServerConnection,
+        found: web.Match,
+        req: web.HttpRequest,
+        session: Session,
+        who: Principal,
     ) -> Response:
         """A run's snapshot (what its owner submitted: seeing it is seeing the run): the file
         list, or one text file."""
         record = await self._visible(found.run, who, Act.GET_RUN)
         if record is None:
             return self._page(404, error_page(404, f"no run {found.run} (or not yours)", who))
+        await self._viewed(ws, record, who, "its snapshot")
         try:
             manifest = await self.registry.manifest_of(record.id)
         except (BlobError, TreeError) as exc:
@@ -313,6 +328,21 @@ class Web:
                 return self._page(410, error_page(410, f"the relay lost this file: {exc}", who))
             text = _text(data)
         return self._page(200, file_page(record, entry, text, who, session.csrf))
+
+    async def _viewed(
+        self, ws: ServerConnection, record: RunRecord, who: Principal, what: str = ""
+    ) -> list[AuditEntry]:
+        """Put a ``view`` in the run's audit trail (once per :data:`VIEW_AUDIT_EVERY` s per user
+        and thing seen: reloads add nothing); the trail as it was."""
+        trail = await self.audit.read(record.id)
+        now = self.clock()
+        for entry in reversed(trail):
+            if now - entry.at > VIEW_AUDIT_EVERY:
+                break
+            if entry.event == "view" and entry.user == who.user and entry.detail == what:
+                return trail
+        await self.audit.record(record.id, "view", who, source=_source(ws), role="web", detail=what)
+        return trail
 
     async def _action(self, ws: ServerConnection, found: web.Match, who: Principal) -> Response:
         act = Act.CANCEL if found.route is web.Route.CANCEL else Act.RERUN
@@ -338,6 +368,9 @@ class Web:
         refusal = web.origin_refusal(req, self._origin(req))
         if refusal or not req.upgrade:
             return self._json(403, {"error": refusal or "a WebSocket handshake is expected"})
+        if self.viewers[who.user] >= self.max_live:
+            message = f"{who.user} has {self.max_live} live pages open here, the most allowed"
+            return self._json(429, {"error": message})
         changes = req.query.get("since", "0")
         if not web.STREAM_ID.fullmatch(changes):
             changes = "0"

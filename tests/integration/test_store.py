@@ -801,3 +801,14 @@ async def test_the_previous_id_survives_trimming(store: Store) -> None:
     assert await store.trim_received("s", one.cursor) == 1
     two = await store.append_once("s", "p", 2, b"2", transient=True)
     assert two.prev == one.cursor
+
+
+async def test_hget_many_reads_one_field_of_many_hashes_in_order(store: Store) -> None:
+    keys = [f"tether:run:{{r{i}}}" for i in range(300)]  # spread over a cluster's slots
+    for i, key in enumerate(keys):
+        if i % 3:
+            await store.hset(key, {"record": f"v{i}".encode()})
+    got = await store.hget_many(keys, "record")
+    assert got == [None if i % 3 == 0 else f"v{i}".encode() for i in range(300)]
+    assert await store.hget_many([], "record") == []
+    assert await store.hget_many(["tether:run:{r1}"], "other") == [None]

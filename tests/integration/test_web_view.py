@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 import trio
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.trio.client import connect
 
 from protocol_specs import web
@@ -57,7 +57,7 @@ async def site(redis_servers: object) -> AsyncIterator[Site]:
         alice, _ = await tokens.create("alice", scopes=[Scope.RUNS])
         bob, _ = await tokens.create("bob", scopes=[Scope.RUNS])
         admin, _ = await tokens.create("root", scopes=[Scope.RUNS, Scope.ADMIN])
-        config = RelayConfig(recheck=0.2)
+        config = RelayConfig(recheck=0.2, max_connections=3)
         async with trio.open_nursery() as nursery:
             server = await nursery.start(
                 lambda task_status: serve_relay(
@@ -236,6 +236,13 @@ async def test_actions_need_the_sessions_csrf_token_and_the_relays_origin(site: 
         assert (await control.get_run(again)).rerun_of == run
     web_events = [(e.event, e.role) for e in trail if e.role == "web"]
     assert web_events == [("cancel", "web"), ("rerun", "web")]
+    # looking is audited too, once for a while (a reload adds nothing)
+    for _ in range(2):
+        assert (await alice.page(f"/ui/runs/{run}")).status_code == 200
+    async with open_control(site.endpoint(site.alice)) as control:
+        trail = await control.audit(run)
+    assert [(e.event, e.user, e.role) for e in trail][-1] == ("view", "alice", "web")
+    assert sum(e.event == "view" for e in trail) == 1
 
 
 async def test_another_users_run_is_a_404_everywhere(site: Site) -> None:
@@ -392,3 +399,55 @@ async def test_a_runs_snapshot_can_be_browsed_and_its_text_files_read(site: Site
     for path in (f"/ui/runs/{run}/files", f"/ui/runs/{run}/files/train.py"):
         got = await bob.page(path)
         assert got.status_code == 404 and "import torch" not in got.text
+
+
+async def test_live_pages_are_capped_per_user_and_end_with_their_session(site: Site) -> None:
+    token, made = await site.tokens.create("dora", scopes=[Scope.RUNS])
+    dora = await log_in(site, token)
+    cookie = {"Cookie": f"{web.COOKIE}={dora.cookie}"}
+    page = f"{site.relay}/ui/live"
+    async with (
+        connect(page, origin=site.base, additional_headers=cookie) as first,  # type: ignore[arg-type]
+        connect(page, origin=site.base, additional_headers=cookie),  # type: ignore[arg-type]
+        connect(page, origin=site.base, additional_headers=cookie),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(page, origin=site.base, additional_headers=cookie):  # type: ignore[arg-type]
+                pass
+        assert refused.value.response.status_code == 429
+        await site.tokens.revoke(made.id)
+        with trio.fail_after(10), pytest.raises(ConnectionClosed) as closed:
+            await first.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+async def test_the_list_says_while_an_ide_is_attached(site: Site) -> None:
+    from protocol_specs.wire import PresenceEntry, Role
+    from relay.client import open_run_link
+
+    run = await submit(site, site.alice, "attached")
+    alice = await log_in(site, site.alice)
+
+    async def row() -> str:
+        found = re.search(rf'<tr id="run-{run}".*?</tr>', (await alice.page("/ui")).text)
+        assert found
+        return found.group(0)
+
+    assert ">IDE<" not in await row()
+    since = await site.store.last_id("tether:changes") or "0"
+    async with connect(
+        f"{site.relay}/ui/live?since={since}",
+        origin=site.base,  # type: ignore[arg-type]
+        additional_headers={"Cookie": f"{web.COOKIE}={alice.cookie}"},
+    ) as live:
+        async with open_run_link(site.endpoint(site.alice), role=Role.IDE, run=run) as ide:
+            await ide.publish(PresenceEntry(origin="adapter-1", epoch=1, attached=True))
+            await ide.flush()  # acknowledged once the record says so
+            assert ">IDE<" in await row()
+        # the link closed while its IDE was attached: the relay says the IDE left
+        with trio.fail_after(10):
+            while True:
+                pushed = orjson.loads(await live.recv())
+                if pushed["id"] == run and ">IDE<" not in pushed["html"]:
+                    break
+    assert ">IDE<" not in await row()

@@ -44,7 +44,7 @@ from worker_shim.replay import (
     ReplayPhase,
     next_phase,
 )
-from worker_shim.watch import LOOKUP_TIMEOUT, PAUSE_REPORT_AFTER
+from worker_shim.watch import LOOKUP_TIMEOUT, PAUSE_REPORT_AFTER, STACK_FRAMES
 
 WORKDIR = "/home/me/project"
 RUN_DIR = "/runs/r1-1"
@@ -494,15 +494,24 @@ def test_a_stop_with_an_ide_attached_is_only_reported_as_paused() -> None:
     assert h.to_debugpy == []
     h.tick(h.clock.now + PAUSE_REPORT_AFTER)
     lookup = h.sent("stackTrace")
-    assert lookup["arguments"] == {"threadId": 1, "levels": 1}
+    assert lookup["arguments"] == {"threadId": 1, "levels": STACK_FRAMES}
     frame = {"id": 1, "name": "train_step", "line": 18, "column": 1}
-    h.respond(lookup, {"stackFrames": [{**frame, "source": {"path": f"{RUN_DIR}/train.py"}}]})
+    outer = {"id": 2, "name": "<module>", "line": 40, "source": {"path": "/usr/lib/x.py"}}
+    h.respond(
+        lookup,
+        {"stackFrames": [{**frame, "source": {"path": f"{RUN_DIR}/train.py"}}, outer]},
+    )
     [paused] = h.statuses()
     assert paused.event == StatusEvent.PAUSED
     assert paused.data == {
         "where": "train.py:18 in train_step",
         "reason": "breakpoint",
         "thread_id": 1,
+        # the frames, for the web view: paths in the run directory relative to it
+        "stack": [
+            {"name": "train_step", "path": "train.py", "line": 18},
+            {"name": "<module>", "path": "/usr/lib/x.py", "line": 40},
+        ],
     }
     assert h.core.next_deadline is None  # attended: no policy deadline
     h.event("continued", {"threadId": 1, "allThreadsContinued": True})

@@ -17,6 +17,7 @@
 //   text {selector, as}             store the element's text under `as`
 //   touch {file}                    create a file (a program under test waits for it)
 //   screenshot {name, full?}        save DIR/name.png
+//   timing {as}                     store the last navigation's duration (ms, start to load)
 //
 // The result is the LAST line of stdout (JSON): {"ok", "values", "failed"?: {"step", "error"}};
 // a failed step also saves DIR/failure.png. Exit status: 0 passed, 1 a step failed, 2 no run.
@@ -70,6 +71,11 @@ async function step(page, s) {
       return;
     case "touch":
       writeFileSync(s.file, "go\n");
+      return;
+    case "timing":
+      values[s.as] = await page.evaluate(
+        () => performance.getEntriesByType("navigation")[0]?.duration ?? null,
+      );
       return;
     case "screenshot":
       return page.screenshot({ path: join(scenario.shots, `${s.name}.png`), fullPage: !!s.full });
