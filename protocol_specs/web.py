@@ -32,7 +32,6 @@ import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .runs import RunState
@@ -148,13 +147,14 @@ class HttpRequest:
         return self.headers.get(name.lower(), "")
 
     def cookie(self, name: str) -> str:
-        jar: SimpleCookie = SimpleCookie()
-        try:
-            jar.load(self.header("cookie"))
-        except CookieError:
-            return ""
-        morsel = jar.get(name)
-        return morsel.value if morsel is not None else ""
+        """The first cookie called ``name`` (the header split by hand: one malformed cookie of
+        another application on the same host must not hide ours, as it would from
+        ``http.cookies``)."""
+        for pair in self.header("cookie").split(";"):
+            key, sep, value = pair.strip().partition("=")
+            if sep and key == name:
+                return value.strip().strip('"')
+        return ""
 
     @property
     def upgrade(self) -> bool:
@@ -243,7 +243,7 @@ def origin_refusal(request: HttpRequest, origin: str) -> str:
     site = request.header("sec-fetch-site")
     if not sent and not site:
         return "the request names no origin"
-    if sent and sent.rstrip("/").lower() != origin.lower():
+    if sent and _normal(sent.rstrip("/")) != _normal(origin):
         return f"the request comes from another origin ({sent[:100]})"
     if site and site not in ("same-origin", "none"):
         return f"the request comes from another site (Sec-Fetch-Site: {site[:40]})"
@@ -260,9 +260,18 @@ def origin_of(request: HttpRequest, *, tls: bool, public: str = "") -> str:
     behind a proxy), else the scheme it serves and the ``Host`` the browser named."""
     if public:
         parts = urlsplit(public)
-        return f"{parts.scheme}://{parts.netloc}"
+        return _normal(f"{parts.scheme}://{parts.netloc}")
     host = request.header("host") or "localhost"
-    return f"{'https' if tls else 'http'}://{host}"
+    return _normal(f"{'https' if tls else 'http'}://{host}")
+
+
+def _normal(origin: str) -> str:
+    """An origin as browsers send it: lower-case, without the scheme's default port."""
+    origin = origin.lower()
+    for scheme, port in (("https://", ":443"), ("http://", ":80")):
+        if origin.startswith(scheme) and origin.endswith(port):
+            return origin.removesuffix(port)
+    return origin
 
 
 def security_headers() -> list[tuple[str, str]]:

@@ -50,6 +50,11 @@ class AuditTrail:
         payload = msgpack.packb(entry.model_dump(), use_bin_type=True)
         await self.store.append(keys.audit(run_id), payload, maxlen=self.entries)
 
+    async def read_last(self, run_id: str, count: int) -> list[wire.AuditEntry]:
+        """The newest ``count`` entries, oldest first."""
+        tail = await self.store.read_last(keys.audit(run_id), count)
+        return [wire.AuditEntry.model_validate(msgpack.unpackb(p)) for _, p in tail]
+
     async def read(self, run_id: str) -> list[wire.AuditEntry]:
         entries: list[wire.AuditEntry] = []
         cursor = "0"

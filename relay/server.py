@@ -240,6 +240,7 @@ async def serve_relay(
                 max_size=wire.MAX_HELLO_BYTES,  # raised per role once the token is checked
                 ping_interval=None,  # the kernel's keepalive instead: see keep_alive
                 process_request=relay.web.process_request if relay.config.web else None,
+                process_response=relay.web.process_response if relay.config.web else None,
             )
         )
         if relay.config.web:

@@ -23,7 +23,7 @@ from protocol_specs.wire import DapEntry, StatusEntry, StreamName, WireError, de
 from .. import keys
 from ..store import Store
 
-__all__ = ["MAX_ENTRIES", "Breakpoint", "DebugView", "Stop", "debug_view", "fold"]
+__all__ = ["MAX_ENTRIES", "Breakpoint", "DebugView", "Stop", "debug_view", "fold", "stopped_key"]
 
 #: entries of each stream a page folds, at most
 MAX_ENTRIES = 20_000
@@ -64,6 +64,13 @@ class DebugView:
     @property
     def empty(self) -> bool:
         return not (self.breakpoints or self.functions or self.exceptions or self.stops)
+
+
+def stopped_key(record: RunRecord) -> tuple[str, int, tuple[str, ...]]:
+    """What the debugger view of a run depends on, as far as its record tells: its state, its
+    attempt, where each process stopped (a new view is folded when this changes)."""
+    where = tuple(f"{key}:{row.where}" for key, row in record.processes.items() if row.where)
+    return record.state.value, record.attempt, where
 
 
 async def debug_view(store: Store, record: RunRecord) -> DebugView:

@@ -18,10 +18,10 @@ Messages are built by the same functions that rendered the page.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import orjson
 import trio
+from pydantic import ValidationError
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.server import ServerConnection
 
@@ -30,7 +30,8 @@ from protocol_specs.wire import StreamName
 
 from .. import keys
 from ..fanout import Fanout
-from .debug_view import debug_view
+from ..store import StoreError
+from .debug_view import stopped_key
 from .pages import debug_section, run_row, run_summary
 from .server import LiveView, LogText, Web
 
@@ -44,17 +45,21 @@ async def serve_live(web: Web, fanout: Fanout, ws: ServerConnection, *, recheck:
     if view is None:
         await ws.aclose(1008, "not accepted")
         return
-    clock = web.clock
     web.viewers[view.who.user] += 1
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_drain, ws, nursery.cancel_scope)
             nursery.start_soon(_recheck, web, ws, view, recheck, nursery.cancel_scope)
-            nursery.start_soon(_changes, fanout, ws, view, clock)
+            nursery.start_soon(_changes, web, fanout, ws, view)
             if view.run is not None:
                 nursery.start_soon(_logs, fanout, ws, view)
     except* ConnectionClosed:
         pass
+    except* StoreError as group:
+        # the page reloads in a while (and sees what the relay can say then)
+        log.warning("closing a live page of %s: %s", view.who, group.exceptions[0])
+        with trio.move_on_after(1):
+            await ws.aclose(1011, "the relay lost its store")
     finally:
         web.viewers[view.who.user] -= 1
         if not web.viewers[view.who.user]:
@@ -82,25 +87,26 @@ async def _recheck(
             return
 
 
-async def _changes(
-    fanout: Fanout, ws: ServerConnection, view: LiveView, clock: Callable[[], float]
-) -> None:
-    who = view.who
+async def _changes(web: Web, fanout: Fanout, ws: ServerConnection, view: LiveView) -> None:
+    who, clock = view.who, web.clock
     #: what the debugger section was drawn for: drawn again when the run pauses or goes on
-    drawn = _stopped(view.run) if view.run is not None else None
+    drawn = stopped_key(view.run) if view.run is not None else None
     async with fanout.subscribe(keys.CHANGES, view.changes_cursor) as changes:
         while True:
             for item in await changes.next_batch():
-                if item.payload is None:
+                if item.payload is None or not _may_concern(view, item.payload):
                     continue
-                record = RunRecord.model_validate_json(item.payload)
+                try:
+                    record = RunRecord.model_validate_json(item.payload)
+                except ValidationError:  # a newer relay's record this one cannot read
+                    continue
                 if view.run is not None:
                     if record.id == view.run.id:
                         html = run_summary(record, clock())
                         await ws.send(orjson.dumps({"t": "summary", "html": html}).decode())
-                        if _stopped(record) != drawn:
-                            drawn = _stopped(record)
-                            debug = await debug_view(fanout.store, record)
+                        if stopped_key(record) != drawn:
+                            drawn = stopped_key(record)
+                            debug = await web.debug_view(record)
                             html = debug_section(debug, record)
                             await ws.send(orjson.dumps({"t": "debug", "html": html}).decode())
                     continue
@@ -118,10 +124,17 @@ async def _changes(
                 await ws.send(orjson.dumps(message).decode())
 
 
-def _stopped(record: RunRecord) -> tuple[str, int, tuple[str, ...]]:
-    """What decides the debugger section: the state, the attempt, where each process stopped."""
-    where = tuple(f"{key}:{row.where}" for key, row in record.processes.items() if row.where)
-    return record.state.value, record.attempt, where
+def _may_concern(view: LiveView, payload: bytes) -> bool:
+    """Whether a change (a stored record's JSON) may be shown on ``view``'s page: its run, or a
+    run its user may see (read without making a model of every other user's records)."""
+    try:
+        raw = orjson.loads(payload)
+        run, owner = raw["id"], raw.get("owner", "")
+    except (ValueError, KeyError, TypeError):
+        return False
+    if view.run is not None:
+        return bool(run == view.run.id)
+    return bool(view.who.admin or owner == view.who.user)
 
 
 async def _logs(fanout: Fanout, ws: ServerConnection, view: LiveView) -> None:

@@ -39,8 +39,9 @@ __all__ = [
 
 #: the adapter port ``tether attach`` serves by default (``adapter.cli.settings``)
 ADAPTER_PORT = 5678
-#: files a snapshot's list shows at once (a filter narrows it)
+#: files a snapshot's list shows at once (a filter narrows it), lines a file's viewer shows
 FILES_SHOWN = 2000
+LINES_SHOWN = 20_000
 
 
 def h(text: object) -> str:
@@ -91,10 +92,21 @@ def error_page(status: int, message: str, who: Principal | None = None) -> str:
     return _layout(str(status), body, who=who)
 
 
-def login_page(message: str = "") -> str:
+def login_page(message: str = "", current: str = "") -> str:
+    """The login form; with a ``tether ui`` link's code, a button that uses it (never used
+    without a click: a link someone else sent logs you in as them); ``current``: who is
+    logged in already."""
     note = f'<p class="flash" role="alert">{h(message)}</p>' if message else ""
+    if current:
+        note += (
+            f'<p class="who-now">You are logged in as <b>{h(current)}</b> '
+            '(<a href="/ui">your runs</a>); logging in again replaces that session.</p>'
+        )
     body = (
         '<section class="card login"><h1>Log in</h1>'
+        '<div id="with-link" hidden><p>This link from <code>tether ui</code> logs you in once, '
+        "as whoever made it.</p>"
+        '<button type="button" id="use-link">Log in with this link</button></div>'
         "<p>Paste a tether token (<code>tether token create</code>), or open the link "
         "<code>tether ui</code> prints.</p>"
         f'{note}<form id="login" autocomplete="off">'
@@ -421,11 +433,15 @@ def file_page(
         why = "too large to show here" if entry.size > 1024 * 1024 else "not text"
         content = f'<p class="dim">{_size(entry.size)}: {why}.</p>'
     else:
+        # lines as a debugger counts them (``\n`` only: not ``splitlines``' form feeds and the rest)
+        all_lines = text.removesuffix("\n").split("\n")
         lines = "".join(
-            f'<span class="line" id="L{n}">{h(line)}</span>\n'
-            for n, line in enumerate(text.splitlines(), start=1)
+            f'<span class="line" id="L{n}">{h(line.removesuffix(chr(13)))}</span>\n'
+            for n, line in enumerate(all_lines[:LINES_SHOWN], start=1)
         )
-        content = f'<pre class="code">{lines}</pre>'
+        more = len(all_lines) - LINES_SHOWN
+        rest = f'<p class="dim">{more:,} more lines: too long to show here.</p>' if more > 0 else ""
+        content = f'<pre class="code">{lines}</pre>{rest}'
     body = (
         f'<div class="bar"><h1><a href="{run_path(record.id)}">run {h(record.id)}</a> '
         f'<small><a href="{run_path(record.id)}/files">files</a> / {h(entry.path)}</small></h1>'

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Any
 
 import orjson
 import trio
@@ -33,6 +34,7 @@ from protocol_specs import web
 from protocol_specs.auth import Principal, TokenRecord, check_token
 from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord
+from protocol_specs.snapshots import Manifest
 from protocol_specs.trees import TreeError
 from protocol_specs.wire import (
     AuditEntry,
@@ -52,7 +54,7 @@ from ..gate import Gate
 from ..registry import Registry
 from ..store import StoreError
 from . import assets
-from .debug_view import debug_view
+from .debug_view import DebugView, debug_view, stopped_key
 from .listing import list_page
 from .pages import error_page, file_page, files_page, login_page, run_page, runs_page
 from .sessions import Session, WebSessions, may_log_in
@@ -61,8 +63,17 @@ __all__ = ["LiveView", "LogText", "Web"]
 
 log = logging.getLogger("tether.relay.web")
 
-#: log chunks a run's page shows at first (its live tail goes on from there)
-LOG_TAIL = 2000
+#: log chunks a run's page shows at first (its live tail goes on from there), and their text
+#: at most (the newest)
+LOG_TAIL = 500
+LOG_TAIL_CHARS = 256 * 1024
+#: audit entries a run's page shows (the newest)
+AUDIT_SHOWN = 200
+#: the longest a refused login waits (the back-off of failed connections goes higher; a request
+#: must be answered within ``websockets``' handshake timeout)
+LOGIN_DELAY = 2.0
+#: manifests and debugger views kept per relay process
+_KEPT = 64
 #: the largest snapshot file the viewer shows
 MAX_SHOWN = 1024 * 1024
 #: a user looking at a run again within this many seconds adds no ``view`` to its audit trail
@@ -136,11 +147,20 @@ class Web:
         self.live: weakref.WeakKeyDictionary[ServerConnection, LiveView] = (
             weakref.WeakKeyDictionary()
         )
+        #: snapshots' manifests by run (a run's never changes), the newest few
+        self.manifests: dict[str, Manifest] = {}
+        #: debugger views by run and what they were folded for (shared by a run's live pages)
+        self.debug_views: dict[tuple[str, object], DebugView] = {}
         #: live pages open on this relay process, by user (at most ``max_live`` each)
         self.viewers: Counter[str] = Counter()
         self.max_live = max_live
 
-    # --- the hook ---------------------------------------------------------------------------------
+    @property
+    def secure(self) -> bool:
+        """Browsers reach the relay over TLS (its own, or a proxy's: ``public_url``)."""
+        return self.tls or self.public_url.startswith("https://")
+
+    # --- the hooks --------------------------------------------------------------------------------
 
     async def process_request(self, ws: ServerConnection, request: Request) -> Response | None:
         """The answer to a web view request; ``None`` lets a relay handshake through."""
@@ -148,16 +168,35 @@ class Web:
         if req.upgrade and not req.path.startswith("/ui"):
             return None  # a relay peer
         found = web.route(req.method, req.path)
-        if isinstance(found, int):
-            return self._page(found, error_page(found, HTTPStatus(found).phrase))
         try:
-            response = await self._answer(ws, req, found)
+            if isinstance(found, int):
+                response: Response | None = self._page(
+                    found, error_page(found, HTTPStatus(found).phrase)
+                )
+                if found == 405:
+                    assert response is not None
+                    response.headers["Allow"] = "GET, HEAD, POST"
+            else:
+                response = await self._answer(ws, req, found)
         except StoreError as exc:
             log.warning("web request %s %s: %s", req.method, req.path, exc)
             response = self._page(503, error_page(503, "the relay lost its store; try again"))
+        except Exception:  # a bug: said in the relay's log, never to the browser
+            log.exception("web request %s %s failed", req.method, req.path)
+            response = self._page(500, error_page(500, "the relay failed to answer this"))
         if req.method == "HEAD" and response is not None:
             response = Response(response.status_code, response.reason_phrase, response.headers)
         return response
+
+    def process_response(
+        self, ws: ServerConnection, request: Request, response: Response
+    ) -> Response | None:
+        """``websockets``' own answers (a malformed request, a failed handshake) get the same
+        locked-down headers as the web view's."""
+        if response.status_code != 101 and "Content-Security-Policy" not in response.headers:
+            for name, value in web.security_headers():
+                response.headers[name] = value
+        return None
 
     async def _answer(
         self, ws: ServerConnection, req: web.HttpRequest, found: web.Match
@@ -170,10 +209,11 @@ class Web:
                 kind = assets.TYPES[found.name.rpartition(".")[2]]
                 return self._response(200, body, kind, cache=True)
             case web.Route.LOGIN_PAGE:
-                return self._page(200, login_page())
+                current = await self.sessions.get(web.session_of(req, secure=self.secure))
+                return self._page(200, login_page(current=current[1].user if current else ""))
             case web.Route.LOGIN:
                 return await self._login(ws, req)
-        got = await self.sessions.get(web.session_of(req, secure=self.tls))
+        got = await self.sessions.get(web.session_of(req, secure=self.secure))
         if got is None:
             return self._unauthenticated(req, found)
         session, who = got
@@ -190,14 +230,14 @@ class Web:
             case web.Route.LIST:
                 return await self._list(req, session, who)
             case web.Route.RUN:
-                return await self._run_page(ws, found.run, session, who)
+                return await self._run_page(ws, req, found.run, session, who)
             case web.Route.FILES | web.Route.FILE:
                 return await self._snapshot(ws, found, req, session, who)
             case web.Route.LIVE:
                 return await self._live(ws, req, who)
             case web.Route.LOGOUT:
-                await self.sessions.close(web.session_of(req, secure=self.tls))
-                return self._json(200, {"ok": True}, cookie=web.clear_cookie(secure=self.tls))
+                await self.sessions.close(web.session_of(req, secure=self.secure))
+                return self._json(200, {"ok": True}, cookie=web.clear_cookie(secure=self.secure))
             case web.Route.CANCEL | web.Route.RERUN:
                 return await self._action(ws, found, who)
         return self._page(404, error_page(404, "Not Found", who))
@@ -230,13 +270,18 @@ class Web:
         if record is not None and not why:
             why = may_log_in(record)
         if why or record is None:
-            delay, _count = self.gate.throttle.failed(source, trio.current_time())
+            delay, count = self.gate.throttle.failed(source, trio.current_time())
             log.info("web login refused from %s: %s", source, why)
-            await trio.sleep(delay)
+            if self.gate.throttle.throttled(count):
+                # no waiting the full back-off here: the handshake's own timeout would drop it
+                await trio.sleep(LOGIN_DELAY)
+                message = f"{count} failed logins from {source} in the last minute: wait a minute"
+                return self._json(429, {"error": message})
+            await trio.sleep(min(delay, LOGIN_DELAY))
             return self._json(401, {"error": why or "the token is not valid"})
         opened = await self.sessions.open(record)
         log.info("web session opened for %s (token %s) from %s", record.user, record.id, source)
-        cookie = web.session_cookie(opened.id, secure=self.tls)
+        cookie = web.session_cookie(opened.id, secure=self.secure)
         return self._json(200, {"ok": True, "user": record.user}, cookie=cookie)
 
     def _unauthenticated(self, req: web.HttpRequest, found: web.Match) -> Response:
@@ -268,7 +313,12 @@ class Web:
         return record
 
     async def _run_page(
-        self, ws: ServerConnection, run_id: str, session: Session, who: Principal
+        self,
+        ws: ServerConnection,
+        req: web.HttpRequest,
+        run_id: str,
+        session: Session,
+        who: Principal,
     ) -> Response:
         record = await self._visible(run_id, who, Act.GET_RUN)
         if record is None:
@@ -276,12 +326,12 @@ class Web:
         record = await self.registry.with_liveness(record)
         tail = await self.store.read_last(keys.stream(record.id, StreamName.LOGS), LOG_TAIL)
         text = LogText()
-        logs = "".join(text(payload) for _, payload in tail)
+        logs = "".join(text(payload) for _, payload in tail)[-LOG_TAIL_CHARS:]
         cursor = tail[-1][0] if tail else "0"
-        audit = await self._viewed(ws, record, who)
+        audit = await self._viewed(ws, req, record, who)
         if authorize(who, Act.GET_AUDIT, record) is not None:
             audit = []
-        debug = await debug_view(self.store, record)
+        debug = await self.debug_view(record)
         since = await self.store.last_id(keys.CHANGES) or "0"
         html = run_page(
             record.redacted(),
@@ -309,11 +359,10 @@ class Web:
         record = await self._visible(found.run, who, Act.GET_RUN)
         if record is None:
             return self._page(404, error_page(404, f"no run {found.run} (or not yours)", who))
-        await self._viewed(ws, record, who, "its snapshot")
-        try:
-            manifest = await self.registry.manifest_of(record.id)
-        except (BlobError, TreeError) as exc:
-            return self._page(410, error_page(410, f"the relay lost this snapshot: {exc}", who))
+        await self._viewed(ws, req, record, who, "its snapshot")
+        manifest = await self._manifest(record)
+        if manifest is None:
+            return self._page(410, error_page(410, "the relay lost this snapshot", who))
         if found.route is web.Route.FILES:
             html = files_page(record, manifest, who, session.csrf, req.query.get("q", "")[:200])
             return self._page(200, html)
@@ -325,16 +374,48 @@ class Web:
             try:
                 _size, data = await self.blobs.read(entry.digest, 0, entry.size)
             except BlobError as exc:
-                return self._page(410, error_page(410, f"the relay lost this file: {exc}", who))
+                log.warning("run %s: %s", record.id, exc)
+                return self._page(410, error_page(410, "the relay lost this file", who))
             text = _text(data)
         return self._page(200, file_page(record, entry, text, who, session.csrf))
 
+    async def _manifest(self, record: RunRecord) -> Manifest | None:
+        """The run's snapshot's manifest (``None``: the relay lost part of it), kept for the next
+        look (a run's snapshot never changes)."""
+        manifest = self.manifests.get(record.id)
+        if manifest is None:
+            try:
+                manifest = await self.registry.manifest_of(record.id)
+            except (BlobError, TreeError) as exc:
+                log.warning("run %s: %s", record.id, exc)
+                return None
+            _keep(self.manifests, record.id, manifest)
+        return manifest
+
+    async def debug_view(self, record: RunRecord) -> DebugView:
+        """The run's debugger section, folded once per state of its processes (its live pages
+        share it)."""
+        key = (record.id, stopped_key(record))
+        view = self.debug_views.get(key)
+        if view is None:
+            view = await debug_view(self.store, record)
+            _keep(self.debug_views, key, view)
+        return view
+
     async def _viewed(
-        self, ws: ServerConnection, record: RunRecord, who: Principal, what: str = ""
+        self,
+        ws: ServerConnection,
+        req: web.HttpRequest,
+        record: RunRecord,
+        who: Principal,
+        what: str = "",
     ) -> list[AuditEntry]:
         """Put a ``view`` in the run's audit trail (once per :data:`VIEW_AUDIT_EVERY` s per user
-        and thing seen: reloads add nothing); the trail as it was."""
-        trail = await self.audit.read(record.id)
+        and thing seen: reloads add nothing; a ``HEAD`` sees nothing); the newest of the trail,
+        as it was."""
+        trail = await self.audit.read_last(record.id, AUDIT_SHOWN)
+        if req.method == "HEAD":
+            return trail
         now = self.clock()
         for entry in reversed(trail):
             if now - entry.at > VIEW_AUDIT_EVERY:
@@ -355,7 +436,11 @@ class Web:
                 record, who, source=source, role="web", detail="cancelled in the web view"
             )
             return self._json(200, {"ok": True, "state": done.state.value})
-        got = await self.control.rerun(record, who, source=source, role="web")
+        try:
+            got = await self.control.rerun(record, who, source=source, role="web")
+        except (BlobError, TreeError) as exc:
+            log.warning("run %s: cannot rerun: %s", record.id, exc)
+            return self._json(410, {"error": "the relay lost part of this run's snapshot"})
         if not isinstance(got, RunRecord):
             return self._json(409, {"error": got.message})
         return self._json(200, {"ok": True, "run": got.id, "url": web.run_path(got.id)})
@@ -364,7 +449,7 @@ class Web:
         self, ws: ServerConnection, req: web.HttpRequest, who: Principal
     ) -> Response | None:
         """Accept a live WebSocket (``relay/web/live.py`` serves it) from the relay's own pages."""
-        session = web.session_of(req, secure=self.tls)
+        session = web.session_of(req, secure=self.secure)
         refusal = web.origin_refusal(req, self._origin(req))
         if refusal or not req.upgrade:
             return self._json(403, {"error": refusal or "a WebSocket handshake is expected"})
@@ -437,6 +522,13 @@ class Web:
 
     def _redirect(self, location: str) -> Response:
         return self._response(303, b"", "text/plain", location=location)
+
+
+def _keep(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    """Put ``value`` in a small cache, dropping its oldest entry past :data:`_KEPT`."""
+    cache[key] = value
+    while len(cache) > _KEPT:
+        del cache[next(iter(cache))]
 
 
 def _text(data: bytes) -> str | None:

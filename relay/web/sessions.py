@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from protocol_specs.auth import Principal, Scope, TokenRecord
 from protocol_specs.web import CODE_TTL, SESSION_TTL, digest, new_secret
@@ -83,7 +83,10 @@ class WebSessions:
         raw = (await self.store.hgetall(keys.web_session(digest(session_id)))).get(_FIELD)
         if not raw:
             return None
-        session = Session.model_validate_json(raw)
+        try:
+            session = Session.model_validate_json(raw)
+        except ValidationError:  # written by another version: log in again
+            return None
         now = self.clock()
         if now >= session.expires_at:
             return None
@@ -101,7 +104,8 @@ class WebSessions:
         """A code that opens one session as ``record``'s holder, once, within :data:`CODE_TTL`."""
         code = new_secret()
         key = keys.web_code(digest(code))
-        await self.store.set_versioned(key, _FIELD, record.id.encode(), 0)
+        until = self.clock() + CODE_TTL
+        await self.store.set_versioned(key, _FIELD, f"{record.id} {until}".encode(), 0)
         await self.store.expire(key, CODE_TTL)
         return code
 
@@ -114,4 +118,10 @@ class WebSessions:
         if not raw or not await self.store.set_versioned(key, _FIELD, b"", version):
             return None
         await self.store.delete(key)
-        return await self.tokens.get(raw.decode())
+        token_id, _, until = raw.decode().partition(" ")
+        try:
+            if self.clock() >= float(until):  # the store's expiry, in case it was not applied
+                return None
+        except ValueError:
+            return None
+        return await self.tokens.get(token_id)

@@ -133,14 +133,18 @@ async def test_a_user_watches_runs_in_a_real_browser(tmp_path: Path) -> None:
         path = link.group(1).removeprefix(base)
         steps = [
             {"do": "goto", "path": path},
+            {"do": "click", "selector": "#use-link"},  # never used without a click
             {"do": "wait_url", "path": f"/ui/runs/{paused}"},
             {"do": "text", "selector": "#summary", "as": "summary"},
             {"do": "goto", "path": "/ui/logout"},  # a GET changes nothing: 405
             {"do": "goto", "path": path},  # the code is spent: the login form says so
+            {"do": "text", "selector": ".who-now", "as": "now"},
+            {"do": "click", "selector": "#use-link"},
             {"do": "wait_text", "selector": "#login-error", "text": "used up"},
         ]
         got = (await run_scenario(base, steps, tmp_path / "shots-link"))["values"]
         assert "uncaught ValueError at boom.py:2 in step" in got["summary"]
+        assert "logged in as alice" in got["now"]
         async with tether("status", paused, "--relay", relay, home=home) as status:
             await status.process.wait()
         assert f"page       {base}/ui/runs/{paused}" in status.output

@@ -243,6 +243,10 @@ async def test_actions_need_the_sessions_csrf_token_and_the_relays_origin(site: 
         trail = await control.audit(run)
     assert [(e.event, e.user, e.role) for e in trail][-1] == ("view", "alice", "web")
     assert sum(e.event == "view" for e in trail) == 1
+    # a HEAD sees nothing, and says nothing
+    assert (await alice.request("HEAD", f"/ui/runs/{again}")).status_code == 200
+    async with open_control(site.endpoint(site.alice)) as control:
+        assert not any(e.event == "view" for e in await control.audit(again))
 
 
 async def test_another_users_run_is_a_404_everywhere(site: Site) -> None:
@@ -352,7 +356,12 @@ async def test_the_live_socket_pushes_changed_rows_only_to_who_may_see_them(site
 
 async def test_the_relays_own_websocket_and_bad_requests_are_unaffected(site: Site) -> None:
     async with httpx.AsyncClient(base_url=site.base) as client:
-        assert (await client.put("/ui")).status_code == 405
+        refused = await client.put("/ui")
+        assert refused.status_code == 405 and refused.headers["allow"] == "GET, HEAD, POST"
+        # websockets' own answer to a broken handshake is locked down as the pages are
+        broken = await client.get("/", headers={"Upgrade": "websocket", "Connection": "Upgrade"})
+        assert broken.status_code == 400
+        assert "frame-ancestors 'none'" in broken.headers["content-security-policy"]
         assert (await client.get("/ui/runs/x/cancel")).status_code == 405
         assert (await client.get("/elsewhere")).status_code == 404
         with pytest.raises(httpx.HTTPError):  # a body: websockets drops the connection unanswered

@@ -75,6 +75,9 @@ def test_the_session_id_is_read_from_the_right_cookie_only() -> None:
     assert web.session_of(req, secure=True) == ""
     assert web.session_of(request(cookie=f"{web.COOKIE}=short"), secure=False) == ""
     assert web.session_of(request(cookie='bad"cookie'), secure=False) == ""
+    # another application's malformed cookie on the same host hides nothing
+    odd = request(cookie=f'x={{"a":1}}; {web.COOKIE}={sid}; y=2')
+    assert web.session_of(odd, secure=False) == sid
 
 
 @pytest.mark.parametrize(
@@ -102,6 +105,11 @@ def test_the_origin_is_the_public_url_or_the_host_asked() -> None:
     assert (
         web.origin_of(req, tls=False, public="https://t.example.com/x") == "https://t.example.com"
     )
+    # a default port is not part of the origin a browser sends
+    public = web.origin_of(req, tls=False, public="https://T.example.com:443")
+    assert public == "https://t.example.com"
+    assert not web.origin_refusal(request("POST", origin="https://t.example.com"), public)
+    assert web.origin_of(request(host="h:80"), tls=False) == "http://h"
 
 
 def test_csrf_needs_the_exact_token() -> None:

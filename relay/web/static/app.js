@@ -42,10 +42,14 @@ if (loginForm) {
     const token = document.getElementById("token").value.trim();
     if (token) logIn({ Authorization: `Bearer ${token}` });
   });
+  // a `tether ui` link: used on a click only (a link someone else made logs you in as them)
   const link = new URLSearchParams(location.hash.slice(1));
   if (link.get("code")) {
     history.replaceState(null, "", location.pathname);  // the code is good once: drop it
-    logIn({ "X-Tether-Login-Code": link.get("code") }, link.get("next") || "/ui");
+    document.getElementById("with-link").hidden = false;
+    document.getElementById("use-link").addEventListener("click", () => {
+      logIn({ "X-Tether-Login-Code": link.get("code") }, link.get("next") || "/ui");
+    });
   }
 }
 
@@ -121,15 +125,26 @@ function fragment(html, parent = "div") {
   return holder.firstElementChild;
 }
 
-function connect(delay) {
+// A closed live socket reloads the page (what was missed is on it then, and a lost session shows
+// as the login page), soon if the socket had worked, later and later if it never opened (a relay
+// refusing it, or gone): 2, 4, 8... s, at most 5 minutes, counted across reloads.
+const FAILS = "tether-live-fails";
+
+function connect() {
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
   const socket = new WebSocket(`${scheme}//${location.host}${live}`);
-  socket.onopen = () => { if (dot) dot.hidden = false; delay = 1000; };
+  let opened = false;
+  socket.onopen = () => {
+    opened = true;
+    sessionStorage.removeItem(FAILS);
+    if (dot) dot.hidden = false;
+  };
   socket.onmessage = (event) => onMessage(JSON.parse(event.data));
   socket.onclose = () => {
     if (dot) dot.hidden = true;
-    // what was missed meanwhile is on the page once reloaded (which also sees a lost session)
-    setTimeout(() => location.reload(), Math.min(delay, 30000));
+    const fails = opened ? 0 : Number(sessionStorage.getItem(FAILS) || 0) + 1;
+    sessionStorage.setItem(FAILS, String(fails));
+    setTimeout(() => location.reload(), Math.min(1000 * 2 ** fails, 300000));
   };
 }
-if (live) connect(1000);
+if (live) connect();
