@@ -54,7 +54,7 @@ from ..gate import Gate
 from ..registry import Registry
 from ..store import StoreError
 from . import assets
-from .debug_view import DebugView, debug_view, stopped_key
+from .debug_view import DebugView, debug_view
 from .listing import list_page
 from .pages import error_page, file_page, files_page, login_page, run_page, runs_page
 from .sessions import Session, WebSessions, may_log_in
@@ -393,9 +393,13 @@ class Web:
         return manifest
 
     async def debug_view(self, record: RunRecord) -> DebugView:
-        """The run's debugger section, folded once per state of its processes (its live pages
-        share it)."""
-        key = (record.id, stopped_key(record))
+        """The run's debugger section, folded once per content of its two streams (the newest
+        entry of each names it; its pages and live pages share it)."""
+        tails = [
+            await self.store.last_id(keys.stream(record.id, name))
+            for name in (StreamName.TO_WORKER, StreamName.TO_IDE)
+        ]
+        key = (record.id, tuple(tails))
         view = self.debug_views.get(key)
         if view is None:
             view = await debug_view(self.store, record)
