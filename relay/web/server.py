@@ -279,6 +279,8 @@ class Web:
                 return self._json(429, {"error": message})
             await trio.sleep(min(delay, LOGIN_DELAY))
             return self._json(401, {"error": why or "the token is not valid"})
+        if previous := web.session_of(req, secure=self.secure):
+            await self.sessions.close(previous)  # replaced: the browser forgets its cookie now
         opened = await self.sessions.open(record)
         log.info("web session opened for %s (token %s) from %s", record.user, record.id, source)
         cookie = web.session_cookie(opened.id, secure=self.secure)

@@ -201,6 +201,14 @@ async def test_a_login_code_from_tether_ui_opens_one_session_once(site: Site) ->
     assert used.status_code == 200 and used.json()["user"] == "alice"
     again = await browser.request("POST", "/ui/login", **{web.CODE_HEADER: got.code})
     assert again.status_code == 401 and "used up" in again.json()["error"]
+    # logging in again from a browser with a session replaces that session
+    browser.cookie = used.cookies[web.COOKIE]
+    assert (await browser.page("/ui")).status_code == 200
+    relogin = await browser.request("POST", "/ui/login", Authorization=f"Bearer {site.bob}")
+    assert relogin.status_code == 200
+    assert (await browser.page("/ui")).status_code == 303  # the old cookie is worth nothing
+    browser.cookie = relogin.cookies[web.COOKIE]
+    assert "bob" in (await browser.page("/ui")).text
 
 
 # --- actions --------------------------------------------------------------------------------------
