@@ -35,6 +35,7 @@ from .resources import Resources, short_duration
 __all__ = [
     "KNOWN_BACKENDS",
     "REDACTED",
+    "TAG_PATTERN",
     "TERMINAL_STATES",
     "TRANSITIONS",
     "Attempt",
@@ -149,7 +150,8 @@ KNOWN_BACKENDS = ("local", "slurm", "ray")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 _MOUNT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
-_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=/-]{0,63}$")
+#: what a tag (``--tag``) may be
+TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=/-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 #: an interpreter's file name (``python``, ``python3``, ``python3.11``)
 _PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
@@ -290,7 +292,7 @@ class RunSpec(BaseModel):
     @classmethod
     def _tags(cls, value: list[str]) -> list[str]:
         for tag in value:
-            if not _TAG.match(tag):
+            if not TAG_PATTERN.match(tag):
                 raise ValueError(f"invalid tag {tag!r}")
         return value
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
-from .runs import RunState
+from .runs import TAG_PATTERN, RunState
 
 __all__ = [
     "ACTIONS",
@@ -92,7 +92,6 @@ _RUN_PAGE = re.compile(rf"^/ui/runs/({_RUN_ID})$")
 _RUN_ACTION = re.compile(rf"^/ui/runs/({_RUN_ID})/(cancel|rerun)$")
 _RUN_FILES = re.compile(rf"^/ui/runs/({_RUN_ID})/files(?:/(.+))?$")
 _OWNER = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
-_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=/-]{0,63}$")
 
 
 class Route(StrEnum):
@@ -319,7 +318,7 @@ class ListQuery:
         owner, tag = query.get("owner", ""), query.get("tag", "")
         if owner and not _OWNER.match(owner):
             raise BadQuery(f"invalid owner {owner[:40]!r}")
-        if tag and not _TAG.match(tag):
+        if tag and not TAG_PATTERN.match(tag):
             raise BadQuery(f"invalid tag {tag[:40]!r}")
         start = query.get("start", "0")
         if not start.isdigit() or int(start) > 10**9:
