@@ -13,6 +13,7 @@ from typing import Any
 
 from protocol_specs.auth import TokenInfo
 from protocol_specs.lines import LineJoiner
+from protocol_specs.metrics import format_value
 from protocol_specs.runs import RunRecord, RunSpec, short_duration
 from protocol_specs.wire import AuditEntry
 
@@ -163,7 +164,15 @@ def _processes(record: RunRecord) -> str:
 def runs_table(records: Sequence[RunRecord], now: float) -> str:
     """``tether ls``: one row per run; a PROCS column when a run debugs child processes."""
     procs = any(_processes(r) for r in records)
-    rows = [("ID", "NAME", "STATE", "BACKEND", "AGE", "ATTEMPT", *(("PROCS",) * procs), "WHERE")]
+    metrics = any(r.metrics for r in records)
+    rows = [
+        (
+            *("ID", "NAME", "STATE", "BACKEND", "AGE", "ATTEMPT"),
+            *(("PROCS",) * procs),
+            *(("METRICS",) * metrics),
+            "WHERE",
+        )
+    ]
     for r in records:
         tries = f"{r.attempt}/{r.spec.max_retries + 1}"
         rows.append(
@@ -175,6 +184,7 @@ def runs_table(records: Sequence[RunRecord], now: float) -> str:
                 age(now - r.created_at),
                 tries,
                 *((_processes(r),) * procs),
+                *((_fit(metrics_text(r.metrics), 30),) * metrics),
                 r.where(),
             )
         )
@@ -183,6 +193,12 @@ def runs_table(records: Sequence[RunRecord], now: float) -> str:
         "  ".join(cell + " " * (widths[i] - _width(cell)) for i, cell in enumerate(row)).rstrip()
         for row in rows
     )
+
+
+def metrics_text(values: dict[str, float], most: int = 2) -> str:
+    """A run's last metrics in a few words, by name: ``acc 0.91  loss 0.4213`` (the first
+    ``most``)."""
+    return "  ".join(f"{k} {format_value(values[k])}" for k in sorted(values)[:most])
 
 
 def status_text(record: RunRecord, now: float) -> str:
@@ -203,6 +219,12 @@ def status_text(record: RunRecord, now: float) -> str:
         lines.append("env        " + " ".join(f"{k}={v}" for k, v in sorted(spec.env.items())))
     if record.paused_at:
         lines.append(f"paused at  {record.paused_at}")
+    if record.trial:
+        lines.append(
+            f"trial      {record.trial} (tether sweep status {record.trial.split('#')[0]})"
+        )
+    if record.metrics:
+        lines.append(f"metrics    {metrics_text(record.metrics, 8)} (tether metrics {record.id})")
     if record.silent_for:
         lines.append(
             f"worker     silent for {age(record.silent_for)}: its host may be down or cut off; "

@@ -25,6 +25,7 @@ from . import (
     flood,
     idle,
     latency,
+    metrics,
     node_latency,
     processes,
     report,
@@ -49,6 +50,7 @@ BENCHES = (
     "tunnels",
     "scale_out",
     "web",
+    "metrics",
 )
 
 #: (full, quick) sizes
@@ -80,6 +82,8 @@ SIZES: dict[str, tuple[int, int]] = {
     "scale_seconds": (5, 1),
     "web_runs": (10_000, 200),  # runs in the web view's list
     "web_rounds": (20, 3),
+    "report_calls": (200_000, 2_000),  # tether.report calls in one run
+    "report_rounds": (5, 1),
 }
 
 #: (full, quick) round-trip times of the slow-link benchmark, ms (``--rtt-ms`` overrides)
@@ -222,6 +226,12 @@ async def run(
         async with common.tether_stack(tmp / "home-web", relay_args=("--max-runs", n)) as tether:
             figures["web"] = await web.run(tether, size["web_runs"], size["web_rounds"], tmp)
 
+    async def bench_metrics() -> None:
+        async with common.tether_stack(tmp / "home-metrics") as tether:
+            figures["metrics"] = await metrics.run(
+                tether, size["report_calls"], size["report_rounds"], tmp
+            )
+
     stages = {
         "latency": bench_latency,
         "flood": bench_flood,
@@ -235,6 +245,7 @@ async def run(
         "tunnels": bench_tunnels,
         "scale_out": bench_scale_out,
         "web": bench_web,
+        "metrics": bench_metrics,
     }
     for name, stage in stages.items():
         if name in only:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import DEBUGPY, FLOOR, TETHER, WAY_NAMES, Dist, ms, verdict
+from .metrics import section as metrics_section
 from .scale_out import section as scale_out_section
 from .tunnels import section as tunnels_section
 from .web import section as web_section
@@ -543,6 +544,7 @@ SECTIONS = {
     "tunnels": tunnels_section,
     "scale_out": scale_out_section,
     "web": web_section,
+    "metrics": metrics_section,
 }
 
 

@@ -76,6 +76,7 @@ class Act(StrEnum):
     PUBLISH_PRESENCE = "publish a presence entry"
     PUBLISH_STATUS = "publish a status entry"
     PUBLISH_LOG = "publish a log entry"
+    PUBLISH_METRIC = "publish a metric entry"
     PUBLISH_CONTROL = "publish a control entry"
     PUBLISH_TUNNEL = "publish a tunnel entry (on a tunnel's link)"
     HEARTBEAT = "`heartbeat`, `received` on a run connection"
@@ -131,6 +132,7 @@ _ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule, Rule]] = {
     Act.PUBLISH_PRESENCE: (OWN, Y, N, N, N),
     Act.PUBLISH_STATUS: (N, N, N, A, N),
     Act.PUBLISH_LOG: (N, N, N, A, N),
+    Act.PUBLISH_METRIC: (N, N, N, A, N),
     Act.PUBLISH_CONTROL: (N, N, N, N, N),
     Act.PUBLISH_TUNNEL: (OWN, Y, N, A, N),
     Act.HEARTBEAT: (OWN, Y, N, A, N),
@@ -268,6 +270,7 @@ LINK_ACTS = frozenset(
         Act.PUBLISH_PRESENCE,
         Act.PUBLISH_STATUS,
         Act.PUBLISH_LOG,
+        Act.PUBLISH_METRIC,
         Act.PUBLISH_CONTROL,
         Act.PUBLISH_TUNNEL,
         Act.HEARTBEAT,

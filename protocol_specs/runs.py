@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .metrics import MAX_PATTERNS, parse_pattern
 from .resources import Resources, short_duration
 
 __all__ = [
@@ -213,6 +214,16 @@ class RunSpec(BaseModel):
     processes: Literal["stopped", "all", "main"] = "stopped"
     #: debug mode: only these ranks (``RANK``) get breakpoints; empty: every process
     ranks: list[int] = Field(default_factory=list, max_length=4096)
+    #: patterns whose named groups are metrics in the program's output lines
+    #: (``protocol_specs/metrics.py``): ``loss=(?P<loss>[\d.e+-]+)``
+    metrics: list[str] = Field(default_factory=list, max_length=MAX_PATTERNS)
+
+    @field_validator("metrics")
+    @classmethod
+    def _metric_patterns(cls, value: list[str]) -> list[str]:
+        for text in value:
+            parse_pattern(text)
+        return value
 
     @field_validator("backend")
     @classmethod
@@ -420,6 +431,11 @@ class RunRecord(BaseModel):
     waiting_for_ide: bool = False
     #: the adapters (their ``origin``) with an IDE attached now, as their presence entries say
     ides: list[str] = Field(default_factory=list, max_length=16)
+    #: the last value of each metric the newest metric entry has: set by the relay when it
+    #: answers, never stored
+    metrics: dict[str, float] = Field(default_factory=dict)
+    #: the sweep and trial this run is (``S#3``), if it is one
+    trial: str = ""
 
     def with_ide(self, origin: str, attached: bool) -> RunRecord:
         """The record with adapter ``origin``'s IDE attached or gone (a finished run has none)."""

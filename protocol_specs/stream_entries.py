@@ -15,8 +15,9 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import msgpack
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
 
+from .metrics import MAX_NAMES, NAME
 from .runs import RunState
 from .wire_base import FROZEN, ErrorCode, WireError, short_reason
 
@@ -28,6 +29,7 @@ __all__ = [
     "Entry",
     "EntryKind",
     "LogEntry",
+    "MetricEntry",
     "PresenceEntry",
     "StatusEntry",
     "StatusEvent",
@@ -45,6 +47,8 @@ class StreamName(StrEnum):
     TO_WORKER = "to_worker"
     TO_IDE = "to_ide"
     LOGS = "logs"
+    #: the program's metrics (``protocol_specs/metrics.py``)
+    METRICS = "metrics"
     #: a tunnel's two streams (``protocol_specs/tunnels.py``): the user's side to the worker, back
     TUNNEL_UP = "up"
     TUNNEL_DOWN = "down"
@@ -57,6 +61,7 @@ class EntryKind(StrEnum):
     STATUS = "status"
     CONTROL = "control"
     LOG = "log"
+    METRIC = "metric"
     PRESENCE = "presence"
     TUNNEL = "tunnel"
 
@@ -163,6 +168,28 @@ class LogEntry(BaseModel):
     attempt: int = 1
 
 
+class MetricEntry(BaseModel):
+    """Points the program reported (``protocol_specs/metrics.py``), written by the worker into the
+    ``metrics`` stream: each ``[step, at, {name: value}]``."""
+
+    model_config = FROZEN
+    k: Literal[EntryKind.METRIC] = EntryKind.METRIC
+    points: list[tuple[int, float, dict[str, float]]] = Field(min_length=1, max_length=1000)
+    attempt: int = 1
+
+    @field_validator("points")
+    @classmethod
+    def _names(
+        cls, value: list[tuple[int, float, dict[str, float]]]
+    ) -> list[tuple[int, float, dict[str, float]]]:
+        for step, _at, values in value:
+            if step < 0 or not values or len(values) > MAX_NAMES:
+                raise ValueError("a point has a step from 0 and 1 to 64 values")
+            if not all(NAME.match(name) for name in values):
+                raise ValueError("a metric name is a letter or _, then letters, digits, _./-")
+        return value
+
+
 class PresenceEntry(BaseModel):
     """Whether an IDE is attached to the adapter ``origin``, written into ``to_worker``.
 
@@ -204,7 +231,9 @@ class TunnelEntry(BaseModel):
     transient: bool = False
 
 
-AnyEntry = DapEntry | StatusEntry | ControlEntry | PresenceEntry | LogEntry | TunnelEntry
+AnyEntry = (
+    DapEntry | StatusEntry | ControlEntry | PresenceEntry | LogEntry | TunnelEntry | MetricEntry
+)
 Entry = Annotated[AnyEntry, Field(discriminator="k")]
 _ENTRY: TypeAdapter[AnyEntry] = TypeAdapter(Entry)
 

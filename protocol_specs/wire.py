@@ -80,6 +80,7 @@ from .stream_entries import (
     Entry,
     EntryKind,
     LogEntry,
+    MetricEntry,
     PresenceEntry,
     StatusEntry,
     StatusEvent,
@@ -128,6 +129,7 @@ __all__ = [
     "ListRuns",
     "ListTokens",
     "LogEntry",
+    "MetricEntry",
     "Missing",
     "OpenTunnel",
     "PresenceEntry",
@@ -206,6 +208,8 @@ class Hello(BaseModel):
     #: ``worker`` role: a worker that keeps an ended attempt's directory and serves the run's
     #: tunnels there (it reads ``to_worker`` from its end on, and publishes nothing)
     after: bool = False
+    #: ``logs`` role: which of the run's streams to read (``metrics``: its metric points)
+    stream: Literal["logs", "metrics"] = "logs"
 
 
 class Welcome(BaseModel):

@@ -30,6 +30,9 @@ class RelayConfig:
     ping_timeout: float = 15.0
     #: a run's logs stream keeps about this many output chunks (each at most 16 KiB), oldest dropped
     log_entries: int = 20_000
+    #: a run's metrics stream keeps about this many entries (each the points of at most a second,
+    #: up to 1000: ``protocol_specs/metrics.py``), oldest dropped
+    metric_entries: int = 10_000
     #: IDE, worker and logs connections one user may have open to one relay process at once
     max_connections: int = 64
     #: control connections (the CLI, worker pools) one user may have open to one relay process

@@ -1,5 +1,6 @@
 """Sending a stream to a peer: live from a cursor on (woken by ``relay/fanout.py``), with early
-entries and their commits, or a run's history as it is now."""
+entries and their commits, or a run's history as it is now; and which stream a published entry
+is stored in."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from protocol_specs import wire
 from protocol_specs.wire import StreamName
 
 from . import keys
+from .config import RelayConfig
 from .fanout import Fanout
 from .gate import Peer
-from .store import Store
+from .store import Diversion, Store
 
-__all__ = ["COMMIT_AFTER", "deliver", "deliver_history"]
+__all__ = ["COMMIT_AFTER", "deliver", "deliver_history", "diversion"]
 
 #: how long the commit of an early entry may wait to go out with later ones (seconds)
 COMMIT_AFTER = 0.1
@@ -80,3 +82,13 @@ async def deliver(
                     await peer.ws.send(wire.encode_frame(commit))
                 commits.clear()
                 due = math.inf
+
+
+def diversion(run_id: str, entry: wire.AnyEntry, config: RelayConfig) -> Diversion | None:
+    """Where a published entry goes instead of its link's outbound stream: logs and metrics to
+    streams of their own, the newest so many kept."""
+    if isinstance(entry, wire.LogEntry):
+        return Diversion(keys.stream(run_id, StreamName.LOGS), config.log_entries)
+    if isinstance(entry, wire.MetricEntry):
+        return Diversion(keys.stream(run_id, StreamName.METRICS), config.metric_entries)
+    return None

@@ -18,6 +18,8 @@ key                            type    contents                                 
                                        ``n``: the publish that wrote it)
 ``tether:run:{R}:to_ide``      stream  worker -> IDE entries and run status        relay         relay (ide)
 ``tether:run:{R}:logs``        stream  program output chunks and attempt markers   relay         relay (logs)
+``tether:run:{R}:metrics``     stream  the program's metric points (``Metric-      relay         relay (logs,
+                                       Entry``), the newest ``metric_entries``                    sweeps)
 ``tether:run:{R}:<s>:meta``    hash    per producer: last number and its entry id; relay         relay
                                        ``bytes``: payload bytes held in stream <s>
                                        (a queue's: ``{tether:queue:<b>}:meta``)
@@ -225,7 +227,7 @@ NOTICE_CHANNEL = "tether:appended:"
 def run_keys(run_id: str) -> list[str]:
     """Every key of one run (they expire together when its retention ends)."""
     out = [record(run_id), manifest(run_id), audit(run_id)]
-    for name in ("to_worker", "to_ide", "logs"):
+    for name in ("to_worker", "to_ide", "logs", "metrics"):
         base = stream(run_id, name)
         out += [base, meta_key(base), transient_key(base), watchers_key(base)]
     return out

@@ -37,11 +37,11 @@ from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 from . import keys
 from .audit import AuditTrail
 from .config import SERVER_NAME, RelayConfig
-from .delivery import deliver, deliver_history
+from .delivery import deliver, deliver_history, diversion
 from .fanout import Fanout, Subscription
 from .gate import Peer
 from .registry import Registry
-from .store import Appended, Diversion, Published, StoreError
+from .store import Appended, Published, StoreError
 from .tunnels import Tunnels
 from .worker_status import WorkerStatus, worker_may_publish
 
@@ -69,6 +69,7 @@ _PUBLISH: dict[str, Act] = {
     "presence": Act.PUBLISH_PRESENCE,
     "status": Act.PUBLISH_STATUS,
     "log": Act.PUBLISH_LOG,
+    "metric": Act.PUBLISH_METRIC,
     "control": Act.PUBLISH_CONTROL,
     "tunnel": Act.PUBLISH_TUNNEL,
 }
@@ -351,7 +352,7 @@ class Links:
                 link.key(link.outbound), link.producer, frame.n, frame.entry
             )
             return _Queued(frame, entry, None, early=True, sending=tuple(sending))
-        if not isinstance(entry, wire.LogEntry):  # logs go to a stream of their own
+        if not isinstance(entry, wire.LogEntry | wire.MetricEntry):  # streams of their own
             link.held_back += 1
             return _Queued(frame, entry, None, held_back=True)
         return _Queued(frame, entry, None)
@@ -514,11 +515,7 @@ class Links:
             if not await self._current(link):
                 return False
         assert not isinstance(entry, wire.DapEntry)
-        divert = None
-        if isinstance(entry, wire.LogEntry):
-            divert = Diversion(
-                keys.stream(link.run_id, StreamName.LOGS), maxlen=self.config.log_entries
-            )
+        divert = diversion(link.run_id, entry, self.config)
         key = link.key(link.outbound)
         stored_in = divert.stream if divert else key
         try:
@@ -566,7 +563,8 @@ class Links:
     # --- logs -------------------------------------------------------------------------------------
 
     async def serve_logs(self, peer: Peer, hello: wire.Hello, who: Principal) -> None:
-        """Deliver a run's logs stream from the cursor on, live, until the peer goes."""
+        """Deliver a run's logs (or metrics) stream from the cursor on, live, until the peer
+        goes."""
         record = await self._opened(peer, hello, who)
         if record is None:
             return
@@ -574,17 +572,15 @@ class Links:
             await self.audit.record(
                 record.id, "logs", who, source=peer.source, role="logs", client=hello.client
             )
-        tail = await self.store.last_id(keys.stream(record.id, StreamName.LOGS)) or "0"
+        name = StreamName(hello.stream)
+        stream = keys.stream(record.id, name)
+        tail = await self.store.last_id(stream) or "0"
         welcome = wire.Welcome(
-            server=SERVER_NAME,
-            run=record.redacted(),
-            tails={StreamName.LOGS.value: tail},
-            user=who.user,
+            server=SERVER_NAME, run=record.redacted(), tails={name.value: tail}, user=who.user
         )
         await peer.ws.send(wire.encode_frame(welcome))
         async with trio.open_nursery() as nursery:
-            logs = keys.stream(record.id, StreamName.LOGS)
-            nursery.start_soon(deliver, peer, self.fanout, logs, StreamName.LOGS, hello.cursor)
+            nursery.start_soon(deliver, peer, self.fanout, stream, name, hello.cursor)
             while True:  # a logs connection publishes nothing; it may only say it is alive
                 data = await peer.ws.recv()
                 try:

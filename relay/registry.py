@@ -32,6 +32,7 @@ from dataclasses import asdict
 from typing import Any, NamedTuple
 
 from protocol_specs import wire
+from protocol_specs.metrics import last_values, points_of
 from protocol_specs.runs import (
     Attempt,
     IllegalTransition,
@@ -146,7 +147,13 @@ class Registry:
         )
 
     async def with_liveness(self, record: RunRecord) -> RunRecord:
-        """``record`` with :attr:`RunRecord.silent_for` set when its worker's heartbeats are late."""
+        """``record`` as answered: :attr:`RunRecord.silent_for` set when its worker's heartbeats
+        are late, :attr:`RunRecord.metrics` to its newest metric entry's values."""
+        metrics = keys.stream(record.id, StreamName.METRICS)
+        for _id, payload in reversed(await self.store.read_last(metrics, 2)):
+            if values := _metric_values(payload):  # the newest entry may be the finished marker
+                record = record.model_copy(update={"metrics": values})
+                break
         if record.state not in (RunState.STARTING, RunState.RUNNING, RunState.PAUSED):
             return record
         expires = await self.store.zscore(keys.LEASES, keys.lease(record.id, record.attempt))
@@ -270,18 +277,19 @@ class Registry:
         if not after.finished:
             return
         await self.store.zrem(keys.user_active(after.owner), after.id)
-        await self.log_marker(
-            after.id,
-            wire.encode_entry(
-                wire.StatusEntry(
-                    event=StatusEvent.FINISHED,
-                    state=after.state.value,
-                    at=after.updated_at,
-                    exit_code=after.exit_code,
-                    detail=after.detail,
-                    data={"attempt": after.attempt},
-                )
-            ),
+        finished = wire.StatusEntry(
+            event=StatusEvent.FINISHED,
+            state=after.state.value,
+            at=after.updated_at,
+            exit_code=after.exit_code,
+            detail=after.detail,
+            data={"attempt": after.attempt},
+        )
+        await self.log_marker(after.id, wire.encode_entry(finished))
+        await self.store.append(  # a metrics follower's end too
+            keys.stream(after.id, StreamName.METRICS),
+            wire.encode_entry(finished),
+            maxlen=self.config.metric_entries,
         )
         for key in keys.run_keys(after.id):
             await self.store.expire(key, self.config.retention)
@@ -573,7 +581,16 @@ def _job_running(record: RunRecord, frame: wire.Report, at: float) -> RunRecord:
     return record.with_attempt(job_running_at=at)
 
 
+def _metric_values(payload: bytes) -> dict[str, float]:
+    """The last value of each metric in a metric entry (nothing if it is not one)."""
+    try:
+        entry = wire.decode_entry(payload)
+    except wire.WireError:
+        return {}
+    return last_values(points_of([entry]))
+
+
 def _encode(record: RunRecord) -> bytes:
-    if record.silent_for:
-        record = record.model_copy(update={"silent_for": 0.0})
+    if record.silent_for or record.metrics:
+        record = record.model_copy(update={"silent_for": 0.0, "metrics": {}})
     return record.model_dump_json().encode()

@@ -55,6 +55,7 @@ from protocol_specs.redact import Redactor
 from relay.client import RelayError, RunLink
 
 from .actions import BARRIER_EVENTS
+from .metrics import ProgramMetrics
 from .replay import pipe_output_attach
 
 __all__ = [
@@ -256,6 +257,9 @@ class ProgramOutput:
         self._wake = trio.Event()  # output was held
         self._room = trio.Event()  # the hold was emptied
         self._failed = False
+        #: the program's metrics: its output lines go there too, and they are published first
+        #: when the output ends (before the exit status)
+        self.metrics: ProgramMetrics | None = None
 
     def __repr__(self) -> str:
         return f"<ProgramOutput {self.hold!r}{' failed' if self._failed else ''}>"
@@ -275,6 +279,8 @@ class ProgramOutput:
     async def __call__(self, stream: str, data: bytes) -> None:
         """A chunk the pump read: held, published now if the relay answered the previous output
         entry; returns once the hold is below its cap again."""
+        if self.metrics is not None:
+            self.metrics.output(stream, data)
         if self._failed:
             return
         self.hold.feed(stream, data)
@@ -301,7 +307,10 @@ class ProgramOutput:
         await self.flush()
 
     async def end(self) -> None:
-        """Publish everything, the redactors' and decoders' tails too (the streams ended)."""
+        """Publish everything, the redactors' and decoders' tails too (the streams ended), and
+        the metrics."""
+        if self.metrics is not None:
+            await self.metrics.end()
         await self._publish(lambda _answered: self.hold.end())
 
     async def run(self) -> None:

@@ -73,6 +73,7 @@ from .debuggable import attach_listener, attachable_argv, until_debugged
 from .debuggee import Debuggee, OutputPump, start_debuggee, start_plain, terminate_group
 from .driver import Driver
 from .files import Fetch, materialise
+from .metrics import metrics_env, open_program_metrics
 from .output import ProgramOutput, open_program_output, unbuffered_env
 from .processes import Processes
 from .replay import DEFAULT_INITIALIZE
@@ -196,35 +197,60 @@ async def _attempt(
         say(f"run {record.id}: cannot materialise the snapshot: {exc}")
         return None
     say(f"run {record.id} attempt {record.attempt}: {files} files in {run_dir}")
-    env = program_env(record, env)
-    async with open_program_output(link, record.attempt, record.spec.secrets()) as output:
-        if not record.spec.debug:
-            with tempfile.TemporaryDirectory(prefix="tether-attach-") as where:
-                attachable = await attachable_argv(record, run_dir, env, python, Path(where))
-                return await _run_plain(
-                    link, record, run_dir, env, log_path, say, news, output, attachable, tunnels
-                )
-        try:
-            async with start_debuggee(
-                record.spec.command,
-                cwd=str(run_dir),
-                env=unbuffered_env(env, record.spec.program_env()),
-                log_path=str(log_path),
-                python=python,
-                on_output=output,
-                secrets=record.spec.secrets(),
-                # children debugged too, each configured by the shim (``worker_shim.processes``)
-                subprocesses=record.spec.processes != "main",
-            ) as debuggee:
-                tunnels.program = debuggee.process.pid
-                return await _run_debug(
-                    link, record, run_dir, debuggee, say, news, output, tunnels=tunnels
-                )
-        except (ValueError, OSError, RuntimeError) as exc:
-            detail = output.blank(str(exc))
-            await _status(link, StatusEvent.START_FAILED, detail=detail)
-            say(f"run {record.id} could not start: {detail}")
-            return None
+    with tempfile.TemporaryDirectory(prefix="tether-metrics-") as where:
+        env = metrics_env(Path(where), program_env(record, env))
+        async with (
+            open_program_output(link, record.attempt, record.spec.secrets()) as output,
+            open_program_metrics(
+                link, Path(where), patterns=record.spec.metrics, attempt=record.attempt
+            ) as metrics,
+        ):
+            output.metrics = metrics
+            return await _program(
+                link, record, run_dir, log_path, env, python, say, news, tunnels, output
+            )
+
+
+async def _program(
+    link: RunLink,
+    record: RunRecord,
+    run_dir: Path,
+    log_path: Path,
+    env: dict[str, str],
+    python: str,
+    say: Callable[[str], None],
+    news: _LinkNews,
+    tunnels: Tunnels,
+    output: ProgramOutput,
+) -> int | None:
+    """The program, plain or under the debugger, its output and metrics going to ``output``."""
+    if not record.spec.debug:
+        with tempfile.TemporaryDirectory(prefix="tether-attach-") as where:
+            attachable = await attachable_argv(record, run_dir, env, python, Path(where))
+            return await _run_plain(
+                link, record, run_dir, env, log_path, say, news, output, attachable, tunnels
+            )
+    try:
+        async with start_debuggee(
+            record.spec.command,
+            cwd=str(run_dir),
+            env=unbuffered_env(env, record.spec.program_env()),
+            log_path=str(log_path),
+            python=python,
+            on_output=output,
+            secrets=record.spec.secrets(),
+            # children debugged too, each configured by the shim (``worker_shim.processes``)
+            subprocesses=record.spec.processes != "main",
+        ) as debuggee:
+            tunnels.program = debuggee.process.pid
+            return await _run_debug(
+                link, record, run_dir, debuggee, say, news, output, tunnels=tunnels
+            )
+    except (ValueError, OSError, RuntimeError) as exc:
+        detail = output.blank(str(exc))
+        await _status(link, StatusEvent.START_FAILED, detail=detail)
+        say(f"run {record.id} could not start: {detail}")
+        return None
 
 
 #: the worker's own credentials: never handed down to the program it runs

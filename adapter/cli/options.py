@@ -49,6 +49,14 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
     )
     s.add_argument("--name", help="a label for the run")
     s.add_argument("--tag", action="append", metavar="TAG", help="a tag for the run (repeatable)")
+    s.add_argument(
+        "--metric",
+        action="append",
+        metavar="PATTERN",
+        help="a regular expression whose named groups are metrics in the program's output "
+        "lines, e.g. 'loss=(?P<loss>[\\d.e+-]+)' (a group named step: the step); repeatable. "
+        "No code change needed; tether.report() in the program is the other way",
+    )
     g = s.add_argument_group("resources and placement")
     g.add_argument(
         "--backend", choices=KNOWN_BACKENDS, help="where to run: local (default), slurm or ray"

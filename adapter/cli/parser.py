@@ -10,6 +10,7 @@ from typing import Any, TypeAlias
 
 from .admin import cmd_audit, cmd_token_create, cmd_token_list, cmd_token_revoke
 from .demo import cmd_demo
+from .experiments import cmd_metrics
 from .options import adapter_options, pool_options, relay_flag, relay_options, run_options
 from .runs import (
     cmd_attach,
@@ -172,6 +173,15 @@ def _run_commands(sub: _Commands) -> None:
     )
     s.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     s.set_defaults(fn=cmd_logs)
+
+    s = sub.add_parser("metrics", help="print a run's metrics (tether.report, --metric)")
+    relay_flag(s)
+    s.add_argument(
+        "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
+    )
+    s.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+    s.add_argument("--json", action="store_true", help="one JSON object per point")
+    s.set_defaults(fn=cmd_metrics)
 
     s = sub.add_parser(
         "exec",

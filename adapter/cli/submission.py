@@ -104,6 +104,7 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
             backend=_backend(pick("backend", "local")),
             processes=getattr(args, "processes", None) or "stopped",
             ranks=getattr(args, "ranks", None) or [],
+            metrics=getattr(args, "metric", None) or [],
         )
     except argparse.ArgumentTypeError as exc:
         raise SystemExit(f"tether: in the config profile: {exc}") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Literal
 
 import trio
 from websockets.exceptions import ConnectionClosed
@@ -23,15 +24,16 @@ GIVE_UP_AFTER = 60.0
 async def follow_logs(
     target: Target,
     run: str,
-    on_entry: Callable[[wire.LogEntry | wire.StatusEntry], None],
+    on_entry: Callable[[Any], None],
     *,
+    stream: StreamName = StreamName.LOGS,
     cursor: str = "0",
     follow: bool = True,
     from_end: bool = False,
     policy: LinkPolicy | None = None,
 ) -> str:
-    """Hand a run's logs stream after ``cursor`` to ``on_entry``: output chunks and status
-    markers, in order; returns the cursor of the last entry handed over. ``from_end``: only what
+    """Hand a run's logs stream (or ``stream``: its metrics) after ``cursor`` to ``on_entry``:
+    output chunks (metric points) and status markers (``wire.StatusEntry``), in order; returns the cursor of the last entry handed over. ``from_end``: only what
     comes after the stream's end as it is at the first connection.
 
     Without ``follow``, ends once the stream's current end is reached; with it, ends after the
@@ -43,13 +45,14 @@ async def follow_logs(
     while True:
         try:
             async with open_connection(
-                target, wire.Hello(role=Role.LOGS, run=run, cursor=cursor)
+                target,
+                wire.Hello(role=Role.LOGS, run=run, cursor=cursor, stream=_stream_name(stream)),
             ) as (
                 ws,
                 welcome,
             ):
                 attempt, down_since = 0, None
-                tail = welcome.tails.get(StreamName.LOGS.value, "0")
+                tail = welcome.tails.get(stream.value, "0")
                 if from_end:
                     cursor, from_end = tail, False
                     continue  # reconnect, naming the end as the cursor
@@ -64,7 +67,7 @@ async def follow_logs(
                         continue
                     cursor = frame.cursor
                     entry = wire.decode_entry(frame.entry)
-                    if isinstance(entry, wire.LogEntry | wire.StatusEntry):
+                    if isinstance(entry, wire.LogEntry | wire.StatusEntry | wire.MetricEntry):
                         on_entry(entry)
                         if isinstance(entry, wire.StatusEntry) and entry.event == "finished":
                             finished = True
@@ -80,3 +83,11 @@ async def follow_logs(
                 ) from exc
             await trio.sleep(policy.backoff(attempt))
             attempt += 1
+
+
+def _stream_name(stream: StreamName) -> Literal["logs", "metrics"]:
+    if stream is StreamName.METRICS:
+        return "metrics"
+    if stream is StreamName.LOGS:
+        return "logs"
+    raise ValueError(f"a logs connection reads logs or metrics, not {stream.value}")

@@ -205,6 +205,9 @@ async def perform(act: Act, holder: Holder, s: Scene) -> str:
             return await _link_then(
                 holder, s, _publish(wire.LogEntry(stream="stdout", data=b"hi\n", attempt=2))
             )
+        case Act.PUBLISH_METRIC:
+            entry = wire.MetricEntry(points=[(0, 1.0, {"loss": 0.5})], attempt=2)
+            return await _link_then(holder, s, _publish(entry))
         case Act.PUBLISH_CONTROL:
             return await _link_then(holder, s, _publish(wire.ControlEntry(action="terminate")))
         case Act.HEARTBEAT:

@@ -91,6 +91,9 @@ ENTRIES: list[wire.AnyEntry] = [
     wire.StatusEntry(event="exited", state="succeeded", exit_code=0, data={"pid": 3}),
     wire.ControlEntry(action="terminate", detail="user", attempt=2),
     wire.LogEntry(stream="stderr", data=b"Traceback...\n", attempt=2),
+    wire.MetricEntry(
+        points=[(0, 1.5, {"loss": 0.42}), (1, 2.5, {"loss": float("inf"), "acc": 0.9})]
+    ),
     wire.TunnelEntry(op="data", fd=1, data=b"GPU 0", transient=True),
     wire.ControlEntry(action="tunnel", detail="ab12", attempt=2, data={"kind": "shell"}),
     wire.PresenceEntry(origin="a", epoch=3, attached=True),

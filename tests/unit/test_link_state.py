@@ -245,6 +245,7 @@ def test_after_a_cut_the_hello_resumes_after_the_last_entry_handed_over() -> Non
         StreamName.TO_IDE: "4-1",
         StreamName.TO_WORKER: "3-0",
         StreamName.LOGS: "0",
+        StreamName.METRICS: "0",
         StreamName.TUNNEL_UP: "0",
         StreamName.TUNNEL_DOWN: "0",
     }

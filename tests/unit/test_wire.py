@@ -53,6 +53,7 @@ def test_frames_round_trip(frame: wire.AnyFrame) -> None:
         wire.ControlEntry(action="terminate", detail="user"),
         wire.ControlEntry(action="terminate", detail="user", attempt=2),
         wire.LogEntry(stream="stderr", data=b"Traceback...\n", attempt=2),
+        wire.MetricEntry(points=[(3, 1.0, {"loss": 0.1, "lr/group.0": 3e-4})], attempt=2),
     ],
 )
 def test_entries_round_trip(entry: wire.DapEntry | wire.StatusEntry | wire.ControlEntry) -> None:
