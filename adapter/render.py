@@ -15,6 +15,7 @@ from protocol_specs.auth import TokenInfo
 from protocol_specs.lines import LineJoiner
 from protocol_specs.metrics import format_value
 from protocol_specs.runs import RunRecord, RunSpec, short_duration
+from protocol_specs.sweeps import SweepRecord, Trial
 from protocol_specs.wire import AuditEntry
 
 __all__ = [
@@ -24,9 +25,12 @@ __all__ = [
     "age",
     "audit_lines",
     "launch_json",
+    "metrics_text",
     "mib",
     "runs_table",
     "status_text",
+    "sweep_text",
+    "sweeps_table",
     "tokens_table",
 ]
 
@@ -294,3 +298,79 @@ def audit_lines(entries: Sequence[AuditEntry]) -> list[str]:
         client = f" [{e.client}]" if e.client else ""
         lines.append(f"{when}  {e.event:<8} {who}{role} from {e.source or '?'}{client}{detail}")
     return lines
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell + " " * (widths[i] - _width(cell)) for i, cell in enumerate(row)).rstrip()
+        for row in rows
+    )
+
+
+def _value(value: float | None) -> str:
+    return "-" if value is None else format_value(value)
+
+
+def sweeps_table(sweeps: Sequence[SweepRecord], now: float) -> str:
+    """``tether sweep ls``: one row per sweep."""
+    rows = [("ID", "NAME", "STATE", "TRIALS", "AGE", "BEST")]
+    for s in sweeps:
+        done = sum(s.counts.get(k, 0) for k in ("complete", "pruned", "failed"))
+        objective = s.spec.objective
+        best = (
+            f"#{s.best} {objective.metric} {_value(s.best_value)}"
+            if s.best is not None and objective
+            else "-"
+        )
+        rows.append(
+            (
+                s.id,
+                _fit(s.spec.name or " ".join(s.spec.run.command), 28),
+                s.state.value,
+                f"{done}/{s.spec.total()}",
+                age(now - s.created_at),
+                best,
+            )
+        )
+    return _table(rows)
+
+
+def sweep_text(sweep: SweepRecord, trials: Sequence[Trial], now: float, ages: bool = True) -> str:
+    """``tether sweep status``: the sweep, its best trial, and a row per trial."""
+    spec = sweep.spec
+    objective = spec.objective
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(sweep.counts.items())) or "none yet"
+    when = f", {age(now - sweep.created_at)} ago" if ages else ""
+    lines = [
+        f"sweep      {sweep.id}{f'  ({spec.name})' if spec.name else ''}: {sweep.state.value}"
+        + (f": {sweep.detail}" if sweep.detail else ""),
+        f"command    {' '.join(spec.run.command)}",
+        "params     " + "  ".join(f"{p.name}={p.describe()}" for p in spec.params),
+        f"search     {spec.search}, {spec.total()} trials, {spec.parallel} at once"
+        + (f", objective {objective}" if objective else "")
+        + (f", early stop {spec.early_stop}" if spec.early_stop != "none" else "")
+        + f"{when} by {sweep.owner}",
+        f"trials     {counts}; {sweep.launched} of {spec.total()} launched",
+    ]
+    best = next((t for t in trials if t.n == sweep.best), None)
+    if best is not None and objective is not None:
+        lines.append(
+            f"best       trial {best.n} (run {best.run}): {objective.metric} "
+            f"{_value(best.value)}  {_params(best.params)}"
+        )
+    rows = [("TRIAL", "RUN", "STATE", (objective.metric.upper() if objective else "VALUE"),
+             "STEPS", "PARAMS")]  # fmt: skip
+    for t in trials:
+        state = t.state.value + ("" if t.ended or t.state.value == "running" else " (stopping)")
+        marker = " *" if t.n == sweep.best else ""
+        rows.append(
+            (f"{t.n}{marker}", t.run, state, _value(t.value), str(len(t.values)), _params(t.params))
+        )
+    return "\n".join(lines) + ("\n\n" + _table(rows) if trials else "")
+
+
+def _params(params: dict[str, Any]) -> str:
+    return " ".join(
+        f"{k}={format_value(v) if isinstance(v, float) else v}" for k, v in params.items()
+    )

@@ -8,9 +8,10 @@ so a tree is never stored before what it names; then the submit names the root.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
@@ -22,7 +23,9 @@ from relay.client import ControlClient, RelayError
 
 from .snapshot import Snapshot, SnapshotError
 
-__all__ = ["Uploaded", "submit_snapshot", "upload_snapshot"]
+__all__ = ["Uploaded", "submit_on_snapshot", "submit_snapshot", "upload_snapshot"]
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -139,20 +142,33 @@ async def submit_snapshot(
     on_progress: Callable[[int, int], None] = lambda _done, _total: None,
 ) -> tuple[RunRecord, Uploaded]:
     """Upload what the relay lacks of ``snapshot`` and submit ``spec`` on it, named by its root
-    tree. A relay that holds a tree but lost something below it (its blob collection spares what
-    was used lately, not what a kept tree names) refuses the submit: then every tree and file is
+    tree (:func:`submit_on_snapshot`)."""
+    return await submit_on_snapshot(
+        control, snapshot, lambda tree: control.submit(spec, tree=tree), on_progress
+    )
+
+
+async def submit_on_snapshot(
+    control: ControlClient,
+    snapshot: Snapshot,
+    submit: Callable[[str], Awaitable[_T]],
+    on_progress: Callable[[int, int], None] = lambda _done, _total: None,
+) -> tuple[_T, Uploaded]:
+    """Upload what the relay lacks of ``snapshot``, then ``submit(root tree)`` (a run, a sweep).
+    A relay that holds a tree but lost something below it (its blob collection spares what was
+    used lately, not what a kept tree names) refuses the submit: then every tree and file is
     asked about and the submit made again."""
     trees = snapshot.trees
     uploaded = await upload_snapshot(control, snapshot, on_progress)
     try:
-        return await control.submit(spec, tree=trees.root), uploaded
+        return await submit(trees.root), uploaded
     except RelayError as exc:
         if exc.code != ErrorCode.MISSING_BLOBS:
             raise
     again = await upload_snapshot(control, snapshot, on_progress, top_down=False)
     await _upload_trees(control, trees, await control.missing_blobs(trees.order))
-    record = await control.submit(spec, tree=trees.root)
-    return record, Uploaded(
+    done = await submit(trees.root)
+    return done, Uploaded(
         blobs=uploaded.blobs + again.blobs,
         bytes=uploaded.bytes + again.bytes,
         reused=again.reused,

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from .auth import Scope, TokenInfo
 from .runs import RunRecord, RunSpec
 from .snapshots import BLOB_CHUNK, Digest, Manifest, check_digest
+from .sweep_frames import CancelSweep, GetSweep, ListSweeps, SubmitSweep, SweepInfo, SweepList
 from .tunnels import TunnelSpec
 from .wire_base import FROZEN, FrameType
 
@@ -420,4 +421,10 @@ AnyControlFrame = (
     | TunnelOpened
     | WebLogin
     | WebCode
+    | SubmitSweep
+    | GetSweep
+    | CancelSweep
+    | ListSweeps
+    | SweepInfo
+    | SweepList
 )

@@ -75,6 +75,10 @@ class Act(StrEnum):
     PUBLISH_DAP = "publish a DAP entry"
     PUBLISH_PRESENCE = "publish a presence entry"
     PUBLISH_STATUS = "publish a status entry"
+    SUBMIT_SWEEP = "`submit_sweep`"
+    GET_SWEEP = "`get_sweep`"
+    CANCEL_SWEEP = "`cancel_sweep`"
+    LIST_SWEEPS = "`list_sweeps`"
     PUBLISH_LOG = "publish a log entry"
     PUBLISH_METRIC = "publish a metric entry"
     PUBLISH_CONTROL = "publish a control entry"
@@ -127,6 +131,10 @@ _ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule, Rule]] = {
     Act.LIST_TOKENS: (OWN, Y, N, N, N),
     Act.REVOKE_TOKEN: (OWN, Y, N, N, N),
     Act.WEB_LOGIN: (Y, Y, N, N, N),
+    Act.SUBMIT_SWEEP: (Y, Y, N, N, N),
+    Act.GET_SWEEP: (OWN, Y, N, N, N),
+    Act.CANCEL_SWEEP: (OWN, Y, N, N, N),
+    Act.LIST_SWEEPS: (OWN, Y, N, N, N),
     # a user's run connection is an IDE's, a worker token's a worker's: the roles decide these
     Act.PUBLISH_DAP: (OWN, Y, N, A, N),
     Act.PUBLISH_PRESENCE: (OWN, Y, N, N, N),
@@ -259,7 +267,9 @@ _HOLDER_ACTOR = {
 
 
 #: acts on no run whose ``own`` rule scopes the answer: another user's things are not in it
-SCOPED_ACTS = frozenset({Act.HAVE_BLOBS, Act.LIST_RUNS, Act.LIST_TOKENS, Act.REVOKE_TOKEN})
+SCOPED_ACTS = frozenset(
+    {Act.HAVE_BLOBS, Act.LIST_RUNS, Act.LIST_TOKENS, Act.REVOKE_TOKEN, Act.LIST_SWEEPS}
+)
 
 
 #: acts on a run connection: its holder must have opened one first (an IDE link for a user

@@ -89,6 +89,7 @@ from .stream_entries import (
     decode_entry,
     encode_entry,
 )
+from .sweep_frames import CancelSweep, GetSweep, ListSweeps, SubmitSweep, SweepInfo, SweepList
 from .wire_base import FROZEN, ErrorCode, FrameType, WireError, short_reason
 
 __all__ = [
@@ -107,6 +108,7 @@ __all__ = [
     "AuditLog",
     "BlobData",
     "Cancel",
+    "CancelSweep",
     "Claim",
     "Commit",
     "ControlEntry",
@@ -123,10 +125,12 @@ __all__ = [
     "GetAudit",
     "GetBlob",
     "GetRun",
+    "GetSweep",
     "HaveBlobs",
     "Heartbeat",
     "Hello",
     "ListRuns",
+    "ListSweeps",
     "ListTokens",
     "LogEntry",
     "MetricEntry",
@@ -148,6 +152,9 @@ __all__ = [
     "Stored",
     "StreamName",
     "Submit",
+    "SubmitSweep",
+    "SweepInfo",
+    "SweepList",
     "TokenCreated",
     "TokenList",
     "TunnelEntry",

@@ -59,6 +59,12 @@ class FrameType(StrEnum):
     TUNNEL = "tunnel"
     WEB_LOGIN = "web_login"
     WEB_CODE = "web_code"
+    SUBMIT_SWEEP = "submit_sweep"
+    GET_SWEEP = "get_sweep"
+    CANCEL_SWEEP = "cancel_sweep"
+    LIST_SWEEPS = "list_sweeps"
+    SWEEP = "sweep"
+    SWEEPS = "sweeps"
 
 
 class ErrorCode(StrEnum):

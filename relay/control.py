@@ -36,6 +36,7 @@ from .claims import Claims
 from .config import SERVER_NAME, RelayConfig
 from .gate import Peer
 from .registry import Registry
+from .sweeps import Sweeps
 from .trees import CheckedTrees, Rooted, check_tree
 from .tunnels import Tunnels
 from .web.sessions import WebSessions, may_log_in
@@ -80,8 +81,10 @@ class Control:
         config: RelayConfig,
         *,
         tunnels: Tunnels,
+        sweeps: Sweeps,
     ) -> None:
         self.tunnels = tunnels
+        self.sweeps = sweeps
         self.registry = registry
         self.store = registry.store
         self.claims = claims
@@ -157,6 +160,20 @@ class Control:
                 if isinstance(got, RunRecord):
                     await self._audit(got.id, "submit", conn)
                 return _run_info(got, rid)
+            case wire.SubmitSweep():
+                self._allow(who, Act.SUBMIT_SWEEP)
+                snapshot = await self._snapshot(who, frame)
+                missing = [] if frame.tree else await self._missing(who, frame.manifest.digests)
+                if missing:
+                    return wire.Error(
+                        code=ErrorCode.MISSING_BLOBS,
+                        message=f"the relay lacks {len(missing)} of the snapshot's blobs",
+                        rid=rid,
+                    )
+                sweep = await self.sweeps.create(frame.spec, snapshot, who.user)
+                return await self.sweeps.answer(wire.GetSweep(rid=frame.rid, sweep=sweep.id), who)
+            case wire.GetSweep() | wire.CancelSweep() | wire.ListSweeps():
+                return await self.sweeps.answer(frame, who)
             case wire.Rerun():
                 record = await self._run(who, Act.RERUN, frame.run)
                 got = await self.rerun(record, who, source=conn.peer.source, role="control")
@@ -371,7 +388,9 @@ class Control:
             )
         return await self.registry.load(found[0]) if found else None
 
-    async def _snapshot(self, who: Principal, frame: wire.Submit) -> Manifest | Rooted:
+    async def _snapshot(
+        self, who: Principal, frame: wire.Submit | wire.SubmitSweep
+    ) -> Manifest | Rooted:
         """The submit's snapshot: the manifest as sent, or the root tree it names, checked
         reading only what changed since ``who`` last submitted it (``relay/trees.py``)."""
         if not frame.tree:

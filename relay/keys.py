@@ -46,6 +46,13 @@ key                            type    contents                                 
 ``tether:delayed``             zset    retried run ids scored by when they queue   relay         relay sweeps
 ``tether:changes``             stream  each run record as written (redacted JSON),  relay         relay (web
                                        the newest 1000: the web view's live pages                 view)
+``tether:sweep:{S}``           hash    ``record``: a SweepRecord (JSON), ``v``     relay         relay
+``tether:sweep:{S}:trials``    hash    trial number -> Trial (JSON)                relay         relay
+``tether:sweep:{S}:manifest``  string  the sweep's snapshot manifest (JSON)        relay         relay
+``tether:sweep:{S}:lease``     hash    the relay process driving it, until when   relay         relay
+``tether:sweeps``              zset    sweep ids by creation time (``tether:user:  relay         CLI (list)
+                                       <u>:sweeps``: a user's)
+``tether:sweeps:active``       zset    unfinished sweeps: what relays drive        relay         relay
 ``tether:web:session:<h>``     hash    ``session``: a web session (user, token id,  relay         relay (web)
                                        CSRF token), ``<h>`` the SHA-256 of its id;
                                        expires with it
@@ -62,6 +69,7 @@ deleted as soon as the reading side reported receiving them (``received`` frames
 from __future__ import annotations
 
 __all__ = [
+    "ACTIVE_SWEEPS",
     "CHANGES",
     "CLOSED",
     "DELAYED",
@@ -69,6 +77,7 @@ __all__ = [
     "NOTICE_CHANNEL",
     "POOL_GROUP",
     "RUNS",
+    "SWEEPS",
     "TOKENS",
     "audit",
     "beside",
@@ -82,6 +91,10 @@ __all__ = [
     "record",
     "run_keys",
     "stream",
+    "sweep",
+    "sweep_lease",
+    "sweep_manifest",
+    "sweep_trials",
     "token",
     "transient_key",
     "tunnel_keys",
@@ -90,6 +103,7 @@ __all__ = [
     "user_active",
     "user_blobs",
     "user_runs",
+    "user_sweeps",
     "watchers_key",
     "web_code",
     "web_session",
@@ -103,6 +117,34 @@ TOKENS = "tether:tokens"
 #: every run record as written (redacted), for the web view's live pages; the newest are kept
 CHANGES = "tether:changes"
 CHANGES_KEPT = 1000
+
+
+#: sweep ids by creation time; the unfinished ones (what relays drive)
+SWEEPS = "tether:sweeps"
+ACTIVE_SWEEPS = "tether:sweeps:active"
+
+
+def sweep(sweep_id: str) -> str:
+    """A sweep's record (``record`` field, versioned like a run's)."""
+    return f"tether:sweep:{{{sweep_id}}}"
+
+
+def sweep_trials(sweep_id: str) -> str:
+    """A sweep's trials: field ``n`` is trial n (JSON)."""
+    return f"tether:sweep:{{{sweep_id}}}:trials"
+
+
+def sweep_manifest(sweep_id: str) -> str:
+    return f"tether:sweep:{{{sweep_id}}}:manifest"
+
+
+def sweep_lease(sweep_id: str) -> str:
+    """Which relay process drives the sweep, until when (``holder`` field, versioned)."""
+    return f"tether:sweep:{{{sweep_id}}}:lease"
+
+
+def user_sweeps(user: str) -> str:
+    return f"tether:user:{user}:sweeps"
 
 
 def web_session(hashed: str) -> str:

@@ -32,7 +32,6 @@ from dataclasses import asdict
 from typing import Any, NamedTuple
 
 from protocol_specs import wire
-from protocol_specs.metrics import last_values, points_of
 from protocol_specs.runs import (
     Attempt,
     IllegalTransition,
@@ -49,11 +48,12 @@ from protocol_specs.wire import ErrorCode, StreamName
 from . import keys
 from .blobs import BlobError
 from .config import RelayConfig
+from .metrics import last_metrics
 from .store import Store, StoreError
 from .trees import Expand, Rooted
 from .tunnels import expire_tunnels
 
-__all__ = ["RECORD_FIELD", "Change", "Registry", "new_run_id"]
+__all__ = ["RECORD_FIELD", "Change", "Registry", "new_run_id", "snapshot_fields"]
 
 log = logging.getLogger("tether.relay")
 
@@ -63,7 +63,8 @@ RECORD_FIELD = "record"
 MAX_CONFLICTS = 100
 
 
-def _snapshot_fields(snapshot: Manifest | Rooted) -> dict[str, Any]:
+def snapshot_fields(snapshot: Manifest | Rooted) -> dict[str, Any]:
+    """The fields a record names its snapshot by (``snapshot``, ``files``, ``size``; ``tree``)."""
     if isinstance(snapshot, Rooted):
         return asdict(snapshot)
     return {"snapshot": snapshot.id, "files": len(snapshot.entries), "size": snapshot.total_bytes}
@@ -149,11 +150,8 @@ class Registry:
     async def with_liveness(self, record: RunRecord) -> RunRecord:
         """``record`` as answered: :attr:`RunRecord.silent_for` set when its worker's heartbeats
         are late, :attr:`RunRecord.metrics` to its newest metric entry's values."""
-        metrics = keys.stream(record.id, StreamName.METRICS)
-        for _id, payload in reversed(await self.store.read_last(metrics, 2)):
-            if values := _metric_values(payload):  # the newest entry may be the finished marker
-                record = record.model_copy(update={"metrics": values})
-                break
+        if values := await last_metrics(self.store, record.id):
+            record = record.model_copy(update={"metrics": values})
         if record.state not in (RunState.STARTING, RunState.RUNNING, RunState.PAUSED):
             return record
         expires = await self.store.zscore(keys.LEASES, keys.lease(record.id, record.attempt))
@@ -298,10 +296,19 @@ class Registry:
     # --- submission -------------------------------------------------------------------------------
 
     async def submit(
-        self, spec: RunSpec, snapshot: Manifest | Rooted, *, owner: str, rerun_of: str = ""
+        self,
+        spec: RunSpec,
+        snapshot: Manifest | Rooted,
+        *,
+        owner: str,
+        rerun_of: str = "",
+        run_id: str = "",
+        trial: str = "",
     ) -> RunRecord | wire.Error:
         """Record and queue a run on ``snapshot``: a manifest (kept beside the record) or a root
-        tree already checked (the record names it; the manifest is expanded at claim)."""
+        tree already checked (the record names it; the manifest is expanded at claim).
+        ``run_id``: the run's id, chosen beforehand (a sweep's trial: a run that exists already is
+        answered as it is); ``trial``: the sweep's trial it is (``S#3``)."""
         cap = self.config.max_active_runs
         active = await self.store.zrange_by_score(keys.user_active(owner), float("inf"), cap)
         if len(active) >= cap:
@@ -312,16 +319,19 @@ class Registry:
             )
         now = self.clock()
         record = RunRecord(
-            id=new_run_id(),
+            id=run_id or new_run_id(),
+            trial=trial,
             spec=spec,
             created_at=now,
             updated_at=now,
-            **_snapshot_fields(snapshot),
+            **snapshot_fields(snapshot),
             attempts=[Attempt(n=1, queued_at=now)],
             rerun_of=rerun_of,
             owner=owner,
         )
         while not await self.create(record):
+            if run_id:
+                return await self.load(run_id) or record
             record = record.model_copy(update={"id": new_run_id()})
         if isinstance(snapshot, Manifest):
             await self.store.set_bytes(
@@ -579,15 +589,6 @@ def _job_running(record: RunRecord, frame: wire.Report, at: float) -> RunRecord:
     ):
         raise IllegalTransition(RunEvent.CLAIM, record.state)
     return record.with_attempt(job_running_at=at)
-
-
-def _metric_values(payload: bytes) -> dict[str, float]:
-    """The last value of each metric in a metric entry (nothing if it is not one)."""
-    try:
-        entry = wire.decode_entry(payload)
-    except wire.WireError:
-        return {}
-    return last_values(points_of([entry]))
 
 
 def _encode(record: RunRecord) -> bytes:

@@ -55,6 +55,7 @@ from .heap import keep_heap
 from .links import Links
 from .registry import Registry
 from .store import Store, StoreError
+from .sweeps import Sweeps
 from .trees import expand_tree
 from .web.live import serve_live
 from .web.server import Web
@@ -113,6 +114,7 @@ class Relay:
             on_unattended=self._unattended,
             clock=clock,
         )
+        self.sweeps = Sweeps(self.registry, holder=f"relay-{self.fanout.id}", clock=clock)
         self.control = Control(
             self.registry,
             self.claims,
@@ -121,6 +123,7 @@ class Relay:
             self.audit,
             config,
             tunnels=self.links.tunnels,
+            sweeps=self.sweeps,
         )
         self.web = Web(
             self.registry,
@@ -228,6 +231,7 @@ async def serve_relay(
         nursery.start_soon(relay.sweep_forever)
         nursery.start_soon(relay.gate.recheck_forever)
         nursery.start_soon(relay.collect_blobs_forever)
+        nursery.start_soon(relay.sweeps.drive_forever)
         nursery.start_soon(keep_heap, relay.fanout.__len__, lambda: relay.ended)
         server = await nursery.start(
             partial(

@@ -29,6 +29,7 @@ from .actions import (
     ToDebugpy,
 )
 from .debuggee import Debuggee
+from .metrics import asks_stop
 from .output import ProgramOutput
 from .processes import Processes
 from .tunnels import Tunnels
@@ -190,6 +191,8 @@ class Driver:
         for delivery in backlog:
             await self.perform(self.processes.on_delivery(delivery))
         async for delivery in self.link.deliveries:
+            if self.output.metrics is not None and asks_stop(delivery, self.link.attempt):
+                self.output.metrics.stop()
             await self.perform(self.processes.on_delivery(delivery))
 
     async def timer(self) -> None:

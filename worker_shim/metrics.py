@@ -37,7 +37,7 @@ from protocol_specs.metrics import (
 )
 from relay.client import RelayError, RunLink
 
-__all__ = ["ProgramMetrics", "metrics_env", "open_program_metrics", "user_module"]
+__all__ = ["ProgramMetrics", "asks_stop", "metrics_env", "open_program_metrics", "user_module"]
 
 log = logging.getLogger("tether.worker")
 
@@ -66,6 +66,22 @@ def metrics_env(where: Path, env: dict[str, str]) -> dict[str, str]:
         "TETHER_METRICS_SOCKET": str(where / SOCKET_NAME),
         "TETHER_STOP_FILE": str(where / STOP_NAME),
     }
+
+
+def asks_stop(delivery: wire.Deliver, attempt: int) -> bool:
+    """Whether a delivery is the relay's ``stop`` for this attempt (a sweep pruned the trial).
+    Looked at cheaply first: every DAP message of a session comes this way."""
+    if b"\xa7control" not in delivery.entry[:16]:
+        return False
+    try:
+        entry = wire.decode_entry(delivery.entry)
+    except wire.WireError:
+        return False
+    return (
+        isinstance(entry, wire.ControlEntry)
+        and entry.action == "stop"
+        and entry.attempt in (0, attempt)
+    )
 
 
 class ProgramMetrics:

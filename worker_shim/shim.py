@@ -73,7 +73,7 @@ from .debuggable import attach_listener, attachable_argv, until_debugged
 from .debuggee import Debuggee, OutputPump, start_debuggee, start_plain, terminate_group
 from .driver import Driver
 from .files import Fetch, materialise
-from .metrics import metrics_env, open_program_metrics
+from .metrics import asks_stop, metrics_env, open_program_metrics
 from .output import ProgramOutput, open_program_output, unbuffered_env
 from .processes import Processes
 from .replay import DEFAULT_INITIALIZE
@@ -379,8 +379,9 @@ async def _run_plain(
         if listener is not None:
             with listener:
                 debugged = await until_debugged(
-                    link, record, process, terminate, listener, say, on_entry=tunnels.open
-                )
+                    link, record, process, terminate, listener, say,
+                    on_entry=partial(_entry_of_plain, tunnels, on_output, record.attempt),
+                )  # fmt: skip
             if debugged is not None:
                 if debugged.post_mortem:
                     say(f"run {record.id}: an uncaught exception; the program waits post-mortem")
@@ -393,7 +394,7 @@ async def _run_plain(
                 )  # fmt: skip
                 nursery.cancel_scope.cancel()
                 return code
-        nursery.start_soon(_watch_terminate, link, record, terminate, tunnels)
+        nursery.start_soon(_watch_terminate, link, record, terminate, tunnels, on_output)
         code = await process.wait()
         await output.drained()
         nursery.cancel_scope.cancel()
@@ -403,16 +404,34 @@ async def _run_plain(
     return code
 
 
+def _entry_of_plain(
+    tunnels: Tunnels, output: ProgramOutput, attempt: int, entry: wire.AnyEntry | None
+) -> None:
+    """An entry a plain run's watch took: a tunnel to open, a ``stop`` to pass on."""
+    tunnels.open(entry)
+    if not isinstance(entry, wire.ControlEntry) or output.metrics is None:
+        return
+    if entry.action == "stop" and entry.attempt in (0, attempt):
+        output.metrics.stop()
+
+
 async def _terminate_when(event: trio.Event, terminate: Callable[[], Awaitable[None]]) -> None:
     await event.wait()
     await terminate()
 
 
 async def _watch_terminate(
-    link: RunLink, record: RunRecord, terminate: Callable[[], Awaitable[None]], tunnels: Tunnels
+    link: RunLink,
+    record: RunRecord,
+    terminate: Callable[[], Awaitable[None]],
+    tunnels: Tunnels,
+    output: ProgramOutput,
 ) -> None:
-    """A plain run's deliveries: a ``terminate`` for this attempt, tunnels to open."""
+    """A plain run's deliveries: a ``terminate`` for this attempt, a ``stop``, tunnels to
+    open."""
     async for delivery in link.deliveries:
+        if output.metrics is not None and asks_stop(delivery, record.attempt):
+            output.metrics.stop()
         entry = parse_delivery(delivery)[1]
         if terminates(entry, record):
             await terminate()

@@ -25,6 +25,7 @@ from .runs import (
 )
 from .service import cmd_backend, cmd_relay, cmd_up, cmd_worker
 from .settings import DEFAULT_RELAY_PORT, count, parse_duration, parse_ranks
+from .sweeps import cmd_sweep
 from .tunnel import cmd_exec, cmd_port_forward, cmd_shell, process_flag
 
 __all__ = ["build_parser"]
@@ -183,6 +184,8 @@ def _run_commands(sub: _Commands) -> None:
     s.add_argument("--json", action="store_true", help="one JSON object per point")
     s.set_defaults(fn=cmd_metrics)
 
+    _sweep_command(sub)
+
     s = sub.add_parser(
         "exec",
         help="run a command on the run's worker, in its directory with its environment",
@@ -239,6 +242,57 @@ def _run_commands(sub: _Commands) -> None:
     s.add_argument("-f", "--follow", action="store_true", help="print the new run's output")
     adapter_options(s)
     s.set_defaults(fn=cmd_rerun)
+
+
+def _sweep_command(sub: _Commands) -> None:
+    """``tether sweep``: trials of a command over a search space (and ``ls``, ``status``,
+    ``cancel``)."""
+    s = sub.add_parser(
+        "sweep",
+        help="run a command over a search space, each trial a run "
+        "(tether sweep --param lr=log:1e-5:1e-2 -- python train.py --lr {lr}); "
+        "tether sweep ls | status SWEEP | cancel SWEEP",
+    )
+    run_options(s, debug=False)
+    relay_flag(s)
+    g = s.add_argument_group("the search (or in --file SWEEP.yaml)")
+    g.add_argument(
+        "--param",
+        action="append",
+        metavar="NAME=SPACE",
+        help="a parameter: lr=log:1e-5:1e-2 (a float range, log scale), dropout=0:0.5, "
+        "layers=int:2:8, bs=16,32,64 or opt=adam,sgd (choices); the command names it {lr}; "
+        "the program also reads them with tether.params() (repeatable)",
+    )
+    g.add_argument("--trials", type=int, metavar="N", help="how many trials (default 10)")
+    g.add_argument("--parallel", type=int, metavar="N", help="trials at once (default 1)")
+    g.add_argument(
+        "--search",
+        choices=["random", "grid", "tpe"],
+        help="how parameters are chosen (Optuna's samplers; default random; grid: every "
+        "combination, at most --trials)",
+    )
+    g.add_argument(
+        "--objective",
+        metavar="METRIC[:min|max]",
+        help="the metric a trial is judged by, e.g. loss:min (its last reported value)",
+    )
+    g.add_argument(
+        "--early-stop",
+        choices=["none", "asha", "median"],
+        help="stop trials whose objective lags (Optuna's pruners; needs --objective)",
+    )
+    g.add_argument("--seed", type=int, help="the search's seed (default 0)")
+    g.add_argument(
+        "--stop-grace",
+        type=parse_duration,
+        metavar="DURATION",
+        help="how long a stopped trial has to end by itself before it is cancelled (default 30s)",
+    )
+    g.add_argument("--file", metavar="SWEEP.yaml", help="the sweep's settings (flags win)")
+    s.add_argument("--json", action="store_true", help="print the sweep as JSON")
+    s.add_argument("-n", "--limit", type=count, default=30, help="sweep ls: how many (default 30)")
+    s.set_defaults(fn=cmd_sweep)
 
 
 def _service_commands(sub: _Commands) -> None:

@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from adapter.render import mib
 from protocol_specs.runs import KNOWN_BACKENDS, Resources, RunRecord, RunSpec
-from relay.client import Endpoint, open_control
+from relay.client import ControlClient, Endpoint, open_control
 
 from .errors import control_call
 from .settings import pairs, parse_duration, parse_memory, profile, tether_home
 
-__all__ = ["build_spec", "submit_run"]
+__all__ = ["build_spec", "on_snapshot", "submit_run"]
+
+_T = TypeVar("_T")
 
 
 def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
@@ -180,12 +182,34 @@ async def submit_run(
 ) -> RunRecord:
     """Snapshot the working directory (``hashing``: the progress of reading the files it has no
     digest of), upload what the relay lacks (``progress``), submit the run."""
+
+    def submit(control: ControlClient, tree: str) -> Awaitable[RunRecord]:
+        return control.submit(spec, tree=tree)
+
+    record, said = await on_snapshot(
+        relay, Path(spec.workdir), submit, say, limit=limit, progress=progress, hashing=hashing
+    )
+    say(f"submitted run {record.id}: {' '.join(spec.command)} ({said})")
+    return record
+
+
+async def on_snapshot(
+    relay: Endpoint,
+    root: Path,
+    submit: Callable[[ControlClient, str], Awaitable[_T]],
+    say: Callable[[str], None],
+    *,
+    limit: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    hashing: Callable[[int, int], None] = lambda _done, _total: None,
+) -> tuple[_T, str]:
+    """Snapshot ``root``, upload what the relay lacks, then ``submit(control, root tree)``; what
+    it gave, and a few words on the snapshot (``3 files, 0.0 MiB; uploaded ...``)."""
     import trio
 
     from adapter.snapshot import DEFAULT_LIMIT, HashCache, SnapshotError, build_snapshot
-    from adapter.snapshot_upload import submit_snapshot
+    from adapter.snapshot_upload import submit_on_snapshot
 
-    root = Path(spec.workdir)
     cache = HashCache.for_tree(tether_home() / "cache" / "snapshots", root)
     try:
         snapshot = build_snapshot(
@@ -198,14 +222,17 @@ async def submit_run(
     async with trio.open_nursery() as nursery, open_control(relay, client="tether-cli") as control:
         nursery.start_soon(trio.to_thread.run_sync, cache.save)  # while the relay is asked
         try:
-            record, uploaded = await control_call(
-                submit_snapshot(control, spec, snapshot, progress or (lambda _d, _t: None))
+            done, uploaded = await control_call(
+                submit_on_snapshot(
+                    control,
+                    snapshot,
+                    lambda tree: submit(control, tree),
+                    progress or (lambda _d, _t: None),
+                )
             )
         except SnapshotError as exc:
             raise SystemExit(f"tether: {exc}") from None
-    say(
-        f"submitted run {record.id}: {' '.join(spec.command)} ({snapshot.files} files, "
-        f"{mib(snapshot.size)}; uploaded {uploaded.blobs} new files, "
-        f"{mib(uploaded.bytes)}; {uploaded.reused} already on the relay)"
+    return done, (
+        f"{snapshot.files} files, {mib(snapshot.size)}; uploaded {uploaded.blobs} new files, "
+        f"{mib(uploaded.bytes)}; {uploaded.reused} already on the relay"
     )
-    return record

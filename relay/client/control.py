@@ -21,6 +21,7 @@ from protocol_specs import wire
 from protocol_specs.auth import Scope, TokenInfo
 from protocol_specs.runs import RunRecord, RunSpec
 from protocol_specs.snapshots import BLOB_CHUNK, Manifest
+from protocol_specs.sweeps import SweepRecord, SweepSpec
 from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.wire import ErrorCode, Role
 
@@ -190,6 +191,24 @@ class ControlClient:
 
     async def list_runs(self, limit: int = 50) -> list[RunRecord]:
         return (await self._call(wire.ListRuns, wire.RunList, limit=limit)).runs
+
+    async def submit_sweep(
+        self, spec: SweepSpec, manifest: Manifest | None = None, *, tree: str = ""
+    ) -> wire.SweepInfo:
+        """Start a sweep (``protocol_specs/sweeps.py``) on a snapshot, as :meth:`submit` does."""
+        manifest = manifest or Manifest()
+        return await self._call(
+            wire.SubmitSweep, wire.SweepInfo, spec=spec, manifest=manifest, tree=tree
+        )
+
+    async def get_sweep(self, sweep: str) -> wire.SweepInfo:
+        return await self._call(wire.GetSweep, wire.SweepInfo, sweep=sweep)
+
+    async def cancel_sweep(self, sweep: str) -> wire.SweepInfo:
+        return await self._call(wire.CancelSweep, wire.SweepInfo, sweep=sweep)
+
+    async def list_sweeps(self, limit: int = 30) -> list[SweepRecord]:
+        return (await self._call(wire.ListSweeps, wire.SweepList, limit=limit)).sweeps
 
     async def claim(
         self, worker: str, *, backend: str = "local", run: str = "", attempt: int = 0

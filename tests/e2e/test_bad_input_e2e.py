@@ -71,6 +71,26 @@ async def test_bad_input_gets_a_clear_line_and_never_a_traceback(tmp_path: Path)
                 (("relay", "--redis", "http://x", "--port", "0"), "--redis: unsupported store URL"),
                 (("relay", "--redis", "redis://a:b,c:1", "--port", "0"), "--redis: bad port"),
                 (("token", "create", "--redis", "redis://127.0.0.1:1"), "--redis: cannot connect"),
+                (("metrics", "nosuchrun"), "no run 'nosuchrun'"),
+                (("run", "--metric", "loss", "--", "python", "app.py"), "names no metric"),
+                (("run", "--metric", "(?P<x", "--", "python", "app.py"), "not a regular expr"),
+                (("sweep", "status", "nosuchsweep"), "no sweep 'nosuchsweep'"),
+                (("sweep", "cancel"), "name one sweep"),
+                (("sweep", "--param", "lr", "--", "python", "app.py"), "give NAME=SPACE"),
+                (
+                    ("sweep", "--param", "lr=1,2", "--", "python", "app.py", "{bs}"),
+                    "names {bs}, which is no --param",
+                ),
+                (
+                    ("sweep", "--param", "lr=0.1:1", "--search", "grid", "--", "python", "app.py"),
+                    "a grid needs a list of values for lr",
+                ),
+                (
+                    ("sweep", "--param", "lr=1,2", "--early-stop", "asha", "--", "python", "a.py"),
+                    "needs an --objective",
+                ),
+                (("sweep", "--file", str(tmp_path / "none.yaml")), "No such file"),
+                (("sweep", "--file", str(project / "app.py")), "a mapping of settings"),
             ]
             wrong = []
             for args, said in cases:

@@ -1,17 +1,22 @@
 """Experiments end to end, with real processes: a run's metrics from ``tether.report`` (in a
 Python environment of the user's that has no tether installed) and from its output lines, read back
-with ``tether metrics`` and ``tether ls``."""
+with ``tether metrics`` and ``tether ls``; sweeps on the local pool (random, grid, ASHA) driven by
+the relay, read back with ``tether sweep status``."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
-from stack import relay_stack, tether
+from stack import relay_stack, tether, worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -80,3 +85,173 @@ async def test_a_run_reports_metrics_by_the_api_and_by_its_output_lines(tmp_path
         assert "METRICS" in table and "loss 0.007447" in table, table
         text = await run_cli(home, "metrics", record["id"])
         assert "step 49  loss 0.007447" in text
+
+
+# --- sweeps ----------------------------------------------------------------------------------------
+
+#: a trial: loss falls faster with a larger lr, and bs shifts it; ``--slow`` sleeps between steps
+#: (so that early stopping has time to act) and stops when told
+SWEEP_TRAIN = """\
+import math, sys, time
+import tether
+
+lr, bs, steps, pause = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+for step in range(steps):
+    tether.report(step=step, loss=math.exp(-lr * 100 * step) + bs / 1000)
+    if tether.should_stop():
+        print("stopping at", step, flush=True)
+        break
+    time.sleep(pause)
+print("params", tether.params(), "trial", tether.trial(), flush=True)
+"""
+
+
+async def sweep_status(home: Path, sweep: str) -> dict[str, Any]:
+    out = await run_cli(home, "sweep", "status", sweep, "--json")
+    return json.loads(out[out.index("{") :])  # type: ignore[no-any-return]
+
+
+async def finished_sweep(home: Path, sweep: str, *, timeout: float = 120) -> dict[str, Any]:
+    """The sweep's status once it ended (asked again after each answer: no event says so)."""
+    with trio.fail_after(timeout):
+        while True:
+            info = await sweep_status(home, sweep)
+            if info["sweep"]["state"] != "running":
+                return info
+
+
+async def start_sweep(home: Path, workdir: Path, *args: str) -> str:
+    out = await run_cli(home, "sweep", "--workdir", str(workdir), *args)
+    return out.strip().splitlines()[-1]
+
+
+async def points_of_run(home: Path, run_id: str) -> list[dict[str, Any]]:
+    out = await run_cli(home, "metrics", run_id, "--json")
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def sweep_project(tmp_path: Path) -> Path:
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "train.py").write_text(SWEEP_TRAIN)
+    return workdir
+
+
+async def test_a_random_sweep_runs_every_trial_three_at_a_time_and_names_the_best(
+    tmp_path: Path,
+) -> None:
+    workdir = sweep_project(tmp_path)
+    home = tmp_path / "home"
+    async with relay_stack(home, workers=4):
+        sweep = await start_sweep(
+            home, workdir, "--param", "lr=log:1e-4:1e-1", "--param", "bs=16,32",
+            "--trials", "12", "--parallel", "3", "--objective", "loss:min",
+            "--", "python", "train.py", "{lr}", "{bs}", "5", "0.2",
+        )  # fmt: skip
+        info = await finished_sweep(home, sweep)
+        trials = info["trials"]
+        assert info["sweep"]["state"] == "finished"
+        assert [t["n"] for t in trials] == list(range(12))
+        assert {t["state"] for t in trials} == {"complete"}
+        for trial in trials:  # each trial's value is its run's last loss, all 5 steps in
+            points = await points_of_run(home, trial["run"])
+            assert [p["step"] for p in points] == [0, 1, 2, 3, 4]
+            assert trial["value"] == pytest.approx(points[-1]["loss"])
+            assert 1e-4 <= trial["params"]["lr"] <= 1e-1 and trial["params"]["bs"] in (16, 32)
+        best = min(trials, key=lambda t: t["value"])
+        assert info["sweep"]["best"] == best["n"]
+        text = await run_cli(home, "sweep", "status", sweep)
+        assert f"best       trial {best['n']} (run {best['run']})" in text
+        # never more than 3 at once: the runs' attempts, start to end
+        listed = await run_cli(home, "ls", "--json", "-n", "20")
+        runs = [r for r in json.loads(listed[listed.index("[") :]) if r["trial"]]
+        assert len(runs) == 12 and all(r["state"] == "succeeded" for r in runs)
+        spans = [(r["attempts"][0]["claimed_at"], r["attempts"][0]["ended_at"]) for r in runs]
+        for start, _end in spans:
+            assert sum(1 for s, e in spans if s <= start < e) <= 3
+        assert runs[0]["spec"]["env"]["TETHER_SWEEP"] == sweep
+
+
+async def test_a_grid_sweep_runs_each_combination_once(tmp_path: Path) -> None:
+    workdir = sweep_project(tmp_path)
+    (workdir / "sweep.yaml").write_text(
+        "command: python train.py {lr} {bs} 3 0\n"
+        "params:\n  lr: [0.001, 0.01]\n  bs: [16, 32, 64]\n"
+        "search: grid\ntrials: 100\nparallel: 2\nobjective: loss:min\n"
+    )
+    home = tmp_path / "home"
+    async with relay_stack(home, workers=2):
+        sweep = await start_sweep(home, workdir, "--file", str(workdir / "sweep.yaml"))
+        info = await finished_sweep(home, sweep)
+        combos = sorted((t["params"]["lr"], t["params"]["bs"]) for t in info["trials"])
+        assert combos == [(lr, bs) for lr in (0.001, 0.01) for bs in (16, 32, 64)]
+        assert {t["state"] for t in info["trials"]} == {"complete"}
+        best = info["trials"][info["sweep"]["best"]]
+        assert (best["params"]["lr"], best["params"]["bs"]) == (0.01, 16)
+
+
+async def test_asha_stops_the_worst_trials_early(tmp_path: Path) -> None:
+    workdir = sweep_project(tmp_path)
+    home = tmp_path / "home"
+    async with relay_stack(home, workers=3):
+        sweep = await start_sweep(
+            home, workdir, "--param", "lr=log:1e-4:1e-1", "--param", "bs=16",
+            "--trials", "9", "--parallel", "3", "--objective", "loss:min",
+            "--early-stop", "asha", "--seed", "3",
+            "--", "python", "train.py", "{lr}", "{bs}", "20", "0.25",
+        )  # fmt: skip
+        info = await finished_sweep(home, sweep, timeout=170)
+        trials = info["trials"]
+        pruned = [t for t in trials if t["state"] == "pruned"]
+        complete = [t for t in trials if t["state"] == "complete"]
+        assert pruned and complete, [(t["n"], t["state"]) for t in trials]
+        curves = {t["n"]: {p["step"]: p["loss"] for p in await points_of_run(home, t["run"])}
+                  for t in trials}  # fmt: skip
+        best = info["sweep"]["best"]
+        for trial in pruned:
+            curve = curves[trial["n"]]
+            assert max(curve) < 19, "a pruned trial ran to the end"
+            # it lagged: the best trial's loss was lower at every step it reported but the first
+            # (the curves never cross: the loss falls faster with a larger lr)
+            assert all(curves[best][step] < loss for step, loss in curve.items() if step), trial
+        assert best is not None and trials[best]["state"] == "complete"
+        assert max(curves[best]) == 19
+
+
+async def test_a_relay_restart_in_the_middle_of_a_sweep_loses_no_trial_or_metric(
+    tmp_path: Path,
+) -> None:
+    """``tether up`` (relay and store) killed with SIGKILL while trials run and report, then
+    started again on its data: the workers reconnect, the sweep is driven on, every trial and
+    every point is there once."""
+    workdir = sweep_project(tmp_path)
+    home = tmp_path / "home"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    up_args = ("up", "--data-dir", str(home / "data"), "--workers", "0", "--relay-port", port)
+    async with tether(*up_args, home=home, name="up") as up:
+        relay = (await up.wait_line(r"tether up: ready relay=(\S+)")).group(1)
+        async with worker(home, relay, slots=2) as pool:
+            sweep = await start_sweep(
+                home, workdir, "--param", "lr=log:1e-3:1e-1", "--param", "bs=16,32",
+                "--trials", "5", "--parallel", "2", "--objective", "loss:min",
+                "--", "python", "train.py", "{lr}", "{bs}", "12", "0.25",
+            )  # fmt: skip
+            with trio.fail_after(60):  # a trial is under way, its first points stored
+                while not any(
+                    t["values"] and not t["ended"]
+                    for t in (await sweep_status(home, sweep))["trials"]
+                ):
+                    await pool._changed.wait()
+            os.killpg(up.process.pid, signal.SIGKILL)
+            await up.process.wait()
+            async with tether(*up_args, home=home, name="up again") as again:
+                await again.wait_line(r"tether up: ready")
+                info = await finished_sweep(home, sweep, timeout=150)
+                assert [t["state"] for t in info["trials"]] == ["complete"] * 5, info["trials"]
+                for trial in info["trials"]:
+                    points = await points_of_run(home, trial["run"])
+                    assert [p["step"] for p in points] == list(range(12)), trial["n"]
+                    assert [s for s, _ in trial["values"]] == list(range(12))
+                await pool.wait_line(r"relay link up", timeout=5)

@@ -1,9 +1,11 @@
 """The Slurm backend against a real single-node Slurm (munged, slurmctld, slurmd started here):
 submit, queue, run, logs, debug with a breakpoint set while the job is pending, cancel while
-pending, a requeued job retried as a new attempt, and a crash stopped post-mortem."""
+pending, a requeued job retried as a new attempt, a crash stopped post-mortem, and a sweep whose
+trials are jobs."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import AsyncIterator, Iterator
@@ -14,6 +16,7 @@ import pytest
 import trio
 from slurm_cluster import SlurmCluster, slurm_available
 from stack import Proc, debug_run, relay_stack, tether
+from test_experiments_e2e import SWEEP_TRAIN, finished_sweep, points_of_run, run_cli, start_sweep
 from test_post_mortem_e2e import CRASH, WHERE
 from test_runs_e2e import FLAKY, FLAKY_BREAKPOINT
 from test_session_e2e import assert_schema_valid, bp_args, ide_session, resume, stopped_frame
@@ -251,3 +254,32 @@ async def test_a_crash_in_a_slurm_job_stops_post_mortem_then_ends_by_the_policy(
         await run.wait_line(r"ValueError: bad batch 7", timeout=60)
         await run.wait_line(rf"-- tether: run {run_id} failed, exit code 1", timeout=60)
         assert await run.process.wait() == 1
+
+
+async def test_a_sweep_on_slurm_runs_each_trial_as_a_job(
+    tmp_path: Path, slurm: SlurmCluster
+) -> None:
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "train.py").write_text(SWEEP_TRAIN)
+    home = tmp_path / "home"
+    async with relay_stack(home, workers=0) as (_up, relay):
+        async with slurm_backend(home, relay, slurm):
+            sweep = await start_sweep(
+                home, workdir, "--backend", "slurm", "--cpus", "1", "--mem", "200M",
+                "--param", "lr=log:1e-3:1e-1", "--trials", "4", "--parallel", "2",
+                "--objective", "loss:min", "--", "python", "train.py", "{lr}", "16", "5", "0.1",
+            )  # fmt: skip
+            info = await finished_sweep(home, sweep, timeout=200)
+            assert [t["state"] for t in info["trials"]] == ["complete"] * 4, info["trials"]
+            jobs = set()
+            for trial in info["trials"]:
+                points = await points_of_run(home, trial["run"])
+                assert [p["step"] for p in points] == [0, 1, 2, 3, 4]
+                status = await run_cli(home, "status", trial["run"], "--json")
+                record = json.loads(status[status.index("{") :])
+                assert record["spec"]["backend"] == "slurm"
+                jobs.add(record["attempts"][0]["job"])
+            assert len(jobs) == 4 and all(job.isdigit() for job in jobs)  # a Slurm job each
+            best = min(info["trials"], key=lambda t: t["value"])
+            assert info["sweep"]["best"] == best["n"]

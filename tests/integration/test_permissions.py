@@ -28,6 +28,7 @@ from protocol_specs.auth import Scope
 from protocol_specs.permissions import Act, Holder, expected, permissions_markdown
 from protocol_specs.runs import RunSpec
 from protocol_specs.snapshots import Manifest, ManifestEntry
+from protocol_specs.sweeps import SweepSpec, parse_param
 from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.wire import Role
 from relay.auth import TokenStore
@@ -49,6 +50,7 @@ class Scene:
     holders: dict[Holder, Endpoint]
     owner: Endpoint
     backend: str
+    sweep: str = ""  #: a sweep of the owner's (for the sweep acts)
 
 
 @pytest.fixture
@@ -64,7 +66,16 @@ async def relay(redis_servers: object) -> AsyncIterator[tuple[str, Store]]:
             nursery.cancel_scope.cancel()
 
 
-async def scene(url: str, store: Store, *, claimed: bool = True) -> Scene:
+SWEEP_ACTS = frozenset({Act.SUBMIT_SWEEP, Act.GET_SWEEP, Act.CANCEL_SWEEP, Act.LIST_SWEEPS})
+
+
+def sweep_spec(backend: str) -> SweepSpec:
+    """A sweep whose trials queue on ``backend`` (nobody claims them)."""
+    run = RunSpec(command=["python", "x.py", "{lr}"], workdir="/w", debug=False, backend=backend)
+    return SweepSpec(params=[parse_param("lr=1,2")], trials=2, run=run)
+
+
+async def scene(url: str, store: Store, *, claimed: bool = True, sweep: bool = False) -> Scene:
     """The owner's run at attempt 2 (attempt 1's job was lost), with a worker token for each
     attempt, and another run of theirs with its own worker token."""
     tokens = TokenStore(store)
@@ -116,7 +127,11 @@ async def scene(url: str, store: Store, *, claimed: bool = True) -> Scene:
     if claimed:
         async with open_control(holders[Holder.WORKER]) as control:
             await control.claim("w", run=run, attempt=2)
-    return Scene(url, run, digest, spare.id, holders, owner, backend)
+    made = ""
+    if sweep:
+        async with open_control(owner) as control:
+            made = (await control.submit_sweep(sweep_spec(backend + "s"), manifest)).sweep.id
+    return Scene(url, run, digest, spare.id, holders, owner, backend, made)
 
 
 # --- performing one act -----------------------------------------------------------------------------
@@ -294,6 +309,14 @@ async def _control_act(act: Act, c: object, s: Scene) -> str:
             return "ok" if s.spare_token in {t.id for t in await c.list_tokens()} else "scoped"
         case Act.WEB_LOGIN:
             await c.web_login()
+        case Act.SUBMIT_SWEEP:
+            await c.submit_sweep(sweep_spec(s.backend + "s"))
+        case Act.GET_SWEEP:
+            await c.get_sweep(s.sweep)
+        case Act.CANCEL_SWEEP:
+            await c.cancel_sweep(s.sweep)
+        case Act.LIST_SWEEPS:
+            return "ok" if s.sweep in {x.id for x in await c.list_sweeps()} else "scoped"
         case Act.REVOKE_TOKEN:
             try:
                 await c.revoke_token(s.spare_token)
@@ -316,7 +339,7 @@ async def test_every_cell_of_the_permission_table_holds_on_a_live_relay(
     wrong = []
     for act in Act:
         for holder in Holder:
-            s = await scene(url, store, claimed=act is not Act.CLAIM_RUN)
+            s = await scene(url, store, claimed=act is not Act.CLAIM_RUN, sweep=act in SWEEP_ACTS)
             got = await perform(act, holder, s)
             if got != expected(act, holder):
                 wrong.append(f"{act.value} by {holder.value}: {got}, not {expected(act, holder)}")

@@ -24,6 +24,7 @@ from protocol_specs.auth import Scope, TokenInfo
 from protocol_specs.dap_framing import DapFramer, DapFramingError, encode_message
 from protocol_specs.runs import REDACTED, RunRecord, RunSpec
 from protocol_specs.snapshots import Manifest, ManifestEntry
+from protocol_specs.sweeps import SweepRecord, SweepSpec, Trial, parse_objective, parse_param
 from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 
@@ -46,6 +47,12 @@ RECORD = RunRecord(id="r1", spec=SPEC, worker="w-0")
 INFO = TokenInfo(id="0123456789abcdef", kind="user", user="me", scopes=[Scope.RUNS])
 
 #: one well-formed instance of every frame the relay or a client decodes
+_SWEEP = SweepSpec(
+    params=[parse_param("lr=1,2")],
+    run=RunSpec(command=["python", "t.py", "{lr}"], workdir="/w"),
+    objective=parse_objective("loss:min"),
+    early_stop="asha",
+)
 FRAMES: list[wire.AnyFrame] = [
     wire.Hello(role=Role.IDE, run="r1", token="tthu_x", cursor="5-0", history=True, attempt=2),
     wire.Welcome(run=RECORD, tails={"to_ide": "1-0"}, heartbeat=5.0, user="me"),
@@ -77,6 +84,16 @@ FRAMES: list[wire.AnyFrame] = [
     wire.TokenCreated(rid=12, token="tthu_x", info=INFO),
     wire.WebLogin(rid=13),
     wire.WebCode(rid=13, code="c" * 43, expires_in=120.0, base="https://tether.example.com"),
+    wire.SubmitSweep(rid=17, spec=_SWEEP, tree="ab" * 32),
+    wire.GetSweep(rid=17, sweep="s6b08"),
+    wire.CancelSweep(rid=17, sweep="s6b08"),
+    wire.ListSweeps(rid=17, limit=5),
+    wire.SweepInfo(
+        rid=17,
+        sweep=SweepRecord(id="s6b08", spec=_SWEEP, owner="alice", launched=1, best=0),
+        trials=[Trial(n=0, run="s6b08-0", params={"lr": 1}, values=[(1, 0.5)], value=0.5)],
+    ),
+    wire.SweepList(rid=17, sweeps=[SweepRecord(id="s6b08", spec=_SWEEP)]),
     wire.ListTokens(rid=13, user="you"),
     wire.TokenList(rid=13, tokens=[INFO]),
     wire.RevokeToken(rid=14, id="0123456789abcdef"),

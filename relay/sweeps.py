@@ -1,0 +1,388 @@
+"""Sweeps in the relay: their records and trials in the store, and the loop that drives each
+unfinished sweep (the decisions are ``protocol_specs/sweeps.py`` and ``protocol_specs/search.py``).
+
+Every relay process runs :meth:`Sweeps.drive_forever`; a sweep is driven by one process at a time,
+the holder of its lease (``keys.sweep_lease``, a compare-and-set value renewed each round, taken
+over once it expired: a relay killed mid-sweep is replaced within :data:`LEASE` seconds). A round
+(:meth:`Sweeps.step`) reads the sweep and its trials from the store, and for each trial whose run
+has not ended reads its new metrics (after the trial's cursor), asks the pruner about the
+objective's new values, tells a pruned trial's program to stop and cancels it once its grace is
+over, and records how an ended run's trial came out; then it launches trials while fewer than
+``parallel`` are active; then it ends the sweep when every trial ended. Each change is written
+before what follows from it: a trial is recorded with its run's id before the run is submitted,
+so a relay that dies between the two submits it on the next round (a run id is never reused).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable
+
+import trio
+
+from protocol_specs import wire
+from protocol_specs.auth import Principal
+from protocol_specs.metrics import points_of
+from protocol_specs.permissions import Act, authorize
+from protocol_specs.runs import RunRecord, RunState
+from protocol_specs.search import ask, prune
+from protocol_specs.snapshots import Manifest
+from protocol_specs.sweeps import (
+    MAX_STEPS,
+    SweepRecord,
+    SweepSpec,
+    SweepState,
+    Trial,
+    TrialState,
+    best_of,
+)
+from protocol_specs.wire import ErrorCode, StreamName
+
+from . import keys
+from .registry import RECORD_FIELD, Registry, snapshot_fields
+from .store import StoreError
+from .trees import Rooted
+
+__all__ = ["LEASE", "ROUND", "Sweeps"]
+
+log = logging.getLogger("tether.relay")
+
+#: seconds between two rounds of a sweep
+ROUND = 1.0
+#: seconds a relay holds a sweep's lease without renewing it
+LEASE = 5.0
+#: the most sweeps one relay process drives
+_MOST = 1000
+
+
+def new_sweep_id() -> str:
+    return f"s{int(time.time()):x}{secrets.token_hex(2)}"
+
+
+class Sweeps:
+    def __init__(
+        self, registry: Registry, *, holder: str, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.registry = registry
+        self.store = registry.store
+        self.holder = holder
+        self.clock = clock
+
+    # --- records ----------------------------------------------------------------------------------
+
+    async def load(self, sweep_id: str) -> SweepRecord | None:
+        raw, _ = await self.store.get_versioned(keys.sweep(sweep_id), RECORD_FIELD)
+        return SweepRecord.model_validate_json(raw) if raw else None
+
+    async def update(
+        self, sweep_id: str, decide: Callable[[SweepRecord], SweepRecord]
+    ) -> SweepRecord | None:
+        for _ in range(20):
+            raw, version = await self.store.get_versioned(keys.sweep(sweep_id), RECORD_FIELD)
+            if raw is None:
+                return None
+            record = decide(SweepRecord.model_validate_json(raw))
+            stored = record.model_dump_json().encode()
+            if await self.store.set_versioned(keys.sweep(sweep_id), RECORD_FIELD, stored, version):
+                return record
+        raise StoreError(f"sweep {sweep_id}: too many other writers")
+
+    async def trials(self, sweep_id: str) -> list[Trial]:
+        raw = await self.store.hgetall(keys.sweep_trials(sweep_id))
+        return sorted((Trial.model_validate_json(v) for v in raw.values()), key=lambda t: t.n)
+
+    async def _put(self, sweep_id: str, trial: Trial) -> None:
+        await self.store.hset(keys.sweep_trials(sweep_id), {str(trial.n): trial.model_dump_json()})
+
+    async def create(self, spec: SweepSpec, snapshot: Manifest | Rooted, owner: str) -> SweepRecord:
+        """Record a sweep on ``snapshot`` and launch its first trials."""
+        now = self.clock()
+        fields = snapshot_fields(snapshot)
+        record = SweepRecord(
+            id=new_sweep_id(), spec=spec, owner=owner, created_at=now, updated_at=now, **fields
+        )
+        stored = record.model_dump_json().encode()
+        while not await self.store.set_versioned(keys.sweep(record.id), RECORD_FIELD, stored, 0):
+            record = record.model_copy(update={"id": new_sweep_id()})
+            stored = record.model_dump_json().encode()
+        if isinstance(snapshot, Manifest):
+            await self.store.set_bytes(
+                keys.sweep_manifest(record.id), snapshot.model_dump_json().encode()
+            )
+        await self.store.zadd(keys.SWEEPS, record.id, now)
+        await self.store.zadd(keys.user_sweeps(owner), record.id, now)
+        await self.store.zadd(keys.ACTIVE_SWEEPS, record.id, now)
+        if await self._hold(record.id):
+            await self.step(record.id)
+        return await self.load(record.id) or record
+
+    async def newest(self, limit: int, user: str = "") -> list[SweepRecord]:
+        found = []
+        for sweep_id in await self.store.zrange_desc(
+            keys.user_sweeps(user) if user else keys.SWEEPS, limit
+        ):
+            record = await self.load(sweep_id)
+            if record is not None:
+                found.append(record)
+        return found
+
+    async def cancel(self, sweep_id: str, detail: str) -> SweepRecord | None:
+        """Cancel the sweep: no more trials, and the running ones cancelled."""
+        now = self.clock()
+
+        def cancelled(record: SweepRecord) -> SweepRecord:
+            if record.finished:
+                return record
+            return record.model_copy(
+                update={"state": SweepState.CANCELLED, "updated_at": now, "detail": detail}
+            )
+
+        record = await self.update(sweep_id, cancelled)
+        if record is None:
+            return None
+        await self.store.zrem(keys.ACTIVE_SWEEPS, sweep_id)
+        for trial in await self.trials(sweep_id):
+            if trial.ended:
+                continue
+            run = await self.registry.cancel(trial.run, detail)
+            if run is not None and run.finished:
+                await self._put(sweep_id, _ended(trial, run, record.spec))
+        return await self._settle(sweep_id)
+
+    # --- control requests ---------------------------------------------------------------------------
+
+    async def answer(
+        self, frame: wire.GetSweep | wire.CancelSweep | wire.ListSweeps, who: Principal
+    ) -> wire.AnyFrame:
+        """A control request about sweeps, as ``who`` (a user sees only their own)."""
+        act = {
+            wire.GetSweep: Act.GET_SWEEP,
+            wire.CancelSweep: Act.CANCEL_SWEEP,
+            wire.ListSweeps: Act.LIST_SWEEPS,
+        }[type(frame)]
+        refusal = authorize(who, act)
+        if refusal is not None:
+            return wire.Error(code=ErrorCode(refusal.code), message=refusal.message, rid=frame.rid)
+        if isinstance(frame, wire.ListSweeps):
+            found = await self.newest(frame.limit, "" if who.admin else who.user)
+            return wire.SweepList(rid=frame.rid, sweeps=[r.redacted() for r in found])
+        record = await self._find(frame.sweep, who)
+        if record is None:
+            return wire.Error(
+                code=ErrorCode.NO_SUCH_RUN,
+                message=f"no sweep {frame.sweep!r} (or not yours)",
+                rid=frame.rid,
+            )
+        if isinstance(frame, wire.CancelSweep):
+            record = await self.cancel(record.id, f"sweep {record.id} cancelled by {who.user}")
+            assert record is not None
+        trials = await self.trials(record.id)
+        return wire.SweepInfo(rid=frame.rid, sweep=record.redacted(), trials=trials)
+
+    async def _find(self, sweep: str, who: Principal) -> SweepRecord | None:
+        """The sweep ``sweep`` names (its id, a unique prefix of one of the user's, or its
+        name), if ``who`` may see it."""
+        record = await self.load(sweep)
+        if record is None and len(sweep) >= 4:
+            candidates = [
+                r for r in await self.newest(200, "" if who.admin else who.user)
+                if r.id.startswith(sweep) or r.spec.name == sweep
+            ]  # fmt: skip
+            record = candidates[0] if len(candidates) == 1 else None
+        if record is None or not (who.admin or record.owner == who.user):
+            return None
+        return record
+
+    # --- driving ----------------------------------------------------------------------------------
+
+    async def drive_forever(self, every: float = ROUND) -> None:
+        while True:
+            try:
+                for sweep_id in await self.store.zrange_desc(keys.ACTIVE_SWEEPS, _MOST):
+                    if await self._hold(sweep_id):
+                        await self.step(sweep_id)
+            except StoreError as exc:
+                log.warning("sweeps: %s", exc)
+            await trio.sleep(every)
+
+    async def _hold(self, sweep_id: str) -> bool:
+        """Take or renew the sweep's lease; whether this process drives it now."""
+        raw, version = await self.store.get_versioned(keys.sweep_lease(sweep_id), "holder")
+        now = self.clock()
+        if raw:
+            holder, _, until = raw.decode().rpartition(" ")
+            if holder != self.holder and float(until) > now:
+                return False
+        value = f"{self.holder} {now + LEASE}".encode()
+        return await self.store.set_versioned(keys.sweep_lease(sweep_id), "holder", value, version)
+
+    async def step(self, sweep_id: str) -> None:
+        """One round of the sweep (see the module's docstring)."""
+        record = await self.load(sweep_id)
+        if record is None or record.finished:
+            await self.store.zrem(keys.ACTIVE_SWEEPS, sweep_id)
+            return
+        trials = await self.trials(sweep_id)
+        for i, trial in enumerate(trials):
+            if not trial.ended:
+                trials[i] = await self._observe(record, trials, trial)
+        spec = record.spec
+        active = sum(1 for t in trials if not t.ended)
+        launched = max(record.launched, len(trials))
+        while active < spec.parallel and launched < spec.total():
+            trial, submitted = await self._launch(record, trials, launched)
+            trials.append(trial)
+            launched += 1
+            active += 1
+            if not submitted:
+                break  # the user's runs cap: it is submitted on a later round
+        if launched != record.launched:
+            record = (
+                await self.update(
+                    sweep_id, lambda r: r.model_copy(update={"launched": max(r.launched, launched)})
+                )
+                or record
+            )
+        if launched >= spec.total() and active == 0:
+            await self.update(
+                sweep_id,
+                lambda r: r if r.finished else r.model_copy(
+                    update={"state": SweepState.FINISHED, "updated_at": self.clock()}
+                ),
+            )  # fmt: skip
+            await self.store.zrem(keys.ACTIVE_SWEEPS, sweep_id)
+        await self._settle(sweep_id, trials)
+
+    async def _settle(self, sweep_id: str, trials: list[Trial] | None = None) -> SweepRecord | None:
+        """The record's counts and best trial, as the trials are now."""
+        trials = trials if trials is not None else await self.trials(sweep_id)
+        counts: dict[str, int] = {}
+        for trial in trials:
+            counts[trial.state.value] = counts.get(trial.state.value, 0) + 1
+        record = await self.load(sweep_id)
+        best = best_of(record.spec.objective, trials) if record else None
+
+        def settled(r: SweepRecord) -> SweepRecord:
+            return r.model_copy(
+                update={
+                    "counts": counts,
+                    "best": best.n if best else None,
+                    "best_value": best.value if best else None,
+                }
+            )
+
+        return await self.update(sweep_id, settled)
+
+    async def _launch(self, record: SweepRecord, trials: list[Trial], n: int) -> tuple[Trial, bool]:
+        """Trial ``n``: its parameters, recorded, then its run submitted (whether it was)."""
+        params, system = await trio.to_thread.run_sync(ask, record.spec, list(trials), n)
+        trial = Trial(n=n, run=f"{record.id}-{n}", params=params, system=system)
+        await self._put(record.id, trial)
+        return trial, await self._submit(record, trial)
+
+    async def _submit(self, record: SweepRecord, trial: Trial) -> bool:
+        """Submit the trial's run (again, if a relay died before it could); False: not now."""
+        if await self.registry.load(trial.run) is not None:
+            return True
+        snapshot: Manifest | Rooted
+        if record.tree:
+            snapshot = Rooted(record.tree, record.snapshot, record.files, record.size)
+        else:
+            raw = await self.store.get_bytes(keys.sweep_manifest(record.id))
+            snapshot = Manifest.model_validate_json(raw) if raw else Manifest()
+        spec = record.spec.trial_spec(record.id, trial.n, trial.params)
+        got = await self.registry.submit(
+            spec, snapshot, owner=record.owner, run_id=trial.run, trial=f"{record.id}#{trial.n}"
+        )
+        if isinstance(got, wire.Error):
+            log.info("sweep %s: trial %d not submitted: %s", record.id, trial.n, got.message)
+            return False
+        return True
+
+    async def _observe(self, record: SweepRecord, trials: list[Trial], trial: Trial) -> Trial:
+        """The trial after what its run did since the last round."""
+        run = await self.registry.load(trial.run)
+        if run is None:  # recorded, but its relay died before submitting it
+            await self._submit(record, trial)
+            return trial
+        spec = record.spec
+        updated = trial
+        new: list[tuple[int, float]] = []
+        if spec.objective is not None:
+            updated, new = await self._read_metrics(trial, spec.objective.metric)
+        if new and spec.early_stop != "none" and updated.state is TrialState.RUNNING:
+            others = [updated if t.n == trial.n else t for t in trials]
+            stop, system = await trio.to_thread.run_sync(prune, spec, others, trial.n, new)
+            updated = updated.model_copy(update={"system": system})
+            if stop and not run.finished:
+                updated = updated.model_copy(
+                    update={"state": TrialState.PRUNED, "stop_at": self.clock()}
+                )
+                await self._tell_stop(run)
+        now = self.clock()
+        if (
+            updated.stop_at is not None
+            and not run.finished
+            and now >= updated.stop_at + spec.stop_grace
+        ):
+            await self.registry.cancel(run.id, f"pruned by sweep {record.id}")
+            run = await self.registry.load(run.id) or run
+        if run.finished:
+            updated = _ended(updated, run, spec)
+        if updated != trial:
+            await self._put(record.id, updated)
+        return updated
+
+    async def _read_metrics(
+        self, trial: Trial, metric: str
+    ) -> tuple[Trial, list[tuple[int, float]]]:
+        """The trial with its run's new values of ``metric`` (its last value, by step), and those
+        new values in step order (a step seen before is not new: a retried attempt's)."""
+        stream = keys.stream(trial.run, StreamName.METRICS)
+        cursor, values, value = trial.cursor, dict(trial.values), trial.value
+        last = max(values, default=-1)
+        new: list[tuple[int, float]] = []
+        while batch := await self.store.read_after(stream, cursor, count=500):
+            cursor = batch[-1][0]
+            entries = []
+            for _id, payload in batch:
+                try:
+                    entries.append(wire.decode_entry(payload))
+                except wire.WireError:
+                    continue
+            for step, _at, point in points_of(entries):
+                if metric in point:
+                    value = point[metric]
+                    if step > last:
+                        new.append((step, value))
+                        last = step
+                    if len(values) < MAX_STEPS or step in values:
+                        values[step] = value
+        if cursor == trial.cursor:
+            return trial, []
+        steps = sorted(values.items())
+        return trial.model_copy(update={"cursor": cursor, "values": steps, "value": value}), new
+
+    async def _tell_stop(self, run: RunRecord) -> None:
+        control = wire.ControlEntry(action="stop", detail="pruned", attempt=run.attempt)
+        await self.store.append(
+            keys.stream(run.id, StreamName.TO_WORKER), wire.encode_entry(control)
+        )
+
+
+def _ended(trial: Trial, run: RunRecord, spec: SweepSpec) -> Trial:
+    """The trial once its run ended: complete (succeeded, with the objective if there is one),
+    pruned (it was), or failed."""
+    state, outcome = trial.state, run.state.value
+    if state is TrialState.RUNNING:
+        usable = trial.value is not None and not math.isnan(trial.value)
+        if run.state is RunState.SUCCEEDED and (spec.objective is None or usable):
+            state = TrialState.COMPLETE
+        else:
+            state = TrialState.FAILED
+            if run.state is RunState.SUCCEEDED and spec.objective is not None:
+                outcome = f"succeeded, but reported no usable {spec.objective.metric}"
+    return trial.model_copy(update={"state": state, "ended": True, "outcome": outcome})
