@@ -18,8 +18,10 @@ uses (the worker's is not needed). What it sends is read by ``protocol_specs/met
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -30,9 +32,17 @@ _SOCKET = "TETHER_METRICS_SOCKET"
 _STOP = "TETHER_STOP_FILE"
 _PARAMS = "TETHER_PARAMS"
 _TRIAL = "TETHER_TRIAL"
+_WHEN = "TETHER_DEBUG_WHEN"
+#: what a --debug-when condition may call (``protocol_specs/metrics.py`` checks it at submit)
+_FUNCTIONS = {
+    "isnan": math.isnan, "isinf": math.isinf, "isfinite": math.isfinite,
+    "abs": abs, "min": min, "max": max,
+}  # fmt: skip
+#: how long a report that met --debug-when waits for the worker to say whether to pause
+PAUSE_ASK_TIMEOUT = 120.0
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"sock": None, "pid": 0, "step": 0, "off": False}
+_state: dict[str, Any] = {"sock": None, "pid": 0, "step": 0, "off": False, "when": None}
 
 
 def report(step: int | None = None, **values: Any) -> None:
@@ -58,6 +68,7 @@ def report(step: int | None = None, **values: Any) -> None:
         raise ValueError("tether.report: give at least one metric, e.g. loss=0.42")
     if len(point) > 64:
         raise ValueError("tether.report: at most 64 metrics in one report")
+    pause = False
     with _lock:
         if step is None:
             step = _state["step"]
@@ -67,8 +78,63 @@ def report(step: int | None = None, **values: Any) -> None:
         data = json.dumps([step, time.time(), point]).encode() + b"\n"
         try:
             _socket(path).sendall(data)
+            pause = _met(step, point) and _may_pause(step, point)
         except OSError:  # the worker is gone: the run is ending; never break the program for it
             _state["off"] = True
+            return
+    if pause:
+        _pause(sys._getframe(1), step)
+
+
+def _met(step: int, point: dict[str, float]) -> bool:
+    """Whether this report meets the run's ``--debug-when`` condition (checked until it first
+    does, in each process)."""
+    when = _state["when"]
+    if when is None:
+        text = os.environ.get(_WHEN, "")
+        when = _state["when"] = compile(text, "<debug-when>", "eval") if text else False
+    if when is False:
+        return False
+    try:
+        met = bool(eval(when, {"__builtins__": {}}, {**_FUNCTIONS, **point, "step": step}))
+    except Exception:  # a name this report lacks, a division by zero: not met
+        return False
+    if met:
+        _state["when"] = False  # once
+    return met
+
+
+def _may_pause(step: int, point: dict[str, float]) -> bool:
+    """Ask the worker whether to pause (a sweep pauses its first trial to meet the condition,
+    not every one): a line on this process's connection, and its answer."""
+    sock = _state["sock"]
+    request = json.dumps({"pause": [step, point]}).encode() + b"\n"
+    sock.sendall(request)
+    sock.settimeout(PAUSE_ASK_TIMEOUT)
+    answer = b""
+    try:
+        while not answer.endswith(b"\n"):
+            got = sock.recv(64)
+            if not got:
+                return False
+            answer += got
+    except TimeoutError:
+        return False
+    finally:
+        sock.settimeout(None)
+    return answer.strip() == b"pause"
+
+
+def _pause(frame: Any, step: int) -> None:
+    """Stop here, in the caller's frame, under the debugger (the worker's boot script knows
+    how); the IDE that attaches sees the values that met the condition."""
+    hooks = sys.modules.get("_tether_hooks")
+    if hooks is None or not hooks.pause_here(frame):
+        print(
+            f"tether: --debug-when was met at step {step}, but this program cannot be paused "
+            "(it runs without tether's debugger)",
+            file=sys.stderr,
+        )
 
 
 def _socket(path: str) -> socket.socket:

@@ -353,6 +353,12 @@ def sweep_text(sweep: SweepRecord, trials: Sequence[Trial], now: float, ages: bo
         + f"{when} by {sweep.owner}",
         f"trials     {counts}; {sweep.launched} of {spec.total()} launched",
     ]
+    if spec.run.debug_when:
+        lines.append(
+            f"debug when {spec.run.debug_when}: "
+            + (f"{sweep.debugged} (tether attach {sweep.debugged.split('(')[1].split(')')[0]})"
+               if sweep.debugged else "no trial met it yet")
+        )  # fmt: skip
     best = next((t for t in trials if t.n == sweep.best), None)
     if best is not None and objective is not None:
         lines.append(

@@ -20,7 +20,16 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from .auth import Scope, TokenInfo
 from .runs import RunRecord, RunSpec
 from .snapshots import BLOB_CHUNK, Digest, Manifest, check_digest
-from .sweep_frames import CancelSweep, GetSweep, ListSweeps, SubmitSweep, SweepInfo, SweepList
+from .sweep_frames import (
+    CancelSweep,
+    ClaimPause,
+    GetSweep,
+    ListSweeps,
+    PauseClaimed,
+    SubmitSweep,
+    SweepInfo,
+    SweepList,
+)
 from .tunnels import TunnelSpec
 from .wire_base import FROZEN, FrameType
 
@@ -427,4 +436,6 @@ AnyControlFrame = (
     | ListSweeps
     | SweepInfo
     | SweepList
+    | ClaimPause
+    | PauseClaimed
 )

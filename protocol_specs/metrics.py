@@ -23,6 +23,7 @@ newest ``RelayConfig.metric_entries`` entries (older ones are trimmed: bounded l
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -32,6 +33,7 @@ from typing import Any
 import orjson
 
 __all__ = [
+    "CONDITION_FUNCTIONS",
     "INTERVAL",
     "MAX_NAMES",
     "MAX_PATTERNS",
@@ -41,6 +43,8 @@ __all__ = [
     "LineMetrics",
     "MetricHold",
     "Point",
+    "check_condition",
+    "decode_pause",
     "decode_report",
     "format_value",
     "last_values",
@@ -91,6 +95,45 @@ def parse_pattern(text: str) -> re.Pattern[str]:
     return pattern
 
 
+#: what a ``--debug-when`` condition may call (``tether.py`` gives it the same)
+CONDITION_FUNCTIONS = frozenset({"isnan", "isinf", "isfinite", "abs", "min", "max"})
+_CONDITION_NODES = (
+    ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
+    ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.Mod, ast.FloorDiv,
+    ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE,
+    ast.Name, ast.Load, ast.Constant, ast.Call,
+)  # fmt: skip
+
+
+def check_condition(text: str) -> str:
+    """A ``--debug-when`` condition: a Python expression over the metrics of one report (their
+    names, and ``step``): comparisons, arithmetic, ``and``/``or``/``not``, numbers, and
+    :data:`CONDITION_FUNCTIONS` (``loss != loss``, ``isnan(loss) or grad_norm > 1e3``). Evaluated
+    in the program at each ``tether.report`` call; a name the report lacks makes it false.
+    ``ValueError`` saying what is wrong."""
+    if not text.strip() or len(text) > 500:
+        raise ValueError("a --debug-when condition is 1 to 500 characters, e.g. 'loss != loss'")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"--debug-when {text!r} is not an expression: {exc.msg}") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _CONDITION_NODES):
+            raise ValueError(
+                f"--debug-when {text!r}: {type(node).__name__} is not allowed (comparisons, "
+                f"arithmetic, and/or/not, numbers, metric names, {', '.join(sorted(CONDITION_FUNCTIONS))})"
+            )
+        if isinstance(node, ast.Call) and not (
+            isinstance(node.func, ast.Name) and node.func.id in CONDITION_FUNCTIONS
+        ):
+            raise ValueError(
+                f"--debug-when {text!r}: only {', '.join(sorted(CONDITION_FUNCTIONS))} may be called"
+            )
+        if isinstance(node, ast.Constant) and not isinstance(node.value, int | float):
+            raise ValueError(f"--debug-when {text!r}: only numbers are constants")
+    return text.strip()
+
+
 def number(value: object) -> float | None:
     """``value`` as a metric's value (an int, a float, a numpy scalar, a one-element tensor...);
     ``None`` if it is none of those (a bool is not a metric)."""
@@ -134,6 +177,20 @@ def _point(raw: Any) -> Point | None:
             return None
         out[name] = float(value)
     return (step, float(at), out)
+
+
+def decode_pause(data: bytes) -> tuple[int, dict[str, float]] | None:
+    """A program's question whether to pause (its report met ``--debug-when``):
+    ``{"pause": [step, {name: value}]}``; ``None`` if malformed."""
+    try:
+        raw = json.loads(data)
+    except ValueError:
+        return None
+    asked = raw.get("pause") if isinstance(raw, dict) else None
+    if not isinstance(asked, list) or len(asked) != 2:
+        return None
+    point = _point([asked[0], 0.0, asked[1]])
+    return None if point is None else (point[0], point[2])
 
 
 class LineMetrics:

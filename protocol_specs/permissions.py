@@ -79,6 +79,7 @@ class Act(StrEnum):
     GET_SWEEP = "`get_sweep`"
     CANCEL_SWEEP = "`cancel_sweep`"
     LIST_SWEEPS = "`list_sweeps`"
+    CLAIM_PAUSE = "`claim_pause`: may the program pause where --debug-when was met"
     PUBLISH_LOG = "publish a log entry"
     PUBLISH_METRIC = "publish a metric entry"
     PUBLISH_CONTROL = "publish a control entry"
@@ -135,6 +136,7 @@ _ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule, Rule]] = {
     Act.GET_SWEEP: (OWN, Y, N, N, N),
     Act.CANCEL_SWEEP: (OWN, Y, N, N, N),
     Act.LIST_SWEEPS: (OWN, Y, N, N, N),
+    Act.CLAIM_PAUSE: (N, N, N, A, N),
     # a user's run connection is an IDE's, a worker token's a worker's: the roles decide these
     Act.PUBLISH_DAP: (OWN, Y, N, A, N),
     Act.PUBLISH_PRESENCE: (OWN, Y, N, N, N),

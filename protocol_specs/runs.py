@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .metrics import MAX_PATTERNS, parse_pattern
+from .metrics import MAX_PATTERNS, check_condition, parse_pattern
 from .resources import Resources, short_duration
 
 __all__ = [
@@ -218,12 +218,21 @@ class RunSpec(BaseModel):
     #: (``protocol_specs/metrics.py``): ``loss=(?P<loss>[\d.e+-]+)``
     metrics: list[str] = Field(default_factory=list, max_length=MAX_PATTERNS)
 
+    #: pause the program where ``tether.report`` is called with metrics that meet this condition
+    #: (``loss != loss``: ``protocol_specs/metrics.py``), once; a sweep's trials: the first only
+    debug_when: str = Field(default="", max_length=500)
+
     @field_validator("metrics")
     @classmethod
     def _metric_patterns(cls, value: list[str]) -> list[str]:
         for text in value:
             parse_pattern(text)
         return value
+
+    @field_validator("debug_when")
+    @classmethod
+    def _condition(cls, value: str) -> str:
+        return check_condition(value) if value else value
 
     @field_validator("backend")
     @classmethod
@@ -308,9 +317,11 @@ class RunSpec(BaseModel):
         return value
 
     def program_env(self) -> dict[str, str]:
-        """The environment the program gets on top of the worker's: ``env`` and the mounts."""
+        """The environment the program gets on top of the worker's: ``env``, the mounts, and
+        the ``--debug-when`` condition (``tether.report`` reads it)."""
         mounts = {f"TETHER_MOUNT_{name.upper()}": where for name, where in self.mounts.items()}
-        return {**mounts, **self.env}
+        when = {"TETHER_DEBUG_WHEN": self.debug_when} if self.debug_when else {}
+        return {**mounts, **when, **self.env}
 
     @field_validator("webhook")
     @classmethod

@@ -145,15 +145,17 @@ class StatusEntry(BaseModel):
 class ControlEntry(BaseModel):
     """An instruction for the worker shim, written into ``to_worker`` by the relay: ``terminate``,
     ``tunnel`` (open the tunnel named ``detail``, as ``data`` says:
-    :class:`protocol_specs.tunnels.TunnelSpec`), or ``stop`` (a sweep pruned the trial: the
-    program's ``tether.should_stop()`` turns true).
+    :class:`protocol_specs.tunnels.TunnelSpec`), ``stop`` (a sweep pruned the trial: the
+    program's ``tether.should_stop()`` turns true), ``suspend`` / ``resume`` (its sweep holds its
+    other trials while one is paused for debugging: the program's process group is stopped and
+    continued).
 
     ``attempt`` names the attempt it is for (0: every attempt); a later attempt ignores it.
     """
 
     model_config = FROZEN
     k: Literal[EntryKind.CONTROL] = EntryKind.CONTROL
-    action: Literal["terminate", "tunnel", "stop"]
+    action: Literal["terminate", "tunnel", "stop", "suspend", "resume"]
     detail: str = ""
     attempt: int = 0
     data: dict[str, Any] = Field(default_factory=dict)

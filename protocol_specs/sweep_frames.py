@@ -11,7 +11,16 @@ from .snapshots import Manifest, check_digest
 from .sweeps import SweepRecord, SweepSpec, Trial
 from .wire_base import FROZEN, FrameType
 
-__all__ = ["CancelSweep", "GetSweep", "ListSweeps", "SubmitSweep", "SweepInfo", "SweepList"]
+__all__ = [
+    "CancelSweep",
+    "ClaimPause",
+    "GetSweep",
+    "ListSweeps",
+    "PauseClaimed",
+    "SubmitSweep",
+    "SweepInfo",
+    "SweepList",
+]
 
 
 class SubmitSweep(BaseModel):
@@ -77,3 +86,25 @@ class SweepList(BaseModel):
     t: Literal[FrameType.SWEEPS] = FrameType.SWEEPS
     rid: int
     sweeps: list[SweepRecord]
+
+
+class ClaimPause(BaseModel):
+    """A worker's question: the program of ``run``'s attempt reported ``values`` at ``step`` and
+    they meet its ``--debug-when``; may it pause there? A sweep's trial may if it is the first of
+    its sweep to ask; any other run may."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.CLAIM_PAUSE] = FrameType.CLAIM_PAUSE
+    rid: int
+    run: str
+    attempt: int = Field(ge=1)
+    step: int = Field(default=0, ge=0)
+    values: dict[str, float] = Field(default_factory=dict, max_length=64)
+
+
+class PauseClaimed(BaseModel):
+    model_config = FROZEN
+    t: Literal[FrameType.PAUSE_CLAIMED] = FrameType.PAUSE_CLAIMED
+    rid: int
+    pause: bool
+    detail: str = ""

@@ -209,6 +209,9 @@ class SweepSpec(BaseModel):
     seed: int = Field(default=0, ge=0, lt=2**32)
     #: seconds a pruned trial has to stop by itself before it is cancelled
     stop_grace: float = Field(default=30.0, ge=0, le=24 * 3600)
+    #: while the trial that met ``run.debug_when`` is paused, the others go on (``continue``) or
+    #: are held (``pause``: their programs stopped, and no new trial launched)
+    debug_others: Literal["continue", "pause"] = "continue"
 
     @model_validator(mode="after")
     def _consistent(self) -> SweepSpec:
@@ -231,6 +234,8 @@ class SweepSpec(BaseModel):
                     )
         if self.search == "tpe" and self.objective is None:
             raise ValueError("tpe search needs an --objective to learn from (e.g. loss:min)")
+        if self.debug_others == "pause" and not self.run.debug_when:
+            raise ValueError("--debug-others pause needs a --debug-when condition")
         if self.early_stop != "none" and self.objective is None:
             raise ValueError(f"--early-stop {self.early_stop} needs an --objective (e.g. loss:min)")
         return self
@@ -294,7 +299,8 @@ class TrialState(StrEnum):
 class Trial(BaseModel):
     """One trial: its parameters, its run, and what the sweep learnt from its metrics."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    #: a diverged trial's values are NaN: kept as such in its JSON (not ``null``)
+    model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="constants")
 
     n: int
     run: str
@@ -311,6 +317,8 @@ class Trial(BaseModel):
     system: dict[str, Any] = Field(default_factory=dict)
     #: when the trial was told to stop (pruned); its run is cancelled ``stop_grace`` later
     stop_at: float | None = None
+    #: its program is held while another trial is paused for debugging (``debug_others``)
+    suspended: bool = False
     #: its run ended (a pruned trial's run may still be stopping), and how
     ended: bool = False
     outcome: str = ""
@@ -329,7 +337,7 @@ class SweepState(StrEnum):
 class SweepRecord(BaseModel):
     """The relay's record of a sweep (``tether:sweep:{S}``)."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="constants")
 
     id: str
     spec: SweepSpec
@@ -350,6 +358,10 @@ class SweepRecord(BaseModel):
     #: counts by trial state
     counts: dict[str, int] = Field(default_factory=dict)
     detail: str = ""
+    #: the trial that paused where ``--debug-when`` was met (``trial 3 (RUN) paused at step
+    #: 120: loss=nan``), if one did
+    debugged: str = ""
+    debugged_run: str = ""
 
     @property
     def finished(self) -> bool:

@@ -89,7 +89,16 @@ from .stream_entries import (
     decode_entry,
     encode_entry,
 )
-from .sweep_frames import CancelSweep, GetSweep, ListSweeps, SubmitSweep, SweepInfo, SweepList
+from .sweep_frames import (
+    CancelSweep,
+    ClaimPause,
+    GetSweep,
+    ListSweeps,
+    PauseClaimed,
+    SubmitSweep,
+    SweepInfo,
+    SweepList,
+)
 from .wire_base import FROZEN, ErrorCode, FrameType, WireError, short_reason
 
 __all__ = [
@@ -110,6 +119,7 @@ __all__ = [
     "Cancel",
     "CancelSweep",
     "Claim",
+    "ClaimPause",
     "Commit",
     "ControlEntry",
     "CreateToken",
@@ -136,6 +146,7 @@ __all__ = [
     "MetricEntry",
     "Missing",
     "OpenTunnel",
+    "PauseClaimed",
     "PresenceEntry",
     "Publish",
     "PutBlob",

@@ -65,6 +65,8 @@ class FrameType(StrEnum):
     LIST_SWEEPS = "list_sweeps"
     SWEEP = "sweep"
     SWEEPS = "sweeps"
+    CLAIM_PAUSE = "claim_pause"
+    PAUSE_CLAIMED = "pause_claimed"
 
 
 class ErrorCode(StrEnum):

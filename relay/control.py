@@ -174,6 +174,13 @@ class Control:
                 return await self.sweeps.answer(wire.GetSweep(rid=frame.rid, sweep=sweep.id), who)
             case wire.GetSweep() | wire.CancelSweep() | wire.ListSweeps():
                 return await self.sweeps.answer(frame, who)
+            case wire.ClaimPause():
+                record = await self.registry.load(frame.run)
+                self._allow(
+                    who, Act.CLAIM_PAUSE, record, about_run=frame.run, attempt=frame.attempt
+                )
+                assert record is not None
+                return await self.sweeps.claim_pause(record, frame)
             case wire.Rerun():
                 record = await self._run(who, Act.RERUN, frame.run)
                 got = await self.rerun(record, who, source=conn.peer.source, role="control")

@@ -50,6 +50,7 @@ key                            type    contents                                 
 ``tether:sweep:{S}:trials``    hash    trial number -> Trial (JSON)                relay         relay
 ``tether:sweep:{S}:manifest``  string  the sweep's snapshot manifest (JSON)        relay         relay
 ``tether:sweep:{S}:lease``     hash    the relay process driving it, until when   relay         relay
+``tether:sweep:{S}:paused``    hash    the trial run that paused on --debug-when  relay         relay
 ``tether:sweeps``              zset    sweep ids by creation time (``tether:user:  relay         CLI (list)
                                        <u>:sweeps``: a user's)
 ``tether:sweeps:active``       zset    unfinished sweeps: what relays drive        relay         relay
@@ -94,6 +95,7 @@ __all__ = [
     "sweep",
     "sweep_lease",
     "sweep_manifest",
+    "sweep_paused",
     "sweep_trials",
     "token",
     "transient_key",
@@ -141,6 +143,11 @@ def sweep_manifest(sweep_id: str) -> str:
 def sweep_lease(sweep_id: str) -> str:
     """Which relay process drives the sweep, until when (``holder`` field, versioned)."""
     return f"tether:sweep:{{{sweep_id}}}:lease"
+
+
+def sweep_paused(sweep_id: str) -> str:
+    """The run of the sweep's trial that paused where ``--debug-when`` was met (``run``)."""
+    return f"tether:sweep:{{{sweep_id}}}:paused"
 
 
 def user_sweeps(user: str) -> str:

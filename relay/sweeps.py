@@ -182,6 +182,29 @@ class Sweeps:
         trials = await self.trials(record.id)
         return wire.SweepInfo(rid=frame.rid, sweep=record.redacted(), trials=trials)
 
+    async def claim_pause(self, record: RunRecord, frame: wire.ClaimPause) -> wire.PauseClaimed:
+        """Whether ``record``'s program may pause where it met ``--debug-when``: any run may; a
+        sweep's trial only if it is the first of its sweep to ask (its sweep records which)."""
+        if not record.trial:
+            return wire.PauseClaimed(rid=frame.rid, pause=True)
+        sweep_id, _, n = record.trial.partition("#")
+        key = keys.sweep_paused(sweep_id)
+        raw, version = await self.store.get_versioned(key, "run")
+        if raw is None and await self.store.set_versioned(key, "run", record.id.encode(), version):
+            raw = record.id.encode()
+            met = " ".join(f"{k}={v:g}" for k, v in frame.values.items())
+            said = f"trial {n} ({record.id}) paused at step {frame.step}: {met}"
+            await self.update(
+                sweep_id,
+                lambda r: r.model_copy(update={"debugged": said, "debugged_run": record.id}),
+            )
+        elif raw is None:
+            raw, _ = await self.store.get_versioned(key, "run")
+        first = (raw or b"").decode()
+        if first == record.id:
+            return wire.PauseClaimed(rid=frame.rid, pause=True)
+        return wire.PauseClaimed(rid=frame.rid, pause=False, detail=f"{first} paused first")
+
     async def _find(self, sweep: str, who: Principal) -> SweepRecord | None:
         """The sweep ``sweep`` names (its id, a unique prefix of one of the user's, or its
         name), if ``who`` may see it."""
@@ -201,12 +224,24 @@ class Sweeps:
     async def drive_forever(self, every: float = ROUND) -> None:
         while True:
             try:
-                for sweep_id in await self.store.zrange_desc(keys.ACTIVE_SWEEPS, _MOST):
-                    if await self._hold(sweep_id):
-                        await self.step(sweep_id)
+                active = await self.store.zrange_desc(keys.ACTIVE_SWEEPS, _MOST)
             except StoreError as exc:
                 log.warning("sweeps: %s", exc)
+                active = []
+            for sweep_id in active:
+                await self._round(sweep_id)
             await trio.sleep(every)
+
+    async def _round(self, sweep_id: str) -> None:
+        """One round of one sweep, if this process holds it; whatever goes wrong with it is
+        logged and leaves the other sweeps, and the relay, serving (tried again next round)."""
+        try:
+            if await self._hold(sweep_id):
+                await self.step(sweep_id)
+        except StoreError as exc:
+            log.warning("sweep %s: %s", sweep_id, exc)
+        except Exception:
+            log.exception("sweep %s: a round failed", sweep_id)
 
     async def _hold(self, sweep_id: str) -> bool:
         """Take or renew the sweep's lease; whether this process drives it now."""
@@ -230,9 +265,10 @@ class Sweeps:
             if not trial.ended:
                 trials[i] = await self._observe(record, trials, trial)
         spec = record.spec
+        holding = spec.debug_others == "pause" and await self._hold_others(record, trials)
         active = sum(1 for t in trials if not t.ended)
         launched = max(record.launched, len(trials))
-        while active < spec.parallel and launched < spec.total():
+        while active < spec.parallel and launched < spec.total() and not holding:
             trial, submitted = await self._launch(record, trials, launched)
             trials.append(trial)
             launched += 1
@@ -255,6 +291,30 @@ class Sweeps:
             )  # fmt: skip
             await self.store.zrem(keys.ACTIVE_SWEEPS, sweep_id)
         await self._settle(sweep_id, trials)
+
+    async def _hold_others(self, record: SweepRecord, trials: list[Trial]) -> bool:
+        """While the trial that met ``--debug-when`` is paused, the others' programs are held
+        (``suspend``), and let go (``resume``) once it runs again or ended; whether they are
+        held now."""
+        if not record.debugged_run:
+            return False
+        debugged = await self.registry.load(record.debugged_run)
+        holding = debugged is not None and debugged.state is RunState.PAUSED
+        for i, trial in enumerate(trials):
+            if trial.ended or trial.run == record.debugged_run or trial.suspended == holding:
+                continue
+            run = await self.registry.load(trial.run)
+            if run is None or run.finished:
+                continue
+            control = wire.ControlEntry(
+                action="suspend" if holding else "resume", detail="debugging", attempt=run.attempt
+            )
+            await self.store.append(
+                keys.stream(run.id, StreamName.TO_WORKER), wire.encode_entry(control)
+            )
+            trials[i] = trial.model_copy(update={"suspended": holding})
+            await self._put(record.id, trials[i])
+        return holding
 
     async def _settle(self, sweep_id: str, trials: list[Trial] | None = None) -> SweepRecord | None:
         """The record's counts and best trial, as the trials are now."""

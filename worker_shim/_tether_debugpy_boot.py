@@ -171,6 +171,7 @@ def main() -> None:
             "running without the TCP_NODELAY fix (each DAP round trip ~40 ms slower)",
             file=sys.stderr,
         )
+    _hooks(_stop_at)
     try:
         cli.main()  # type: ignore[no-untyped-call]
     except Exception as exc:
@@ -198,6 +199,7 @@ def _run_attachable(path: str, home: str | None, target: list[str], post_mortem:
     import threading
 
     worker = _Worker(path, home)
+    _hooks(worker.pause_here)
     if worker.conn is not None:
         thread = threading.Thread(target=worker.serve, name="tether.attach", daemon=True)
         thread.is_pydev_daemon_thread = True  # type: ignore[attr-defined]  # not the user's
@@ -290,6 +292,32 @@ class _Worker:
                 if not self.say(answer):
                     return
 
+    def pause_here(self, frame: Any) -> bool:
+        """Stop this thread in ``frame`` (``--debug-when``): debugpy starts, the worker is told
+        (``pause PORT``: it connects and configures debugpy without waiting for an IDE, as for a
+        post-mortem), then the thread stops there, as at a breakpoint; False if it cannot."""
+        if _stop_at(frame):  # debugpy runs with its client already (an IDE attached)
+            return True
+        if self.conn is None or os.getpid() != self.pid:
+            return False
+        try:
+            port = self.listen()
+        except Exception as exc:
+            print(f"tether: cannot pause (debugpy did not start: {exc})", file=sys.stderr)
+            return False
+        if not self.say(f"pause {port}"):
+            return False
+        import threading
+
+        import debugpy
+
+        give_up = threading.Timer(CLIENT_TIMEOUT, debugpy.wait_for_client.cancel)
+        give_up.daemon = True
+        give_up.start()
+        debugpy.wait_for_client()
+        give_up.cancel()
+        return _stop_at(frame)
+
     def post_mortem(self, excinfo: Any) -> None:
         """Stop this thread on the uncaught exception ``excinfo``, in its raising frame, until
         the worker's client lets it go (an IDE, or the run's unattended-stop policy): debugpy
@@ -319,6 +347,37 @@ class _Worker:
         give_up.cancel()
         if debugpy.is_client_connected():
             debugpy.trigger_exception_handler(excinfo)
+
+
+def _hooks(pause_here: Any) -> None:
+    """What ``tether.py`` finds in ``sys.modules["_tether_hooks"]``: ``pause_here(frame)``, which
+    stops the calling thread in ``frame`` under the debugger (``--debug-when``); False if it
+    cannot."""
+    import types
+
+    hooks = types.ModuleType("_tether_hooks")
+    hooks.pause_here = pause_here  # type: ignore[attr-defined]
+    sys.modules["_tether_hooks"] = hooks
+
+
+def _stop_at(frame: Any) -> bool:
+    """Stop this thread in ``frame`` as a breakpoint there would (debugpy has its client: a
+    debug run, or a plain one the worker attached to); False if debugpy has none."""
+    debugpy = sys.modules.get("debugpy")
+    if debugpy is None or not debugpy.is_client_connected():
+        return False
+    try:
+        from debugpy.server import api
+
+        api._settrace(  # type: ignore[no-untyped-call]
+            suspend=True,
+            trace_only_current_thread=True,
+            patch_multiprocessing=False,
+            stop_at_frame=frame,
+        )
+    except Exception:  # not the debugpy this was written against: stop where debugpy says
+        debugpy.breakpoint()
+    return True
 
 
 def _stopping_first(hook: Any, worker: _Worker, *, thread: bool = False) -> Any:

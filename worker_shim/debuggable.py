@@ -11,7 +11,9 @@ directory), with nothing of the debugger loaded. The line carries text lines:
   listening and answers with its adapter's port (or ``error: why``);
 - ``post-mortem PORT`` (program -> worker, unasked; ``spec.post_mortem``): an uncaught exception
   is about to end a thread; debugpy listens at ``PORT`` and the thread waits for the worker's
-  configuration, then stops in its raising frame.
+  configuration, then stops in its raising frame;
+- ``pause PORT`` (program -> worker, unasked; ``spec.debug_when``): a ``tether.report`` call met
+  the condition; as for a post-mortem, then the thread stops in the caller's frame.
 
 Either way the worker connects to debugpy and the run goes on as a debug run
 (:func:`worker_shim.shim._run_debug`, with what this attempt took off the link meanwhile).
@@ -97,13 +99,16 @@ class Debugged:
     port: int
     post_mortem: bool
     backlog: list[wire.Deliver]
+    #: it stopped where ``--debug-when`` was met (``post_mortem`` too: nobody waits for an IDE)
+    pause: bool = False
 
 
 def parse_line(line: str) -> tuple[int | None, bool]:
-    """A line from the program: (the port of debugpy's adapter, whether it is a post-mortem);
-    (None, False) for ``error: why`` or anything else."""
+    """A line from the program: (the port of debugpy's adapter, whether the program stopped
+    itself: a post-mortem, or a ``pause`` where ``--debug-when`` was met); (None, False) for
+    ``error: why`` or anything else."""
     words = line.split()
-    post_mortem = words[:1] == ["post-mortem"]
+    post_mortem = words[:1] in (["post-mortem"], ["pause"])
     word = words[1] if post_mortem and len(words) > 1 else (words[0] if words else "")
     if word.isdecimal() and 0 < int(word) < 65536:
         return int(word), post_mortem
@@ -124,7 +129,7 @@ async def until_debugged(
     or ``None`` once the program exited; a ``terminate`` meant for this attempt is done at once,
     and every entry goes to ``on_entry`` too (tunnels to open)."""
     seen: deque[wire.Deliver] = deque(maxlen=ATTACH_BACKLOG)
-    found: list[tuple[int, bool]] = []
+    found: list[tuple[int, bool, bool]] = []
     connected = trio.Event()
     streams: list[trio.SocketStream] = []
 
@@ -147,7 +152,7 @@ async def until_debugged(
                 if port is None:
                     say(f"run {record.id}: the program could not start debugpy: {text}")
                     continue
-                found.append((port, post_mortem))
+                found.append((port, post_mortem, text.startswith("pause")))
                 nursery.cancel_scope.cancel()
                 return
 
@@ -179,5 +184,5 @@ async def until_debugged(
         await stream.aclose()
     if not found:
         return None
-    port, post_mortem = found[0]
-    return Debugged(port, post_mortem, list(seen))
+    port, post_mortem, pause = found[0]
+    return Debugged(port, post_mortem, list(seen), pause)

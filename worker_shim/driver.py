@@ -29,7 +29,7 @@ from .actions import (
     ToDebugpy,
 )
 from .debuggee import Debuggee
-from .metrics import asks_stop
+from .metrics import control_action
 from .output import ProgramOutput
 from .processes import Processes
 from .tunnels import Tunnels
@@ -191,8 +191,8 @@ class Driver:
         for delivery in backlog:
             await self.perform(self.processes.on_delivery(delivery))
         async for delivery in self.link.deliveries:
-            if self.output.metrics is not None and asks_stop(delivery, self.link.attempt):
-                self.output.metrics.stop()
+            if self.output.metrics is not None:
+                self.output.metrics.control(control_action(delivery, self.link.attempt))
             await self.perform(self.processes.on_delivery(delivery))
 
     async def timer(self) -> None:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket as stdlib_socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
@@ -33,11 +34,18 @@ from protocol_specs.metrics import (
     LineMetrics,
     MetricHold,
     Point,
+    decode_pause,
     decode_report,
 )
 from relay.client import RelayError, RunLink
 
-__all__ = ["ProgramMetrics", "asks_stop", "metrics_env", "open_program_metrics", "user_module"]
+__all__ = [
+    "ProgramMetrics",
+    "control_action",
+    "metrics_env",
+    "open_program_metrics",
+    "user_module",
+]
 
 log = logging.getLogger("tether.worker")
 
@@ -68,20 +76,23 @@ def metrics_env(where: Path, env: dict[str, str]) -> dict[str, str]:
     }
 
 
-def asks_stop(delivery: wire.Deliver, attempt: int) -> bool:
-    """Whether a delivery is the relay's ``stop`` for this attempt (a sweep pruned the trial).
-    Looked at cheaply first: every DAP message of a session comes this way."""
+async def _always(_step: int, _values: dict[str, float]) -> bool:
+    return True
+
+
+def control_action(delivery: wire.Deliver, attempt: int) -> str:
+    """The action of the relay's ``control`` entry for this attempt that ``delivery`` carries
+    (``stop``, ``suspend``, ``resume``...), or ``""``. Looked at cheaply first: every DAP
+    message of a session comes this way."""
     if b"\xa7control" not in delivery.entry[:16]:
-        return False
+        return ""
     try:
         entry = wire.decode_entry(delivery.entry)
     except wire.WireError:
-        return False
-    return (
-        isinstance(entry, wire.ControlEntry)
-        and entry.action == "stop"
-        and entry.attempt in (0, attempt)
-    )
+        return ""
+    if isinstance(entry, wire.ControlEntry) and entry.attempt in (0, attempt):
+        return entry.action
+    return ""
 
 
 class ProgramMetrics:
@@ -109,6 +120,12 @@ class ProgramMetrics:
         self._lock = trio.Lock()
         self._failed = False
         self.dropped = 0  #: malformed reports
+        #: whether the program may pause where a report met ``--debug-when`` (the relay decides
+        #: for a sweep's trials: the first only)
+        self.may_pause: Callable[[int, dict[str, float]], Awaitable[bool]] = _always
+        self._nursery: trio.Nursery | None = None
+        #: the program's process (its group's id), once it started
+        self.program = 0
         #: each reporting process's connection, and what it sent of a line not yet ended
         self._conns: dict[stdlib_socket.socket, bytearray] = {}
 
@@ -125,6 +142,17 @@ class ProgramMetrics:
         with suppress(OSError):
             (self.where / STOP_NAME).touch()
 
+    def control(self, action: str) -> None:
+        """The relay's word about the program: ``stop`` (a sweep pruned it), ``suspend`` and
+        ``resume`` (its sweep holds its other trials while one is paused for debugging:
+        SIGSTOP and SIGCONT to the program's process group)."""
+        if action == "stop":
+            self.stop()
+        elif action in ("suspend", "resume") and self.program:
+            sig = signal.SIGSTOP if action == "suspend" else signal.SIGCONT
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.program, sig)
+
     def _feed(self, points: list[Point]) -> None:
         if points:
             self.hold.feed(points)
@@ -133,6 +161,7 @@ class ProgramMetrics:
     async def receive(self, nursery: trio.Nursery) -> None:
         """Take each process's connection and read its reports (a reader task each), until
         cancelled."""
+        self._nursery = nursery
         while True:
             await trio.lowlevel.wait_readable(self.sock)
             for conn in self._accept():
@@ -175,27 +204,53 @@ class ProgramMetrics:
             except OSError:
                 data = b""
             if not data:
-                self._lines(tail + b"\n")
+                self._lines(tail + b"\n", conn)
                 return False
             tail += data
             end = tail.rfind(b"\n")
             if end >= 0:
-                self._lines(tail[:end])
+                self._lines(tail[:end], conn)
                 del tail[: end + 1]
             elif len(tail) > MAX_REPORT_BYTES:  # no line ends: not a report
                 self.dropped += 1
                 tail.clear()
 
-    def _lines(self, data: bytes | bytearray) -> None:
+    def _lines(self, data: bytes | bytearray, conn: stdlib_socket.socket) -> None:
         points = []
         for line in bytes(data).split(b"\n"):
-            if line.strip():
+            if line.startswith(b'{"pause"'):
+                self._pause_asked(conn, line)
+            elif line.strip():
                 point = decode_report(line)
                 if point is None:
                     self.dropped += 1
                 else:
                     points.append(point)
         self._feed(points)
+
+    def _pause_asked(self, conn: stdlib_socket.socket, line: bytes) -> None:
+        """A report met ``--debug-when``: the program waits for ``pause`` or ``go on``."""
+        asked = decode_pause(line)
+        if asked is None or self._nursery is None:
+            self._answer(conn, False)
+            return
+        self._nursery.start_soon(self._decide_pause, conn, *asked)
+
+    async def _decide_pause(
+        self, conn: stdlib_socket.socket, step: int, values: dict[str, float]
+    ) -> None:
+        try:
+            pause = await self.may_pause(step, values)
+        except Exception as exc:  # the relay cannot say: the program goes on
+            log.warning("cannot ask the relay whether to pause: %s", exc)
+            pause = False
+        self._answer(conn, pause)
+
+    def _answer(self, conn: stdlib_socket.socket, pause: bool) -> None:
+        try:
+            conn.send(b"pause\n" if pause else b"go on\n")
+        except OSError:  # gone meanwhile
+            pass
 
     def _close(self, conn: stdlib_socket.socket) -> None:
         if self._conns.pop(conn, None) is not None:

@@ -63,7 +63,7 @@ from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
 from protocol_specs.wire import Role, StreamName
-from relay.client import LinkPolicy, RunLink, Target, open_run_link
+from relay.client import LinkPolicy, RunLink, Target, open_control, open_run_link
 
 from .actions import (
     status_entry,
@@ -73,7 +73,7 @@ from .debuggable import attach_listener, attachable_argv, until_debugged
 from .debuggee import Debuggee, OutputPump, start_debuggee, start_plain, terminate_group
 from .driver import Driver
 from .files import Fetch, materialise
-from .metrics import asks_stop, metrics_env, open_program_metrics
+from .metrics import control_action, metrics_env, open_program_metrics
 from .output import ProgramOutput, open_program_output, unbuffered_env
 from .processes import Processes
 from .replay import DEFAULT_INITIALIZE
@@ -206,6 +206,8 @@ async def _attempt(
             ) as metrics,
         ):
             output.metrics = metrics
+            if record.trial and record.spec.debug_when:  # the first trial of its sweep only
+                metrics.may_pause = partial(_claim_pause, link, record)
             return await _program(
                 link, record, run_dir, log_path, env, python, say, news, tunnels, output
             )
@@ -243,6 +245,8 @@ async def _program(
             subprocesses=record.spec.processes != "main",
         ) as debuggee:
             tunnels.program = debuggee.process.pid
+            if output.metrics is not None:
+                output.metrics.program = debuggee.process.pid
             return await _run_debug(
                 link, record, run_dir, debuggee, say, news, output, tunnels=tunnels
             )
@@ -251,6 +255,14 @@ async def _program(
         await _status(link, StatusEvent.START_FAILED, detail=detail)
         say(f"run {record.id} could not start: {detail}")
         return None
+
+
+async def _claim_pause(
+    link: RunLink, record: RunRecord, step: int, values: dict[str, float]
+) -> bool:
+    """Whether the relay lets the program pause where it met ``--debug-when``."""
+    async with open_control(link.endpoint, client="tether-worker") as control:
+        return (await control.claim_pause(record.id, record.attempt, step, values)).pause
 
 
 #: the worker's own credentials: never handed down to the program it runs
@@ -366,6 +378,8 @@ async def _run_plain(
         say(f"run {record.id} could not start: {exc}")
         return None
     tunnels.program = process.pid
+    if on_output.metrics is not None:
+        on_output.metrics.program = process.pid
     output = OutputPump(process, str(log_path), on_output, record.spec.secrets())
     await _status(
         link,
@@ -383,7 +397,9 @@ async def _run_plain(
                     on_entry=partial(_entry_of_plain, tunnels, on_output, record.attempt),
                 )  # fmt: skip
             if debugged is not None:
-                if debugged.post_mortem:
+                if debugged.pause:
+                    say(f"run {record.id}: --debug-when was met; the program waits")
+                elif debugged.post_mortem:
                     say(f"run {record.id}: an uncaught exception; the program waits post-mortem")
                 else:
                     say(f"run {record.id}: an IDE attached; debugging the running program")
@@ -411,8 +427,8 @@ def _entry_of_plain(
     tunnels.open(entry)
     if not isinstance(entry, wire.ControlEntry) or output.metrics is None:
         return
-    if entry.action == "stop" and entry.attempt in (0, attempt):
-        output.metrics.stop()
+    if entry.attempt in (0, attempt):
+        output.metrics.control(entry.action)
 
 
 async def _terminate_when(event: trio.Event, terminate: Callable[[], Awaitable[None]]) -> None:
@@ -430,8 +446,8 @@ async def _watch_terminate(
     """A plain run's deliveries: a ``terminate`` for this attempt, a ``stop``, tunnels to
     open."""
     async for delivery in link.deliveries:
-        if output.metrics is not None and asks_stop(delivery, record.attempt):
-            output.metrics.stop()
+        if output.metrics is not None:
+            output.metrics.control(control_action(delivery, record.attempt))
         entry = parse_delivery(delivery)[1]
         if terminates(entry, record):
             await terminate()

@@ -57,6 +57,13 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         "lines, e.g. 'loss=(?P<loss>[\\d.e+-]+)' (a group named step: the step); repeatable. "
         "No code change needed; tether.report() in the program is the other way",
     )
+    s.add_argument(
+        "--debug-when",
+        metavar="CONDITION",
+        help="pause the program where tether.report() is called with metrics that meet this "
+        "condition, e.g. 'loss != loss' (NaN) or 'isnan(loss) or grad_norm > 1e3', once; "
+        "an IDE attaches to it there (a sweep: the first trial only)",
+    )
     g = s.add_argument_group("resources and placement")
     g.add_argument(
         "--backend", choices=KNOWN_BACKENDS, help="where to run: local (default), slurm or ray"

@@ -289,6 +289,12 @@ def _sweep_command(sub: _Commands) -> None:
         metavar="DURATION",
         help="how long a stopped trial has to end by itself before it is cancelled (default 30s)",
     )
+    g.add_argument(
+        "--debug-others",
+        choices=["continue", "pause"],
+        help="while the trial that met --debug-when is paused, the other trials go on "
+        "(continue, the default) or are held (pause) until it runs again",
+    )
     g.add_argument("--file", metavar="SWEEP.yaml", help="the sweep's settings (flags win)")
     s.add_argument("--json", action="store_true", help="print the sweep as JSON")
     s.add_argument("-n", "--limit", type=count, default=30, help="sweep ls: how many (default 30)")

@@ -107,6 +107,7 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
             processes=getattr(args, "processes", None) or "stopped",
             ranks=getattr(args, "ranks", None) or [],
             metrics=getattr(args, "metric", None) or [],
+            debug_when=getattr(args, "debug_when", None) or "",
         )
     except argparse.ArgumentTypeError as exc:
         raise SystemExit(f"tether: in the config profile: {exc}") from None

@@ -72,7 +72,7 @@ def sweep_spec(args: argparse.Namespace) -> SweepSpec:
         if extra:
             pairs = [f"{k}={v}" for k, v in extra.items()] if isinstance(extra, dict) else extra
             setattr(args, key, [*map(str, pairs), *(getattr(args, key, None) or [])])
-    for key in ("gpus", "cpus", "backend", "name", "max_retries"):
+    for key in ("gpus", "cpus", "backend", "name", "max_retries", "debug_when"):
         if getattr(args, key, None) is None and key in given:
             setattr(args, key, given.pop(key))
     run = build_spec(args, debug=False)
@@ -90,6 +90,7 @@ def sweep_spec(args: argparse.Namespace) -> SweepSpec:
             early_stop=_pick(args.early_stop, given, "early_stop", "none"),
             seed=_pick(args.seed, given, "seed", 0),
             stop_grace=_pick(args.stop_grace, given, "stop_grace", 30.0, parse_duration),
+            debug_others=_pick(args.debug_others, given, "debug_others", "continue"),
             name=run.name,
             run=run,
         )
@@ -126,7 +127,7 @@ def _file(path: str) -> dict[str, Any]:
     known = {
         "command", "params", "trials", "parallel", "search", "objective", "early_stop",
         "early-stop", "seed", "stop_grace", "stop-grace", "env", "metric", "tag", "gpus", "cpus",
-        "backend", "name", "max_retries",
+        "backend", "name", "max_retries", "debug_when", "debug_others", "debug-others",
     }  # fmt: skip
     unknown = sorted(set(loaded) - known)
     if unknown:

@@ -207,6 +207,14 @@ class ControlClient:
     async def cancel_sweep(self, sweep: str) -> wire.SweepInfo:
         return await self._call(wire.CancelSweep, wire.SweepInfo, sweep=sweep)
 
+    async def claim_pause(
+        self, run: str, attempt: int, step: int, values: dict[str, float]
+    ) -> wire.PauseClaimed:
+        """A worker's: may the program pause where it met ``--debug-when``?"""
+        return await self._call(
+            wire.ClaimPause, wire.PauseClaimed, run=run, attempt=attempt, step=step, values=values
+        )
+
     async def list_sweeps(self, limit: int = 30) -> list[SweepRecord]:
         return (await self._call(wire.ListSweeps, wire.SweepList, limit=limit)).sweeps
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 import trio
-from stack import relay_stack, tether, worker
+from node_harness import open_vscode_session, scenario
+from stack import relay_stack, status_saying, tether, worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -255,3 +256,131 @@ async def test_a_relay_restart_in_the_middle_of_a_sweep_loses_no_trial_or_metric
                     assert [p["step"] for p in points] == list(range(12)), trial["n"]
                     assert [s for s, _ in trial["values"]] == list(range(12))
                 await pool.wait_line(r"relay link up", timeout=5)
+
+
+#: a trial whose weights blow up with a large lr: its loss goes NaN at some step
+DIVERGE = """\
+import sys, time
+import tether
+
+lr, steps = float(sys.argv[1]), int(sys.argv[2])
+weight = 1.0
+for step in range(steps):
+    weight *= 1 + lr
+    loss = weight if weight < 50 else float("nan")
+    tether.report(step=step, loss=loss)
+    time.sleep(0.1)  # line 10: where the trial that met the condition is paused
+print("done", flush=True)
+"""
+PAUSED_LINE = 10
+
+
+async def test_debug_when_pauses_exactly_one_trial_and_an_ide_inspects_it(tmp_path: Path) -> None:
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "diverge.py").write_text(DIVERGE)
+    home = tmp_path / "home"
+    async with relay_stack(home, workers=2) as (_up, relay):
+        # three of the five go NaN (lr 0.5 at step 9, 1 at step 5, 2 at step 3); two never do
+        sweep = await start_sweep(
+            home, workdir, "--param", "lr=0.01,0.02,0.5,1,2", "--search", "grid",
+            "--parallel", "2", "--objective", "loss:min", "--debug-when", "loss != loss",
+            "--", "python", "diverge.py", "{lr}", "20",
+        )  # fmt: skip
+        with trio.fail_after(120):  # the others go on to their ends while one waits
+            while True:
+                info = await sweep_status(home, sweep)
+                paused = info["sweep"]["debugged_run"]
+                others = [t for t in info["trials"] if t["run"] != paused]
+                if paused and len(others) == 4 and all(t["ended"] for t in others):
+                    break
+        [trial] = [t for t in info["trials"] if t["run"] == paused]
+        assert not trial["ended"] and trial["params"]["lr"] in (0.5, 1, 2)
+        assert f"paused at step {len(trial['values']) - 1}: loss=nan" in info["sweep"]["debugged"]
+        status = await status_saying(home, paused, "paused at")
+        assert f"diverge.py:{PAUSED_LINE} in <module>" in status
+        for other in others:  # nobody else paused, NaN or not
+            logs = await run_cli(home, "logs", other["run"])
+            assert "no IDE is attached" not in logs and "done" in logs, other
+        nan_others = [t for t in others if t["params"]["lr"] >= 0.5]
+        assert {t["state"] for t in nan_others} == {"failed"}
+        async with tether(
+            "attach", paused, "--relay", relay, "--port", "0", home=home, name="attach"
+        ) as attach:
+            port = int((await attach.wait_line(r"adapter on 127\.0\.0\.1:(\d+)")).group(1))
+            steps = [
+                {"op": "wait_stopped", "line": PAUSED_LINE, "label": "stopped"},
+                {"op": "variables", "scope": "Globals", "label": "globals"},
+                {"op": "continue"},
+                {"op": "wait_terminated", "label": "ended"},
+            ]
+            spec = scenario(port, workdir, steps, timeout_ms=60_000)
+            async with open_vscode_session(spec, timeout=120) as session:
+                result, _messages = await session.result()
+        labels = dict(result["labels"])
+        values = labels["globals"]["values"]
+        assert values["loss"] == "nan" and float(values["weight"]) >= 50
+        assert int(values["step"]) == len(trial["values"]) - 1
+        final = await finished_sweep(home, sweep)
+        assert final["sweep"]["state"] == "finished"
+        assert sorted(t["state"] for t in final["trials"]) == [
+            "complete", "complete", "failed", "failed", "failed",
+        ]  # fmt: skip
+
+
+def program_states(marker: str) -> list[str]:
+    """The states (``/proc/PID/stat``: ``S`` sleeping, ``T`` stopped...) of the processes whose
+    command line holds ``marker``."""
+    states = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if marker in cmdline and "tether" not in cmdline.split()[0]:
+            states.append(stat.rsplit(")", 1)[1].split()[0])
+    return states
+
+
+async def test_debug_others_pause_holds_the_other_trials_until_the_paused_one_goes_on(
+    tmp_path: Path,
+) -> None:
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "diverge.py").write_text(DIVERGE)
+    home = tmp_path / "home"
+    async with relay_stack(home, workers=2) as (_up, relay):
+        sweep = await start_sweep(
+            home, workdir, "--param", "lr=2,0.01", "--search", "grid", "--parallel", "2",
+            "--debug-when", "loss != loss", "--debug-others", "pause",
+            "--", "python", "diverge.py", "{lr}", "80",
+        )  # fmt: skip
+        with trio.fail_after(60):
+            while True:
+                info = await sweep_status(home, sweep)
+                held = [t for t in info["trials"] if t["suspended"]]
+                if held:
+                    break
+        [steady] = held
+        assert steady["params"]["lr"] == 0.01 and info["sweep"]["debugged_run"] != steady["run"]
+        with trio.fail_after(10):  # its program is stopped (SIGSTOP): state T
+            while "T" not in program_states("diverge.py 0.01"):  # noqa: ASYNC110 (polls /proc)
+                await trio.sleep(0.05)
+        async with tether(
+            "attach", info["sweep"]["debugged_run"], "--relay", relay, "--port", "0",
+            home=home, name="attach",
+        ) as attach:  # fmt: skip
+            port = int((await attach.wait_line(r"adapter on 127\.0\.0\.1:(\d+)")).group(1))
+            steps = [
+                {"op": "wait_stopped", "line": PAUSED_LINE},
+                {"op": "continue"},
+                {"op": "wait_terminated"},
+            ]
+            async with open_vscode_session(scenario(port, workdir, steps), timeout=120) as s:
+                await s.result()
+        final = await finished_sweep(home, sweep)
+        [steady] = [t for t in final["trials"] if t["run"] == steady["run"]]
+        assert not steady["suspended"] and steady["state"] == "complete"
+        points = await points_of_run(home, steady["run"])
+        assert [p["step"] for p in points] == list(range(80))  # held, then let go: all of it

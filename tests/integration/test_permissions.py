@@ -315,6 +315,8 @@ async def _control_act(act: Act, c: object, s: Scene) -> str:
             await c.get_sweep(s.sweep)
         case Act.CANCEL_SWEEP:
             await c.cancel_sweep(s.sweep)
+        case Act.CLAIM_PAUSE:
+            await c.claim_pause(s.run, 2, 3, {"loss": 1.0})
         case Act.LIST_SWEEPS:
             return "ok" if s.sweep in {x.id for x in await c.list_sweeps()} else "scoped"
         case Act.REVOKE_TOKEN:

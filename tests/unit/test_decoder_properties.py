@@ -94,6 +94,8 @@ FRAMES: list[wire.AnyFrame] = [
         trials=[Trial(n=0, run="s6b08-0", params={"lr": 1}, values=[(1, 0.5)], value=0.5)],
     ),
     wire.SweepList(rid=17, sweeps=[SweepRecord(id="s6b08", spec=_SWEEP)]),
+    wire.ClaimPause(rid=18, run="s6b08-3", attempt=1, step=120, values={"loss": 1e30}),
+    wire.PauseClaimed(rid=18, pause=False, detail="s6b08-1 paused first"),
     wire.ListTokens(rid=13, user="you"),
     wire.TokenList(rid=13, tokens=[INFO]),
     wire.RevokeToken(rid=14, id="0123456789abcdef"),
@@ -107,6 +109,7 @@ ENTRIES: list[wire.AnyEntry] = [
     wire.DapEntry(origin="a", body=b'{"seq":1}', local=True, bp_ids=[1, 2], transient=True),
     wire.StatusEntry(event="exited", state="succeeded", exit_code=0, data={"pid": 3}),
     wire.ControlEntry(action="terminate", detail="user", attempt=2),
+    wire.ControlEntry(action="suspend", detail="debugging", attempt=1),
     wire.LogEntry(stream="stderr", data=b"Traceback...\n", attempt=2),
     wire.MetricEntry(
         points=[(0, 1.5, {"loss": 0.42}), (1, 2.5, {"loss": float("inf"), "acc": 0.9})]

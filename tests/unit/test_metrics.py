@@ -6,7 +6,11 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import re
 import socket
+import sys
+import threading
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,8 @@ from protocol_specs.metrics import (
     MAX_POINTS,
     LineMetrics,
     MetricHold,
+    check_condition,
+    decode_pause,
     decode_report,
     last_values,
     parse_pattern,
@@ -57,6 +63,9 @@ def worker_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[A
                 self.buffer += accepted[0].recv(65536)
             line, _, self.buffer = self.buffer.partition(b"\n")
             return line
+
+        def conn(self) -> socket.socket:
+            return accepted[0]
 
         def close(self) -> None:
             listener.close()
@@ -223,3 +232,72 @@ def test_metric_entries_check_their_points() -> None:
         wire.MetricEntry(points=[(0, 1.0, {})])
     with pytest.raises(ValidationError):
         wire.MetricEntry(points=[])
+
+
+# --- --debug-when ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text", ["loss != loss", "isnan(loss) or grad_norm > 1e3", "step >= 100 and -loss < 0.5"]
+)
+def test_conditions_users_write(text: str) -> None:
+    assert check_condition(text) == text
+    assert (
+        RunSpec(command=["python", "x.py"], workdir="/w", debug_when=text).program_env()[
+            "TETHER_DEBUG_WHEN"
+        ]
+        == text
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("", "1 to 500 characters"),
+        ("loss !=", "not an expression"),
+        ("__import__('os')", "only abs, isfinite, isinf, isnan, max, min may be called"),
+        ("loss.real > 0", "Attribute is not allowed"),
+        ("'a' == loss", "only numbers are constants"),
+        ("[loss][0] > 1", "is not allowed"),
+        ("(lambda: 1)()", "may be called"),
+    ],
+)
+def test_conditions_that_are_refused_at_submit(text: str, said: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(said)):
+        check_condition(text)
+
+
+def test_a_pause_question_reads_back() -> None:
+    assert decode_pause(b'{"pause": [7, {"loss": NaN}]}') is not None
+    step, values = decode_pause(b'{"pause": [7, {"loss": 1.5}]}') or (0, {})
+    assert (step, values) == (7, {"loss": 1.5})
+    assert decode_pause(b'{"pause": [7]}') is None
+    assert decode_pause(b"[7, 0, {}]") is None
+
+
+def test_a_report_that_meets_the_condition_asks_the_worker_then_pauses_in_the_callers_frame(
+    worker_socket: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TETHER_DEBUG_WHEN", "loss != loss")
+    paused: list[Any] = []
+    hooks = types.ModuleType("_tether_hooks")
+    hooks.pause_here = lambda frame: paused.append(frame) or True  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "_tether_hooks", hooks)
+    answers = iter([b"pause\n"])
+
+    def worker() -> None:  # reads the reports, answers the one question
+        while True:
+            line = worker_socket.recv_line()
+            if line.startswith(b'{"pause"'):
+                worker_socket.conn().sendall(next(answers))
+                return
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    tether.report(step=0, loss=1.0)
+    here = sys._getframe()
+    tether.report(step=1, loss=math.nan)  # meets it: asks, is told to pause
+    thread.join(5)
+    assert paused == [here]
+    tether.report(step=2, loss=math.nan)  # once: no second question, no second pause
+    assert paused == [here]

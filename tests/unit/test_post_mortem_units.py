@@ -14,6 +14,7 @@ from worker_shim.watch import stop_text
     [
         ("41234", (41234, False)),  # the answer to ``attach``
         ("post-mortem 41234", (41234, True)),  # unasked: an uncaught exception holds a thread
+        ("pause 41234", (41234, True)),  # unasked: a report met --debug-when
         ("error: RuntimeError: no", (None, False)),
         ("post-mortem", (None, False)),
         ("post-mortem 0", (None, False)),

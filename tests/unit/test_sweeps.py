@@ -86,6 +86,10 @@ def test_the_spec_checks_what_cannot_work() -> None:
         spec("lr=1,2", "lr=3,4")
     with pytest.raises(ValueError, match="min or max"):
         parse_objective("loss:lowest")
+    with pytest.raises(ValidationError, match="--debug-others pause needs a --debug-when"):
+        spec("lr=1,2", debug_others="pause")
+    with pytest.raises(ValidationError, match="Attribute is not allowed"):
+        RunSpec(command=["python", "t.py"], workdir="/w", debug_when="loss.real > 0")
 
 
 def test_a_grid_runs_at_most_its_size_and_int_ranges_are_listed() -> None:
