@@ -65,6 +65,7 @@ __all__ = [
     "security_headers",
     "session_cookie",
     "session_of",
+    "sweep_path",
 ]
 
 #: the session cookie over plain HTTP (loopback), and over TLS (a ``__Host-`` cookie: Secure,
@@ -92,6 +93,7 @@ _RUN_PAGE = re.compile(rf"^/ui/runs/({_RUN_ID})$")
 _RUN_ACTION = re.compile(rf"^/ui/runs/({_RUN_ID})/(cancel|rerun)$")
 _RUN_FILES = re.compile(rf"^/ui/runs/({_RUN_ID})/files(?:/(.+))?$")
 _OWNER = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+_SWEEP_PAGE = re.compile(r"^/ui/sweeps/([a-z0-9]{4,64})$")
 
 
 class Route(StrEnum):
@@ -107,6 +109,7 @@ class Route(StrEnum):
     FILES = "files"  #: a run's snapshot: its files
     FILE = "file"  #: one file of it (``name``: its path in the snapshot)
     LIVE = "live"  #: the WebSocket that pushes changes to an open page
+    SWEEP = "sweep"  #: a sweep's page (``run``: the sweep's id)
 
 
 #: the routes that change something: POST, same origin, and (but login) the CSRF token
@@ -178,6 +181,8 @@ def route(method: str, path: str) -> Match | int:
         return Match(Route.STATIC, name=found.group(1)) if get else 405
     if found := _RUN_PAGE.match(path):
         return Match(Route.RUN, run=found.group(1)) if get else 405
+    if found := _SWEEP_PAGE.match(path):
+        return Match(Route.SWEEP, run=found.group(1)) if get else 405
     if found := _RUN_FILES.match(path):
         if not get:
             return 405
@@ -195,6 +200,10 @@ def route(method: str, path: str) -> Match | int:
 
 def run_path(run_id: str) -> str:
     return f"/ui/runs/{run_id}"
+
+
+def sweep_path(sweep_id: str) -> str:
+    return f"/ui/sweeps/{sweep_id}"
 
 
 def file_path(run_id: str, path: str, line: int = 0) -> str:

@@ -169,7 +169,7 @@ class Sweeps:
         if isinstance(frame, wire.ListSweeps):
             found = await self.newest(frame.limit, "" if who.admin else who.user)
             return wire.SweepList(rid=frame.rid, sweeps=[r.redacted() for r in found])
-        record = await self._find(frame.sweep, who)
+        record = await self.find(frame.sweep, who)
         if record is None:
             return wire.Error(
                 code=ErrorCode.NO_SUCH_RUN,
@@ -205,7 +205,7 @@ class Sweeps:
             return wire.PauseClaimed(rid=frame.rid, pause=True)
         return wire.PauseClaimed(rid=frame.rid, pause=False, detail=f"{first} paused first")
 
-    async def _find(self, sweep: str, who: Principal) -> SweepRecord | None:
+    async def find(self, sweep: str, who: Principal) -> SweepRecord | None:
         """The sweep ``sweep`` names (its id, a unique prefix of one of the user's, or its
         name), if ``who`` may see it."""
         record = await self.load(sweep)

@@ -17,10 +17,11 @@ from pydantic import ValidationError
 from adapter.render import sweep_text, sweeps_table
 from protocol_specs import wire
 from protocol_specs.sweeps import SweepSpec, parse_objective, parse_param
+from protocol_specs.web import sweep_path
 from relay.client import ControlClient, Endpoint, open_control
 
 from .errors import control_call
-from .settings import parse_duration, resolve_relay
+from .settings import parse_duration, resolve_relay, web_url
 from .submission import build_spec, on_snapshot
 
 __all__ = ["cmd_sweep"]
@@ -193,15 +194,12 @@ async def _action(words: list[str], args: argparse.Namespace) -> int:
             print(f"sweep {info.sweep.id}: {info.sweep.state.value}")
             return 0
         info = await control_call(control.get_sweep(rest[0]))
-    _show(info, args.json)
-    return 0
-
-
-def _show(info: wire.SweepInfo, as_json: bool) -> None:
-    if as_json:
+    if args.json:
         print(info.model_dump_json(indent=2))
     else:
         print(sweep_text(info.sweep, info.trials, time.time()))
+        print(f"\npage       {web_url(relay.url, sweep_path(info.sweep.id))}")
+    return 0
 
 
 async def _follow(relay: Endpoint, sweep_id: str) -> int:

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 from protocol_specs.auth import Principal
 from protocol_specs.runs import RunRecord, RunState, short_duration
 from protocol_specs.snapshots import Manifest, ManifestEntry
-from protocol_specs.web import ListQuery, file_path, run_path
+from protocol_specs.web import ListQuery, file_path, run_path, sweep_path
 from protocol_specs.wire import AuditEntry
 
 from .assets import VERSION
@@ -30,6 +30,7 @@ __all__ = [
     "file_page",
     "files_page",
     "h",
+    "layout",
     "login_page",
     "run_page",
     "run_row",
@@ -59,7 +60,7 @@ def _stamp(at: float, now: float, *, suffix: str = " ago") -> str:
     return f'<time datetime="{iso}" title="{full}">{ago(now - at)}{suffix}</time>'
 
 
-def _layout(
+def layout(
     title: str, body: str, *, who: Principal | None = None, csrf: str = "", live: str = ""
 ) -> str:
     user = ""
@@ -89,7 +90,7 @@ def error_page(status: int, message: str, who: Principal | None = None) -> str:
         f'<section class="card error"><h1>{status}</h1><p>{h(message)}</p>'
         '<p><a href="/ui">All runs</a></p></section>'
     )
-    return _layout(str(status), body, who=who)
+    return layout(str(status), body, who=who)
 
 
 def login_page(message: str = "", current: str = "") -> str:
@@ -116,7 +117,7 @@ def login_page(message: str = "", current: str = "") -> str:
         '<button type="submit">Log in</button>'
         '<p class="flash" id="login-error" role="alert" hidden></p></form></section>'
     )
-    return _layout("Log in", body)
+    return layout("Log in", body)
 
 
 # --- the runs list --------------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def runs_page(
     )
     params = query.link(start=0).partition("?")[2]
     live = f"/ui/live?{params}{'&' if params else ''}{urlencode({'since': since})}"
-    return _layout("Runs", body, who=who, csrf=csrf, live=live)
+    return layout("Runs", body, who=who, csrf=csrf, live=live)
 
 
 # --- one run --------------------------------------------------------------------------------------
@@ -242,6 +243,9 @@ def _facts(record: RunRecord, now: float) -> str:
         rows.append(("Environment", f"<code>{h(env)}</code>"))
     if record.rerun_of:
         rows.append(("Rerun of", f'<a href="{run_path(record.rerun_of)}">{h(record.rerun_of)}</a>'))
+    if record.trial:
+        sweep, _, n = record.trial.partition("#")
+        rows.append(("Sweep", f'trial {h(n)} of <a href="{sweep_path(sweep)}">{h(sweep)}</a>'))
     return '<dl class="facts">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows) + "</dl>"
 
 
@@ -421,7 +425,7 @@ def files_page(
         '<table class="files"><thead><tr><th>Path</th><th>Size</th><th>Mode</th></tr></thead>'
         f"<tbody>{rows}</tbody></table>{note}"
     )
-    return _layout(f"run {record.id}: files", body, who=who, csrf=csrf)
+    return layout(f"run {record.id}: files", body, who=who, csrf=csrf)
 
 
 def file_page(
@@ -447,7 +451,7 @@ def file_page(
         f'<small><a href="{run_path(record.id)}/files">files</a> / {h(entry.path)}</small></h1>'
         f"</div>{content}"
     )
-    return _layout(f"{entry.path} · run {record.id}", body, who=who, csrf=csrf)
+    return layout(f"{entry.path} · run {record.id}", body, who=who, csrf=csrf)
 
 
 def _size(n: int) -> str:
@@ -480,10 +484,12 @@ def run_page(
     logs_cursor: str,
     since: str = "0",
     debug: DebugView | None = None,
+    metrics: str = "",
 ) -> str:
+    """``metrics``: the run's charts (``relay/web/experiments.py``), if it reported any."""
     shown = debug is not None and (record.spec.debug or not debug.empty)
     body = (
-        f"{run_summary(record, now)}"
+        f"{run_summary(record, now)}{metrics}"
         f"{debug_section(debug, record) if shown and debug is not None else ''}"
         f"{'' if record.finished else _attach(record)}"
         '<section class="logs"><div class="bar"><h2>Logs</h2>'
@@ -497,4 +503,4 @@ def run_page(
     live = "/ui/live?" + urlencode(
         {"run": record.id, "logs": logs_cursor, "nl": nl, "since": since}
     )
-    return _layout(f"run {record.id}", body, who=who, csrf=csrf, live=live)
+    return layout(f"run {record.id}", body, who=who, csrf=csrf, live=live)

@@ -51,10 +51,12 @@ from ..auth import TokenStore
 from ..blobs import BlobError, BlobStore
 from ..control import Control
 from ..gate import Gate
+from ..metrics import newest_points
 from ..registry import Registry
 from ..store import StoreError
 from . import assets
 from .debug_view import DebugView, debug_view
+from .experiments import metrics_section, sweep_page
 from .listing import list_page
 from .pages import error_page, file_page, files_page, login_page, run_page, runs_page
 from .sessions import Session, WebSessions, may_log_in
@@ -231,6 +233,8 @@ class Web:
                 return await self._list(req, session, who)
             case web.Route.RUN:
                 return await self._run_page(ws, req, found.run, session, who)
+            case web.Route.SWEEP:
+                return await self._sweep_page(found.run, session, who)
             case web.Route.FILES | web.Route.FILE:
                 return await self._snapshot(ws, found, req, session, who)
             case web.Route.LIVE:
@@ -334,6 +338,7 @@ class Web:
         if authorize(who, Act.GET_AUDIT, record) is not None:
             audit = []
         debug = await self.debug_view(record)
+        points = await newest_points(self.store, record.id)
         since = await self.store.last_id(keys.CHANGES) or "0"
         html = run_page(
             record.redacted(),
@@ -345,7 +350,16 @@ class Web:
             logs_cursor=cursor,
             since=since,
             debug=debug,
+            metrics=metrics_section(points),
         )
+        return self._page(200, html)
+
+    async def _sweep_page(self, sweep_id: str, session: Session, who: Principal) -> Response:
+        sweep = await self.control.sweeps.find(sweep_id, who)
+        if sweep is None:
+            return self._page(404, error_page(404, f"no sweep {sweep_id} (or not yours)", who))
+        trials = await self.control.sweeps.trials(sweep.id)
+        html = sweep_page(sweep.redacted(), trials, who, session.csrf, self.clock())
         return self._page(200, html)
 
     async def _snapshot(

@@ -10,12 +10,14 @@ once, straight onto the run's page. Screenshots of the list and the run page are
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
 import trio
 from browser import chromium, run_scenario
 from stack import PROJECT, debug_run, relay_stack, status_saying, tether
+from test_experiments_e2e import SWEEP_TRAIN, finished_sweep, start_sweep
 from test_session_e2e import bp_args, ide_session, stopped_frame
 from test_unattended_e2e import ONCE_LINE
 
@@ -191,3 +193,38 @@ async def test_the_run_page_shows_breakpoints_and_the_stopped_stack(tmp_path: Pa
     assert (
         got["line"].strip() == (workdir / "app.py").read_text().splitlines()[ONCE_LINE - 1].strip()
     )
+
+
+async def test_a_sweep_and_its_charts_in_a_real_browser(tmp_path: Path) -> None:
+    chromium()
+    home, project = tmp_path / "home", tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(SWEEP_TRAIN)
+    async with relay_stack(home, workers=3) as (_up, relay):
+        base = relay.replace("ws://", "http://")
+        token = tomllib.loads((home / "config.toml").read_text())["default"]["token"]
+        sweep = await start_sweep(
+            home, project, "--name", "lr search", "--param", "lr=log:1e-3:1e-1",
+            "--param", "bs=16,32", "--trials", "6", "--parallel", "3", "--objective", "loss:min",
+            "--", "python", "train.py", "{lr}", "{bs}", "12", "0.05",
+        )  # fmt: skip
+        info = await finished_sweep(home, sweep)
+        best = info["trials"][info["sweep"]["best"]]
+        steps = [
+            {"do": "goto", "path": "/ui/login"},
+            {"do": "fill", "selector": "#token", "value": token},
+            {"do": "click", "selector": "#login button[type=submit]"},
+            {"do": "wait_url", "path": "/ui"},
+            {"do": "goto", "path": f"/ui/sweeps/{sweep}", "status": 200},
+            {"do": "wait_visible", "selector": "svg.chart polyline"},
+            {"do": "text", "selector": "main", "as": "sweep"},
+            {"do": "screenshot", "name": "web-sweep", "full": True},
+            {"do": "click", "selector": f"dd a[href='/ui/runs/{best['run']}']"},
+            {"do": "wait_url", "path": f"/ui/runs/{best['run']}"},
+            {"do": "wait_visible", "selector": "section.metrics svg.chart polyline"},
+            {"do": "text", "selector": "section.metrics", "as": "metrics"},
+        ]
+        got = (await run_scenario(base, steps, tmp_path / "shots"))["values"]
+    assert f"trial {best['n']} ({best['run']})" in got["sweep"]
+    assert "6 complete" in got["sweep"] and "lr search" in got["sweep"]
+    assert "12 points" in got["metrics"]

@@ -15,11 +15,13 @@ import trio
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.trio.client import connect
 
-from protocol_specs import web
+from protocol_specs import web, wire
 from protocol_specs.auth import Scope
 from protocol_specs.runs import RunSpec
+from protocol_specs.sweeps import SweepSpec, parse_objective, parse_param
+from protocol_specs.wire import Role
 from relay.auth import TokenStore
-from relay.client import Endpoint, open_control
+from relay.client import Endpoint, open_control, open_run_link
 from relay.config import RelayConfig
 from relay.server import serve_relay, server_port
 from relay.store import Store, open_store
@@ -468,3 +470,41 @@ async def test_the_list_says_while_an_ide_is_attached(site: Site) -> None:
                 if pushed["id"] == run and ">IDE<" not in pushed["html"]:
                     break
     assert ">IDE<" not in await row()
+
+
+# --- experiments ----------------------------------------------------------------------------------
+
+
+async def test_a_runs_metrics_are_charted_and_a_sweep_has_a_page_only_its_owner_sees(
+    site: Site,
+) -> None:
+    run = await submit(site, site.alice)
+    async with open_control(site.endpoint(site.admin)) as control:  # a worker takes it
+        assigned = await control.claim("w", backend="local")
+    assert assigned.run.id == run
+    async with open_run_link(
+        Endpoint(site.relay, token=assigned.token), role=Role.WORKER, run=run, attempt=1
+    ) as worker:
+        points = [(step, 0.0, {"loss": 1 / (step + 1), "acc": step / 50}) for step in range(50)]
+        await worker.publish(wire.MetricEntry(points=points))
+        await worker.flush()
+    alice = await log_in(site, site.alice)
+    text = (await alice.page(f"/ui/runs/{run}")).text
+    assert text.count('<svg class="chart"') == 2 and "last 0.02, 50 points" in text
+    spec = SweepSpec(
+        params=[parse_param("lr=1,2")],
+        run=RunSpec(command=["python", "t.py", "{lr}"], workdir="/w", debug=False),
+        objective=parse_objective("loss:min"),
+        name="<i>lr</i> search",
+    )
+    async with open_control(site.endpoint(site.alice)) as control:
+        sweep = (await control.submit_sweep(spec)).sweep.id
+    page = await alice.page(f"/ui/sweeps/{sweep}")
+    assert page.status_code == 200
+    assert f'href="/ui/runs/{sweep}-0"' in page.text and "&lt;i&gt;lr&lt;/i&gt; search" in page.text
+    trial = (await alice.page(f"/ui/runs/{sweep}-0")).text
+    assert f'trial 0 of <a href="/ui/sweeps/{sweep}">' in trial
+    bob = await log_in(site, site.bob)
+    refused = await bob.page(f"/ui/sweeps/{sweep}")
+    assert refused.status_code == 404 and "lr" not in refused.text.split("<main>")[1]
+    assert (await (await log_in(site, site.admin)).page(f"/ui/sweeps/{sweep}")).status_code == 200
