@@ -32,7 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .metrics import NAME
-from .runs import RunSpec
+from .runs import RunSpec, RunState
 
 __all__ = [
     "MAX_STEPS",
@@ -45,6 +45,8 @@ __all__ = [
     "Trial",
     "TrialState",
     "best_of",
+    "ended",
+    "observed",
     "parse_objective",
     "parse_param",
 ]
@@ -383,3 +385,42 @@ def best_of(objective: Objective | None, trials: list[Trial]) -> Trial | None:
         if best is None or objective.better(trial.value, best.value):  # type: ignore[arg-type]
             best = trial
     return best
+
+
+def observed(
+    trial: Trial, points: list[tuple[int, float, dict[str, float]]], metric: str, cursor: str
+) -> tuple[Trial, list[tuple[int, float]]]:
+    """The trial after its run's new ``points`` (read up to ``cursor``): the objective
+    ``metric``'s values by step (its last value), and those new values in step order for the
+    pruner. A step seen before is not new (a retried attempt starting over): it replaces the
+    value kept, and the pruner is shown only the steps past the last one it saw."""
+    values, value = dict(trial.values), trial.value
+    last = max(values, default=-1)
+    new: list[tuple[int, float]] = []
+    for step, _at, point in points:
+        if metric not in point:
+            continue
+        value = point[metric]
+        if step > last:
+            new.append((step, value))
+            last = step
+        if len(values) < MAX_STEPS or step in values:
+            values[step] = value
+    steps = sorted(values.items())
+    return trial.model_copy(update={"cursor": cursor, "values": steps, "value": value}), new
+
+
+def ended(trial: Trial, state: RunState, spec: SweepSpec) -> Trial:
+    """The trial once its run ended in ``state``: complete (succeeded, with a usable objective if
+    the sweep has one), pruned (it was), or failed (and why)."""
+    outcome = state.value
+    new_state = trial.state
+    if new_state is TrialState.RUNNING:
+        usable = trial.value is not None and not math.isnan(trial.value)
+        if state is RunState.SUCCEEDED and (spec.objective is None or usable):
+            new_state = TrialState.COMPLETE
+        else:
+            new_state = TrialState.FAILED
+            if state is RunState.SUCCEEDED and spec.objective is not None:
+                outcome = f"succeeded, but reported no usable {spec.objective.metric}"
+    return trial.model_copy(update={"state": new_state, "ended": True, "outcome": outcome})

@@ -16,7 +16,6 @@ so a relay that dies between the two submits it on the next round (a run id is n
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 import time
 from collections.abc import Callable
@@ -31,13 +30,14 @@ from protocol_specs.runs import RunRecord, RunState
 from protocol_specs.search import ask, prune
 from protocol_specs.snapshots import Manifest
 from protocol_specs.sweeps import (
-    MAX_STEPS,
     SweepRecord,
     SweepSpec,
     SweepState,
     Trial,
     TrialState,
     best_of,
+    ended,
+    observed,
 )
 from protocol_specs.wire import ErrorCode, StreamName
 
@@ -149,7 +149,7 @@ class Sweeps:
                 continue
             run = await self.registry.cancel(trial.run, detail)
             if run is not None and run.finished:
-                await self._put(sweep_id, _ended(trial, run, record.spec))
+                await self._put(sweep_id, ended(trial, run.state, record.spec))
         return await self._settle(sweep_id)
 
     # --- control requests ---------------------------------------------------------------------------
@@ -391,7 +391,7 @@ class Sweeps:
             await self.registry.cancel(run.id, f"pruned by sweep {record.id}")
             run = await self.registry.load(run.id) or run
         if run.finished:
-            updated = _ended(updated, run, spec)
+            updated = ended(updated, run.state, spec)
         if updated != trial:
             await self._put(record.id, updated)
         return updated
@@ -399,50 +399,24 @@ class Sweeps:
     async def _read_metrics(
         self, trial: Trial, metric: str
     ) -> tuple[Trial, list[tuple[int, float]]]:
-        """The trial with its run's new values of ``metric`` (its last value, by step), and those
-        new values in step order (a step seen before is not new: a retried attempt's)."""
+        """The trial after its run's metric entries since its cursor (:func:`observed`), and
+        the objective's new values."""
         stream = keys.stream(trial.run, StreamName.METRICS)
-        cursor, values, value = trial.cursor, dict(trial.values), trial.value
-        last = max(values, default=-1)
-        new: list[tuple[int, float]] = []
+        cursor = trial.cursor
+        entries = []
         while batch := await self.store.read_after(stream, cursor, count=500):
             cursor = batch[-1][0]
-            entries = []
             for _id, payload in batch:
                 try:
                     entries.append(wire.decode_entry(payload))
                 except wire.WireError:
                     continue
-            for step, _at, point in points_of(entries):
-                if metric in point:
-                    value = point[metric]
-                    if step > last:
-                        new.append((step, value))
-                        last = step
-                    if len(values) < MAX_STEPS or step in values:
-                        values[step] = value
         if cursor == trial.cursor:
             return trial, []
-        steps = sorted(values.items())
-        return trial.model_copy(update={"cursor": cursor, "values": steps, "value": value}), new
+        return observed(trial, points_of(entries), metric, cursor)
 
     async def _tell_stop(self, run: RunRecord) -> None:
         control = wire.ControlEntry(action="stop", detail="pruned", attempt=run.attempt)
         await self.store.append(
             keys.stream(run.id, StreamName.TO_WORKER), wire.encode_entry(control)
         )
-
-
-def _ended(trial: Trial, run: RunRecord, spec: SweepSpec) -> Trial:
-    """The trial once its run ended: complete (succeeded, with the objective if there is one),
-    pruned (it was), or failed."""
-    state, outcome = trial.state, run.state.value
-    if state is TrialState.RUNNING:
-        usable = trial.value is not None and not math.isnan(trial.value)
-        if run.state is RunState.SUCCEEDED and (spec.objective is None or usable):
-            state = TrialState.COMPLETE
-        else:
-            state = TrialState.FAILED
-            if run.state is RunState.SUCCEEDED and spec.objective is not None:
-                outcome = f"succeeded, but reported no usable {spec.objective.metric}"
-    return trial.model_copy(update={"state": state, "ended": True, "outcome": outcome})

@@ -275,10 +275,15 @@ print("done", flush=True)
 PAUSED_LINE = 10
 
 
-async def test_debug_when_pauses_exactly_one_trial_and_an_ide_inspects_it(tmp_path: Path) -> None:
+def diverge_project(tmp_path: Path) -> Path:
     workdir = tmp_path / "project"
     workdir.mkdir()
     (workdir / "diverge.py").write_text(DIVERGE)
+    return workdir
+
+
+async def test_debug_when_pauses_exactly_one_trial_and_an_ide_inspects_it(tmp_path: Path) -> None:
+    workdir = diverge_project(tmp_path)
     home = tmp_path / "home"
     async with relay_stack(home, workers=2) as (_up, relay):
         # three of the five go NaN (lr 0.5 at step 9, 1 at step 5, 2 at step 3); two never do
@@ -346,9 +351,7 @@ def program_states(marker: str) -> list[str]:
 async def test_debug_others_pause_holds_the_other_trials_until_the_paused_one_goes_on(
     tmp_path: Path,
 ) -> None:
-    workdir = tmp_path / "project"
-    workdir.mkdir()
-    (workdir / "diverge.py").write_text(DIVERGE)
+    workdir = diverge_project(tmp_path)
     home = tmp_path / "home"
     async with relay_stack(home, workers=2) as (_up, relay):
         sweep = await start_sweep(

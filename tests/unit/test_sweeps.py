@@ -8,13 +8,15 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from protocol_specs.runs import RunSpec
+from protocol_specs.runs import RunSpec, RunState
 from protocol_specs.search import ask, prune
 from protocol_specs.sweeps import (
     SweepSpec,
     Trial,
     TrialState,
     best_of,
+    ended,
+    observed,
     parse_objective,
     parse_param,
 )
@@ -185,3 +187,41 @@ def test_median_stops_a_trial_worse_than_the_median_of_completed_ones() -> None:
     assert prune(sweep, [*done, worse], 5, [(1, 0.01), (2, 0.02)])[0]
     better = Trial(n=6, run="r6", params={"lr": 0.2})
     assert not prune(sweep, [*done, better], 6, [(1, 0.5), (2, 0.6)])[0]
+
+
+# --- what a round decides about a trial ------------------------------------------------------------
+
+
+def test_a_trials_objective_is_folded_from_its_runs_points() -> None:
+    trial = Trial(n=0, run="r0", params={})
+    points = [(0, 0.0, {"loss": 1.0, "acc": 0.1}), (1, 0.0, {"acc": 0.2}), (1, 0.0, {"loss": 0.5})]
+    trial, new = observed(trial, points, "loss", "5-0")
+    assert (trial.values, trial.value, trial.cursor, new) == (
+        [(0, 1.0), (1, 0.5)], 0.5, "5-0", [(0, 1.0), (1, 0.5)],
+    )  # fmt: skip
+    # a retried attempt starts over: its steps replace the values, the pruner sees only what is new
+    again = [(0, 0.0, {"loss": 0.9}), (1, 0.0, {"loss": 0.4}), (2, 0.0, {"loss": 0.3})]
+    trial, new = observed(trial, again, "loss", "9-0")
+    assert trial.values == [(0, 0.9), (1, 0.4), (2, 0.3)] and new == [(2, 0.3)]
+    assert trial.value == 0.3
+
+
+@pytest.mark.parametrize(
+    ("state", "value", "objective", "became", "outcome"),
+    [
+        (RunState.SUCCEEDED, 0.5, "loss", TrialState.COMPLETE, "succeeded"),
+        (RunState.SUCCEEDED, None, "loss", TrialState.FAILED, "reported no usable loss"),
+        (RunState.SUCCEEDED, math.nan, "loss", TrialState.FAILED, "reported no usable loss"),
+        (RunState.SUCCEEDED, None, "", TrialState.COMPLETE, "succeeded"),
+        (RunState.FAILED, 0.5, "loss", TrialState.FAILED, "failed"),
+        (RunState.CANCELLED, 0.5, "loss", TrialState.FAILED, "cancelled"),
+    ],
+)
+def test_how_a_trial_ends_with_its_run(
+    state: RunState, value: float | None, objective: str, became: TrialState, outcome: str
+) -> None:
+    sweep = spec("lr=1,2", objective=parse_objective(objective) if objective else None)
+    trial = ended(Trial(n=0, run="r0", params={}, value=value), state, sweep)
+    assert trial.ended and trial.state is became and outcome in trial.outcome
+    pruned = Trial(n=1, run="r1", params={}, state=TrialState.PRUNED, value=0.9)
+    assert ended(pruned, RunState.CANCELLED, sweep).state is TrialState.PRUNED
