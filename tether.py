@@ -63,7 +63,10 @@ def report(step: int | None = None, **values: Any) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or isinstance(value, str | bytes):
             raise TypeError(f"tether.report: {name} must be a number, not {type(value).__name__}")
-        point[name] = float(value)
+        try:
+            point[name] = float(value)
+        except OverflowError:
+            raise ValueError(f"tether.report: {name} is too large for a float") from None
     if not point:
         raise ValueError("tether.report: give at least one metric, e.g. loss=0.42")
     if len(point) > 64:
@@ -99,9 +102,14 @@ def _met(step: int, point: dict[str, float]) -> bool:
         met = bool(eval(when, {"__builtins__": {}}, {**_FUNCTIONS, **point, "step": step}))
     except Exception:  # a name this report lacks, a division by zero: not met
         return False
-    if met:
-        _state["when"] = False  # once
-    return met
+    if not met:
+        return False
+    _state["when"] = False  # once
+    hooks = sys.modules.get("_tether_hooks")
+    if hooks is None or not hooks.can_pause():  # a sweep's one pause is not spent here
+        _cannot_pause(step)
+        return False
+    return True
 
 
 def _may_pause(step: int, point: dict[str, float]) -> bool:
@@ -130,11 +138,15 @@ def _pause(frame: Any, step: int) -> None:
     how); the IDE that attaches sees the values that met the condition."""
     hooks = sys.modules.get("_tether_hooks")
     if hooks is None or not hooks.pause_here(frame):
-        print(
-            f"tether: --debug-when was met at step {step}, but this program cannot be paused "
-            "(it runs without tether's debugger)",
-            file=sys.stderr,
-        )
+        _cannot_pause(step)
+
+
+def _cannot_pause(step: int) -> None:
+    print(
+        f"tether: --debug-when was met at step {step}, but this process cannot be paused "
+        "(it runs without tether's debugger, or is a fork of the process that does)",
+        file=sys.stderr,
+    )
 
 
 def _socket(path: str) -> socket.socket:

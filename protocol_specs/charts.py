@@ -78,7 +78,7 @@ def line_chart(
     parts = [head, _axes(x0, x1, y0, y1, log_y)]
     for i, name in enumerate(drawn):
         colour = (colours or {}).get(name, PALETTE[i % len(PALETTE)])
-        for run in _runs(series[name], log_y):
+        for run in _runs(thin(series[name]), log_y):
             if len(run) == 1:
                 x, y = at(*run[0]).split(",")
                 parts.append(f'<circle cx="{x}" cy="{y}" r="2" fill="{colour}"/>')

@@ -14,7 +14,7 @@ A program reports a point in one of two ways:
   (:class:`LineMetrics`).
 
 The worker holds points in a :class:`MetricHold` and publishes them as
-:class:`~protocol_specs.stream_entries.MetricEntry` (up to :data:`MAX_POINTS` each) on the run's
+:class:`~protocol_specs.stream_entries.MetricEntry` (up to :data:`MAX_VALUES` values each) on the run's
 link, exactly once like the logs: the first point at once, later ones together at most every
 :data:`INTERVAL` s while the relay answered the previous entries (so a program reporting every
 millisecond costs one entry a second; one reporting faster, a few more). The relay keeps them in the run's ``metrics`` stream, the
@@ -39,6 +39,7 @@ __all__ = [
     "MAX_PATTERNS",
     "MAX_POINTS",
     "MAX_REPORT_BYTES",
+    "MAX_VALUES",
     "NAME",
     "LineMetrics",
     "MetricHold",
@@ -58,8 +59,9 @@ __all__ = [
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$")
 #: most names in one point
 MAX_NAMES = 64
-#: most points in one stream entry
+#: most points in one stream entry, and most values (points times names) in all
 MAX_POINTS = 1000
+MAX_VALUES = 1000
 #: most ``--metric`` patterns a run names
 MAX_PATTERNS = 16
 #: seconds between two metric entries of a run (the first goes at once)
@@ -83,6 +85,11 @@ def parse_pattern(text: str) -> re.Pattern[str]:
         pattern = re.compile(text)
     except re.error as exc:
         raise ValueError(f"metric pattern {text!r} is not a regular expression: {exc}") from None
+    if _nested_repeat(text):
+        raise ValueError(
+            f"metric pattern {text!r} repeats a repeat (like (a+)+): on some lines such a "
+            "pattern takes forever; write it without the nesting"
+        )
     names = [name for name in pattern.groupindex if name != "step"]
     if not names:
         raise ValueError(
@@ -90,7 +97,7 @@ def parse_pattern(text: str) -> re.Pattern[str]:
             "e.g. 'loss=(?P<loss>[\\d.e+-]+)'"
         )
     for name in names:
-        if not NAME.match(name):
+        if not NAME.fullmatch(name):
             raise ValueError(f"metric pattern {text!r}: {name!r} is not a metric name")
     return pattern
 
@@ -134,6 +141,38 @@ def check_condition(text: str) -> str:
     return text.strip()
 
 
+def _nested_repeat(text: str) -> bool:
+    """Whether the pattern repeats something that itself repeats without bound (star height
+    over 1: ``(a+)+``, ``(\\d*)*``), the shape that makes a regular expression take exponential
+    time on a line that almost matches. Read with the standard library's own parser."""
+    try:
+        from re import _parser  # type: ignore[attr-defined]
+
+        parsed = _parser.parse(text)
+    except Exception:  # another Python's internals: no check, the pattern compiled already
+        return False
+    repeats = {_parser.MAX_REPEAT, _parser.MIN_REPEAT, getattr(_parser, "POSSESSIVE_REPEAT", None)}
+
+    def walk(items: Any, inside: bool) -> bool:
+        for op, arg in items:
+            if op in repeats:
+                _low, high, sub = arg
+                forever = high == _parser.MAXREPEAT
+                if forever and inside:
+                    return True
+                if walk(sub, inside or forever):
+                    return True
+            elif op is _parser.SUBPATTERN:
+                if walk(arg[-1], inside):
+                    return True
+            elif op is _parser.BRANCH:
+                if any(walk(branch, inside) for branch in arg[1]):
+                    return True
+        return False
+
+    return walk(parsed, False)
+
+
 def number(value: object) -> float | None:
     """``value`` as a metric's value (an int, a float, a numpy scalar, a one-element tensor...);
     ``None`` if it is none of those (a bool is not a metric)."""
@@ -147,18 +186,24 @@ def number(value: object) -> float | None:
 
 def decode_report(data: bytes) -> Point | None:
     """A line from ``tether.report``: ``[step, at, {name: value}]``; ``None`` if malformed
-    (what a program sends cannot break the worker). NaN and infinities are values like others
-    (Python's ``json`` writes and reads them)."""
+    (what a program sends cannot break the worker: a number too large for a float, JSON nested
+    too deep, anything). NaN and infinities are values like others (Python's ``json`` writes
+    and reads them)."""
+    return _point(_json(data))
+
+
+def _json(data: bytes) -> Any:
+    """``data`` parsed, or ``None``."""
     if len(data) > MAX_REPORT_BYTES:
         return None
     try:
-        raw = orjson.loads(data)
+        return orjson.loads(data)
     except orjson.JSONDecodeError:  # NaN or Infinity (orjson reads neither), or not JSON
-        try:
-            raw = json.loads(data)
-        except ValueError:
-            return None
-    return _point(raw)
+        pass
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _point(raw: Any) -> Point | None:
@@ -170,22 +215,23 @@ def _point(raw: Any) -> Point | None:
     if not 0 <= step < 2**63 or not values or len(values) > MAX_NAMES:
         return None
     out: dict[str, float] = {}
-    for name, value in values.items():
-        if not isinstance(name, str) or not NAME.match(name):
-            return None
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            return None
-        out[name] = float(value)
-    return (step, float(at), out)
+    try:
+        for name, value in values.items():
+            if not isinstance(name, str) or not NAME.fullmatch(name):
+                return None
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                return None
+            out[name] = float(value)
+        when = float(at)
+    except OverflowError:  # an int beyond any float
+        return None
+    return (step, when if math.isfinite(when) else 0.0, out)
 
 
 def decode_pause(data: bytes) -> tuple[int, dict[str, float]] | None:
     """A program's question whether to pause (its report met ``--debug-when``):
     ``{"pause": [step, {name: value}]}``; ``None`` if malformed."""
-    try:
-        raw = json.loads(data)
-    except ValueError:
-        return None
+    raw = _json(data)
     asked = raw.get("pause") if isinstance(raw, dict) else None
     if not isinstance(asked, list) or len(asked) != 2:
         return None
@@ -269,7 +315,7 @@ class MetricHold:
     """Which points to publish, and when. No I/O: feed points, take entries' points.
 
     ``ready(answered, now)`` gives what may go now: everything held, in entries of up to
-    :data:`MAX_POINTS` points, once the relay answered the previous metric entry and
+    :data:`MAX_VALUES` values, once the relay answered the previous metric entry and
     :data:`INTERVAL` passed since they went (the first at once); report the last one's number
     with ``published``. ``take`` gives what is held regardless (the program ended).
     """
@@ -305,15 +351,21 @@ class MetricHold:
         return self.take()
 
     def take(self) -> list[list[Point]]:
-        """Everything held, as entries' worth of points (at most :data:`MAX_POINTS` each)."""
-        out = []
-        while self._points:
-            out.append(self._take(MAX_POINTS))
+        """Everything held, as entries' worth of points (at most :data:`MAX_VALUES` values
+        each)."""
+        out: list[list[Point]] = []
+        batch: list[Point] = []
+        count = 0
+        for point in self._points:
+            if batch and count + len(point[2]) > MAX_VALUES:
+                out.append(batch)
+                batch, count = [], 0
+            batch.append(point)
+            count += len(point[2])
+        if batch:
+            out.append(batch)
+        self._points = []
         return out
-
-    def _take(self, most: int) -> list[Point]:
-        taken, self._points = self._points[:most], self._points[most:]
-        return taken
 
     def published(self, n: int, now: float) -> None:
         self.in_flight = max(self.in_flight, n)

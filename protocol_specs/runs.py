@@ -237,7 +237,7 @@ class RunSpec(BaseModel):
     @field_validator("backend")
     @classmethod
     def _backend(cls, value: str) -> str:
-        if not _BACKEND.match(value):
+        if not _BACKEND.fullmatch(value):
             raise ValueError(f"invalid backend name {value!r}")
         return value
 
@@ -252,7 +252,7 @@ class RunSpec(BaseModel):
     @classmethod
     def _mounts(cls, value: dict[str, str]) -> dict[str, str]:
         for name, where in value.items():
-            if not _MOUNT_NAME.match(name):
+            if not _MOUNT_NAME.fullmatch(name):
                 raise ValueError(f"invalid mount name {name!r} (letters, digits, _)")
             if not where or len(where) > 4096 or "\x00" in where:
                 raise ValueError(f"mount {name!r} needs a path or URL")
@@ -262,7 +262,7 @@ class RunSpec(BaseModel):
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
         for name, text in value.items():
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"invalid environment variable name {name[:100]!r}")
             if "\x00" in text or len(text) > 128 * 1024:
                 raise ValueError(f"environment variable {name}: NUL byte or over 128 KiB")
@@ -312,7 +312,7 @@ class RunSpec(BaseModel):
     @classmethod
     def _tags(cls, value: list[str]) -> list[str]:
         for tag in value:
-            if not TAG_PATTERN.match(tag):
+            if not TAG_PATTERN.fullmatch(tag):
                 raise ValueError(f"invalid tag {tag!r}")
         return value
 
@@ -355,7 +355,7 @@ class RunSpec(BaseModel):
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"invalid environment variable name {name!r}")
         return value
 

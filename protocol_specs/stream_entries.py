@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import msgpack
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
 
-from .metrics import MAX_NAMES, NAME
+from .metrics import MAX_NAMES, MAX_VALUES, NAME
 from .runs import RunState
 from .wire_base import FROZEN, ErrorCode, WireError, short_reason
 
@@ -185,10 +185,12 @@ class MetricEntry(BaseModel):
     def _names(
         cls, value: list[tuple[int, float, dict[str, float]]]
     ) -> list[tuple[int, float, dict[str, float]]]:
+        if sum(len(values) for _step, _at, values in value) > MAX_VALUES:
+            raise ValueError(f"an entry carries at most {MAX_VALUES} values")
         for step, _at, values in value:
             if step < 0 or not values or len(values) > MAX_NAMES:
                 raise ValueError("a point has a step from 0 and 1 to 64 values")
-            if not all(NAME.match(name) for name in values):
+            if not all(NAME.fullmatch(name) for name in values):
                 raise ValueError("a metric name is a letter or _, then letters, digits, _./-")
         return value
 

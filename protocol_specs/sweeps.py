@@ -35,6 +35,7 @@ from .metrics import NAME
 from .runs import RunSpec, RunState
 
 __all__ = [
+    "MAX_GRID",
     "MAX_STEPS",
     "MAX_TRIALS",
     "Objective",
@@ -51,8 +52,9 @@ __all__ = [
     "parse_param",
 ]
 
-#: most trials one sweep runs
+#: most trials one sweep runs, and most points a grid may have (the search lists them)
 MAX_TRIALS = 10_000
+MAX_GRID = 100_000
 #: most points of a grid a parameter range may expand to
 _GRID_RANGE = 1000
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -76,7 +78,7 @@ class Param(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _PARAM_NAME.match(value):
+        if not _PARAM_NAME.fullmatch(value):
             raise ValueError(f"invalid parameter name {value!r} (letters, digits, _)")
         return value
 
@@ -169,7 +171,7 @@ class Objective(BaseModel):
     @field_validator("metric")
     @classmethod
     def _metric(cls, value: str) -> str:
-        if not NAME.match(value):
+        if not NAME.fullmatch(value):
             raise ValueError(f"invalid metric name {value!r}")
         return value
 
@@ -234,6 +236,11 @@ class SweepSpec(BaseModel):
                         f"a grid needs a list of values for {param.name} (e.g. "
                         f"{param.name}=1e-4,1e-3), not the float range {param.describe()}"
                     )
+            if self.grid_size() > MAX_GRID:
+                raise ValueError(
+                    f"the grid has {self.grid_size():,} points, more than {MAX_GRID:,}: fewer "
+                    "values, or --search random or tpe"
+                )
         if self.search == "tpe" and self.objective is None:
             raise ValueError("tpe search needs an --objective to learn from (e.g. loss:min)")
         if self.debug_others == "pause" and not self.run.debug_when:
@@ -261,9 +268,9 @@ class SweepSpec(BaseModel):
 
     def trial_spec(self, sweep: str, n: int, params: dict[str, Any]) -> RunSpec:
         """Trial ``n``'s run: the command with its parameters in, and ``TETHER_PARAMS``,
-        ``TETHER_TRIAL``, ``TETHER_SWEEP`` for ``tether.params()``."""
+        ``TETHER_TRIAL``, ``TETHER_SWEEP`` for ``tether.params()``; validated as any run."""
         values = {k: _text(v) for k, v in params.items()}
-        command = [word.format_map(values) if "{" in word else word for word in self.run.command]
+        command = [_substituted(word, values) for word in self.run.command]
         env = {
             **self.run.env,
             "TETHER_PARAMS": json.dumps(params),
@@ -272,16 +279,45 @@ class SweepSpec(BaseModel):
         }
         label = self.name or sweep
         tags = [*self.run.tags, f"sweep:{sweep}"][:32]
-        return self.run.model_copy(
-            update={"command": command, "env": env, "name": f"{label}#{n}", "tags": tags}
+        return RunSpec.model_validate(
+            {
+                **self.run.model_dump(),
+                "command": command,
+                "env": env,
+                "name": f"{label}#{n}"[:200],
+                "tags": tags,
+            }
         )
 
 
-def _placeholders(word: str) -> list[str]:
+def _pieces(word: str) -> list[tuple[str, str | None]]:
+    """``word`` as (text, the parameter after it or None): ``--lr={lr}`` is ``[("--lr=", "lr")]``.
+    Only ``{name}``: no format spec, no conversion, no attribute or index (``{{`` is a brace)."""
     try:
-        return [field for _, field, _, _ in string.Formatter().parse(word) if field is not None]
+        parsed = list(string.Formatter().parse(word))
     except ValueError as exc:
         raise ValueError(f"the command word {word!r}: {exc} (write {{{{ for a brace)") from None
+    pieces: list[tuple[str, str | None]] = []
+    for text, field, spec, conversion in parsed:
+        if field is not None and (spec or conversion or not _PARAM_NAME.fullmatch(field)):
+            raise ValueError(
+                f"the command word {word!r}: name a parameter as {{name}}, nothing more "
+                "(no format spec, conversion, attribute or index)"
+            )
+        pieces.append((text, field))
+    return pieces
+
+
+def _placeholders(word: str) -> list[str]:
+    return [field for _text, field in _pieces(word) if field is not None]
+
+
+def _substituted(word: str, values: dict[str, str]) -> str:
+    if "{" not in word and "}" not in word:
+        return word
+    return "".join(
+        text + (values[field] if field is not None else "") for text, field in _pieces(word)
+    )
 
 
 def _text(value: Any) -> str:

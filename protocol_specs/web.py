@@ -327,7 +327,7 @@ class ListQuery:
         owner, tag = query.get("owner", ""), query.get("tag", "")
         if owner and not _OWNER.match(owner):
             raise BadQuery(f"invalid owner {owner[:40]!r}")
-        if tag and not TAG_PATTERN.match(tag):
+        if tag and not TAG_PATTERN.fullmatch(tag):
             raise BadQuery(f"invalid tag {tag[:40]!r}")
         start = query.get("start", "0")
         if not start.isdigit() or int(start) > 10**9:

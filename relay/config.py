@@ -42,6 +42,8 @@ class RelayConfig:
     max_worker_connections: int = 8
     #: runs one user may have queued or running at once
     max_active_runs: int = 1000
+    #: sweeps one user may have unfinished at once (each drives up to its ``parallel`` runs)
+    max_active_sweeps: int = 20
     #: failed authentications from one address: the first ``auth_free`` in a minute are refused
     #: after ``auth_delay`` s, each further one after twice as long as the last (up to 10 s)
     auth_free: int = 5

@@ -171,6 +171,8 @@ class Control:
                         rid=rid,
                     )
                 sweep = await self.sweeps.create(frame.spec, snapshot, who.user)
+                if isinstance(sweep, wire.Error):
+                    return sweep.model_copy(update={"rid": rid})
                 return await self.sweeps.answer(wire.GetSweep(rid=frame.rid, sweep=sweep.id), who)
             case wire.GetSweep() | wire.CancelSweep() | wire.ListSweeps():
                 return await self.sweeps.answer(frame, who)

@@ -54,6 +54,9 @@ key                            type    contents                                 
 ``tether:sweeps``              zset    sweep ids by creation time (``tether:user:  relay         CLI (list)
                                        <u>:sweeps``: a user's)
 ``tether:sweeps:active``       zset    unfinished sweeps: what relays drive        relay         relay
+                                       (``tether:user:<u>:sweeps:active``: a
+                                       user's, the sweeps cap); a sweep's keys
+                                       expire with the retention once it ended
 ``tether:web:session:<h>``     hash    ``session``: a web session (user, token id,  relay         relay (web)
                                        CSRF token), ``<h>`` the SHA-256 of its id;
                                        expires with it
@@ -93,6 +96,7 @@ __all__ = [
     "run_keys",
     "stream",
     "sweep",
+    "sweep_keys",
     "sweep_lease",
     "sweep_manifest",
     "sweep_paused",
@@ -103,6 +107,7 @@ __all__ = [
     "tunnel_stream",
     "tunnels",
     "user_active",
+    "user_active_sweeps",
     "user_blobs",
     "user_runs",
     "user_sweeps",
@@ -152,6 +157,22 @@ def sweep_paused(sweep_id: str) -> str:
 
 def user_sweeps(user: str) -> str:
     return f"tether:user:{user}:sweeps"
+
+
+def user_active_sweeps(user: str) -> str:
+    """The user's unfinished sweeps (the sweeps cap)."""
+    return f"tether:user:{user}:sweeps:active"
+
+
+def sweep_keys(sweep_id: str) -> list[str]:
+    """Every key of one sweep (they expire together when its retention ends)."""
+    return [
+        sweep(sweep_id),
+        sweep_trials(sweep_id),
+        sweep_manifest(sweep_id),
+        sweep_lease(sweep_id),
+        sweep_paused(sweep_id),
+    ]
 
 
 def web_session(hashed: str) -> str:

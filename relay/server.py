@@ -114,7 +114,7 @@ class Relay:
             on_unattended=self._unattended,
             clock=clock,
         )
-        self.sweeps = Sweeps(self.registry, holder=f"relay-{self.fanout.id}", clock=clock)
+        self.sweeps = Sweeps(self.registry, config, holder=f"relay-{self.fanout.id}", clock=clock)
         self.control = Control(
             self.registry,
             self.claims,

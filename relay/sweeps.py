@@ -16,6 +16,7 @@ so a relay that dies between the two submits it on the next round (a run id is n
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -24,7 +25,6 @@ import trio
 
 from protocol_specs import wire
 from protocol_specs.auth import Principal
-from protocol_specs.metrics import points_of
 from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord, RunState
 from protocol_specs.search import ask, prune
@@ -42,6 +42,8 @@ from protocol_specs.sweeps import (
 from protocol_specs.wire import ErrorCode, StreamName
 
 from . import keys
+from .config import RelayConfig
+from .metrics import points_after
 from .registry import RECORD_FIELD, Registry, snapshot_fields
 from .store import StoreError
 from .trees import Rooted
@@ -54,8 +56,6 @@ log = logging.getLogger("tether.relay")
 ROUND = 1.0
 #: seconds a relay holds a sweep's lease without renewing it
 LEASE = 5.0
-#: the most sweeps one relay process drives
-_MOST = 1000
 
 
 def new_sweep_id() -> str:
@@ -64,12 +64,23 @@ def new_sweep_id() -> str:
 
 class Sweeps:
     def __init__(
-        self, registry: Registry, *, holder: str, clock: Callable[[], float] = time.time
+        self,
+        registry: Registry,
+        config: RelayConfig,
+        *,
+        holder: str,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = registry
         self.store = registry.store
+        self.config = config
         self.holder = holder
         self.clock = clock
+        #: one round (or cancel) of a sweep at a time in this process
+        self._locks: dict[str, trio.Lock] = {}
+
+    def _lock(self, sweep_id: str) -> trio.Lock:
+        return self._locks.setdefault(sweep_id, trio.Lock())
 
     # --- records ----------------------------------------------------------------------------------
 
@@ -97,8 +108,19 @@ class Sweeps:
     async def _put(self, sweep_id: str, trial: Trial) -> None:
         await self.store.hset(keys.sweep_trials(sweep_id), {str(trial.n): trial.model_dump_json()})
 
-    async def create(self, spec: SweepSpec, snapshot: Manifest | Rooted, owner: str) -> SweepRecord:
-        """Record a sweep on ``snapshot`` and launch its first trials."""
+    async def create(
+        self, spec: SweepSpec, snapshot: Manifest | Rooted, owner: str
+    ) -> SweepRecord | wire.Error:
+        """Record a sweep on ``snapshot`` and launch its first trials; an error if ``owner``
+        has as many unfinished sweeps as the relay allows."""
+        cap = self.config.max_active_sweeps
+        active = await self.store.zrange_by_score(keys.user_active_sweeps(owner), math.inf, cap)
+        if len(active) >= cap:
+            return wire.Error(
+                code=ErrorCode.TOO_MANY_RUNS,
+                message=f"{owner} has {len(active)} unfinished sweeps, the most this relay "
+                "allows; wait for one to end or cancel one (tether sweep cancel)",
+            )
         now = self.clock()
         fields = snapshot_fields(snapshot)
         record = SweepRecord(
@@ -114,23 +136,37 @@ class Sweeps:
             )
         await self.store.zadd(keys.SWEEPS, record.id, now)
         await self.store.zadd(keys.user_sweeps(owner), record.id, now)
+        await self.store.zadd(keys.user_active_sweeps(owner), record.id, now)
         await self.store.zadd(keys.ACTIVE_SWEEPS, record.id, now)
-        if await self._hold(record.id):
-            await self.step(record.id)
+        await self._round(record.id)
         return await self.load(record.id) or record
 
     async def newest(self, limit: int, user: str = "") -> list[SweepRecord]:
+        """The newest sweeps (``user``'s only); those whose keys expired leave the indexes."""
         found = []
-        for sweep_id in await self.store.zrange_desc(
-            keys.user_sweeps(user) if user else keys.SWEEPS, limit
-        ):
+        index = keys.user_sweeps(user) if user else keys.SWEEPS
+        for sweep_id in await self.store.zrange_desc(index, limit):
             record = await self.load(sweep_id)
             if record is not None:
                 found.append(record)
+            else:
+                await self.store.zrem(index, sweep_id)
         return found
+
+    async def _ended(self, record: SweepRecord) -> None:
+        """A sweep that finished or was cancelled: out of the driven ones, and its keys expire
+        with the relay's retention (as its runs' do)."""
+        await self.store.zrem(keys.ACTIVE_SWEEPS, record.id)
+        await self.store.zrem(keys.user_active_sweeps(record.owner), record.id)
+        for key in keys.sweep_keys(record.id):
+            await self.store.expire(key, self.config.retention)
 
     async def cancel(self, sweep_id: str, detail: str) -> SweepRecord | None:
         """Cancel the sweep: no more trials, and the running ones cancelled."""
+        async with self._lock(sweep_id):
+            return await self._cancel(sweep_id, detail)
+
+    async def _cancel(self, sweep_id: str, detail: str) -> SweepRecord | None:
         now = self.clock()
 
         def cancelled(record: SweepRecord) -> SweepRecord:
@@ -143,13 +179,13 @@ class Sweeps:
         record = await self.update(sweep_id, cancelled)
         if record is None:
             return None
-        await self.store.zrem(keys.ACTIVE_SWEEPS, sweep_id)
         for trial in await self.trials(sweep_id):
             if trial.ended:
                 continue
             run = await self.registry.cancel(trial.run, detail)
             if run is not None and run.finished:
                 await self._put(sweep_id, ended(trial, run.state, record.spec))
+        await self._ended(record)
         return await self._settle(sweep_id)
 
     # --- control requests ---------------------------------------------------------------------------
@@ -223,21 +259,24 @@ class Sweeps:
 
     async def drive_forever(self, every: float = ROUND) -> None:
         while True:
-            try:
-                active = await self.store.zrange_desc(keys.ACTIVE_SWEEPS, _MOST)
+            try:  # every unfinished sweep, each round (users' caps bound how many)
+                active = await self.store.zrange_desc(keys.ACTIVE_SWEEPS, 10**6)
             except StoreError as exc:
                 log.warning("sweeps: %s", exc)
                 active = []
             for sweep_id in active:
                 await self._round(sweep_id)
+            driven = set(active)
+            self._locks = {k: v for k, v in self._locks.items() if k in driven or v.locked()}
             await trio.sleep(every)
 
     async def _round(self, sweep_id: str) -> None:
         """One round of one sweep, if this process holds it; whatever goes wrong with it is
         logged and leaves the other sweeps, and the relay, serving (tried again next round)."""
         try:
-            if await self._hold(sweep_id):
-                await self.step(sweep_id)
+            async with self._lock(sweep_id):
+                if await self._hold(sweep_id):
+                    await self.step(sweep_id)
         except StoreError as exc:
             log.warning("sweep %s: %s", sweep_id, exc)
         except Exception:
@@ -259,6 +298,8 @@ class Sweeps:
         record = await self.load(sweep_id)
         if record is None or record.finished:
             await self.store.zrem(keys.ACTIVE_SWEEPS, sweep_id)
+            if record is not None:
+                await self.store.zrem(keys.user_active_sweeps(record.owner), sweep_id)
             return
         trials = await self.trials(sweep_id)
         for i, trial in enumerate(trials):
@@ -269,6 +310,11 @@ class Sweeps:
         active = sum(1 for t in trials if not t.ended)
         launched = max(record.launched, len(trials))
         while active < spec.parallel and launched < spec.total() and not holding:
+            # a long round keeps its lease, and stops if the sweep was cancelled meanwhile
+            # (by another relay: this one's cancel waits for the round)
+            now_record = await self.load(sweep_id)
+            if now_record is None or now_record.finished or not await self._hold(sweep_id):
+                return
             trial, submitted = await self._launch(record, trials, launched)
             trials.append(trial)
             launched += 1
@@ -283,13 +329,14 @@ class Sweeps:
                 or record
             )
         if launched >= spec.total() and active == 0:
-            await self.update(
+            done = await self.update(
                 sweep_id,
                 lambda r: r if r.finished else r.model_copy(
                     update={"state": SweepState.FINISHED, "updated_at": self.clock()}
                 ),
             )  # fmt: skip
-            await self.store.zrem(keys.ACTIVE_SWEEPS, sweep_id)
+            if done is not None:
+                await self._ended(done)
         await self._settle(sweep_id, trials)
 
     async def _hold_others(self, record: SweepRecord, trials: list[Trial]) -> bool:
@@ -400,20 +447,11 @@ class Sweeps:
         self, trial: Trial, metric: str
     ) -> tuple[Trial, list[tuple[int, float]]]:
         """The trial after its run's metric entries since its cursor (:func:`observed`), and
-        the objective's new values."""
-        stream = keys.stream(trial.run, StreamName.METRICS)
-        cursor = trial.cursor
-        entries = []
-        while batch := await self.store.read_after(stream, cursor, count=500):
-            cursor = batch[-1][0]
-            for _id, payload in batch:
-                try:
-                    entries.append(wire.decode_entry(payload))
-                except wire.WireError:
-                    continue
+        the objective's new values (a long backlog is read over several rounds)."""
+        points, cursor = await points_after(self.store, trial.run, trial.cursor)
         if cursor == trial.cursor:
             return trial, []
-        return observed(trial, points_of(entries), metric, cursor)
+        return observed(trial, points, metric, cursor)
 
     async def _tell_stop(self, run: RunRecord) -> None:
         control = wire.ControlEntry(action="stop", detail="pruned", attempt=run.attempt)

@@ -171,7 +171,7 @@ def main() -> None:
             "running without the TCP_NODELAY fix (each DAP round trip ~40 ms slower)",
             file=sys.stderr,
         )
-    _hooks(_stop_at)
+    _hooks(_stop_at, _connected)
     try:
         cli.main()  # type: ignore[no-untyped-call]
     except Exception as exc:
@@ -199,7 +199,7 @@ def _run_attachable(path: str, home: str | None, target: list[str], post_mortem:
     import threading
 
     worker = _Worker(path, home)
-    _hooks(worker.pause_here)
+    _hooks(worker.pause_here, worker.can_pause)
     if worker.conn is not None:
         thread = threading.Thread(target=worker.serve, name="tether.attach", daemon=True)
         thread.is_pydev_daemon_thread = True  # type: ignore[attr-defined]  # not the user's
@@ -292,6 +292,11 @@ class _Worker:
                 if not self.say(answer):
                     return
 
+    def can_pause(self) -> bool:
+        """Whether :meth:`pause_here` can work in this process (not a forked child: the worker's
+        line is its parent's)."""
+        return _connected() or (self.conn is not None and os.getpid() == self.pid)
+
     def pause_here(self, frame: Any) -> bool:
         """Stop this thread in ``frame`` (``--debug-when``): debugpy starts, the worker is told
         (``pause PORT``: it connects and configures debugpy without waiting for an IDE, as for a
@@ -349,15 +354,22 @@ class _Worker:
             debugpy.trigger_exception_handler(excinfo)
 
 
-def _hooks(pause_here: Any) -> None:
+def _hooks(pause_here: Any, can_pause: Any) -> None:
     """What ``tether.py`` finds in ``sys.modules["_tether_hooks"]``: ``pause_here(frame)``, which
-    stops the calling thread in ``frame`` under the debugger (``--debug-when``); False if it
-    cannot."""
+    stops the calling thread in ``frame`` under the debugger (``--debug-when``; False if it
+    cannot), and ``can_pause()``, whether it could in this process (asked first: a sweep's one
+    pause is not spent on a process that cannot take it)."""
     import types
 
     hooks = types.ModuleType("_tether_hooks")
     hooks.pause_here = pause_here  # type: ignore[attr-defined]
+    hooks.can_pause = can_pause  # type: ignore[attr-defined]
     sys.modules["_tether_hooks"] = hooks
+
+
+def _connected() -> bool:
+    debugpy = sys.modules.get("debugpy")
+    return debugpy is not None and bool(debugpy.is_client_connected())
 
 
 def _stop_at(frame: Any) -> bool:

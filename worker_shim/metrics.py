@@ -128,12 +128,16 @@ class ProgramMetrics:
         self.program = 0
         #: each reporting process's connection, and what it sent of a line not yet ended
         self._conns: dict[stdlib_socket.socket, bytearray] = {}
+        #: the connections whose process asked whether to pause
+        self._asked: set[stdlib_socket.socket] = set()
 
     def __repr__(self) -> str:
         return f"<ProgramMetrics {self.hold!r}{' failed' if self._failed else ''}>"
 
     def output(self, stream: str, data: bytes) -> None:
-        """A chunk of the program's output (the pump's): points from the lines it completes."""
+        """A chunk of the program's output (the pump's): points from the lines it completes
+        (the patterns were checked at submit for the nesting that makes a match take
+        forever: ``protocol_specs.metrics.parse_pattern``)."""
         if self.lines:
             self._feed(self.lines.feed(stream, data, time.time()))
 
@@ -192,30 +196,33 @@ class ProgramMetrics:
             self._close(conn)
 
     def _read_now(self, conn: stdlib_socket.socket) -> bool:
-        """Read what ``conn`` has now; False once it ended."""
+        """Read one chunk of what ``conn`` has now (the caller comes back for more: a program
+        writing without a pause never holds the worker's loop); False once it ended."""
         tail = self._conns.get(conn)
         if tail is None:
             return False
-        while True:
-            try:
-                data = conn.recv(256 * 1024)
-            except BlockingIOError:
-                return True
-            except OSError:
-                data = b""
-            if not data:
-                self._lines(tail + b"\n", conn)
-                return False
-            tail += data
-            end = tail.rfind(b"\n")
-            if end >= 0:
-                self._lines(tail[:end], conn)
-                del tail[: end + 1]
-            elif len(tail) > MAX_REPORT_BYTES:  # no line ends: not a report
-                self.dropped += 1
-                tail.clear()
+        try:
+            data = conn.recv(256 * 1024)
+        except BlockingIOError:
+            return True
+        except OSError:
+            data = b""
+        if not data:
+            self._lines(tail + b"\n", conn)
+            return False
+        tail += data
+        end = tail.rfind(b"\n")
+        if end >= 0:
+            self._lines(tail[:end], conn)
+            del tail[: end + 1]
+        elif len(tail) > MAX_REPORT_BYTES:  # no line ends: not a report
+            self.dropped += 1
+            tail.clear()
+        return True
 
     def _lines(self, data: bytes | bytearray, conn: stdlib_socket.socket) -> None:
+        """Complete lines from one process: reports, or its question whether to pause. Whatever
+        a line holds, it is at worst dropped and counted."""
         points = []
         for line in bytes(data).split(b"\n"):
             if line.startswith(b'{"pause"'):
@@ -229,11 +236,14 @@ class ProgramMetrics:
         self._feed(points)
 
     def _pause_asked(self, conn: stdlib_socket.socket, line: bytes) -> None:
-        """A report met ``--debug-when``: the program waits for ``pause`` or ``go on``."""
+        """A report met ``--debug-when``: the program waits for ``pause`` or ``go on``. A
+        process asks once (``tether.py``); any further question on its connection is answered
+        ``go on`` at once, unasked of the relay."""
         asked = decode_pause(line)
-        if asked is None or self._nursery is None:
+        if asked is None or self._nursery is None or conn in self._asked:
             self._answer(conn, False)
             return
+        self._asked.add(conn)
         self._nursery.start_soon(self._decide_pause, conn, *asked)
 
     async def _decide_pause(
@@ -253,15 +263,31 @@ class ProgramMetrics:
             pass
 
     def _close(self, conn: stdlib_socket.socket) -> None:
+        self._asked.discard(conn)
         if self._conns.pop(conn, None) is not None:
             conn.close()
 
-    def drain(self) -> None:
-        """Take every report still waiting in a connection (the program ended)."""
+    def drain(self, most: int = 64) -> None:
+        """Take the reports still waiting in the connections (the program ended): up to
+        ``most`` chunks from each (a child still writing cannot hold the end)."""
         self._accept()
         for conn in list(self._conns):
-            if not self._read_now(conn):
-                self._close(conn)
+            for _ in range(most):
+                if not self._read_now(conn):
+                    self._close(conn)
+                    break
+                if not self._waiting(conn):
+                    break
+
+    @staticmethod
+    def _waiting(conn: stdlib_socket.socket) -> bool:
+        """Whether ``conn`` has bytes to read now."""
+        try:
+            return bool(conn.recv(1, stdlib_socket.MSG_PEEK))
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True  # the next read says it ended
 
     async def publish(self) -> None:
         """Publish held points as the hold allows, until cancelled."""

@@ -286,6 +286,13 @@ def relay_options(s: argparse.ArgumentParser) -> None:
         help=f"most unfinished runs of one user (default {d.max_active_runs})",
     )
     g.add_argument(
+        "--max-sweeps",
+        type=int,
+        default=d.max_active_sweeps,
+        metavar="N",
+        help=f"most unfinished sweeps of one user (default {d.max_active_sweeps})",
+    )
+    g.add_argument(
         "--web",
         action=argparse.BooleanOptionalAction,
         default=d.web,

@@ -190,6 +190,7 @@ def relay_config(args: argparse.Namespace) -> Any:
         max_connections=args.max_connections,
         max_control_connections=args.max_control_connections,
         max_active_runs=args.max_runs,
+        max_active_sweeps=args.max_sweeps,
         blob_gc_interval=args.blob_gc,
         web=args.web,
         public_url=args.public_url or "",

@@ -33,6 +33,7 @@ from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.wire import Role
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, open_control, open_run_link
+from relay.config import RelayConfig
 from relay.server import serve_relay, server_port
 from relay.store import Store, open_store
 
@@ -60,7 +61,13 @@ async def relay(redis_servers: object) -> AsyncIterator[tuple[str, Store]]:
         await store.flushall()
         async with trio.open_nursery() as nursery:
             server = await nursery.start(
-                lambda task_status: serve_relay(store, port=0, task_status=task_status)
+                lambda task_status: serve_relay(
+                    store,
+                    port=0,
+                    # a sweep of alice's in each of the walk's scenes
+                    config=RelayConfig(max_active_sweeps=1000),
+                    task_status=task_status,
+                )
             )
             yield f"ws://127.0.0.1:{server_port(server)}", store
             nursery.cancel_scope.cancel()

@@ -176,6 +176,10 @@ def test_patterns_say_what_is_wrong_with_them() -> None:
         parse_pattern(r"step (?P<step>\d+)")
     with pytest.raises(ValidationError, match="names no metric"):
         RunSpec(command=["python", "x.py"], workdir="/w", metrics=["loss"])
+    for slow in (r"(?P<x>(a+)+)b", r"(?P<x>(\d*)*)$", r"(?:x|(?P<y>y+))*z"):
+        with pytest.raises(ValueError, match=r"repeats a repeat"):
+            parse_pattern(slow)
+    parse_pattern(r"(?P<x>(ab){2})+")  # bounded inside: fine
 
 
 def test_lines_give_points_across_chunks_with_their_step_or_a_count() -> None:
@@ -212,6 +216,9 @@ def test_an_entry_carries_at_most_max_points_and_the_end_takes_all() -> None:
     hold = MetricHold(cap=5000)
     hold.feed([(i, 0.0, {"x": float(i)}) for i in range(2500)])
     assert [len(b) for b in hold.ready(answered=0, now=0.0)] == [MAX_POINTS, MAX_POINTS, 500]
+    # by values: a point of 64 names fills an entry 15 at a time (1000 values at most)
+    hold.feed([(i, 0.0, {f"m{j}": 1.0 for j in range(64)}) for i in range(20)])
+    assert [len(b) for b in hold.take()] == [15, 5]
     hold.feed([(i, 0.0, {"x": 0.0}) for i in range(5000)])
     assert hold.full
     assert [len(b) for b in hold.take()] == [1000] * 5
@@ -282,6 +289,7 @@ def test_a_report_that_meets_the_condition_asks_the_worker_then_pauses_in_the_ca
     paused: list[Any] = []
     hooks = types.ModuleType("_tether_hooks")
     hooks.pause_here = lambda frame: paused.append(frame) or True  # type: ignore[attr-defined]
+    hooks.can_pause = lambda: True  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "_tether_hooks", hooks)
     answers = iter([b"pause\n"])
 

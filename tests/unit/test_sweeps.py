@@ -90,6 +90,13 @@ def test_the_spec_checks_what_cannot_work() -> None:
         parse_objective("loss:lowest")
     with pytest.raises(ValidationError, match="--debug-others pause needs a --debug-when"):
         spec("lr=1,2", debug_others="pause")
+    with pytest.raises(ValidationError, match="no format spec, conversion, attribute or index"):
+        spec("lr=1,2", run=run("python", "t.py", "{lr:>300000000}"))
+    for word in ("{lr!r}", "{lr.real}", "{lr[0]}"):
+        with pytest.raises(ValidationError, match="nothing more"):
+            spec("lr=1,2", run=run("python", "t.py", word))
+    with pytest.raises(ValidationError, match="more than 100,000"):
+        spec(*(f"p{i}=int:0:99" for i in range(3)), search="grid", run=run("t"))
     with pytest.raises(ValidationError, match="Attribute is not allowed"):
         RunSpec(command=["python", "t.py"], workdir="/w", debug_when="loss.real > 0")
 
