@@ -87,6 +87,11 @@ class Param(BaseModel):
         if self.kind == "choice":
             if not self.choices or len(set(map(repr, self.choices))) != len(self.choices):
                 raise ValueError(f"{self.name}: give distinct choices, e.g. {self.name}=16,32")
+            for choice in self.choices:
+                if isinstance(choice, str) and ("\x00" in choice or len(choice) > 1000):
+                    raise ValueError(f"{self.name}: a choice is at most 1000 characters, no NUL")
+                if isinstance(choice, float) and not math.isfinite(choice):
+                    raise ValueError(f"{self.name}: a choice is a finite number or a word")
             return self
         if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.low >= self.high:
             raise ValueError(f"{self.name}: a range needs low < high")

@@ -95,7 +95,10 @@ class Sweeps:
             raw, version = await self.store.get_versioned(keys.sweep(sweep_id), RECORD_FIELD)
             if raw is None:
                 return None
-            record = decide(SweepRecord.model_validate_json(raw))
+            before = SweepRecord.model_validate_json(raw)
+            record = decide(before)
+            if record == before:  # nothing to write (most rounds)
+                return record
             stored = record.model_dump_json().encode()
             if await self.store.set_versioned(keys.sweep(sweep_id), RECORD_FIELD, stored, version):
                 return record
