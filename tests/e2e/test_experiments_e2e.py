@@ -237,14 +237,15 @@ async def test_a_relay_restart_in_the_middle_of_a_sweep_loses_no_trial_or_metric
             sweep = await start_sweep(
                 home, workdir, "--param", "lr=log:1e-3:1e-1", "--param", "bs=16,32",
                 "--trials", "5", "--parallel", "2", "--objective", "loss:min",
-                "--", "python", "train.py", "{lr}", "{bs}", "12", "0.25",
+                "--", "python", "train.py", "{lr}", "{bs}", "12", "0.5",
             )  # fmt: skip
             with trio.fail_after(60):  # a trial is under way, its first points stored
-                while not any(
-                    t["values"] and not t["ended"]
-                    for t in (await sweep_status(home, sweep))["trials"]
-                ):
-                    await pool._changed.wait()
+                # asked again after each answer: the pool prints nothing when a point is stored
+                while True:
+                    info = await sweep_status(home, sweep)
+                    assert info["sweep"]["state"] == "running", "the sweep ended before the kill"
+                    if any(t["values"] and not t["ended"] for t in info["trials"]):
+                        break
             os.killpg(up.process.pid, signal.SIGKILL)
             await up.process.wait()
             async with tether(*up_args, home=home, name="up again") as again:
