@@ -309,16 +309,17 @@ class AdapterCore:
         return actions
 
     def _launch(self, msg: dict[str, Any]) -> list[Action]:
-        return [
-            self._emit(
-                dap.error_response(
-                    msg,
-                    '"attach" expected: tether runs the program on a worker; '
-                    'use "request": "attach" with "connect" to this adapter.',
-                    show_user=True,
-                )
+        if (msg.get("arguments") or {}).get("tetherRun") != self.run_id:
+            text = (
+                '"attach" expected: tether runs the program on a worker; use "request": "attach".'
             )
-        ]
+            return [self._emit(dap.error_response(msg, text, show_user=True))]
+        # the editor extension's launch: it submitted this run, so debugging it is an attach (so
+        # it is published, and replayed to debugpy); the response still answers the launch
+        actions = self._attach({**msg, "command": "attach"})
+        if self._attach_request is not None:
+            self._attach_request["command"] = "launch"
+        return actions
 
     def _configuration_done(self, msg: dict[str, Any]) -> list[Action]:
         actions: list[Action] = []

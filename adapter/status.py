@@ -60,7 +60,10 @@ class RunNews:
         run = f"Run {self.run_id}"
         match s.status:
             case None | StatusEvent.QUEUED:
-                return f"{run} is queued: waiting for a worker."
+                # "queued on slurm: waiting for a worker", "slurm job 42 submitted; pending in
+                # the scheduler's queue": where it waits, said while the IDE shows progress
+                detail = s.status_detail or "queued: waiting for a worker"
+                return f"{run} is {detail}." if detail.startswith("queued") else f"{run}: {detail}."
             case StatusEvent.CLAIMED:
                 return f"{run} was claimed by a worker ({s.status_detail}); starting."
             case StatusEvent.STARTED | StatusEvent.WAITING_FOR_IDE:

@@ -169,6 +169,12 @@ def adapter_options(s: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not print the program's output here (the IDE and `tether logs` still have it)",
     )
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help='print one JSON line once the adapter serves, {"run": ID, "port": P}, instead of '
+        "the launch.json entry (for editors' extensions and scripts)",
+    )
 
 
 def pool_options(sp: argparse.ArgumentParser) -> None:

@@ -44,7 +44,7 @@ OUTPUT_GRACE = 10.0
 
 async def cmd_debug(args: argparse.Namespace) -> int:
     relay = resolve_relay(args.relay, args)
-    clock = Clock("")
+    clock = Clock("", stream=sys.stderr if args.json else sys.stdout)
     spec = build_spec(args, debug=True)
     _port_free(args.port)  # before submitting: nothing to clean up if it is taken
     record = await submit_run(
@@ -64,12 +64,13 @@ async def cmd_debug(args: argparse.Namespace) -> int:
         clock,
         announce="queued",
         quiet=args.quiet,
+        ready_json=args.json,
     )
 
 
 async def cmd_attach(args: argparse.Namespace) -> int:
     relay = resolve_relay(args.relay, args)
-    clock = Clock("")
+    clock = Clock("", stream=sys.stderr if args.json else sys.stdout)
     _port_free(args.port)
     async with open_control(relay, client="tether-cli") as control:
         record = await control_call(control.get_run(args.run))
@@ -86,6 +87,7 @@ async def cmd_attach(args: argparse.Namespace) -> int:
         announce="attached",
         quiet=args.quiet,
         from_end=True,
+        ready_json=args.json,
     )
 
 
@@ -99,6 +101,7 @@ async def _serve(
     announce: str,
     quiet: bool = False,
     from_end: bool = False,
+    ready_json: bool = False,
 ) -> int:
     """Serve the run's adapter until the run ends; unless ``quiet``, print the program's output
     here as it comes (from the end of what it printed so far with ``from_end``: an attach)."""
@@ -132,9 +135,12 @@ async def _serve(
             served.set()
 
         bound = await nursery.start(serve)
-        print(f"tether debug: run {run_id} {announce}; adapter on 127.0.0.1:{bound}", flush=True)
-        print("Attach your IDE to it. VS Code launch.json entry:", flush=True)
-        print(launch_json(bound, run_id), flush=True)
+        if ready_json:
+            print(json.dumps({"run": run_id, "port": bound}), flush=True)
+        else:
+            print(f"tether debug: run {run_id} {announce}; adapter on 127.0.0.1:{bound}")
+            print("Attach your IDE to it. VS Code launch.json entry:")
+            print(launch_json(bound, run_id), flush=True)
         await served.wait()
         with trio.move_on_after(OUTPUT_GRACE):
             await printed.wait()  # the run ended: the rest of its output, then stop following
@@ -272,7 +278,7 @@ async def cmd_logs(args: argparse.Namespace) -> int:
 
 async def cmd_rerun(args: argparse.Namespace) -> int:
     relay = resolve_relay(args.relay, args)
-    clock = Clock("")
+    clock = Clock("", stream=sys.stderr if args.json else sys.stdout)
     async with open_control(relay, client="tether-cli") as control:
         record = await control_call(control.rerun(args.run))
     clock.say(
@@ -281,8 +287,17 @@ async def cmd_rerun(args: argparse.Namespace) -> int:
     )
     if record.spec.debug:
         return await _serve(
-            relay, record.id, args.port, args.request_timeout, clock, announce="queued"
+            relay,
+            record.id,
+            args.port,
+            args.request_timeout,
+            clock,
+            announce="queued",
+            quiet=args.quiet,
+            ready_json=args.json,
         )
+    if args.json:  # nothing serves: the new run's id alone
+        print(json.dumps({"run": record.id, "port": None}), flush=True)
     if args.follow:
         return await _follow(relay, record.id)
     return 0

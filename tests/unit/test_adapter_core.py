@@ -372,6 +372,8 @@ def test_launch_is_refused_and_garbage_is_reported() -> None:
     h.connect()
     out = h.request("launch", {"program": "x.py"})
     assert out[0]["success"] is False and '"attach" expected' in out[0]["message"]
+    out = h.request("launch", {"program": "x.py", "tetherRun": "another run"})
+    assert out[0]["success"] is False and '"attach" expected' in out[0]["message"]
     out = h.sent(h.core.on_ide_garbage("body is not JSON"))
     assert out[0]["event"] == "output" and "body is not JSON" in out[0]["body"]["output"]
     out = h.sent(h.core.on_ide_message({"type": "request", "command": "threads"}))
@@ -380,6 +382,37 @@ def test_launch_is_refused_and_garbage_is_reported() -> None:
     assert out[0]["success"] is False and out[0]["request_seq"] == 7
     out = h.request("setBreakpoints", {"source": {}, "breakpoints": [{"line": "x"}]})
     assert out[0]["success"] is False and "Invalid arguments" in out[0]["message"]
+
+
+def test_the_extensions_launch_of_its_own_run_is_debugged_as_an_attach() -> None:
+    """The editor extension submits the run, then launches naming it (``tetherRun``): published
+    (and so replayed to debugpy) as an attach, answered as the launch it was, after
+    configurationDone as debugpy does."""
+    h = Harness()
+    h.connect()
+    h.request("initialize", {"adapterID": "tether", "supportsProgressReporting": True})
+    out = h.request("launch", {"program": "train.py", "tetherRun": "r1", "gpus": 1})
+    assert kinds(out) == ["initialized"]
+    published = orjson.loads(h.published[-1].body)
+    assert published["command"] == "attach" and published["arguments"]["tetherRun"] == "r1"
+    out = h.request("configurationDone")
+    assert kinds(out)[:2] == ["configurationDone", "launch"] and out[1]["success"] is True
+    assert "Run r1 is queued" in out[-1]["body"]["message"]  # the progress VS Code shows
+    again = h.request("launch", {"tetherRun": "r1"})
+    assert again[0]["success"] is False and "already attached" in again[0]["message"]
+
+
+def test_queued_progress_says_where_the_run_waits() -> None:
+    h = Harness()
+    h.connect()
+    h.request("initialize", {"adapterID": "tether", "supportsProgressReporting": True})
+    h.request("attach", {})
+    h.request("configurationDone")
+    out = h.status(StatusEvent.QUEUED, detail="queued on slurm: waiting for a worker")
+    assert out[-1]["body"]["message"] == "Run r1 is queued on slurm: waiting for a worker."
+    out = h.status(StatusEvent.QUEUED, detail="slurm job 4242 submitted")
+    assert out[-1]["event"] == "progressUpdate"
+    assert out[-1]["body"]["message"] == "Run r1: slurm job 4242 submitted."
 
 
 def test_history_replay_folds_without_talking() -> None:

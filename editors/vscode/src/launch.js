@@ -1,0 +1,144 @@
+'use strict';
+// What a `tether` debug configuration means, decided without VS Code (unit-tested with node's own
+// test runner): defaults from the workspace, checks with one clear message each, and the
+// `tether` command line that submits the run (or finds it) and serves the adapter for it.
+const path = require('path');
+
+const BACKENDS = ['local', 'slurm', 'ray'];
+const PROCESSES = ['stopped', 'all', 'main'];
+
+// configuration key -> `tether debug` option taking one value
+const ONE = {
+  backend: '--backend',
+  gpus: '--gpus',
+  cpus: '--cpus',
+  mem: '--mem',
+  time: '--time',
+  partition: '--partition',
+  runName: '--name',
+  maxRetries: '--max-retries',
+  processes: '--processes',
+  ranks: '--ranks',
+  debugWhen: '--debug-when',
+};
+// configuration key -> an option repeated for each item
+const MANY = { tags: '--tag', metrics: '--metric', resources: '--resource' };
+// options of every command that talks to the relay
+const RELAY = { profile: '--profile', relay: '--relay' };
+
+class ConfigError extends Error {}
+
+function isStrings(value) {
+  return Array.isArray(value) && value.every((v) => typeof v === 'string');
+}
+
+function check(ok, message) {
+  if (!ok) throw new ConfigError(message);
+}
+
+/**
+ * The configuration with its defaults filled in, or a ConfigError saying what is wrong.
+ * `where`: {folder: the workspace folder's path or undefined, file: the active editor's file}.
+ * Variables (${file}, ${workspaceFolder}) are substituted by VS Code before this runs.
+ */
+function resolve(config, where) {
+  const out = { ...config };
+  if (!out.type && !out.request && !out.name) {
+    // F5 with no launch.json: the file in the editor, as the Python extension does
+    check(where.file && where.file.endsWith('.py'), 'Open a Python file to run, or add a tether configuration to launch.json.');
+    Object.assign(out, { type: 'tether', request: 'launch', name: 'tether: current file', program: where.file });
+  }
+  out.type = 'tether';
+  check(out.request === 'launch' || out.request === 'attach', '"request" must be "launch" or "attach".');
+  for (const key of ['profile', 'relay']) {
+    check(out[key] === undefined || typeof out[key] === 'string', `"${key}" must be a string.`);
+  }
+  if (out.justMyCode === undefined) out.justMyCode = true;
+  if (out.request === 'attach') {
+    check(out.run === undefined || (typeof out.run === 'string' && out.run.trim() !== ''), '"run" must be a run id, a prefix of one, or a run name.');
+    return out;
+  }
+  if (out.rerunOf !== undefined) {
+    check(typeof out.rerunOf === 'string' && out.rerunOf !== '', '"rerunOf" must be a run id.');
+    return out;
+  }
+  out.workdir = out.workdir || out.cwd || where.folder;
+  check(typeof out.workdir === 'string' && out.workdir !== '', 'Open a folder (the workdir to snapshot), or set "workdir".');
+  const given = ['program', 'module', 'command'].filter((k) => out[k] !== undefined);
+  check(given.length === 1, 'Give one of "program", "module" or "command".');
+  if (out.program !== undefined) {
+    check(typeof out.program === 'string' && out.program !== '', '"program" must be a path.');
+    const full = path.resolve(out.workdir, out.program);
+    const inside = path.relative(out.workdir, full);
+    check(!inside.startsWith('..') && !path.isAbsolute(inside), `"program" (${out.program}) must be inside the workdir (${out.workdir}): only the workdir is snapshotted.`);
+    out.program = inside.split(path.sep).join('/');
+  }
+  check(out.module === undefined || (typeof out.module === 'string' && out.module !== ''), '"module" must be a module name.');
+  check(out.command === undefined || (isStrings(out.command) && out.command.length > 0), '"command" must be a list of strings.');
+  check(out.args === undefined || isStrings(out.args), '"args" must be a list of strings.');
+  check(out.python === undefined || (typeof out.python === 'string' && out.python !== ''), '"python" must be a command.');
+  check(out.backend === undefined || BACKENDS.includes(out.backend), `"backend" must be one of ${BACKENDS.join(', ')}.`);
+  check(out.processes === undefined || PROCESSES.includes(out.processes), `"processes" must be one of ${PROCESSES.join(', ')}.`);
+  for (const key of ['gpus', 'cpus', 'maxRetries']) {
+    check(out[key] === undefined || (Number.isInteger(out[key]) && out[key] >= 0), `"${key}" must be a whole number.`);
+  }
+  for (const key of ['mem', 'time', 'partition', 'runName', 'ranks', 'debugWhen']) {
+    check(out[key] === undefined || typeof out[key] === 'string', `"${key}" must be a string.`);
+  }
+  for (const key of [...Object.keys(MANY), 'tetherArgs']) {
+    check(out[key] === undefined || isStrings(out[key]), `"${key}" must be a list of strings.`);
+  }
+  check(out.env === undefined || (typeof out.env === 'object' && !Array.isArray(out.env) && Object.values(out.env).every((v) => typeof v === 'string')), '"env" must map names to strings.');
+  return out;
+}
+
+function relayOptions(config) {
+  const argv = [];
+  for (const [key, flag] of Object.entries(RELAY)) if (config[key] !== undefined) argv.push(flag, config[key]);
+  return argv;
+}
+
+/** The program's command line on the worker. */
+function programCommand(config) {
+  if (config.command) return [...config.command, ...(config.args || [])];
+  const python = config.python || 'python';
+  const target = config.module !== undefined ? ['-m', config.module] : [config.program];
+  return [python, ...target, ...(config.args || [])];
+}
+
+/**
+ * The `tether` arguments that serve the adapter for this (resolved) configuration, printing one
+ * JSON line {"run", "port"} when it is ready: `debug` submits, `rerun` reruns, `attach` finds.
+ */
+function serveArgv(config) {
+  const serving = ['--port', '0', '--json', '-q'];
+  if (config.request === 'attach') return ['attach', config.run, ...relayOptions(config), ...serving];
+  if (config.rerunOf !== undefined) return ['rerun', config.rerunOf, ...relayOptions(config), ...serving];
+  const argv = ['debug', '--workdir', config.workdir, ...relayOptions(config)];
+  for (const [key, flag] of Object.entries(ONE)) if (config[key] !== undefined) argv.push(flag, String(config[key]));
+  for (const [key, flag] of Object.entries(MANY)) for (const item of config[key] || []) argv.push(flag, item);
+  for (const [name, value] of Object.entries(config.env || {})) argv.push('--env', `${name}=${value}`);
+  argv.push(...(config.tetherArgs || []), ...serving, '--', ...programCommand(config));
+  return argv;
+}
+
+/** The ready line of a serving `tether` ({"run", "port"}), or undefined for any other line. */
+function readyLine(line) {
+  if (!line.startsWith('{')) return undefined;
+  try {
+    const said = JSON.parse(line);
+    return typeof said.run === 'string' && 'port' in said ? said : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** What the user is told when `tether` ends without serving: its own error line(s). */
+function failure(stderr, code) {
+  const lines = stderr.split('\n').map((l) => l.trim()).filter(Boolean);
+  const said = lines.filter((l) => l.startsWith('tether:') || l.startsWith('error:'));
+  const text = (said.length ? said : lines.slice(-3)).join(' ').replace(/^tether:\s*/, '');
+  return text || `tether exited with code ${code} before serving the run.`;
+}
+
+module.exports = { ConfigError, resolve, serveArgv, programCommand, readyLine, failure };

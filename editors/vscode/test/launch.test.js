@@ -1,0 +1,67 @@
+'use strict';
+// node --test: the configuration's meaning, with no VS Code
+const test = require('node:test');
+const assert = require('node:assert');
+const { resolve, serveArgv, readyLine, failure, ConfigError } = require('../src/launch');
+
+const where = { folder: '/home/me/proj', file: '/home/me/proj/train.py' };
+
+test('F5 with no launch.json runs the Python file in the editor', () => {
+  const c = resolve({}, where);
+  assert.deepStrictEqual([c.type, c.request, c.program, c.workdir], ['tether', 'launch', 'train.py', '/home/me/proj']);
+  assert.throws(() => resolve({}, { folder: '/p', file: '/p/README.md' }), /Open a Python file/);
+});
+
+test('a launch becomes `tether debug` serving on any free port, the program relative to the workdir', () => {
+  const c = resolve({ type: 'tether', request: 'launch', name: 'n', program: '/home/me/proj/src/train.py', args: ['--lr', '3e-4'], gpus: 1, backend: 'slurm', mem: '32G', tags: ['a', 'b'], env: { SEED: '1' }, runName: 'exp', tetherArgs: ['--max-retries', '2'] }, where);
+  assert.deepStrictEqual(serveArgv(c), [
+    'debug', '--workdir', '/home/me/proj', '--backend', 'slurm', '--gpus', '1', '--mem', '32G', '--name', 'exp',
+    '--tag', 'a', '--tag', 'b', '--env', 'SEED=1', '--max-retries', '2', '--port', '0', '--json', '-q',
+    '--', 'python', 'src/train.py', '--lr', '3e-4',
+  ]);
+});
+
+test('module, command, python, profile and relay', () => {
+  const m = resolve({ request: 'launch', name: 'n', module: 'pkg.train', python: '/opt/env/bin/python', profile: 'gpu' }, where);
+  assert.deepStrictEqual(serveArgv(m).slice(0, 5), ['debug', '--workdir', '/home/me/proj', '--profile', 'gpu']);
+  assert.deepStrictEqual(serveArgv(m).slice(-3), ['/opt/env/bin/python', '-m', 'pkg.train']);
+  const t = resolve({ request: 'launch', name: 'n', command: ['torchrun', '--nproc-per-node', '2', 'train.py'], args: ['--x'] }, where);
+  assert.deepStrictEqual(serveArgv(t).slice(-6), ['--', 'torchrun', '--nproc-per-node', '2', 'train.py', '--x']);
+});
+
+test('attach and rerun serve the adapter of an existing run', () => {
+  assert.deepStrictEqual(serveArgv(resolve({ request: 'attach', name: 'n', run: 'abcd1234', relay: 'ws://r' }, where)),
+    ['attach', 'abcd1234', '--relay', 'ws://r', '--port', '0', '--json', '-q']);
+  assert.deepStrictEqual(serveArgv(resolve({ request: 'launch', name: 'n', rerunOf: 'abcd1234' }, where)),
+    ['rerun', 'abcd1234', '--port', '0', '--json', '-q']);
+});
+
+test('bad configurations are refused with one clear message each', () => {
+  const bad = [
+    [{ request: 'launch', name: 'n' }, /one of "program", "module" or "command"/],
+    [{ request: 'launch', name: 'n', program: 'a.py', module: 'b' }, /one of/],
+    [{ request: 'launch', name: 'n', program: '/etc/passwd' }, /must be inside the workdir/],
+    [{ request: 'launch', name: 'n', program: '../x.py' }, /must be inside the workdir/],
+    [{ request: 'launch', name: 'n', program: 'a.py', gpus: 1.5 }, /"gpus" must be a whole number/],
+    [{ request: 'launch', name: 'n', program: 'a.py', gpus: '2' }, /"gpus" must be a whole number/],
+    [{ request: 'launch', name: 'n', program: 'a.py', backend: 'k8s' }, /"backend" must be one of local, slurm, ray/],
+    [{ request: 'launch', name: 'n', program: 'a.py', args: '--lr 1' }, /"args" must be a list of strings/],
+    [{ request: 'launch', name: 'n', program: 'a.py', env: { A: 1 } }, /"env" must map names to strings/],
+    [{ request: 'launch', name: 'n', program: 'a.py', processes: 'some' }, /"processes" must be one of/],
+    [{ request: 'attach', name: 'n', run: ' ' }, /"run" must be/],
+    [{ request: 'restart', name: 'n' }, /"request" must be/],
+    [{ request: 'launch', name: 'n', program: 'a.py' }, /Open a folder/, { folder: undefined, file: undefined }],
+  ];
+  for (const [config, message, at] of bad) {
+    assert.throws(() => resolve(config, at || where), (err) => err instanceof ConfigError && message.test(err.message), JSON.stringify(config));
+  }
+});
+
+test('the ready line, and what a failed start says', () => {
+  assert.deepStrictEqual(readyLine('{"run": "r1", "port": 4711}'), { run: 'r1', port: 4711 });
+  assert.strictEqual(readyLine('[  0.10s] hashing 3 files'), undefined);
+  assert.strictEqual(readyLine('{"other": 1}'), undefined);
+  assert.strictEqual(readyLine('{broken'), undefined);
+  assert.strictEqual(failure('[ 0.1s] hashing\ntether: --gpus: must be at least 0\n', 2), '--gpus: must be at least 0');
+  assert.strictEqual(failure('', 3), 'tether exited with code 3 before serving the run.');
+});

@@ -1,0 +1,39 @@
+"""The nvim-dap module (``editors/nvim/lua/tether``) under plain Lua 5.4: its configurations'
+meaning (``launch.lua``: the `tether` command line, what is refused, the ready line), and that
+``init.lua`` (which needs Neovim and nvim-dap to run) at least parses. Skipped without Lua;
+``.ci/run`` installs Debian's lua5.4."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+NVIM = Path(__file__).resolve().parents[2] / "editors" / "nvim"
+
+
+def lua(name: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} is not installed (apt install lua5.4)")
+    return found
+
+
+def test_the_configurations_meaning_under_plain_lua() -> None:
+    done = subprocess.run(
+        [lua("lua5.4"), str(NVIM / "test" / "launch_spec.lua")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
+def test_the_nvim_dap_glue_parses() -> None:
+    for source in sorted((NVIM / "lua" / "tether").glob("*.lua")):
+        done = subprocess.run(
+            [lua("luac5.4"), "-p", str(source)], capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0, done.stderr
