@@ -206,10 +206,31 @@ async def test_a_run_paused_with_no_ide_is_announced_and_attached_from_the_runs_
 ) -> None:
     home = tmp_path / "home"
     folder = project(tmp_path)
+    bad = [  # refused by the extension, then by tether at submit: a clear line each
+        {**LAUNCH["configurations"][0], "name": "bad gpus", "gpus": -1},
+        {**LAUNCH["configurations"][0], "name": "bad memory", "mem": "lots"},
+    ]
+    (folder / ".vscode" / "launch.json").write_text(json.dumps({"configurations": bad}))
     async with (
         relay_stack(home, workers=1),
         vscode(tmp_path, home, folder, "vscode-attach") as (ide, trace),
     ):
+        await ide.do("open", file="train.py")
+        await ide.do("press", keys="F5")
+        refused = await trace.wait("the refusal", lambda e: e.get("ext") == "refused")
+        assert refused["message"] == 'tether: "gpus" must be a whole number.', refused
+        await ide.do("wait_text", text='"gpus" must be a whole number')
+        await ide.do("command", title="Debug: Select and Start Debugging")
+        await ide.do("type", text="bad memory")
+        await ide.do("press", keys="Enter")
+        refused = await trace.wait(
+            "the refusal at submit",
+            lambda e: e.get("ext") == "refused" and "--mem" in e["message"],
+        )
+        assert refused["message"] == (
+            "tether: argument --mem: 'lots' is not an amount of memory (examples: 512M, 16G)"
+        ), refused
+        await ide.do("screenshot", name="refused")
         # a plain run (no debugger) whose uncaught exception stops it post-mortem, unattended
         out = await cli(home, "run", "--workdir", str(folder), "--", "python", "crash.py")
         run = out.strip().splitlines()[-1]

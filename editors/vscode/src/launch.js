@@ -133,11 +133,13 @@ function readyLine(line) {
   }
 }
 
-/** What the user is told when `tether` ends without serving: its own error line(s). */
+/** What the user is told when `tether` ends without serving: its own last error line
+ * ("tether: ...", argparse's "tether debug: error: ..."), without the prefix. */
 function failure(stderr, code) {
+  const prefix = /^tether(\s[\w-]+)?:\s*(error:\s*)?/;
   const lines = stderr.split('\n').map((l) => l.trim()).filter(Boolean);
-  const said = lines.filter((l) => l.startsWith('tether:') || l.startsWith('error:'));
-  const text = (said.length ? said : lines.slice(-3)).join(' ').replace(/^tether:\s*/, '');
+  const said = lines.filter((l) => prefix.test(l));
+  const text = said.length ? said[said.length - 1].replace(prefix, '') : lines.slice(-3).join(' ');
   return text || `tether exited with code ${code} before serving the run.`;
 }
 

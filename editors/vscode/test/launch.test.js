@@ -64,4 +64,6 @@ test('the ready line, and what a failed start says', () => {
   assert.strictEqual(readyLine('{broken'), undefined);
   assert.strictEqual(failure('[ 0.1s] hashing\ntether: --gpus: must be at least 0\n', 2), '--gpus: must be at least 0');
   assert.strictEqual(failure('', 3), 'tether exited with code 3 before serving the run.');
+  const usage = 'usage: tether debug [-h]\n                    [--ranks LIST]\n                    ...\ntether debug: error: argument --mem: bad\n';
+  assert.strictEqual(failure(usage, 2), 'argument --mem: bad');
 });
