@@ -14,7 +14,17 @@ from typing import Any
 from protocol_specs import dap_models as dap
 from protocol_specs.dap_framing import json_kind
 
-__all__ = ["NO_ARGUMENTS", "check_request", "garbage_note"]
+__all__ = ["EDITOR_KEYS", "NO_ARGUMENTS", "check_request", "editor_attach", "garbage_note"]
+
+#: the keys of an editor extension's ``launch`` that say what to submit and how to serve it
+#: (``editors/vscode``, ``editors/nvim``): the run has them already; debugpy is not told them (its
+#: attach refuses ``noDebug``, and ``tetherArgs`` may hold a secret's value)
+EDITOR_KEYS = frozenset(
+    {"program", "module", "command", "args", "python", "workdir", "cwd", "env", "backend", "gpus",
+     "cpus", "mem", "time", "partition", "resources", "runName", "tags", "maxRetries", "processes",
+     "ranks", "debugWhen", "metrics", "profile", "relay", "tetherArgs", "rerunOf", "tetherPort",
+     "tetherServe", "tetherJob", "noDebug", "__configurationTarget", "__sessionId"}
+)  # fmt: skip
 
 #: requests the DAP schema defines without ``arguments`` (whatever comes is ignored, not forwarded)
 NO_ARGUMENTS = frozenset({"threads"})
@@ -46,3 +56,8 @@ def garbage_note(reason: str) -> dict[str, Any]:
     """What the debug console is told of a message that is not a DAP request (no ``seq``)."""
     text = f"tether: ignored a malformed DAP message from the IDE: {reason}\n"
     return dap.event("output", {"category": "important", "output": text})
+
+
+def editor_attach(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The attach arguments of an editor extension's launch: without :data:`EDITOR_KEYS`."""
+    return {k: v for k, v in arguments.items() if k not in EDITOR_KEYS}

@@ -60,7 +60,7 @@ from protocol_specs.wire import (
 )
 
 from .actions import Action, CancelRun, CloseIde, IdePhase, Origin, Publish, ToIde
-from .checks import check_request, garbage_note
+from .checks import check_request, editor_attach, garbage_note
 from .status import RunNews, is_unattended_announcement, remote_process, stopped_body
 from .stop_answers import StopAnswers
 
@@ -79,9 +79,8 @@ __all__ = [
 
 log = logging.getLogger("tether.adapter")
 
-#: debugpy's pinned capabilities, plus the correctly spelled ``supportTerminateDebuggee`` so VS Code
-#: keeps ``terminateDebuggee`` on its Stop button (debugpy only sends the misspelled key, so VS Code
-#: drops the flag; with tether, Stop cancels the run and Disconnect detaches).
+#: debugpy's pinned capabilities, and ``supportTerminateDebuggee`` spelled right (debugpy's is not)
+#: so VS Code keeps ``terminateDebuggee`` on Stop: Stop cancels the run, Disconnect detaches.
 ADAPTER_CAPABILITIES: dict[str, Any] = {**DEBUGPY_CAPABILITIES, "supportTerminateDebuggee": True}
 
 
@@ -309,14 +308,14 @@ class AdapterCore:
         return actions
 
     def _launch(self, msg: dict[str, Any]) -> list[Action]:
-        if (msg.get("arguments") or {}).get("tetherRun") != self.run_id:
-            text = (
-                '"attach" expected: tether runs the program on a worker; use "request": "attach".'
-            )
+        arguments = msg.get("arguments") or {}
+        if arguments.get("tetherRun") != self.run_id:
+            text = '"attach" expected: tether runs the program on a worker, use "attach".'
             return [self._emit(dap.error_response(msg, text, show_user=True))]
-        # the editor extension's launch: it submitted this run, so debugging it is an attach (so
-        # it is published, and replayed to debugpy); the response still answers the launch
-        actions = self._attach({**msg, "command": "attach"})
+        # an editor extension's launch of the run it submitted: an attach (published so, without
+        # the extension's own keys, to be replayed to debugpy), answered as the launch it was
+        actions = self._attach({**msg, "command": "attach", "arguments": editor_attach(arguments)})
+        self.attach_args = arguments  # what its child processes' sessions inherit
         if self._attach_request is not None:
             self._attach_request["command"] = "launch"
         return actions
@@ -362,7 +361,7 @@ class AdapterCore:
     def _disconnect(self, msg: dict[str, Any]) -> list[Action]:
         args = msg.get("arguments", {})
         actions: list[Action] = []
-        if args.get("terminateDebuggee") is True and not self.session.finished:
+        if args.get("terminateDebuggee") is True and not self._only_detach(args):
             actions.append(CancelRun("the IDE disconnected with terminateDebuggee"))
         actions.append(self._emit(dap.response(msg)))
         actions.append(CloseIde(self.generation, "the IDE disconnected", flush=True))
@@ -370,13 +369,14 @@ class AdapterCore:
         return actions
 
     def _terminate(self, msg: dict[str, Any]) -> list[Action]:
-        if self.session.live:
-            return self._forward(msg)
-        actions: list[Action] = []
-        if not self.session.finished:
-            actions.append(CancelRun("the IDE asked to terminate the run"))
-        actions.append(self._emit(dap.response(msg)))
-        return actions
+        # never forwarded: debugpy would end the program with exit code 0 (a run "succeeded")
+        args = msg.get("arguments") or {}
+        actions: list[Action] = [] if self._only_detach(args) else [CancelRun("the IDE stopped it")]
+        return [*actions, self._emit(dap.response(msg))]
+
+    def _only_detach(self, args: dict[str, Any]) -> bool:
+        """A restart only detaches (the IDE attaches again); a finished run has nothing to stop."""
+        return args.get("restart") is True or self.session.finished
 
     def _forward_or_refuse(self, msg: dict[str, Any]) -> list[Action]:
         command = msg["command"]

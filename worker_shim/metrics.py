@@ -52,6 +52,8 @@ log = logging.getLogger("tether.worker")
 #: the socket's and the stop file's names in the attempt's metrics directory
 SOCKET_NAME = "metrics.sock"
 STOP_NAME = "stop"
+#: how long points taken for a publish may still take to send once the run's end cancels it
+SEND_GRACE = 5.0
 
 
 def user_module() -> Path:
@@ -311,13 +313,17 @@ class ProgramMetrics:
             batches = take()
             self._room.set()
             self._room = trio.Event()
-            try:
-                for points in batches:
-                    if points:
-                        entry = wire.MetricEntry(points=points, attempt=self.attempt)
-                        self.hold.published(await self.link.publish(entry), trio.current_time())
-            except RelayError:
-                self._fail()
+            # taken from the hold, the points are sent even if the run's end cancels us meanwhile
+            # (they would be neither held nor published), for a bounded time
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + SEND_GRACE):
+                try:
+                    for points in batches:
+                        if points:
+                            entry = wire.MetricEntry(points=points, attempt=self.attempt)
+                            sent = await self.link.publish(entry)
+                            self.hold.published(sent, trio.current_time())
+                except RelayError:
+                    self._fail()
 
     def _fail(self) -> None:
         if not self._failed:

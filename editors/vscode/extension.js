@@ -16,8 +16,8 @@ function activate(context) {
   };
   const folder = () => (vscode.workspace.workspaceFolders || [])[0]?.uri.fsPath;
   context.subscriptions.push(output);
-  new Debugging(context, { output, trace, settings });
-  new RunsView(context, { trace, settings, folder });
+  const runs = new RunsView(context, { trace, settings, folder });
+  new Debugging(context, { output, trace, settings, showLogs: (run) => runs.showLogs(run) });
   trace({ ext: 'activated' });
 }
 

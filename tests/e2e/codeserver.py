@@ -176,7 +176,7 @@ async def vscode(
                 "tether.traceFile": str(trace.path),
                 # VS Code's server takes PATH from a login shell: name the tests' own tether
                 "tether.path": str(TETHER_BIN / "tether"),
-                "tether.refreshSeconds": 1,
+                "tether.refreshSeconds": 2,
                 "workbench.startupEditor": "none",
                 "workbench.tips.enabled": False,
                 "workbench.secondarySideBar.defaultVisibility": "hidden",

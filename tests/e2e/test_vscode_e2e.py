@@ -40,6 +40,8 @@ HOLLOW = ".glyph-margin-widgets .codicon-debug-breakpoint-unverified"
 VERIFIED = ".glyph-margin-widgets .codicon-debug-breakpoint"
 #: the debug toolbar's Continue button, shown (in place of Pause) while the program is stopped
 CAN_CONTINUE = ".debug-toolbar .codicon-debug-continue"
+#: the body of the "tether runs" view
+RUNS_VIEW = '.pane:has(.pane-header:has-text("Tether Runs")) .pane-body'
 
 CRASH = """\
 def load(batch):
@@ -167,6 +169,7 @@ async def test_f5_submits_a_queued_run_whose_breakpoint_is_verified_hit_and_insp
             assert stopped and frames
 
             # the runs view lists it, paused there, with this IDE attached
+            await ide.do("expand", title="Tether Runs")  # the view, collapsed below the others
             await trace.wait(
                 "the run in the runs view",
                 lambda e: (
@@ -177,8 +180,7 @@ async def test_f5_submits_a_queued_run_whose_breakpoint_is_verified_hit_and_insp
                     )
                 ),
             )
-            await ide.do("click_text", text="Tether Runs")  # the view, collapsed below the others
-            await ide.do("wait_text", text="train-from-vscode")
+            await ide.do("wait_text", text="train-from-vscode", selector=RUNS_VIEW)
             await ide.do("screenshot", name="stopped-and-runs-view")
 
             # continue: the breakpoint is hit once a step (three stops), then the program ends
@@ -195,8 +197,8 @@ async def test_f5_submits_a_queued_run_whose_breakpoint_is_verified_hit_and_insp
             assert exited["message"]["body"]["exitCode"] == 0
             await trace.wait("the end", is_dap("ide", "event", "terminated"))
             await trace.wait(
-                "the ended session",
-                lambda e: e.get("ext") == "ended" and e.get("run") == run,
+                "the served adapter stopped with its session",
+                lambda e: e.get("ext") == "stopped serving" and e.get("run") == run,
             )
         assert (await record(home, run))["state"] == "succeeded"
 
@@ -222,6 +224,7 @@ async def test_a_run_paused_with_no_ide_is_announced_and_attached_from_the_runs_
         await ide.do("wait_text", text='"gpus" must be a whole number')
         await ide.do("command", title="Debug: Select and Start Debugging")
         await ide.do("type", text="bad memory")
+        await ide.do("wait_text", text="bad memory", selector=".quick-input-list")
         await ide.do("press", keys="Enter")
         refused = await trace.wait(
             "the refusal at submit",
@@ -242,8 +245,8 @@ async def test_a_run_paused_with_no_ide_is_announced_and_attached_from_the_runs_
         await ide.do("screenshot", name="notified")
 
         await ide.do("press", keys="Control+Shift+D")  # Run and Debug, where the runs view is
-        await ide.do("click_text", text="Tether Runs")
-        await ide.do("wait_text", text="uncaught IndexError at crash.py:3")
+        await ide.do("expand", title="Tether Runs")
+        await ide.do("wait_text", text="uncaught IndexError at crash.py:3", selector=RUNS_VIEW)
         await ide.do("screenshot", name="runs-view")
         await ide.do("hover_click", row=run, label="Attach")
         served = await trace.wait("the attach", lambda e: e.get("ext") == "served")
@@ -269,6 +272,15 @@ async def test_a_run_paused_with_no_ide_is_announced_and_attached_from_the_runs_
         assert exited["message"]["body"]["exitCode"] == 1
         await trace.wait("the end", is_dap("ide", "event", "terminated"))
         assert (await record(home, run))["state"] == "failed"
+        await trace.wait("the served adapter stopped", lambda e: e.get("ext") == "stopped serving")
+
+        # its logs in an output channel, then a rerun from the row's menu
+        await ide.do("hover_click", row=run, label="Show logs")
+        await ide.do("wait_text", text="IndexError: list index out of range")
+        await ide.do("menu_click", row=run, item="Rerun")
+        rerun = await trace.wait("the rerun", lambda e: e.get("ext") == "rerun")
+        again = await record(home, rerun["as"])
+        assert again["rerun_of"] == run and again["spec"]["command"] == ["python", "crash.py"]
 
 
 POOL = """\
@@ -346,3 +358,6 @@ async def test_a_child_process_opens_its_own_session_in_the_same_window(tmp_path
             timeout=60,
         )
         assert exited["message"]["body"]["exitCode"] == 0
+        await trace.wait("the adapter stopped", lambda e: e.get("ext") == "stopped serving")
+        served = [e for e in trace.refresh() if e.get("ext") == "served"]
+        assert len(served) == 1, served  # the child's session needed nothing served

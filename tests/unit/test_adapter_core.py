@@ -402,6 +402,40 @@ def test_the_extensions_launch_of_its_own_run_is_debugged_as_an_attach() -> None
     assert again[0]["success"] is False and "already attached" in again[0]["message"]
 
 
+def test_an_editors_launch_keys_are_not_told_to_debugpy() -> None:
+    """debugpy's attach refuses ``noDebug``, and ``tetherArgs`` may hold a secret: the published
+    attach has neither; the IDE's own arguments stay for its child processes' sessions."""
+    h = Harness()
+    h.connect()
+    h.request("initialize", {"adapterID": "tether"})
+    launch = {"tetherRun": "r1", "justMyCode": False, "noDebug": True, "program": "t.py",
+              "tetherArgs": ["--secret", "TOKEN=hunter2"], "env": {"A": "1"}, "tetherPort": 4711}  # fmt: skip
+    h.request("launch", launch)
+    published = orjson.loads(h.published[-1].body)["arguments"]
+    assert published == {"tetherRun": "r1", "justMyCode": False}
+    assert h.core.attach_args == launch
+
+
+def test_stop_cancels_the_run_even_when_live_and_a_restart_only_detaches() -> None:
+    h = live_harness()
+    out = h.sent(h.core.on_ide_message({"seq": 500, "type": "request", "command": "terminate"}))
+    assert kinds(out) == ["terminate"] and out[0]["success"] is True
+    actions = h.core.on_ide_message(
+        {"seq": 501, "type": "request", "command": "terminate", "arguments": {}}
+    )
+    assert any(isinstance(a, CancelRun) for a in actions)
+    assert not any(orjson.loads(e.body).get("command") == "terminate" for e in h.published)
+    restart = {"restart": True}
+    for command, args in (
+        ("terminate", restart),
+        ("disconnect", {**restart, "terminateDebuggee": True}),
+    ):
+        actions = h.core.on_ide_message(
+            {"seq": 502, "type": "request", "command": command, "arguments": args}
+        )
+        assert not any(isinstance(a, CancelRun) for a in actions), command
+
+
 def test_queued_progress_says_where_the_run_waits() -> None:
     h = Harness()
     h.connect()

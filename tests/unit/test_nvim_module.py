@@ -1,7 +1,7 @@
 """The nvim-dap module (``editors/nvim/lua/tether``) under plain Lua 5.4: its configurations'
 meaning (``launch.lua``: the `tether` command line, what is refused, the ready line), and that
 ``init.lua`` (which needs Neovim and nvim-dap to run) at least parses. Skipped without Lua;
-``.ci/run`` installs Debian's lua5.4."""
+``.ci/run`` installs Debian's lua5.4 and luajit."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ NVIM = Path(__file__).resolve().parents[2] / "editors" / "nvim"
 def lua(name: str) -> str:
     found = shutil.which(name)
     if found is None:
-        pytest.skip(f"{name} is not installed (apt install lua5.4)")
+        pytest.skip(f"{name} is not installed (apt install lua5.4 luajit)")
     return found
 
 
-def test_the_configurations_meaning_under_plain_lua() -> None:
+@pytest.mark.parametrize("interpreter", ["lua5.4", "luajit"])  # Neovim's is LuaJIT (5.1)
+def test_the_configurations_meaning_under_plain_lua(interpreter: str) -> None:
     done = subprocess.run(
-        [lua("lua5.4"), str(NVIM / "test" / "launch_spec.lua")],
+        [lua(interpreter), str(NVIM / "test" / "launch_spec.lua")],
         capture_output=True,
         text=True,
         timeout=30,

@@ -39,7 +39,11 @@ function run(command, argv, { cwd, timeoutMs = 60000 } = {}) {
     const child = spawn(command, argv, { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     let err = '';
-    const timer = setTimeout(() => child.kill('SIGTERM'), timeoutMs);
+    let late = false;
+    const timer = setTimeout(() => {
+      late = true;
+      child.kill('SIGTERM');
+    }, timeoutMs);
     child.stdout.on('data', (d) => (out += d));
     child.stderr.on('data', (d) => (err += d));
     child.on('error', (e) => {
@@ -48,26 +52,36 @@ function run(command, argv, { cwd, timeoutMs = 60000 } = {}) {
     });
     child.on('close', (code) => {
       clearTimeout(timer);
-      if (code === 0) resolve(out);
+      if (late) reject(new Error(`tether ${argv[0]} did not answer within ${timeoutMs / 1000} s (is the relay reachable?)`));
+      else if (code === 0) resolve(out);
       else reject(new Error(failure(err, code)));
     });
   });
 }
 
+/** JSON that `tether ... --json` printed, or an Error saying it was not. */
+function parseJson(text) {
+  try {
+    return JSON.parse(text.slice(Math.max(0, text.search(/[[{]/))));
+  } catch {
+    throw new Error(`tether printed something that is not JSON: ${text.trim().slice(0, 200)}`);
+  }
+}
+
 /**
- * Start `tether ARGV` that serves an adapter; resolves {run, port, child} once it prints its
- * ready line, rejects with what it said if it ends before (a bad option, a refused submit).
- * `log(line)` gets everything else it prints, as it comes.
+ * Start `tether ARGV` that serves an adapter: {child, ready}; `ready` resolves {run, port, child}
+ * once it prints its ready line, or rejects with what it said if it ends before (a bad option, a
+ * refused submit). `log(line)` gets everything else it prints, as it comes.
  */
 function serve(command, argv, { cwd, log }) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(command, argv, { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(command, argv, { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+  const ready = new Promise((resolve, reject) => {
     let stderr = '';
-    let ready = false;
+    let served = false;
     lines(child.stdout, (line) => {
-      const said = !ready && readyLine(line);
+      const said = !served && readyLine(line);
       if (said) {
-        ready = true;
+        served = true;
         resolve({ run: said.run, port: said.port, child });
       } else if (line) log(line);
     });
@@ -75,9 +89,10 @@ function serve(command, argv, { cwd, log }) {
       stderr += `${line}\n`;
       if (line) log(line);
     });
-    child.on('error', (e) => !ready && reject(new Error(notFound(command, e))));
-    child.on('close', (code) => !ready && reject(new Error(failure(stderr, code))));
+    child.on('error', (e) => !served && reject(new Error(notFound(command, e))));
+    child.on('close', (code, signal) => !served && reject(new Error(signal ? `tether stopped (${signal}) before serving the run` : failure(stderr, code))));
   });
+  return { child, ready };
 }
 
-module.exports = { tetherPath, run, serve, lines };
+module.exports = { tetherPath, run, serve, lines, parseJson };

@@ -38,16 +38,11 @@ function check(ok, message) {
 
 /**
  * The configuration with its defaults filled in, or a ConfigError saying what is wrong.
- * `where`: {folder: the workspace folder's path or undefined, file: the active editor's file}.
- * Variables (${file}, ${workspaceFolder}) are substituted by VS Code before this runs.
+ * `where.folder`: the workspace folder's path, or undefined. Variables (${file},
+ * ${workspaceFolder}) are substituted by VS Code before this runs.
  */
 function resolve(config, where) {
   const out = { ...config };
-  if (!out.type && !out.request && !out.name) {
-    // F5 with no launch.json: the file in the editor, as the Python extension does
-    check(where.file && where.file.endsWith('.py'), 'Open a Python file to run, or add a tether configuration to launch.json.');
-    Object.assign(out, { type: 'tether', request: 'launch', name: 'tether: current file', program: where.file });
-  }
   out.type = 'tether';
   check(out.request === 'launch' || out.request === 'attach', '"request" must be "launch" or "attach".');
   for (const key of ['profile', 'relay']) {
@@ -62,15 +57,18 @@ function resolve(config, where) {
     check(typeof out.rerunOf === 'string' && out.rerunOf !== '', '"rerunOf" must be a run id.');
     return out;
   }
-  out.workdir = out.workdir || out.cwd || where.folder;
-  check(typeof out.workdir === 'string' && out.workdir !== '', 'Open a folder (the workdir to snapshot), or set "workdir".');
+  const workdir = out.workdir || out.cwd || where.folder;
+  check(typeof workdir === 'string' && workdir !== '', 'Open a folder (the workdir to snapshot), or set "workdir".');
+  check(path.isAbsolute(workdir) || where.folder, '"workdir" must be an absolute path here (no folder is open).');
+  out.workdir = path.resolve(where.folder || '/', workdir);
   const given = ['program', 'module', 'command'].filter((k) => out[k] !== undefined);
   check(given.length === 1, 'Give one of "program", "module" or "command".');
   if (out.program !== undefined) {
     check(typeof out.program === 'string' && out.program !== '', '"program" must be a path.');
     const full = path.resolve(out.workdir, out.program);
     const inside = path.relative(out.workdir, full);
-    check(!inside.startsWith('..') && !path.isAbsolute(inside), `"program" (${out.program}) must be inside the workdir (${out.workdir}): only the workdir is snapshotted.`);
+    const outside = inside === '..' || inside.startsWith(`..${path.sep}`) || path.isAbsolute(inside) || inside === '';
+    check(!outside, `"program" (${out.program}) must be inside the workdir (${out.workdir}): only the workdir is snapshotted.`);
     out.program = inside.split(path.sep).join('/');
   }
   check(out.module === undefined || (typeof out.module === 'string' && out.module !== ''), '"module" must be a module name.');
@@ -122,6 +120,13 @@ function serveArgv(config) {
   return argv;
 }
 
+/** The `tether run` arguments for Run Without Debugging: the same run, no debugger, its id out. */
+function runArgv(config) {
+  const argv = serveArgv({ ...config, processes: undefined, ranks: undefined });
+  const end = argv.indexOf('--port');
+  return ['run', ...argv.slice(1, end), ...argv.slice(argv.indexOf('--'))];
+}
+
 /** The ready line of a serving `tether` ({"run", "port"}), or undefined for any other line. */
 function readyLine(line) {
   if (!line.startsWith('{')) return undefined;
@@ -143,4 +148,4 @@ function failure(stderr, code) {
   return text || `tether exited with code ${code} before serving the run.`;
 }
 
-module.exports = { ConfigError, resolve, serveArgv, programCommand, readyLine, failure };
+module.exports = { ConfigError, resolve, serveArgv, runArgv, programCommand, readyLine, failure };

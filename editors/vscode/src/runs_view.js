@@ -4,6 +4,7 @@
 // notification when a run pauses with no IDE attached.
 const vscode = require('vscode');
 const cli = require('./cli');
+const { readyLine } = require('./launch');
 const { row, newlyPaused, stateText } = require('./runs_model');
 
 class RunsView {
@@ -26,11 +27,12 @@ class RunsView {
       command('tether.runs.cancel', (item) => this.cancel(item.run)),
       command('tether.runs.rerun', (item) => this.rerun(item.run)),
       command('tether.runs.logs', (item) => this.showLogs(item.run)),
+      this.view.onDidChangeVisibility(() => this.view.visible && this.refresh()),
       vscode.debug.onDidStartDebugSession(() => this.refresh()),
       vscode.debug.onDidTerminateDebugSession(() => this.refresh()),
       { dispose: () => this.stop() },
     );
-    this.schedule(0);
+    this.refresh();
   }
 
   command() {
@@ -42,20 +44,41 @@ class RunsView {
     this.timer = setTimeout(() => this.refresh(), ms);
   }
 
+  /** Every `tether.refreshSeconds` while the view is shown; three times slower (15 s at least)
+   * when it is not, still soon enough to tell of a run that paused with no IDE. One `tether ls`
+   * at a time. */
+  interval() {
+    const seconds = Math.max(1, this.settings().get('refreshSeconds') || 5);
+    return 1000 * (this.view.visible ? seconds : Math.max(15, 3 * seconds));
+  }
+
   async refresh() {
     clearTimeout(this.timer);
+    if (this.busy) return this.busy;
+    this.busy = this.ask().finally(() => {
+      this.busy = undefined;
+      this.schedule(this.interval());
+    });
+    return this.busy;
+  }
+
+  async ask() {
     try {
       const out = await cli.run(this.command(), ['ls', '--json', '-n', '50'], { cwd: this.folder() });
-      this.records = JSON.parse(out);
+      this.records = cli.parseJson(out);
       this.error = '';
     } catch (err) {
       this.error = err.message;
     }
-    this.view.message = this.error ? `tether ls: ${this.error}` : this.records.length ? undefined : 'No runs yet: start a tether configuration (F5) to submit one.';
-    this.trace({ ext: 'runs', rows: this.records.map(row), error: this.error || undefined });
-    this.changed.fire();
+    const rows = this.records.map(row);
+    const shown = JSON.stringify([rows, this.error]);
+    if (shown !== this.shown) {
+      this.shown = shown;
+      this.view.message = this.error ? `tether ls: ${this.error}` : this.records.length ? undefined : 'No runs yet: start a tether configuration (F5) to submit one.';
+      this.trace({ ext: 'runs', rows, error: this.error || undefined });
+      this.changed.fire();
+    }
     this.tellPaused();
-    this.schedule(1000 * Math.max(1, this.settings().get('refreshSeconds') || 5));
   }
 
   tellPaused() {
@@ -114,7 +137,11 @@ class RunsView {
     if (record && !record.spec.debug) {
       // a plain run is rerun plain: nothing to debug until someone attaches
       return cli.run(this.command(), ['rerun', run, '--json'], { cwd: this.folder() }).then(
-        (out) => vscode.window.showInformationMessage(`tether: ${run} rerun as ${JSON.parse(out.trim().split('\n').pop()).run}`),
+        (out) => {
+          const again = out.split('\n').map(readyLine).find(Boolean);
+          this.trace({ ext: 'rerun', run, as: again?.run });
+          vscode.window.showInformationMessage(`tether: run ${run} rerun as ${again?.run}`);
+        },
         (err) => vscode.window.showErrorMessage(`tether: ${err.message}`),
       ).finally(() => this.refresh());
     }
@@ -123,14 +150,17 @@ class RunsView {
 
   showLogs(run) {
     let shown = this.logs.get(run);
-    if (!shown || shown.child.exitCode !== null) {
+    if (!shown || shown.failed || shown.child.exitCode !== null) {
       const channel = shown?.channel || vscode.window.createOutputChannel(`tether: ${run}`);
       channel.clear();
       const child = require('child_process').spawn(this.command(), ['logs', run, '-f'], { cwd: this.folder(), stdio: ['ignore', 'pipe', 'pipe'] });
-      child.on('error', (err) => channel.appendLine(`tether: ${err.message}`));
+      shown = { channel, child, failed: false };
+      child.on('error', (err) => {
+        shown.failed = true;
+        channel.appendLine(`tether: ${err.message}`);
+      });
       cli.lines(child.stdout, (line) => channel.appendLine(line));
       cli.lines(child.stderr, (line) => channel.appendLine(line));
-      shown = { channel, child };
       this.logs.set(run, shown);
     }
     shown.channel.show(true);

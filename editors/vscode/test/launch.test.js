@@ -2,14 +2,20 @@
 // node --test: the configuration's meaning, with no VS Code
 const test = require('node:test');
 const assert = require('node:assert');
-const { resolve, serveArgv, readyLine, failure, ConfigError } = require('../src/launch');
+const { resolve, serveArgv, runArgv, readyLine, failure, ConfigError } = require('../src/launch');
 
 const where = { folder: '/home/me/proj', file: '/home/me/proj/train.py' };
 
-test('F5 with no launch.json runs the Python file in the editor', () => {
-  const c = resolve({}, where);
-  assert.deepStrictEqual([c.type, c.request, c.program, c.workdir], ['tether', 'launch', 'train.py', '/home/me/proj']);
-  assert.throws(() => resolve({}, { folder: '/p', file: '/p/README.md' }), /Open a Python file/);
+test('the workdir defaults to the folder, a relative one is under it', () => {
+  const c = resolve({ request: 'launch', name: 'n', program: '/home/me/proj/sub/t.py', workdir: 'sub' }, where);
+  assert.deepStrictEqual([c.workdir, c.program], ['/home/me/proj/sub', 't.py']);
+  assert.strictEqual(resolve({ request: 'launch', name: 'n', program: '..data.py' }, where).program, '..data.py');
+  assert.throws(() => resolve({ request: 'launch', name: 'n', program: 'a.py', workdir: 'rel' }, {}), /absolute path here/);
+});
+
+test('Run Without Debugging submits the same run with `tether run`', () => {
+  const c = resolve({ request: 'launch', name: 'n', program: 'train.py', gpus: 2, processes: 'all', ranks: '0', args: ['--x'] }, where);
+  assert.deepStrictEqual(runArgv(c), ['run', '--workdir', '/home/me/proj', '--gpus', '2', '--', 'python', 'train.py', '--x']);
 });
 
 test('a launch becomes `tether debug` serving on any free port, the program relative to the workdir', () => {
@@ -50,6 +56,7 @@ test('bad configurations are refused with one clear message each', () => {
     [{ request: 'launch', name: 'n', program: 'a.py', processes: 'some' }, /"processes" must be one of/],
     [{ request: 'attach', name: 'n', run: ' ' }, /"run" must be/],
     [{ request: 'restart', name: 'n' }, /"request" must be/],
+    [{}, /"request" must be/],
     [{ request: 'launch', name: 'n', program: 'a.py' }, /Open a folder/, { folder: undefined, file: undefined }],
   ];
   for (const [config, message, at] of bad) {

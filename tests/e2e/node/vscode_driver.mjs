@@ -17,7 +17,9 @@
 //   wait_text {text, selector?}   some element (under selector, default the workbench) shows text
 //   click_text {text, selector?}  click the element showing text
 //   click {selector}              click the (first) element matching selector
+//   expand {title}                open the view titled `title` (its header), if it is collapsed
 //   hover_click {row, label}      hover the tree row showing `row`, click its action `label`
+//   menu_click {row, item}        right-click the tree row showing `row`, choose `item`
 //   wait_selector {selector}      an element matching selector is shown
 //   text {selector}               the text of an element
 //   screenshot {name}             DIR/name.png
@@ -93,6 +95,13 @@ async function step(s) {
     case "click":
       await page.locator(s.selector).first().click({ timeout });
       return undefined;
+    case "expand": {
+      const header = page.locator(".pane-header", { hasText: s.title }).first();
+      await header.waitFor({ state: "visible", timeout });
+      if ((await header.getAttribute("aria-expanded")) === "false") await header.click({ timeout });
+      await page.locator(`.pane-header[aria-expanded="true"]`, { hasText: s.title }).first().waitFor({ timeout });
+      return undefined;
+    }
     case "hover_click": {
       const row = page.locator(".monaco-list-row", { hasText: s.row }).first();
       await row.hover({ timeout });
@@ -102,6 +111,11 @@ async function step(s) {
     case "wait_selector":
       await page.locator(s.selector).first().waitFor({ state: "visible", timeout });
       return undefined;
+    case "menu_click": {
+      await page.locator(".monaco-list-row", { hasText: s.row }).first().click({ button: "right", timeout });
+      await page.locator(".context-view .action-label", { hasText: s.item }).first().click({ timeout });
+      return undefined;
+    }
     case "text":
       return page.locator(s.selector).first().innerText({ timeout });
     case "screenshot":

@@ -12,23 +12,23 @@ local launch = require('tether.launch')
 
 local M = {}
 
-local serving = {} -- run id -> the job serving its adapter
-
 local function notify(text, level)
   vim.schedule(function() vim.notify('tether: ' .. text, level or vim.log.levels.INFO) end)
 end
 
---- Start `tether ARGV`; on_ready(run, port) once it serves, or an error notification.
+--- Start `tether ARGV`; on_ready(run, port, job) once it serves, or an error notification.
 local function serve(tether, argv, cwd, on_ready)
-  local said, ready = {}, false
+  local said, ready, partial = {}, false, { stdout = '', stderr = '' }
   local job
-  local function on_line(_, data)
+  local function on_output(_, data, stream)
+    -- a chunk's last item is the start of a line that the next chunk ends
+    data[1] = partial[stream] .. data[1]
+    partial[stream] = table.remove(data)
     for _, line in ipairs(data) do
       local got = not ready and launch.ready(line, vim.json.decode)
       if got then
         ready = true
-        serving[got.run] = job
-        vim.schedule(function() on_ready(got.run, got.port) end)
+        vim.schedule(function() on_ready(got.run, got.port, job) end)
       elseif line ~= '' then
         said[#said + 1] = line
       end
@@ -36,12 +36,12 @@ local function serve(tether, argv, cwd, on_ready)
   end
   job = vim.fn.jobstart(vim.list_extend({ tether }, argv), {
     cwd = cwd,
-    on_stdout = on_line,
-    on_stderr = on_line,
+    on_stdout = on_output,
+    on_stderr = on_output,
     on_exit = function(_, code)
       if not ready then
         local why = said[#said] or ('exited with code ' .. code)
-        notify(why:gsub('^tether:%s*', ''), vim.log.levels.ERROR)
+        notify(why:gsub('^tether[%w ]*:%s*', ''), vim.log.levels.ERROR)
       end
     end,
   })
@@ -62,7 +62,7 @@ function M.setup(opts)
     local argv, why = launch.argv(config, cwd)
     if not argv then return notify(why, vim.log.levels.ERROR) end
     notify(config.request == 'attach' and ('attaching to run ' .. config.run) or 'submitting the run')
-    serve(tether, argv, cwd, function(run, port)
+    serve(tether, argv, cwd, function(run, port, job)
       if port == vim.NIL or port == nil then
         return notify('run ' .. run .. ' is not a debug run: resubmitted without the debugger')
       end
@@ -73,19 +73,16 @@ function M.setup(opts)
         port = port,
         -- the launch names the run it submitted: tether's adapter answers it as an attach
         enrich_config = function(resolved, on_config)
-          on_config(vim.tbl_extend('force', resolved, { tetherRun = run }))
+          -- tetherJob: the session's own serving job, stopped when it ends (not a child's)
+          on_config(vim.tbl_extend('force', resolved, { tetherRun = run, tetherJob = job }))
         end,
       })
     end)
   end
 
   local function stop_serving(session)
-    local run = session.config.tetherRun
-    local job = run and not session.parent and serving[run]
-    if job then
-      serving[run] = nil
-      pcall((vim.uv or vim.loop).kill, vim.fn.jobpid(job), 'sigint')
-    end
+    local job = not session.parent and session.config.tetherJob
+    if job then vim.fn.jobstop(job) end -- tether stops serving on SIGTERM as on Ctrl-C
   end
   dap.listeners.after.event_terminated.tether = stop_serving
   dap.listeners.after.disconnect.tether = stop_serving

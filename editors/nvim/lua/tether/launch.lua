@@ -4,6 +4,8 @@
 -- line {"run": ID, "port": P} once it serves. The same meaning as the VS Code extension's launch.js.
 local M = {}
 
+local unpack = table.unpack or unpack -- Neovim's LuaJIT has only the global
+
 local ONE = {
   { 'backend', '--backend' }, { 'gpus', '--gpus' }, { 'cpus', '--cpus' }, { 'mem', '--mem' },
   { 'time', '--time' }, { 'partition', '--partition' }, { 'runName', '--name' },
@@ -43,20 +45,21 @@ function M.argv(config, cwd)
     if type(config.run) ~= 'string' or config.run == '' then return nil, '"run" must name a run' end
     append(argv, 'attach', config.run)
     relay_options(argv, config)
-    append(argv, table.unpack(SERVING))
+    append(argv, unpack(SERVING))
     return argv
   end
   if config.request ~= 'launch' then return nil, '"request" must be "launch" or "attach"' end
   if config.rerunOf then
     append(argv, 'rerun', config.rerunOf)
     relay_options(argv, config)
-    append(argv, table.unpack(SERVING))
+    append(argv, unpack(SERVING))
     return argv
   end
   local workdir = config.workdir or cwd
+  if workdir:sub(1, 1) ~= '/' then workdir = cwd .. '/' .. workdir end
   local command
   if config.command then
-    command = { table.unpack(config.command) }
+    command = { unpack(config.command) }
   elseif config.module then
     command = { config.python or 'python', '-m', config.module }
   elseif config.program then
@@ -66,7 +69,7 @@ function M.argv(config, cwd)
   else
     return nil, 'give one of "program", "module" or "command"'
   end
-  append(command, table.unpack(config.args or {}))
+  append(command, unpack(config.args or {}))
   append(argv, 'debug', '--workdir', workdir)
   relay_options(argv, config)
   for _, pair in ipairs(ONE) do
@@ -79,9 +82,9 @@ function M.argv(config, cwd)
   for name in pairs(config.env or {}) do names[#names + 1] = name end
   table.sort(names)
   for _, name in ipairs(names) do append(argv, '--env', name .. '=' .. config.env[name]) end
-  append(argv, table.unpack(config.tetherArgs or {}))
-  append(argv, table.unpack(SERVING))
-  append(argv, '--', table.unpack(command))
+  append(argv, unpack(config.tetherArgs or {}))
+  append(argv, unpack(SERVING))
+  append(argv, '--', unpack(command))
   return argv
 end
 
