@@ -56,16 +56,7 @@ async def cmd_debug(args: argparse.Namespace) -> int:
         hashing=Progress(clock, "hashing"),
     )
     SERVING.append(record.id)
-    return await _serve(
-        relay,
-        record.id,
-        args.port,
-        args.request_timeout,
-        clock,
-        announce="queued",
-        quiet=args.quiet,
-        ready_json=args.json,
-    )
+    return await _serve(relay, record.id, args, clock, announce="queued")
 
 
 async def cmd_attach(args: argparse.Namespace) -> int:
@@ -78,40 +69,28 @@ async def cmd_attach(args: argparse.Namespace) -> int:
         raise SystemExit(f"tether: {why}")
     args.run = record.id
     SERVING.append(args.run)
-    return await _serve(
-        relay,
-        args.run,
-        args.port,
-        args.request_timeout,
-        clock,
-        announce="attached",
-        quiet=args.quiet,
-        from_end=True,
-        ready_json=args.json,
-    )
+    return await _serve(relay, args.run, args, clock, announce="attached", from_end=True)
 
 
 async def _serve(
     relay: Endpoint,
     run_id: str,
-    port: int,
-    request_timeout: float,
+    args: argparse.Namespace,
     clock: Clock,
     *,
     announce: str,
-    quiet: bool = False,
     from_end: bool = False,
-    ready_json: bool = False,
 ) -> int:
-    """Serve the run's adapter until the run ends; unless ``quiet``, print the program's output
-    here as it comes (from the end of what it printed so far with ``from_end``: an attach)."""
+    """Serve the run's adapter (``args``: the adapter's options) until the run ends; unless
+    ``--quiet``, print the program's output here as it comes (from the end of what it printed so
+    far with ``from_end``: an attach)."""
     from adapter.core import AdapterCore
     from adapter.server import serve_adapter
 
     async with trio.open_nursery() as nursery:
         result: dict[str, AdapterCore] = {}
         served, printed = trio.Event(), trio.Event()
-        if quiet:
+        if args.quiet:
             printed.set()
         else:
             nursery.start_soon(_print_output, relay, run_id, from_end, printed)
@@ -126,8 +105,8 @@ async def _serve(
             result["core"] = await serve_adapter(
                 relay,
                 run_id,
-                port=port,
-                request_timeout=request_timeout,
+                port=args.port,
+                request_timeout=args.request_timeout,
                 on_event=clock.say,
                 on_unattended=unattended,
                 task_status=task_status,
@@ -135,7 +114,7 @@ async def _serve(
             served.set()
 
         bound = await nursery.start(serve)
-        if ready_json:
+        if args.json:
             print(json.dumps({"run": run_id, "port": bound}), flush=True)
         else:
             print(f"tether debug: run {run_id} {announce}; adapter on 127.0.0.1:{bound}")
@@ -286,16 +265,7 @@ async def cmd_rerun(args: argparse.Namespace) -> int:
         f"same command: {' '.join(record.spec.command)})"
     )
     if record.spec.debug:
-        return await _serve(
-            relay,
-            record.id,
-            args.port,
-            args.request_timeout,
-            clock,
-            announce="queued",
-            quiet=args.quiet,
-            ready_json=args.json,
-        )
+        return await _serve(relay, record.id, args, clock, announce="queued")
     if args.json:  # nothing serves: the new run's id alone
         print(json.dumps({"run": record.id, "port": None}), flush=True)
     if args.follow:
