@@ -81,17 +81,21 @@ class Debugging {
     const argv = serveArgv(resolved);
     this.trace({ ext: 'serve', argv });
     const what = resolved.request === 'attach' ? `attaching to run ${resolved.run}` : resolved.rerunOf ? `rerunning ${resolved.rerunOf}` : `submitting ${resolved.program || resolved.module || resolved.command.join(' ')}`;
+    let stopped = false;
     const served = await vscode.window.withProgress(
       { location: vscode.ProgressLocation.Notification, title: `tether: ${what}`, cancellable: true },
       (_progress, cancelled) => {
         const started = cli.serve(this.command(where), argv, { cwd: where, log: (line) => this.output.appendLine(line) });
-        const stop = () => started.child.kill('SIGINT');
+        const stop = () => {
+          stopped = true; // the user cancelled: Ctrl-C (a run already submitted stays queued)
+          started.child.kill('SIGINT');
+        };
         cancelled.onCancellationRequested(stop);
         cancel?.onCancellationRequested(stop);
         return started.ready;
       },
     ).catch((err) => {
-      if (cancel?.isCancellationRequested) return undefined;
+      if (stopped) return undefined;
       throw err;
     });
     if (!served) return undefined;
