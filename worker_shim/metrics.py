@@ -52,7 +52,7 @@ log = logging.getLogger("tether.worker")
 #: the socket's and the stop file's names in the attempt's metrics directory
 SOCKET_NAME = "metrics.sock"
 STOP_NAME = "stop"
-#: how long points taken for a publish may still take to send once the run's end cancels it
+#: how long a send under way may still take once the run ends (then its points are dropped)
 SEND_GRACE = 5.0
 
 
@@ -121,6 +121,8 @@ class ProgramMetrics:
         self._room = trio.Event()
         self._lock = trio.Lock()
         self._failed = False
+        #: the shielded scope of a send under way (:meth:`ending` bounds it)
+        self._sending: trio.CancelScope | None = None
         self.dropped = 0  #: malformed reports
         #: whether the program may pause where a report met ``--debug-when`` (the relay decides
         #: for a sweep's trials: the first only)
@@ -314,8 +316,8 @@ class ProgramMetrics:
             self._room.set()
             self._room = trio.Event()
             # taken from the hold, the points are sent even if the run's end cancels us meanwhile
-            # (they would be neither held nor published), for a bounded time
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + SEND_GRACE):
+            # (they would be neither held nor published): the end gives a send SEND_GRACE more
+            with trio.CancelScope(shield=True) as self._sending:
                 try:
                     for points in batches:
                         if points:
@@ -324,6 +326,13 @@ class ProgramMetrics:
                             self.hold.published(sent, trio.current_time())
                 except RelayError:
                     self._fail()
+                finally:
+                    self._sending = None
+
+    def ending(self) -> None:
+        """The run ends: a send under way has :data:`SEND_GRACE` seconds more, no longer."""
+        if self._sending is not None:
+            self._sending.deadline = trio.current_time() + SEND_GRACE
 
     def _fail(self) -> None:
         if not self._failed:
@@ -351,6 +360,7 @@ async def open_program_metrics(
             try:
                 yield metrics
             finally:
+                metrics.ending()
                 nursery.cancel_scope.cancel()
                 with trio.CancelScope(shield=True), trio.move_on_after(5):
                     await metrics.end()
