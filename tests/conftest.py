@@ -53,6 +53,38 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# A root worker (every `tether up` and `tether worker` the tests start as root) runs each program
+# as a uid of its own, its run directory under a runs root every uid can reach: the session's own
+# (TETHER_RUNS_ROOT, inherited by every tether the tests start), removed with the uid leases in it
+# at the end, rather than /var/lib/tether/runs.
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory every uid may write in (1777, in /tmp: pytest's tmp_path is root's only), for
+    files a test shares with a program that runs as a uid of its own."""
+    where = Path(tempfile.mkdtemp(prefix="tether-test-shared-"))
+    where.chmod(0o1777)
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def runs_root() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="tether-test-runs-"))
+    root.chmod(0o711)
+    before = os.environ.get("TETHER_RUNS_ROOT")
+    os.environ["TETHER_RUNS_ROOT"] = str(root)
+    try:
+        yield root
+    finally:
+        if before is None:
+            os.environ.pop("TETHER_RUNS_ROOT", None)
+        else:
+            os.environ["TETHER_RUNS_ROOT"] = before
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def _server_kinds() -> list[str]:
     configured = os.environ.get("TETHER_TEST_REDIS_SERVERS")
     if not configured:

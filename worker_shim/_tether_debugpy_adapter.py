@@ -1,4 +1,6 @@
-"""Runs debugpy's adapter process with one fix: ``TCP_NODELAY`` on its sockets.
+"""Runs debugpy's adapter process guarded (only the run's processes and its worker may connect:
+``_tether_guard.py``; without the guard it does not start), with one fix: ``TCP_NODELAY`` on its
+sockets.
 
 debugpy's adapter is a process of its own that the program's debugpy starts (``python DIR
 --for-server ...``, ``DIR`` being where ``debugpy.adapter`` is); the shim is its client. After a
@@ -44,7 +46,30 @@ def _patch_sockets() -> str | None:
     return None
 
 
+def _guard() -> str | None:
+    """Only the run's processes and its worker may connect to this adapter's ports
+    (``_tether_guard.py``, loaded through the boot script); ``None`` when done, else why not."""
+    here = os.path.dirname(os.path.realpath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "_tether_guard", os.path.join(here, "_tether_guard.py")
+    )
+    if spec is None or spec.loader is None:
+        return "tether's _tether_guard.py is missing"
+    guard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guard)
+    return guard.guard_debugpy()  # type: ignore[no-any-return]
+
+
 def main() -> None:
+    try:
+        refused = _guard()
+    except Exception as exc:
+        refused = f"{type(exc).__name__}: {exc}"
+    if refused is not None:  # unguarded, any local user could take the program: do not serve
+        import sys
+
+        print(f"tether: debugpy's adapter does not start: {refused}", file=sys.stderr)
+        sys.exit(1)
     try:
         why_not = _patch_sockets()
     except Exception as exc:  # anything unexpected: run as stock debugpy

@@ -36,6 +36,11 @@ Child processes that debugpy patches start through stock debugpy (no fix); a Pyt
 non-Python command of the run starts gets it from ``_tether_sitecustomize.py``, which loads this file
 for :func:`_patch_pydevd`.
 
+Guarded: before debugpy listens, every listener it creates (here, and in its adapter process)
+accepts only connections from the run's own uid and the worker's (``_tether_guard.py``): a local
+process of another user that races the worker to a port is refused. If the guard cannot be put in
+place, the debugger does not start (the run fails to start, saying why).
+
 The other writer on the path is debugpy's adapter process, which the program's debugpy starts: it
 sends a response and then an event (``next``, then ``stopped``) on a socket without
 ``TCP_NODELAY``, so the event waited for the shim's delayed ACK. With ``--tether-debugpy HOME``
@@ -117,6 +122,36 @@ def nodelay(make_socket: Any) -> Any:
     return wrapped
 
 
+def _guarded(home: str | None) -> str | None:
+    """Keep every process but the run's own and its worker's off debugpy's ports (this
+    program's listener, and its adapter's, which runs from ``home``: ``_tether_guard.py``);
+    ``None`` when done, else why the debugger must not start."""
+    if home is not None and os.path.isfile(os.path.join(home, "__main__.py")):
+        _adapter_from(home)
+    elif os.environ.get("TETHER_DEBUG_PEERS") is not None:  # run by a worker: no stock adapter
+        return "tether's adapter wrapper is missing (no --tether-debugpy HOME)"
+    try:
+        return load_guard().guard_debugpy()  # type: ignore[no-any-return]
+    except Exception as exc:
+        return f"cannot guard debugpy's ports ({type(exc).__name__}: {exc})"
+
+
+def load_guard() -> Any:
+    """``_tether_guard.py``, loaded from beside this file (it runs as a script, and is loaded by
+    path from ``_tether_debugpy_adapter.py`` and ``_tether_sitecustomize.py``)."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.realpath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "_tether_guard", os.path.join(here, "_tether_guard.py")
+    )
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no _tether_guard.py in {here}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _adapter_from(home: str) -> None:
     """debugpy starts its adapter process as ``python <the directory of debugpy.adapter>``
     (``debugpy.server.api.listen``, 1.8.22): make that ``home``, whose ``__main__.py`` runs the
@@ -155,8 +190,10 @@ def main() -> None:
             return
     from debugpy.server import cli  # imports pydevd (vendored) and puts it on sys.path
 
-    if home is not None and os.path.isfile(os.path.join(home, "__main__.py")):
-        _adapter_from(home)
+    refused = _guarded(home)
+    if refused is not None:
+        print(f"tether: not starting the debugger: {refused}", file=sys.stderr)
+        sys.exit(1)
     sys.excepthook = _without_our_frames(sys.excepthook)
 
     try:
@@ -412,8 +449,9 @@ def _listen(home: str | None) -> int:
     adapter), listening for the worker on loopback, the program's children not followed."""
     import debugpy
 
-    if home is not None and os.path.isfile(os.path.join(home, "__main__.py")):
-        _adapter_from(home)
+    refused = _guarded(home)
+    if refused is not None:
+        raise RuntimeError(refused)
     why_not = _patch_pydevd()
     if why_not is not None:
         print(f"tether: debugging without the TCP_NODELAY fix: {why_not}", file=sys.stderr)

@@ -22,6 +22,7 @@ from protocol_specs.wire import Role
 from relay.client import Endpoint, RelayError, open_run_link
 
 from .core import parse_delivery
+from .quarters import Housing, open_quarters, program_env
 from .shim import worker_link_policy
 from .tunnels import open_tunnels
 
@@ -33,13 +34,19 @@ log = logging.getLogger("tether.worker")
 class Afterlives:
     """The ended attempts whose directories a pool keeps, each served by a task of its own."""
 
-    def __init__(self, nursery: trio.Nursery, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, nursery: trio.Nursery, say: Callable[[str], None], housing: Housing | None = None
+    ) -> None:
         self.nursery = nursery
         self.say = say
+        self.housing = housing or Housing()
         self.serving: dict[Path, trio.CancelScope] = {}
 
-    def start(self, relay: Endpoint, record: RunRecord, run_dir: Path, env: dict[str, str]) -> None:
-        """Serve ``record``'s tunnels in ``run_dir`` (its attempt ended here) until it goes."""
+    def start(
+        self, relay: Endpoint, record: RunRecord, run_dir: Path, env: dict[str, str] | None
+    ) -> None:
+        """Serve ``record``'s tunnels in ``run_dir`` (its attempt ended here) until it goes, with
+        the run's environment plus ``env`` (what the worker added), as the directory's uid."""
         if run_dir.is_dir() and run_dir not in self.serving:
             scope = self.serving[run_dir] = trio.CancelScope()
             self.nursery.start_soon(self._serve, relay, record, run_dir, env, scope)
@@ -55,9 +62,14 @@ class Afterlives:
         relay: Endpoint,
         record: RunRecord,
         run_dir: Path,
-        env: dict[str, str],
+        env: dict[str, str] | None,
         scope: trio.CancelScope,
     ) -> None:
+        housing = self.housing
+        user = await trio.to_thread.run_sync(housing.owner, run_dir)
+        if housing.leases is not None and user is None:
+            return  # its uid's lease is gone: nobody may run anything there any more
+        mark = housing.attempt_mark(record.id, record.attempt) + "-after"
         try:
             with scope:
                 async with open_run_link(
@@ -71,9 +83,15 @@ class Afterlives:
                 ) as link:
                     self.say(f"run {record.id}: its directory stays here, for tether exec/shell")
                     ending = f"run {record.id}'s directory on this worker was deleted"
-                    async with open_tunnels(
-                        relay, record, run_dir, env, say=self.say, ending=ending
-                    ) as tunnels:
+                    async with (
+                        open_quarters(
+                            run_dir, user=user, runtime=housing.runtime, mark=mark
+                        ) as quarters,
+                        open_tunnels(
+                            relay, record, run_dir, program_env(record, env, quarters),
+                            say=self.say, ending=ending, quarters=quarters,
+                        ) as tunnels,
+                    ):  # fmt: skip
                         async for delivery in link.deliveries:
                             tunnels.open(parse_delivery(delivery)[1])
         except* RelayError as group:  # retried (this token is an earlier attempt's), or gone

@@ -42,6 +42,7 @@ from .python_command import (
     resolve_python,
     split_python_command,
 )
+from .quarters import Quarters
 
 __all__ = ["ATTACH_BACKLOG", "Debugged", "attach_listener", "attachable_argv", "until_debugged"]
 
@@ -54,36 +55,42 @@ CONNECT_TIMEOUT = 60.0
 
 
 async def attachable_argv(
-    record: RunRecord, run_dir: Path, env: dict[str, str], python: str, where: Path
+    record: RunRecord, quarters: Quarters, env: dict[str, str], python: str
 ) -> tuple[list[str], str] | None:
     """How a plain run's program starts so that an IDE can attach later (``spec.debuggable``):
-    its argv and the unix socket it connects to. ``None``: it runs plain (not asked for, not a
-    Python command, or an interpreter debugpy cannot run)."""
+    its argv and the unix socket it connects to (in the attempt's private directory). ``None``:
+    it runs plain (not asked for, not a Python command, or an interpreter debugpy cannot run)."""
     spec = record.spec
     command = spec.command
     if not spec.debuggable or not (is_python(command[0]) or command[0].endswith(".py")):
         return None
+    run_dir, user = str(quarters.run_dir), quarters.user
     try:
         split_python_command(command)
-        if is_python(command[0]):
-            python = resolve_python(command[0], env=env, cwd=str(run_dir))
-        await check_python(python, env=env, cwd=str(run_dir))
+        if is_python(command[0]) or user is not None:
+            program = command[0] if is_python(command[0]) else "python"
+            python = resolve_python(program, env=env, cwd=run_dir, user=user)
+        await check_python(python, env=env, cwd=run_dir, user=user)
     except ValueError as exc:
         log.info("run %s runs without a way to attach later: %s", record.id, exc)
         return None
-    socket_path = str(where / "attach.sock")
-    home = str(debugpy_home(where))
+    socket_path = str(quarters.private / "attach.sock")
+    home = str(debugpy_home(quarters.private, quarters.runtime))
     argv = build_attachable_argv(
-        command, python=python, home=home, socket=socket_path, post_mortem=spec.post_mortem
-    )
+        command, python=python, home=home, socket=socket_path, post_mortem=spec.post_mortem,
+        runtime=quarters.runtime,
+    )  # fmt: skip
     return argv, socket_path
 
 
-async def attach_listener(path: str) -> trio.socket.SocketType:
-    """The unix socket a debuggable program connects to at its start, before its own code."""
+async def attach_listener(path: str, quarters: Quarters | None = None) -> trio.socket.SocketType:
+    """The unix socket a debuggable program connects to at its start, before its own code
+    (handed to the attempt's user: the only one but the worker who may connect)."""
     listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
     try:
         await listener.bind(path)
+        if quarters is not None:
+            quarters.hand_over(Path(path))
         listener.listen(1)
     except OSError:
         listener.close()

@@ -21,9 +21,14 @@ Nagle/delayed-ACK stall from every DAP round trip (see ``_tether_debugpy_boot.py
 - debugpy's adapter is not in that group: it calls ``setsid()`` and double-forks. It exits by
   itself once the program is gone and its client has disconnected, except when the program dies
   before pydevd connected to it: then it waits for that first connection forever. So when
-  :func:`start_debuggee` exits it also kills every process that still carries this run's
-  ``DEBUGPY_ADAPTER_ENDPOINTS`` value in its environment (the adapter, and any descendant that left
-  the group). That scan uses Linux's ``/proc``; elsewhere it finds nothing.
+  :func:`start_debuggee` exits it also kills every process that still carries the attempt's mark
+  (``TETHER_MARK``, ``worker_shim/reaper.py``) in its environment (the adapter, and any
+  descendant that left the group). That scan uses Linux's ``/proc``; elsewhere it finds nothing.
+- In an attempt's quarters (``worker_shim/quarters.py``) the program runs as the attempt's uid (on
+  a worker that gives programs uids of their own), its debugpy and tether's scripts come from the
+  runtime the worker published for them, and the worker connects only to a listener of that uid
+  (``worker_shim/loopback.py``); debugpy's own listeners let in only that uid and the worker's
+  (``_tether_guard.py``).
 
 Output: the program's stdout and stderr are pipes read by an :class:`OutputPump`, which appends them
 to the worker's log file and hands every chunk to ``on_output`` (the shim publishes them:
@@ -38,6 +43,7 @@ group, up to 5 s for the program to go, then the stragglers' scan (up to 2 s).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -52,12 +58,13 @@ import termios
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import trio
 
 from protocol_specs.redact import Redactor
 
+from .loopback import connect_owned
 from .python_command import (
     NOT_WITH_MAIN_ONLY,
     boot_dir,
@@ -71,11 +78,14 @@ from .python_command import (
     resolve_python,
     split_python_command,
 )
+from .quarters import Quarters, read_private
+from .reaper import kill_marked
 
 __all__ = [
     "Debuggee",
     "DebuggeeStartError",
     "OutputPump",
+    "kill_stragglers",
     "start_debuggee",
     "start_plain",
     "terminate_group",
@@ -225,9 +235,17 @@ class Debuggee:
     """A program started by :func:`start_debuggee`, held until a client configures debugpy."""
 
     def __init__(
-        self, process: trio.Process, port: int, output: OutputPump, *, launched: bool = False
+        self,
+        process: trio.Process,
+        port: int,
+        output: OutputPump,
+        *,
+        launched: bool = False,
+        uid: int | None = None,
     ) -> None:
         self.process = process
+        #: whose debugpy the worker may connect to: the program's uid (the worker's by default)
+        self.uid = os.geteuid() if uid is None else uid
         #: the command is not Python: the main process is tether's launcher, which runs no user
         #: code; the command's Python processes are its children (``_tether_launch.py``)
         self.launched = launched
@@ -252,7 +270,13 @@ class Debuggee:
         if self._connected:
             raise RuntimeError("debugpy takes one connection for the life of the program")
         self._connected = True
-        stream = await trio.open_tcp_stream("127.0.0.1", self.port)
+        return await self.connect_child()
+
+    async def connect_child(self) -> trio.SocketStream:
+        """A connection to debugpy's adapter (the main one, or a child process's session), once
+        its listener is known to be the program's own: the port came from the program, which
+        could name another run's debugger (``worker_shim/loopback.py``)."""
+        stream = await connect_owned(self.port, self.uid)
         # trio sets it already; the point of this connection is latency, so say it here too
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return stream
@@ -282,8 +306,11 @@ async def start_debuggee(
     on_output: Output | None = None,
     secrets: list[str] | None = None,
     subprocesses: bool = False,
+    quarters: Quarters | None = None,
 ) -> AsyncIterator[Debuggee]:
     """Start the program under debugpy, held before user code, and yield once debugpy listens.
+    ``quarters``: the attempt's private directory and the uid its processes run as (without:
+    a temporary directory, the worker's uid).
 
     A command that is not Python (a shell script, ``srun``) runs under tether's launcher
     (``_tether_launch.py``): every Python process it starts is debugged as a child.
@@ -293,31 +320,42 @@ async def start_debuggee(
     error or cancel), shielded: the program's group is ended (:meth:`Debuggee.terminate`), then
     debugpy's adapter and any other process of this run still alive are killed.
     """
+    user = quarters.user if quarters is not None else None
+    runtime = quarters.runtime if quarters is not None else None
     program = user_argv[0] if user_argv else ""
     launched = False  # a command that is not Python, run under tether's launcher
     if is_launcher(program):  # torchrun, accelerate, deepspeed: Python scripts on the PATH
-        found = python_launcher(program, env=env, cwd=cwd)
+        found = python_launcher(program, env=env, cwd=cwd, user=user)
         launched = found is None  # a shell script, srun, mpirun: any other program
         if found is not None:
             user_argv = [*found, *user_argv[1:]]
             program = user_argv[0]
     if launched and not subprocesses:
         raise ValueError(NOT_WITH_MAIN_ONLY.format(program=program))
-    if is_python(program):
-        python = resolve_python(program, env=env, cwd=cwd)
+    if is_python(program) or (launched and user is not None):
+        python = resolve_python(program if not launched else "python", env=env, cwd=cwd, user=user)
     if not launched:
         split_python_command(user_argv)  # a command that is not Python: said before it starts
-        await check_python(python, env=env, cwd=cwd)
-    with tempfile.TemporaryDirectory(prefix="tether-debugpy-") as tmp:
-        home = str(debugpy_home(Path(tmp)))
+    await check_python(python, env=env, cwd=cwd, user=user)
+    with contextlib.ExitStack() as places:
+        if quarters is None:
+            where = Path(
+                places.enter_context(tempfile.TemporaryDirectory(prefix="tether-debugpy-"))
+            )
+            endpoints, mark = where / "endpoints.json", ""
+        else:
+            where, endpoints, mark = quarters.private, quarters.endpoints, quarters.mark
+        home = str(debugpy_home(where, runtime))
         if launched:
-            boot = str(boot_dir(Path(tmp)))
-            argv = build_launch_argv(user_argv, boot_dir=boot, fast=fast, home=home)
+            boot = str(boot_dir(where, runtime))
+            argv = build_launch_argv(
+                user_argv, boot_dir=boot, fast=fast, home=home, python=python, runtime=runtime
+            )
         else:
             argv = build_debug_argv(
-                user_argv, python=python, fast=fast, home=home, subprocesses=subprocesses
-            )
-        endpoints = Path(tmp) / "endpoints.json"
+                user_argv, python=python, fast=fast, home=home, subprocesses=subprocesses,
+                runtime=runtime,
+            )  # fmt: skip
         child_env = {
             **env,
             "DEBUGPY_ADAPTER_ENDPOINTS": str(endpoints),
@@ -325,19 +363,23 @@ async def start_debuggee(
         }
         if not fast:
             child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [home, env.get("PYTHONPATH")]))
-        marker = os.fsencode(f"DEBUGPY_ADAPTER_ENDPOINTS={endpoints}")
-        process = await _open(argv, cwd=cwd, env=child_env)
+        if not mark:  # no attempt's mark: this start's own
+            mark = f"tether-debugpy/{os.getpid()}-{os.urandom(6).hex()}"
+            child_env["TETHER_MARK"] = mark
+        spawn = quarters.spawn() if quarters is not None else {}
+        process = await _open(argv, cwd=cwd, env=child_env, **spawn)
         output = OutputPump(process, log_path, on_output, secrets)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(output.run)
                 try:
                     port = await _wait_endpoints(endpoints, process, output)
-                    yield Debuggee(process, port, output, launched=launched)
+                    uid = user.uid if user is not None else None
+                    yield Debuggee(process, port, output, launched=launched, uid=uid)
                 finally:
                     with trio.CancelScope(shield=True):
                         await _end_group(process, TERMINATE_GRACE)
-                        await _kill_stragglers(marker)
+                        await kill_stragglers(mark)
                         await output.drained()
                     nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
@@ -347,25 +389,37 @@ async def start_debuggee(
             raise
 
 
-async def start_plain(user_argv: list[str], *, cwd: str, env: dict[str, str]) -> trio.Process:
+async def start_plain(
+    user_argv: list[str], *, cwd: str, env: dict[str, str], quarters: Quarters | None = None
+) -> trio.Process:
     """Run the command as given (no debugger), in its own process group, stdout and stderr piped
-    (read them with an :class:`OutputPump`)."""
+    (read them with an :class:`OutputPump`); as ``quarters``' user, if it has one."""
+    user = quarters.user if quarters is not None else None
     argv = list(user_argv)
     if argv and argv[0] in ("python", "python3"):
-        argv[0] = resolve_python(argv[0], env=env, cwd=cwd)
-    return await _open(argv, cwd=cwd, env=env)
+        argv[0] = resolve_python(argv[0], env=env, cwd=cwd, user=user)
+    return await _open(argv, cwd=cwd, env=env, **(quarters.spawn() if quarters else {}))
 
 
-async def _open(argv: list[str], *, cwd: str, env: dict[str, str]) -> trio.Process:
-    return await trio.lowlevel.open_process(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+async def _open(argv: list[str], *, cwd: str, env: dict[str, str], **spawn: Any) -> trio.Process:
+    try:
+        return await trio.lowlevel.open_process(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            **spawn,
+        )
+    except PermissionError as exc:
+        if "user" not in spawn:
+            raise
+        raise PermissionError(
+            exc.errno, f"the run's user (uid {spawn['user']}) may not run it: {exc.strerror}",
+            exc.filename,
+        ) from None  # fmt: skip
 
 
 async def _wait_endpoints(path: Path, process: trio.Process, output: OutputPump) -> int:
@@ -388,11 +442,15 @@ async def _wait_endpoints(path: Path, process: trio.Process, output: OutputPump)
 
 
 def _read_port(path: Path) -> int | None:
-    try:
-        endpoints = json.loads(path.read_bytes())
-        return int(endpoints["client"]["port"])
-    except (OSError, ValueError, KeyError, TypeError):  # not there yet, or half written
+    """The adapter's client port, from a file the program's uid wrote (read as such)."""
+    raw = read_private(path)
+    if raw is None:
         return None
+    try:
+        port = int(json.loads(raw)["client"]["port"])
+    except (ValueError, KeyError, TypeError):  # half written
+        return None
+    return port if 0 < port < 65536 else None
 
 
 async def terminate_group(process: trio.Process, grace: float = TERMINATE_GRACE) -> None:
@@ -417,49 +475,9 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-async def _kill_stragglers(marker: bytes) -> None:
-    """SIGKILL the processes whose environment holds ``marker`` until none is left (bounded)."""
+async def kill_stragglers(mark: str) -> None:
+    """SIGKILL the processes marked ``mark`` (``TETHER_MARK``: the program's, whatever group they
+    went to, debugpy's adapter among them) until none is left (bounded)."""
     with trio.move_on_after(_STRAGGLERS_WAIT):
-        while await trio.to_thread.run_sync(_kill_marked, marker):  # noqa: ASYNC110 (polls /proc)
+        while await trio.to_thread.run_sync(kill_marked, mark):  # noqa: ASYNC110 (polls /proc)
             await trio.sleep(_POLL_INTERVAL)
-
-
-def _kill_marked(marker: bytes) -> list[int]:
-    """SIGKILL every live process (but this one) whose environment holds ``marker``; their pids."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:  # no procfs: nothing to find
-        return []
-    found = []
-    for name in names:
-        if name.isdigit() and int(name) != os.getpid() and _has_marker(int(name), marker):
-            found.append(int(name))
-            _kill_if_marked(int(name), marker)
-    return found
-
-
-def _has_marker(pid: int, marker: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:  # empty for a zombie
-            return marker in f.read().split(b"\0")
-    except OSError:  # gone, or not ours to read
-        return False
-
-
-def _kill_if_marked(pid: int, marker: bytes) -> None:
-    """SIGKILL ``pid`` unless, since the scan, it died and its pid went to another process."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except AttributeError:  # no pidfd_open (not Linux): the scan was a moment ago
-        with suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        return
-    except OSError:  # gone already
-        return
-    try:
-        if _has_marker(pid, marker):  # the pidfd pins the process this check reads
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except OSError:
-        pass
-    finally:
-        os.close(pidfd)

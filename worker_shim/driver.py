@@ -5,7 +5,6 @@ process, each read by a task of its own), the run link, the program (:class:`Dri
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -147,12 +146,11 @@ class Driver:
         """A new connection to debugpy's adapter for a child process (the "one connection" rule
         is the main session's), read by a pump of its own."""
         try:
-            stream = await trio.open_tcp_stream("127.0.0.1", self.debuggee.port)
+            stream = await self.debuggee.connect_child()
         except OSError as exc:
             log.warning("cannot connect to debugpy for process %s: %s", key, exc)
             await self.perform(self.processes.closed(key))
             return
-        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.streams[key] = stream
         assert self.nursery is not None
         self.nursery.start_soon(self.pump, key, stream)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -26,18 +27,30 @@ CACHE_MAX_BYTES = 20 * 1024**3
 
 
 async def tidy(
-    work_dir: Path, *, keep_runs: int = KEEP_RUNS, cache_max: int = CACHE_MAX_BYTES
+    work_dir: Path,
+    runs_dir: Path | None = None,
+    *,
+    keep_runs: int = KEEP_RUNS,
+    cache_max: int = CACHE_MAX_BYTES,
+    release: Callable[[Path], None] = lambda _dir: None,
 ) -> None:
-    """Bound ``work_dir``'s run directories and blob cache (see the module's docstring)."""
-    await trio.to_thread.run_sync(_tidy, work_dir, keep_runs, cache_max)
+    """Bound the run directories (in ``runs_dir``, by default ``work_dir/runs``) and
+    ``work_dir``'s blob cache (see the module's docstring); ``release`` is told each run
+    directory removed (its uid's lease ends: ``worker_shim/quarters.py``)."""
+    runs = runs_dir or work_dir / "runs"
+    await trio.to_thread.run_sync(_tidy, work_dir, runs, keep_runs, cache_max, release)
 
 
-def _tidy(work_dir: Path, keep_runs: int, cache_max: int) -> None:
-    prune_runs(work_dir / "runs", keep_runs)
+def _tidy(
+    work_dir: Path, runs: Path, keep_runs: int, cache_max: int, release: Callable[[Path], None]
+) -> None:
+    prune_runs(runs, keep_runs, release)
     prune_cache(work_dir / "blobs", cache_max)
 
 
-def prune_runs(runs: Path, keep: int) -> list[str]:
+def prune_runs(
+    runs: Path, keep: int, release: Callable[[Path], None] = lambda _dir: None
+) -> list[str]:
     """Remove all but the ``keep`` newest run directories (and their logs); their names."""
     try:
         dirs = [p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()]
@@ -49,6 +62,7 @@ def prune_runs(runs: Path, keep: int) -> list[str]:
         shutil.rmtree(old, ignore_errors=True)
         with contextlib.suppress(OSError):
             old.with_name(f"{old.name}.log").unlink()
+        release(old)
         removed.append(old.name)
     return removed
 

@@ -61,14 +61,15 @@ def user_module() -> Path:
     return Path(__file__).resolve().parent.parent / "tether.py"
 
 
-def metrics_env(where: Path, env: dict[str, str]) -> dict[str, str]:
+def metrics_env(where: Path, env: dict[str, str], module: Path | None = None) -> dict[str, str]:
     """``env`` with what the program needs to report: the socket, the stop file, and the
-    ``tether`` module's directory last on ``PYTHONPATH`` (the program's own modules come first)."""
+    ``tether`` module's directory (``module``: where it is, the installed one by default) last on
+    ``PYTHONPATH`` (the program's own modules come first)."""
     api = where / "api"
-    api.mkdir(exist_ok=True)
+    api.mkdir(mode=0o755, exist_ok=True)
     link = api / "tether.py"
     if not link.exists():
-        link.symlink_to(user_module())
+        link.symlink_to(module or user_module())
     path = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(api)]))
     return {
         **env,
@@ -344,14 +345,21 @@ class ProgramMetrics:
 
 @asynccontextmanager
 async def open_program_metrics(
-    link: RunLink, where: Path, *, patterns: list[str], attempt: int
+    link: RunLink,
+    where: Path,
+    *,
+    patterns: list[str],
+    attempt: int,
+    hand_over: Callable[[Path], None] = lambda _path: None,
 ) -> AsyncIterator[ProgramMetrics]:
     """Listen in ``where`` (give the program :func:`metrics_env`) and publish until the block
-    ends; then (shielded, bounded) what is left is published."""
+    ends; then (shielded, bounded) what is left is published. ``hand_over``: makes the socket
+    the program's user's (on a worker that gives programs uids of their own)."""
     sock = stdlib_socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
     with sock:
         sock.setblocking(False)
         sock.bind(str(where / SOCKET_NAME))
+        hand_over(where / SOCKET_NAME)
         sock.listen(128)
         metrics = ProgramMetrics(link, sock, where, patterns=patterns, attempt=attempt)
         async with trio.open_nursery() as nursery:

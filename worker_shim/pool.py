@@ -16,7 +16,8 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -39,7 +40,10 @@ from .actions import status_entry
 from .afterlife import Afterlives
 from .files import Fetch
 from .housekeeping import CACHE_MAX_BYTES, KEEP_RUNS, tidy
-from .shim import program_env, run_dir_of, run_shim, worker_link
+from .identity import Isolation
+from .quarters import Housing
+from .reaper import open_guard
+from .shim import run_dir_of, run_shim, worker_link
 
 __all__ = ["GpuPool", "detect_gpus", "run_one", "run_pool"]
 
@@ -102,49 +106,65 @@ async def run_pool(
     keep_runs: int = KEEP_RUNS,
     cache_max: int = CACHE_MAX_BYTES,
     allow_tunnels: bool = True,
+    isolation: Isolation | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``slots`` claim loops until cancelled. ``start_delay`` stands in for a GPU queue;
-    ``allow_tunnels``: serve the users' ``tether exec``/``shell``/``port-forward``.
+    ``allow_tunnels``: serve the users' ``tether exec``/``shell``/``port-forward``;
+    ``isolation``: as whom programs run (``worker_shim/identity.py``; default: the worker's own
+    user, every user's runs).
 
     ``relay_url``'s token needs the ``backend`` scope; each claimed attempt runs with the worker
-    token the relay minted for it."""
+    token the relay minted for it. Every process of its runs ends with the pool, however the pool
+    ends (``worker_shim/reaper.py``)."""
     say = on_event or (lambda _text: None)
     base = name or f"{socket.gethostname()}-pool"
-    (work_dir / "runs").mkdir(mode=0o700, parents=True, exist_ok=True)
+    housing = Housing(isolation)
+    runs_dir = await trio.to_thread.run_sync(housing.prepare, work_dir)
     pool = GpuPool(detect_gpus() if gpus is None else gpus)
-    async with trio.open_nursery() as nursery:
+    async with _guarded(housing, runs_dir), trio.open_nursery() as nursery:
         # the tunnels of the runs that ended here, served in their directories while they stay
-        afterlives = Afterlives(nursery, say) if allow_tunnels else None
+        afterlives = Afterlives(nursery, say, housing) if allow_tunnels else None
+        place = _PoolPlace(work_dir, runs_dir, housing, (keep_runs, cache_max), allow_tunnels)
         for slot in range(slots):
             nursery.start_soon(
-                _slot,
-                relay_url,
-                f"{base}-{slot}",
-                start_delay,
-                work_dir,
-                python,
-                pool,
-                say,
-                (keep_runs, cache_max),
-                allow_tunnels,
+                _slot, relay_url, f"{base}-{slot}", start_delay, place, python, pool, say,
                 afterlives,
-            )
+            )  # fmt: skip
         task_status.started()
+
+
+@dataclass(frozen=True)
+class _PoolPlace:
+    """A pool's places: its work directory (blobs), its runs' directory, its housing, its
+    bounds (runs kept, cache bytes), whether it serves tunnels."""
+
+    work_dir: Path
+    runs_dir: Path
+    housing: Housing
+    bounds: tuple[int, int]
+    allow_tunnels: bool
+
+
+def _guarded(housing: Housing, runs_dir: Path) -> AbstractAsyncContextManager[None]:
+    """The worker's guard (``worker_shim/reaper.py``), sweeping ``runs_dir``'s uids too."""
+    leases = housing.leases
+    if leases is None:
+        return open_guard(housing.mark)
+    return open_guard(housing.mark, leases=leases.where, runs_dir=runs_dir, uids=leases.uids)
 
 
 async def _slot(
     relay_url: Target,
     worker: str,
     start_delay: float,
-    work_dir: Path,
+    place: _PoolPlace,
     python: str,
     gpus: GpuPool,
     say: Callable[[str], None],
-    bounds: tuple[int, int] = (KEEP_RUNS, CACHE_MAX_BYTES),
-    allow_tunnels: bool = True,
     afterlives: Afterlives | None = None,
 ) -> None:
+    work_dir, runs_dir, housing = place.work_dir, place.runs_dir, place.housing
     backoff = 0.2
     lost = False
     while True:  # a lost relay (a redeploy, a cut) ends this connection, never the slot
@@ -159,6 +179,11 @@ async def _slot(
                     record, manifest = assigned.run, assigned.manifest
                     as_worker = endpoint(relay_url).with_token(assigned.token)
                     say(f"{worker}: claimed run {record.id} (attempt {record.attempt})")
+                    refused = housing.isolation.refusal(record.owner, control.user)
+                    if refused is not None:
+                        await _start_failed(as_worker, record, refused)
+                        say(f"{worker}: run {record.id} is {record.owner}'s: not run here")
+                        continue
                     if start_delay > 0:
                         say(
                             f"{worker}: waiting {start_delay:g} s before starting run {record.id} (--start-delay)"
@@ -172,18 +197,19 @@ async def _slot(
                         continue
                     env = {"CUDA_VISIBLE_DEVICES": ",".join(taken)} if gpus.gpus else {}
                     try:
-                        await _run(as_worker, record, manifest, control, work_dir, python, say,
-                                   env, allow_tunnels=allow_tunnels)  # fmt: skip
+                        await _run(as_worker, record, manifest, control, place, python, say,
+                                   env)  # fmt: skip
                     except RelayError as exc:
                         say(f"{worker}: lost the relay while running {record.id}: {exc}")
                     finally:
                         await gpus.give_back(taken)
                         with trio.CancelScope(shield=True):
-                            await tidy(work_dir, keep_runs=bounds[0], cache_max=bounds[1])
+                            await tidy(work_dir, runs_dir, keep_runs=place.bounds[0],
+                                       cache_max=place.bounds[1], release=housing.release)  # fmt: skip
                         if afterlives is not None:
                             afterlives.tidied()
-                            run_dir = run_dir_of(work_dir / "runs", record)
-                            afterlives.start(as_worker, record, run_dir, program_env(record, env))
+                            run_dir = run_dir_of(runs_dir, record)
+                            afterlives.start(as_worker, record, run_dir, env)
         except RelayError as exc:
             log.debug("%s: %s; retrying in %.1f s", worker, exc, backoff)
             say(f"{worker}: lost the relay ({exc.message}); retrying in {backoff:.1f} s")
@@ -210,29 +236,33 @@ async def run_one(
 ) -> int | None:
     """Claim ``run_id``'s attempt ``attempt`` and run it (a scheduler job's worker, holding the
     attempt's worker token, or a ticket: the claim then answers with the worker token, which
-    serves from there on)."""
+    serves from there on). Its program runs as the job does (the scheduler's user), and ends with
+    this worker however it ends (``worker_shim/reaper.py``)."""
     say = on_event or (lambda _text: None)
     client = f"tether-worker {worker}"
+    housing = Housing()
+    runs_dir = await trio.to_thread.run_sync(housing.prepare, work_dir)
+    place = _PoolPlace(work_dir, runs_dir, housing, (KEEP_RUNS, CACHE_MAX_BYTES), allow_tunnels)
 
     async def started(ep: Endpoint, assigned: wire.Assigned, control: ControlClient) -> int | None:
         record = assigned.run
         say(f"{worker}: claimed run {record.id} (attempt {record.attempt})")
         try:
             return await _run(
-                ep, record, assigned.manifest, control, work_dir, python, say,
-                scheduled=True, allow_tunnels=allow_tunnels,
-            )  # fmt: skip
+                ep, record, assigned.manifest, control, place, python, say, scheduled=True
+            )
         finally:
             with trio.CancelScope(shield=True):
-                await tidy(work_dir)
+                await tidy(work_dir, runs_dir)
 
-    async with open_control(relay_url, client=client) as control:
-        assigned = await _claim(control, worker, run_id, attempt, say)
-        if not assigned.token:
-            return await started(endpoint(relay_url), assigned, control)
-    as_worker = endpoint(relay_url).with_token(assigned.token)
-    async with open_control(as_worker, client=client) as control:
-        return await started(as_worker, assigned, control)
+    async with _guarded(housing, runs_dir):
+        async with open_control(relay_url, client=client) as control:
+            assigned = await _claim(control, worker, run_id, attempt, say)
+            if not assigned.token:
+                return await started(endpoint(relay_url), assigned, control)
+        as_worker = endpoint(relay_url).with_token(assigned.token)
+        async with open_control(as_worker, client=client) as control:
+            return await started(as_worker, assigned, control)
 
 
 async def _claim(
@@ -259,13 +289,12 @@ async def _run(
     record: RunRecord,
     manifest: Manifest,
     control: ControlClient,
-    work_dir: Path,
+    place: _PoolPlace,
     python: str,
     say: Callable[[str], None],
     env: dict[str, str] | None = None,
     *,
     scheduled: bool = False,
-    allow_tunnels: bool = True,
 ) -> int | None:
     """One claimed attempt, its blobs fetched over ``control`` (or a new control connection, if
     that one is lost) into the worker's cache. ``scheduled``: a scheduler's job (its backend
@@ -275,14 +304,15 @@ async def _run(
             relay_url,
             record,
             manifest,
-            runs_dir=work_dir / "runs",
+            runs_dir=place.runs_dir,
             fetch=fetch,
-            cache=work_dir / "blobs",
+            cache=place.work_dir / "blobs",
             env=env,
             python=python,
             on_event=say,
             say_when_stopped=not scheduled,
-            allow_tunnels=allow_tunnels,
+            allow_tunnels=place.allow_tunnels,
+            housing=place.housing,
         )
 
 

@@ -21,6 +21,8 @@ from pathlib import Path, PurePath
 
 import trio
 
+from .identity import ProgramUser, Runtime, search_path, spawn_options
+
 __all__ = [
     "ADAPTER",
     "BOOT",
@@ -79,7 +81,9 @@ def is_launcher(program: str) -> bool:
 _PIP_SH_EXEC = re.compile(r"^'''exec' \"([^\"]+)\"")
 
 
-def python_launcher(program: str, *, env: dict[str, str], cwd: str) -> list[str] | None:
+def python_launcher(
+    program: str, *, env: dict[str, str], cwd: str, user: ProgramUser | None = None
+) -> list[str] | None:
     """``[interpreter, script]`` for a command that is a Python script with a ``#!`` line (how pip
     installs ``torchrun`` and every other console script); ``None`` for any other program (a shell
     script, a binary: run under :data:`LAUNCH`); ``ValueError`` says why it cannot be run at all.
@@ -87,13 +91,15 @@ def python_launcher(program: str, *, env: dict[str, str], cwd: str) -> list[str]
     Run as ``interpreter script``, a console script is a Python command like any other: debugpy
     starts the launcher, and the launcher's children (the ranks) are debugged as its subprocesses.
     """
-    path = env.get("PATH", os.defpath)
+    path = search_path(env, user)
     if os.sep in program or (os.altsep and os.altsep in program):
         found: str | None = str(Path(cwd, program))
     else:
         found = shutil.which(program, path=path)
     if found is None or not os.path.isfile(found):
         raise ValueError(f"no program {program!r} on the worker (its PATH, or the run directory)")
+    if user is not None and not user.can_read(found):
+        raise ValueError(f"the run's user (uid {user.uid}) may not read {found}")
     try:
         with open(found, "rb") as f:
             head = f.read(1024)
@@ -117,31 +123,52 @@ def python_launcher(program: str, *, env: dict[str, str], cwd: str) -> list[str]
 MIN_PYTHON = (3, 10)
 
 
-def resolve_python(program: str, *, env: dict[str, str], cwd: str) -> str:
+def resolve_python(
+    program: str, *, env: dict[str, str], cwd: str, user: ProgramUser | None = None
+) -> str:
     """The interpreter a command names, as the run's environment finds it: a path (relative to the
     run directory), or a name looked up on the run's ``PATH``. A bare ``python``/``python3`` that
-    is not on that ``PATH`` is the worker's own interpreter; any other name must be found."""
+    is not on that ``PATH`` is the worker's own interpreter; any other name must be found.
+    ``user``: the program runs as that uid, so what it cannot run is not found, and a bare
+    ``python`` is the ``PATH``'s ``python3`` before the worker's own interpreter (which may be in
+    a directory of the worker's only)."""
+    runnable = os.X_OK
     if os.sep in program or (os.altsep and os.altsep in program):
         path = Path(cwd, program)
-        if not (path.is_file() and os.access(path, os.X_OK)):
+        if not (path.is_file() and os.access(path, runnable)):
             raise ValueError(f"no interpreter at {program!r} on the worker (relative to the run)")
+        if user is not None and not user.can_run(path):
+            raise ValueError(f"the run's user (uid {user.uid}) may not run {program!r}")
         return str(path)
-    found = shutil.which(program, path=env.get("PATH", os.defpath))
-    if found is not None:
-        return found
+    search = search_path(env, user)
+    # a uid of its own may not run the worker's interpreter: a bare python is then its python3
+    names = [program, "python3"] if program == "python" and user is not None else [program]
+    for name in names:
+        found = shutil.which(name, path=search)
+        if found is not None and (user is None or user.can_run(found)):
+            return found
     if program in ("python", "python3"):
-        return sys.executable
+        if user is None or user.can_run(sys.executable):
+            return sys.executable
+        raise ValueError(
+            f"no {program} on the run's PATH that its user (uid {user.uid}) may run, and the "
+            f"worker's own ({sys.executable}) is in a place of the worker's only: put an "
+            "interpreter every user can run on the worker's PATH, or name one in the command"
+        )
     raise ValueError(f"no interpreter named {program!r} on the worker's PATH")
 
 
 #: interpreters already found fit for debugpy: (path, size, mtime) of their executable
-_FIT: set[tuple[str, int, int]] = set()
+_FIT: set[tuple[str, int, int, int]] = set()
 
 
-async def check_python(python: str, *, env: dict[str, str], cwd: str) -> None:
-    """Raise ``ValueError`` saying why ``python`` cannot run debugpy (not CPython, or too old).
-    An interpreter found fit is not asked again (while its executable is unchanged)."""
-    key = _identity(python)
+async def check_python(
+    python: str, *, env: dict[str, str], cwd: str, user: ProgramUser | None = None
+) -> None:
+    """Raise ``ValueError`` saying why ``python`` cannot run debugpy (not CPython, or too old);
+    asked as ``user`` (the program's uid). An interpreter found fit is not asked again (while its
+    executable is unchanged)."""
+    key = _identity(python, user)
     if key in _FIT:
         return
     probe = "import sys; print(sys.implementation.name, *sys.version_info[:3])"
@@ -149,7 +176,7 @@ async def check_python(python: str, *, env: dict[str, str], cwd: str) -> None:
         with trio.fail_after(30):
             done = await trio.run_process(
                 [python, "-c", probe], env=env, cwd=cwd, capture_stdout=True, capture_stderr=True,
-                check=False,
+                check=False, **spawn_options(user),
             )  # fmt: skip
     except (OSError, trio.TooSlowError) as exc:
         raise ValueError(f"cannot run the interpreter {python}: {exc}") from None
@@ -172,12 +199,13 @@ async def check_python(python: str, *, env: dict[str, str], cwd: str) -> None:
         _FIT.add(key)
 
 
-def _identity(python: str) -> tuple[str, int, int] | None:
+def _identity(python: str, user: ProgramUser | None) -> tuple[str, int, int, int] | None:
     try:
         st = os.stat(python)
     except OSError:
         return None
-    return os.path.realpath(python), st.st_size, st.st_mtime_ns
+    uid = -1 if user is None else user.uid
+    return os.path.realpath(python), st.st_size, st.st_mtime_ns, uid
 
 
 def _debugpy_version() -> str:
@@ -190,21 +218,21 @@ def _debugpy_version() -> str:
 ADAPTER = BOOT.with_name("_tether_debugpy_adapter.py")
 
 
-def debugpy_home(where: Path) -> Path:
+def debugpy_home(where: Path, runtime: Runtime | None = None) -> Path:
     """A directory under ``where`` holding only the worker's ``debugpy`` package (a link): what
     the program's interpreter adds to its path to debug it, without seeing anything else the
     worker has installed. Its ``__main__.py`` (a link to :data:`ADAPTER`) is what debugpy's
-    adapter process runs (``python HOME``: the boot script points debugpy there)."""
+    adapter process runs (``python HOME``: the boot script points debugpy there). ``runtime``:
+    where those are (the worker's installed files by default)."""
+    runtime = runtime or Runtime.installed()
     home = where / "debugpy-home"
-    home.mkdir(exist_ok=True)
+    home.mkdir(mode=0o755, exist_ok=True)
     link = home / "debugpy"
     if not link.exists():
-        import debugpy
-
-        link.symlink_to(Path(debugpy.__file__).resolve().parent, target_is_directory=True)
+        link.symlink_to(runtime.debugpy, target_is_directory=True)
     main = home / "__main__.py"
     if not main.exists():
-        main.symlink_to(ADAPTER)
+        main.symlink_to(runtime.script(ADAPTER.name))
     return home
 
 
@@ -273,6 +301,7 @@ def build_debug_argv(
     fast: bool = True,
     home: str = "",
     subprocesses: bool = False,
+    runtime: Runtime | None = None,
 ) -> list[str]:
     """The debuggee's argv: the user's Python options, debugpy held before user code, the target.
 
@@ -287,7 +316,8 @@ def build_debug_argv(
     opts, target = split_python_command(user_argv)
     launcher = ["-m", "debugpy"]
     if fast:
-        launcher = [str(BOOT), *(["--tether-debugpy", home] if home else [])]
+        boot = runtime.script(BOOT.name) if runtime is not None else BOOT
+        launcher = [str(boot), *(["--tether-debugpy", home] if home else [])]
     return [
         python,
         "-X",
@@ -310,6 +340,7 @@ def build_attachable_argv(
     home: str = "",
     socket: str,
     post_mortem: bool = False,
+    runtime: Runtime | None = None,
 ) -> list[str]:
     """The argv of a plain run that an IDE may attach to later (a debuggable run): the user's
     Python options, then the boot script, which runs the target at once and starts debugpy only
@@ -324,7 +355,7 @@ def build_attachable_argv(
         "-X",
         "frozen_modules=off",
         *opts,
-        str(BOOT),
+        str(runtime.script(BOOT.name) if runtime is not None else BOOT),
         *home_args,
         "--tether-attach",
         socket,
@@ -342,28 +373,38 @@ NOT_WITH_MAIN_ONLY = (
 
 
 def build_launch_argv(
-    user_argv: list[str], *, boot_dir: str, fast: bool = True, home: str = ""
+    user_argv: list[str],
+    *,
+    boot_dir: str,
+    fast: bool = True,
+    home: str = "",
+    python: str = sys.executable,
+    runtime: Runtime | None = None,
 ) -> list[str]:
-    """The argv of a debug run whose command is not Python (``./train.sh``, ``srun ...``): the
-    worker's interpreter runs :data:`LAUNCH` under debugpy with subprocess debugging on, which
-    runs the command with ``boot_dir`` (holding ``sitecustomize.py``, a link to
-    :data:`SITECUSTOMIZE`) first on ``PYTHONPATH``: every Python process the command starts is
-    debugged as a child of the main process."""
+    """The argv of a debug run whose command is not Python (``./train.sh``, ``srun ...``):
+    ``python`` (the worker's interpreter, or one the program's uid may run) runs :data:`LAUNCH`
+    under debugpy with subprocess debugging on, which runs the command with ``boot_dir`` (holding
+    ``sitecustomize.py``, a link to :data:`SITECUSTOMIZE`) first on ``PYTHONPATH``: every Python
+    process the command starts is debugged as a child of the main process."""
+    launch = runtime.script(LAUNCH.name) if runtime is not None else LAUNCH
     return build_debug_argv(
-        [sys.executable, str(LAUNCH), boot_dir, "--", *user_argv],
-        python=sys.executable,
+        [python, str(launch), boot_dir, "--", *user_argv],
+        python=python,
         fast=fast,
         home=home,
         subprocesses=True,
+        runtime=runtime,
     )
 
 
-def boot_dir(where: Path) -> Path:
+def boot_dir(where: Path, runtime: Runtime | None = None) -> Path:
     """A directory under ``where`` holding only ``sitecustomize.py`` (a link to
-    :data:`SITECUSTOMIZE`): what :data:`LAUNCH` puts first on the command's ``PYTHONPATH``."""
+    :data:`SITECUSTOMIZE`, in ``runtime``): what :data:`LAUNCH` puts first on the command's
+    ``PYTHONPATH``."""
+    runtime = runtime or Runtime.installed()
     home = where / "boot"
-    home.mkdir(exist_ok=True)
+    home.mkdir(mode=0o755, exist_ok=True)
     link = home / "sitecustomize.py"
     if not link.exists():
-        link.symlink_to(SITECUSTOMIZE)
+        link.symlink_to(runtime.script(SITECUSTOMIZE.name))
     return home

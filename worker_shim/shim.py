@@ -43,13 +43,11 @@ without I/O; :class:`~worker_shim.driver.Driver` performs it.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import sys
-import tempfile
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -70,12 +68,21 @@ from .actions import (
 )
 from .core import ShimCore, exit_status, parse_delivery, terminates
 from .debuggable import attach_listener, attachable_argv, until_debugged
-from .debuggee import Debuggee, OutputPump, start_debuggee, start_plain, terminate_group
+from .debuggee import (
+    Debuggee,
+    OutputPump,
+    kill_stragglers,
+    start_debuggee,
+    start_plain,
+    terminate_group,
+)
 from .driver import Driver
 from .files import Fetch, materialise
 from .metrics import control_action, metrics_env, open_program_metrics
 from .output import ProgramOutput, open_program_output, unbuffered_env
 from .processes import Processes
+from .quarters import Housing, Quarters, open_quarters, program_env
+from .reaper import MARK_ENV
 from .replay import DEFAULT_INITIALIZE
 from .tunnels import Tunnels, open_tunnels
 
@@ -108,10 +115,12 @@ async def run_shim(
     on_event: Callable[[str], None] | None = None,
     say_when_stopped: bool = True,
     allow_tunnels: bool = True,
+    housing: Housing | None = None,
 ) -> int | None:
     """Run one claimed attempt to its end; returns the program's exit code (None if it never
     started). ``fetch`` downloads snapshot blobs (kept in ``cache``); ``env`` is added to the
-    program's environment (the worker's own ``CUDA_VISIBLE_DEVICES``, for one).
+    program's environment (the worker's own ``CUDA_VISIBLE_DEVICES``, for one); ``housing``: as
+    whom the program runs and where (default: the worker's own user, ``runs_dir``).
 
     ``say_when_stopped``: if the worker stops before the attempt ended, tell the relay the
     attempt is over (a pool's worker); a scheduler's job leaves that to its backend, which knows
@@ -129,13 +138,13 @@ async def run_shim(
             say(f"run {record.id} is {link.run.state.value}; not starting it")
             return None
         try:
-            async with open_tunnels(
-                relay_url, record, run_dir, program_env(record, env), allowed=allow_tunnels,
-                say=say,
-            ) as tunnels:  # fmt: skip
-                return await _attempt(link, record, manifest, run_dir, log_path, fetch, cache,
-                                      env, python, say, news, tunnels)  # fmt: skip
+            place = _Place(run_dir, log_path, housing or Housing(), allow_tunnels)
+            return await _attempt(link, record, manifest, place, fetch, cache, env, python, say,
+                                  news)  # fmt: skip
         except BaseException:
+            say(
+                f"run {record.id}: its attempt ends with the worker; its program's processes were ended"
+            )
             if not say_when_stopped:
                 raise
             # the worker is going away (stopped, or failing) with the attempt unfinished: say so
@@ -173,21 +182,31 @@ def worker_link(
 STOPPING_NOTICE = 3.0
 
 
+@dataclass(frozen=True)
+class _Place:
+    """Where an attempt runs: its directory, its log, its worker's housing, its tunnels' rule."""
+
+    run_dir: Path
+    log_path: Path
+    housing: Housing
+    allow_tunnels: bool
+
+
 async def _attempt(
     link: RunLink,
     record: RunRecord,
     manifest: Manifest,
-    run_dir: Path,
-    log_path: Path,
+    place: _Place,
     fetch: Fetch,
     cache: Path,
     env: dict[str, str] | None,
     python: str,
     say: Callable[[str], None],
     news: _LinkNews,
-    tunnels: Tunnels,
 ) -> int | None:
-    """The attempt, once its link is up: files, then the program, plain or under the debugger."""
+    """The attempt, once its link is up: files, its user, then the program, plain or under the
+    debugger, with its tunnels."""
+    run_dir, housing = place.run_dir, place.housing
     try:
         files = await materialise(manifest, run_dir, fetch, cache=cache)
     except Exception as exc:  # a broken snapshot is the run's failure, not the worker's
@@ -196,27 +215,42 @@ async def _attempt(
         )
         say(f"run {record.id}: cannot materialise the snapshot: {exc}")
         return None
-    say(f"run {record.id} attempt {record.attempt}: {files} files in {run_dir}")
-    with tempfile.TemporaryDirectory(prefix="tether-metrics-") as where:
-        env = metrics_env(Path(where), program_env(record, env))
+    try:
+        user = await trio.to_thread.run_sync(housing.lease, run_dir)
+    except (RuntimeError, OSError) as exc:
+        await _status(link, StatusEvent.START_FAILED, detail=str(exc))
+        say(f"run {record.id}: {exc}")
+        return None
+    who = "" if user is None else f", as uid {user.uid}"
+    say(f"run {record.id} attempt {record.attempt}: {files} files in {run_dir}{who}")
+    mark = housing.attempt_mark(record.id, record.attempt)
+    async with open_quarters(run_dir, user=user, runtime=housing.runtime, mark=mark) as quarters:
+        env = metrics_env(
+            quarters.private, program_env(record, env, quarters), housing.runtime.user_module
+        )
         async with (
+            open_tunnels(  # their commands end with the attempt's tunnels, not its program
+                link.endpoint, record, run_dir, {**env, MARK_ENV: f"{mark}-tunnels"},
+                allowed=place.allow_tunnels, say=say, quarters=quarters,
+            ) as tunnels,
             open_program_output(link, record.attempt, record.spec.secrets()) as output,
             open_program_metrics(
-                link, Path(where), patterns=record.spec.metrics, attempt=record.attempt
+                link, quarters.private, patterns=record.spec.metrics, attempt=record.attempt,
+                hand_over=quarters.hand_over,
             ) as metrics,
-        ):
+        ):  # fmt: skip
             output.metrics = metrics
             if record.trial and record.spec.debug_when:  # the first trial of its sweep only
                 metrics.may_pause = partial(_claim_pause, link, record)
             return await _program(
-                link, record, run_dir, log_path, env, python, say, news, tunnels, output
+                link, record, quarters, place.log_path, env, python, say, news, tunnels, output
             )
 
 
 async def _program(
     link: RunLink,
     record: RunRecord,
-    run_dir: Path,
+    quarters: Quarters,
     log_path: Path,
     env: dict[str, str],
     python: str,
@@ -226,12 +260,12 @@ async def _program(
     output: ProgramOutput,
 ) -> int | None:
     """The program, plain or under the debugger, its output and metrics going to ``output``."""
+    run_dir = quarters.run_dir
     if not record.spec.debug:
-        with tempfile.TemporaryDirectory(prefix="tether-attach-") as where:
-            attachable = await attachable_argv(record, run_dir, env, python, Path(where))
-            return await _run_plain(
-                link, record, run_dir, env, log_path, say, news, output, attachable, tunnels
-            )
+        attachable = await attachable_argv(record, quarters, env, python)
+        return await _run_plain(
+            link, record, quarters, env, log_path, say, news, output, attachable, tunnels
+        )
     try:
         async with start_debuggee(
             record.spec.command,
@@ -243,6 +277,7 @@ async def _program(
             secrets=record.spec.secrets(),
             # children debugged too, each configured by the shim (``worker_shim.processes``)
             subprocesses=record.spec.processes != "main",
+            quarters=quarters,
         ) as debuggee:
             tunnels.program = debuggee.process.pid
             if output.metrics is not None:
@@ -263,37 +298,6 @@ async def _claim_pause(
     """Whether the relay lets the program pause where it met ``--debug-when``."""
     async with open_control(link.endpoint, client="tether-worker") as control:
         return (await control.claim_pause(record.id, record.attempt, step, values)).pause
-
-
-#: the worker's own credentials: never handed down to the program it runs
-WORKER_ONLY_ENV = frozenset({"TETHER_TOKEN", "TETHER_CONFIG"})
-
-
-#: a Ray job's configuration (its runtime environment, the worker's ticket among it), which a Ray
-#: driver hands on to every task and actor it starts
-RAY_JOB_CONFIG = "RAY_JOB_CONFIG_JSON_ENV_VAR"
-
-
-def program_env(record: RunRecord, env: dict[str, str] | None) -> dict[str, str]:
-    """The program's environment (and its tunnels' commands'): the worker's, without its own
-    credentials, the run's (secrets included), then what the worker adds (its GPUs)."""
-    inherited = {k: v for k, v in os.environ.items() if k not in WORKER_ONLY_ENV}
-    if RAY_JOB_CONFIG in inherited:
-        inherited[RAY_JOB_CONFIG] = _without_credentials(inherited[RAY_JOB_CONFIG])
-    return {**inherited, **record.spec.program_env(), **(env or {})}
-
-
-def _without_credentials(job_config: str) -> str:
-    """A Ray job's configuration without the worker's own variables (one that cannot be read is
-    replaced by an empty one rather than handed on)."""
-    try:
-        config = json.loads(job_config)
-        env_vars = (config.get("runtime_env") or {}).get("env_vars") or {}
-        for name in WORKER_ONLY_ENV:
-            env_vars.pop(name, None)
-        return json.dumps(config)
-    except (ValueError, AttributeError, TypeError):
-        return "{}"
 
 
 async def _exited(link: RunLink, record: RunRecord, code: int) -> None:
@@ -349,7 +353,7 @@ async def _status(link: RunLink, event: StatusEvent, **fields: Any) -> None:
 async def _run_plain(
     link: RunLink,
     record: RunRecord,
-    run_dir: Path,
+    quarters: Quarters,
     env: dict[str, str],
     log_path: Path,
     say: Callable[[str], None],
@@ -360,23 +364,49 @@ async def _run_plain(
 ) -> int | None:
     """A run without the debugger; ``attachable``: its program waits for a ``tether attach``
     (an IDE's presence on the run): then debugpy starts in it, and the run goes on as a debug
-    run does (:func:`_run_debug`, what this attempt took off the link first)."""
+    run does (:func:`_run_debug`, what this attempt took off the link first). However it ends
+    (an exit, a cancel, the worker stopping), its process group and every process marked with the
+    attempt are ended before this returns (shielded, bounded)."""
+    run_dir = quarters.run_dir
     listener = None
     if attachable is not None:
         try:
-            listener = await attach_listener(attachable[1])
+            listener = await attach_listener(attachable[1], quarters)
         except OSError as exc:
             log.warning("run %s runs without a way to attach later: %s", record.id, exc)
             attachable = None
     argv = attachable[0] if attachable else record.spec.command
     try:
-        process = await start_plain(argv, cwd=str(run_dir), env=env)
+        process = await start_plain(argv, cwd=str(run_dir), env=env, quarters=quarters)
     except (OSError, ValueError) as exc:
         if listener is not None:
             listener.close()
         await _status(link, StatusEvent.START_FAILED, detail=str(exc))
         say(f"run {record.id} could not start: {exc}")
         return None
+    try:
+        return await _plain_process(
+            link, record, quarters, process, log_path, say, news, on_output, listener, tunnels
+        )
+    finally:
+        with trio.CancelScope(shield=True):
+            await terminate_group(process)
+            await kill_stragglers(quarters.mark)
+
+
+async def _plain_process(
+    link: RunLink,
+    record: RunRecord,
+    quarters: Quarters,
+    process: trio.Process,
+    log_path: Path,
+    say: Callable[[str], None],
+    news: _LinkNews,
+    on_output: ProgramOutput,
+    listener: trio.socket.SocketType | None,
+    tunnels: Tunnels,
+) -> int | None:
+    run_dir = quarters.run_dir
     tunnels.program = process.pid
     if on_output.metrics is not None:
         on_output.metrics.program = process.pid
@@ -403,7 +433,8 @@ async def _run_plain(
                     say(f"run {record.id}: an uncaught exception; the program waits post-mortem")
                 else:
                     say(f"run {record.id}: an IDE attached; debugging the running program")
-                debuggee = Debuggee(process, debugged.port, output)
+                uid = quarters.user.uid if quarters.user is not None else None
+                debuggee = Debuggee(process, debugged.port, output, uid=uid)
                 code = await _run_debug(
                     link, record, run_dir, debuggee, say, news, on_output,
                     backlog=debugged.backlog, post_mortem=debugged.post_mortem, tunnels=tunnels,

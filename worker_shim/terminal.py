@@ -27,6 +27,7 @@ from protocol_specs.wire import TunnelEntry
 from relay.client import RunLink, tunnel_steps
 
 from .debuggee import terminate_group
+from .identity import ProgramUser, spawn_options
 
 __all__ = ["run_shell", "set_size"]
 
@@ -55,11 +56,14 @@ def _controlling_terminal() -> None:  # pragma: no cover (runs in the child)
 
 
 async def run_shell(
-    link: RunLink, spec: TunnelSpec, cwd: Path, env: dict[str, str]
+    link: RunLink, spec: TunnelSpec, cwd: Path, env: dict[str, str], user: ProgramUser | None = None
 ) -> tuple[int | None, str]:
+    """``user``: the shell runs as that uid, owning its terminal as a login's does."""
     master, slave = os.openpty()
     try:
         set_size(slave, spec.cols, spec.rows)
+        if user is not None:
+            os.fchown(slave, user.uid, user.gid)
         process = await trio.lowlevel.open_process(
             _shell(env),
             cwd=str(cwd),
@@ -69,6 +73,7 @@ async def run_shell(
             stderr=slave,
             start_new_session=True,
             preexec_fn=_controlling_terminal,
+            **spawn_options(user),
         )
     except OSError as exc:
         os.close(master)

@@ -19,6 +19,7 @@ import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -29,7 +30,10 @@ from protocol_specs.wire import Role, TunnelEntry
 from relay.client import RelayError, RunLink, Target, open_run_link, tunnel_steps
 
 from .debuggee import terminate_group
+from .identity import spawn_options
+from .loopback import NotTheRuns, connect_owned
 from .process_names import read_proc
+from .quarters import Quarters
 from .terminal import run_shell
 
 __all__ = ["Tunnels", "open_tunnels", "tunnel_request"]
@@ -68,8 +72,11 @@ class Tunnels:
         *,
         allowed: bool = True,
         say: Callable[[str], None] = lambda _text: None,
+        quarters: Quarters | None = None,
     ) -> None:
         self.relay = relay
+        #: as whom the commands run (the attempt's uid on a worker that isolates)
+        self.quarters = quarters
         self.record = record
         self.run_dir = run_dir
         self.env = env
@@ -150,15 +157,16 @@ class Tunnels:
         """Run what ``spec`` asks for; its exit code, and why when it did not run to its end."""
         if not self.allowed:
             return None, "this worker does not allow shells, commands or port forwards (--no-shell)"
+        user = self.quarters.user if self.quarters is not None else None
         if spec.kind == "forward":
-            return await _forward(link, spec.port)
+            return await _forward(link, spec.port, None if user is None else user.uid)
         where = self._context(spec)
         if isinstance(where, str):
             return None, where
         cwd, env = where
         if spec.kind == "exec":
-            return await _exec(link, spec, cwd, env)
-        return await run_shell(link, spec, cwd, env)
+            return await _exec(link, spec, cwd, env, spawn_options(user))
+        return await run_shell(link, spec, cwd, env, user)
 
     def _context(self, spec: TunnelSpec) -> tuple[Path, dict[str, str]] | str:
         """Where a command runs, with what environment: the run's, or (``spec.process``) that
@@ -179,7 +187,7 @@ class Tunnels:
 
 
 async def _exec(
-    link: RunLink, spec: TunnelSpec, cwd: Path, env: dict[str, str]
+    link: RunLink, spec: TunnelSpec, cwd: Path, env: dict[str, str], spawn: dict[str, Any]
 ) -> tuple[int | None, str]:
     try:
         process = await trio.lowlevel.open_process(
@@ -190,6 +198,7 @@ async def _exec(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own group: a signal or the end reaches its children
+            **spawn,  # as the run's uid, on a worker that gives programs uids of their own
         )
     except OSError as exc:
         code = 127 if isinstance(exc, FileNotFoundError) else 126
@@ -210,11 +219,18 @@ async def _exec(
     return (128 - code if code < 0 else code), ""
 
 
-async def _forward(link: RunLink, port: int) -> tuple[int | None, str]:
+async def _forward(link: RunLink, port: int, uid: int | None = None) -> tuple[int | None, str]:
     """One forwarded connection: to ``port`` on the worker's loopback, both ways, each direction
-    ending on its own (half-close), as ``ssh -L`` does."""
+    ending on its own (half-close), as ``ssh -L`` does. ``uid``: only to a port the run's own
+    processes listen on (a worker that gives programs uids of their own connects as root, and
+    another run's debugger lets the worker in: ``worker_shim/loopback.py``)."""
     try:
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        if uid is None:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+        else:
+            stream = await connect_owned(port, uid)
+    except NotTheRuns as exc:
+        return None, f"{exc}: a run forwards only ports its own processes listen on"
     except OSError as exc:
         return None, f"nothing accepts connections on port {port} of the worker ({exc})"
     async with stream:
@@ -267,11 +283,15 @@ async def open_tunnels(
     allowed: bool = True,
     say: Callable[[str], None] = lambda _text: None,
     ending: str = "",
+    quarters: Quarters | None = None,
 ) -> AsyncIterator[Tunnels]:
     """The attempt's tunnels, served until the block ends (then what still runs is ended, its
-    ``exit`` saying ``ending``: by default, that the attempt ended)."""
+    ``exit`` saying ``ending``: by default, that the attempt ended); ``quarters``: as whom their
+    commands run."""
     async with trio.open_nursery() as nursery:
-        tunnels = Tunnels(relay, record, run_dir, env, nursery, allowed=allowed, say=say)
+        tunnels = Tunnels(
+            relay, record, run_dir, env, nursery, allowed=allowed, say=say, quarters=quarters
+        )
         try:
             yield tunnels
         finally:

@@ -19,6 +19,7 @@ from .errors import store_at
 
 if TYPE_CHECKING:
     from relay.client import Endpoint
+    from worker_shim.identity import Isolation
 
 __all__ = ["LocalStack", "open_local_stack"]
 
@@ -35,6 +36,8 @@ class LocalStack:
     token: str = field(repr=False)
     #: whether ``token`` was created now (and should be saved)
     minted: bool = False
+    #: as whom the pool runs programs (``None``: no pool)
+    isolation: Isolation | None = None
 
     @property
     def endpoint(self) -> Endpoint:
@@ -59,6 +62,7 @@ async def open_local_stack(
     user: str | None = None,
     pool_bounds: tuple[int, int] | None = None,
     allow_tunnels: bool = True,
+    isolation: Isolation | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Run the stack until the block exits; the server's data lives in ``data_dir/redis`` (unless
     ``redis`` names an existing server), snapshot blobs in ``data_dir/blobs``, run directories in
@@ -126,6 +130,7 @@ async def open_local_stack(
                             keep_runs=keep_runs,
                             cache_max=cache_max,
                             allow_tunnels=allow_tunnels,
+                            isolation=isolation,
                             task_status=task_status,
                         )
                 finally:
@@ -137,8 +142,9 @@ async def open_local_stack(
                 pool_done.set()
             try:
                 yield LocalStack(
-                    relay=relay, redis=redis_url, user=user, token=token, minted=minted
-                )
+                    relay=relay, redis=redis_url, user=user, token=token, minted=minted,
+                    isolation=isolation if workers > 0 else None,
+                )  # fmt: skip
             finally:
                 # the pool first, while the relay still serves: its workers end their programs
                 # and tell the relay their attempts are over (no run is left "running")

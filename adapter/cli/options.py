@@ -210,6 +210,43 @@ def pool_options(sp: argparse.ArgumentParser) -> None:
         metavar="S",
         help="wait S seconds before starting a claimed run (a stand-in GPU queue)",
     )
+    g = sp.add_argument_group(
+        "isolation (a root worker runs each program as a uid of its own: SECURITY.md)"
+    )
+    g.add_argument(
+        "--run-uids",
+        type=_uids,
+        metavar="FIRST-LAST",
+        help="the uids a root worker gives programs, one each (default 60000-60999; none may "
+        "have an account)",
+    )
+    g.add_argument(
+        "--runs-root",
+        metavar="DIR",
+        help="where a root worker puts run directories, reachable by those uids (default "
+        "$TETHER_RUNS_ROOT, else /var/lib/tether/runs)",
+    )
+    g.add_argument(
+        "--no-isolation",
+        action="store_true",
+        help="run programs as this worker's own user (root too): it then runs only its own "
+        "user's runs, unless --any-user",
+    )
+    g.add_argument(
+        "--any-user",
+        action="store_true",
+        help="a worker whose programs run as itself runs every user's runs: each program can "
+        "read the worker's credentials and the other runs (SECURITY.md)",
+    )
+
+
+def _uids(text: str) -> range:
+    from worker_shim.identity import parse_uids
+
+    try:
+        return parse_uids(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def relay_options(s: argparse.ArgumentParser) -> None:

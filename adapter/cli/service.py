@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 import errno
+import getpass
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -18,6 +19,9 @@ from adapter.render import Clock
 from relay.client import Endpoint, RelayError
 
 from .errors import leaves, store_at
+
+if TYPE_CHECKING:
+    from worker_shim.identity import Isolation
 from .settings import (
     endpoint_file,
     is_loopback,
@@ -123,6 +127,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             raise SystemExit(f"tether worker: {exc.message}") from None
         return code if code is not None and code >= 0 else 1
     gpus = [g for g in args.gpus.split(",") if g] if args.gpus is not None else None
+    isolation = isolation_of(args, "tether worker")
     async with trio.open_nursery() as nursery:
         await nursery.start(
             lambda task_status: run_pool(
@@ -136,14 +141,33 @@ async def cmd_worker(args: argparse.Namespace) -> int:
                 keep_runs=args.keep_runs,
                 cache_max=args.cache_max * 2**20,
                 allow_tunnels=not args.no_shell,
+                isolation=isolation,
                 task_status=task_status,
             )
         )
         print(
-            f"tether worker: ready relay={relay.url} slots={args.slots} work_dir={work_dir}",
+            f"tether worker: ready relay={relay.url} slots={args.slots} work_dir={work_dir}\n"
+            f"  {isolation.describe()}",
             flush=True,
         )
     return 0
+
+
+def isolation_of(args: argparse.Namespace, who: str, user: str = "") -> Isolation:
+    """The pool's isolation as its options say (``user``: whose runs it serves when it cannot
+    isolate; ``""``: its token's user)."""
+    from worker_shim.identity import Isolation
+
+    try:
+        return Isolation.decide(
+            user=user,
+            uids=args.run_uids,
+            runs_root=Path(args.runs_root).resolve() if args.runs_root else None,
+            isolate=False if args.no_isolation else None,
+            any_user=args.any_user,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"{who}: {exc}") from None
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
@@ -183,6 +207,7 @@ async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
         on_worker_event=clock.say,
         pool_bounds=(args.keep_runs, args.cache_max * 2**20),
         allow_tunnels=not args.no_shell,
+        isolation=isolation_of(args, "tether up", getpass.getuser()) if args.workers else None,
     ) as stack:
         relay, redis_url = stack.relay, stack.redis
         if stack.minted:
@@ -198,6 +223,8 @@ async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
             json.dumps({"relay": relay, "pid": os.getpid(), "data_dir": str(data_dir)})
         )
         print(f"tether up: ready relay={relay} data={data_dir}", flush=True)
+        if stack.isolation is not None:
+            print(f"  {stack.isolation.describe()}", flush=True)
         _UP_READY.append(True)
         print(
             f"  redis: {redis_url}\n  workers: {args.workers} (start delay {args.start_delay:g} s)\n"

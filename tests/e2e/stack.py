@@ -155,8 +155,31 @@ async def admin_token(home: Path, redis: str) -> None:
             assert await proc.process.wait() == 0, proc.output
 
 
+#: ``isolated=False``: programs run as the worker's own user (``--no-isolation``), as on one
+#: user's machine, where they may use what that user made (a venv under pytest's tmp_path, which
+#: is root's only): tests of another feature that need that say so. Otherwise a root worker (the
+#: tests run as root) gives each program a uid of its own.
+def _isolation(isolated: bool) -> tuple[str, ...]:
+    return () if isolated else ("--no-isolation",)
+
+
+def program_python() -> str | None:
+    """An interpreter a program with a uid of its own may run, for a test's script to name (the
+    tests' own may live under /root, as pyenv's does); ``None`` if none is: such a test then runs
+    its programs as the worker's user (``isolated=False``)."""
+    from worker_shim.identity import ProgramUser
+
+    anyone = ProgramUser(65534)
+    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        if anyone.can_run(candidate):
+            return candidate
+    return None
+
+
 @asynccontextmanager
-async def relay_stack(home: Path, *, workers: int = 0) -> AsyncIterator[tuple[Proc, str]]:
+async def relay_stack(
+    home: Path, *, workers: int = 0, isolated: bool = True
+) -> AsyncIterator[tuple[Proc, str]]:
     """`tether up` with the bundled server; yields (process, relay URL)."""
     async with tether(
         "up",
@@ -166,6 +189,7 @@ async def relay_stack(home: Path, *, workers: int = 0) -> AsyncIterator[tuple[Pr
         str(workers),
         "--relay-port",
         "0",
+        *_isolation(isolated),
         home=home,
     ) as up:
         m = await up.wait_line(r"tether up: ready relay=(\S+)")
@@ -173,7 +197,9 @@ async def relay_stack(home: Path, *, workers: int = 0) -> AsyncIterator[tuple[Pr
 
 
 @asynccontextmanager
-async def worker(home: Path, relay: str, *, slots: int = 1) -> AsyncIterator[Proc]:
+async def worker(
+    home: Path, relay: str, *, slots: int = 1, isolated: bool = True
+) -> AsyncIterator[Proc]:
     async with tether(
         "worker",
         "--relay",
@@ -182,6 +208,7 @@ async def worker(home: Path, relay: str, *, slots: int = 1) -> AsyncIterator[Pro
         str(slots),
         "--work-dir",
         str(home / "worker"),
+        *_isolation(isolated),
         home=home,
     ) as proc:
         await proc.wait_line(r"tether worker: ready")

@@ -60,7 +60,8 @@ async def test_a_run_reports_metrics_by_the_api_and_by_its_output_lines(tmp_path
     (workdir / "train.py").write_text(TRAIN)
     python = bare_venv(tmp_path / "venv")
     home = tmp_path / "home"
-    async with relay_stack(home, workers=1):
+    # a venv of the user's own, made under pytest's tmp_path (root's only): run as its user
+    async with relay_stack(home, workers=1, isolated=False):
         out = await run_cli(
             home, "run", "--workdir", str(workdir), "-f",
             "--metric", r"epoch (?P<step>\d+) val_loss=(?P<val_loss>[\d.e+-]+)",

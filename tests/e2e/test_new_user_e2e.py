@@ -65,7 +65,9 @@ async def test_debug_mode_runs_the_users_interpreter_and_shows_its_output(
     home = tmp_path / "home"
     extra = ("--quiet",) if quiet else ()
     async with (
-        relay_stack(home, workers=1) as (_up, relay),
+        # their own venv, on their own machine: programs run as them (a root worker's would not
+        # reach a venv in pytest's tmp_path, which is root's only)
+        relay_stack(home, workers=1, isolated=False) as (_up, relay),
         debug_run(home, relay, workdir, str(python), "app.py", extra=extra) as (debug, _run, port),
     ):
         events = "".join(await plain_attach(port))

@@ -88,7 +88,7 @@ def workdir(tmp_path: Path) -> Path:
 
 
 async def test_a_pool_serves_on_through_relay_kills_and_link_cuts(
-    tmp_path: Path, workdir: Path
+    tmp_path: Path, workdir: Path, shared_tmp: Path
 ) -> None:
     home = tmp_path / "home"
     async with trio.open_nursery() as nursery:
@@ -112,7 +112,7 @@ async def test_a_pool_serves_on_through_relay_kills_and_link_cuts(
                     assert await proxy.cut() > 0  # the pool's link is cut while it waits
                     second, out = await run_to_end(home, via, workdir, "print('after a cut')")
                     assert "after a cut" in out
-                    flag = tmp_path / "go"
+                    flag = shared_tmp / "go"  # the program (a uid of its own) looks for it
                     waits = (
                         "import os, time\n"
                         f"while not os.path.exists({str(flag)!r}): time.sleep(0.05)\n"

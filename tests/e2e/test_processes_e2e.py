@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from direct_debugpy import copy_programs
 from node_harness import open_vscode_session, scenario, session_messages, sessions_by_kind
-from stack import debug_run, relay_stack, worker
+from stack import debug_run, program_python, relay_stack, worker
 
 from protocol_specs.dap_schema import validate_message
 from protocol_specs.processes import COLLECTIVE_TIMEOUT_HINT
@@ -60,24 +60,26 @@ async def run_through_tether(
     """Queue ``program command`` with `tether debug`, configure it from the runner, start a worker,
     run the steps; returns (result, messages, adapter port) once the run ended with exit code 0."""
     ws = copy_programs(tmp_path / "ws")
+    # an interpreter the program's uid may run (a root worker's programs run as uids of their own)
+    python = program_python()
     # a console script, as pip installs torchrun: a Python script with a #! line, no .py
     launcher = ws / "launch-ranks"
-    launcher.write_text(f"#!{sys.executable}\n" + (ws / "ranks_launcher.py").read_text())
+    launcher.write_text(f"#!{python or sys.executable}\n" + (ws / "ranks_launcher.py").read_text())
     launcher.chmod(0o755)
     # a launcher in shell, as many Slurm batch scripts are: one python per rank, in the background
     shell = ws / "launch-ranks.sh"
-    shell.write_text(SHELL_LAUNCHER.replace("PYTHON", sys.executable))
+    shell.write_text(SHELL_LAUNCHER.replace("PYTHON", python or sys.executable))
     shell.chmod(0o755)
     home = tmp_path / "home"
     all_steps = [{"op": "mark", "name": "configured", "wait": True}, *steps]
     async with (
-        relay_stack(home) as (_up, relay),
+        relay_stack(home, isolated=python is not None) as (_up, relay),
         debug_run(home, relay, ws, program, *command, extra=extra) as (debug, _run, port),
     ):
         spec = scenario(port, ws, all_steps, breakpoints=breakpoints, timeout_ms=120_000)
         async with open_vscode_session(spec, timeout=270) as session:
             await session.wait_mark("configured")
-            async with worker(home, relay):
+            async with worker(home, relay, isolated=python is not None):
                 await session.release("configured")
                 result, messages = await session.result()
         await debug.wait_line(r"ended \(exited, exit code 0\)", timeout=60)
@@ -277,12 +279,13 @@ async def test_a_paused_child_is_offered_again_to_an_ide_that_comes_back(tmp_pat
 
 
 async def test_a_retry_applies_the_breakpoints_in_the_children_of_the_next_attempt(
-    tmp_path: Path,
+    tmp_path: Path, shared_tmp: Path
 ) -> None:
     """Attempt 1 fails before any child exists; attempt 2's child gets the breakpoint that was set
     while the run was queued, stops, and is debugged in its own session."""
-    state = tmp_path / "state"
-    state.mkdir()
+    state = shared_tmp / "state"  # mounted: the program (a uid of its own) writes in it
+    state.mkdir(mode=0o777)
+    state.chmod(0o777)
     steps: list[dict[str, Any]] = [
         {"op": "wait_output", "contains": "attempt first"},
         {"op": "wait_session", "label": "kid"},

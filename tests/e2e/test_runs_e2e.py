@@ -117,13 +117,14 @@ async def test_paused_shows_where_and_cancel_while_paused_ends_the_session(
 
 
 async def test_a_crashed_attempt_is_retried_and_the_ide_sees_the_stop_on_attempt_2(
-    tmp_path: Path,
+    tmp_path: Path, shared_tmp: Path
 ) -> None:
     workdir = tmp_path / "project"
     workdir.mkdir()
     (workdir / "flaky.py").write_text(FLAKY)
-    state = tmp_path / "state"
+    state = shared_tmp / "state"  # mounted: the program (a uid of its own) writes in it
     state.mkdir()
+    state.chmod(0o777)
     home = tmp_path / "home"
     retry = ("--max-retries", "2", "--retry-backoff", "0", "--mount", f"state={state}")
     async with relay_stack(home, workers=1) as (up, relay):

@@ -131,7 +131,7 @@ def test_the_program_and_its_ray_tasks_never_get_the_workers_ticket(
     the driver to every task it starts: the worker's own variables are taken out of it."""
     import json
 
-    from worker_shim.shim import RAY_JOB_CONFIG, program_env
+    from worker_shim.quarters import RAY_JOB_CONFIG, program_env
 
     config = {
         "runtime_env": {"env_vars": {"TETHER_TOKEN": TICKET, "WANDB_MODE": "offline"}},
