@@ -114,7 +114,7 @@ class Control:
                 if isinstance(reply, wire.Error):
                     log.info("error to %s: %s: %s", peer.source, reply.code.value, reply.message)
                 try:
-                    await peer.ws.send(wire.encode_frame(reply))
+                    await peer.ws.send(_encoded(reply))
                 except ConnectionClosed:
                     if conn.undo is not None:
                         with trio.CancelScope(shield=True), trio.move_on_after(10):
@@ -530,6 +530,19 @@ class _Refused(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def _encoded(reply: wire.AnyFrame) -> bytes:
+    """The reply as a frame; one that holds what msgpack cannot carry (a number beyond 64 bits
+    in a sweep a relay stored before its space was checked) is answered ``internal`` instead of
+    ending the connection."""
+    try:
+        return wire.encode_frame(reply)
+    except (OverflowError, ValueError, TypeError) as exc:
+        log.warning("cannot send a %r answer: %s", reply.t, exc)
+        message = f"the relay cannot send its {reply.t!r} answer: {exc}"
+        rid = getattr(reply, "rid", None)
+        return wire.encode_frame(wire.Error(code=ErrorCode.INTERNAL, message=message, rid=rid))
 
 
 def _run_info(got: RunRecord | wire.Error, rid: int | None) -> wire.AnyFrame:
