@@ -36,6 +36,7 @@ from .claims import Claims
 from .config import SERVER_NAME, RelayConfig
 from .gate import Peer
 from .registry import Registry
+from .run_names import Ambiguous, named_run
 from .sweeps import Sweeps
 from .trees import CheckedTrees, Rooted, check_tree
 from .tunnels import Tunnels
@@ -49,11 +50,6 @@ _T = TypeVar("_T")
 
 #: digests looked up in one call
 _BATCH = 5000
-#: the shortest run id prefix that names a run, and how many of the newest runs it is looked in
-MIN_PREFIX = 4
-PREFIX_SCAN = 10_000
-#: how many of a user's newest runs a name is looked for in
-NAME_SCAN = 200
 
 
 @dataclass(eq=False)
@@ -356,46 +352,16 @@ class Control:
             raise _Refused(ErrorCode(refusal.code), refusal.message)
 
     async def _run(self, who: Principal, act: Act, run_id: str) -> RunRecord:
-        """``run_id``'s record if ``who`` may do ``act`` on it; a user cannot tell another's run
-        from none. A unique prefix of one of the user's runs (4 characters or more, like git's),
-        or a name only one of their newest runs has, names that run."""
-        record = await self.registry.load(run_id)
-        if record is None and who.kind == "user" and run_id:
-            if len(run_id) >= MIN_PREFIX:
-                record = await self._by_prefix(who, run_id)
-            if record is None:
-                record = await self._by_name(who, run_id)
+        """``run_id``'s record if ``who`` may do ``act`` on it (``relay/run_names.py``: an id,
+        a prefix or a name); a user cannot tell another's run from none."""
+        try:
+            record = await named_run(self.registry, who, run_id)
+        except Ambiguous as exc:
+            raise _Refused(ErrorCode.NO_SUCH_RUN, str(exc)) from None
         self._allow(who, act, record, about_run=run_id or "?")
         if record is None:
             raise _Refused(ErrorCode.NO_SUCH_RUN, f"no run {run_id!r} (or not yours)")
         return record
-
-    async def _by_name(self, who: Principal, name: str) -> RunRecord | None:
-        """The one run among the user's newest :data:`NAME_SCAN` named ``name`` (``--name``)."""
-        key = keys.RUNS if who.admin else keys.user_runs(who.user)
-        found = []
-        for run_id in await self.store.zrange_desc(key, NAME_SCAN):
-            record = await self.registry.load(run_id)
-            if record is not None and record.spec.name == name:
-                found.append(record)
-        if len(found) > 1:
-            ids = ", ".join(r.id for r in found[:3])
-            raise _Refused(
-                ErrorCode.NO_SUCH_RUN,
-                f"{len(found)} runs are named {name!r} ({ids}...): give an id",
-            )
-        return found[0] if found else None
-
-    async def _by_prefix(self, who: Principal, prefix: str) -> RunRecord | None:
-        key = keys.RUNS if who.admin else keys.user_runs(who.user)
-        found = [i for i in await self.store.zrange_desc(key, PREFIX_SCAN) if i.startswith(prefix)]
-        if len(found) > 1:
-            raise _Refused(
-                ErrorCode.NO_SUCH_RUN,
-                f"{len(found)} runs start with {prefix!r} ({', '.join(found[:3])}...): "
-                "give more of the id",
-            )
-        return await self.registry.load(found[0]) if found else None
 
     async def _snapshot(
         self, who: Principal, frame: wire.Submit | wire.SubmitSweep

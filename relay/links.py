@@ -1,6 +1,7 @@
-"""Run connections: an adapter's (``ide``) and a worker's (``worker``) link to one run, the two
+"""Run connections: an adapter's (``ide``) and a worker's (``worker``) link to one run, and the two
 links of a tunnel into it (``tunnel``, and a ``worker`` naming the tunnel: the tunnel's streams,
-``relay/tunnels.py``), and a reader of its logs (``logs``).
+``relay/tunnels.py``). A reader of its logs (``logs``) is opened here too, and served by
+``relay/readers.py``.
 
 What a link publishes is appended to the run's outbound stream exactly once
 (:meth:`~relay.store.Store.append_once`) and acknowledged only after Redis stored it; a delivery
@@ -158,7 +159,7 @@ class Links:
         self.statuses = WorkerStatus(registry, on_unattended=on_unattended, clock=clock)
         self.tunnels = Tunnels(self.store, clock=clock)
 
-    async def _opened(self, peer: Peer, hello: wire.Hello, who: Principal) -> RunRecord | None:
+    async def opened(self, peer: Peer, hello: wire.Hello, who: Principal) -> RunRecord | None:
         """The run the link is for, if ``who`` may open it; else ``None`` after refusing it."""
         if not hello.run:
             await peer.fatal(ErrorCode.BAD_FRAME, f"role {hello.role.value!r} needs a run id")
@@ -186,7 +187,7 @@ class Links:
     # --- ide and worker links ---------------------------------------------------------------------
 
     async def serve_run(self, peer: Peer, hello: wire.Hello, who: Principal) -> None:
-        record = await self._opened(peer, hello, who)
+        record = await self.opened(peer, hello, who)
         if record is None:
             return
         run_id = record.id
@@ -559,36 +560,3 @@ class Links:
         key = link.key(link.outbound)
         await self.store.append_once(key, link.producer, n, None)
         return True
-
-    # --- logs -------------------------------------------------------------------------------------
-
-    async def serve_logs(self, peer: Peer, hello: wire.Hello, who: Principal) -> None:
-        """Deliver a run's logs (or metrics) stream from the cursor on, live, until the peer
-        goes."""
-        record = await self._opened(peer, hello, who)
-        if record is None:
-            return
-        if hello.cursor == "0":  # a reader starting over; not every reconnect of a follower
-            await self.audit.record(
-                record.id, "logs", who, source=peer.source, role="logs", client=hello.client
-            )
-        name = StreamName(hello.stream)
-        stream = keys.stream(record.id, name)
-        tail = await self.store.last_id(stream) or "0"
-        welcome = wire.Welcome(
-            server=SERVER_NAME, run=record.redacted(), tails={name.value: tail}, user=who.user
-        )
-        await peer.ws.send(wire.encode_frame(welcome))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(deliver, peer, self.fanout, stream, name, hello.cursor)
-            while True:  # a logs connection publishes nothing; it may only say it is alive
-                data = await peer.ws.recv()
-                try:
-                    frame = wire.decode_frame(data)
-                except WireError as exc:
-                    await peer.error(exc.code, exc.message)
-                    continue
-                if not isinstance(frame, wire.Heartbeat | wire.Received):
-                    await peer.error(
-                        ErrorCode.NOT_ALLOWED, f"{frame.t!r} frames are not valid on logs"
-                    )

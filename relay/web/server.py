@@ -38,11 +38,7 @@ from protocol_specs.snapshots import Manifest
 from protocol_specs.trees import TreeError
 from protocol_specs.wire import (
     AuditEntry,
-    LogEntry,
-    StatusEntry,
     StreamName,
-    WireError,
-    decode_entry,
 )
 
 from .. import keys
@@ -58,10 +54,11 @@ from . import assets
 from .debug_view import DebugView, debug_view
 from .experiments import metrics_section, sweep_page
 from .listing import list_page
+from .log_text import LogText
 from .pages import error_page, file_page, files_page, login_page, run_page, runs_page
 from .sessions import Session, WebSessions, may_log_in
 
-__all__ = ["LiveView", "LogText", "Web"]
+__all__ = ["LiveView", "Web"]
 
 log = logging.getLogger("tether.relay.web")
 
@@ -95,28 +92,6 @@ class LiveView:
     #: whether the page's log ends a line (a marker that follows starts a new one)
     logs_at_line_start: bool = True
     changes_cursor: str = "0"
-
-
-class LogText:
-    """A run's logs stream as the page shows it: output as it came, each status a marker line of
-    its own (on a new line, even after output that did not end one)."""
-
-    def __init__(self) -> None:
-        self.at_line_start = True
-
-    def __call__(self, payload: bytes) -> str:
-        try:
-            entry = decode_entry(payload)
-        except WireError:
-            return ""
-        text = ""
-        if isinstance(entry, LogEntry):
-            text = entry.data.decode("utf-8", "replace")
-        elif isinstance(entry, StatusEntry):
-            text = ("" if self.at_line_start else "\n") + f"── {entry.detail or entry.event} ──\n"
-        if text:
-            self.at_line_start = text.endswith("\n")
-        return text
 
 
 class Web:
