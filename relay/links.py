@@ -33,7 +33,7 @@ from protocol_specs import wire
 from protocol_specs.auth import Principal, Refusal
 from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord
-from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
+from protocol_specs.wire import AuditEvent, ErrorCode, Role, StreamName, WireError
 
 from . import keys
 from .audit import AuditTrail
@@ -106,6 +106,8 @@ class _Link:
     tunnel: str = ""
     #: a worker that keeps an ended attempt's directory, serving the run's tunnels there
     after: bool = False
+    #: what the peer said it is (its ``hello``), for the audit trail
+    client: str = ""
 
     @property
     def run_id(self) -> str:
@@ -172,13 +174,16 @@ class Links:
             refusal = Refusal(ErrorCode.NO_SUCH_RUN, f"no run {hello.run!r} (or not yours)")
         if refusal is not None:
             if record is not None:
-                await self.audit.record(
-                    record.id,
-                    "refused",
+                await self.audit.refused(
+                    record,
                     who,
+                    request=f"open {hello.role.value}",
+                    code=refusal.code,
+                    message=refusal.message,
                     source=peer.source,
                     role=hello.role.value,
-                    detail=refusal.message,
+                    client=hello.client,
+                    what=f"tunnel {hello.tunnel}" if hello.tunnel else "",
                 )
             await peer.refuse(refusal)
             return None
@@ -208,7 +213,7 @@ class Links:
         detail = f"attempt {who.attempt}" if who.kind == "worker" else ""
         await self.audit.record(
             run_id,
-            "connect",
+            AuditEvent.CONNECT,
             who,
             source=peer.source,
             role=hello.role.value,
@@ -233,6 +238,7 @@ class Links:
             hello.producer or secrets.token_hex(8),
             tunnel=tunnel,
             after=hello.after,
+            client=hello.client,
         )
         tails = {name.value: (await self.store.last_id(link.key(name))) or "0" for name in names}
         cursor = hello.cursor
@@ -492,9 +498,28 @@ class Links:
         refusal = authorize(link.who, Act.OPEN_WORKER, record, about_run=link.run_id)
         if refusal is None:
             return True
+        if record is not None:
+            await self._audit_refusal(
+                link, record, "go on as worker", refusal.code, refusal.message
+            )
         if not link.gone:
             await link.peer.refuse(refusal)
         return False
+
+    async def _audit_refusal(
+        self, link: _Link, record: RunRecord, request: str, code: str, message: str
+    ) -> None:
+        await self.audit.refused(
+            record,
+            link.who,
+            request=request,
+            code=code,
+            message=message,
+            source=link.peer.source,
+            role=link.role.value,
+            client=link.client,
+            what=f"tunnel {link.tunnel}" if link.tunnel else "",
+        )
 
     async def _store(self, link: _Link, item: _Queued) -> bool:
         """Store one published entry that is not a DAP entry the link may publish (those go in
@@ -506,12 +531,16 @@ class Links:
             return await self._skip(link, frame.n)
         refusal = self._refusal(link, entry.k)
         if refusal is not None:
+            request = f"publish {entry.k}"
+            await self._audit_refusal(link, link.record, request, refusal.code, refusal.message)
             await self._refuse(link, frame.n, ErrorCode(refusal.code), refusal.message)
             return await self._skip(link, frame.n)
         if isinstance(entry, wire.StatusEntry):
             if not worker_may_publish(entry.event):
                 problem = f"workers may not publish status {entry.event!r}"
-                await self._refuse(link, frame.n, ErrorCode.NOT_ALLOWED, problem)
+                code = ErrorCode.NOT_ALLOWED
+                await self._audit_refusal(link, link.record, "publish status", code, problem)
+                await self._refuse(link, frame.n, code, problem)
                 return await self._skip(link, frame.n)
             if not await self._current(link):
                 return False
@@ -539,7 +568,7 @@ class Links:
             await self.statuses.apply(link.run_id, entry, link.attempt)
         elif isinstance(entry, wire.PresenceEntry):
             if link.presence is None or link.presence.attached != entry.attached:
-                event = "attach" if entry.attached else "detach"
+                event = AuditEvent.ATTACH if entry.attached else AuditEvent.DETACH
                 await self.audit.record(
                     link.run_id, event, link.who, source=link.peer.source, role="ide"
                 )

@@ -9,7 +9,7 @@ import trio
 
 from protocol_specs import wire
 from protocol_specs.auth import Principal
-from protocol_specs.wire import ErrorCode, StreamName, WireError
+from protocol_specs.wire import AuditEvent, ErrorCode, StreamName, WireError
 
 from . import keys
 from .config import SERVER_NAME
@@ -28,7 +28,7 @@ async def serve_logs(links: Links, peer: Peer, hello: wire.Hello, who: Principal
         return
     if hello.cursor == "0":  # a reader starting over; not every reconnect of a follower
         await links.audit.record(
-            record.id, "logs", who, source=peer.source, role="logs", client=hello.client
+            record.id, AuditEvent.LOGS, who, source=peer.source, role="logs", client=hello.client
         )
     name = StreamName(hello.stream)
     stream = keys.stream(record.id, name)

@@ -161,7 +161,7 @@ class Relay:
                     return
                 ws.protocol.max_message_size = _MAX_MESSAGE[hello.role]
                 if hello.role is Role.CONTROL:
-                    await self.control.serve(peer, who, hello.token or "")
+                    await self.control.serve(peer, hello, who)
                 elif hello.role is Role.LOGS:
                     await serve_logs(self.links, peer, hello, who)
                 else:
