@@ -15,7 +15,7 @@ from protocol_specs.auth import TokenInfo
 from protocol_specs.lines import LineJoiner
 from protocol_specs.metrics import format_value
 from protocol_specs.runs import RunRecord, RunSpec, short_duration
-from protocol_specs.sweeps import SweepRecord, Trial
+from protocol_specs.sweeps import SweepRecord, SweepState, Trial
 from protocol_specs.wire import AuditEntry
 
 __all__ = [
@@ -333,6 +333,8 @@ def sweeps_table(sweeps: Sequence[SweepRecord], now: float) -> str:
             if s.best is not None and objective
             else "-"
         )
+        if s.state is SweepState.FAILED:  # why, in the last column (status has it whole)
+            best = ("" if best == "-" else f"{best}; ") + _fit(s.detail, 60)
         rows.append(
             (
                 s.id,
