@@ -15,7 +15,7 @@ from protocol_specs.auth import TokenInfo
 from protocol_specs.lines import LineJoiner
 from protocol_specs.metrics import format_value
 from protocol_specs.runs import RunRecord, RunSpec, short_duration
-from protocol_specs.sweeps import SweepRecord, Trial
+from protocol_specs.sweeps import SweepRecord, SweepState, Trial
 from protocol_specs.wire import AuditEntry
 
 __all__ = [
@@ -288,7 +288,9 @@ def tokens_table(tokens: Sequence[TokenInfo], now: float) -> str:
 
 
 def audit_lines(entries: Sequence[AuditEntry]) -> list[str]:
-    """One line per audit entry, oldest first: when, what, who, as what, from where."""
+    """One line per audit entry, oldest first: when, what, who, as what, from where. What a
+    refused party wrote (its client's name) is shown with control characters escaped: it never
+    reaches the owner's terminal as escape sequences."""
     lines = []
     for e in entries:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
@@ -296,8 +298,16 @@ def audit_lines(entries: Sequence[AuditEntry]) -> list[str]:
         role = f" as {e.role}" if e.role else ""
         detail = f": {e.detail}" if e.detail else ""
         client = f" [{e.client}]" if e.client else ""
-        lines.append(f"{when}  {e.event:<8} {who}{role} from {e.source or '?'}{client}{detail}")
+        line = f"{when}  {e.event:<8} {who}{role} from {e.source or '?'}{client}{detail}"
+        lines.append(_printable(line))
     return lines
+
+
+def _printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (escapes, newlines) escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _table(rows: Sequence[Sequence[str]]) -> str:
@@ -323,6 +333,8 @@ def sweeps_table(sweeps: Sequence[SweepRecord], now: float) -> str:
             if s.best is not None and objective
             else "-"
         )
+        if s.state is SweepState.FAILED:  # why, in the last column (status has it whole)
+            best = ("" if best == "-" else f"{best}; ") + _fit(s.detail, 60)
         rows.append(
             (
                 s.id,

@@ -23,7 +23,7 @@ import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from .sweeps import SweepSpec, Trial, TrialState
+from .sweeps import MAX_INT_CHOICE, SweepSpec, Trial, TrialState
 
 if TYPE_CHECKING:
     import optuna
@@ -37,7 +37,7 @@ def ask(spec: SweepSpec, trials: list[Trial], n: int) -> tuple[dict[str, Any], d
         warnings.simplefilter("ignore")
         study = _study(spec, trials, n)
         trial = study.ask(fixed_distributions=_distributions(spec))
-        params = {name: _plain(value) for name, value in trial.params.items()}
+        params = {name: _held(name, _plain(value)) for name, value in trial.params.items()}
         return params, dict(study._storage.get_trial_system_attrs(trial._trial_id))
 
 
@@ -133,6 +133,17 @@ def _distributions(spec: SweepSpec) -> dict[str, Any]:
         else:
             out[p.name] = FloatDistribution(p.low, p.high, log=p.log)
     return out
+
+
+def _held(name: str, value: Any) -> Any:
+    """``value`` if the relay can store and send it (a finite float, an int64); else a
+    ``ValueError`` (a space checked at submit never gives one: a sweep stored before those
+    checks fails with it)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"the sampler gave {name} = {value}, which is no finite number")
+    if isinstance(value, int) and abs(value) > MAX_INT_CHOICE:
+        raise ValueError(f"the sampler gave {name} an integer beyond ±(2**63 - 1)")
+    return value
 
 
 def _plain(value: Any) -> Any:

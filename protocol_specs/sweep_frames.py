@@ -39,6 +39,14 @@ class SubmitSweep(BaseModel):
     def _tree(cls, value: str) -> str:
         return check_digest(value) if value else value
 
+    @field_validator("spec")
+    @classmethod
+    def _within_limits(cls, value: SweepSpec) -> SweepSpec:
+        """What the relay and the samplers can hold (the CLI checked it too; a crafted frame
+        may not have been)."""
+        value.check_limits()
+        return value
+
     @model_validator(mode="after")
     def _one_snapshot(self) -> SubmitSweep:
         if self.tree and self.manifest.entries:

@@ -35,7 +35,11 @@ from .metrics import NAME
 from .runs import RunSpec, RunState
 
 __all__ = [
+    "FAILURE_CHARS",
+    "MAX_FLOAT",
     "MAX_GRID",
+    "MAX_INT",
+    "MAX_INT_CHOICE",
     "MAX_STEPS",
     "MAX_TRIALS",
     "Objective",
@@ -50,6 +54,7 @@ __all__ = [
     "observed",
     "parse_objective",
     "parse_param",
+    "round_failed",
 ]
 
 #: most trials one sweep runs, and most points a grid may have (the search lists them)
@@ -57,6 +62,15 @@ MAX_TRIALS = 10_000
 MAX_GRID = 100_000
 #: most points of a grid a parameter range may expand to
 _GRID_RANGE = 1000
+#: the largest bound of an int range (either sign): 2**53, up to which every integer is a float
+#: (a range's bounds are kept as floats, and Optuna's samplers draw integers through floats)
+MAX_INT = 2**53
+#: the largest bound of a float range (either sign): the samplers compute with the range's width
+#: and its midpoint (``high - low``, ``low + high``), which must stay finite (beyond about
+#: 9e307 they overflow: every round of such a sweep failed)
+MAX_FLOAT = 1e300
+#: the largest integer choice (either sign): what msgpack carries (int64)
+MAX_INT_CHOICE = 2**63 - 1
 _PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 Choice = int | float | str
@@ -93,13 +107,39 @@ class Param(BaseModel):
                 if isinstance(choice, float) and not math.isfinite(choice):
                     raise ValueError(f"{self.name}: a choice is a finite number or a word")
             return self
-        if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.low >= self.high:
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            raise ValueError(f"{self.name}: a range's bounds are finite numbers")
+        if self.low >= self.high:
             raise ValueError(f"{self.name}: a range needs low < high")
         if self.log and self.low <= 0:
             raise ValueError(f"{self.name}: a log range needs a low above 0")
         if self.kind == "int" and not (self.low.is_integer() and self.high.is_integer()):
             raise ValueError(f"{self.name}: an int range needs whole bounds")
         return self
+
+    def check_limits(self) -> None:
+        """``ValueError`` (one line, naming the parameter) if the space is beyond what the relay
+        and the samplers hold: checked at submit (by the CLI, and by the relay as the
+        ``submit_sweep`` frame arrives), not when a stored sweep is read (one a relay took before
+        these checks fails its first round instead: :func:`round_failed`)."""
+        if self.kind == "choice":
+            if any(isinstance(c, int) and abs(c) > MAX_INT_CHOICE for c in self.choices):
+                raise ValueError(
+                    f"{self.name}: an integer choice is within ±(2**63 - 1), what the relay "
+                    "can store"
+                )
+            return
+        bound = max(abs(self.low), abs(self.high))
+        if self.kind == "int" and bound > MAX_INT:
+            raise ValueError(
+                f"{self.name}: an int range's bounds are within ±{MAX_INT} (2**53), not "
+                f"{self.describe()}"
+            )
+        if bound > MAX_FLOAT:
+            raise ValueError(
+                f"{self.name}: a range's bounds are within ±1e300 (beyond, the samplers' "
+                f"arithmetic overflows), not {self.describe()}"
+            )
 
     def grid(self) -> list[Choice] | None:
         """The values a grid takes: the choices, or every int of an int range (``None``: a float
@@ -143,10 +183,23 @@ def parse_param(text: str) -> Param:
             low, high = float(parts[0]), float(parts[1])
         except ValueError:
             raise ValueError(f"--param {text!r}: a range's bounds are numbers") from None
+        if kind == "int" and any(abs(_whole(part)) > MAX_INT for part in parts):
+            # said before the float rounds it to 2**53
+            raise ValueError(
+                f"--param {text!r}: an int range's bounds are within ±{MAX_INT} (2**53)"
+            )
         return Param(name=name, kind=kind, low=low, high=high, log=log)  # type: ignore[arg-type]
     if kind == "int" or log:
         raise ValueError(f"--param {text!r}: a range is LOW:HIGH, e.g. {name}=int:2:8")
     return Param(name=name, kind="choice", choices=[_choice(c) for c in spec.split(",")])
+
+
+def _whole(text: str) -> int:
+    """``text`` as an integer if it is written as one (else 0: checked as a float)."""
+    try:
+        return int(text)
+    except ValueError:
+        return 0
 
 
 def _is_number(text: str) -> bool:
@@ -253,6 +306,12 @@ class SweepSpec(BaseModel):
         if self.early_stop != "none" and self.objective is None:
             raise ValueError(f"--early-stop {self.early_stop} needs an --objective (e.g. loss:min)")
         return self
+
+    def check_limits(self) -> None:
+        """Each parameter's :meth:`Param.check_limits` (a ``ValueError`` naming the first
+        beyond them)."""
+        for param in self.params:
+            param.check_limits()
 
     def grid_size(self) -> int:
         size = 1
@@ -375,6 +434,8 @@ class SweepState(StrEnum):
     RUNNING = "running"
     FINISHED = "finished"
     CANCELLED = "cancelled"
+    #: a round of it failed in a way no retry mends (:func:`round_failed`; ``detail`` says how)
+    FAILED = "failed"
 
 
 class SweepRecord(BaseModel):
@@ -465,3 +526,24 @@ def ended(trial: Trial, state: RunState, spec: SweepSpec) -> Trial:
             if state is RunState.SUCCEEDED and spec.objective is not None:
                 outcome = f"succeeded, but reported no usable {spec.objective.metric}"
     return trial.model_copy(update={"state": new_state, "ended": True, "outcome": outcome})
+
+
+#: the longest a failed sweep's reason is (``detail``: one line)
+FAILURE_CHARS = 300
+
+
+def round_failed(record: SweepRecord, error: BaseException, now: float) -> SweepRecord:
+    """The sweep once one of its rounds raised ``error``, which the relay does not retry: the
+    store's errors pass (the relay retries those), but anything else (a sampler raising on the
+    space, say) would fail every round the same way. So the sweep fails, saying why in one line
+    (what ``tether sweep status``, ``sweep ls`` and its page show), and is driven no more. A sweep
+    that ended meanwhile stays as it ended."""
+    if record.finished:
+        return record
+    said = " ".join(str(error).split())
+    detail = f"a round failed: {type(error).__name__}" + (f": {said}" if said else "")
+    if len(detail) > FAILURE_CHARS:
+        detail = detail[: FAILURE_CHARS - 3] + "..."
+    return record.model_copy(
+        update={"state": SweepState.FAILED, "updated_at": now, "detail": detail}
+    )

@@ -440,6 +440,9 @@ def decode_frame(data: bytes | str) -> AnyFrame:
         return _FRAME.validate_python(raw)
     except ValidationError as exc:
         code = ErrorCode.TOO_LARGE if "too_long" in str(exc) else ErrorCode.BAD_FRAME
-        if raw.get("t") == FrameType.SUBMIT and code is ErrorCode.BAD_FRAME:
+        if (
+            raw.get("t") in (FrameType.SUBMIT, FrameType.SUBMIT_SWEEP)
+            and code is ErrorCode.BAD_FRAME
+        ):
             code = ErrorCode.BAD_SPEC
         raise WireError(code, f"invalid {raw.get('t')!r} frame: {short_reason(exc)}") from exc

@@ -133,5 +133,6 @@ def short_reason(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:3]:
         loc = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{loc}: {err['msg']}")
+        # a validator's own words need no "Value error, " before them
+        parts.append(f"{loc}: {str(err['msg']).removeprefix('Value error, ')}")
     return "; ".join(parts)

@@ -26,7 +26,7 @@ from protocol_specs.runs import RunRecord
 from protocol_specs.snapshots import Manifest
 from protocol_specs.trees import TreeError
 from protocol_specs.web import CODE_TTL
-from protocol_specs.wire import ErrorCode, WireError
+from protocol_specs.wire import AuditEvent, ErrorCode, WireError
 
 from . import keys
 from .audit import AuditTrail
@@ -36,6 +36,7 @@ from .claims import Claims
 from .config import SERVER_NAME, RelayConfig
 from .gate import Peer
 from .registry import Registry
+from .run_names import Ambiguous, named_run
 from .sweeps import Sweeps
 from .trees import CheckedTrees, Rooted, check_tree
 from .tunnels import Tunnels
@@ -49,11 +50,6 @@ _T = TypeVar("_T")
 
 #: digests looked up in one call
 _BATCH = 5000
-#: the shortest run id prefix that names a run, and how many of the newest runs it is looked in
-MIN_PREFIX = 4
-PREFIX_SCAN = 10_000
-#: how many of a user's newest runs a name is looked for in
-NAME_SCAN = 200
 
 
 @dataclass(eq=False)
@@ -61,6 +57,8 @@ class _Conn:
     peer: Peer
     who: Principal
     token: str = field(default="", repr=False)
+    #: what the peer said it is (its ``hello``), for the audit trail
+    client: str = ""
     #: when the token was last looked at (a revoked or expired token ends the connection)
     checked: float = field(default_factory=trio.current_time)
     uploads: dict[str, Upload] = field(default_factory=dict)
@@ -96,8 +94,8 @@ class Control:
         self.checked = CheckedTrees(config.blob_grace / 2, registry.clock)
         self.sessions = WebSessions(registry.store, tokens, clock=registry.clock)
 
-    async def serve(self, peer: Peer, who: Principal, token: str) -> None:
-        conn = _Conn(peer, who, token)
+    async def serve(self, peer: Peer, hello: wire.Hello, who: Principal) -> None:
+        conn = _Conn(peer, who, hello.token or "", client=hello.client)
         await peer.ws.send(wire.encode_frame(wire.Welcome(server=SERVER_NAME, user=who.user)))
         try:
             while True:
@@ -114,7 +112,7 @@ class Control:
                 if isinstance(reply, wire.Error):
                     log.info("error to %s: %s: %s", peer.source, reply.code.value, reply.message)
                 try:
-                    await peer.ws.send(wire.encode_frame(reply))
+                    await peer.ws.send(_encoded(reply))
                 except ConnectionClosed:
                     if conn.undo is not None:
                         with trio.CancelScope(shield=True), trio.move_on_after(10):
@@ -126,12 +124,29 @@ class Control:
                     await upload.abort()
 
     async def answer(self, frame: wire.AnyFrame, conn: _Conn) -> wire.AnyFrame:
-        """The reply to one control frame."""
+        """The reply to one control frame. A refusal that names a run that exists is in that
+        run's audit trail (the reply is the same as for one that does not)."""
         rid = getattr(frame, "rid", None)
         assert rid is None or isinstance(rid, int)
         try:
             return await self._answer(frame, conn, rid)
         except _Refused as refused:
+            run = refused.run
+            if run is None and isinstance(frame, wire.Report):  # refused before its run was read
+                run = await self.registry.load(frame.run)
+            if run is not None:
+                request, what = _request(frame)
+                await self.audit.refused(
+                    run,
+                    conn.who,
+                    request=request,
+                    code=refused.code.value,
+                    message=refused.message,
+                    source=conn.peer.source,
+                    role="control",
+                    client=conn.client,
+                    what=what,
+                )
             return wire.Error(code=refused.code, message=refused.message, rid=rid)
 
     async def _answer(self, frame: wire.AnyFrame, conn: _Conn, rid: int | None) -> wire.AnyFrame:
@@ -158,7 +173,7 @@ class Control:
                     )
                 got = await self.registry.submit(frame.spec, snapshot, owner=who.user)
                 if isinstance(got, RunRecord):
-                    await self._audit(got.id, "submit", conn)
+                    await self._audit(got.id, AuditEvent.SUBMIT, conn)
                 return _run_info(got, rid)
             case wire.SubmitSweep():
                 self._allow(who, Act.SUBMIT_SWEEP)
@@ -201,7 +216,7 @@ class Control:
                 opened = await self.tunnels.open(record, frame.spec, frame.rid)
                 if isinstance(opened, wire.TunnelOpened):
                     detail = f"{opened.tunnel}: {frame.spec.describe()}"
-                    await self._audit(record.id, "tunnel", conn, detail=detail)
+                    await self._audit(record.id, AuditEvent.TUNNEL, conn, detail=detail)
                 return opened
             case wire.GetAudit():
                 record = await self._run(who, Act.GET_AUDIT, frame.run)
@@ -218,11 +233,11 @@ class Control:
                 target = await self.registry.load(frame.run)
                 self._allow(who, Act.CLAIM_RUN, target, about_run=frame.run, attempt=frame.attempt)
                 if who.kind == "ticket" and target is not None and not target.job_running:
-                    return wire.Error(
-                        code=ErrorCode.JOB_NOT_RUNNING,
-                        message=f"run {frame.run}'s scheduler backend has not yet seen this "
-                        "attempt's job running: a ticket claims only then (ask again)",
-                        rid=rid,
+                    raise _Refused(
+                        ErrorCode.JOB_NOT_RUNNING,
+                        f"run {frame.run}'s scheduler backend has not yet seen this attempt's job "
+                        "running: a ticket claims only then (ask again)",
+                        run=target,
                     )
                 taken = await self.registry.claim_run(frame.worker, frame.run, frame.attempt)
                 if isinstance(taken, wire.Error):
@@ -316,15 +331,18 @@ class Control:
         got = await self.registry.submit(record.spec, again, owner=who.user, rerun_of=record.id)
         if isinstance(got, RunRecord):
             said = {"source": source, "role": role}
-            await self.audit.record(got.id, "submit", who, detail=f"rerun of {record.id}", **said)
-            await self.audit.record(record.id, "rerun", who, detail=f"as {got.id}", **said)
+            submit, rerun = AuditEvent.SUBMIT, AuditEvent.RERUN
+            await self.audit.record(got.id, submit, who, detail=f"rerun of {record.id}", **said)
+            await self.audit.record(record.id, rerun, who, detail=f"as {got.id}", **said)
         return got
 
     async def cancel_run(
         self, record: RunRecord, who: Principal, *, source: str, role: str, detail: str
     ) -> RunRecord:
         """Cancel ``record``'s run as ``who`` (authorised already); the record after."""
-        await self.audit.record(record.id, "cancel", who, source=source, role=role, detail=detail)
+        await self.audit.record(
+            record.id, AuditEvent.CANCEL, who, source=source, role=role, detail=detail
+        )
         return await self.registry.cancel(record.id, detail) or record
 
     # --- decisions --------------------------------------------------------------------------------
@@ -353,49 +371,19 @@ class Control:
     ) -> None:
         refusal = authorize(who, act, run, about_run=about_run, attempt=attempt)
         if refusal is not None:
-            raise _Refused(ErrorCode(refusal.code), refusal.message)
+            raise _Refused(ErrorCode(refusal.code), refusal.message, run=run)
 
     async def _run(self, who: Principal, act: Act, run_id: str) -> RunRecord:
-        """``run_id``'s record if ``who`` may do ``act`` on it; a user cannot tell another's run
-        from none. A unique prefix of one of the user's runs (4 characters or more, like git's),
-        or a name only one of their newest runs has, names that run."""
-        record = await self.registry.load(run_id)
-        if record is None and who.kind == "user" and run_id:
-            if len(run_id) >= MIN_PREFIX:
-                record = await self._by_prefix(who, run_id)
-            if record is None:
-                record = await self._by_name(who, run_id)
+        """``run_id``'s record if ``who`` may do ``act`` on it (``relay/run_names.py``: an id,
+        a prefix or a name); a user cannot tell another's run from none."""
+        try:
+            record = await named_run(self.registry, who, run_id)
+        except Ambiguous as exc:
+            raise _Refused(ErrorCode.NO_SUCH_RUN, str(exc)) from None
         self._allow(who, act, record, about_run=run_id or "?")
         if record is None:
             raise _Refused(ErrorCode.NO_SUCH_RUN, f"no run {run_id!r} (or not yours)")
         return record
-
-    async def _by_name(self, who: Principal, name: str) -> RunRecord | None:
-        """The one run among the user's newest :data:`NAME_SCAN` named ``name`` (``--name``)."""
-        key = keys.RUNS if who.admin else keys.user_runs(who.user)
-        found = []
-        for run_id in await self.store.zrange_desc(key, NAME_SCAN):
-            record = await self.registry.load(run_id)
-            if record is not None and record.spec.name == name:
-                found.append(record)
-        if len(found) > 1:
-            ids = ", ".join(r.id for r in found[:3])
-            raise _Refused(
-                ErrorCode.NO_SUCH_RUN,
-                f"{len(found)} runs are named {name!r} ({ids}...): give an id",
-            )
-        return found[0] if found else None
-
-    async def _by_prefix(self, who: Principal, prefix: str) -> RunRecord | None:
-        key = keys.RUNS if who.admin else keys.user_runs(who.user)
-        found = [i for i in await self.store.zrange_desc(key, PREFIX_SCAN) if i.startswith(prefix)]
-        if len(found) > 1:
-            raise _Refused(
-                ErrorCode.NO_SUCH_RUN,
-                f"{len(found)} runs start with {prefix!r} ({', '.join(found[:3])}...): "
-                "give more of the id",
-            )
-        return await self.registry.load(found[0]) if found else None
 
     async def _snapshot(
         self, who: Principal, frame: wire.Submit | wire.SubmitSweep
@@ -442,6 +430,7 @@ class Control:
                 raise _Refused(
                     ErrorCode.FORBIDDEN,
                     f"blob {frame.digest[:12]} is not in run {who.run}'s snapshot",
+                    run=record,
                 )
         else:
             self._allow(who, Act.GET_BLOB)
@@ -513,23 +502,54 @@ class Control:
             )
         await self._audit(
             record.id,
-            "claim",
+            AuditEvent.CLAIM,
             conn,
             detail=f"attempt {record.attempt} to {record.worker or 'a scheduler job'}",
         )
         return wire.Assigned(rid=rid, run=record, manifest=snapshot, token=token)
 
-    async def _audit(self, run_id: str, event: str, conn: _Conn, *, detail: str = "") -> None:
+    async def _audit(
+        self, run_id: str, event: AuditEvent, conn: _Conn, *, detail: str = ""
+    ) -> None:
         await self.audit.record(
-            run_id, event, conn.who, source=conn.peer.source, role="control", detail=detail
+            run_id,
+            event,
+            conn.who,
+            source=conn.peer.source,
+            role="control",
+            client=conn.client,
+            detail=detail,
         )
 
 
 class _Refused(Exception):
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, *, run: RunRecord | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        #: the run the refused request names, if it exists (its audit trail records it)
+        self.run = run
+
+
+def _request(frame: wire.AnyFrame) -> tuple[str, str]:
+    """What a refused control request asked, as its run's audit trail says it: the request
+    (``cancel``, ``open_tunnel exec``...), and more about it (a tunnel's command)."""
+    if isinstance(frame, wire.OpenTunnel):
+        return f"{frame.t.value} {frame.spec.kind}", frame.spec.describe()
+    return frame.t.value, ""
+
+
+def _encoded(reply: wire.AnyFrame) -> bytes:
+    """The reply as a frame; one that holds what msgpack cannot carry (a number beyond 64 bits
+    in a sweep a relay stored before its space was checked) is answered ``internal`` instead of
+    ending the connection."""
+    try:
+        return wire.encode_frame(reply)
+    except (OverflowError, ValueError, TypeError) as exc:
+        log.warning("cannot send a %r answer: %s", reply.t, exc)
+        message = f"the relay cannot send its {reply.t!r} answer: {exc}"
+        rid = getattr(reply, "rid", None)
+        return wire.encode_frame(wire.Error(code=ErrorCode.INTERNAL, message=message, rid=rid))
 
 
 def _run_info(got: RunRecord | wire.Error, rid: int | None) -> wire.AnyFrame:

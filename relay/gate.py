@@ -181,14 +181,17 @@ class Gate:
                 f"so each refusal now waits {delay:g} s"
             )
         await trio.sleep(delay)
-        if hello.run and await self.registry.load(hello.run) is not None:
-            await self.audit.record(
-                hello.run,
-                "refused",
+        record = await self.registry.load(hello.run) if hello.run else None
+        if record is not None:
+            await self.audit.refused(
+                record,
                 None,
+                request=f"open {hello.role.value}",
+                code=code.value,
+                message=message,
                 source=peer.source,
                 role=hello.role.value,
-                detail=got.message,
+                client=hello.client,
             )
         await peer.fatal(code, message)
         return None

@@ -32,6 +32,10 @@ key                            type    contents                                 
 ``tether:appended:<listener>``  pubsub  append notices and ticks for one relay      relay         that relay
 ``tether:run:{R}:audit``       stream  who attached, submitted, cancelled, was     relay         ``tether audit``
                                        refused (``AuditEntry`` msgpack)
+``tether:run:{R}:refused``     hash    per refuser and request: the refusals of    relay         relay (audit)
+                                       the window open now that have no entry of
+                                       their own (``Repeats`` JSON,
+                                       ``protocol_specs/audit.py``)
 ``tether:runs``                zset    run ids scored by submit time               relay         CLI (list)
 ``tether:user:<u>:runs``       zset    the user's run ids by submit time           relay         CLI (list)
 ``tether:user:<u>:active``     zset    the user's unfinished runs (the runs cap)   relay         relay
@@ -84,6 +88,7 @@ __all__ = [
     "SWEEPS",
     "TOKENS",
     "audit",
+    "audit_refusals",
     "beside",
     "hash_tag",
     "held",
@@ -215,6 +220,11 @@ def audit(run_id: str) -> str:
     return f"tether:run:{{{run_id}}}:audit"
 
 
+def audit_refusals(run_id: str) -> str:
+    """The refusals of a run's audit trail being coalesced (``protocol_specs/audit.py``)."""
+    return f"tether:run:{{{run_id}}}:refused"
+
+
 def queue(backend: str) -> str:
     return f"tether:queue:{backend}"
 
@@ -296,7 +306,7 @@ NOTICE_CHANNEL = "tether:appended:"
 
 def run_keys(run_id: str) -> list[str]:
     """Every key of one run (they expire together when its retention ends)."""
-    out = [record(run_id), manifest(run_id), audit(run_id)]
+    out = [record(run_id), manifest(run_id), audit(run_id), audit_refusals(run_id)]
     for name in ("to_worker", "to_ide", "logs", "metrics"):
         base = stream(run_id, name)
         out += [base, meta_key(base), transient_key(base), watchers_key(base)]

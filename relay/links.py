@@ -1,6 +1,7 @@
-"""Run connections: an adapter's (``ide``) and a worker's (``worker``) link to one run, the two
+"""Run connections: an adapter's (``ide``) and a worker's (``worker``) link to one run, and the two
 links of a tunnel into it (``tunnel``, and a ``worker`` naming the tunnel: the tunnel's streams,
-``relay/tunnels.py``), and a reader of its logs (``logs``).
+``relay/tunnels.py``). A reader of its logs (``logs``) is opened here too, and served by
+``relay/readers.py``.
 
 What a link publishes is appended to the run's outbound stream exactly once
 (:meth:`~relay.store.Store.append_once`) and acknowledged only after Redis stored it; a delivery
@@ -32,7 +33,7 @@ from protocol_specs import wire
 from protocol_specs.auth import Principal, Refusal
 from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord
-from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
+from protocol_specs.wire import AuditEvent, ErrorCode, Role, StreamName, WireError
 
 from . import keys
 from .audit import AuditTrail
@@ -105,6 +106,8 @@ class _Link:
     tunnel: str = ""
     #: a worker that keeps an ended attempt's directory, serving the run's tunnels there
     after: bool = False
+    #: what the peer said it is (its ``hello``), for the audit trail
+    client: str = ""
 
     @property
     def run_id(self) -> str:
@@ -158,7 +161,7 @@ class Links:
         self.statuses = WorkerStatus(registry, on_unattended=on_unattended, clock=clock)
         self.tunnels = Tunnels(self.store, clock=clock)
 
-    async def _opened(self, peer: Peer, hello: wire.Hello, who: Principal) -> RunRecord | None:
+    async def opened(self, peer: Peer, hello: wire.Hello, who: Principal) -> RunRecord | None:
         """The run the link is for, if ``who`` may open it; else ``None`` after refusing it."""
         if not hello.run:
             await peer.fatal(ErrorCode.BAD_FRAME, f"role {hello.role.value!r} needs a run id")
@@ -171,13 +174,16 @@ class Links:
             refusal = Refusal(ErrorCode.NO_SUCH_RUN, f"no run {hello.run!r} (or not yours)")
         if refusal is not None:
             if record is not None:
-                await self.audit.record(
-                    record.id,
-                    "refused",
+                await self.audit.refused(
+                    record,
                     who,
+                    request=f"open {hello.role.value}",
+                    code=refusal.code,
+                    message=refusal.message,
                     source=peer.source,
                     role=hello.role.value,
-                    detail=refusal.message,
+                    client=hello.client,
+                    what=f"tunnel {hello.tunnel}" if hello.tunnel else "",
                 )
             await peer.refuse(refusal)
             return None
@@ -186,7 +192,7 @@ class Links:
     # --- ide and worker links ---------------------------------------------------------------------
 
     async def serve_run(self, peer: Peer, hello: wire.Hello, who: Principal) -> None:
-        record = await self._opened(peer, hello, who)
+        record = await self.opened(peer, hello, who)
         if record is None:
             return
         run_id = record.id
@@ -207,7 +213,7 @@ class Links:
         detail = f"attempt {who.attempt}" if who.kind == "worker" else ""
         await self.audit.record(
             run_id,
-            "connect",
+            AuditEvent.CONNECT,
             who,
             source=peer.source,
             role=hello.role.value,
@@ -232,6 +238,7 @@ class Links:
             hello.producer or secrets.token_hex(8),
             tunnel=tunnel,
             after=hello.after,
+            client=hello.client,
         )
         tails = {name.value: (await self.store.last_id(link.key(name))) or "0" for name in names}
         cursor = hello.cursor
@@ -491,9 +498,28 @@ class Links:
         refusal = authorize(link.who, Act.OPEN_WORKER, record, about_run=link.run_id)
         if refusal is None:
             return True
+        if record is not None:
+            await self._audit_refusal(
+                link, record, "go on as worker", refusal.code, refusal.message
+            )
         if not link.gone:
             await link.peer.refuse(refusal)
         return False
+
+    async def _audit_refusal(
+        self, link: _Link, record: RunRecord, request: str, code: str, message: str
+    ) -> None:
+        await self.audit.refused(
+            record,
+            link.who,
+            request=request,
+            code=code,
+            message=message,
+            source=link.peer.source,
+            role=link.role.value,
+            client=link.client,
+            what=f"tunnel {link.tunnel}" if link.tunnel else "",
+        )
 
     async def _store(self, link: _Link, item: _Queued) -> bool:
         """Store one published entry that is not a DAP entry the link may publish (those go in
@@ -505,12 +531,16 @@ class Links:
             return await self._skip(link, frame.n)
         refusal = self._refusal(link, entry.k)
         if refusal is not None:
+            request = f"publish {entry.k}"
+            await self._audit_refusal(link, link.record, request, refusal.code, refusal.message)
             await self._refuse(link, frame.n, ErrorCode(refusal.code), refusal.message)
             return await self._skip(link, frame.n)
         if isinstance(entry, wire.StatusEntry):
             if not worker_may_publish(entry.event):
                 problem = f"workers may not publish status {entry.event!r}"
-                await self._refuse(link, frame.n, ErrorCode.NOT_ALLOWED, problem)
+                code = ErrorCode.NOT_ALLOWED
+                await self._audit_refusal(link, link.record, "publish status", code, problem)
+                await self._refuse(link, frame.n, code, problem)
                 return await self._skip(link, frame.n)
             if not await self._current(link):
                 return False
@@ -538,7 +568,7 @@ class Links:
             await self.statuses.apply(link.run_id, entry, link.attempt)
         elif isinstance(entry, wire.PresenceEntry):
             if link.presence is None or link.presence.attached != entry.attached:
-                event = "attach" if entry.attached else "detach"
+                event = AuditEvent.ATTACH if entry.attached else AuditEvent.DETACH
                 await self.audit.record(
                     link.run_id, event, link.who, source=link.peer.source, role="ide"
                 )
@@ -559,36 +589,3 @@ class Links:
         key = link.key(link.outbound)
         await self.store.append_once(key, link.producer, n, None)
         return True
-
-    # --- logs -------------------------------------------------------------------------------------
-
-    async def serve_logs(self, peer: Peer, hello: wire.Hello, who: Principal) -> None:
-        """Deliver a run's logs (or metrics) stream from the cursor on, live, until the peer
-        goes."""
-        record = await self._opened(peer, hello, who)
-        if record is None:
-            return
-        if hello.cursor == "0":  # a reader starting over; not every reconnect of a follower
-            await self.audit.record(
-                record.id, "logs", who, source=peer.source, role="logs", client=hello.client
-            )
-        name = StreamName(hello.stream)
-        stream = keys.stream(record.id, name)
-        tail = await self.store.last_id(stream) or "0"
-        welcome = wire.Welcome(
-            server=SERVER_NAME, run=record.redacted(), tails={name.value: tail}, user=who.user
-        )
-        await peer.ws.send(wire.encode_frame(welcome))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(deliver, peer, self.fanout, stream, name, hello.cursor)
-            while True:  # a logs connection publishes nothing; it may only say it is alive
-                data = await peer.ws.recv()
-                try:
-                    frame = wire.decode_frame(data)
-                except WireError as exc:
-                    await peer.error(exc.code, exc.message)
-                    continue
-                if not isinstance(frame, wire.Heartbeat | wire.Received):
-                    await peer.error(
-                        ErrorCode.NOT_ALLOWED, f"{frame.t!r} frames are not valid on logs"
-                    )

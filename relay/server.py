@@ -5,7 +5,7 @@ Each connection starts with a ``hello`` frame naming its role (see ``protocol_sp
 
 - ``relay/gate.py``: the handshake, the token check, per-user connection caps, revocation;
 - ``relay/links.py``: ``ide`` and ``worker`` links to one run (publish exactly once, deliver from
-  a cursor, woken by ``relay/fanout.py``) and ``logs`` readers;
+  a cursor, woken by ``relay/fanout.py``), and ``relay/readers.py``: ``logs`` readers;
 - ``relay/control.py``: ``control`` requests (submit, cancel, inspect, tokens, blobs) and the
   worker pools' and scheduler backends' ``claim``/``dispatch``, which wait in ``relay/claims.py``;
 - ``relay/registry.py``: run records and their transitions, each atomic in the store, with
@@ -53,6 +53,7 @@ from .fanout import Fanout
 from .gate import Gate, Peer
 from .heap import keep_heap
 from .links import Links
+from .readers import serve_logs
 from .registry import Registry
 from .store import Store, StoreError
 from .sweeps import Sweeps
@@ -160,9 +161,9 @@ class Relay:
                     return
                 ws.protocol.max_message_size = _MAX_MESSAGE[hello.role]
                 if hello.role is Role.CONTROL:
-                    await self.control.serve(peer, who, hello.token or "")
+                    await self.control.serve(peer, hello, who)
                 elif hello.role is Role.LOGS:
-                    await self.links.serve_logs(peer, hello, who)
+                    await serve_logs(self.links, peer, hello, who)
                 else:
                     await self.links.serve_run(peer, hello, who)
         except* ConnectionClosed:

@@ -11,6 +11,8 @@ over, and records how an ended run's trial came out; then it launches trials whi
 ``parallel`` are active; then it ends the sweep when every trial ended. Each change is written
 before what follows from it: a trial is recorded with its run's id before the run is submitted,
 so a relay that dies between the two submits it on the next round (a run id is never reused).
+A round that raises anything but the store's errors (which are retried next round) fails the
+sweep, saying why in one line (``protocol_specs.sweeps.round_failed``), logged once.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable
+from functools import partial
 
 import trio
 
@@ -38,6 +41,7 @@ from protocol_specs.sweeps import (
     best_of,
     ended,
     observed,
+    round_failed,
 )
 from protocol_specs.wire import ErrorCode, StreamName
 
@@ -179,7 +183,14 @@ class Sweeps:
                 update={"state": SweepState.CANCELLED, "updated_at": now, "detail": detail}
             )
 
-        record = await self.update(sweep_id, cancelled)
+        return await self._end(sweep_id, cancelled, detail)
+
+    async def _end(
+        self, sweep_id: str, decide: Callable[[SweepRecord], SweepRecord], detail: str
+    ) -> SweepRecord | None:
+        """End the sweep as ``decide`` says (cancelled, failed): no more trials, and the running
+        ones cancelled (``detail``: why, for their runs)."""
+        record = await self.update(sweep_id, decide)
         if record is None:
             return None
         for trial in await self.trials(sweep_id):
@@ -274,16 +285,26 @@ class Sweeps:
             await trio.sleep(every)
 
     async def _round(self, sweep_id: str) -> None:
-        """One round of one sweep, if this process holds it; whatever goes wrong with it is
-        logged and leaves the other sweeps, and the relay, serving (tried again next round)."""
+        """One round of one sweep, if this process holds it. The store failing is logged in a
+        line and the round tried again next time; any other error would come back every round
+        (a sampler raising on the space, say), so the sweep fails with it (:func:`round_failed`:
+        one line in its record), logged here once, with its traceback. Either way the other
+        sweeps, and the relay, go on."""
         try:
             async with self._lock(sweep_id):
-                if await self._hold(sweep_id):
-                    await self.step(sweep_id)
+                try:
+                    if await self._hold(sweep_id):
+                        await self.step(sweep_id)
+                except StoreError:
+                    raise
+                except Exception as error:
+                    log.exception("sweep %s failed: a round raised", sweep_id)
+                    failed = partial(round_failed, error=error, now=self.clock())
+                    await self._end(sweep_id, failed, f"sweep {sweep_id} failed")
         except StoreError as exc:
             log.warning("sweep %s: %s", sweep_id, exc)
-        except Exception:
-            log.exception("sweep %s: a round failed", sweep_id)
+        except Exception:  # failing it failed too: said, and tried again next round
+            log.exception("sweep %s: a round failed, and so did ending it", sweep_id)
 
     async def _hold(self, sweep_id: str) -> bool:
         """Take or renew the sweep's lease; whether this process drives it now."""

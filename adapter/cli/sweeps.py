@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from adapter.render import sweep_text, sweeps_table
 from protocol_specs import wire
-from protocol_specs.sweeps import SweepSpec, parse_objective, parse_param
+from protocol_specs.sweeps import SweepSpec, SweepState, parse_objective, parse_param
 from protocol_specs.web import sweep_path
 from relay.client import ControlClient, Endpoint, open_control
 
@@ -48,6 +48,8 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
     info, said = await on_snapshot(
         relay, Path(spec.run.workdir), submit, say, limit=args.snapshot_limit
     )
+    if info.sweep.state is SweepState.FAILED:  # its first round failed
+        raise SystemExit(f"tether: sweep {info.sweep.id} failed: {info.sweep.detail}")
     say(f"submitted sweep {info.sweep.id}: {spec.total()} trials, {spec.parallel} at once ({said})")
     if args.json:
         print(info.model_dump_json(indent=2))
@@ -82,7 +84,7 @@ def sweep_spec(args: argparse.Namespace) -> SweepSpec:
         *(args.param or []),
     ]
     try:
-        return SweepSpec(
+        spec = SweepSpec(
             params=[parse_param(text) for text in params],
             trials=_pick(args.trials, given, "trials", 10),
             parallel=_pick(args.parallel, given, "parallel", 1),
@@ -101,6 +103,11 @@ def sweep_spec(args: argparse.Namespace) -> SweepSpec:
         raise SystemExit(f"tether: invalid sweep: {said}") from None
     except ValueError as exc:
         raise SystemExit(f"tether: {exc}") from None
+    try:  # what the relay and the samplers can hold (the relay checks it again)
+        spec.check_limits()
+    except ValueError as exc:
+        raise SystemExit(f"tether: invalid sweep: {exc}") from None
+    return spec
 
 
 def _pick(flag: Any, given: dict[str, Any], key: str, default: Any, cast: Any = None) -> Any:

@@ -32,8 +32,9 @@ from .. import keys
 from ..fanout import Fanout
 from ..store import StoreError
 from .debug_view import stopped_key
+from .log_text import LogText
 from .pages import debug_section, run_row, run_summary
-from .server import LiveView, LogText, Web
+from .server import LiveView, Web
 
 __all__ = ["serve_live"]
 

@@ -9,7 +9,8 @@ body-less ``POST``\\ s, and each request is its own connection.
 What a user may see or do is decided as on a control connection: the session's token is looked up
 again on every request (revoked: logged out), and every page and action is authorised by
 :func:`protocol_specs.permissions.authorize`; another user's run is a 404, as a run that does not
-exist. Every action is in the run's audit trail (``role`` ``web``).
+exist. Every action is in the run's audit trail (``role`` ``web``), and so is every page or action
+refused that names a run that exists (``protocol_specs/audit.py``).
 """
 
 from __future__ import annotations
@@ -38,11 +39,8 @@ from protocol_specs.snapshots import Manifest
 from protocol_specs.trees import TreeError
 from protocol_specs.wire import (
     AuditEntry,
-    LogEntry,
-    StatusEntry,
+    AuditEvent,
     StreamName,
-    WireError,
-    decode_entry,
 )
 
 from .. import keys
@@ -58,10 +56,11 @@ from . import assets
 from .debug_view import DebugView, debug_view
 from .experiments import metrics_section, sweep_page
 from .listing import list_page
+from .log_text import LogText
 from .pages import error_page, file_page, files_page, login_page, run_page, runs_page
 from .sessions import Session, WebSessions, may_log_in
 
-__all__ = ["LiveView", "LogText", "Web"]
+__all__ = ["LiveView", "Web"]
 
 log = logging.getLogger("tether.relay.web")
 
@@ -95,28 +94,6 @@ class LiveView:
     #: whether the page's log ends a line (a marker that follows starts a new one)
     logs_at_line_start: bool = True
     changes_cursor: str = "0"
-
-
-class LogText:
-    """A run's logs stream as the page shows it: output as it came, each status a marker line of
-    its own (on a new line, even after output that did not end one)."""
-
-    def __init__(self) -> None:
-        self.at_line_start = True
-
-    def __call__(self, payload: bytes) -> str:
-        try:
-            entry = decode_entry(payload)
-        except WireError:
-            return ""
-        text = ""
-        if isinstance(entry, LogEntry):
-            text = entry.data.decode("utf-8", "replace")
-        elif isinstance(entry, StatusEntry):
-            text = ("" if self.at_line_start else "\n") + f"── {entry.detail or entry.event} ──\n"
-        if text:
-            self.at_line_start = text.endswith("\n")
-        return text
 
 
 class Web:
@@ -225,6 +202,9 @@ class Web:
             )
             if refusal:
                 log.info("web action refused for %s: %s", who, refusal)
+                named = await self.registry.load(found.run) if found.run else None
+                if named is not None:
+                    await self._refused(ws, req, found.route, named, who, "forbidden", refusal)
                 return self._json(403, {"error": refusal})
         match found.route:
             case web.Route.ROOT:
@@ -243,7 +223,7 @@ class Web:
                 await self.sessions.close(web.session_of(req, secure=self.secure))
                 return self._json(200, {"ok": True}, cookie=web.clear_cookie(secure=self.secure))
             case web.Route.CANCEL | web.Route.RERUN:
-                return await self._action(ws, found, who)
+                return await self._action(ws, req, found, who)
         return self._page(404, error_page(404, "Not Found", who))
 
     # --- auth -------------------------------------------------------------------------------------
@@ -312,11 +292,44 @@ class Web:
         html = runs_page(page, query, who, session.csrf, self.clock(), message, since=since)
         return self._page(200, html)
 
-    async def _visible(self, run_id: str, who: Principal, act: Act) -> RunRecord | None:
+    async def _visible(
+        self,
+        ws: ServerConnection,
+        req: web.HttpRequest,
+        route: web.Route,
+        run_id: str,
+        who: Principal,
+        act: Act,
+    ) -> RunRecord | None:
+        """The run if ``who`` may do ``act`` on it (``None``: a 404, whether it does not exist or
+        is another user's; the latter is in its audit trail)."""
         record = await self.registry.load(run_id)
-        if authorize(who, act, record, about_run=run_id) is not None or record is None:
-            return None
-        return record
+        refusal = authorize(who, act, record, about_run=run_id)
+        if refusal is not None and record is not None:
+            await self._refused(ws, req, route, record, who, refusal.code, refusal.message)
+        return None if refusal is not None else record
+
+    async def _refused(
+        self,
+        ws: ServerConnection,
+        req: web.HttpRequest,
+        route: web.Route,
+        record: RunRecord,
+        who: Principal,
+        code: str,
+        message: str,
+    ) -> None:
+        """A page or action refused that names ``record``'s run, in its audit trail."""
+        await self.audit.refused(
+            record,
+            who,
+            request=f"{req.method} {route.value}",
+            code=code,
+            message=message,
+            source=_source(ws),
+            role="web",
+            client=req.header("user-agent"),
+        )
 
     async def _run_page(
         self,
@@ -326,7 +339,7 @@ class Web:
         session: Session,
         who: Principal,
     ) -> Response:
-        record = await self._visible(run_id, who, Act.GET_RUN)
+        record = await self._visible(ws, req, web.Route.RUN, run_id, who, Act.GET_RUN)
         if record is None:
             return self._page(404, error_page(404, f"no run {run_id} (or not yours)", who))
         record = await self.registry.with_liveness(record)
@@ -372,7 +385,7 @@ class Web:
     ) -> Response:
         """A run's snapshot (what its owner submitted: seeing it is seeing the run): the file
         list, or one text file."""
-        record = await self._visible(found.run, who, Act.GET_RUN)
+        record = await self._visible(ws, req, found.route, found.run, who, Act.GET_RUN)
         if record is None:
             return self._page(404, error_page(404, f"no run {found.run} (or not yours)", who))
         await self._viewed(ws, req, record, who, "its snapshot")
@@ -440,14 +453,18 @@ class Web:
         for entry in reversed(trail):
             if now - entry.at > VIEW_AUDIT_EVERY:
                 break
-            if entry.event == "view" and entry.user == who.user and entry.detail == what:
+            if entry.event == AuditEvent.VIEW and entry.user == who.user and entry.detail == what:
                 return trail
-        await self.audit.record(record.id, "view", who, source=_source(ws), role="web", detail=what)
+        await self.audit.record(
+            record.id, AuditEvent.VIEW, who, source=_source(ws), role="web", detail=what
+        )
         return trail
 
-    async def _action(self, ws: ServerConnection, found: web.Match, who: Principal) -> Response:
+    async def _action(
+        self, ws: ServerConnection, req: web.HttpRequest, found: web.Match, who: Principal
+    ) -> Response:
         act = Act.CANCEL if found.route is web.Route.CANCEL else Act.RERUN
-        record = await self._visible(found.run, who, act)
+        record = await self._visible(ws, req, found.route, found.run, who, act)
         if record is None:
             return self._json(404, {"error": f"no run {found.run} (or not yours)"})
         source = _source(ws)
@@ -480,7 +497,7 @@ class Web:
         if not web.STREAM_ID.fullmatch(changes):
             changes = "0"
         if run_id := req.query.get("run", ""):
-            record = await self._visible(run_id, who, Act.OPEN_LOGS)
+            record = await self._visible(ws, req, web.Route.LIVE, run_id, who, Act.OPEN_LOGS)
             if record is None:
                 return self._json(404, {"error": f"no run {run_id} (or not yours)"})
             logs = req.query.get("logs", "0")

@@ -89,6 +89,14 @@ async def test_bad_input_gets_a_clear_line_and_never_a_traceback(tmp_path: Path)
                     ("sweep", "--param", "lr=1,2", "--early-stop", "asha", "--", "python", "a.py"),
                     "needs an --objective",
                 ),
+                (
+                    ("sweep", "--param", "x=int:0:1e300", "--", "python", "app.py", "{x}"),
+                    "invalid sweep: x: an int range's bounds are within ±9007199254740992",
+                ),
+                (
+                    ("sweep", "--param", "x=-1.7e308:1.7e308", "--", "python", "app.py", "{x}"),
+                    "invalid sweep: x: a range's bounds are within ±1e300",
+                ),
                 (("sweep", "--file", str(tmp_path / "none.yaml")), "No such file"),
                 (("sweep", "--file", str(project / "app.py")), "a mapping of settings"),
             ]

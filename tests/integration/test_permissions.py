@@ -25,7 +25,7 @@ from websockets.trio.client import connect
 
 from protocol_specs import wire
 from protocol_specs.auth import Scope
-from protocol_specs.permissions import Act, Holder, expected, permissions_markdown
+from protocol_specs.permissions import LINK_ACTS, Act, Holder, expected, permissions_markdown
 from protocol_specs.runs import RunSpec
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.sweeps import SweepSpec, parse_param
@@ -341,9 +341,44 @@ async def _control_act(act: Act, c: object, s: Scene) -> str:
 # --- the walk ---------------------------------------------------------------------------------------
 
 
+#: the acts that name the scene's run: a refusal of one is in its audit trail
+RUN_ACTS = frozenset(
+    {
+        Act.OPEN_IDE,
+        Act.OPEN_WORKER,
+        Act.OPEN_LOGS,
+        Act.OPEN_TUNNEL,
+        Act.RERUN,
+        Act.CANCEL,
+        Act.GET_RUN,
+        Act.GET_AUDIT,
+        Act.CLAIM_RUN,
+        Act.REPORT,
+        Act.CLAIM_PAUSE,
+        *LINK_ACTS,
+    }
+)
+
+
+async def unaudited(act: Act, holder: Holder, s: Scene, got: str) -> str:
+    """Why the refusal ``got`` of ``act`` is not in the run's audit trail as it should be
+    (``""``: it is, or it is no refusal of the run): the holder's token id, and the code."""
+    if got in ("ok", "scoped") or act not in RUN_ACTS:
+        return ""
+    token_id = s.holders[holder].token.split("_")[1]
+    async with open_control(s.owner) as control:
+        trail = await control.audit(s.run)
+    refused = [e for e in trail if e.event == "refused" and e.token == token_id]
+    codes = got.split(", ")  # an open_tunnel asked, and its link: both refused
+    if any(not any(f": {c.split(' ')[0]}: " in e.detail for e in refused) for c in codes):
+        return f"{act.value} by {holder.value}: {got}, not in the audit trail {refused}"
+    return ""
+
+
 async def test_every_cell_of_the_permission_table_holds_on_a_live_relay(
     relay: tuple[str, Store],
 ) -> None:
+    """And every refusal of an act on the run is in the run's audit trail."""
     url, store = relay
     wrong = []
     for act in Act:
@@ -352,6 +387,8 @@ async def test_every_cell_of_the_permission_table_holds_on_a_live_relay(
             got = await perform(act, holder, s)
             if got != expected(act, holder):
                 wrong.append(f"{act.value} by {holder.value}: {got}, not {expected(act, holder)}")
+            elif why := await unaudited(act, holder, s, got):
+                wrong.append(why)
     assert not wrong, "\n".join(wrong)
 
 

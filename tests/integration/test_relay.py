@@ -394,6 +394,36 @@ async def test_broken_spec_gets_a_clear_error(relay_url: Endpoint) -> None:
     assert error["code"] == "bad_spec" and error["rid"] == 5 and "command" in error["message"]
 
 
+async def test_a_crafted_sweep_beyond_what_the_relay_holds_is_refused_at_submit(
+    relay_url: Endpoint, redis_store: Store
+) -> None:
+    """Past the CLI's checks (a frame written by hand): the relay checks the space again, and
+    says which parameter in one line; nothing is created, and the connection serves on."""
+    run = {"command": ["python", "t.py", "{x}"], "workdir": "/w", "debug": False}
+    spaces = {
+        1: {"name": "x", "kind": "int", "low": 0.0, "high": 1e300},
+        2: {"name": "x", "kind": "float", "low": -1.7e308, "high": 1.7e308},
+        3: {"name": "x", "kind": "choice", "choices": [1, 2**64 - 1]},
+    }
+    frames = [
+        msgpack.packb({"t": "submit_sweep", "rid": rid, "spec": {"params": [p], "run": run}})
+        for rid, p in spaces.items()
+    ]
+    hello = wire.encode_frame(wire.Hello(role=Role.CONTROL, token=relay_url.token))
+    replies = await exchange(relay_url, hello, *frames, replies=1 + len(frames))
+    errors = replies[1:]
+    assert [(e["t"], e["code"], e["rid"]) for e in errors] == [
+        ("error", "bad_spec", rid) for rid in spaces
+    ]
+    assert "x: an int range's bounds are within ±9007199254740992 (2**53)" in errors[0]["message"]
+    assert "x: a range's bounds are within ±1e300" in errors[1]["message"]
+    assert "x: an integer choice is within ±(2**63 - 1)" in errors[2]["message"]
+    assert all("\n" not in e["message"] for e in errors)
+    assert await redis_store.zrange_desc(keys.SWEEPS, 10) == []
+    async with open_control(relay_url) as control:
+        assert await control.list_sweeps() == []
+
+
 async def test_unknown_run_for_the_cli(relay_url: Endpoint) -> None:
     async with open_control(relay_url) as control:
         with pytest.raises(RelayError) as info:

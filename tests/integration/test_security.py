@@ -27,6 +27,7 @@ from protocol_specs import wire
 from protocol_specs.auth import Scope
 from protocol_specs.runs import REDACTED, RunSpec, RunState
 from protocol_specs.session import StatusEvent
+from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.wire import ErrorCode, Role
 from relay import keys
 from relay.auth import TokenStore
@@ -127,7 +128,12 @@ async def test_no_token_a_foreign_token_and_a_wrong_secret_are_refused_alike(rel
     async with open_control(relay.alice) as control:
         assert (await control.get_run(run)).state is RunState.QUEUED  # the owner still gets in
         trail = await control.audit(run)
-    assert [e.event for e in trail].count("refused") == 3  # tried on her run: she can see it
+    # tried on her run: she can see it (three refusals of one request by no valid token: the
+    # first, and the other two as one entry with their count)
+    refused = [e for e in trail if e.event == "refused"]
+    assert [e.detail.split(":")[0] for e in refused] == ["open ide", "open ide"]
+    assert refused[0].detail.startswith("open ide: unauthorized: the token is not valid")
+    assert refused[1].detail.endswith("(the last of 2 more like it, in the 0 s after the first)")
 
 
 async def test_revoked_and_expired_tokens_are_refused(relay: Relay) -> None:
@@ -213,6 +219,97 @@ async def test_another_users_run_cannot_be_seen_attached_to_or_cancelled(relay: 
         assert [r.id for r in await control.list_runs()] == [run]
         events = [(e.event, e.user) for e in await control.audit(run)]
     assert ("submit", "alice") in events and ("refused", "bob") in events
+
+
+async def test_every_refusal_of_a_run_is_in_its_audit_trail_and_tells_the_refused_nothing(
+    relay: Relay,
+) -> None:
+    """Bob's status, cancel, rerun, audit, exec, logs and IDE of alice's run, and a backend
+    token's exec: each in her run's trail (his token's id, his address, his client, the code),
+    each answered as a run that does not exist is."""
+    run = await submitted(relay.alice)
+    ghost = "r" + run[1:-1] + ("0" if run[-1] != "0" else "1")  # a run id nobody has
+    exec_true = TunnelSpec(kind="exec", argv=["cat", "/etc/shadow"])
+    answers: dict[str, list[tuple[str, str]]] = {run: [], ghost: []}
+    for target in (run, ghost):
+        async with open_control(relay.bob, client="bobs-cli/1") as control:
+            for call in (
+                control.get_run(target),
+                control.cancel(target),
+                control.rerun(target),
+                control.audit(target),
+                control.open_tunnel(target, exec_true),
+            ):
+                with pytest.raises(RelayError) as info:
+                    await call
+                said = info.value.message.replace(target, "RUN")
+                answers[target].append((str(info.value.code), said))
+        for role in (Role.LOGS, Role.IDE):
+            got = await refusal(relay.bob, role, target)
+            answers[target].append((str(got.code), got.message.replace(target, "RUN")))
+    assert answers[run] == answers[ghost]  # nothing learnt: the same words for both
+    assert {code for code, _ in answers[run]} == {"no_such_run"}
+    async with open_control(relay.pool) as control:
+        with pytest.raises(RelayError) as info:
+            await control.open_tunnel(run, TunnelSpec(kind="shell"))
+        assert info.value.code == ErrorCode.FORBIDDEN
+    async with open_control(relay.alice) as control:
+        trail = await control.audit(run)
+    bob, pool = relay.bob.token.split("_")[1], relay.pool.token.split("_")[1]
+    refused = [e for e in trail if e.event == "refused"]
+    asked = {e.detail.partition(": no_such_run: ")[0] for e in refused if e.token == bob}
+    assert asked == {
+        "get_run",
+        "cancel",
+        "rerun",
+        "get_audit",
+        "open_tunnel exec (exec: cat /etc/shadow)",
+        "open logs",
+        "open ide",
+    }
+    for entry in refused:
+        assert entry.source.startswith("127.0.0.1:") and entry.user in ("bob", "pool")
+        assert ": no_such_run: no run " in entry.detail or entry.token == pool
+    assert {e.client for e in refused if e.role == "control" and e.token == bob} == {"bobs-cli/1"}
+    [by_backend] = [e for e in refused if e.token == pool]
+    assert by_backend.detail.startswith("open_tunnel shell (shell): forbidden: a token with ")
+    assert (by_backend.user, by_backend.role) == ("pool", "control")
+    assert await relay.store.read_last(keys.audit(ghost), 10) == []  # no trail for no run
+
+
+async def test_a_refused_partys_repeats_add_one_entry_and_a_count(relay: Relay) -> None:
+    """A flood of refusals would push a run's history out of its trail (it keeps the newest
+    10,000 entries): the repeats within a minute are one entry and a count."""
+    run = await submitted(relay.alice)
+    async with open_control(relay.bob) as control:
+        for _ in range(50):
+            with pytest.raises(RelayError):
+                await control.cancel(run)
+        with pytest.raises(RelayError):
+            await control.get_run(run)  # another request: an entry of its own
+    async with open_control(relay.alice) as control:
+        trail = await control.audit(run)
+        assert (await control.get_run(run)).state is RunState.QUEUED
+    assert [(e.event, e.detail.split(":")[0]) for e in trail] == [
+        ("submit", ""),
+        ("refused", "cancel"),
+        ("refused", "cancel"),
+        ("refused", "get_run"),
+    ]
+    assert "(the last of 49 more like it, in the " in trail[2].detail
+    assert len(await relay.store.read_last(keys.audit(run), 100)) == 3  # the count: not yet
+
+
+async def test_refusals_of_a_finished_run_expire_with_it(redis_store: Store) -> None:
+    async with live_relay(redis_store, RelayConfig(retention=3600)) as relay:
+        run = await submitted(relay.alice)
+        async with open_control(relay.alice) as control:
+            await control.cancel(run)
+        async with open_control(relay.bob) as control:
+            with pytest.raises(RelayError):
+                await control.get_run(run)
+        ttl = await relay.store.ttl(keys.audit_refusals(run))
+        assert ttl is not None and 0 < ttl <= 3600
 
 
 async def test_wrong_roles_and_scopes_are_refused(relay: Relay) -> None:

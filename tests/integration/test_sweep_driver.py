@@ -1,10 +1,16 @@
 """The relay's sweep driver (``relay/sweeps.py``) on the fake store and real servers: the sweeps
 cap, one driver at a time with a lease another process takes over once it lapsed, a cancel that
-waits for a round and leaves no trial running, and an ended sweep's keys expiring."""
+waits for a round and leaves no trial running, an ended sweep's keys expiring, and a sweep whose
+round raises failing once, with one line."""
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from protocol_specs import wire
+from protocol_specs.auth import Principal, Scope
 from protocol_specs.runs import RunSpec, RunState
 from protocol_specs.snapshots import Manifest
 from protocol_specs.sweeps import SweepRecord, SweepSpec, SweepState, parse_param
@@ -12,7 +18,7 @@ from relay import keys
 from relay.config import RelayConfig
 from relay.registry import Registry
 from relay.store import Store
-from relay.sweeps import LEASE, Sweeps
+from relay.sweeps import LEASE, ROUND, Sweeps
 
 
 def spec(trials: int = 4, parallel: int = 2) -> SweepSpec:
@@ -81,3 +87,53 @@ async def test_a_finished_sweep_leaves_the_driven_ones(store: Store) -> None:
     assert record is not None and record.state is SweepState.FINISHED
     assert record.counts == {"failed": 1}
     assert made.id not in await store.zrange_desc(keys.ACTIVE_SWEEPS, 100)
+
+
+async def test_a_sweep_whose_round_raises_fails_with_one_line_logged_once(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A space a relay took before spaces were checked at submit: every draw overflows."""
+    now = [1000.0]
+    one, _ = drivers(store, now)
+    run = RunSpec(command=["python", "t.py", "{x}"], workdir="/w", debug=False)
+    extreme = SweepSpec(params=[parse_param("x=-1.7e308:1.7e308")], trials=4, run=run)
+    with caplog.at_level(logging.INFO, logger="tether.relay"):
+        made = await one.create(extreme, Manifest(), "alice")
+        assert isinstance(made, SweepRecord)
+        for _ in range(3):  # the rounds after: it is no longer driven
+            now[0] += ROUND
+            await one._round(made.id)
+    assert made.state is SweepState.FAILED and made.launched == 0
+    assert made.detail == "a round failed: OverflowError: Range exceeds valid bounds"
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in said] == [f"sweep {made.id} failed: a round raised"]
+    assert said[0].exc_info is not None  # its traceback, once
+    assert made.id not in await store.zrange_desc(keys.ACTIVE_SWEEPS, 100)
+    assert made.id not in await store.zrange_desc(keys.user_active_sweeps("alice"), 100)
+    alice = Principal(token="t1", kind="user", user="alice", scopes=frozenset({Scope.RUNS}))
+    info = await one.answer(wire.GetSweep(rid=1, sweep=made.id), alice)
+    assert isinstance(info, wire.SweepInfo) and info.sweep.detail == made.detail
+    [listed] = await one.newest(10, "alice")
+    assert listed.state is SweepState.FAILED
+
+
+async def test_a_failed_sweep_cancels_its_running_trials(store: Store) -> None:
+    """A trial the store holds in a shape the search cannot read (its value no longer one of
+    the choices) makes the next launch raise."""
+    now = [1000.0]
+    one, _ = drivers(store, now)
+    made = await one.create(spec(trials=4, parallel=2), Manifest(), "alice")
+    assert isinstance(made, SweepRecord) and made.launched == 2
+    first, second = await one.trials(made.id)
+    garbled = second.model_copy(update={"params": {"lr": "not one of them"}})
+    await store.hset(keys.sweep_trials(made.id), {"1": garbled.model_dump_json()})
+    await one.registry.cancel(first.run, "as if it ended")  # room for the next trial
+    now[0] += ROUND
+    await one._round(made.id)
+    record = await one.load(made.id)
+    assert record is not None and record.state is SweepState.FAILED
+    assert record.detail.startswith("a round failed: ValueError: ")
+    run = await one.registry.load(second.run)
+    assert run is not None and run.state is RunState.CANCELLED
+    assert run.detail == f"sweep {made.id} failed"
+    assert [t.ended for t in await one.trials(made.id)] == [True, True]

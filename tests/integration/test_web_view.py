@@ -244,8 +244,17 @@ async def test_actions_need_the_sessions_csrf_token_and_the_relays_origin(site: 
     async with open_control(site.endpoint(site.alice)) as control:
         trail = await control.audit(run)
         assert (await control.get_run(again)).rerun_of == run
-    web_events = [(e.event, e.role) for e in trail if e.role == "web"]
+    web_events = [(e.event, e.role) for e in trail if e.role == "web" and e.event != "refused"]
     assert web_events == [("cancel", "web"), ("rerun", "web")]
+    # the refused ones too: the first, then the other five as one entry with their count
+    refused = [e for e in trail if e.event == "refused"]
+    assert [(e.user, e.role, e.detail.split(": ")[0]) for e in refused] == [
+        ("alice", "web", "POST cancel"),
+        ("alice", "web", "POST cancel"),
+    ]
+    assert refused[0].detail == "POST cancel: forbidden: the CSRF token is missing or wrong"
+    assert refused[1].detail.startswith("POST cancel: forbidden: the CSRF token is missing")
+    assert "(the last of 5 more like it, in the " in refused[1].detail
     # looking is audited too, once for a while (a reload adds nothing)
     for _ in range(2):
         assert (await alice.page(f"/ui/runs/{run}")).status_code == 200
@@ -261,12 +270,20 @@ async def test_actions_need_the_sessions_csrf_token_and_the_relays_origin(site: 
 
 async def test_another_users_run_is_a_404_everywhere(site: Site) -> None:
     bobs = await submit(site, site.bob, "bobs-secret-run")
+    ghost = "r" + bobs[1:]  # a run nobody has
     alice = await log_in(site, site.alice)
     page = await alice.page(f"/ui/runs/{bobs}")
     assert page.status_code == 404 and "bobs-secret-run" not in page.text
+    nothing = await alice.page(f"/ui/runs/{ghost}")
+    assert (nothing.status_code, nothing.text.replace(ghost, bobs)) == (404, page.text)
+    for what in ("/files", "/files/train.py"):
+        got = await alice.page(f"/ui/runs/{bobs}{what}")
+        assert got.status_code == 404, what
     for action in ("cancel", "rerun"):
         got = await alice.act(f"/ui/runs/{bobs}/{action}")
-        assert got.status_code == 404, action
+        none = await alice.act(f"/ui/runs/{ghost}/{action}")
+        assert got.status_code == none.status_code == 404, action
+        assert got.json()["error"].replace(bobs, ghost) == none.json()["error"]
     assert "bobs-secret-run" not in (await alice.page("/ui")).text
     assert "bobs-secret-run" not in (await alice.page("/ui?owner=bob")).text
     with pytest.raises(InvalidStatus) as refused:
@@ -278,6 +295,21 @@ async def test_another_users_run_is_a_404_everywhere(site: Site) -> None:
             pass
     assert refused.value.response.status_code == 404
     assert await state_of(site, bobs) == "queued"
+    # every refusal is in bob's trail: alice's token, her address, her browser, the code
+    async with open_control(site.endpoint(site.bob)) as control:
+        trail = await control.audit(bobs)
+    refused = [e for e in trail if e.event == "refused"]
+    assert [e.detail.split(": ")[0] for e in refused] == [
+        "GET run", "GET files", "GET file", "POST cancel", "POST rerun", "GET live",
+    ]  # fmt: skip
+    alices = site.alice.split("_")[1]
+    for entry in refused:
+        assert (entry.user, entry.token, entry.role, entry.source) == (
+            "alice", alices, "web", "127.0.0.1",
+        )  # fmt: skip
+        assert ": no_such_run: no run " in entry.detail
+    assert refused[0].client.startswith("python-httpx/")
+    assert not await site.store.read_last(f"tether:run:{{{ghost}}}:audit", 10)
     admin = await log_in(site, site.admin)
     assert "bobs-secret-run" in (await admin.page(f"/ui/runs/{bobs}")).text
     assert "bobs-secret-run" in (await admin.page("/ui?owner=bob")).text

@@ -1,10 +1,14 @@
 """What `tether ls` shows: names after the script, cut with an ellipsis, wide characters lined
-up, and a program that waits for an IDE told apart from one that runs."""
+up, and a program that waits for an IDE told apart from one that runs; and why a sweep failed, in
+`tether sweep ls`, `sweep status` and its page."""
 
 from __future__ import annotations
 
-from adapter.render import runs_table
+from adapter.render import runs_table, sweep_text, sweeps_table
+from protocol_specs.auth import Principal, Scope
 from protocol_specs.runs import RunEvent, RunRecord, RunSpec, RunState
+from protocol_specs.sweeps import SweepRecord, SweepSpec, parse_param, round_failed
+from relay.web.experiments import sweep_page
 
 
 def record(command: list[str], *, name: str = "", **fields: object) -> RunRecord:
@@ -50,3 +54,19 @@ def test_a_program_held_for_its_ide_shows_so() -> None:
     assert "running" in table(waiting.waiting(1, False))[1]
     paused = waiting.advance(RunEvent.PAUSE, at=1.0, paused_at="x.py:3")
     assert paused.waiting_for_ide is False
+
+
+def test_a_failed_sweep_says_why_in_its_row_and_its_status() -> None:
+    spec = SweepSpec(
+        params=[parse_param("x=-1e300:1e300")],
+        run=RunSpec(command=["python", "t.py", "{x}"], workdir="/w", debug=False),
+    )
+    record = SweepRecord(id="s1", spec=spec, owner="alice", created_at=0.0)
+    failed = round_failed(record, OverflowError("Range exceeds valid bounds"), 5.0)
+    why = "a round failed: OverflowError: Range exceeds valid bounds"
+    row = sweeps_table([failed], 10.0).splitlines()[1]
+    assert "failed" in row and row.endswith(why)
+    assert sweeps_table([record], 10.0).splitlines()[1].endswith("-")
+    assert sweep_text(failed, [], 10.0).splitlines()[0] == f"sweep      s1: failed: {why}"
+    alice = Principal(token="t1", kind="user", user="alice", scopes=frozenset({Scope.RUNS}))
+    assert f"failed: {why}" in sweep_page(failed, [], alice, "csrf", 10.0)

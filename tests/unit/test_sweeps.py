@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import math
 
+import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from protocol_specs import wire
 from protocol_specs.runs import RunSpec, RunState
 from protocol_specs.search import ask, prune
 from protocol_specs.sweeps import (
+    FAILURE_CHARS,
+    MAX_FLOAT,
+    MAX_INT,
+    SweepRecord,
     SweepSpec,
+    SweepState,
     Trial,
     TrialState,
     best_of,
@@ -19,6 +29,7 @@ from protocol_specs.sweeps import (
     observed,
     parse_objective,
     parse_param,
+    round_failed,
 )
 
 
@@ -232,3 +243,115 @@ def test_how_a_trial_ends_with_its_run(
     assert trial.ended and trial.state is became and outcome in trial.outcome
     pruned = Trial(n=1, run="r1", params={}, state=TrialState.PRUNED, value=0.9)
     assert ended(pruned, RunState.CANCELLED, sweep).state is TrialState.PRUNED
+
+
+# --- what the relay and the samplers can hold -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("x=int:0:1e300", r"x: an int range's bounds are within ±9007199254740992 \(2\*\*53\)"),
+        ("x=int:-1e17:0", r"x: an int range's bounds are within ±9007199254740992"),
+        ("x=-1.7e308:1.7e308", r"x: a range's bounds are within ±1e300 .* -1.7e\+308:1.7e\+308"),
+        ("x=log:1e-3:1e301", r"x: a range's bounds are within ±1e300"),
+        ("x=1,100000000000000000000000", r"x: an integer choice is within ±\(2\*\*63 - 1\)"),
+    ],
+)
+def test_spaces_beyond_what_the_relay_and_the_samplers_hold_are_refused_at_submit(
+    text: str, said: str
+) -> None:
+    sweep = spec(text, run=run("t", "{x}"))  # a stored sweep of such a space is still read
+    with pytest.raises(ValueError, match=said):
+        sweep.check_limits()
+    raw = {"t": "submit_sweep", "rid": 3, "spec": sweep.model_dump(mode="json")}
+    if "100000000000000000000000" in text:  # msgpack cannot even carry it: a frame never will
+        return
+    with pytest.raises(wire.WireError) as refused:  # a crafted frame: the relay checks it again
+        wire.decode_frame(msgpack.packb(raw))
+    assert refused.value.code == wire.ErrorCode.BAD_SPEC
+    assert "\n" not in refused.value.message and "Value error" not in refused.value.message
+    assert refused.value.message.startswith("invalid 'submit_sweep' frame: ")
+    assert refused.value.message.endswith(str(refused.value.message).split("spec: ", 1)[1])
+
+
+def test_an_int_bound_past_2_53_is_refused_before_a_float_rounds_it() -> None:
+    with pytest.raises(ValueError, match=r"within ±9007199254740992"):
+        parse_param("x=int:0:9007199254740993")  # as a float, 2**53 exactly
+    assert parse_param("x=int:-9007199254740992:9007199254740992").high == MAX_INT
+    with pytest.raises(ValueError, match="finite numbers"):
+        parse_param("x=inf:1")
+
+
+_BOUND = st.one_of(
+    st.floats(-MAX_FLOAT, MAX_FLOAT, allow_nan=False, allow_subnormal=True),
+    st.sampled_from([-MAX_FLOAT, MAX_FLOAT, 0.0, 5e-324, -5e-324, 1.0]),
+)
+
+
+@st.composite
+def _spaces(draw: st.DrawFn) -> str:
+    kind = draw(st.sampled_from(["float", "log", "int", "intlog"]))
+    if kind.startswith("int"):
+        low = draw(st.integers(1 if kind == "intlog" else -MAX_INT, MAX_INT - 1))
+        high = draw(st.integers(low + 1, MAX_INT))
+        return f"x=int:{'log:' if kind == 'intlog' else ''}{low}:{high}"
+    low, high = sorted(draw(st.lists(_BOUND, min_size=2, max_size=2, unique=True)))
+    if kind == "log":
+        if high <= 0:
+            low, high = 1e-300, 1e300
+        low = max(low, 5e-324)
+        if low >= high:
+            low = high / 2
+    return f"x={'log:' if kind == 'log' else ''}{low!r}:{high!r}"
+
+
+@hypothesis_settings(max_examples=30, deadline=None)
+@given(space=_spaces(), search=st.sampled_from(["random", "tpe"]))
+def test_every_space_within_the_limits_is_sampled_into_what_the_relay_holds(
+    space: str, search: str
+) -> None:
+    """Past TPE's ten random trials too, and with the median pruner reading the trials."""
+    sweep = spec(
+        space,
+        search=search,
+        objective=parse_objective("loss:min"),
+        early_stop="median",
+        run=run("t", "{x}"),
+    )
+    sweep.check_limits()
+    param = sweep.params[0]
+    trials: list[Trial] = []
+    for n in range(12):
+        params, system = ask(sweep, trials, n)
+        x = params["x"]
+        assert param.low <= x <= param.high and math.isfinite(x)
+        msgpack.packb(params)
+        value = float(n % 5)
+        trials.append(
+            Trial(n=n, run=f"r{n}", params=params, system=system, state=TrialState.COMPLETE,
+                  value=value, values=[(0, value), (1, value)])
+        )  # fmt: skip
+    running = Trial(n=12, run="r12", params=params)
+    prune(sweep, [*trials, running], 12, [(0, 9.0), (1, 9.0)])
+
+
+def test_a_sampler_that_gives_what_the_relay_cannot_hold_fails_the_round() -> None:
+    """A sweep stored before the limits were checked at submit (read as it was stored)."""
+    huge = spec("x=int:0:1e300", run=run("t", "{x}"))
+    with pytest.raises(ValueError, match=r"the sampler gave x an integer beyond"):
+        ask(huge, [], 0)
+    with pytest.raises(OverflowError):
+        ask(spec("x=-1.7e308:1.7e308", run=run("t", "{x}")), [], 0)
+
+
+def test_a_failed_round_fails_the_sweep_with_one_line() -> None:
+    record = SweepRecord(id="s1", spec=spec("lr=1,2"), owner="alice", updated_at=1.0)
+    error = OverflowError("Range exceeds valid bounds\n  and more\n" + "x" * 1000)
+    failed = round_failed(record, error, 5.0)
+    assert failed.state is SweepState.FAILED and failed.finished and failed.updated_at == 5.0
+    assert failed.detail.startswith("a round failed: OverflowError: Range exceeds valid bounds and")
+    assert "\n" not in failed.detail and len(failed.detail) == FAILURE_CHARS
+    assert round_failed(record, RuntimeError(), 5.0).detail == "a round failed: RuntimeError"
+    cancelled = record.model_copy(update={"state": SweepState.CANCELLED, "detail": "by alice"})
+    assert round_failed(cancelled, error, 5.0) == cancelled  # ended meanwhile: as it ended

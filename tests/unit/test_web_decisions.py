@@ -13,8 +13,8 @@ from protocol_specs import web
 from protocol_specs.auth import Principal, Scope
 from protocol_specs.runs import Attempt, ProcessRow, RunRecord, RunSpec, RunState
 from relay.web.listing import Page
+from relay.web.log_text import LogText
 from relay.web.pages import run_page, run_row, runs_page
-from relay.web.server import LogText
 
 ORIGIN = "http://127.0.0.1:8765"
 
