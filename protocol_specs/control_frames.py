@@ -30,6 +30,7 @@ from .sweep_frames import (
     SweepInfo,
     SweepList,
 )
+from .tunnel_open import KEY_PATTERN
 from .tunnels import TunnelSpec
 from .wire_base import FROZEN, FrameType
 
@@ -381,13 +382,17 @@ class AuditLog(BaseModel):
 
 class OpenTunnel(BaseModel):
     """Open a tunnel into ``run``'s worker (``protocol_specs/tunnels.py``); answered
-    :class:`TunnelOpened`. The relay checks the run is the caller's and has a worker now."""
+    :class:`TunnelOpened`. The relay checks the run is the caller's and has a worker now.
+    ``key``: the request's name, chosen by the asker and sent again with every retry: a retry
+    finds the tunnel the first request opened instead of opening another
+    (``protocol_specs/tunnel_open.py``); empty: the relay names the tunnel (never retry then)."""
 
     model_config = FROZEN
     t: Literal[FrameType.OPEN_TUNNEL] = FrameType.OPEN_TUNNEL
     rid: int
     run: str
     spec: TunnelSpec
+    key: str = Field(default="", pattern=KEY_PATTERN)
 
 
 class TunnelOpened(BaseModel):

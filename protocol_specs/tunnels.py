@@ -7,12 +7,14 @@ option. A *tunnel* carries bytes between the user's terminal and the worker the 
 traffic goes, with the same guarantees (exactly once, in order, across link drops and relay
 restarts):
 
-1. The user's side asks on a ``control`` connection: ``open_tunnel {run, spec}``
-   (:class:`TunnelSpec`: ``exec`` a command, a ``shell`` on a terminal, ``forward`` a port). The
-   relay checks that the run is the caller's (or the caller is an admin), that a worker runs it
-   now, and the per-run limit (:data:`MAX_TUNNELS`); records it in the run's audit trail; writes a
-   ``control`` entry ``{action: tunnel, detail: <id>, data: <spec>, attempt}`` into ``to_worker``;
-   and answers ``tunnel {run, tunnel: <id>}``.
+1. The user's side asks on a ``control`` connection: ``open_tunnel {run, spec, key}``
+   (:class:`TunnelSpec`: ``exec`` a command, a ``shell`` on a terminal, ``forward`` a port;
+   ``key``: the request's random name, sent again unchanged if the answer is lost). The relay
+   checks that the run is the caller's (or the caller is an admin), that a worker runs it now,
+   and the per-run limit (:data:`MAX_TUNNELS`); records it in the run's audit trail; writes a
+   ``control`` entry ``{action: tunnel, detail: <id>, data: <spec>, attempt}`` into
+   ``to_worker``; and answers ``tunnel {run, tunnel: <id>}``. The same request asked again finds
+   the same tunnel: what it runs starts exactly once (``protocol_specs/tunnel_open.py``).
 2. The user's side opens a ``tunnel`` connection (``hello.tunnel`` = the id): it publishes into
    the tunnel's ``up`` stream and receives its ``down`` stream. The worker, on the control entry,
    opens a ``worker`` connection with the same ``hello.tunnel``: the reverse. Both are run links

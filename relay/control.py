@@ -25,6 +25,7 @@ from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord
 from protocol_specs.snapshots import Manifest
 from protocol_specs.trees import TreeError
+from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.web import CODE_TTL
 from protocol_specs.wire import AuditEvent, ErrorCode, WireError
 
@@ -213,11 +214,10 @@ class Control:
                 return _run_info(await self.registry.with_liveness(record), rid)
             case wire.OpenTunnel():
                 record = await self._run(who, Act.OPEN_TUNNEL, frame.run)
-                opened = await self.tunnels.open(record, frame.spec, frame.rid)
-                if isinstance(opened, wire.TunnelOpened):
-                    detail = f"{opened.tunnel}: {frame.spec.describe()}"
-                    await self._audit(record.id, AuditEvent.TUNNEL, conn, detail=detail)
-                return opened
+                noting = partial(self._audit_tunnel, record.id, conn, frame.spec)
+                return await self.tunnels.open(
+                    record, frame.spec, frame.rid, user=who.user, key=frame.key, noting=noting
+                )
             case wire.GetAudit():
                 record = await self._run(who, Act.GET_AUDIT, frame.run)
                 entries = await self.audit.read(record.id)
@@ -520,6 +520,9 @@ class Control:
             client=conn.client,
             detail=detail,
         )
+
+    async def _audit_tunnel(self, run_id: str, conn: _Conn, spec: TunnelSpec, tunnel: str) -> None:
+        await self._audit(run_id, AuditEvent.TUNNEL, conn, detail=f"{tunnel}: {spec.describe()}")
 
 
 class _Refused(Exception):

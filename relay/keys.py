@@ -22,7 +22,9 @@ key                            type    contents                                 
                                        Entry``), the newest ``metric_entries``                    sweeps)
 ``tether:run:{R}:<s>:meta``    hash    per producer: last number and its entry id; relay         relay
                                        ``bytes``: payload bytes held in stream <s>
-                                       (a queue's: ``{tether:queue:<b>}:meta``)
+                                       (a queue's: ``{tether:queue:<b>}:meta``;
+                                       ``to_worker``'s producer ``tunnel:<T>``:
+                                       tunnel <T>'s ``control`` entry, once)
 ``tether:run:{R}:<s>:transient``  list  ``"<id> <size>"`` of <s>'s transient entries relay         relay (trim)
 ``tether:run:{R}:<s>:watchers``  set   relay processes delivering <s> (notices)    relay         relay (append)
 ``tether:run:{R}:tunnel:<T>:up`` stream a tunnel's entries, user -> worker (and        relay         relay
@@ -109,6 +111,7 @@ __all__ = [
     "token",
     "transient_key",
     "tunnel_keys",
+    "tunnel_producer",
     "tunnel_stream",
     "tunnels",
     "user_active",
@@ -260,6 +263,12 @@ def tunnels(run_id: str, attempt: int) -> str:
 
 #: a closed tunnel's score in :func:`tunnels` (open ones score when they opened, far below)
 CLOSED = float(2**52)
+
+
+def tunnel_producer(tunnel: str) -> str:
+    """The producer (in ``to_worker``'s ``meta``) whose entry number 1 is the worker's
+    ``control`` entry for ``tunnel``: appended once however often its open is retried."""
+    return f"tunnel:{tunnel}"
 
 
 def tunnel_keys(run_id: str, tunnel: str) -> list[str]:

@@ -3,9 +3,10 @@
 A tunnel is opened on a ``control`` connection (:meth:`Tunnels.open`): the run must be the
 caller's and have a worker now, and have fewer than :data:`~protocol_specs.tunnels.MAX_TUNNELS`
 open. Its id goes into the attempt's zset of tunnels and, with what to run, into ``to_worker`` as
-a ``control`` entry the worker acts on. Its two links are ordinary run links
-(``relay/links.py``) on the tunnel's own streams; the worker's ``exit`` entry closes it
-(:meth:`Tunnels.closed`): it stops counting, and its keys expire
+a ``control`` entry the worker acts on, once however often the request is asked again
+(``protocol_specs/tunnel_open.py`` decides; each step here is idempotent). Its two links are
+ordinary run links (``relay/links.py``) on the tunnel's own streams; the worker's ``exit`` entry
+closes it (:meth:`Tunnels.closed`): it stops counting, and its keys expire
 :data:`~protocol_specs.tunnels.LINGER` s later.
 """
 
@@ -14,12 +15,13 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from protocol_specs import wire
-from protocol_specs.runs import RunRecord, RunState
+from protocol_specs.runs import RunRecord
+from protocol_specs.tunnel_open import Create, Known, Refuse, Verdict, open_verdict, tunnel_id
 from protocol_specs.tunnels import LINGER, MAX_TUNNELS, TunnelSpec
-from protocol_specs.wire import ErrorCode, StreamName
+from protocol_specs.wire import StreamName
 
 from . import keys
 from .store import Store
@@ -32,8 +34,9 @@ log = logging.getLogger("tether.relay")
 #: link's heartbeats, every 10 s at most, renew it)
 HOLD_TTL = 35.0
 
-#: the states in which a worker runs the run's program (a tunnel has somewhere to go)
-_LIVE = (RunState.RUNNING, RunState.PAUSED)
+
+async def _nothing(_tunnel: str) -> None:
+    pass
 
 
 class Tunnels:
@@ -41,42 +44,64 @@ class Tunnels:
         self.store = store
         self.clock = clock
 
-    async def open(self, record: RunRecord, spec: TunnelSpec, rid: int) -> wire.AnyFrame:
-        """Open a tunnel into ``record``'s worker (the caller may: checked before); the answer.
-        An ended run's tunnels go to the worker that still keeps its last attempt's directory
+    async def open(
+        self,
+        record: RunRecord,
+        spec: TunnelSpec,
+        rid: int,
+        *,
+        user: str = "",
+        key: str = "",
+        noting: Callable[[str], Awaitable[None]] = _nothing,
+    ) -> wire.AnyFrame:
+        """Open a tunnel into ``record``'s worker (``user`` may: checked before); the answer.
+        ``key``: the request's, from ``user``: asked again, the same tunnel is answered, and
+        nothing is started twice (``protocol_specs/tunnel_open.py``); "": a tunnel of its own.
+        ``noting(tunnel)`` records a new tunnel in the audit trail before anything is stored. An
+        ended run's tunnels go to the worker that still keeps its last attempt's directory
         (:meth:`hold`), if one does."""
-        if record.finished and not await self.store.get_bytes(keys.held(record.id)):
-            return _error(
-                ErrorCode.RUN_FINISHED,
-                f"run {record.id} has ended ({record.state.value}) and no worker keeps its "
-                "directory any more (a pool keeps its newest runs'; a scheduler's job ends "
-                "with its run)",
-                rid,
-            )
-        if record.state not in _LIVE and not record.finished:
-            return _error(
-                ErrorCode.NOT_ALLOWED,
-                f"run {record.id} is {record.state.value}: nothing runs it yet; a tunnel goes to "
-                "the worker that runs it (see tether ls)",
-                rid,
-            )
+        tunnel = tunnel_id(user, key, spec) if key else secrets.token_hex(6)
+        verdict = await self._verdict(record, tunnel)
+        if isinstance(verdict, Refuse):
+            return wire.Error(code=verdict.code, message=verdict.message, rid=rid)
+        if isinstance(verdict, Create):
+            await noting(tunnel)
+            await self._start(record, tunnel, spec)
+            log.info("run %s: tunnel %s opened (%s)", record.id, tunnel, spec.describe())
+        else:
+            if verdict.complete:  # a relay may have died before its last step
+                await self._start(record, tunnel, spec)
+            log.info("run %s: tunnel %s asked for again", record.id, tunnel)
+        return wire.TunnelOpened(rid=rid, run=record.id, tunnel=tunnel)
+
+    async def _verdict(self, record: RunRecord, tunnel: str) -> Verdict:
+        """:func:`open_verdict` on what the store says (only what the verdict needs is read)."""
+        score = await self.store.zscore(keys.tunnels(record.id, record.attempt), tunnel)
+        if score is not None:
+            known = Known.CLOSED if score >= keys.CLOSED / 2 else Known.OPEN
+            return open_verdict(record, known=known)
+        for attempt in range(record.attempt - 1, 0, -1):
+            if await self.store.zscore(keys.tunnels(record.id, attempt), tunnel) is not None:
+                return open_verdict(record, known=Known.NO, earlier=attempt)
+        held = record.finished and bool(await self.store.get_bytes(keys.held(record.id)))
         key = keys.tunnels(record.id, record.attempt)
-        if len(await self.store.zrange_by_score(key, keys.CLOSED / 2, MAX_TUNNELS)) >= MAX_TUNNELS:
-            return _error(
-                ErrorCode.TOO_MANY_CONNECTIONS,
-                f"run {record.id} has {MAX_TUNNELS} tunnels open, the most it may; end one first",
-                rid,
-            )
-        tunnel = secrets.token_hex(6)
-        await self.store.zadd(key, tunnel, self.clock())
+        open_now = len(await self.store.zrange_by_score(key, keys.CLOSED / 2, MAX_TUNNELS))
+        return open_verdict(record, known=Known.NO, held=held, open_now=open_now)
+
+    async def _start(self, record: RunRecord, tunnel: str, spec: TunnelSpec) -> None:
+        """The tunnel into the attempt's set (never moved back from closed), then the worker's
+        ``control`` entry into ``to_worker``, at most once: each step is a no-op done again."""
+        key = keys.tunnels(record.id, record.attempt)
+        await self.store.zadd(key, tunnel, self.clock(), only_new=True)
         control = wire.ControlEntry(
             action="tunnel", detail=tunnel, attempt=record.attempt, data=spec.model_dump()
         )
-        await self.store.append(
-            keys.stream(record.id, StreamName.TO_WORKER), wire.encode_entry(control)
+        await self.store.append_once(
+            keys.stream(record.id, StreamName.TO_WORKER),
+            keys.tunnel_producer(tunnel),
+            1,
+            wire.encode_entry(control),
         )
-        log.info("run %s: tunnel %s opened (%s)", record.id, tunnel, spec.describe())
-        return wire.TunnelOpened(rid=rid, run=record.id, tunnel=tunnel)
 
     async def hold(self, run_id: str) -> None:
         """A worker keeps ``run_id``'s ended attempt's directory (said again at every heartbeat
@@ -106,7 +131,3 @@ async def expire_tunnels(store: Store, record: RunRecord, seconds: float) -> Non
             for tunnel_key in keys.tunnel_keys(record.id, tunnel):
                 await store.expire(tunnel_key, min(seconds, LINGER))
         await store.expire(key, seconds)
-
-
-def _error(code: ErrorCode, message: str, rid: int) -> wire.Error:
-    return wire.Error(code=code, message=message, rid=rid)

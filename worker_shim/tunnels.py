@@ -27,7 +27,7 @@ from protocol_specs import wire
 from protocol_specs.runs import RunRecord
 from protocol_specs.tunnels import CHUNK, TunnelSpec
 from protocol_specs.wire import Role, TunnelEntry
-from relay.client import RelayError, RunLink, Target, open_run_link, tunnel_steps
+from relay.client import LinkPolicy, RelayError, RunLink, Target, open_run_link, tunnel_steps
 
 from .debuggee import terminate_group
 from .identity import spawn_options
@@ -43,6 +43,11 @@ log = logging.getLogger("tether.worker")
 #: signals the user's side may send a command (by name)
 SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP,
            "SIGQUIT": signal.SIGQUIT, "SIGKILL": signal.SIGKILL}  # fmt: skip
+
+
+#: how long a tunnel's link keeps trying to reach the relay the first time: a relay cut just as
+#: the request came must not leave the user waiting for a command that never starts
+FIRST_CONNECT_WITHIN = 120.0
 
 
 def tunnel_request(entry: wire.AnyEntry | None, record: RunRecord) -> TunnelSpec | None:
@@ -123,6 +128,7 @@ class Tunnels:
                 attempt=record.attempt,
                 tunnel=tunnel,
                 client="tether-worker",
+                policy=LinkPolicy.from_env(first_connect_within=FIRST_CONNECT_WITHIN),
             ) as link:
                 self.say(f"run {record.id}: tunnel {tunnel}: {spec.describe()}")
                 code: int | None = None

@@ -19,8 +19,9 @@ from typing import BinaryIO
 import trio
 
 from protocol_specs import wire
+from protocol_specs.tunnel_open import DidNotRun, MayHaveRun, Retry, TunnelOpening
 from protocol_specs.tunnels import CHUNK, TunnelSpec
-from protocol_specs.wire import Role, TunnelEntry
+from protocol_specs.wire import ErrorCode, Role, TunnelEntry
 from relay.client import Endpoint, LinkPolicy, RunLink, open_control, open_run_link, tunnel_steps
 
 from .errors import control_call, relay_error
@@ -31,6 +32,7 @@ __all__ = [
     "cmd_exec",
     "cmd_port_forward",
     "cmd_shell",
+    "open_tunnel_once",
     "process_flag",
     "run_tunnel",
 ]
@@ -172,15 +174,51 @@ async def _tunnel_to_local(link: RunLink, stream: trio.SocketStream) -> TunnelEn
 
 
 async def _open(relay: Endpoint, run: str, spec: TunnelSpec) -> wire.TunnelOpened | str:
-    """The opened tunnel, or why the relay would not open it."""
-    try:
-        async with open_control(relay, client=f"tether-{spec.kind}") as control:
-            return await control.open_tunnel(run, spec)
-    except BaseException as exc:
-        refused = relay_error(exc)
-        if refused is None:
-            raise
-        return refused.message
+    """The opened tunnel, or what to tell the user (that it did not start, and why)."""
+    got = await open_tunnel_once(relay, run, spec)
+    if isinstance(got, wire.TunnelOpened):
+        return got
+    what = _WHAT[spec.kind]
+    if isinstance(got, DidNotRun):
+        return f"{what[0]}: {got.why}"
+    return (
+        f"the relay was lost after it was asked to start {what[1]} ({got.why}): it may have "
+        f"started (tether audit {run} lists the tunnels the relay opened)"
+    )
+
+
+#: per kind: what a refused tunnel says, and what it would have started
+_WHAT = {
+    "exec": ("the command did not run", "the command"),
+    "shell": ("the shell did not start", "the shell"),
+    "forward": ("the connection was not forwarded", "the connection"),
+}
+
+
+async def open_tunnel_once(
+    relay: Endpoint, run: str, spec: TunnelSpec, *, opening: TunnelOpening | None = None
+) -> wire.TunnelOpened | DidNotRun | MayHaveRun:
+    """Open a tunnel, asking again (the same request: ``opening.key``) when the answer was lost,
+    so what it runs starts once or not at all (``protocol_specs/tunnel_open.py`` decides)."""
+    opening = opening or TunnelOpening(give_up_after=GIVE_UP_AFTER)
+    while True:
+        asked = False
+        try:
+            async with open_control(relay, client=f"tether-{spec.kind}") as control:
+                opening.asking()
+                asked = True
+                return await control.open_tunnel(run, spec, key=opening.key)
+        except BaseException as exc:
+            refused = relay_error(exc)
+            if refused is None:
+                raise
+            answered = asked and refused.code is not ErrorCode.UNREACHABLE
+            step = opening.failed(
+                refused.code, refused.message, trio.current_time(), answered=answered
+            )
+        if not isinstance(step, Retry):
+            return step
+        await trio.sleep(step.delay)
 
 
 #: how long a tunnel's link keeps trying to get back to the relay before it ends, saying so
@@ -189,8 +227,10 @@ GIVE_UP_AFTER = 120.0
 
 def tunnel_link_policy() -> LinkPolicy:
     """A tunnel's link reconnects after a drop (nothing typed or shown is lost meanwhile) and
-    gives up after :data:`GIVE_UP_AFTER` s without the relay: a shell never hangs for ever."""
-    return LinkPolicy.from_env(give_up_after=GIVE_UP_AFTER)
+    gives up after :data:`GIVE_UP_AFTER` s without the relay: a shell never hangs for ever. Its
+    first connection too keeps trying that long: the tunnel is open, what it runs may have
+    started, and its output and exit code wait in the relay."""
+    return LinkPolicy.from_env(give_up_after=GIVE_UP_AFTER, first_connect_within=GIVE_UP_AFTER)
 
 
 def _failed(said: str, code: int = TETHER_FAILED) -> int:

@@ -185,9 +185,11 @@ class ControlClient:
     async def get_run(self, run: str) -> RunRecord:
         return await self._run(wire.GetRun, run=run)
 
-    async def open_tunnel(self, run: str, spec: TunnelSpec) -> wire.TunnelOpened:
-        """Open a tunnel into ``run``'s worker (``protocol_specs/tunnels.py``): its id."""
-        return await self._call(wire.OpenTunnel, wire.TunnelOpened, run=run, spec=spec)
+    async def open_tunnel(self, run: str, spec: TunnelSpec, *, key: str = "") -> wire.TunnelOpened:
+        """Open a tunnel into ``run``'s worker (``protocol_specs/tunnels.py``): its id. ``key``:
+        the request's name; asked again with it, the same tunnel is answered, never a second
+        (``protocol_specs/tunnel_open.py``); "": not to be retried."""
+        return await self._call(wire.OpenTunnel, wire.TunnelOpened, run=run, spec=spec, key=key)
 
     async def list_runs(self, limit: int = 50) -> list[RunRecord]:
         return (await self._call(wire.ListRuns, wire.RunList, limit=limit)).runs

@@ -332,9 +332,16 @@ class Store(Protocol):
         ...
 
     async def zadd(
-        self, key: str, member: str, score: float, *, only_existing: bool = False
+        self,
+        key: str,
+        member: str,
+        score: float,
+        *,
+        only_existing: bool = False,
+        only_new: bool = False,
     ) -> bool:
-        """Set ``member``'s score; with ``only_existing`` never add. True if anything changed."""
+        """Set ``member``'s score; with ``only_existing`` never add, with ``only_new`` never
+        change a member already there. True if anything changed."""
         ...
 
     async def zscore(self, key: str, member: str) -> float | None:

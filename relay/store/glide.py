@@ -417,11 +417,23 @@ class GlideStore:
             return list(await self._client.smismember(key, list(members)))
 
     async def zadd(
-        self, key: str, member: str, score: float, *, only_existing: bool = False
+        self,
+        key: str,
+        member: str,
+        score: float,
+        *,
+        only_existing: bool = False,
+        only_new: bool = False,
     ) -> bool:
         import glide
 
-        condition = glide.ConditionalChange.ONLY_IF_EXISTS if only_existing else None
+        condition = (
+            glide.ConditionalChange.ONLY_IF_EXISTS
+            if only_existing
+            else glide.ConditionalChange.ONLY_IF_DOES_NOT_EXIST
+            if only_new
+            else None
+        )
         with glide_errors(f"ZADD {key}"):
             changed = await self._client.zadd(
                 key, {member: float(score)}, existing_options=condition, changed=True

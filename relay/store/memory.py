@@ -503,11 +503,19 @@ class MemoryStore:
         return [m in held for m in members]
 
     async def zadd(
-        self, key: str, member: str, score: float, *, only_existing: bool = False
+        self,
+        key: str,
+        member: str,
+        score: float,
+        *,
+        only_existing: bool = False,
+        only_new: bool = False,
     ) -> bool:
         await trio.lowlevel.checkpoint()
         z = self._get(key, _ZSet)
         if only_existing and (z is None or member not in z):
+            return False
+        if only_new and z is not None and member in z:
             return False
         z = self._get_or_create(key, _ZSet, _ZSet)
         changed = z.get(member) != float(score)

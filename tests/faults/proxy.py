@@ -1,10 +1,15 @@
 """A TCP proxy for fault injection: cut, reset and stall the links it carries.
 
 Each accepted connection is paired with a fresh connection to the target; two pump tasks move bytes,
-one per direction. ``stall()`` closes a gate the pumps pass before every read, so bytes wait in the
-kernel's buffers (nothing is lost or reordered) until ``resume()``. ``cut()`` closes both sockets of
-every pair (FIN); ``reset()`` aborts them with RST (``SO_LINGER`` 0). ``refuse(True)`` closes new
-connections at once, like a service that is down.
+one per direction (``up``: client to target, ``down``: back). ``stall()`` closes a gate each
+pump passes with every chunk it read, before sending it on, so the chunk waits in the proxy and
+what follows in the kernel's buffers (nothing is lost or reordered) until ``resume()``;
+``stall("up")`` or ``stall("down")`` holds one direction only, and
+:meth:`FaultProxy.wait_held` waits until a chunk read in it waits at its gate. ``after_send(direction, chunk)``, if set, is called as soon as a chunk was passed on,
+before that pump reads again: a test stalls a direction at an exact point of a conversation (the
+reply after the handshake, say). ``cut()`` closes both sockets of every pair (FIN); ``reset()``
+aborts them with RST (``SO_LINGER`` 0). ``refuse(True)`` closes new connections at once, like a
+service that is down.
 """
 
 from __future__ import annotations
@@ -12,11 +17,16 @@ from __future__ import annotations
 import socket
 import struct
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import trio
 
-__all__ = ["FaultProxy"]
+__all__ = ["Direction", "FaultProxy"]
+
+#: ``up``: from the client to the target; ``down``: back
+Direction = Literal["up", "down"]
 
 
 @dataclass(eq=False)
@@ -35,8 +45,13 @@ class FaultProxy:
         self.accepted = 0
         self.faults: Counter[str] = Counter()
         self._pairs: set[_Pair] = set()
-        self._open_gate = trio.Event()
-        self._open_gate.set()
+        self._gates: dict[Direction, trio.Event] = {"up": trio.Event(), "down": trio.Event()}
+        for gate in self._gates.values():
+            gate.set()
+        #: chunks read and waiting at a closed gate, per direction
+        self.held: Counter[Direction] = Counter()
+        #: called with each chunk as soon as it was passed on (before its pump reads again)
+        self.after_send: Callable[[Direction, bytes], None] | None = None
         self._refusing = False
         self._changed = trio.Event()
 
@@ -60,13 +75,27 @@ class FaultProxy:
     def retarget(self, host: str, port: int) -> None:
         self.target = (host, port)
 
-    def stall(self) -> None:
-        if self._open_gate.is_set():
-            self._open_gate = trio.Event()
-            self.faults["stall"] += 1
+    def stall(self, direction: Direction | Literal["both"] = "both") -> None:
+        stalled = False
+        for name in ("up", "down") if direction == "both" else (direction,):
+            if self._gates[name].is_set():
+                self._gates[name] = trio.Event()
+                stalled = True
+        self.faults["stall"] += stalled
 
     def resume(self) -> None:
-        self._open_gate.set()
+        for gate in self._gates.values():
+            gate.set()
+
+    async def wait_refused(self, n: int) -> None:
+        """Until ``n`` connections were refused (``refuse(True)``) in all."""
+        while self.faults["refused"] < n:
+            await self._changed.wait()
+
+    async def wait_held(self, direction: Direction) -> None:
+        """Until a chunk read in ``direction`` waits at its closed gate."""
+        while not self.held[direction]:
+            await self._changed.wait()
 
     def refuse(self, on: bool) -> None:
         self._refusing = on
@@ -108,6 +137,7 @@ class FaultProxy:
         self.accepted += 1
         if self._refusing:
             self.faults["refused"] += 1
+            self._notify()
             await _close(client)
             return
         try:
@@ -121,8 +151,8 @@ class FaultProxy:
         try:
             with pair.scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._pump, client, upstream, nursery.cancel_scope)
-                    nursery.start_soon(self._pump, upstream, client, nursery.cancel_scope)
+                    nursery.start_soon(self._pump, client, upstream, "up", nursery.cancel_scope)
+                    nursery.start_soon(self._pump, upstream, client, "down", nursery.cancel_scope)
         finally:
             self._pairs.discard(pair)
             self._notify()
@@ -131,19 +161,36 @@ class FaultProxy:
                 await _close(upstream)
 
     async def _pump(
-        self, source: trio.SocketStream, sink: trio.SocketStream, done: trio.CancelScope
+        self,
+        source: trio.SocketStream,
+        sink: trio.SocketStream,
+        direction: Direction,
+        done: trio.CancelScope,
     ) -> None:
         try:
             while True:
-                await self._open_gate.wait()
                 data = await source.receive_some(65536)
                 if not data:
                     break
-                await self._open_gate.wait()
+                await self._hold(direction)
                 await sink.send_all(data)
+                if self.after_send is not None:
+                    self.after_send(direction, data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         done.cancel()
+
+    async def _hold(self, direction: Direction) -> None:
+        """Wait at ``direction``'s gate with a chunk in hand (counted in :attr:`held`)."""
+        gate = self._gates[direction]
+        if gate.is_set():
+            return
+        self.held[direction] += 1
+        self._notify()
+        try:
+            await gate.wait()
+        finally:
+            self.held[direction] -= 1
 
 
 async def _close(stream: trio.SocketStream) -> None:

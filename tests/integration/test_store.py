@@ -504,6 +504,9 @@ async def test_sorted_set_conditional_add_remove_and_range_by_score(store: Store
     assert await store.zadd("leases", "r2", 5)
     assert not await store.zadd("leases", "r2", 5)  # unchanged
     assert await store.zadd("leases", "r1", 20, only_existing=True)
+    assert not await store.zadd("leases", "r1", 30, only_new=True)  # never changes
+    assert await store.zadd("leases", "r3", 30, only_new=True)
+    assert await store.zrem("leases", "r3")
     assert await store.zrange_by_score("leases", 20, 10) == ["r2", "r1"]
     assert await store.zrange_by_score("leases", 19.5, 10) == ["r2"]
     assert await store.zrange_by_score("leases", 100, 1) == ["r2"]

@@ -106,10 +106,11 @@ async def running(
     debug: bool = False,
     program: str = WAITS,
     up: bytes = b"up",
+    store: MemoryStore | None = None,
 ) -> AsyncIterator[Stack]:
     """A plain run (``debug``: a debug run that does not wait for an IDE) of ``program`` (as
     ``waits.py args``) started by the real shim, once its output said ``up``."""
-    store = MemoryStore()
+    store = store or MemoryStore()
     async with trio.open_nursery() as nursery:
         server = await nursery.start(
             lambda task_status: serve_relay(store, port=0, task_status=task_status)

@@ -102,6 +102,7 @@ FRAMES: list[wire.AnyFrame] = [
     wire.GetAudit(rid=15, run="r1"),
     wire.AuditLog(rid=15, run="r1", entries=[wire.AuditEntry(at=1.0, event="attach")]),
     wire.OpenTunnel(rid=16, run="r1", spec=TunnelSpec(kind="exec", argv=["nvidia-smi"])),
+    wire.OpenTunnel(rid=16, run="r1", spec=TunnelSpec(kind="shell"), key="0123abcd" * 4),
     wire.TunnelOpened(rid=16, run="r1", tunnel="ab12"),
     wire.Error(code=ErrorCode.FORBIDDEN, message="no", fatal=True, rid=3),
 ]
