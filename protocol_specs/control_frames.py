@@ -43,6 +43,7 @@ __all__ = [
     "BlobData",
     "Cancel",
     "Claim",
+    "Confirm",
     "CreateToken",
     "Dispatch",
     "GetAudit",
@@ -249,6 +250,20 @@ class Claim(BaseModel):
     attempt: int = 0
 
 
+class Confirm(BaseModel):
+    """A worker holds a claim's answer (``protocol_specs/claims.py``): the claim ``claim`` (the
+    claimed attempt's ``claim``, as the answer's record says) counts. Answered with
+    :class:`RunInfo`; ``stale_attempt`` if it went back to the queue meanwhile (not confirmed in
+    time): the worker then drops the run. Said again, it is answered the same."""
+
+    model_config = FROZEN
+    t: Literal[FrameType.CONFIRM] = FrameType.CONFIRM
+    rid: int
+    run: str
+    attempt: int = Field(ge=1)
+    claim: str = Field(min_length=1, max_length=64)
+
+
 class Dispatch(BaseModel):
     """A scheduler backend: block until a run is queued for ``backend``, then hand it over (the
     run stays ``queued`` until the worker its job starts claims it, naming its attempt)."""
@@ -421,6 +436,7 @@ AnyControlFrame = (
     | Cancel
     | GetRun
     | Claim
+    | Confirm
     | Dispatch
     | RunInfo
     | Assigned

@@ -65,6 +65,7 @@ class Act(StrEnum):
     GET_AUDIT = "`get_audit`"
     CLAIM_NEXT = "`claim` the next queued run"
     CLAIM_RUN = "`claim` a named run's attempt"
+    CONFIRM = "`confirm` a claim (its answer arrived)"
     DISPATCH = "`dispatch`"
     REPORT = "`report`"
     CREATE_TOKEN = "`create_token` for oneself, `runs` scope"
@@ -125,6 +126,8 @@ _ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule, Rule]] = {
     Act.GET_AUDIT: (OWN, Y, N, N, N),
     Act.CLAIM_NEXT: (N, Y, Y, N, N),
     Act.CLAIM_RUN: (N, Y, Y, A, A),
+    # the claimer (a pool, on its connection) or the worker token the claim's answer carried
+    Act.CONFIRM: (N, Y, Y, A, N),
     Act.DISPATCH: (N, Y, Y, N, N),
     Act.REPORT: (N, Y, Y, N, N),
     Act.CREATE_TOKEN: (Y, Y, N, N, N),

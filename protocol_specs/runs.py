@@ -80,14 +80,18 @@ class RunEvent(StrEnum):
     PAUSE = "pause"
     RESUME = "resume"
     RETRY = "retry"
-    #: a claim that never reached its worker (its connection closed first): queued again, same attempt
+    #: a claim that never reached its worker (its connection closed first, or it was not confirmed
+    #: in time: ``protocol_specs/claims.py``): queued again, same attempt
     RELEASE = "release"
+    #: the claim's worker says it holds the claim's answer: the claim counts from now on
+    CONFIRM = "confirm"
 
 
 TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = {
     (RunState.QUEUED, RunEvent.CLAIM): RunState.STARTING,
     (RunState.QUEUED, RunEvent.CANCEL): RunState.CANCELLED,
     (RunState.STARTING, RunEvent.RELEASE): RunState.QUEUED,
+    (RunState.STARTING, RunEvent.CONFIRM): RunState.STARTING,
     (RunState.STARTING, RunEvent.START): RunState.RUNNING,
     (RunState.STARTING, RunEvent.START_FAILED): RunState.FAILED,
     (RunState.STARTING, RunEvent.CANCEL): RunState.CANCELLED,
@@ -375,6 +379,14 @@ class Attempt(BaseModel):
     job: str = ""
     #: when its scheduler backend saw that job running (a ticket's claim waits for it)
     job_running_at: float | None = None
+    #: the claim that gave it to ``worker`` (``protocol_specs/claims.py``): its id (the id of the
+    #: worker token minted for it, if one was), until when it may be confirmed, when it was, and
+    #: whether it took the run from its backend's queue; claims released unconfirmed before it
+    claim: str = ""
+    confirm_by: float | None = None
+    confirmed_at: float | None = None
+    from_queue: bool = False
+    released: int = 0
     #: where the attempt's files are on its worker (the run directory)
     run_dir: str = ""
     #: how it ended: the terminal state or ``retried``-worthy outcome (``failed``, ``lost``, ...)

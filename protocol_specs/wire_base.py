@@ -46,6 +46,7 @@ class FrameType(StrEnum):
     GET_RUN = "get_run"
     CLAIM = "claim"
     DISPATCH = "dispatch"
+    CONFIRM = "confirm"
     RUN = "run"
     ASSIGNED = "assigned"
     CREATE_TOKEN = "create_token"

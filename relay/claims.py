@@ -7,7 +7,8 @@ scheduler backend sends ``dispatch`` and waits the same way. Each waiting reques
 here, in the order they came. One task per backend (reading only while someone waits) takes the
 next entry of the backend's queue from the consumer group, as this relay process's consumer, and
 hands it to the first waiter still in line. The waiter's request then claims the run (the state
-machine's ``claim``; a run that was cancelled meanwhile is skipped) and answers.
+machine's ``claim``, provisional until the worker confirms it: ``protocol_specs/claims.py``; a run
+that was cancelled meanwhile is skipped) and answers.
 
 A waiter leaves the line when its request is cancelled, which the relay does the moment the
 request's connection closes: a worker killed while idle, or cut off from the relay, never takes a
@@ -24,12 +25,14 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import trio
 
 from protocol_specs.runs import RunRecord, RunState
 
 from . import keys
+from .claiming import Claimed
 from .registry import Registry
 from .store import StoreError
 
@@ -44,6 +47,8 @@ READ_BLOCK_MS = 1000
 
 #: a queue entry: its id and the run it queues
 QueueEntry = tuple[str, str]
+
+_T = TypeVar("_T")
 
 
 @dataclass(eq=False)
@@ -104,9 +109,10 @@ class Claims:
 
     # --- what a request waits for -----------------------------------------------------------------
 
-    async def claim(self, backend: str, worker: str, alive: Callable[[], bool]) -> RunRecord | None:
-        """Wait for a queued run of ``backend`` and mark it claimed by ``worker``; ``None`` if the
-        requester is gone (``alive()`` false when the run came: it goes to the next in line)."""
+    async def claim(self, backend: str, worker: str, alive: Callable[[], bool]) -> Claimed | None:
+        """Wait for a queued run of ``backend`` and mark it claimed by ``worker``, with a worker
+        token for the attempt; ``None`` if the requester is gone (``alive()`` false when the run
+        came: it goes to the next in line)."""
         return await self._next(
             backend, alive, lambda run_id: self.registry.claimed(run_id, worker)
         )
@@ -125,8 +131,8 @@ class Claims:
         self,
         backend: str,
         alive: Callable[[], bool],
-        take: Callable[[str], Awaitable[RunRecord | None]],
-    ) -> RunRecord | None:
+        take: Callable[[str], Awaitable[_T | None]],
+    ) -> _T | None:
         """The next entry's run, if ``take`` takes it (a cancelled run is skipped)."""
         while True:
             entry = await self.take(backend)

@@ -22,6 +22,9 @@ class RelayConfig:
     buffer_cap: Cap = field(default_factory=lambda: Cap(entries=100_000, bytes=256 * 1024 * 1024))
     #: a worker that does not renew its lease (heartbeats) for this long loses its run
     lease: float = 90.0
+    #: a claim whose worker has not confirmed it holds the answer this long after it was made goes
+    #: back to the queue at the same attempt (``protocol_specs/claims.py``: its answer was lost)
+    claim_confirm: float = 15.0
     #: how long a finished run's keys stay in Redis
     retention: float = 7 * 24 * 3600.0
     #: a silent peer is probed after ``ping_interval`` and disconnected once it left
@@ -64,7 +67,8 @@ class RelayConfig:
 
     @property
     def sweep_interval(self) -> float:
-        return max(self.lease / 6, 0.05)
+        """How often a relay looks for expired leases and unconfirmed claims."""
+        return max(min(self.lease / 6, self.claim_confirm / 3), 0.05)
 
     @property
     def heartbeat(self) -> float:

@@ -4,7 +4,10 @@ Every request is authorised by :func:`protocol_specs.permissions.authorize` (one
 anything is read or written; a user asking about another user's run hears it does not exist.
 ``claim`` and ``dispatch`` may wait for hours: they are cancelled the moment their connection
 closes, and a run claimed for a connection that closed before the answer reached it is released
-(queued again for the same attempt), so a dead worker never holds a run.
+(queued again for the same attempt), so a dead worker never holds a run. A claim whose answer was
+lost anyway (this relay died before sending it, or the link with the answer in a buffer) counts
+only once its worker confirms it (``confirm``); any relay releases it otherwise
+(``relay/claiming.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import msgpack
 import trio
@@ -29,7 +32,7 @@ from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.web import CODE_TTL
 from protocol_specs.wire import AuditEvent, ErrorCode, WireError
 
-from . import keys
+from . import claiming, keys
 from .audit import AuditTrail
 from .auth import TokenStore
 from .blobs import BlobError, BlobStore, Upload
@@ -66,7 +69,7 @@ class _Conn:
     #: worker tokens: the digests of their run's snapshot
     digests: frozenset[str] | None = None
     #: what to do if the reply being sent never reaches the peer (a claim to release)
-    undo: Callable[[], Awaitable[None]] | None = None
+    undo: Callable[[], Awaitable[object]] | None = None
 
 
 class Control:
@@ -239,12 +242,14 @@ class Control:
                         "running: a ticket claims only then (ask again)",
                         run=target,
                     )
-                taken = await self.registry.claim_run(frame.worker, frame.run, frame.attempt)
+                taken = await claiming.claim_run(
+                    self.registry, frame.worker, frame.run, frame.attempt, mint=who.kind != "worker"
+                )
                 if isinstance(taken, wire.Error):
                     return taken.model_copy(update={"rid": rid})
-                claimed = taken
+                claimed = taken.record
                 conn.undo = lambda: self.registry.release(claimed, "its worker is gone")
-                return await self._assigned(frame.rid, conn, claimed)
+                return await self._assigned(frame.rid, conn, claimed, taken.token)
             case wire.Claim():
                 self._allow(who, Act.CLAIM_NEXT)
                 backend, worker = frame.backend, frame.worker
@@ -254,8 +259,13 @@ class Control:
                 )
                 if next_run is None:
                     raise ConnectionClosed(None, None)
-                conn.undo = lambda: self.registry.release(next_run, "its worker is gone")
-                return await self._assigned(frame.rid, conn, next_run)
+                conn.undo = lambda: self.registry.release(next_run.record, "its worker is gone")
+                return await self._assigned(frame.rid, conn, next_run.record, next_run.token)
+            case wire.Confirm():
+                target = await self.registry.load(frame.run)
+                self._allow(who, Act.CONFIRM, target, about_run=frame.run, attempt=frame.attempt)
+                got = await claiming.confirm(self.registry, frame.run, frame.attempt, frame.claim)
+                return _run_info(got, rid)
             case wire.Dispatch():
                 self._allow(who, Act.DISPATCH)
                 backend = frame.backend
@@ -265,13 +275,14 @@ class Control:
                 if handed is None:
                     raise ConnectionClosed(None, None)
                 conn.undo = lambda: self.registry.enqueue(handed)
-                return await self._assigned(
-                    frame.rid,
-                    conn,
-                    handed,
-                    manifest=False,
+                token = await self.tokens.mint_worker(
+                    handed.owner,
+                    handed.id,
+                    handed.attempt,
+                    self.config.retention + self.config.lease,
                     kind="ticket" if frame.ticket else "worker",
                 )
+                return await self._assigned(frame.rid, conn, handed, token, manifest=False)
             case wire.CreateToken():
                 user = frame.user or who.user
                 others = user != who.user or bool(set(frame.scopes) - {Scope.RUNS})
@@ -474,19 +485,13 @@ class Control:
     # --- answers ----------------------------------------------------------------------------------
 
     async def _assigned(
-        self,
-        rid: int,
-        conn: _Conn,
-        record: RunRecord,
-        *,
-        manifest: bool = True,
-        kind: Literal["worker", "ticket"] = "worker",
+        self, rid: int, conn: _Conn, record: RunRecord, token: str, *, manifest: bool = True
     ) -> wire.AnyFrame:
         """A claimed or dispatched attempt, with its manifest (a dispatch to a scheduler: none)
-        and a worker token for it (unless the requester is that attempt's worker already; a
-        ticket's claim gets one: that is what tickets are for), or a ticket (``kind``). A
-        snapshot the relay lost part of since the submit (its blobs deleted by hand) fails the
-        attempt's start, saying so."""
+        and the credential minted for it: a worker token (``""`` when the requester is that
+        attempt's worker already; a ticket's claim gets one: that is what tickets are for), or a
+        dispatch's ticket. A snapshot the relay lost part of since the submit (its blobs deleted
+        by hand) fails the attempt's start, saying so."""
         try:
             snapshot = await self.registry.manifest_of(record.id) if manifest else Manifest()
         except (BlobError, TreeError) as exc:
@@ -494,12 +499,6 @@ class Control:
             detail = f"the relay lost part of the run's snapshot: {exc}"
             await self.registry.snapshot_lost(record, detail)
             return wire.Error(code=ErrorCode.NO_SUCH_BLOB, message=detail, rid=rid)
-        token = ""
-        if conn.who.kind != "worker":
-            ttl = self.config.retention + self.config.lease
-            token = await self.tokens.mint_worker(
-                record.owner, record.id, record.attempt, ttl, kind=kind
-            )
         await self._audit(
             record.id,
             AuditEvent.CLAIM,

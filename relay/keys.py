@@ -49,7 +49,12 @@ key                            type    contents                                 
 ``tether:queue:<backend>``     stream  one entry per queued attempt (``p`` = id)   relay         claims
 ``tether:leases``              zset    ``R#attempt`` of running attempts, scored   relay         relay sweeps
                                        by when their worker's lease expires
-``tether:delayed``             zset    retried run ids scored by when they queue   relay         relay sweeps
+``tether:delayed``             zset    retried run ids scored by when they queue;  relay         relay sweeps
+                                       a pool's claimed run until the claim is
+                                       confirmed, at its deadline (a backstop)
+``tether:unconfirmed``         zset    ``R#attempt#claim`` of claims their worker   relay         relay sweeps
+                                       has not confirmed yet, scored by their
+                                       deadline (``protocol_specs/claims.py``)
 ``tether:changes``             stream  each run record as written (redacted JSON),  relay         relay (web
                                        the newest 1000: the web view's live pages                 view)
 ``tether:sweep:{S}``           hash    ``record``: a SweepRecord (JSON), ``v``     relay         relay
@@ -89,6 +94,7 @@ __all__ = [
     "RUNS",
     "SWEEPS",
     "TOKENS",
+    "UNCONFIRMED",
     "audit",
     "audit_refusals",
     "beside",
@@ -98,6 +104,7 @@ __all__ = [
     "manifest",
     "meta_key",
     "parse_lease",
+    "parse_unconfirmed",
     "queue",
     "record",
     "run_keys",
@@ -114,6 +121,7 @@ __all__ = [
     "tunnel_producer",
     "tunnel_stream",
     "tunnels",
+    "unconfirmed",
     "user_active",
     "user_active_sweeps",
     "user_blobs",
@@ -128,6 +136,7 @@ POOL_GROUP = "pool"
 RUNS = "tether:runs"
 LEASES = "tether:leases"
 DELAYED = "tether:delayed"
+UNCONFIRMED = "tether:unconfirmed"
 TOKENS = "tether:tokens"
 #: every run record as written (redacted), for the web view's live pages; the newest are kept
 CHANGES = "tether:changes"
@@ -217,6 +226,18 @@ def parse_lease(member: str) -> tuple[str, int | None]:
     named their attempt; it is the run's current one)."""
     run_id, _, attempt = member.partition("#")
     return run_id, int(attempt) if attempt.isdigit() else None
+
+
+def unconfirmed(run_id: str, attempt: int, claim: str) -> str:
+    """A claim's member of :data:`UNCONFIRMED`."""
+    return f"{run_id}#{attempt}#{claim}"
+
+
+def parse_unconfirmed(member: str) -> tuple[str, int, str] | None:
+    """``(run id, attempt, claim id)`` of an :data:`UNCONFIRMED` member (``None``: malformed)."""
+    run_id, _, rest = member.partition("#")
+    attempt, _, claim = rest.partition("#")
+    return (run_id, int(attempt), claim) if attempt.isdigit() and claim else None
 
 
 def audit(run_id: str) -> str:

@@ -12,8 +12,9 @@ entry, hands it at once to the peers on this process that take entries early
 (:meth:`Fanout.forward`); a storer task appends the link's publishes in order and answers them.
 A publish goes early only while nothing the link sent before it waits to be stored and delivered
 the ordinary way (a status or presence entry), so every peer sees a producer's entries in order. A
-worker's status entries move the run record along (``relay/registry.py``); its heartbeats renew
-its attempt's lease. Who may open which link, and publish what on it, is
+worker's status entries move the run record along (``relay/registry.py``); its link's opening
+confirms the claim its token came with (``relay/claiming.py``), its heartbeats renew its attempt's
+lease. Who may open which link, and publish what on it, is
 ``protocol_specs/permissions.py``'s table, checked when the link opens and, for a worker, again
 whenever its attempt may have ended (status entries, heartbeats).
 """
@@ -29,13 +30,13 @@ from dataclasses import dataclass, field
 import trio
 from websockets.exceptions import ConnectionClosed
 
-from protocol_specs import wire
+from protocol_specs import claims, wire
 from protocol_specs.auth import Principal, Refusal
 from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord
 from protocol_specs.wire import AuditEvent, ErrorCode, Role, StreamName, WireError
 
-from . import keys
+from . import claiming, keys
 from .audit import AuditTrail
 from .config import SERVER_NAME, RelayConfig
 from .delivery import deliver, deliver_history, diversion
@@ -246,6 +247,10 @@ class Links:
             await self.tunnels.hold(run_id)
             cursor = tails[inbound.value] if cursor == "0" else cursor
         elif hello.role is Role.WORKER and not record.finished and not tunnel:
+            if who.token == claims.unconfirmed(record, who.attempt):  # it holds the claim's answer
+                got = await claiming.confirm(self.registry, run_id, who.attempt, who.token)
+                if isinstance(got, wire.Error):
+                    return await peer.fatal(got.code, got.message)
             await self.registry.renew_lease(run_id, who.attempt)
         welcome = wire.Welcome(
             server=SERVER_NAME,

@@ -19,7 +19,10 @@ lease (the sweep finds it and the state machine ignores it), an unacknowledged q
 (claims skip a run that is not queued) or keys without their expiry.
 
 Leases are per attempt (``run#attempt`` in :data:`keys.LEASES`), so a sweep that expires one
-attempt's lease can never end the next attempt of the same run.
+attempt's lease can never end the next attempt of the same run. A claim is provisional until its
+worker confirms it (``protocol_specs/claims.py``, performed by ``relay/claiming.py``): a lease that
+expires on an unconfirmed claim releases it (the run queued again at the same attempt), since
+nothing of that attempt ran.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, NamedTuple
 
-from protocol_specs import wire
+from protocol_specs import claims, wire
 from protocol_specs.runs import (
     Attempt,
     IllegalTransition,
@@ -45,7 +48,8 @@ from protocol_specs.snapshots import Manifest
 from protocol_specs.trees import TreeError
 from protocol_specs.wire import ErrorCode, StreamName
 
-from . import keys
+from . import claiming, keys
+from .auth import TokenStore
 from .blobs import BlobError
 from .config import RelayConfig
 from .metrics import last_metrics
@@ -100,6 +104,8 @@ class Registry:
         self.expand = expand
         #: the backends whose queue this process has used (their consumer group exists)
         self.backends: set[str] = set()
+        #: the worker tokens claims mint and releases revoke
+        self.tokens = TokenStore(store, clock=clock)
 
     # --- records ----------------------------------------------------------------------------------
 
@@ -114,8 +120,9 @@ class Registry:
         """Apply ``decide`` to the run's record atomically (see the module's docstring).
 
         ``decide`` is pure: it returns the new record, or raises :class:`IllegalTransition` to
-        change nothing (logged; ``None`` is returned, as for a run that does not exist). It may be
-        called several times, each time on a newer record.
+        change nothing (logged; ``None`` is returned, as for a run that does not exist), or returns
+        the record it was given to write nothing (the change's ``before`` is its ``after``). It may
+        be called several times, each time on a newer record.
         """
         for _ in range(MAX_CONFLICTS):
             record, version = await self._read(run_id)
@@ -126,6 +133,8 @@ class Registry:
             except IllegalTransition as exc:
                 log.info("run %s: %s", run_id, exc)
                 return None
+            if updated is record:
+                return Change(record, record, version)
             stored = _encode(updated)
             if await self.store.set_versioned(keys.record(run_id), RECORD_FIELD, stored, version):
                 await self.changed(updated)
@@ -211,7 +220,7 @@ class Registry:
         change = await self.update(run_id, decide)
         if change is None:
             return None
-        await self._settle(change.before, change.after)
+        await self.settle(change.before, change.after)
         return change.after
 
     async def attempt_ended(
@@ -224,18 +233,26 @@ class Registry:
         detail: str = "",
     ) -> RunRecord | None:
         """The current attempt failed (``exit_error``) or was lost (``lease_expired``,
-        ``job_lost``): retried if the spec allows another attempt, else the run ends."""
+        ``job_lost``): retried if the spec allows another attempt, else the run ends. A lease that
+        expired on a claim never confirmed releases it instead (queued again, same attempt)."""
         now = self.clock()
-        change = await self.update(
-            run_id,
-            lambda record: record.attempt_over(
+
+        def decide(record: RunRecord) -> RunRecord:
+            if event is RunEvent.LEASE_EXPIRED:
+                return claims.lease_expired(record, at=now, about=about, detail=detail)
+            return record.attempt_over(
                 event, at=now, about=about, exit_code=exit_code, detail=detail
-            ),
-        )
+            )
+
+        change = await self.update(run_id, decide)
         if change is None:
             return None
         before, updated, _ = change
-        await self._settle(before, updated)
+        if updated.attempt == before.attempt and updated.state is RunState.QUEUED:
+            why = "was never confirmed, and its lease expired"
+            await claiming.released(self, before, updated, why)
+            return updated
+        await self.settle(before, updated)
         if updated.finished:
             return updated
         delay = max(updated.not_before - now, 0.0)
@@ -262,7 +279,7 @@ class Registry:
             await self.requeue_due()
         return updated
 
-    async def _settle(self, before: RunRecord, after: RunRecord) -> None:
+    async def settle(self, before: RunRecord, after: RunRecord) -> None:
         """The side effects of a change this process won: an attempt that ended (the run finished,
         or was retried or released) gives up its lease and its queue entry; a finished run leaves
         the user's active runs, gets its log marker, and its keys their retention."""
@@ -439,45 +456,17 @@ class Registry:
         await self.store.append(keys.queue(backend), run_id.encode())
         await self.ack(backend, entry_id)
 
-    async def claimed(self, run_id: str, worker: str) -> RunRecord | None:
-        """Mark a queued run claimed by ``worker``; ``None`` if it is not queued (any more)."""
-        record = await self.transition(run_id, RunEvent.CLAIM, worker=worker)
-        if record is None:
-            return None
-        expires = self.clock() + self.config.lease
-        await self.store.zadd(keys.LEASES, keys.lease(run_id, record.attempt), expires)
-        await self.append_status(run_id, StatusEvent.CLAIMED, record, detail=worker)
-        return record
+    async def claimed(
+        self, run_id: str, worker: str, *, mint: bool = True, from_queue: bool = True
+    ) -> claiming.Claimed | None:
+        """Claim a queued run for ``worker`` (``relay/claiming.py``), with a worker token for the
+        attempt (``mint``); ``None`` if it is not queued (any more)."""
+        return await claiming.claim(self, run_id, worker, mint=mint, from_queue=from_queue)
 
-    async def release(self, record: RunRecord, why: str) -> None:
-        """A claim that never reached its worker: the run is queued again for the same attempt."""
-        released = await self.transition(
-            record.id, RunEvent.RELEASE, about=record.attempt, worker=""
-        )
-        if released is None:
-            return
-        log.info("run %s: claim by %s released: %s", record.id, record.worker, why)
-        await self.enqueue(released)
-
-    async def claim_run(self, worker: str, run_id: str, attempt: int) -> RunRecord | wire.Error:
-        """Take ``run_id`` for its attempt ``attempt`` (a worker its scheduler job started)."""
-        record = await self.load(run_id)
-        if record is None:
-            return wire.Error(code=ErrorCode.NO_SUCH_RUN, message=f"no run {run_id!r}")
-        if record.finished:
-            return wire.Error(
-                code=ErrorCode.RUN_FINISHED, message=f"run {run_id} is {record.state.value}"
-            )
-        if record.attempt != attempt or record.state is not RunState.QUEUED:
-            return wire.Error(
-                code=ErrorCode.STALE_ATTEMPT,
-                message=f"run {run_id} is at attempt {record.attempt} ({record.state.value}); "
-                f"attempt {attempt} is not to be started",
-            )
-        claimed = await self.claimed(run_id, worker)
-        if claimed is None or claimed.attempt != attempt:
-            return wire.Error(code=ErrorCode.STALE_ATTEMPT, message=f"run {run_id} was taken")
-        return claimed
+    async def release(self, record: RunRecord, why: str) -> RunRecord | None:
+        """A claim (``record``, as claimed) whose answer never reached its worker: the run queued
+        again for the same attempt, unless the claim was confirmed or is no longer current."""
+        return await claiming.release(self, record, f"could not be answered: {why}")
 
     async def report(self, frame: wire.Report) -> RunRecord | wire.Error:
         """A scheduler backend's news about an attempt it launched (see :class:`wire.Report`)."""
@@ -531,11 +520,13 @@ class Registry:
         return await self.store.zadd(keys.LEASES, run_id, expires, only_existing=True)
 
     async def sweep(self) -> list[str]:
-        """Handle the attempts whose worker lease expired (retried, or the run marked lost);
-        queue retried runs that are due. Returns the ids of the runs whose lease expired.
+        """Release the claims left unconfirmed past their deadline (``relay/claiming.py``); handle
+        the attempts whose worker lease expired (retried, or the run marked lost); queue retried
+        runs that are due. Returns the ids of the runs whose lease expired.
 
         Every relay sweeps; the one whose ``ZREM`` removes a lease (or a delayed run) handles it.
         """
+        await claiming.sweep(self)
         lost = []
         now = self.clock()
         for member in await self.store.zrange_by_score(keys.LEASES, now, 100):
@@ -549,8 +540,8 @@ class Registry:
             record = await self.attempt_ended(
                 run_id, RunEvent.LEASE_EXPIRED, about=attempt, detail=detail
             )
-            if record is None:
-                continue
+            if record is None or (record.state is RunState.QUEUED and record.attempt == attempt):
+                continue  # nothing ended, or a claim never confirmed was released
             log.warning("run %s: the worker of attempt %s is lost: lease expired", run_id, attempt)
             if record.finished:
                 await self.append_status(run_id, StatusEvent.WORKER_LOST, record, detail=detail)
@@ -560,13 +551,18 @@ class Registry:
         return lost
 
     async def requeue_due(self) -> None:
-        """Queue the retried runs whose backoff is over."""
-        for run_id in await self.store.zrange_by_score(keys.DELAYED, self.clock(), 100):
+        """Queue the retried runs whose backoff is over, and the runs of pools' claims that were
+        released but not queued again (their relay died in between: ``relay/claiming.py``)."""
+        now = self.clock()
+        for run_id in await self.store.zrange_by_score(keys.DELAYED, now, 100):
             if not await self.store.zrem(keys.DELAYED, run_id):
                 continue
             record = await self.load(run_id)
             if record is not None and record.state is RunState.QUEUED:
                 await self.enqueue(record)
+            elif record is not None and claims.unconfirmed(record, None):
+                # not released yet: looked at again after the claims' sweep has had its turn
+                await self.store.zadd(keys.DELAYED, run_id, now + self.config.sweep_interval)
 
 
 def _job_started(record: RunRecord, attempt: int, job: str) -> RunRecord:

@@ -38,6 +38,7 @@ from relay.client import (
 
 from .actions import status_entry
 from .afterlife import Afterlives
+from .confirm import confirm_claim
 from .files import Fetch
 from .housekeeping import CACHE_MAX_BYTES, KEEP_RUNS, tidy
 from .identity import Isolation
@@ -178,6 +179,13 @@ async def _slot(
                     assigned = await control.claim(worker)
                     record, manifest = assigned.run, assigned.manifest
                     as_worker = endpoint(relay_url).with_token(assigned.token)
+                    try:  # a claim counts once the relay knows this worker holds it
+                        await confirm_claim(
+                            control, as_worker, assigned, client=f"tether-worker {worker}"
+                        )
+                    except RelayError as exc:
+                        say(f"{worker}: run {record.id} is not this worker's to run: {exc.message}")
+                        continue
                     say(f"{worker}: claimed run {record.id} (attempt {record.attempt})")
                     refused = housing.isolation.refusal(record.owner, control.user)
                     if refused is not None:
@@ -259,9 +267,11 @@ async def run_one(
         async with open_control(relay_url, client=client) as control:
             assigned = await _claim(control, worker, run_id, attempt, say)
             if not assigned.token:
+                await confirm_claim(control, endpoint(relay_url), assigned, client=client)
                 return await started(endpoint(relay_url), assigned, control)
         as_worker = endpoint(relay_url).with_token(assigned.token)
         async with open_control(as_worker, client=client) as control:
+            await confirm_claim(control, as_worker, assigned, client=client)
             return await started(as_worker, assigned, control)
 
 

@@ -263,6 +263,14 @@ def relay_options(s: argparse.ArgumentParser) -> None:
         help=f"a worker silent this long loses its run (default {d.lease:g}s)",
     )
     g.add_argument(
+        "--claim-confirm",
+        type=parse_duration,
+        default=d.claim_confirm,
+        metavar="DURATION",
+        help="a run claimed by a worker that does not confirm it holds the claim within this "
+        f"long goes back to the queue, same attempt (default {d.claim_confirm:g}s)",
+    )
+    g.add_argument(
         "--retention",
         type=parse_duration,
         default=d.retention,

@@ -184,6 +184,7 @@ def relay_config(args: argparse.Namespace) -> Any:
     return RelayConfig(
         buffer_cap=Cap(entries=args.buffer_entries, bytes=args.buffer_mib * 1024 * 1024),
         lease=args.lease,
+        claim_confirm=args.claim_confirm,
         retention=args.retention,
         ping_interval=args.ping_interval,
         ping_timeout=args.ping_timeout,

@@ -1,7 +1,8 @@
 """The ``control`` role: request/reply calls to the relay, correlated by ``rid``.
 
 :func:`open_control` gives a :class:`ControlClient`: snapshot blobs (upload, check, read), submit,
-rerun, cancel, list and get runs, claim and dispatch queued runs, tokens, audit, scheduler reports.
+rerun, cancel, list and get runs, claim (and confirm) and dispatch queued runs, tokens, audit,
+scheduler reports.
 A call that loses its connection raises :class:`~relay.client.connect.RelayError` (``unreachable``);
 nothing is retried here (a retried ``submit`` would queue a second run).
 """
@@ -228,6 +229,12 @@ class ControlClient:
         return await self._call(
             wire.Claim, wire.Assigned, worker=worker, backend=backend, run=run, attempt=attempt
         )
+
+    async def confirm(self, run: str, attempt: int, claim: str) -> RunRecord:
+        """Say that this worker holds the answer to claim ``claim`` (``protocol_specs/claims.py``):
+        the claim counts. Refused (``stale_attempt``) once it went back to the queue; asking again
+        after a lost answer is answered the same."""
+        return await self._run(wire.Confirm, run=run, attempt=attempt, claim=claim)
 
     async def dispatch(
         self, backend: str, dispatcher: str, *, ticket: bool = False

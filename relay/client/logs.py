@@ -19,6 +19,8 @@ __all__ = ["follow_logs"]
 
 #: how long the relay may stay away before following gives up
 GIVE_UP_AFTER = 60.0
+#: what a relay that went away, or lost its store for a moment, answers: followed again
+_AGAIN = frozenset({ErrorCode.UNREACHABLE, ErrorCode.INTERNAL})
 
 
 async def follow_logs(
@@ -37,7 +39,8 @@ async def follow_logs(
     comes after the stream's end as it is at the first connection.
 
     Without ``follow``, ends once the stream's current end is reached; with it, ends after the
-    run's ``finished`` marker. Reconnects after a drop and resumes after the last entry handed over.
+    run's ``finished`` marker. Reconnects after a drop (or a relay's restart of its store) and
+    resumes after the last entry handed over.
     """
     policy = policy or LinkPolicy()
     attempt = 0
@@ -74,7 +77,8 @@ async def follow_logs(
                             if follow:
                                 return cursor
         except (ConnectionClosed, RelayError) as exc:
-            if isinstance(exc, RelayError) and exc.code != ErrorCode.UNREACHABLE:
+            # a relay that lost its store for a moment (restarting) says so and asks to reconnect
+            if isinstance(exc, RelayError) and exc.code not in _AGAIN:
                 raise
             down_since = trio.current_time() if down_since is None else down_since
             if trio.current_time() - down_since > GIVE_UP_AFTER:

@@ -1,5 +1,6 @@
 """Claims against a live relay: a worker that died while waiting never takes a run, a claim whose
-answer cannot be delivered is released, and queue entries a dead relay held are queued again.
+answer cannot be delivered is released (at once by its relay, or at its deadline by any relay's
+sweep when it is never confirmed), and queue entries a dead relay held are queued again.
 
 The relay runs in-process (so the test can see who waits in line) on a real Redis-compatible
 server, over real WebSockets; a worker "dies" by its TCP connection closing without a goodbye.
@@ -7,7 +8,8 @@ server, over real WebSockets; a worker "dies" by its TCP connection closing with
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,17 +18,18 @@ import pytest
 import trio
 from websockets.trio.client import connect
 
-from protocol_specs import wire
+from protocol_specs import claims, wire
 from protocol_specs.auth import Scope
-from protocol_specs.runs import RunSpec, RunState
-from protocol_specs.wire import Role
-from relay import keys
+from protocol_specs.runs import RunRecord, RunSpec, RunState
+from protocol_specs.wire import ErrorCode, Role
+from relay import claiming, keys
 from relay.auth import TokenStore
 from relay.claims import ORPHAN_AFTER, Claims
-from relay.client import Endpoint, open_control
+from relay.client import Endpoint, RelayError, open_control, open_run_link
 from relay.registry import Registry
 from relay.server import Relay, RelayConfig, server_port
 from relay.store import MemoryStore, Store
+from worker_shim.confirm import confirm_claim
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -42,10 +45,10 @@ class Live:
 
 
 @asynccontextmanager
-async def live(store: Store) -> AsyncIterator[Live]:
+async def live(store: Store, clock: Callable[[], float] = time.time) -> AsyncIterator[Live]:
     from websockets.trio.server import serve
 
-    relay = Relay(store, config=RelayConfig())
+    relay = Relay(store, config=RelayConfig(), clock=clock)
     tokens = TokenStore(store)
     alice, _ = await tokens.create("alice", scopes=[Scope.RUNS])
     pool, _ = await tokens.create("pool", scopes=[Scope.BACKEND])
@@ -101,9 +104,9 @@ async def test_a_claim_whose_answer_cannot_be_delivered_is_released(redis_store:
     async with live(redis_store) as lv:
         async with open_control(lv.alice) as alice:
             run = (await alice.submit(SPEC)).id
-            record = await lv.relay.registry.claimed(run, "dying-0")
-            assert record is not None and record.state is RunState.STARTING
-            await lv.relay.registry.release(record, "its worker is gone")
+            claimed = await lv.relay.registry.claimed(run, "dying-0")
+            assert claimed is not None and claimed.record.state is RunState.STARTING
+            await lv.relay.registry.release(claimed.record, "its worker is gone")
             released = await alice.get_run(run)
             assert (released.state, released.attempt, released.worker) == (RunState.QUEUED, 1, "")
             async with open_control(lv.pool) as healthy:
@@ -111,6 +114,62 @@ async def test_a_claim_whose_answer_cannot_be_delivered_is_released(redis_store:
                     assigned = await healthy.claim("alive-0")
             assert (assigned.run.id, assigned.run.attempt) == (run, 1)
             assert assigned.run.attempts[-1].worker == "alive-0"
+
+
+async def test_a_worker_whose_confirm_comes_too_late_is_told_and_its_token_refused(
+    redis_store: Store,
+) -> None:
+    """The claim's answer reached its worker only after the claim went back to the queue: the
+    worker's confirm is refused, as is the token that answer carried; the next worker's claim of
+    the same attempt is the one that counts."""
+    now = [time.time()]
+    async with live(redis_store, clock=lambda: now[0]) as lv:
+        async with open_control(lv.alice) as alice, open_control(lv.pool) as pool:
+            run = (await alice.submit(SPEC)).id
+            late = await pool.claim("slow-0")
+            now[0] += lv.relay.config.claim_confirm
+            await lv.relay.registry.sweep()  # the sweep of any relay
+            as_late = lv.pool.with_token(late.token)
+            with pytest.raises(RelayError) as refused:
+                await confirm_claim(pool, as_late, late, client="slow-0")
+            assert refused.value.code == ErrorCode.STALE_ATTEMPT
+            assert "went back to the queue" in refused.value.message
+            with pytest.raises(RelayError) as revoked:
+                async with open_control(as_late):
+                    pass
+            assert revoked.value.code == ErrorCode.UNAUTHORIZED
+            assert "revoked" in revoked.value.message
+            with trio.fail_after(10):
+                again = await pool.claim("quick-0")
+            await confirm_claim(pool, lv.pool.with_token(again.token), again, client="quick-0")
+            record = await alice.get_run(run)
+            assert (record.state, record.attempt, record.worker) == (
+                RunState.STARTING,
+                1,
+                "quick-0",
+            )
+            assert record.attempts[-1].confirmed_at == now[0]
+
+
+async def test_opening_its_worker_link_with_the_claims_token_confirms_a_claim(
+    redis_store: Store,
+) -> None:
+    """A worker that says nothing but opens its run link with the token the claim's answer carried
+    has the answer: its claim counts, and no sweep puts the run back."""
+    now = [time.time()]
+    async with live(redis_store, clock=lambda: now[0]) as lv:
+        async with open_control(lv.alice) as alice, open_control(lv.pool) as pool:
+            run = (await alice.submit(SPEC)).id
+            assigned = await pool.claim("w-0")
+            assert (await alice.get_run(run)).attempts[-1].confirmed_at is None
+            as_worker = lv.pool.with_token(assigned.token)
+            async with open_run_link(as_worker, role=Role.WORKER, run=run, attempt=1):
+                pass  # connected (welcomed) before it returns
+            assert (await alice.get_run(run)).attempts[-1].confirmed_at == now[0]
+            now[0] += lv.relay.config.claim_confirm + 1
+            await lv.relay.registry.sweep()
+            record = await alice.get_run(run)
+            assert (record.state, record.worker) == (RunState.STARTING, "w-0")
 
 
 async def test_entries_a_dead_relay_held_are_queued_again() -> None:
@@ -134,6 +193,106 @@ async def test_entries_a_dead_relay_held_are_queued_again() -> None:
     async with store.blocking_reader() as reader:
         entry = await reader.read_group(keys.queue("local"), keys.POOL_GROUP, "b", block_ms=10)
     assert entry is not None and entry[1] == queued.id.encode()
+
+
+async def _queued_runs(store: Store, backend: str = "local") -> list[str]:
+    """The run ids of ``backend``'s queue entries nobody has read yet."""
+    found = []
+    async with store.blocking_reader() as reader:
+        while entry := await reader.read_group(
+            keys.queue(backend), keys.POOL_GROUP, "t", block_ms=1
+        ):
+            found.append(entry[1].decode())
+    return found
+
+
+async def test_a_claim_left_unconfirmed_is_swept_back_to_the_queue_by_another_relay() -> None:
+    """A pool's claim whose answer was lost (its relay died after writing it): at its deadline
+    another relay's sweep queues the run again at attempt 1 and revokes the lost answer's token;
+    the worker's confirm, should it come now, is told the claim is gone."""
+    now = [1000.0]
+    store = MemoryStore(clock=lambda: now[0])
+    config = RelayConfig(claim_confirm=15.0)
+    dead, survivor = (Registry(store, config, clock=lambda: now[0]) for _ in range(2))
+    submitted = await dead.submit(SPEC, wire.Submit(rid=1, spec=SPEC).manifest, owner="alice")
+    assert not isinstance(submitted, wire.Error)
+    assert await _queued_runs(store) == [submitted.id]  # taken from the queue by the dead relay
+    claimed = await dead.claimed(submitted.id, "pool-0")
+    assert claimed is not None
+    claim = claimed.record.attempts[-1].claim
+    assert claimed.token.startswith(f"tthw_{claim}_")  # the answer's token is the claim's id
+    now[0] += 14.9
+    assert await survivor.sweep() == [] and await _queued_runs(store) == []
+    record = await survivor.load(submitted.id)
+    assert record is not None and record.state is RunState.STARTING
+    now[0] += 0.1
+    await survivor.sweep()
+    record = await survivor.load(submitted.id)
+    assert record is not None
+    assert (record.state, record.attempt, record.attempts[-1].released) == (RunState.QUEUED, 1, 1)
+    assert await _queued_runs(store) == [submitted.id]  # in the queue again, once
+    token = await survivor.tokens.get(claim)
+    assert token is not None and token.revoked_at == now[0]
+    for key in (keys.UNCONFIRMED, keys.LEASES, keys.DELAYED):
+        assert await store.zrange_by_score(key, float("inf"), 10) == [], key
+    late = await claiming.confirm(survivor, submitted.id, 1, claim)
+    assert isinstance(late, wire.Error) and late.code == ErrorCode.STALE_ATTEMPT
+    assert "not held by this claim" in late.message
+    # claimed again and confirmed in time: the claim counts; a later sweep leaves it alone
+    again = await survivor.claimed(submitted.id, "pool-1")
+    assert again is not None and again.record.attempt == 1
+    confirmed = await claiming.confirm(survivor, submitted.id, 1, again.record.attempts[-1].claim)
+    assert isinstance(confirmed, RunRecord) and confirmed.attempts[-1].confirmed_at == now[0]
+    now[0] += 60
+    await survivor.sweep()
+    kept = await survivor.load(submitted.id)
+    assert kept is not None and (kept.state, kept.worker) == (RunState.STARTING, "pool-1")
+
+
+async def test_a_release_cut_short_by_its_relays_death_is_queued_by_a_sweep() -> None:
+    """A relay that released a pool's claim and died before it appended the run to the queue
+    again leaves the run in the delayed set at the claim's deadline: the next sweep queues it."""
+    now = [1000.0]
+    store = MemoryStore(clock=lambda: now[0])
+    registry = Registry(store, RelayConfig(claim_confirm=15.0), clock=lambda: now[0])
+    submitted = await registry.submit(SPEC, wire.Submit(rid=1, spec=SPEC).manifest, owner="alice")
+    assert not isinstance(submitted, wire.Error)
+    assert await _queued_runs(store) == [submitted.id]
+    claimed = await registry.claimed(submitted.id, "pool-0")
+    assert claimed is not None
+    claim = claimed.record.attempts[-1].claim
+    # the release is written; its relay dies before any of its side effects
+    cut_short = await registry.update(
+        submitted.id, lambda r: claims.release(r, claim, at=now[0], about=1)
+    )
+    assert cut_short is not None and cut_short.after.state is RunState.QUEUED
+    await registry.sweep()
+    assert await _queued_runs(store) == []  # not due before the claim's deadline
+    now[0] += 15
+    await registry.sweep()
+    assert await _queued_runs(store) == [submitted.id]
+
+
+async def test_a_scheduler_jobs_claim_released_waits_for_its_worker_not_the_queue() -> None:
+    """A claim naming its run (a scheduler job's worker) that goes back unconfirmed is queued
+    again for that job's worker to claim, not appended to the backend's queue: the backend would
+    launch a second job for the attempt."""
+    now = [1000.0]
+    store = MemoryStore(clock=lambda: now[0])
+    registry = Registry(store, RelayConfig(claim_confirm=15.0), clock=lambda: now[0])
+    spec = SPEC.model_copy(update={"backend": "slurm"})
+    submitted = await registry.submit(spec, wire.Submit(rid=1, spec=spec).manifest, owner="alice")
+    assert not isinstance(submitted, wire.Error)
+    assert await _queued_runs(store, "slurm") == [submitted.id]  # dispatched
+    taken = await claiming.claim_run(registry, "job-7", submitted.id, 1, mint=False)
+    assert isinstance(taken, claiming.Claimed) and taken.token == ""
+    now[0] += 15
+    await registry.sweep()
+    record = await registry.load(submitted.id)
+    assert record is not None and (record.state, record.attempt) == (RunState.QUEUED, 1)
+    assert await _queued_runs(store, "slurm") == []
+    again = await claiming.claim_run(registry, "job-7", submitted.id, 1, mint=False)
+    assert isinstance(again, claiming.Claimed)  # the job's worker, asking again, gets it
 
 
 async def test_a_worker_whose_heartbeats_are_late_is_shown_silent() -> None:

@@ -52,6 +52,7 @@ class Scene:
     owner: Endpoint
     backend: str
     sweep: str = ""  #: a sweep of the owner's (for the sweep acts)
+    claim: str = ""  #: the claim of the run's second attempt, by its worker (not yet confirmed)
 
 
 @pytest.fixture
@@ -131,14 +132,15 @@ async def scene(url: str, store: Store, *, claimed: bool = True, sweep: bool = F
             url, token=await tokens.mint_worker("alice", run, 2, 3600, kind="ticket")
         ),
     }
+    claim = ""
     if claimed:
         async with open_control(holders[Holder.WORKER]) as control:
-            await control.claim("w", run=run, attempt=2)
+            claim = (await control.claim("w", run=run, attempt=2)).run.attempts[-1].claim
     made = ""
     if sweep:
         async with open_control(owner) as control:
             made = (await control.submit_sweep(sweep_spec(backend + "s"), manifest)).sweep.id
-    return Scene(url, run, digest, spare.id, holders, owner, backend, made)
+    return Scene(url, run, digest, spare.id, holders, owner, backend, made, claim)
 
 
 # --- performing one act -----------------------------------------------------------------------------
@@ -306,6 +308,8 @@ async def _control_act(act: Act, c: object, s: Scene) -> str:
                 await c.dispatch(spec.backend, "sched")
         case Act.CLAIM_RUN:
             await c.claim("w", run=s.run, attempt=2)
+        case Act.CONFIRM:
+            await c.confirm(s.run, 2, s.claim)
         case Act.REPORT:
             await c.report(s.run, 2, "job", job="9", detail="submitted")
         case Act.CREATE_TOKEN:

@@ -1,8 +1,9 @@
 """Run-record updates racing each other: every interleaving keeps one history.
 
 The same run is driven by concurrent tasks of one relay and by two relays (two registries on one
-store): a cancel, claims, a worker's start, pauses and exits, lease expiries and lost scheduler
-jobs, about the run's first and second attempt, with a random number of extra checkpoints before
+store): a cancel, claims, their confirmations and releases (by their relay, or by a sweep past
+their deadline), a worker's start, pauses and exits, lease expiries and lost scheduler jobs, about
+the run's first and second attempt, with a random number of extra checkpoints before
 each store call (seeded: each case replays the same way). Every change a registry reports as
 applied is recorded with the record it was decided on. The check: the changes form one chain from
 the submitted record to the stored one (each applied to the record the previous one left, none
@@ -14,6 +15,7 @@ A store that writes blindly (no compare-and-set) fails the same check: the test 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,7 +26,7 @@ from protocol_specs import wire
 from protocol_specs.runs import TRANSITIONS, RunEvent, RunRecord, RunSpec, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
-from relay import keys
+from relay import claiming, keys
 from relay.config import RelayConfig
 from relay.registry import Change, Registry
 from relay.store import MemoryStore, Store
@@ -63,13 +65,15 @@ class _Blind(_Jittery):
 
 
 class _Recording(Registry):
-    def __init__(self, store: Any, changes: list[Change]) -> None:
-        super().__init__(store, CONFIG)
+    def __init__(
+        self, store: Any, changes: list[Change], clock: Callable[[], float] = time.time
+    ) -> None:
+        super().__init__(store, CONFIG, clock=clock)
         self.changes = changes
 
     async def update(self, run_id: str, decide: Callable[[RunRecord], RunRecord]) -> Change | None:
         change = await super().update(run_id, decide)
-        if change is not None:
+        if change is not None and change.after is not change.before:  # (else nothing written)
             self.changes.append(change)
         return change
 
@@ -87,10 +91,16 @@ def _operations(
         record = await registry.load(run)
         return None if record is None else await registry.release(record, "gone")
 
+    async def confirm() -> object:
+        record = await registry.load(run)
+        last = record.attempts[-1] if record is not None and record.attempts else None
+        return None if last is None else await claiming.confirm(registry, run, last.n, last.claim)
+
     choices: list[Callable[[int], Callable[[], Awaitable[object]]]] = [
         lambda a: lambda: registry.cancel(run, "cancelled by the user"),
         lambda a: lambda: registry.claimed(run, f"w{a}"),
         lambda a: release,
+        lambda a: confirm,
         lambda a: lambda: registry.transition(run, RunEvent.START, about=a),
         lambda a: lambda: registry.transition(run, RunEvent.PAUSE, about=a, paused_at="x.py:1"),
         lambda a: lambda: registry.transition(run, RunEvent.RESUME, about=a),
@@ -109,8 +119,9 @@ def _allowed(before: RunRecord, after: RunRecord) -> bool:
         return after.state is RunState.QUEUED and (before.state, RunEvent.RETRY) in TRANSITIONS
     if after.attempt != before.attempt:
         return False
-    if after.state is before.state:  # the scheduler's job id noted, nothing else
-        return after.model_copy(update={"attempts": before.attempts}) == before
+    if after.state is before.state:  # the scheduler's job id noted, nothing else; or confirmed
+        same = after.model_copy(update={"attempts": before.attempts}) == before
+        return same or (before.state, RunEvent.CONFIRM) in TRANSITIONS
     return any(TRANSITIONS.get((before.state, event)) is after.state for event in RunEvent)
 
 
@@ -143,6 +154,8 @@ async def _race(store: Store, seed: int, *, blind: bool = False) -> None:
     assert isinstance(submitted, RunRecord)
     run = submitted.id
     ops = [op for relay in relays for op in _operations(relay, run, rng)]
+    late = _Recording(wrapped, changes, clock=lambda: 1e12)  # a relay sweeping past deadlines
+    ops += [lambda: claiming.sweep(late)] * rng.randint(0, 2)
     rng.shuffle(ops)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:

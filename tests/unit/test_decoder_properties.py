@@ -77,6 +77,7 @@ FRAMES: list[wire.AnyFrame] = [
     wire.Cancel(rid=8, run="r1"),
     wire.GetRun(rid=9, run="r1"),
     wire.Claim(rid=10, worker="w-0", backend="slurm", run="r1", attempt=2),
+    wire.Confirm(rid=10, run="r1", attempt=2, claim="0123456789abcdef"),
     wire.Dispatch(rid=11, backend="slurm", dispatcher="d"),
     wire.RunInfo(rid=9, run=RECORD),
     wire.Assigned(rid=10, run=RECORD, manifest=MANIFEST, token="tthw_x"),
