@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -326,6 +327,9 @@ def main() -> int:
         SIZES[key] = (int(value), int(value))
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
+        # the programs write beside their workdirs (when a child was born...): as root, a pool
+        # runs them as uids of their own, which must be let in (the stacks' own data stays 0700)
+        os.chmod(tmp, 0o1777)
         figures = trio.run(run, only, args.quick, Path(tmp), args.rtt_ms, args.jitter_ms)
     figures["wall_s"] = time.time() - started
     figures["date"] = time.strftime("%Y-%m-%d %H:%M", time.localtime(started))

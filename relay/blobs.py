@@ -106,8 +106,8 @@ class FileBlobStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._top = os.fspath(root)
-        root.mkdir(parents=True, exist_ok=True)
-        (root / "incoming").mkdir(exist_ok=True)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)  # users' files: the relay's only
+        (root / "incoming").mkdir(mode=0o700, exist_ok=True)
 
     def __repr__(self) -> str:
         return f"<FileBlobStore {self.root}>"

@@ -264,34 +264,64 @@ async def run_one(
                 await tidy(work_dir, runs_dir)
 
     async with _guarded(housing, runs_dir):
-        async with open_control(relay_url, client=client) as control:
-            assigned = await _claim(control, worker, run_id, attempt, say)
-            if not assigned.token:
-                await confirm_claim(control, endpoint(relay_url), assigned, client=client)
-                return await started(endpoint(relay_url), assigned, control)
-        as_worker = endpoint(relay_url).with_token(assigned.token)
+        assigned = await _claim(relay_url, client, worker, run_id, attempt, say)
+        as_worker = endpoint(relay_url)
+        if assigned.token:
+            as_worker = as_worker.with_token(assigned.token)
         async with open_control(as_worker, client=client) as control:
             await confirm_claim(control, as_worker, assigned, client=client)
             return await started(as_worker, assigned, control)
 
 
+#: how long a job's worker asks again for its claim when the answer was lost (the relay died, or
+#: lost its store): the claim goes back to the queue once its confirmation is overdue
+CLAIM_PATIENCE = 120.0
+
+
 async def _claim(
-    control: ControlClient, worker: str, run_id: str, attempt: int, say: Callable[[str], None]
+    relay_url: Target,
+    client: str,
+    worker: str,
+    run_id: str,
+    attempt: int,
+    say: Callable[[str], None],
 ) -> wire.Assigned:
-    """Claim the attempt. A ticket's claim is refused until the backend saw this job running (it
-    looks every few seconds): asked again, for :data:`TICKET_WAIT` seconds at most."""
-    deadline = trio.current_time() + TICKET_WAIT
-    said = False
+    """Claim the attempt, on a connection of its own each time it asks. A ticket's claim is
+    refused until the backend saw this job running (it looks every few seconds): asked again,
+    for :data:`TICKET_WAIT` seconds at most. A claim whose answer was lost (the relay went, or
+    its store) was made for nobody: the relay puts it back in the queue once it stays
+    unconfirmed (``--claim-confirm``), and it is asked again until then, for
+    :data:`CLAIM_PATIENCE` seconds at most."""
+    start = trio.current_time()
+    said: set[str] = set()
+    pause = 0.5
     while True:
         try:
-            return await control.claim(worker, run=run_id, attempt=attempt)
+            async with open_control(relay_url, client=client) as control:
+                return await control.claim(worker, run=run_id, attempt=attempt)
         except RelayError as exc:
-            if exc.code != ErrorCode.JOB_NOT_RUNNING or trio.current_time() > deadline:
+            waited = trio.current_time() - start
+            if exc.code == ErrorCode.JOB_NOT_RUNNING and waited < TICKET_WAIT:
+                why = "waiting for the backend to see this job running"
+                pause = 0.5  # the backend's next look at its jobs
+            elif _answer_lost(exc, attempt) and waited < CLAIM_PATIENCE:
+                why = "its claim's answer was lost with the relay; asking again"
+                pause = min(pause * 2, 5.0)
+            else:
                 raise
-        if not said:
-            say(f"{worker}: run {run_id}: waiting for the backend to see this job running")
-            said = True
-        await trio.sleep(0.5)  # the backend's next look at its jobs: nothing to wait on here
+        if why not in said:
+            say(f"{worker}: run {run_id}: {why}")
+            said.add(why)
+        await trio.sleep(pause)  # the relay's or the backend's next move: nothing to wait on
+
+
+def _answer_lost(exc: RelayError, attempt: int) -> bool:
+    """Whether a claim's refusal says its answer may have been lost: the relay is gone (or lost
+    its store), or the attempt was claimed already (by this job's earlier ask, whose answer never
+    came: it goes back to the queue once its confirmation is overdue)."""
+    if exc.code in (ErrorCode.UNREACHABLE, ErrorCode.INTERNAL):
+        return True
+    return exc.code == ErrorCode.STALE_ATTEMPT and f"attempt {attempt} (starting)" in exc.message
 
 
 async def _run(

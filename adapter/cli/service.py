@@ -172,7 +172,7 @@ def isolation_of(args: argparse.Namespace, who: str, user: str = "") -> Isolatio
 
 async def cmd_up(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir or tether_home() / "data").resolve()  # noqa: ASYNC240 (startup)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the store, blobs, logs: ours only
     clock = Clock("")
     try:
         return await _up(args, data_dir, clock)

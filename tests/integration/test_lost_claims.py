@@ -123,3 +123,54 @@ async def test_a_claim_whose_answer_died_with_its_relay_runs_once_at_the_same_at
     revoked = await TokenStore(redis_store).get(lost[0].token.split("_")[1])
     assert revoked is not None and revoked.revoked_at > 0
     assert await redis_store.zrange_by_score(keys.UNCONFIRMED, float("inf"), 10) == []
+
+
+async def test_a_jobs_worker_whose_claims_answer_died_asks_again_and_runs_once(
+    redis_store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduler job's worker (``run_one``: it claims its named attempt) loses its claim's answer
+    with relay A: it asks again through the proxy (relay B answers that the attempt is claimed,
+    until its sweep puts the unconfirmed claim back), then claims, confirms and runs it, once."""
+    from relay import claiming
+    from worker_shim.pool import run_one
+
+    tokens = TokenStore(redis_store)
+    alice, _ = await tokens.create("alice", scopes=[Scope.RUNS])
+    backend_token, _ = await tokens.create("slurm", scopes=[Scope.BACKEND])
+    ran = tmp_path / "ran"
+    code = f"open({str(ran)!r}, 'a').write('ran\\n')"
+    spec = RunSpec(command=["python", "-c", code], workdir="/w", debug=False, debuggable=False)
+    proxy = FaultProxy("127.0.0.1", 1)
+    lost: list[Claimed] = []
+    async with trio.open_nursery() as nursery:
+        _, port_a, kill_a = await nursery.start(relay, redis_store)
+        _, port_b, _ = await nursery.start(relay, redis_store)
+        await nursery.start(proxy.run)
+        proxy.retarget("127.0.0.1", port_a)
+        original = claiming.claim
+
+        async def claimed_then_dies(*args: Any, **how: Any) -> Claimed | None:
+            got = await original(*args, **how)  # the claim is written...
+            if got is not None and not lost:
+                lost.append(got)
+                proxy.retarget("127.0.0.1", port_b)
+                kill_a.cancel()  # ...and relay A dies before its answer is sent
+            return got
+
+        monkeypatch.setattr(claiming, "claim", claimed_then_dies)
+        as_alice = Endpoint(f"ws://127.0.0.1:{port_b}", token=alice)
+        async with open_control(as_alice) as control:
+            run = (await control.submit(spec)).id
+        said: list[str] = []
+        with trio.fail_after(60):
+            exit_code = await run_one(
+                Endpoint(proxy.url_for(), token=backend_token), run, 1,
+                work_dir=tmp_path / "job", worker="job-1", on_event=said.append,
+            )  # fmt: skip
+        async with open_control(as_alice) as control:
+            record = await control.get_run(run)
+        nursery.cancel_scope.cancel()
+    assert exit_code == 0 and len(lost) == 1
+    assert any("its claim's answer was lost with the relay" in line for line in said), said
+    assert record.state is RunState.SUCCEEDED and [a.n for a in record.attempts] == [1]
+    assert ran.read_text() == "ran\n", "the program ran exactly once"
