@@ -163,6 +163,13 @@ def _isolation(isolated: bool) -> tuple[str, ...]:
     return () if isolated else ("--no-isolation",)
 
 
+def runnable_by_anyone(program: str) -> bool:
+    """Whether a uid of a program's own may run ``program`` (a bare name: found on its PATH)."""
+    from worker_shim.identity import ProgramUser
+
+    return os.sep not in program or ProgramUser(65534).can_run(program)
+
+
 def program_python() -> str | None:
     """An interpreter a program with a uid of its own may run, for a test's script to name (the
     tests' own may live under /root, as pyenv's does); ``None`` if none is: such a test then runs

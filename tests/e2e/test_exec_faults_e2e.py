@@ -250,14 +250,14 @@ async def fault(
 
 
 async def test_an_exec_whose_start_races_relay_faults_runs_once_or_says_it_did_not(
-    tmp_path: Path,
+    tmp_path: Path, shared_tmp: Path
 ) -> None:
     home = tmp_path / "home"
     project = tmp_path / "project"
     project.mkdir()
     (project / "waits.py").write_text(WAITS)
-    (tmp_path / "tries").mkdir()
-    tries = [Try(i, kind_of(i), tmp_path / "tries" / f"{i}.log") for i in range(TRIES)]
+    # the commands (as the run's uid, on a root worker) write their lines here
+    tries = [Try(i, kind_of(i), shared_tmp / f"{i}.log") for i in range(TRIES)]
     rng = random.Random(SEED)
     async with trio.open_nursery() as nursery:
         redis = await nursery.start(_redis, tmp_path / "redis")

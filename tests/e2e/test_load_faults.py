@@ -183,10 +183,12 @@ async def retrying(call: Callable[[], Awaitable[Any]]) -> Any:
 
 
 async def test_hundreds_of_runs_through_relay_kills_and_a_redis_restart_run_once_each(
-    tmp_path: Path,
+    tmp_path: Path, shared_tmp: Path
 ) -> None:
     home = tmp_path / "home"
-    ran = tmp_path / "ran.txt"
+    ran = shared_tmp / "ran.txt"  # every program appends to it (each run a uid of its own)
+    ran.touch()
+    ran.chmod(0o666)
     gate, progress = Gate(), Progress()
     outputs: dict[str, bytes] = {}
     records: dict[str, RunRecord] = {}

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from direct_debugpy import copy_programs
 from node_harness import open_vscode_session, scenario, session_messages, sessions_by_kind
-from stack import debug_run, program_python, relay_stack, worker
+from stack import debug_run, program_python, relay_stack, runnable_by_anyone, worker
 
 from protocol_specs.dap_schema import validate_message
 from protocol_specs.processes import COLLECTIVE_TIMEOUT_HINT
@@ -60,8 +60,10 @@ async def run_through_tether(
     """Queue ``program command`` with `tether debug`, configure it from the runner, start a worker,
     run the steps; returns (result, messages, adapter port) once the run ended with exit code 0."""
     ws = copy_programs(tmp_path / "ws")
-    # an interpreter the program's uid may run (a root worker's programs run as uids of their own)
-    python = program_python()
+    # an interpreter the program's uid may run (a root worker's programs run as uids of their own);
+    # a program the test names that no such uid may run (a venv made from an interpreter under
+    # /root) runs as the worker's user
+    python = program_python() if runnable_by_anyone(program) else None
     # a console script, as pip installs torchrun: a Python script with a #! line, no .py
     launcher = ws / "launch-ranks"
     launcher.write_text(f"#!{python or sys.executable}\n" + (ws / "ranks_launcher.py").read_text())
