@@ -26,38 +26,34 @@ import runpy
 from typing import Any
 
 
+def _beside(name: str) -> Any:
+    """The tether script ``name`` (``_tether_debugpy_boot``...), loaded from beside the file this
+    one links to; ``ImportError`` if it is not there."""
+    here = os.path.dirname(os.path.realpath(__file__))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(here, f"{name}.py"))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"tether's {name}.py is missing")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _patch_sockets() -> str | None:
     """``TCP_NODELAY`` on every socket debugpy's adapter makes; ``None`` when done, else why not.
-    The wrapper is the boot script's (loaded from beside the file this one links to)."""
+    The wrapper is the boot script's."""
     from debugpy.common import sockets
 
     original: Any = getattr(sockets, "_new_sock", None)
     if not callable(original):
         return "debugpy.common.sockets._new_sock is missing"
-    here = os.path.dirname(os.path.realpath(__file__))
-    spec = importlib.util.spec_from_file_location(
-        "_tether_debugpy_boot", os.path.join(here, "_tether_debugpy_boot.py")
-    )
-    if spec is None or spec.loader is None:
-        return "tether's boot script is missing"
-    boot = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(boot)
-    sockets._new_sock = boot.nodelay(original)
+    sockets._new_sock = _beside("_tether_debugpy_boot").nodelay(original)
     return None
 
 
 def _guard() -> str | None:
     """Only the run's processes and its worker may connect to this adapter's ports
-    (``_tether_guard.py``, loaded through the boot script); ``None`` when done, else why not."""
-    here = os.path.dirname(os.path.realpath(__file__))
-    spec = importlib.util.spec_from_file_location(
-        "_tether_guard", os.path.join(here, "_tether_guard.py")
-    )
-    if spec is None or spec.loader is None:
-        return "tether's _tether_guard.py is missing"
-    guard = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(guard)
-    return guard.guard_debugpy()  # type: ignore[no-any-return]
+    (``_tether_guard.py``); ``None`` when done, else why not."""
+    return _beside("_tether_guard").guard_debugpy()  # type: ignore[no-any-return]
 
 
 def main() -> None:

@@ -21,7 +21,9 @@ option.
 
 Standalone and stdlib-only: it runs on the program's interpreter (``_tether_debugpy_boot.py``) and
 in debugpy's adapter process (``_tether_debugpy_adapter.py``), which load it from beside
-themselves. ``adapter/peer.py`` answers the same question for tether's own adapter.
+themselves. ``adapter/peer.py`` answers the same question for tether's own adapter, with a reader
+of the same table of its own: the adapter's floor imports nothing of the worker's, and this file
+imports nothing of tether's.
 """
 
 import os
@@ -43,7 +45,7 @@ def allowed_uids() -> "set[int]":
     return allowed
 
 
-def _address(field: str) -> "tuple[bytes, int] | None":
+def parse_address(field: str) -> "tuple[bytes, int] | None":
     """``0100007F:1F90`` (IPv4) or 32 hex digits (IPv6) as (packed address, port); each 32-bit
     word of the address is in host (little-endian) order in the table."""
     host, _, port = field.partition(":")
@@ -79,7 +81,7 @@ def owner_in(table: str, local: "tuple[str, int]", remote: "tuple[str, int]") ->
         cols = line.split()
         if len(cols) < 8:
             continue
-        if (_address(cols[1]), _address(cols[2])) == want:
+        if (parse_address(cols[1]), parse_address(cols[2])) == want:
             try:
                 return int(cols[7])
             except ValueError:
@@ -96,7 +98,7 @@ def listener_owners(table: str, port: int) -> "set[int]":
         cols = line.split()
         if len(cols) < 8 or cols[3] != "0A":  # LISTEN
             continue
-        local = _address(cols[1])
+        local = parse_address(cols[1])
         if local is not None and local[1] == port and local[0] in reachable:
             try:
                 owners.add(int(cols[7]))

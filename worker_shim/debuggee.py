@@ -64,6 +64,7 @@ import trio
 
 from protocol_specs.redact import Redactor
 
+from .identity import UNREACHABLE_HINT
 from .loopback import connect_owned
 from .python_command import (
     NOT_WITH_MAIN_ONLY,
@@ -417,9 +418,11 @@ async def _open(argv: list[str], *, cwd: str, env: dict[str, str], **spawn: Any)
         if "user" not in spawn:
             raise
         raise PermissionError(
-            exc.errno, f"the run's user (uid {spawn['user']}) may not run it: {exc.strerror}",
+            exc.errno,
+            f"the run's user (uid {spawn['user']}) may not run it ({exc.strerror}): "
+            f"{UNREACHABLE_HINT}",
             exc.filename,
-        ) from None  # fmt: skip
+        ) from None
 
 
 async def _wait_endpoints(path: Path, process: trio.Process, output: OutputPump) -> int:

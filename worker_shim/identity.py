@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_RUNS_ROOT",
     "DEFAULT_UIDS",
     "PASSED_ENV",
+    "UNREACHABLE_HINT",
     "Isolation",
     "ProgramUser",
     "Runtime",
@@ -96,6 +97,15 @@ class ProgramUser:
     def can_enter(self, path: str | os.PathLike[str]) -> bool:
         """Whether this user may reach the directory ``path`` and search it."""
         return _usable(Path(path), self.uid, self.gid, need=0o1, directory=True)
+
+
+#: what a program that its uid may not start is told to do
+UNREACHABLE_HINT = (
+    "this worker runs each program as a uid of its own, which may not go where the worker's "
+    "user keeps it (a directory under /root, say): use an interpreter every user may run "
+    "(/usr/bin/python3, /opt/conda/bin/python...), or, on a machine that is yours alone, start "
+    "the worker with --no-isolation"
+)
 
 
 def spawn_options(user: ProgramUser | None) -> dict[str, Any]:

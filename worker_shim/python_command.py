@@ -21,7 +21,7 @@ from pathlib import Path, PurePath
 
 import trio
 
-from .identity import ProgramUser, Runtime, search_path, spawn_options
+from .identity import UNREACHABLE_HINT, ProgramUser, Runtime, search_path, spawn_options
 
 __all__ = [
     "ADAPTER",
@@ -99,7 +99,9 @@ def python_launcher(
     if found is None or not os.path.isfile(found):
         raise ValueError(f"no program {program!r} on the worker (its PATH, or the run directory)")
     if user is not None and not user.can_read(found):
-        raise ValueError(f"the run's user (uid {user.uid}) may not read {found}")
+        raise ValueError(
+            f"the run's user (uid {user.uid}) may not read {found}: {UNREACHABLE_HINT}"
+        )
     try:
         with open(found, "rb") as f:
             head = f.read(1024)
@@ -138,7 +140,9 @@ def resolve_python(
         if not (path.is_file() and os.access(path, runnable)):
             raise ValueError(f"no interpreter at {program!r} on the worker (relative to the run)")
         if user is not None and not user.can_run(path):
-            raise ValueError(f"the run's user (uid {user.uid}) may not run {program!r}")
+            raise ValueError(
+                f"the run's user (uid {user.uid}) may not run {program!r}: {UNREACHABLE_HINT}"
+            )
         return str(path)
     search = search_path(env, user)
     # a uid of its own may not run the worker's interpreter: a bare python is then its python3
@@ -151,9 +155,8 @@ def resolve_python(
         if user is None or user.can_run(sys.executable):
             return sys.executable
         raise ValueError(
-            f"no {program} on the run's PATH that its user (uid {user.uid}) may run, and the "
-            f"worker's own ({sys.executable}) is in a place of the worker's only: put an "
-            "interpreter every user can run on the worker's PATH, or name one in the command"
+            f"no {program} on the run's PATH that its user (uid {user.uid}) may run, nor the "
+            f"worker's own ({sys.executable}): {UNREACHABLE_HINT}"
         )
     raise ValueError(f"no interpreter named {program!r} on the worker's PATH")
 

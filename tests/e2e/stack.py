@@ -243,3 +243,16 @@ async def debug_run(
     ) as proc:
         m = await proc.wait_line(r"tether debug: run (\S+) \w+; adapter on 127\.0\.0\.1:(\d+)")
         yield proc, m.group(1), int(m.group(2))
+
+
+@asynccontextmanager
+async def relay_process(
+    home: Path, redis: str, name: str, flags: tuple[str, ...] = (), *, verbose: bool = False
+) -> AsyncIterator[tuple[Proc, int]]:
+    """`tether relay` on ``redis`` with ``flags`` (its timers, say); yields (process, port)."""
+    async with tether(
+        *(["-v"] if verbose else []), "relay", "--redis", redis, "--port", "0", *flags,
+        home=home, name=name,
+    ) as proc:  # fmt: skip
+        m = await proc.wait_line(r"tether relay: ready relay=ws://127\.0\.0\.1:(\d+)")
+        yield proc, int(m.group(1))

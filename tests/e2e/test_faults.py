@@ -31,8 +31,7 @@ import random
 import re
 import signal
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ import pytest
 import trio
 from faults.proxy import FaultProxy
 from stack import Proc, admin_token, tether
+from stack import relay_process as shared_relay_process
 
 from adapter.dap_client import DapClient, open_dap_client
 from adapter.demo import VSCODE_INITIALIZE
@@ -56,13 +56,10 @@ SEED = int(os.environ.get("TETHER_FAULTS_SEED", "1"))
 RELAY_FLAGS = ("--ping-interval", "0.5", "--ping-timeout", "0.5", "--lease", "60")
 
 
-@asynccontextmanager
-async def relay_process(home: Path, redis: str, name: str) -> AsyncIterator[tuple[Proc, int]]:
-    async with tether(
-        "relay", "--redis", redis, "--port", "0", *RELAY_FLAGS, home=home, name=name
-    ) as proc:
-        m = await proc.wait_line(r"tether relay: ready relay=ws://127\.0\.0\.1:(\d+)")
-        yield proc, int(m.group(1))
+def relay_process(
+    home: Path, redis: str, name: str
+) -> AbstractAsyncContextManager[tuple[Proc, int]]:
+    return shared_relay_process(home, redis, name, RELAY_FLAGS)
 
 
 def kill9(proc: Proc) -> None:

@@ -29,7 +29,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ import pytest
 import trio
 from faults.proxy import FaultProxy
 from stack import Proc, admin_token, tether
+from stack import relay_process as shared_relay_process
 from test_faults import Redis
 
 from adapter.config import profile_token
@@ -63,13 +64,10 @@ PROGRAM = (
 )
 
 
-@asynccontextmanager
-async def relay_process(home: Path, redis: str, name: str) -> AsyncIterator[tuple[Proc, int]]:
-    async with tether(
-        "-v", "relay", "--redis", redis, "--port", "0", *RELAY_FLAGS, home=home, name=name
-    ) as proc:
-        m = await proc.wait_line(r"tether relay: ready relay=ws://127\.0\.0\.1:(\d+)")
-        yield proc, int(m.group(1))
+def relay_process(
+    home: Path, redis: str, name: str
+) -> AbstractAsyncContextManager[tuple[Proc, int]]:
+    return shared_relay_process(home, redis, name, RELAY_FLAGS, verbose=True)
 
 
 class Relays:

@@ -13,13 +13,14 @@ import json
 import os
 import signal
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
 from faults.proxy import FaultProxy
 from stack import Proc, admin_token, tether
+from stack import relay_process as shared_relay_process
 
 from relay.embedded import run_embedded_server
 
@@ -28,13 +29,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 RELAY_FLAGS = ("--ping-interval", "0.5", "--ping-timeout", "0.5", "--lease", "60")
 
 
-@asynccontextmanager
-async def relay_process(home: Path, redis: str, name: str) -> AsyncIterator[tuple[Proc, int]]:
-    async with tether(
-        "-v", "relay", "--redis", redis, "--port", "0", *RELAY_FLAGS, home=home, name=name
-    ) as proc:
-        m = await proc.wait_line(r"tether relay: ready relay=ws://127\.0\.0\.1:(\d+)")
-        yield proc, int(m.group(1))
+def relay_process(
+    home: Path, redis: str, name: str
+) -> AbstractAsyncContextManager[tuple[Proc, int]]:
+    return shared_relay_process(home, redis, name, RELAY_FLAGS, verbose=True)
 
 
 @asynccontextmanager

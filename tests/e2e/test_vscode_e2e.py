@@ -277,7 +277,7 @@ async def test_a_run_paused_with_no_ide_is_announced_and_attached_from_the_runs_
         # its logs in an output channel, then a rerun from the row's menu
         await ide.do("hover_click", row=run, label="Show logs")
         await ide.do("wait_text", text="IndexError: list index out of range")
-        await ide.do("menu_click", row=run, item="Rerun")
+        await ide.do("menu_click", row=run, item="Rerun", within=RUNS_VIEW)
         rerun = await trace.wait("the rerun", lambda e: e.get("ext") == "rerun")
         again = await record(home, rerun["as"])
         assert again["rerun_of"] == run and again["spec"]["command"] == ["python", "crash.py"]

@@ -61,13 +61,13 @@ async def token_for(home: Path, relay: str, user: str) -> str:
     return found.group(0)
 
 
-async def test_a_user_watches_runs_in_a_real_browser(tmp_path: Path) -> None:
+async def test_a_user_watches_runs_in_a_real_browser(tmp_path: Path, shared_tmp: Path) -> None:
     chromium()  # skip early (or fail in CI) without a browser
     home, project = tmp_path / "home", tmp_path / "project"
     project.mkdir()
     (project / "slow.py").write_text(SLOW)
     (project / "boom.py").write_text(BOOM)
-    trigger = tmp_path / "trigger"
+    trigger = shared_tmp / "trigger"  # the program (a uid of its own) looks for it
     async with relay_stack(home, workers=3) as (_up, relay):
         base = relay.replace("ws://", "http://")
         alice = await token_for(home, relay, "alice")  # a user: her own runs only

@@ -134,6 +134,7 @@ class RunsView {
   rerun(run) {
     const record = this.records.find((r) => r.id === run);
     const folder = (vscode.workspace.workspaceFolders || [])[0];
+    this.trace({ ext: 'rerun asked', run, known: Boolean(record), debug: record?.spec.debug });
     if (record && !record.spec.debug) {
       // a plain run is rerun plain: nothing to debug until someone attaches
       return cli.run(this.command(), ['rerun', run, '--json'], { cwd: this.folder() }).then(
@@ -142,7 +143,10 @@ class RunsView {
           this.trace({ ext: 'rerun', run, as: again?.run });
           vscode.window.showInformationMessage(`tether: run ${run} rerun as ${again?.run}`);
         },
-        (err) => vscode.window.showErrorMessage(`tether: ${err.message}`),
+        (err) => {
+          this.trace({ ext: 'rerun failed', run, error: err.message });
+          vscode.window.showErrorMessage(`tether: ${err.message}`);
+        },
       ).finally(() => this.refresh());
     }
     return vscode.debug.startDebugging(folder, { type: 'tether', request: 'launch', name: `tether: rerun of ${run}`, rerunOf: run });

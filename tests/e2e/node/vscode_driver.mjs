@@ -19,7 +19,8 @@
 //   click {selector}              click the (first) element matching selector
 //   expand {title}                open the view titled `title` (its header), if it is collapsed
 //   hover_click {row, label}      hover the tree row showing `row`, click its action `label`
-//   menu_click {row, item}        right-click the tree row showing `row`, choose `item`
+//   menu_click {row, item, within?} right-click the tree row showing `row` (in the element
+//                                 `within` selects), choose `item` from its context menu
 //   wait_selector {selector}      an element matching selector is shown
 //   text {selector}               the text of an element
 //   screenshot {name}             DIR/name.png
@@ -103,7 +104,7 @@ async function step(s) {
       return undefined;
     }
     case "hover_click": {
-      const row = page.locator(".monaco-list-row", { hasText: s.row }).first();
+      const row = page.locator(`${s.within || ""} .monaco-list-row`, { hasText: s.row }).first();
       await row.hover({ timeout });
       await row.locator(`[aria-label="${s.label}"]`).first().click({ timeout });
       return undefined;
@@ -112,8 +113,16 @@ async function step(s) {
       await page.locator(s.selector).first().waitFor({ state: "visible", timeout });
       return undefined;
     case "menu_click": {
-      await page.locator(".monaco-list-row", { hasText: s.row }).first().click({ button: "right", timeout });
-      await page.locator(".context-view .action-label", { hasText: s.item }).first().click({ timeout });
+      // the row itself, not another list's that names the run too (a debug session's, say)
+      const row = page.locator(`${s.within || ""} .monaco-list-row`, { hasText: s.row }).first();
+      await row.click({ button: "right", timeout });
+      const item = page.locator(".context-view .action-label", { hasText: s.item }).first();
+      await item.waitFor({ state: "visible", timeout });
+      // VS Code's menu may take a click that comes right as it opened for the right-click's own
+      // release and stay open: point at the item (its menu focuses it) and press Enter
+      await item.hover({ timeout });
+      await page.keyboard.press("Enter");
+      await page.locator(".context-view .action-label").first().waitFor({ state: "hidden", timeout });
       return undefined;
     }
     case "text":
