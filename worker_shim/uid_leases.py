@@ -183,11 +183,16 @@ class UidLeases:
 
     def leased(self) -> list[tuple[ProgramUser, Lease]]:
         """Every lease of the range kept here."""
+        try:
+            names = os.listdir(self.where)
+        except OSError:
+            return []
         found = []
-        for uid in self.uids:
-            holder = self.holder(uid)
-            if holder is not None:
-                found.append((ProgramUser(uid), holder))
+        for name in sorted(names):
+            if name.isdigit() and int(name) in self.uids:
+                holder = self.holder(int(name))
+                if holder is not None:
+                    found.append((ProgramUser(int(name)), holder))
         return found
 
     def lease(self, run_dir: Path) -> ProgramUser:
@@ -200,14 +205,14 @@ class UidLeases:
                 return user
         for _ in range(8):  # another worker may take the one picked: pick again
             running = processes_of(self.uids)
-            taken = set(running)
-            for candidate in self.uids:
-                other = self.holder(candidate)
-                if other is not None and (other.directories() or candidate in running):
-                    taken.add(candidate)
-                elif _has_account(candidate):
-                    taken.add(candidate)
+            taken = set(running) | _accounts()
+            for user, other in self.leased():
+                if other.directories() or user.uid in running:
+                    taken.add(user.uid)
             chosen = pick(self.uids, taken, random.randrange(len(self.uids)))
+            while chosen is not None and _has_account(chosen):  # one NSS does not enumerate
+                taken.add(chosen)
+                chosen = pick(self.uids, taken, random.randrange(len(self.uids)))
             if chosen is None:
                 break
             uid = chosen
@@ -251,6 +256,15 @@ class UidLeases:
                 if self.holder(user.uid) == lease:
                     with contextlib.suppress(FileNotFoundError):
                         self._file(user.uid).unlink()
+
+
+def _accounts() -> set[int]:
+    """The uids the host's accounts have (what ``getpwall`` lists: local and NSS ones that it
+    enumerates)."""
+    try:
+        return {entry.pw_uid for entry in pwd.getpwall()}
+    except OSError:
+        return set()
 
 
 def _has_account(uid: int) -> bool:

@@ -134,9 +134,16 @@ async def test_no_process_of_a_run_outlives_its_worker(
         if signum is not signal.SIGKILL:
             assert "Traceback" not in worker.output
             assert "its program's processes were ended" in worker.output, worker.output
-        if command == "worker":  # the relay is still there to say what became of the runs
-            wait = 5 if signum is not signal.SIGKILL else 30  # at once, or after the 3 s lease
-            await states(relay, runs, "lost", wait)
+        if command == "up":  # its relay went with it: the next tether up on its data tells
+            again = tether(
+                "up", "--data-dir", str(home / "data"), "--workers", "0", "--relay-port", "0",
+                *lease, home=home, name="up again",
+            )  # fmt: skip
+            back: Proc = await nursery.start(_hold, again)
+            relay_url = (await back.wait_line(r"tether up: ready relay=(\S+)")).group(1)
+            relay = Endpoint(relay_url, token=token)
+        wait = 5 if signum is not signal.SIGKILL else 30  # at once, or after the 3 s lease
+        await states(relay, runs, "lost", wait)
         nursery.cancel_scope.cancel()
 
 
