@@ -106,6 +106,9 @@ class Submit(BaseModel):
     spec: RunSpec
     manifest: Manifest = Field(default_factory=Manifest)
     tree: str = ""
+    #: the submitter's name for this request, sent again with every retry: the same run is
+    #: answered, never a second one made (``protocol_specs/submits.py``; empty: a run of its own)
+    key: str = Field(default="", pattern=KEY_PATTERN)
 
     @field_validator("tree")
     @classmethod

@@ -85,6 +85,8 @@ class RunEvent(StrEnum):
     RELEASE = "release"
     #: the claim's worker says it holds the claim's answer: the claim counts from now on
     CONFIRM = "confirm"
+    #: its submit was cut off before its snapshot was kept (``protocol_specs/submits.py``)
+    SUBMIT_CUT = "submit_cut"
 
 
 TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = {
@@ -107,6 +109,7 @@ TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = {
     (RunState.RUNNING, RunEvent.LEASE_EXPIRED): RunState.LOST,
     (RunState.PAUSED, RunEvent.LEASE_EXPIRED): RunState.LOST,
     (RunState.QUEUED, RunEvent.JOB_LOST): RunState.LOST,
+    (RunState.QUEUED, RunEvent.SUBMIT_CUT): RunState.LOST,
     (RunState.STARTING, RunEvent.JOB_LOST): RunState.LOST,
     (RunState.RUNNING, RunEvent.JOB_LOST): RunState.LOST,
     (RunState.PAUSED, RunEvent.JOB_LOST): RunState.LOST,

@@ -27,6 +27,7 @@ from protocol_specs.auth import Principal, Scope, check_token
 from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord
 from protocol_specs.snapshots import Manifest
+from protocol_specs.submits import run_id_for
 from protocol_specs.trees import TreeError
 from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.web import CODE_TTL
@@ -175,7 +176,10 @@ class Control:
                         f"(first: {missing[0][:12]}); upload them before submitting",
                         rid=rid,
                     )
-                got = await self.registry.submit(frame.spec, snapshot, owner=who.user)
+                run_id = run_id_for(who.user, frame.key) if frame.key else ""
+                got = await self.registry.submit(
+                    frame.spec, snapshot, owner=who.user, run_id=run_id
+                )
                 if isinstance(got, RunRecord):
                     await self._audit(got.id, AuditEvent.SUBMIT, conn)
                 return _run_info(got, rid)

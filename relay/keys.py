@@ -52,6 +52,9 @@ key                            type    contents                                 
 ``tether:delayed``             zset    retried run ids scored by when they queue;  relay         relay sweeps
                                        a pool's claimed run until the claim is
                                        confirmed, at its deadline (a backstop)
+``tether:submitting``          zset    run ids being submitted, scored by when a   relay         relay sweeps
+                                       relay that died meanwhile is taken to have
+                                       (the sweep then finishes the submit)
 ``tether:unconfirmed``         zset    ``R#attempt#claim`` of claims their worker   relay         relay sweeps
                                        has not confirmed yet, scored by their
                                        deadline (``protocol_specs/claims.py``)
@@ -92,6 +95,7 @@ __all__ = [
     "NOTICE_CHANNEL",
     "POOL_GROUP",
     "RUNS",
+    "SUBMITTING",
     "SWEEPS",
     "TOKENS",
     "UNCONFIRMED",
@@ -136,6 +140,7 @@ POOL_GROUP = "pool"
 RUNS = "tether:runs"
 LEASES = "tether:leases"
 DELAYED = "tether:delayed"
+SUBMITTING = "tether:submitting"
 UNCONFIRMED = "tether:unconfirmed"
 TOKENS = "tether:tokens"
 #: every run record as written (redacted), for the web view's live pages; the newest are kept

@@ -28,15 +28,12 @@ nothing of that attempt ran.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any, NamedTuple
 
 from protocol_specs import claims, wire
 from protocol_specs.runs import (
-    Attempt,
     IllegalTransition,
     RunEvent,
     RunRecord,
@@ -48,12 +45,13 @@ from protocol_specs.snapshots import Manifest
 from protocol_specs.trees import TreeError
 from protocol_specs.wire import ErrorCode, StreamName
 
-from . import claiming, keys
+from . import claiming, keys, submitting
 from .auth import TokenStore
 from .blobs import BlobError
 from .config import RelayConfig
 from .metrics import last_metrics
 from .store import Store, StoreError
+from .submitting import new_run_id, snapshot_fields
 from .trees import Expand, Rooted
 from .tunnels import expire_tunnels
 
@@ -67,23 +65,12 @@ RECORD_FIELD = "record"
 MAX_CONFLICTS = 100
 
 
-def snapshot_fields(snapshot: Manifest | Rooted) -> dict[str, Any]:
-    """The fields a record names its snapshot by (``snapshot``, ``files``, ``size``; ``tree``)."""
-    if isinstance(snapshot, Rooted):
-        return asdict(snapshot)
-    return {"snapshot": snapshot.id, "files": len(snapshot.entries), "size": snapshot.total_bytes}
-
-
 class Change(NamedTuple):
     """One applied change: the record before and after it, and the version it was written as."""
 
     before: RunRecord
     after: RunRecord
     version: int
-
-
-def new_run_id() -> str:
-    return f"{int(time.time()):x}{secrets.token_hex(3)}"
 
 
 class Registry:
@@ -322,51 +309,10 @@ class Registry:
         run_id: str = "",
         trial: str = "",
     ) -> RunRecord | wire.Error:
-        """Record and queue a run on ``snapshot``: a manifest (kept beside the record) or a root
-        tree already checked (the record names it; the manifest is expanded at claim).
-        ``run_id``: the run's id, chosen beforehand (a sweep's trial: a run that exists already is
-        answered as it is); ``trial``: the sweep's trial it is (``S#3``)."""
-        cap = self.config.max_active_runs
-        active = await self.store.zrange_by_score(keys.user_active(owner), float("inf"), cap)
-        if len(active) >= cap:
-            return wire.Error(
-                code=ErrorCode.TOO_MANY_RUNS,
-                message=f"{owner} has {len(active)} runs queued or running, the most this relay "
-                "allows; wait for some to finish or cancel some",
-            )
-        now = self.clock()
-        record = RunRecord(
-            id=run_id or new_run_id(),
-            trial=trial,
-            spec=spec,
-            created_at=now,
-            updated_at=now,
-            **snapshot_fields(snapshot),
-            attempts=[Attempt(n=1, queued_at=now)],
-            rerun_of=rerun_of,
-            owner=owner,
+        """Record and queue a run on ``snapshot`` (``relay/submitting.py``)."""
+        return await submitting.submit(
+            self, spec, snapshot, owner=owner, rerun_of=rerun_of, run_id=run_id, trial=trial
         )
-        while not await self.create(record):
-            if run_id:
-                return await self.load(run_id) or record
-            record = record.model_copy(update={"id": new_run_id()})
-        if isinstance(snapshot, Manifest):
-            await self.store.set_bytes(
-                keys.manifest(record.id), snapshot.model_dump_json().encode()
-            )
-        await self.store.zadd(keys.RUNS, record.id, now)
-        await self.store.zadd(keys.user_runs(owner), record.id, now)
-        await self.store.zadd(keys.user_active(owner), record.id, now)
-        await self.append_status(
-            record.id,
-            StatusEvent.QUEUED,
-            record,
-            logs=True,
-            detail=f"queued on {spec.backend}: waiting for a worker",
-        )
-        await self.enqueue(record)
-        await self.changed(record)
-        return record
 
     async def live_digests(self) -> set[str]:
         """Every blob digest a run still in the store names in its snapshot (finished runs' keys
@@ -527,6 +473,7 @@ class Registry:
         Every relay sweeps; the one whose ``ZREM`` removes a lease (or a delayed run) handles it.
         """
         await claiming.sweep(self)
+        await submitting.finish_submits(self)
         lost = []
         now = self.clock()
         for member in await self.store.zrange_by_score(keys.LEASES, now, 100):

@@ -14,9 +14,11 @@ from pydantic import ValidationError
 
 from adapter.render import mib
 from protocol_specs.runs import KNOWN_BACKENDS, Resources, RunRecord, RunSpec
-from relay.client import ControlClient, Endpoint, open_control
+from protocol_specs.tunnel_open import new_key
+from protocol_specs.wire import ErrorCode
+from relay.client import ControlClient, Endpoint, RelayError, open_control
 
-from .errors import control_call
+from .errors import relay_error
 from .settings import pairs, parse_duration, parse_memory, profile, tether_home
 
 __all__ = ["build_spec", "on_snapshot", "submit_run"]
@@ -184,14 +186,21 @@ async def submit_run(
     """Snapshot the working directory (``hashing``: the progress of reading the files it has no
     digest of), upload what the relay lacks (``progress``), submit the run."""
 
+    key = new_key()  # asked again, the same run (``protocol_specs/submits.py``)
+
     def submit(control: ControlClient, tree: str) -> Awaitable[RunRecord]:
-        return control.submit(spec, tree=tree)
+        return control.submit(spec, tree=tree, key=key)
 
     record, said = await on_snapshot(
-        relay, Path(spec.workdir), submit, say, limit=limit, progress=progress, hashing=hashing
-    )
+        relay, Path(spec.workdir), submit, say, limit=limit, progress=progress, hashing=hashing,
+        again=True,
+    )  # fmt: skip
     say(f"submitted run {record.id}: {' '.join(spec.command)} ({said})")
     return record
+
+
+#: how long a submit whose relay was lost is asked again (it names its request: one run at most)
+ASK_AGAIN_FOR = 120.0
 
 
 async def on_snapshot(
@@ -203,9 +212,12 @@ async def on_snapshot(
     limit: int = 0,
     progress: Callable[[int, int], None] | None = None,
     hashing: Callable[[int, int], None] = lambda _done, _total: None,
+    again: bool = False,
 ) -> tuple[_T, str]:
     """Snapshot ``root``, upload what the relay lacks, then ``submit(control, root tree)``; what
-    it gave, and a few words on the snapshot (``3 files, 0.0 MiB; uploaded ...``)."""
+    it gave, and a few words on the snapshot (``3 files, 0.0 MiB; uploaded ...``). ``again``:
+    ``submit`` may be asked again (it names its request): a relay lost once it was reached is
+    asked again, on a new connection, for :data:`ASK_AGAIN_FOR` seconds."""
     import trio
 
     from adapter.snapshot import DEFAULT_LIMIT, HashCache, SnapshotError, build_snapshot
@@ -220,19 +232,36 @@ async def on_snapshot(
         raise SystemExit(f"tether: {exc}") from None
     for warning in snapshot.warnings:
         say(f"warning: {warning}")
-    async with trio.open_nursery() as nursery, open_control(relay, client="tether-cli") as control:
-        nursery.start_soon(trio.to_thread.run_sync, cache.save)  # while the relay is asked
+    reached, since, pause = False, 0.0, 0.5
+    while True:
         try:
-            done, uploaded = await control_call(
-                submit_on_snapshot(
-                    control,
-                    snapshot,
-                    lambda tree: submit(control, tree),
-                    progress or (lambda _d, _t: None),
-                )
-            )
-        except SnapshotError as exc:
-            raise SystemExit(f"tether: {exc}") from None
+            async with (
+                trio.open_nursery() as nursery,
+                open_control(relay, client="tether-cli") as control,
+            ):
+                reached = True
+                nursery.start_soon(trio.to_thread.run_sync, cache.save)  # while the relay is asked
+                try:
+                    done, uploaded = await submit_on_snapshot(
+                        control,
+                        snapshot,
+                        lambda tree: submit(control, tree),
+                        progress or (lambda _d, _t: None),
+                    )
+                except SnapshotError as exc:
+                    raise SystemExit(f"tether: {exc}") from None
+            break
+        except (RelayError, BaseExceptionGroup) as failed:
+            refused = relay_error(failed)
+            if refused is None:
+                raise
+            since = since or trio.current_time()
+            lost = refused.code in (ErrorCode.UNREACHABLE, ErrorCode.INTERNAL)
+            if not (again and reached and lost) or trio.current_time() - since > ASK_AGAIN_FOR:
+                raise SystemExit(f"tether: {refused.message}") from None
+            say(f"lost the relay ({refused.message}); asking again (the same run, never a second)")
+        await trio.sleep(pause)  # the relay's restart: nothing to wait on from here
+        pause = min(pause * 2, 5.0)
     return done, (
         f"{snapshot.files} files, {mib(snapshot.size)}; uploaded {uploaded.blobs} new files, "
         f"{mib(uploaded.bytes)}; {uploaded.reused} already on the relay"

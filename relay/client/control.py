@@ -172,10 +172,14 @@ class ControlClient:
                 return b"".join(parts)
 
     async def submit(
-        self, spec: RunSpec, manifest: Manifest | None = None, *, tree: str = ""
+        self, spec: RunSpec, manifest: Manifest | None = None, *, tree: str = "", key: str = ""
     ) -> RunRecord:
-        """Queue a run on the snapshot ``manifest``, or on the one the root ``tree`` names."""
-        return await self._run(wire.Submit, spec=spec, manifest=manifest or Manifest(), tree=tree)
+        """Queue a run on the snapshot ``manifest``, or on the one the root ``tree`` names.
+        ``key``: this request's name, the same when it is asked again (the same run is
+        answered: ``protocol_specs/submits.py``)."""
+        return await self._run(
+            wire.Submit, spec=spec, manifest=manifest or Manifest(), tree=tree, key=key
+        )
 
     async def rerun(self, run: str) -> RunRecord:
         return await self._run(wire.Rerun, run=run)

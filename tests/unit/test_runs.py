@@ -127,3 +127,13 @@ def test_spec_refuses_bad_backends_mounts_and_tags() -> None:
             RunSpec(command=["x"], workdir="/w", **bad)  # type: ignore[arg-type]
     spec = RunSpec(command=["x"], workdir="/w", mounts={"imagenet": "s3://b/i"}, env={"A": "1"})
     assert spec.program_env() == {"TETHER_MOUNT_IMAGENET": "s3://b/i", "A": "1"}
+
+
+def test_a_submits_key_names_one_run_per_user() -> None:
+    from protocol_specs.submits import run_id_for
+
+    key = "ab" * 16
+    assert run_id_for("alice", key) == run_id_for("alice", key)  # asked again: the same run
+    assert run_id_for("alice", key) != run_id_for("bob", key)  # never another user's
+    assert run_id_for("alice", key) != run_id_for("alice", "cd" * 16)
+    assert len(run_id_for("alice", key)) == 14 and int(run_id_for("alice", key), 16) >= 0
