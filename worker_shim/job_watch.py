@@ -18,11 +18,13 @@ scheduler      attempt waiting        attempt started      attempt over
 =============  =====================  ===================  ==========================
 pending        keep                   keep                 cancel
 running        say it runs (once)     keep                 cancel after ``grace``
-over, gone     lost                   lost                 forget
+over, gone     lost (*)               lost                 forget
 requeued       cancel, lost           cancel, lost         cancel
 gave up        submit again           lost                 forget
 =============  =====================  ===================  ==========================
 
+- (*) *gone*, for a job launched here that the scheduler has never listed yet, is kept for
+  ``UNSEEN_GRACE`` first: a scheduler may not list a job it has just accepted.
 - *say it runs*: the relay is told the job runs (``report running``), once: a ticket claims its
   attempt only then (``protocol_specs/auth.py``), so a ticket read from a scheduler's job list
   while the job waited is worth nothing.
@@ -44,10 +46,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-__all__ = ["STALE_GRACE", "Action", "Attempt", "Do", "JobWatch", "Phase", "Seen"]
+__all__ = ["STALE_GRACE", "UNSEEN_GRACE", "Action", "Attempt", "Do", "JobWatch", "Phase", "Seen"]
 
 #: a running job whose attempt is over may take this long to end by itself before it is cancelled
 STALE_GRACE = 30.0
+#: a job just submitted that the scheduler does not list yet is not gone for this long
+UNSEEN_GRACE = 30.0
 
 
 class Phase(StrEnum):
@@ -105,12 +109,23 @@ class JobWatch:
     _stale_since: dict[str, float] = field(default_factory=dict)
     _running_since: dict[str, float] = field(default_factory=dict)
     _said_running: set[str] = field(default_factory=set)
+    #: jobs launched here that the scheduler has not listed yet, since when
+    _unseen_since: dict[str, float] = field(default_factory=dict)
+
+    def launched(self, job: str, now: float) -> None:
+        """``job`` was just submitted: until the scheduler lists it (for :data:`UNSEEN_GRACE`
+        s), its absence from the scheduler's books is not taken for its end. Slurm has been seen
+        to answer "Invalid job id" for a job ``sbatch`` had just accepted, and taking that for
+        gone reported the attempt lost and removed its credentials before the job started."""
+        self._unseen_since[job] = now
 
     def look(
         self, job: str, seen: Seen, attempt: Attempt, now: float, *, limit: float = 0.0
     ) -> Action:
         """What to do about ``job``; ``limit``: the run's time limit, for a scheduler that has
         none of its own (0: none)."""
+        if seen.phase is not Phase.GONE:
+            self._unseen_since.pop(job, None)  # listed: its absence counts from now on
         if seen.phase is Phase.RUNNING:
             started = self._running_since.setdefault(job, now)
             if limit and attempt is not Attempt.OVER and now - started >= limit:
@@ -128,6 +143,7 @@ class JobWatch:
         self._stale_since.pop(job, None)
         self._running_since.pop(job, None)
         self._said_running.discard(job)
+        self._unseen_since.pop(job, None)
 
     def _decide(self, job: str, seen: Seen, attempt: Attempt, now: float) -> Action:
         said = f": {seen.detail}" if seen.detail else ""
@@ -141,6 +157,11 @@ class JobWatch:
             case Phase.ENDED | Phase.GONE:
                 if over:
                     return Action(Do.FORGET)
+                launched = self._unseen_since.get(job)
+                if seen.phase is Phase.GONE and launched is not None:
+                    if now - launched < UNSEEN_GRACE:
+                        return Action(Do.KEEP)  # not listed yet: not gone
+                    self._unseen_since.pop(job, None)
                 how = "ended" if seen.phase is Phase.ENDED else "is gone"
                 return Action(Do.LOST, f"{name} {how}{said}")
             case Phase.GAVE_UP:

@@ -178,6 +178,7 @@ class SchedulerBackend(ABC):
     ) -> None:
         """Track ``job`` and tell the relay (``tether ls`` shows its id while it waits)."""
         job.time_limit = 0.0 if self.limits_time else record.spec.resources.time_limit
+        self.watch.launched(job.job, trio.current_time())
         self.jobs[job.job] = job
         self._save()
         again = f" again ({why})" if why else ""

@@ -38,7 +38,7 @@ from protocol_specs.runs import RunRecord
 from relay.client import endpoint
 
 from .job_watch import Phase, Seen
-from .scheduler import Job, SchedulerBackend, SchedulerRefused
+from .scheduler import Job, SchedulerBackend, SchedulerError, SchedulerRefused
 
 __all__ = ["SlurmBackend", "SlurmError", "job_script", "sbatch_options"]
 
@@ -129,10 +129,23 @@ class SlurmBackend(SchedulerBackend):
         return str(result.stdout.decode())
 
     async def job_states(self, jobs: list[str]) -> dict[str, tuple[str, int]]:
-        """``job -> (state, restarts)`` for the jobs Slurm still knows."""
+        """``job -> (state, restarts)`` for the jobs Slurm still knows. A job Slurm says it does
+        not know is left out (gone); any other failure to ask (the controller busy or restarting:
+        ``Socket timed out``) raises :class:`SlurmError`, and nothing is decided on this look:
+        a pending job taken for gone would be reported lost, and its credentials removed before
+        it starts."""
         out: dict[str, tuple[str, int]] = {}
         for job in jobs:
-            text = await self._slurm("scontrol", "-o", "show", "job", job, check=False)
+            asked = await trio.run_process(
+                ["scontrol", "-o", "show", "job", job], capture_stdout=True, capture_stderr=True,
+                check=False, env=self.env,
+            )  # fmt: skip
+            said = asked.stderr.decode(errors="replace").strip()
+            if asked.returncode != 0:
+                if "Invalid job id" in said:
+                    continue
+                raise SchedulerError(f"scontrol show job {job} failed ({asked.returncode}): {said}")
+            text = asked.stdout.decode(errors="replace")
             state = re.search(r"\bJobState=(\S+)", text)
             restarts = re.search(r"\bRestarts=(\d+)", text)
             if state:

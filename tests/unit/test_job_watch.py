@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker_shim.job_watch import Action, Attempt, Do, JobWatch, Phase, Seen
+from worker_shim.job_watch import UNSEEN_GRACE, Action, Attempt, Do, JobWatch, Phase, Seen
 
 W, S, OVER = Attempt.WAITING, Attempt.STARTED, Attempt.OVER
 TABLE = {
@@ -98,3 +98,19 @@ def test_a_time_limit_the_scheduler_does_not_keep_is_kept_from_the_first_look_at
     assert watch.look("s", Seen(Phase.RUNNING), S, now=0.0).do is Do.KEEP
     assert watch.look("s", Seen(Phase.RUNNING), S, now=10**6).do is Do.KEEP
     assert watch.look("t", Seen(Phase.RUNNING), OVER, now=0.0, limit=1.0).do is Do.KEEP
+
+
+def test_a_job_just_submitted_that_the_scheduler_does_not_list_yet_is_not_gone() -> None:
+    """Slurm once answered "Invalid job id" for a job sbatch had just accepted: taken for gone,
+    its attempt was reported lost and its credentials removed before it started."""
+    watch = JobWatch("Slurm")
+    watch.launched("9", now=100.0)
+    assert watch.look("9", Seen(Phase.GONE), W, now=100.1).do is Do.KEEP
+    assert watch.look("9", Seen(Phase.GONE), W, now=100.0 + UNSEEN_GRACE - 1).do is Do.KEEP
+    assert watch.look("9", Seen(Phase.GONE), W, now=100.0 + UNSEEN_GRACE).do is Do.LOST
+    # once listed, its absence counts at once
+    watch.launched("10", now=200.0)
+    assert watch.look("10", Seen(Phase.PENDING), W, now=200.5).do is Do.KEEP
+    assert watch.look("10", Seen(Phase.GONE), W, now=201.0).do is Do.LOST
+    # a job this backend did not just launch (found in its state after a restart): at once
+    assert watch.look("11", Seen(Phase.GONE), W, now=0.0).do is Do.LOST

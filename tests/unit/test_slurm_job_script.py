@@ -29,3 +29,35 @@ def test_the_job_runs_a_worker_for_the_attempt_and_says_whether_it_serves_tunnel
     )
     assert last[False] == last[True] + " --no-shell"
     assert "#SBATCH --gres=gpu:2" in made[True]
+
+
+async def test_a_job_slurm_cannot_be_asked_about_is_never_taken_for_gone(tmp_path: Path) -> None:
+    """``scontrol`` (a stand-in on PATH) knows job 1, says job 2 is unknown, and times out on job
+    3 (a busy controller): job 2 is left out (gone), and job 3 makes the whole look fail, so
+    nothing is decided on it (a pending job taken for gone would be reported lost)."""
+    import os
+
+    import pytest
+
+    from worker_shim.scheduler import SchedulerError
+    from worker_shim.slurm import SlurmBackend
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "scontrol"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'case "$4" in\n'
+        "  1) echo 'JobId=1 JobState=PENDING Restarts=0' ;;\n"
+        "  2) echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1 ;;\n"
+        "  *) echo 'slurm_load_jobs error: Socket timed out on send/recv operation' >&2; exit 1 ;;\n"
+        "esac\n"
+    )
+    fake.chmod(0o755)
+    backend = SlurmBackend(
+        "ws://127.0.0.1:1", state_dir=tmp_path / "state", python="/usr/bin/python3",
+        env={"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"},
+    )  # fmt: skip
+    assert await backend.job_states(["1", "2"]) == {"1": ("PENDING", 0)}
+    with pytest.raises(SchedulerError, match="Socket timed out"):
+        await backend.job_states(["1", "2", "3"])
