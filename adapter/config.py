@@ -36,6 +36,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from protocol_specs.plain_words import invalid
+
 __all__ = ["ConfigError", "Profile", "config_path", "load_profile", "profile_token", "save_token"]
 
 
@@ -63,6 +65,8 @@ class Profile(BaseModel):
     debuggable: bool | None = None
     #: an uncaught exception stops the program for an IDE instead of ending it
     post_mortem: bool | None = None
+    #: a command names the Python environment it was submitted from by its path
+    local_env: bool | None = None
     env: dict[str, str] = Field(default_factory=dict)
     mounts: dict[str, str] = Field(default_factory=dict)
     tags: list[str] = Field(default_factory=list)
@@ -107,9 +111,7 @@ def load_profile(name: str | None = None, path: Path | None = None) -> Profile:
     try:
         return Profile.model_validate(base)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{path}: profile {name!r}: {where}: {err['msg']}") from None
+        raise ConfigError(f"{path}: profile {name!r}: {invalid(exc)}") from None
 
 
 _TOKEN_LINE = re.compile(r"^\s*token\s*=", re.MULTILINE)

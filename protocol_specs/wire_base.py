@@ -11,6 +11,8 @@ from enum import StrEnum
 
 from pydantic import ConfigDict, ValidationError
 
+from .plain_words import must_be
+
 __all__ = ["FROZEN", "ErrorCode", "FrameType", "WireError", "short_reason"]
 
 #: every message of the protocol is immutable, and a field it does not define is an error
@@ -134,6 +136,5 @@ def short_reason(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:3]:
         loc = ".".join(str(p) for p in err["loc"])
-        # a validator's own words need no "Value error, " before them
-        parts.append(f"{loc}: {str(err['msg']).removeprefix('Value error, ')}")
+        parts.append(f"{loc}: {must_be(err)}")  # plain words, not pydantic's
     return "; ".join(parts)

@@ -138,6 +138,13 @@ def resolve_python(
     if os.sep in program or (os.altsep and os.altsep in program):
         path = Path(cwd, program)
         if not (path.is_file() and os.access(path, runnable)):
+            if PurePath(program).is_absolute():  # the submitter's environment, named by its path
+                raise ValueError(
+                    f"no interpreter at {program} on the worker: the run names it by its path on "
+                    "the machine it was submitted from, which the worker must see too (the same "
+                    "machine, or a shared filesystem); submit with --no-local-env to use the "
+                    "worker's, or name an interpreter the worker has"
+                )
             raise ValueError(f"no interpreter at {program!r} on the worker (relative to the run)")
         if user is not None and not user.can_run(path):
             raise ValueError(

@@ -47,6 +47,15 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         help="a secret environment variable for the program (its value from your environment "
         "if not given): hidden in tether ls/status and blanked in the logs (repeatable)",
     )
+    s.add_argument(
+        "--local-env",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the command in the Python environment you submit from: a python (or "
+        "torchrun...) that your active venv or conda env provides, or a path into one "
+        "(.venv/bin/python), is named by its absolute path, which the worker must see (default: "
+        "on; config key local_env); --no-local-env: as written, found on the worker",
+    )
     s.add_argument("--name", help="a label for the run")
     s.add_argument("--tag", action="append", metavar="TAG", help="a tag for the run (repeatable)")
     s.add_argument(

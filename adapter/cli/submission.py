@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,21 +14,61 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from adapter.render import mib
+from protocol_specs.plain_words import invalid
 from protocol_specs.runs import KNOWN_BACKENDS, Resources, RunRecord, RunSpec
 from protocol_specs.tunnel_open import new_key
 from protocol_specs.wire import ErrorCode
 from relay.client import ControlClient, Endpoint, RelayError, open_control
 
 from .errors import relay_error
+from .interpreter import check_targets, pin_environment, tree_holds
 from .settings import pairs, parse_duration, parse_memory, profile, tether_home
 
-__all__ = ["build_spec", "on_snapshot", "submit_run"]
+__all__ = ["RUN_FLAGS", "build_spec", "on_snapshot", "submit_run"]
 
 _T = TypeVar("_T")
 
+#: a run spec's fields by the flags that set them (what a refusal names)
+RUN_FLAGS = {
+    "command": "the command",
+    "workdir": "--workdir",
+    "env": "--env",
+    "secret_env": "--secret",
+    "name": "--name",
+    "unattended_timeout": "--unattended-timeout (seconds)",
+    "webhook": "--webhook",
+    "resources.gpus": "--gpus",
+    "resources.cpus": "--cpus",
+    "resources.memory_mb": "--mem (MiB)",
+    "resources.time_limit": "--time (seconds)",
+    "resources.partition": "--partition",
+    "resources.custom": "--resource",
+    "mounts": "--mount",
+    "max_retries": "--max-retries",
+    "retry_backoff": "--retry-backoff (seconds)",
+    "tags": "--tag",
+    "ranks": "--ranks",
+    "metrics": "--metric",
+    "debug_when": "--debug-when",
+    # the resources, checked on their own before the spec
+    "gpus": "--gpus",
+    "cpus": "--cpus",
+    "memory_mb": "--mem (MiB)",
+    "time_limit": "--time (seconds)",
+    "partition": "--partition",
+    "custom": "--resource",
+}
 
-def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
-    """The run spec for ``tether debug`` / ``tether run`` arguments over the config profile."""
+
+def _stderr(text: str) -> None:
+    print(f"tether: {text}", file=sys.stderr, flush=True)
+
+
+def build_spec(
+    args: argparse.Namespace, *, debug: bool, say: Callable[[str], None] = _stderr
+) -> RunSpec:
+    """The run spec for ``tether debug`` / ``tether run`` arguments over the config profile;
+    ``say``: what the user should know at submit (the environment the command runs in)."""
     chosen = profile(args)
     for name in (
         "env",
@@ -52,8 +93,6 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
     workdir = Path(args.workdir or os.getcwd()).resolve()
     if not workdir.is_dir():
         raise SystemExit(f"tether: --workdir {args.workdir}: no such directory")
-    if debug:  # said now, not after the queue wait: the worker would refuse it the same way
-        _check_debuggable(command, workdir, getattr(args, "processes", None) or "stopped")
 
     def pick(name: str, default: Any) -> Any:
         value = getattr(args, name, None)
@@ -61,6 +100,17 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
             return value
         from_profile = getattr(chosen, name, None)
         return from_profile if from_profile not in (None, "") else default
+
+    if pick("local_env", True):  # the environment the user works in (adapter/cli/interpreter.py)
+        try:
+            pinned = pin_environment(command, workdir, os.environ)
+        except ValueError as exc:
+            raise SystemExit(f"tether: {exc}") from None
+        command = pinned.command
+        if pinned.note:
+            say(pinned.note)
+    if debug:  # said now, not after the queue wait: the worker would refuse it the same way
+        _check_debuggable(command, workdir, getattr(args, "processes", None) or "stopped")
 
     secrets = {}
     for item in args.secret or []:
@@ -114,10 +164,7 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
     except argparse.ArgumentTypeError as exc:
         raise SystemExit(f"tether: in the config profile: {exc}") from None
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        said = str(err["msg"]).removeprefix("Value error, ")
-        raise SystemExit(f"tether: invalid run: {f'{where}: ' if where else ''}{said}") from None
+        raise SystemExit(f"tether: {invalid(exc, RUN_FLAGS)}") from None
 
 
 def _given(value: Any, default: Any) -> Any:
@@ -193,7 +240,7 @@ async def submit_run(
 
     record, said = await on_snapshot(
         relay, Path(spec.workdir), submit, say, limit=limit, progress=progress, hashing=hashing,
-        again=True,
+        again=True, command=spec.command,
     )  # fmt: skip
     say(f"submitted run {record.id}: {' '.join(spec.command)} ({said})")
     return record
@@ -213,11 +260,13 @@ async def on_snapshot(
     progress: Callable[[int, int], None] | None = None,
     hashing: Callable[[int, int], None] = lambda _done, _total: None,
     again: bool = False,
+    command: list[str] | None = None,
 ) -> tuple[_T, str]:
     """Snapshot ``root``, upload what the relay lacks, then ``submit(control, root tree)``; what
     it gave, and a few words on the snapshot (``3 files, 0.0 MiB; uploaded ...``). ``again``:
     ``submit`` may be asked again (it names its request): a relay lost once it was reached is
-    asked again, on a new connection, for :data:`ASK_AGAIN_FOR` seconds."""
+    asked again, on a new connection, for :data:`ASK_AGAIN_FOR` seconds. ``command``: the run's,
+    whose script must be in the snapshot (refused here, not after the queue)."""
     import trio
 
     from adapter.snapshot import DEFAULT_LIMIT, HashCache, SnapshotError, build_snapshot
@@ -232,6 +281,11 @@ async def on_snapshot(
         raise SystemExit(f"tether: {exc}") from None
     for warning in snapshot.warnings:
         say(f"warning: {warning}")
+    if command is not None:
+        try:
+            check_targets(command, root, lambda rel: tree_holds(snapshot.trees, rel))
+        except ValueError as exc:
+            raise SystemExit(f"tether: {exc}") from None
     reached, since, pause = False, 0.0, 0.5
     while True:
         try:

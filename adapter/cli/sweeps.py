@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from adapter.render import sweep_text, sweeps_table
 from protocol_specs import wire
+from protocol_specs.plain_words import invalid
 from protocol_specs.sweeps import SweepSpec, SweepState, parse_objective, parse_param
 from protocol_specs.web import sweep_path
 from relay.client import ControlClient, Endpoint, open_control
@@ -28,6 +29,19 @@ __all__ = ["cmd_sweep"]
 
 #: what ``tether sweep WORD`` does besides starting one
 _ACTIONS = ("ls", "status", "cancel")
+#: a sweep's fields by the flag (or the sweep file's key) that sets them
+SWEEP_NAMES = {
+    "params": "--param (params)",
+    "trials": "--trials (trials)",
+    "parallel": "--parallel (parallel)",
+    "search": "--search (search)",
+    "objective": "--objective (objective)",
+    "early_stop": "--early-stop (early_stop)",
+    "seed": "--seed (seed)",
+    "stop_grace": "--stop-grace (stop_grace)",
+    "debug_others": "--debug-others (debug_others)",
+    "name": "--name (name)",
+}
 #: seconds between two looks at a followed sweep
 _FOLLOW_EVERY = 2.0
 
@@ -46,8 +60,9 @@ async def cmd_sweep(args: argparse.Namespace) -> int:
         return control.submit_sweep(spec, tree=tree)
 
     info, said = await on_snapshot(
-        relay, Path(spec.run.workdir), submit, say, limit=args.snapshot_limit
-    )
+        relay, Path(spec.run.workdir), submit, say, limit=args.snapshot_limit,
+        command=spec.run.command,
+    )  # fmt: skip
     if info.sweep.state is SweepState.FAILED:  # its first round failed
         raise SystemExit(f"tether: sweep {info.sweep.id} failed: {info.sweep.detail}")
     say(f"submitted sweep {info.sweep.id}: {spec.total()} trials, {spec.parallel} at once ({said})")
@@ -98,9 +113,7 @@ def sweep_spec(args: argparse.Namespace) -> SweepSpec:
             run=run,
         )
     except ValidationError as exc:
-        err = exc.errors()[0]
-        said = str(err["msg"]).removeprefix("Value error, ")
-        raise SystemExit(f"tether: invalid sweep: {said}") from None
+        raise SystemExit(f"tether: invalid sweep: {invalid(exc, SWEEP_NAMES)}") from None
     except ValueError as exc:
         raise SystemExit(f"tether: {exc}") from None
     try:  # what the relay and the samplers can hold (the relay checks it again)

@@ -85,7 +85,10 @@ class Proc:
 def home_env(home: Path) -> dict[str, str]:
     """The environment of a tether command living in ``home`` (its config file too: where
     `tether up` keeps the local user's token)."""
-    return {**os.environ, "TETHER_HOME": str(home), "TETHER_CONFIG": str(home / "config.toml")}
+    env = {**os.environ, "TETHER_HOME": str(home), "TETHER_CONFIG": str(home / "config.toml")}
+    for active in ("VIRTUAL_ENV", "CONDA_PREFIX"):  # the developer's shell's: a test says its own
+        env.pop(active, None)
+    return env
 
 
 @asynccontextmanager

@@ -116,3 +116,75 @@ async def test_the_cli_is_scriptable_and_ctrl_c_leaves_the_run_going(tmp_path: P
         assert f"tether attach {held}" in debug.output and "Traceback" not in debug.output
         code, out, _ = await cli("status", held)
         assert re.search(r"state +(queued|starting|running|waiting for an IDE)\b", out), out
+
+
+def project_with_venv(tmp_path: Path) -> Path:
+    """A project with its own ``.venv`` (a module only it has), as ``python -m venv .venv``
+    makes it, and a script that imports that module."""
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "app.py").write_text(APP)
+    home = workdir / ".venv"
+    venv.EnvBuilder(with_pip=False).create(home)
+    (site,) = home.glob("lib/python3*/site-packages")
+    (site / "userlib.py").write_text("NAME = 'userlib'\n")
+    return workdir
+
+
+async def test_the_projects_own_venv_runs_the_program_by_its_relative_path(
+    tmp_path: Path,
+) -> None:
+    """``tether debug -- .venv/bin/python app.py``: the README's example. No snapshot carries a
+    venv: the run names it by its path here, and says so at submit."""
+    workdir = project_with_venv(tmp_path)
+    home = tmp_path / "home"
+    async with (
+        relay_stack(home, workers=1, isolated=False) as (_up, relay),
+        debug_run(home, relay, workdir, ".venv/bin/python", "app.py") as (debug, _run, port),
+    ):
+        events = "".join(await plain_attach(port))
+        await debug.wait_line(r"ended \(exited, exit code 0\)")
+    assert f"hello from userlib on {workdir / '.venv'}" in events
+    assert f".venv/bin/python is {workdir / '.venv/bin/python'}" in debug.output
+    assert "the worker must see" in debug.output
+
+
+async def test_an_activated_venvs_python_is_the_runs_and_a_missing_script_is_refused(
+    tmp_path: Path,
+) -> None:
+    """With the project's venv activated, a bare ``python`` is the venv's (as the shell runs it);
+    without, the submit says how to use it; a script the snapshot lacks is refused at submit."""
+    import os
+
+    from stack import TETHER, home_env
+
+    workdir = project_with_venv(tmp_path)
+    home = tmp_path / "home"
+    active = workdir / ".venv"
+    activated = {
+        **home_env(home),
+        "VIRTUAL_ENV": str(active),
+        "PATH": f"{active / 'bin'}{os.pathsep}{os.environ['PATH']}",
+    }
+
+    async def cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+        done = await trio.run_process(
+            [TETHER, *args], env=env, cwd=workdir, capture_stdout=True, capture_stderr=True,
+            check=False,
+        )  # fmt: skip
+        return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+    async with relay_stack(home, workers=1, isolated=False):
+        code, out, err = await cli(
+            "run", "-f", "--no-post-mortem", "--", "python", "app.py", env=activated
+        )
+        assert code == 0, (out, err)
+        assert f"hello from userlib on {active}" in out
+        assert "your active venv" in err
+        code, out, err = await cli("run", "--", "python", "app.py", env=home_env(home))
+        assert code == 0 and "the worker's python, not .venv/bin/python" in err, err
+        code, out, err = await cli("run", "--", "python", "nofile.py", env=activated)
+        assert code == 1 and out == "", out
+        assert err.strip().endswith(f"can't open file 'nofile.py': no such file in {workdir}")
+        code, _, err = await cli("debug", "--", "python", "nofile.py", env=activated)
+        assert code == 1 and "can't open file 'nofile.py'" in err and "Traceback" not in err

@@ -174,9 +174,7 @@ def test_custom_resources_go_to_ray_only_and_are_numbers(tmp_path: Path) -> None
         _debug_args(tmp_path, "python", "t.py", backend="ray", resource=resource), debug=True
     )
     assert spec.resources.custom == {"accelerator_type:A100": 1.0, "tether_slot": 0.5}
-    with pytest.raises(
-        SystemExit, match=r"invalid run: custom resources \(tether_slot\) are a Ray"
-    ):
+    with pytest.raises(SystemExit, match=r"tether: custom resources \(tether_slot\) are a Ray"):
         build_spec(_debug_args(tmp_path, "python", "t.py", resource=["tether_slot=1"]), debug=True)
     with pytest.raises(SystemExit, match="--resource x=lots: the amount is a number"):
         build_spec(

@@ -5,6 +5,8 @@
 // adapter (the `tetherRun` it names is the run the extension submitted). The program's other
 // processes arrive as `startDebugging` requests naming the same adapter: VS Code opens them as
 // child sessions of the launch's; the serving process stops once every session it serves ended.
+const fs = require('fs');
+const path = require('path');
 const vscode = require('vscode');
 const { resolve, serveArgv, runArgv } = require('./launch');
 const cli = require('./cli');
@@ -12,6 +14,23 @@ const cli = require('./cli');
 // a session must start this soon after its adapter is served, or the adapter is stopped (VS Code
 // dropped the session: the launch request failed, or "already running" was answered No)
 const START_GRACE_MS = 30000;
+
+/**
+ * The interpreter the workspace works with: the one selected in the Python extension (when it is
+ * installed), else the folder's .venv/bin/python; undefined for none (the command's `python`).
+ */
+async function workspacePython(folder, where) {
+  try {
+    const python = vscode.extensions.getExtension('ms-python.python');
+    const api = python && (python.isActive ? python.exports : await python.activate());
+    const chosen = await api?.environments?.getActiveEnvironmentPath?.(folder?.uri);
+    if (chosen?.path && path.isAbsolute(chosen.path)) return chosen.path;
+  } catch {
+    // no Python extension, or an API it does not have: the folder's venv, if any
+  }
+  const local = where && path.join(where, '.venv', 'bin', 'python');
+  return local && fs.existsSync(local) ? local : undefined;
+}
 
 function rootOf(session) {
   while (session.parentSession) session = session.parentSession;
@@ -63,7 +82,7 @@ class Debugging {
     const where = this.folderPath(folder);
     let resolved;
     try {
-      resolved = resolve(config, { folder: where });
+      resolved = resolve(config, { folder: where, python: await workspacePython(folder, where) });
       if (resolved.request === 'attach' && !resolved.run) {
         resolved.run = await this.pickRun(where);
         if (!resolved.run) return undefined; // dismissed

@@ -38,7 +38,8 @@ function check(ok, message) {
 
 /**
  * The configuration with its defaults filled in, or a ConfigError saying what is wrong.
- * `where.folder`: the workspace folder's path, or undefined. Variables (${file},
+ * `where.folder`: the workspace folder's path, or undefined; `where.python`: the workspace's
+ * interpreter, if one was found. Variables (${file},
  * ${workspaceFolder}) are substituted by VS Code before this runs.
  */
 function resolve(config, where) {
@@ -75,6 +76,9 @@ function resolve(config, where) {
   check(out.command === undefined || (isStrings(out.command) && out.command.length > 0), '"command" must be a list of strings.');
   check(out.args === undefined || isStrings(out.args), '"args" must be a list of strings.');
   check(out.python === undefined || (typeof out.python === 'string' && out.python !== ''), '"python" must be a command.');
+  // the interpreter the workspace works with (the Python extension's, else its .venv), as the
+  // Python extension would run the program: the CLI names it by its path (`--local-env`)
+  if (out.python === undefined && out.command === undefined && where.python) out.python = where.python;
   check(out.backend === undefined || BACKENDS.includes(out.backend), `"backend" must be one of ${BACKENDS.join(', ')}.`);
   check(out.processes === undefined || PROCESSES.includes(out.processes), `"processes" must be one of ${PROCESSES.join(', ')}.`);
   for (const key of ['gpus', 'cpus', 'maxRetries']) {

@@ -35,6 +35,16 @@ test('module, command, python, profile and relay', () => {
   assert.deepStrictEqual(serveArgv(t).slice(-6), ['--', 'torchrun', '--nproc-per-node', '2', 'train.py', '--x']);
 });
 
+test("the workspace's interpreter runs the program unless the configuration names one", () => {
+  const venv = { ...where, python: '/home/me/proj/.venv/bin/python' };
+  const p = resolve({ request: 'launch', name: 'n', program: 'train.py' }, venv);
+  assert.deepStrictEqual(serveArgv(p).slice(-3), ['--', '/home/me/proj/.venv/bin/python', 'train.py']);
+  const named = resolve({ request: 'launch', name: 'n', program: 'train.py', python: 'python3' }, venv);
+  assert.deepStrictEqual(serveArgv(named).slice(-2), ['python3', 'train.py']);
+  const command = resolve({ request: 'launch', name: 'n', command: ['torchrun', 'x.py'] }, venv);
+  assert.deepStrictEqual(serveArgv(command).slice(-2), ['torchrun', 'x.py']);
+});
+
 test('attach and rerun serve the adapter of an existing run', () => {
   assert.deepStrictEqual(serveArgv(resolve({ request: 'attach', name: 'n', run: 'abcd1234', relay: 'ws://r' }, where)),
     ['attach', 'abcd1234', '--relay', 'ws://r', '--port', '0', '--json', '-q']);
