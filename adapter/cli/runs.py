@@ -45,7 +45,7 @@ OUTPUT_GRACE = 10.0
 async def cmd_debug(args: argparse.Namespace) -> int:
     relay = resolve_relay(args.relay, args)
     clock = Clock("", stream=sys.stderr if args.json else sys.stdout)
-    spec = build_spec(args, debug=True)
+    spec = build_spec(args, debug=True, say=clock.say)
     _port_free(args.port)  # before submitting: nothing to clean up if it is taken
     record = await submit_run(
         relay,
@@ -117,7 +117,9 @@ async def _serve(
         if args.json:
             print(json.dumps({"run": run_id, "port": bound}), flush=True)
         else:
-            print(f"tether debug: run {run_id} {announce}; adapter on 127.0.0.1:{bound}")
+            print(
+                f"tether {getattr(args, 'cmd', 'debug')}: run {run_id} {announce}; adapter on 127.0.0.1:{bound}"
+            )
             print("Attach your IDE to it. VS Code launch.json entry:")
             print(launch_json(bound, run_id), flush=True)
         await served.wait()
@@ -289,10 +291,17 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def not_attachable(record: RunRecord) -> str:
-    """Why an IDE cannot debug the run, or ``""``: a debug run always can, a plain run when it
-    started a Python program debuggable (``tether run``'s default)."""
+    """Why an IDE cannot debug the run, or ``""``: an ended run never can; a debug run can, a
+    plain run when it started a Python program debuggable (``tether run``'s default)."""
     from worker_shim.python_command import is_python
 
+    if record.finished:
+        said = record.where()
+        return (
+            f"run {record.id} has ended ({record.state.value}{f', {said}' if said else ''}): "
+            f"there is nothing to debug. `tether logs {record.id}` shows its output; `tether "
+            f"rerun {record.id}` runs it again"
+        )
     if record.spec.debug:
         return ""
     command = " ".join(record.spec.command)[:200]

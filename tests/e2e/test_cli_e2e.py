@@ -9,7 +9,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from stack import PROJECT, admin_token, debug_run, relay_stack, tether, worker
+import trio
+from stack import PROJECT, TETHER, admin_token, debug_run, home_env, relay_stack, tether, worker
 from test_session_e2e import bp_args, ide_session, resume, stopped_frame
 
 from adapter.dap_client import open_dap_client
@@ -96,6 +97,16 @@ async def test_attach_rebuilds_a_paused_session_after_the_ide_side_is_gone(tmp_p
                 exited = await ide.wait_event("exited", timeout=60)
                 assert exited["body"]["exitCode"] == 0
             await attach.wait_line(r"ended \(exited, exit code 0\)")
+        assert f"tether attach: run {run_id} attached; adapter on" in attach.output
+        # an ended run has nothing to debug: refused at once, no adapter served
+        done = await trio.run_process(
+            [TETHER, "attach", run_id, "--relay", relay, "--port", "0"], env=home_env(home),
+            capture_stdout=True, capture_stderr=True, check=False,
+        )  # fmt: skip
+        said = done.stderr.decode()
+        assert done.returncode == 1 and b"adapter on" not in done.stdout, done.stdout
+        assert said.startswith(f"tether: run {run_id} has ended (succeeded, exit 0): there is")
+        assert f"tether logs {run_id}" in said and "Traceback" not in said
 
 
 @pytest.mark.redis
