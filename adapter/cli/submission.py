@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from adapter.render import mib
+from adapter.render import mib, unattended_text
 from protocol_specs.runs import KNOWN_BACKENDS, Resources, RunRecord, RunSpec
 from protocol_specs.tunnel_open import new_key
 from protocol_specs.wire import ErrorCode
@@ -21,7 +21,13 @@ from relay.client import ControlClient, Endpoint, RelayError, open_control
 from .errors import relay_error
 from .settings import pairs, parse_duration, parse_memory, profile, tether_home
 
-__all__ = ["build_spec", "on_snapshot", "submit_run"]
+__all__ = [
+    "build_spec",
+    "on_snapshot",
+    "submit_run",
+    "unattended_policy",
+    "unattended_timeout",
+]
 
 _T = TypeVar("_T")
 
@@ -62,6 +68,7 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
         from_profile = getattr(chosen, name, None)
         return from_profile if from_profile not in (None, "") else default
 
+    backend = _backend(pick("backend", "local"))
     secrets = {}
     for item in args.secret or []:
         name, sep, value = item.partition("=")
@@ -89,9 +96,12 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
             name=args.name or "",
             client_os="windows" if os.name == "nt" else "unix",
             post_mortem=pick("post_mortem", True),
-            # a plain run is nobody's session: a stop nobody attends ends after the timeout
-            on_unattended_stop=pick("on_unattended_stop", "wait" if debug else "continue"),
-            unattended_timeout=_given(getattr(args, "unattended_timeout", None), 1800.0),
+            # what a run does when nobody comes (README, "Unattended stops"): a plain run is
+            # nobody's session, a local pool's slots are few
+            on_unattended_stop=pick("on_unattended_stop", unattended_policy(debug, backend)),
+            unattended_timeout=_given(
+                getattr(args, "unattended_timeout", None), unattended_timeout(backend)
+            ),
             webhook=getattr(args, "webhook", None) or "",
             resources=Resources(
                 gpus=pick("gpus", 0),
@@ -105,7 +115,7 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
             max_retries=pick("max_retries", 0),
             retry_backoff=backoff,
             tags=[*chosen.tags, *(args.tag or [])],
-            backend=_backend(pick("backend", "local")),
+            backend=backend,
             processes=getattr(args, "processes", None) or "stopped",
             ranks=getattr(args, "ranks", None) or [],
             metrics=getattr(args, "metric", None) or [],
@@ -118,6 +128,25 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
         where = ".".join(str(p) for p in err["loc"])
         said = str(err["msg"]).removeprefix("Value error, ")
         raise SystemExit(f"tether: invalid run: {f'{where}: ' if where else ''}{said}") from None
+
+
+#: how long a stop nobody attends lasts before the policy acts: on the local pool (a laptop's
+#: few slots) and on a scheduler's backends
+LOCAL_UNATTENDED_TIMEOUT = 300.0
+UNATTENDED_TIMEOUT = 1800.0
+
+
+def unattended_policy(debug: bool, backend: str) -> str:
+    """The default ``--on-unattended-stop``: a plain run goes on (``continue``); a debug run
+    waits for its IDE on a scheduler's backend, and on the local pool ends (``terminate``): a
+    slot of a laptop's pool is not held for a person who is not coming back."""
+    if not debug:
+        return "continue"
+    return "terminate" if backend == "local" else "wait"
+
+
+def unattended_timeout(backend: str) -> float:
+    return LOCAL_UNATTENDED_TIMEOUT if backend == "local" else UNATTENDED_TIMEOUT
 
 
 def _given(value: Any, default: Any) -> Any:
@@ -196,6 +225,7 @@ async def submit_run(
         again=True,
     )  # fmt: skip
     say(f"submitted run {record.id}: {' '.join(spec.command)} ({said})")
+    say(unattended_text(spec))
     return record
 
 
