@@ -14,6 +14,7 @@ from typing import Any
 from protocol_specs.auth import TokenInfo
 from protocol_specs.lines import LineJoiner
 from protocol_specs.metrics import format_value
+from protocol_specs.run_text import clip, columns, shown_state
 from protocol_specs.runs import RunRecord, RunSpec, short_duration
 from protocol_specs.sweeps import SweepRecord, SweepState, Trial
 from protocol_specs.wire import AuditEntry
@@ -24,6 +25,7 @@ __all__ = [
     "Terminal",
     "age",
     "audit_lines",
+    "ended_text",
     "launch_json",
     "metrics_text",
     "mib",
@@ -32,6 +34,7 @@ __all__ = [
     "sweep_text",
     "sweeps_table",
     "tokens_table",
+    "unattended_text",
 ]
 
 
@@ -83,6 +86,36 @@ class Progress:
             self.clock.say(text)
 
 
+def ended_text(run_id: str, status: str | None, exit_code: int | None, detail: str = "") -> str:
+    """How a served run ended: ``run X ended (exited, exit code 3)``; without an exit code (it
+    could not start, was cancelled or lost) the reason instead, never ``None``."""
+    why = f", exit code {exit_code}" if exit_code is not None else (f": {detail}" if detail else "")
+    return f"run {run_id} ended ({status or 'unknown'}{why})"
+
+
+def unattended_text(spec: RunSpec) -> str:
+    """One line, said at submit: what happens to the run if nobody comes (no IDE attached when
+    it waits for one or pauses), and the options that choose it."""
+    policy, seconds = spec.on_unattended_stop, spec.unattended_timeout
+    unit, size = next((u, n) for u, n in (("h", 3600), ("m", 60), ("s", 1)) if seconds % n == 0
+                      or n == 1)  # fmt: skip
+    after = f"{seconds / size:g}{unit}"
+    when = (
+        "waits for an IDE or pauses with none attached"
+        if spec.debug and spec.wait_for_ide
+        else "pauses with no IDE attached" + ("" if spec.debug else " (a crash, post-mortem)")
+    )
+    does = {
+        "wait": "it stays so until an IDE attaches, keeping its slot and GPUs",
+        "continue": f"it goes on {after} later",
+        "terminate": f"it ends {after} later, freeing its slot",
+    }[policy]
+    flags = f"--on-unattended-stop {policy}" + (
+        "" if policy == "wait" else f" --unattended-timeout {after}"
+    )
+    return f"if nobody comes: when the run {when}, {does} ({flags})"
+
+
 def launch_json(port: int, run_id: str) -> str:
     """The VS Code ``launch.json`` entry that attaches to the adapter on ``port``."""
     entry = {
@@ -127,32 +160,11 @@ def _state(record: RunRecord) -> str:
     or the program waits for an IDE before its first line."""
     if record.silent_for:
         return f"{record.state.value} (worker silent {age(record.silent_for)})"
-    if record.waiting_for_ide and record.state.value == "running":
-        return "waiting for an IDE"
-    return record.state.value
+    return shown_state(record)
 
 
 def _display_name(spec: RunSpec) -> str:
     return spec.display_name()
-
-
-def _width(text: str) -> int:
-    """Columns ``text`` takes on a terminal (East Asian wide characters take two)."""
-    import unicodedata
-
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
-def _fit(text: str, width: int) -> str:
-    """``text`` cut to ``width`` columns, with an ellipsis where it was cut."""
-    if _width(text) <= width:
-        return text
-    out = ""
-    for c in text:
-        if _width(out + c) > width - 1:
-            break
-        out += c
-    return out + "\u2026"
 
 
 def _processes(record: RunRecord) -> str:
@@ -182,19 +194,19 @@ def runs_table(records: Sequence[RunRecord], now: float) -> str:
         rows.append(
             (
                 r.id,
-                _fit(_display_name(r.spec), 28),
+                clip(_display_name(r.spec), 28),
                 _state(r),
                 r.spec.backend,
                 age(now - r.created_at),
                 tries,
                 *((_processes(r),) * procs),
-                *((_fit(metrics_text(r.metrics), 30),) * metrics),
-                r.where(),
+                *((clip(metrics_text(r.metrics), 30),) * metrics),
+                clip(r.where(), 72),
             )
         )
-    widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(columns(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
-        "  ".join(cell + " " * (widths[i] - _width(cell)) for i, cell in enumerate(row)).rstrip()
+        "  ".join(cell + " " * (widths[i] - columns(cell)) for i, cell in enumerate(row)).rstrip()
         for row in rows
     )
 
@@ -223,6 +235,8 @@ def status_text(record: RunRecord, now: float) -> str:
         lines.append("env        " + " ".join(f"{k}={v}" for k, v in sorted(spec.env.items())))
     if record.paused_at:
         lines.append(f"paused at  {record.paused_at}")
+    if record.queued_why:
+        lines.append(f"waiting    {record.queued_why}")
     if record.trial:
         lines.append(
             f"trial      {record.trial} (tether sweep status {record.trial.split('#')[0]})"
@@ -251,7 +265,7 @@ def status_text(record: RunRecord, now: float) -> str:
             code = f" (exit {a.exit_code})" if a.exit_code is not None else ""
             parts.append(f"-> {a.outcome}{code}")
         if a.detail and a.outcome not in ("", "succeeded"):
-            parts.append(f": {a.detail[:100]}")
+            parts.append(f": {clip(a.detail, 100)}")
         lines.append(" ".join(parts))
         if a.run_dir:
             lines.append(f"     files in {a.run_dir} (on {a.worker or 'its worker'})")
@@ -311,9 +325,9 @@ def _printable(text: str) -> str:
 
 
 def _table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(columns(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
-        "  ".join(cell + " " * (widths[i] - _width(cell)) for i, cell in enumerate(row)).rstrip()
+        "  ".join(cell + " " * (widths[i] - columns(cell)) for i, cell in enumerate(row)).rstrip()
         for row in rows
     )
 
@@ -334,11 +348,11 @@ def sweeps_table(sweeps: Sequence[SweepRecord], now: float) -> str:
             else "-"
         )
         if s.state is SweepState.FAILED:  # why, in the last column (status has it whole)
-            best = ("" if best == "-" else f"{best}; ") + _fit(s.detail, 60)
+            best = ("" if best == "-" else f"{best}; ") + clip(s.detail, 60)
         rows.append(
             (
                 s.id,
-                _fit(s.spec.name or " ".join(s.spec.run.command), 28),
+                clip(s.spec.name or " ".join(s.spec.run.command), 28),
                 s.state.value,
                 f"{done}/{s.spec.total()}",
                 age(now - s.created_at),
@@ -381,6 +395,8 @@ def sweep_text(sweep: SweepRecord, trials: Sequence[Trial], now: float, ages: bo
              "STEPS", "PARAMS")]  # fmt: skip
     for t in trials:
         state = t.state.value + ("" if t.ended or t.state.value == "running" else " (stopping)")
+        if t.state.value == "running" and t.run_state:  # its run's, as `tether ls` shows it
+            state = t.run_state
         marker = " *" if t.n == sweep.best else ""
         rows.append(
             (f"{t.n}{marker}", t.run, state, _value(t.value), str(len(t.values)), _params(t.params))

@@ -215,10 +215,10 @@ class AdapterServer:
     async def _deliveries(self) -> None:
         async for delivery in self.link.deliveries:
             async with self._lock:
-                before = self.core.session.status
+                before = self.core.status_text()
                 notice = self.core.session.notice
                 await self._perform(self._fold(delivery, replaying=False))
-                if self.core.session.status != before:
+                if self.core.status_text() != before:  # ``started``, ``waiting_for_ide``: once
                     self.on_event(self.core.status_text())
                 news = self.core.session.notice
                 if news is not notice and news is not None:

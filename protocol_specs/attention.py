@@ -13,7 +13,12 @@ A paused program holds its GPUs. The worker shim feeds :class:`Attention` two ki
   stop that never was;
 - debugger events from debugpy: ``stopped``, ``continued``, ``thread`` exits.
 
-A stop is *unattended* while some thread is stopped and no IDE is attached. When one begins,
+A debug run's program held before its first line until an IDE configures the debugger (``tether
+debug``'s default) is stopped too, for this: :meth:`Attention.on_held` says when it is held, and
+its decisions name the thread :data:`HELD` (``Resume(HELD)``: start it without waiting longer).
+
+A stop is *unattended* while some thread is stopped (or the program is held) and no IDE is
+attached. When one begins,
 :class:`Attention` returns a :class:`Notice` (the shim publishes it; the adapter's terminal, the
 desktop and the run's webhook tell the user). Unless the policy is ``wait``, it also sets a
 deadline ``timeout`` seconds later; :meth:`Attention.tick` at or after it returns the policy's
@@ -31,11 +36,25 @@ from typing import Any
 
 from .wire import PresenceEntry
 
-__all__ = ["LINK_GRACE", "Attention", "Notice", "Resume", "Terminate", "UnattendedPolicy"]
+__all__ = [
+    "HELD",
+    "LINK_GRACE",
+    "Attention",
+    "Notice",
+    "Resume",
+    "Terminate",
+    "UnattendedPolicy",
+]
 
 #: how long an adapter whose relay link closed still counts as attached (its link reconnects
 #: within seconds; a laptop that went to sleep does not come back in this time)
 LINK_GRACE = 30.0
+#: the thread id decisions about the program held before its first line name (debugpy's thread
+#: ids are positive)
+HELD = 0
+#: how long a program held for an IDE may wait before the hold is unattended: an IDE that is
+#: attaching as the run starts (``tether debug``, F5) is not a person who is gone
+HOLD_GRACE = 10.0
 
 
 class UnattendedPolicy(StrEnum):
@@ -74,6 +93,9 @@ class Attention:
     #: thread id -> the stopped event's body
     stopped: dict[int, dict[str, Any]] = field(default_factory=dict)
     deadline: float | None = None
+    #: since when the program is held before its first line, for an IDE's configuration
+    held_since: float | None = None
+    hold_grace: float = HOLD_GRACE
     _unattended: bool = False
 
     def attended(self, now: float) -> bool:
@@ -84,7 +106,9 @@ class Attention:
         """When :meth:`tick` has something to decide: the policy's deadline, or the end of a lost
         link's grace while the program is stopped."""
         times = [grace for _, attached, grace in self.presence.values() if not attached and grace]
-        if self.stopped and not self._unattended and times:
+        if self.held_since is not None and not self._unattended:
+            times.append(self.held_since + self.hold_grace)
+        if (self.stopped or self.held) and not self._unattended and times:
             ends = min(times)
             return ends if self.deadline is None else min(ends, self.deadline)
         return self.deadline
@@ -115,6 +139,25 @@ class Attention:
             return []
         return self._update(now)
 
+    @property
+    def held(self) -> bool:
+        return self.held_since is not None
+
+    def _held_long(self, now: float) -> bool:
+        return self.held_since is not None and now >= self.held_since + self.hold_grace
+
+    def on_held(self, held: bool, now: float) -> list[Decision]:
+        """The program is held before its first line for an IDE's configuration, or no more
+        (unattended once held :data:`HOLD_GRACE` seconds with no IDE attached)."""
+        self.held_since = now if held else None
+        return self._update(now)
+
+    def _first(self) -> tuple[int, dict[str, Any]]:
+        """The stop a decision is about: the first stopped thread, else the hold."""
+        if self.stopped:
+            return next(iter(self.stopped.items()))
+        return HELD, {"reason": "waiting for an IDE"}
+
     def tick(self, now: float) -> list[Decision]:
         """A lost link's grace that ended (the stop is unattended now: its notice), and the
         policy's action once the deadline passed (it clears the deadline)."""
@@ -124,12 +167,13 @@ class Attention:
         if self.deadline is None or now < self.deadline or not self._unattended:
             return []
         self.deadline = None
-        tid = next(iter(self.stopped))
+        tid, _ = self._first()
         if self.policy is UnattendedPolicy.CONTINUE:
             return [Resume(tid)]
+        what = "paused" if tid != HELD else "waiting for an IDE"
         return [
             Terminate(
-                f"the program stayed paused with no IDE attached for {self.timeout:g} s "
+                f"the program stayed {what} with no IDE attached for {self.timeout:g} s "
                 "(--on-unattended-stop terminate)"
             )
         ]
@@ -138,7 +182,7 @@ class Attention:
         for origin, (epoch, attached, grace) in list(self.presence.items()):
             if grace and now >= grace:  # that adapter did not come back in time: it is gone
                 self.presence[origin] = (epoch, attached, 0.0)
-        unattended = bool(self.stopped) and not self.attended(now)
+        unattended = (bool(self.stopped) or self._held_long(now)) and not self.attended(now)
         if unattended == self._unattended:
             return []
         self._unattended = unattended
@@ -147,5 +191,5 @@ class Attention:
             return []
         if self.policy is not UnattendedPolicy.WAIT:
             self.deadline = now + self.timeout
-        tid, body = next(iter(self.stopped.items()))
+        tid, body = self._first()
         return [Notice(tid, str(body.get("reason", "")), self.deadline)]

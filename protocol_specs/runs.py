@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .metrics import MAX_PATTERNS, check_condition, parse_pattern
 from .resources import Resources, short_duration
+from .run_text import clip
 
 __all__ = [
     "KNOWN_BACKENDS",
@@ -155,7 +156,6 @@ def next_state(state: RunState, event: RunEvent) -> RunState:
 #: the backends tether ships (``RunSpec.backend``): the CLI refuses others at submit time
 KNOWN_BACKENDS = ("local", "slurm", "ray")
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 _MOUNT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 #: what a tag (``--tag``) may be
@@ -358,14 +358,6 @@ class RunSpec(BaseModel):
             raise ValueError("workdir must be an absolute path")
         return value
 
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not _ENV_NAME.fullmatch(name):
-                raise ValueError(f"invalid environment variable name {name!r}")
-        return value
-
 
 class Attempt(BaseModel):
     """One try at running the program."""
@@ -462,6 +454,9 @@ class RunRecord(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
     #: the sweep and trial this run is (``S#3``), if it is one
     trial: str = ""
+    #: why a queued run of a worker pool still waits (what holds its slots: ``run_text``); set
+    #: by the relay when it answers, never stored
+    queued_why: str = ""
 
     def with_ide(self, origin: str, attached: bool) -> RunRecord:
         """The record with adapter ``origin``'s IDE attached or gone (a finished run has none)."""
@@ -527,7 +522,7 @@ class RunRecord(BaseModel):
                 outcome=updated.state.value,
                 exit_code=updated.exit_code,
                 detail=updated.detail,
-            ).model_copy(update={"ides": []})
+            ).model_copy(update={"ides": [], "processes": _ended(updated.processes)})
         if updated.state is not RunState.PAUSED:
             updated = updated.model_copy(update={"paused_at": ""})
         if updated.state is not RunState.RUNNING:
@@ -591,4 +586,12 @@ class RunRecord(BaseModel):
         attempt = self.attempts[-1] if self.attempts else None
         if self.state is RunState.QUEUED and attempt and attempt.job:
             return f"job {attempt.job}"
-        return self.detail[:40] if self.finished else ""
+        if self.state is RunState.QUEUED:
+            return self.queued_why
+        return clip(self.detail, 40) if self.finished else ""
+
+
+def _ended(rows: dict[str, ProcessRow]) -> dict[str, ProcessRow]:
+    """A finished run's processes: none is still running or paused."""
+    done = {"state": "exited", "where": ""}
+    return {k: r if r.state == "exited" else r.model_copy(update=done) for k, r in rows.items()}

@@ -424,6 +424,9 @@ class Trial(BaseModel):
     #: its run ended (a pruned trial's run may still be stopping), and how
     ended: bool = False
     outcome: str = ""
+    #: its run's state as `tether ls` shows it (``run_text.shown_state``), while the trial runs:
+    #: set by the relay when it answers, never stored
+    run_state: str = ""
 
 
 #: most steps of the objective a trial keeps for the pruner

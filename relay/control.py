@@ -40,6 +40,7 @@ from .blobs import BlobError, BlobStore, Upload
 from .claims import Claims
 from .config import SERVER_NAME, RelayConfig
 from .gate import Peer
+from .queue_wait import explain
 from .registry import Registry
 from .run_names import Ambiguous, named_run
 from .sweeps import Sweeps
@@ -218,7 +219,8 @@ class Control:
                 return _run_info(cancelled, rid)
             case wire.GetRun():
                 record = await self._run(who, Act.GET_RUN, frame.run)
-                return _run_info(await self.registry.with_liveness(record), rid)
+                [shown] = await self._explained([await self.registry.with_liveness(record)], who)
+                return _run_info(shown, rid)
             case wire.OpenTunnel():
                 record = await self._run(who, Act.OPEN_TUNNEL, frame.run)
                 noting = partial(self._audit_tunnel, record.id, conn, frame.spec)
@@ -232,6 +234,7 @@ class Control:
             case wire.ListRuns():
                 self._allow(who, Act.LIST_RUNS)
                 runs = await self.registry.list_runs(frame.limit, "" if who.admin else who.user)
+                runs = await self._explained(runs, who)
                 return wire.RunList(rid=frame.rid, runs=[r.redacted() for r in runs])
             case wire.Report():
                 self._allow(who, Act.REPORT)
@@ -361,6 +364,11 @@ class Control:
         return await self.registry.cancel(record.id, detail) or record
 
     # --- decisions --------------------------------------------------------------------------------
+
+    async def _explained(self, runs: list[RunRecord], who: Principal) -> list[RunRecord]:
+        """``runs`` as answered to ``who``: a queued one says what holds its pool's slots."""
+        viewer = None if who.admin else who.user
+        return await explain(self.registry, runs, free=self.claims.waiting, viewer=viewer)
 
     async def _still_good(self, conn: _Conn) -> bool:
         """Whether the connection's token is still good, looked at again before a request once

@@ -29,6 +29,7 @@ import trio
 from protocol_specs import wire
 from protocol_specs.auth import Principal
 from protocol_specs.permissions import Act, authorize
+from protocol_specs.run_text import shown_state
 from protocol_specs.runs import RunRecord, RunState
 from protocol_specs.search import ask, prune
 from protocol_specs.snapshots import Manifest
@@ -229,8 +230,19 @@ class Sweeps:
         if isinstance(frame, wire.CancelSweep):
             record = await self.cancel(record.id, f"sweep {record.id} cancelled by {who.user}")
             assert record is not None
-        trials = await self.trials(record.id)
+        trials = await self.trials_as_shown(record.id)
         return wire.SweepInfo(rid=frame.rid, sweep=record.redacted(), trials=trials)
+
+    async def trials_as_shown(self, sweep_id: str) -> list[Trial]:
+        """The sweep's trials, each running one with its run's state."""
+        return [await self.with_run_state(t) for t in await self.trials(sweep_id)]
+
+    async def with_run_state(self, trial: Trial) -> Trial:
+        """``trial`` as answered: its run's state, as the run's own views show it."""
+        if trial.ended:
+            return trial
+        run = await self.registry.load(trial.run)
+        return trial if run is None else trial.model_copy(update={"run_state": shown_state(run)})
 
     async def claim_pause(self, record: RunRecord, frame: wire.ClaimPause) -> wire.PauseClaimed:
         """Whether ``record``'s program may pause where it met ``--debug-when``: any run may; a

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from protocol_specs import dap_models as dap
+from protocol_specs.attention import HELD
 from protocol_specs.prefetch import PREFETCH_EVENT, RUNS_PROGRAM, STALES, Gathering, WatchList
 from protocol_specs.processes import MAIN
 from protocol_specs.session import CONFIGURATION_COMMANDS, StatusEvent
@@ -97,6 +98,8 @@ class DebugpyChannel:
                         again = True
                     else:
                         actions += self._look_up(step)
+                elif isinstance(step, Continue) and step.thread_id == HELD:
+                    actions += self._stop_holding()
                 elif isinstance(step, Continue):
                     actions += self._send("continue", {"threadId": step.thread_id})
                 elif isinstance(step, Terminate):
@@ -108,6 +111,10 @@ class DebugpyChannel:
 
     def _terminated_by_watch(self, step: Terminate) -> list[Action]:
         raise NotImplementedError
+
+    def _stop_holding(self) -> list[Action]:
+        """The program held for an IDE goes on without one (the unattended policy said so)."""
+        return []
 
     def _look_up(self, step: LookUp) -> list[Action]:
         levels = STACK_FRAMES

@@ -159,6 +159,7 @@ class ShimCore(DebugpyChannel):
         if self.session.configuration_done or not self._waits:
             self._enter(ReplayPhase.INITIALIZING, "caught up and configured")
             self._replay_deadline = self.clock() + HANDSHAKE_TIMEOUT
+            self.watch.held(False, self.clock())
             return self._send("initialize", initialize_arguments(self.session))
         if self._waiting_said:
             return []
@@ -167,7 +168,13 @@ class ShimCore(DebugpyChannel):
             StatusEvent.WAITING_FOR_IDE, detail="waiting for the IDE's configuration"
         )
         text = f"run {self.record.id}: debugger ready, waiting for the IDE's configuration"
-        return [Publish(status), Say(text)]
+        # held with no IDE attached is an unattended stop: the run's policy ends the wait
+        self.watch.held(True, self.clock())
+        return [Publish(status), Say(text), *self._watch_step()]
+
+    def _stop_holding(self) -> list[Action]:
+        self._waits = False
+        return self._maybe_replay()
 
     # --- from the relay ---------------------------------------------------------------------------
 

@@ -128,6 +128,11 @@ class Watch:
     def presence(self, entry: PresenceEntry, now: float) -> None:
         self._decisions += self.attention.on_presence(entry, now)
 
+    def held(self, held: bool, now: float) -> None:
+        """The program is held before its first line for an IDE's configuration (or no more)."""
+        if held != self.attention.held:
+            self._decisions += self.attention.on_held(held, now)
+
     def debugger_event(self, msg: dict[str, Any], now: float) -> None:
         self._decisions += self.attention.on_debugger_event(msg, now)
         if self.attention.stopped and self._stopped_since is None:
@@ -215,9 +220,10 @@ class Watch:
     def _decide(self, decision: att.Decision) -> None:
         rid = self.record.id
         if isinstance(decision, att.Notice):
+            held = decision.thread_id == att.HELD  # nothing to look up: no code ran yet
             self._reports.append(
                 _Report(
-                    decision.thread_id,
+                    None if held else decision.thread_id,
                     lambda where, info: self._notice(decision, where, info),
                     exception=decision.reason == "exception",
                 )
@@ -249,12 +255,16 @@ class Watch:
         if policy == "wait":
             then = (
                 "It stays paused until an IDE attaches (--on-unattended-stop wait): "
-                "its GPUs stay allocated meanwhile."
+                "its slot and GPUs stay allocated meanwhile."
             )
         else:
             then = f"If no IDE attaches within {spec.unattended_timeout:g} s, it will {policy}."
+            if policy == "continue" and notice.thread_id == att.HELD:
+                then = then[:-1] + " without waiting for one."
         who = f"Run {self.record.id}" + (f": {self.name}" if self.name else "")
-        if info.get("exceptionId"):
+        if notice.thread_id == att.HELD:
+            stop = "started and waits for an IDE before its first line,"
+        elif info.get("exceptionId"):
             stop = f"stopped on {_article(stop_text(notice.reason, where, info, message=True))}"
         else:
             stop = f"is paused{where} ({notice.reason or 'stopped'})"

@@ -125,7 +125,8 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         choices=["wait", "continue", "terminate"],
         help="wait for an IDE (the run keeps its GPUs meanwhile), or continue / terminate after "
         + (
-            "--unattended-timeout (default: wait)"
+            "--unattended-timeout (default: terminate on the local pool, whose slots are few; "
+            "wait on slurm and ray)"
             if debug
             else "--unattended-timeout (default: continue: the program goes on, or ends as it "
             "would have after an uncaught exception)"
@@ -136,7 +137,7 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         type=parse_duration,
         metavar="DURATION",
         help="how long an unattended stop lasts before continue/terminate act "
-        "(e.g. 90s, 30m, 2h; default 30m)",
+        "(e.g. 90s, 30m, 2h; default 5m on the local pool, 30m on slurm and ray)",
     )
     g.add_argument(
         "--webhook",

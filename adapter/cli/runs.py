@@ -8,13 +8,22 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from urllib.parse import urlencode
 
 import trio
 
-from adapter.render import Clock, Progress, Terminal, launch_json, runs_table, status_text
+from adapter.render import (
+    Clock,
+    Progress,
+    Terminal,
+    ended_text,
+    launch_json,
+    runs_table,
+    status_text,
+)
 from protocol_specs import wire
-from protocol_specs.runs import RunRecord
+from protocol_specs.runs import RunRecord, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.web import run_path
 from relay.client import Endpoint, RelayError, follow_logs, open_control
@@ -40,6 +49,8 @@ SERVING: list[str] = []
 
 #: after the run ended, how long the terminal still waits for the rest of the program's output
 OUTPUT_GRACE = 10.0
+#: how often a terminal whose run is queued asks the relay what the run waits for
+QUEUE_LOOK = 3.0
 
 
 async def cmd_debug(args: argparse.Namespace) -> int:
@@ -114,6 +125,7 @@ async def _serve(
             served.set()
 
         bound = await nursery.start(serve)
+        nursery.start_soon(say_why_queued, relay, run_id, clock.say)
         if args.json:
             print(json.dumps({"run": run_id, "port": bound}), flush=True)
         else:
@@ -128,7 +140,7 @@ async def _serve(
         nursery.cancel_scope.cancel()
     session = result["core"].session
     code = session.exit_code
-    clock.say(f"run {run_id} ended ({session.status}, exit code {code})")
+    clock.say(ended_text(run_id, session.status, code, session.status_detail))
     # the program's own exit code; a run that never exited normally (cancelled, killed) is a failure
     return code if code is not None and code >= 0 else 1
 
@@ -169,6 +181,24 @@ async def _print_output(relay: Endpoint, run_id: str, from_end: bool, done: trio
     finally:
         terminal.end()
         done.set()
+
+
+async def say_why_queued(relay: Endpoint, run_id: str, say: Callable[[str], None]) -> None:
+    """While the run is queued, say what it waits for each time that changes (what holds its
+    pool's slots: ``relay/queue_wait.py``), asking the relay every :data:`QUEUE_LOOK` seconds;
+    returns once the run left the queue. A lost relay is asked again (the logs say it is lost)."""
+    said = ""
+    while True:
+        try:
+            async with open_control(relay, client="tether-cli") as control:
+                while (record := await control.get_run(run_id)).state is RunState.QUEUED:
+                    if record.queued_why and record.queued_why != said:
+                        said = record.queued_why
+                        say(f"queued: {said}")
+                    await trio.sleep(QUEUE_LOOK)  # a poll: the relay pushes no such news
+                return
+        except RelayError:
+            await trio.sleep(QUEUE_LOOK)
 
 
 async def _desktop_notice(text: str) -> None:
@@ -236,9 +266,15 @@ async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
             while notices:
                 await _desktop_notice(notices.pop(0))
 
+    def said(text: str) -> None:
+        terminal.end()
+        print(f"-- tether: {text}", file=sys.stderr, flush=True)
+
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(desktop)
+            if follow:
+                nursery.start_soon(say_why_queued, relay, run_id, said)
             await follow_logs(relay, run_id, show, follow=follow)
             nursery.cancel_scope.cancel()
     except RelayError as exc:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from adapter.render import mib
+from adapter.render import mib, unattended_text
 from protocol_specs.plain_words import invalid
 from protocol_specs.runs import KNOWN_BACKENDS, Resources, RunRecord, RunSpec
 from protocol_specs.tunnel_open import new_key
@@ -24,7 +24,14 @@ from .errors import relay_error
 from .interpreter import check_targets, pin_environment, tree_holds
 from .settings import pairs, parse_duration, parse_memory, profile, tether_home
 
-__all__ = ["RUN_FLAGS", "build_spec", "on_snapshot", "submit_run"]
+__all__ = [
+    "RUN_FLAGS",
+    "build_spec",
+    "on_snapshot",
+    "submit_run",
+    "unattended_policy",
+    "unattended_timeout",
+]
 
 _T = TypeVar("_T")
 
@@ -111,7 +118,7 @@ def build_spec(
             say(pinned.note)
     if debug:  # said now, not after the queue wait: the worker would refuse it the same way
         _check_debuggable(command, workdir, getattr(args, "processes", None) or "stopped")
-
+    backend = _backend(pick("backend", "local"))
     secrets = {}
     for item in args.secret or []:
         name, sep, value = item.partition("=")
@@ -139,9 +146,12 @@ def build_spec(
             name=args.name or "",
             client_os="windows" if os.name == "nt" else "unix",
             post_mortem=pick("post_mortem", True),
-            # a plain run is nobody's session: a stop nobody attends ends after the timeout
-            on_unattended_stop=pick("on_unattended_stop", "wait" if debug else "continue"),
-            unattended_timeout=_given(getattr(args, "unattended_timeout", None), 1800.0),
+            # what a run does when nobody comes (README, "Unattended stops"): a plain run is
+            # nobody's session, a local pool's slots are few
+            on_unattended_stop=pick("on_unattended_stop", unattended_policy(debug, backend)),
+            unattended_timeout=_given(
+                getattr(args, "unattended_timeout", None), unattended_timeout(backend)
+            ),
             webhook=getattr(args, "webhook", None) or "",
             resources=Resources(
                 gpus=pick("gpus", 0),
@@ -155,7 +165,7 @@ def build_spec(
             max_retries=pick("max_retries", 0),
             retry_backoff=backoff,
             tags=[*chosen.tags, *(args.tag or [])],
-            backend=_backend(pick("backend", "local")),
+            backend=backend,
             processes=getattr(args, "processes", None) or "stopped",
             ranks=getattr(args, "ranks", None) or [],
             metrics=getattr(args, "metric", None) or [],
@@ -165,6 +175,25 @@ def build_spec(
         raise SystemExit(f"tether: in the config profile: {exc}") from None
     except ValidationError as exc:
         raise SystemExit(f"tether: {invalid(exc, RUN_FLAGS)}") from None
+
+
+#: how long a stop nobody attends lasts before the policy acts: on the local pool (a laptop's
+#: few slots) and on a scheduler's backends
+LOCAL_UNATTENDED_TIMEOUT = 300.0
+UNATTENDED_TIMEOUT = 1800.0
+
+
+def unattended_policy(debug: bool, backend: str) -> str:
+    """The default ``--on-unattended-stop``: a plain run goes on (``continue``); a debug run
+    waits for its IDE on a scheduler's backend, and on the local pool ends (``terminate``): a
+    slot of a laptop's pool is not held for a person who is not coming back."""
+    if not debug:
+        return "continue"
+    return "terminate" if backend == "local" else "wait"
+
+
+def unattended_timeout(backend: str) -> float:
+    return LOCAL_UNATTENDED_TIMEOUT if backend == "local" else UNATTENDED_TIMEOUT
 
 
 def _given(value: Any, default: Any) -> Any:
@@ -243,6 +272,7 @@ async def submit_run(
         again=True, command=spec.command,
     )  # fmt: skip
     say(f"submitted run {record.id}: {' '.join(spec.command)} ({said})")
+    say(unattended_text(spec))
     return record
 
 

@@ -107,7 +107,10 @@ def sweep_page(
 
 def _trial_row(trial: Trial, sweep: SweepRecord) -> str:
     best = " ★" if trial.n == sweep.best else ""
-    state = trial.state.value + (" (held)" if trial.suspended else "")
+    state = (
+        trial.run_state if trial.state.value == "running" and trial.run_state else trial.state.value
+    )
+    state += " (held)" if trial.suspended else ""
     value = "-" if trial.value is None else format_value(trial.value)
     return (
         f"<tr><td>{trial.n}{best}</td>"

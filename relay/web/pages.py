@@ -15,6 +15,7 @@ from html import escape
 from urllib.parse import urlencode
 
 from protocol_specs.auth import Principal
+from protocol_specs.run_text import clip, shown_state
 from protocol_specs.runs import RunRecord, RunState, short_duration
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.web import ListQuery, file_path, run_path, sweep_path
@@ -125,18 +126,16 @@ def login_page(message: str = "", current: str = "") -> str:
 
 def _state_badge(record: RunRecord) -> str:
     state = record.state.value
-    label = state
+    label = shown_state(record)
     if record.silent_for:
         label = f"{state} (worker silent {ago(record.silent_for)})"
-    elif record.waiting_for_ide and record.state is RunState.RUNNING:
-        label = "waiting for an IDE"
     return f'<span class="badge s-{h(state)}">{h(label)}</span>'
 
 
 def _where(record: RunRecord) -> str:
     where = record.where()
     if record.state is RunState.FAILED and record.detail and record.exit_code is not None:
-        where = f"exit {record.exit_code}: {record.detail[:80]}"
+        where = f"exit {record.exit_code}: {clip(record.detail, 80)}"
     return h(where)
 
 
@@ -157,7 +156,7 @@ def run_row(record: RunRecord, now: float) -> str:
     return (
         f'<tr id="run-{h(record.id)}" data-state="{h(record.state.value)}">'
         f'<td class="id"><a href="{run_path(record.id)}">{h(record.id)}</a></td>'
-        f'<td class="name">{h(spec.display_name()[:80])}{tags}</td>'
+        f'<td class="name">{h(clip(spec.display_name(), 80))}{tags}</td>'
         f"<td>{h(record.owner)}</td>"
         f'<td class="state">{_state_badge(record)}<div class="where">{_where(record)}</div></td>'
         f"<td>{h(spec.backend)}{job}</td>"
@@ -252,7 +251,8 @@ def _facts(record: RunRecord, now: float) -> str:
 def _attempts(record: RunRecord, now: float) -> str:
     rows = []
     for a in record.attempts:
-        outcome = a.outcome or ("running" if a.started_at else "waiting")
+        # the current attempt is in the run's own state (paused, waiting for an IDE...)
+        outcome = a.outcome or (shown_state(record) if a.n == record.attempt else "waiting")
         code = "" if a.exit_code is None else str(a.exit_code)
         where = a.worker or (f"job {a.job}" if a.job else "")
         if a.job and a.worker:
@@ -261,8 +261,8 @@ def _attempts(record: RunRecord, now: float) -> str:
             f"<tr><td>#{a.n}</td><td>{h(where or '-')}</td>"
             f"<td>{_stamp(a.queued_at, now)}</td><td>{_stamp(a.started_at or 0, now)}</td>"
             f"<td>{_stamp(a.ended_at or 0, now)}</td>"
-            f'<td><span class="badge s-{h(outcome)}">{h(outcome)}</span></td><td>{h(code)}</td>'
-            f'<td class="detail">{h(a.detail[:200])}</td></tr>'
+            f'<td><span class="badge s-{h(outcome.split()[0])}">{h(outcome)}</span></td><td>{h(code)}</td>'
+            f'<td class="detail">{h(clip(a.detail, 200))}</td></tr>'
         )
     return (
         '<table class="attempts"><thead><tr><th>#</th><th>Where</th><th>Queued</th>'
@@ -307,7 +307,7 @@ def run_summary(record: RunRecord, now: float) -> str:
     return (
         f'<section id="summary" data-state="{h(record.state.value)}">'
         f'<div class="bar"><h1><span class="dim">run</span> {h(record.id)} '
-        f"<small>{h(record.spec.display_name()[:100])}</small></h1>"
+        f"<small>{h(clip(record.spec.display_name(), 100))}</small></h1>"
         f'<div class="actions">{"".join(actions)}</div></div>'
         f'<p class="status">{_state_badge(record)} {ide}</p>{paused}'
         f"{_facts(record, now)}<h2>Attempts</h2>{_attempts(record, now)}{_processes(record)}"
@@ -464,7 +464,7 @@ def _size(n: int) -> str:
 def _audit(entries: Sequence[AuditEntry]) -> str:
     rows = "".join(
         f"<tr><td>{_stamp(e.at, time.time())}</td><td>{h(e.event)}</td><td>{h(e.user or '?')}</td>"
-        f"<td>{h(e.role)}</td><td>{h(e.source)}</td><td>{h(e.detail[:200])}</td></tr>"
+        f"<td>{h(e.role)}</td><td>{h(e.source)}</td><td>{h(clip(e.detail, 200))}</td></tr>"
         for e in reversed(entries[-200:])
     )
     return (

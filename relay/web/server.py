@@ -371,7 +371,7 @@ class Web:
         sweep = await self.control.sweeps.find(sweep_id, who)
         if sweep is None:
             return self._page(404, error_page(404, f"no sweep {sweep_id} (or not yours)", who))
-        trials = await self.control.sweeps.trials(sweep.id)
+        trials = await self.control.sweeps.trials_as_shown(sweep.id)
         html = sweep_page(sweep.redacted(), trials, who, session.csrf, self.clock())
         return self._page(200, html)
 

@@ -80,7 +80,7 @@ async def test_a_crashed_run_is_found_paused_inspected_and_continued_to_its_exit
                 assert notice.string.startswith("\a")
                 assert (
                     f"Run {run_id} stopped on an uncaught ValueError (bad batch 7) at {WHERE} and "
-                    f"no IDE is attached. If no IDE attaches within 1800 s, it will continue. "
+                    f"no IDE is attached. If no IDE attaches within 300 s, it will continue. "
                     f"Attach with: tether attach {run_id}"
                 ) in notice.string
                 with trio.fail_after(30):

@@ -42,8 +42,14 @@ async def test_hours_later_the_paused_program_waits_for_tether_attach(
     tmp_path: Path, workdir: Path
 ) -> None:
     home = tmp_path / "home"
+    # on the local pool a debug run nobody attends ends after 5 minutes, unless told to wait
+    wait = ("--on-unattended-stop", "wait")
     async with relay_stack(home) as (_up, relay):
-        async with debug_run(home, relay, workdir, "python", "app.py") as (debug, run_id, port):
+        async with debug_run(home, relay, workdir, "python", "app.py", extra=wait) as (
+            debug,
+            run_id,
+            port,
+        ):
             async with open_dap_client("127.0.0.1", port) as ide:
                 async with ide_session(ide, [bp_args(workdir, "app.py", ONCE_LINE)]):
                     pass

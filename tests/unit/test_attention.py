@@ -6,7 +6,15 @@ from typing import Any
 
 import pytest
 
-from protocol_specs.attention import Attention, Notice, Resume, Terminate, UnattendedPolicy
+from protocol_specs.attention import (
+    HELD,
+    HOLD_GRACE,
+    Attention,
+    Notice,
+    Resume,
+    Terminate,
+    UnattendedPolicy,
+)
 from protocol_specs.wire import PresenceEntry
 
 
@@ -128,3 +136,33 @@ def test_an_expired_grace_never_keeps_waking_the_worker() -> None:
     assert a.next_wake == 32
     assert a.tick(now=40) == []  # ad1 is still attached
     assert a.next_wake is None
+
+
+@pytest.mark.parametrize(
+    ("policy", "action"),
+    [(UnattendedPolicy.CONTINUE, Resume(HELD)), (UnattendedPolicy.TERMINATE, Terminate)],
+)
+def test_a_program_held_for_an_ide_nobody_attaches_is_an_unattended_stop(
+    policy: UnattendedPolicy, action: Any
+) -> None:
+    a = Attention(policy, timeout=300)
+    assert a.on_held(True, now=10) == []  # an IDE may be attaching as the run starts
+    assert a.next_wake == 10 + HOLD_GRACE
+    assert a.tick(now=10 + HOLD_GRACE) == [Notice(HELD, "waiting for an IDE", 320)]
+    assert a.tick(now=319) == []
+    (decision,) = a.tick(now=320)
+    if isinstance(action, Resume):
+        assert decision == action
+    else:
+        assert isinstance(decision, Terminate) and "waiting for an IDE" in decision.detail
+
+
+def test_a_held_program_whose_ide_attaches_or_configures_is_not_unattended() -> None:
+    a = Attention(UnattendedPolicy.TERMINATE, timeout=300)
+    a.on_presence(here("ide-1", 1, True), now=5)
+    assert a.on_held(True, now=10) == []  # an IDE is attached: it configures the debugger
+    assert a.tick(now=1e9) == []
+    b = Attention(UnattendedPolicy.TERMINATE, timeout=300)
+    b.on_held(True, now=10)
+    assert b.on_held(False, now=15) == [] and b.deadline is None  # configured: it runs
+    assert b.tick(now=1e9) == []

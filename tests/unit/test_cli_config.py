@@ -258,8 +258,10 @@ def test_a_shell_script_in_the_workdir_is_debugged_through_its_python_processes(
 def test_post_mortem_and_the_unattended_policy_reach_the_spec_of_both_commands(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A plain run nobody attends ends after the timeout (continue); a debug run waits. A zero
-    timeout is a timeout, not "the default"; the profile may turn post-mortem off."""
+    """A plain run nobody attends goes on after the timeout (continue); a debug run on the
+    local pool ends (terminate), one on a scheduler's backend waits; the timeout is 5 minutes
+    on the local pool, 30 elsewhere. A zero timeout is a timeout, not "the default"; the profile
+    may turn post-mortem off."""
     from adapter.cli.parser import build_parser as _parser
 
     monkeypatch.setenv("TETHER_CONFIG", str(tmp_path / "none.toml"))
@@ -273,9 +275,16 @@ def test_post_mortem_and_the_unattended_policy_reach_the_spec_of_both_commands(
     assert (run.post_mortem, run.on_unattended_stop, run.unattended_timeout) == (
         True,
         "continue",
-        1800.0,
+        300.0,
     )
-    assert (debug.post_mortem, debug.on_unattended_stop) == (True, "wait")
+    assert (debug.post_mortem, debug.on_unattended_stop, debug.unattended_timeout) == (
+        True,
+        "terminate",
+        300.0,
+    )
+    slurm = spec("debug", "--backend", "slurm")
+    assert (slurm.on_unattended_stop, slurm.unattended_timeout) == ("wait", 1800.0)
+    assert spec("run", "--backend", "slurm").unattended_timeout == 1800.0
     quick = spec("run", "--no-post-mortem", "--unattended-timeout", "0", "--webhook", "http://h/x")
     assert (quick.post_mortem, quick.unattended_timeout, quick.webhook) == (
         False,

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from protocol_specs.attention import HOLD_GRACE
 from protocol_specs.capabilities import DEBUGPY_CAPABILITIES
 from protocol_specs.dap_schema import validate_message
 from protocol_specs.link import Cursor
@@ -655,3 +656,26 @@ def test_the_replay_phases_are_a_table() -> None:
         ReplayPhase.ENDED in TRANSITIONS[p]
         for p in set(ReplayPhase) - {ReplayPhase.LIVE, ReplayPhase.ENDED}
     )
+
+
+def test_a_program_held_for_an_ide_that_never_comes_ends_or_goes_on_by_the_policy() -> None:
+    """``tether debug`` on the local pool, ended with Ctrl-C before an IDE attached: the run
+    does not hold its slot for ever."""
+    ends = Harness(on_unattended_stop="terminate", unattended_timeout=300)
+    ends.perform(ends.core.start(1))
+    assert ends.core.next_deadline == ends.clock.now + HOLD_GRACE  # an IDE may be attaching
+    ends.tick(ends.clock.now + HOLD_GRACE)
+    # no IDE came: the hold is an unattended stop, announced with the run's policy
+    notice = ends.statuses()[-1]
+    assert notice.event == StatusEvent.UNATTENDED_STOP
+    assert "started and waits for an IDE before its first line" in notice.detail
+    assert "If no IDE attaches within 300 s, it will terminate." in notice.detail
+    actions = ends.tick(ends.clock.now + 300)
+    assert any(isinstance(a, Terminate) for a in actions)
+    assert "stayed waiting for an IDE" in ends.statuses()[-1].detail
+    goes_on = Harness(on_unattended_stop="continue", unattended_timeout=300)
+    goes_on.perform(goes_on.core.start(1))
+    goes_on.tick(goes_on.clock.now + HOLD_GRACE)
+    assert goes_on.to_debugpy == []
+    goes_on.tick(goes_on.clock.now + 300)
+    assert goes_on.sent("initialize")  # no longer held: configured as a run without an IDE

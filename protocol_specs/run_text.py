@@ -1,0 +1,90 @@
+"""How a run reads wherever it is shown (``tether ls``/``status``, ``sweep status``, the web view):
+one function per fact, so every view says the same thing. Sans-I/O: records in, text out.
+
+- :func:`clip`: text cut to a width, with an ellipsis where it was cut (never mid-word when a
+  word boundary is near);
+- :func:`shown_state`: the state a run is shown in (``waiting for an IDE`` is a running run held
+  before its first line);
+- :func:`slots_text`: why a queued run of a worker pool still waits: what holds the pool's slots
+  (``2 of 2 slots held: run 6b07 paused on uncaught ValueError at crash.py:8 in step, run 6b08
+  waiting for an IDE``).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .runs import RunRecord
+
+__all__ = ["ELLIPSIS", "clip", "columns", "holding_text", "shown_state", "slots_text"]
+
+ELLIPSIS = "\u2026"
+#: a cut goes back to the last space if that loses no more than this share of the width
+_WORD_BACK = 0.3
+
+
+def columns(text: str) -> int:
+    """Columns ``text`` takes on a terminal (East Asian wide characters take two)."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` columns: whole if it fits, else cut with an ellipsis, at the
+    end of a word when one ends near the cut."""
+    if columns(text) <= width:
+        return text
+    if width <= 1:
+        return ELLIPSIS[:width]
+    out, used = "", 0
+    for c in text:
+        w = columns(c)
+        if used + w > width - 1:
+            break
+        out, used = out + c, used + w
+    space = out.rfind(" ")
+    if space > 0 and len(out) - space <= max(1, int(width * _WORD_BACK)):
+        out = out[:space]
+    return out.rstrip(" ,;:") + ELLIPSIS
+
+
+def shown_state(record: RunRecord) -> str:
+    """The state a run is shown in: its state, or ``waiting for an IDE`` while its program is
+    held before its first line for an IDE's configuration."""
+    if record.waiting_for_ide and record.state.value == "running":
+        return "waiting for an IDE"
+    return record.state.value
+
+
+def holding_text(record: RunRecord, *, named: bool = True) -> str:
+    """What one run does with the slot it holds: ``run X paused at train.py:18 in step``,
+    ``run X waiting for an IDE``, ``run X running``; ``named`` false: another user's run, not
+    named (``a run of another user, paused``)."""
+    state = shown_state(record)
+    if state == "paused" and record.paused_at:
+        where = record.paused_at
+        state = f"paused {'on' if ' at ' in where else 'at'} {where}"
+    if record.silent_for:
+        state += " (its worker is silent)"
+    return f"run {record.id} {state}" if named else f"a run of another user ({state})"
+
+
+def slots_text(holders: Sequence[RunRecord], free: int, viewer: str | None) -> str:
+    """Why a queued run of a worker pool waits, or ``""`` when a slot is free (``free``: the
+    pool's slots waiting for a run) or no slot is known: the slots, and what holds each
+    (``viewer``: whose runs are named; None: everyone's, an admin's view). Runs paused or held
+    for an IDE come first: those are the ones a person can let go."""
+    if free or not holders:
+        return ""
+
+    def order(r: RunRecord) -> int:
+        return 0 if r.state.value == "paused" else 1 if r.waiting_for_ide else 2
+
+    said = [
+        holding_text(r, named=viewer is None or r.owner == viewer)
+        for r in sorted(holders, key=order)
+    ]
+    n = len(holders)
+    return f"{n} of {n} slot{'s' * (n != 1)} held: {', '.join(said)}"
