@@ -16,6 +16,9 @@ same core with these differences:
   never published: the worker attached to the process itself. What the IDE sends afterwards is
   published with ``process`` set and forwarded live.
 - ``disconnect`` and ``terminate`` end the IDE's session only, never the run (nor the process).
+- the worker configured the process before any IDE session existed for it: its stops name
+  debugpy's ids of the worker's breakpoints, which the fold turns into the ids this session handed
+  out for the same places (:data:`~protocol_specs.session.PLACES_EVENT`, sent for a child only).
 - a rank of a ``torch.distributed`` job (``WORLD_SIZE`` > 1) that stops gets
   :data:`~protocol_specs.processes.COLLECTIVE_TIMEOUT_HINT` in its debug console, once per
   connection: its peers' collectives time out while it is paused.
@@ -31,7 +34,7 @@ from typing import Any
 
 from protocol_specs import dap_models as dap
 from protocol_specs.processes import COLLECTIVE_TIMEOUT_HINT, ProcessTable
-from protocol_specs.session import DebugSession, StatusEvent
+from protocol_specs.session import PLACES_EVENT, DebugSession, StatusEvent
 from protocol_specs.wire import AnyEntry, StatusEntry, StreamName
 
 from .actions import Action, CloseIde, IdePhase, Origin
@@ -174,6 +177,8 @@ class ChildCore(AdapterCore):
         return actions
 
     def _on_event(self, msg: dict[str, Any]) -> list[Action]:
+        if msg.get("event") == PLACES_EVENT:
+            return []  # the worker's word on its own configuration, folded: never the IDE's
         actions = super()._on_event(msg)
         if actions and msg.get("event") == "stopped":
             actions.extend(self._emit_all(self.child_news.collective_hint()))

@@ -210,12 +210,15 @@ def is_unattended_announcement(entry: StatusEntry) -> bool:
 
 
 def stopped_body(session: DebugSession, body: dict[str, Any]) -> dict[str, Any]:
-    """A ``stopped`` body with the breakpoint ids the IDE holds (the adapter's, not debugpy's):
-    live, and replayed to an IDE that attaches while the program is paused."""
+    """A ``stopped`` body with the breakpoint ids the IDE holds (the adapter's, not debugpy's;
+    none it was never given): live, and replayed to an IDE that attaches while the program is
+    paused."""
     hit = body.get("hitBreakpointIds")
-    if not isinstance(hit, list):
+    if "hitBreakpointIds" not in body:
         return body
-    ids = [session.to_adapter_id(i) if isinstance(i, int) else i for i in hit]
+    ids = session.hit_ids(hit if isinstance(hit, list) else [])
+    if not ids:
+        return {k: v for k, v in body.items() if k != "hitBreakpointIds"}
     return {**body, "hitBreakpointIds": ids}
 
 

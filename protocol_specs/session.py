@@ -20,6 +20,10 @@ Breakpoint ids: the adapter answers ``setBreakpoints`` before any debugger exist
 own ids (stable: the same source and line keep their id across requests). debugpy later assigns its
 own ids from a process-global counter; the fold keeps the map from debugpy's ids to the adapter's so
 ``breakpoint`` events and ``stopped.hitBreakpointIds`` reach the IDE under the ids it already holds.
+A child process is configured by the worker itself, before any IDE session exists for it: the
+worker says which place (source and line, or function) each of debugpy's ids there is
+(:data:`PLACES_EVENT`), and the child's session names it by the id it handed out for that place. A
+stop names only ids the session holds (:meth:`DebugSession.hit_ids`).
 
 Nothing here performs I/O; methods return plain data.
 """
@@ -40,11 +44,13 @@ from .stream_entries import DapEntry, StatusEntry, StatusEvent
 __all__ = [
     "CONFIGURATION_COMMANDS",
     "NOTICES",
+    "PLACES_EVENT",
     "QUIET",
     "BreakpointSet",
     "DebugSession",
     "StatusEvent",
     "is_transient",
+    "places_event",
 ]
 
 CONFIGURATION_COMMANDS = frozenset(
@@ -52,10 +58,26 @@ CONFIGURATION_COMMANDS = frozenset(
 )
 #: requests the fold keeps; answers to every other request only matter to the IDE that asked
 FOLDED_REQUESTS = CONFIGURATION_COMMANDS | {"initialize", "attach", "configurationDone"}
+#: the DAP event the worker sends when debugpy answered configuration the worker sent a child
+#: process itself (never shown to the IDE): which place each of debugpy's ids is. ``body``:
+#: ``{"command": "setBreakpoints" | "setFunctionBreakpoints", "source": source key (""
+#: for functions), "keys": [line | function name, ...], "ids": [debugpy's id | null, ...]}``
+PLACES_EVENT = "tetherBreakpointPlaces"
 #: events the fold uses; the rest (output, module, loadedSource, ...) only matter live
 FOLDED_EVENTS = frozenset(
-    {"thread", "stopped", "continued", "process", "breakpoint", "terminated", "exited"}
+    {
+        "thread",
+        "stopped",
+        "continued",
+        "process",
+        "breakpoint",
+        "terminated",
+        "exited",
+        PLACES_EVENT,
+    }
 )
+#: configuration whose breakpoints have ids (and places)
+_WITH_IDS = frozenset({"setBreakpoints", "setFunctionBreakpoints"})
 
 
 def is_transient(msg: dict[str, Any], request_command: str | None = None) -> bool:
@@ -138,6 +160,9 @@ class DebugSession:
     attempt: int = 1
     _next_id: int = 1
     _debugpy_ids: dict[int, int] = field(default_factory=dict)
+    #: debugpy id -> (command, source key, line or function name) of a breakpoint the worker set
+    #: in this process itself (:data:`PLACES_EVENT`)
+    _places: dict[int, tuple[str, str, Any]] = field(default_factory=dict)
     _requests: dict[tuple[str, int], _Request] = field(default_factory=dict)
 
     def __repr__(self) -> str:
@@ -181,12 +206,50 @@ class DebugSession:
 
     def to_adapter_id(self, debugpy_id: int) -> int:
         """The adapter's id for a breakpoint debugpy reports; new ids for ones it never handed out."""
+        placed = self._placed_id(debugpy_id)
+        if placed is not None:
+            return placed
         known = self._debugpy_ids.get(debugpy_id)
         if known is None:
             known = self._next_id
             self._next_id += 1
             self._debugpy_ids[debugpy_id] = known
         return known
+
+    def hit_ids(self, debugpy_ids: list[Any]) -> list[int]:
+        """A ``stopped`` event's ``hitBreakpointIds`` as this session's IDE knows them: debugpy's
+        id of a breakpoint the IDE set becomes the id the adapter answered it with, one the worker
+        set at the same place (a child's configuration) the id of that place; an id of a
+        breakpoint this session holds no id for is left out, never made up."""
+        held = {i for bset in self.configuration() for i in bset.ids}
+        out: list[int] = []
+        for debugpy_id in debugpy_ids:
+            if not isinstance(debugpy_id, int) or isinstance(debugpy_id, bool):
+                continue
+            adapter_id = self._placed_id(debugpy_id)
+            if adapter_id is None:
+                adapter_id = self._debugpy_ids.get(debugpy_id)
+            if adapter_id in held and adapter_id not in out:
+                out.append(adapter_id)
+        return out
+
+    def _placed_id(self, debugpy_id: int) -> int | None:
+        """The id this session holds for the place of a breakpoint the worker set (None: it set
+        none with that id, or this session has none there)."""
+        place = self._places.get(debugpy_id)
+        if place is None:
+            return None
+        command, source, key = place
+        if command == "setBreakpoints":
+            bset = self.breakpoints.get(source)
+        else:
+            bset = self.function_breakpoints
+        if bset is None:
+            return None
+        for known, adapter_id in zip(_keys_of(bset), bset.ids, strict=False):
+            if known == key:
+                return adapter_id
+        return None
 
     # --- folding ----------------------------------------------------------------------------------
 
@@ -281,6 +344,7 @@ class DebugSession:
             self.threads.clear()
             self.stopped.clear()
             self._debugpy_ids.clear()
+            self._places.clear()
             self.live = False
         elif entry.event == StatusEvent.DEBUGGER_LIVE:
             self.live = True
@@ -354,7 +418,20 @@ class DebugSession:
                 return [adapter_id]
         elif name == "terminated":
             self.stopped.clear()
+        elif name == PLACES_EVENT:
+            self._fold_places(body)
         return []
+
+    def _fold_places(self, body: dict[str, Any]) -> None:
+        command, source = body.get("command"), body.get("source")
+        keys, ids = body.get("keys"), body.get("ids")
+        if command not in _WITH_IDS or not isinstance(source, str):
+            return
+        if not isinstance(keys, list) or not isinstance(ids, list):
+            return
+        for key, debugpy_id in zip(keys, ids, strict=False):
+            if isinstance(debugpy_id, int) and isinstance(key, int | str):
+                self._places[debugpy_id] = (command, source, key)
 
     # --- what the users of the fold need -----------------------------------------------------------
 
@@ -375,6 +452,23 @@ class DebugSession:
                 if adapter_id in self.verification:
                     result.append(self.verification[adapter_id])
         return result
+
+
+def places_event(bset: BreakpointSet, answer: dict[str, Any]) -> dict[str, Any] | None:
+    """The :data:`PLACES_EVENT` for debugpy's successful ``answer`` to ``bset``, sent by the
+    worker itself (None: nothing with an id in it)."""
+    reported = _object(answer.get("body")).get("breakpoints")
+    if bset.command not in _WITH_IDS or not answer.get("success") or not isinstance(reported, list):
+        return None
+    ids = [_object(bp).get("id") for bp in reported]
+    ids = [i if isinstance(i, int) and not isinstance(i, bool) else None for i in ids]
+    if not any(i is not None for i in ids):
+        return None
+    source = ""
+    if bset.command == "setBreakpoints":
+        source = source_key(bset.arguments.get("source") or {})
+    body = {"command": bset.command, "source": source, "keys": _keys_of(bset), "ids": ids}
+    return {"seq": 1, "type": "event", "event": PLACES_EVENT, "body": body}
 
 
 def _keys_of(bset: BreakpointSet) -> list[Any]:

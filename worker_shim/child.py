@@ -12,7 +12,9 @@ never waits for an IDE:
 2. on ``initialized``: the run's latest configuration (``configuration()``, asked at that moment,
    so a child that starts hours later gets the breakpoints set meanwhile), then
    ``configurationDone`` at once. These are the shim's own requests: their answers stay here (no
-   IDE asked them);
+   IDE asked them), but for which place each of debugpy's breakpoint ids is
+   (:data:`~protocol_specs.session.PLACES_EVENT`): the process stops at them before any IDE
+   session exists for it, and the session it gets later names them by its own ids;
 3. live: requests for this process (``DapEntry.process`` = its key) are forwarded with this
    connection's own ``seq`` and answered back under the asker's; requests that come earlier wait.
 
@@ -34,11 +36,11 @@ import orjson
 
 from protocol_specs.processes import ProcessInfo
 from protocol_specs.runs import RunRecord
-from protocol_specs.session import BreakpointSet, StatusEvent, is_transient
-from protocol_specs.wire import DapEntry, PresenceEntry
+from protocol_specs.session import BreakpointSet, StatusEvent, is_transient, places_event
+from protocol_specs.wire import MAX_DAP_BODY_BYTES, DapEntry, PresenceEntry
 
 from .actions import BARRIER_EVENTS, Action, CloseChild, Publish, Settle, Terminate
-from .channel import DebugpyChannel
+from .channel import DebugpyChannel, Sent
 from .core import DROPPED_EVENTS, request_of
 from .replay import ReplayPhase
 from .watch import Watch
@@ -74,6 +76,8 @@ class ChildCore(DebugpyChannel):
         self._attach = attach
         self._configuration = configuration
         self._answered: set[str] = set()
+        #: the configuration this core sent itself, by seq, until debugpy answers it
+        self._replayed: dict[int, BreakpointSet] = {}
         self._initialized = False
         self._queued: list[DapEntry] = []
         self.exit_code: int | None = None
@@ -122,6 +126,7 @@ class ChildCore(DebugpyChannel):
         """The connection ended (or could not be opened): the process's session is over."""
         self.closed = True
         self._sent.clear()
+        self._replayed.clear()
         self._queued.clear()
         if self.phase not in (ReplayPhase.LIVE, ReplayPhase.ENDED):
             self._enter(ReplayPhase.ENDED, "debugpy closed the connection")
@@ -146,6 +151,20 @@ class ChildCore(DebugpyChannel):
         looked_up = self._looked_up(request_seq, msg)
         if looked_up is not None:
             return looked_up
+        replayed = self._replayed.pop(request_seq, None)
+        places = places_event(replayed, msg) if replayed is not None else None
+        body = orjson.dumps(places) if places is not None else b""
+        if len(body) > MAX_DAP_BODY_BYTES:  # more than one entry holds: its stops name no id
+            log.warning(
+                "child %s: too many breakpoints in one request to say their places", self.key
+            )
+        elif body:
+            entry = DapEntry(body=body, process=self.key)
+            return [Publish(entry), *self._own_answered(sent, msg)]
+        return self._own_answered(sent, msg)
+
+    def _own_answered(self, sent: Sent, msg: dict[str, Any]) -> list[Action]:
+        """debugpy's answer to a request of this core's own (the handshake, the replay)."""
         if sent.command == "disconnect":
             return [CloseChild(self.key)]
         if not msg.get("success") and sent.command in ("initialize", "configurationDone"):
@@ -201,7 +220,10 @@ class ChildCore(DebugpyChannel):
         self._enter(ReplayPhase.CONFIGURING, "debugpy initialized")
         actions: list[Action] = []
         for bset in self._configuration():
-            actions += self._send(bset.command, bset.arguments)
+            sent = self._send(bset.command, bset.arguments)
+            if sent:
+                self._replayed[self._seq] = bset
+            actions += sent
         self._enter(ReplayPhase.FINISHING, "configuration sent")
         return actions + self._send("configurationDone", None)
 

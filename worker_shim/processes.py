@@ -212,6 +212,8 @@ class Processes:
             clock=self.main.clock,
             wall=self.main.wall,
         )
+        # the IDEs attached now are attached to it too (its stops are not unattended)
+        child.watch.knows_presence_of(self.main.watch)
         self.children[key] = child
         started = status_entry(
             StatusEvent.PROCESS_STARTED,

@@ -133,6 +133,12 @@ class Watch:
         if held != self.attention.held:
             self._decisions += self.attention.on_held(held, now)
 
+    def knows_presence_of(self, run: Watch) -> None:
+        """Start from what ``run``'s watch knows of the IDEs attached (a child process's watch,
+        from its run's main one): presence entries say a change, once, so a process that starts
+        after an IDE attached would otherwise think none is, and call its first stop unattended."""
+        self.attention.presence = dict(run.attention.presence)
+
     def debugger_event(self, msg: dict[str, Any], now: float) -> None:
         self._decisions += self.attention.on_debugger_event(msg, now)
         if self.attention.stopped and self._stopped_since is None:

@@ -27,6 +27,7 @@ from protocol_specs.processes import COLLECTIVE_TIMEOUT_HINT
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SPAWN_CHILD_LINE = 9  # programs/mp_spawn.py, work(): print(f"child total {total}")
+SPAWN_CHILD_FIRST = 8  # programs/mp_spawn.py, work(): total = n * 7
 POOL_MAIN_LINE = 14  # programs/mp_pool.py, main(): print(f"pool total {total}")
 FLAKY_CHILD_LINE = 12  # programs/mp_flaky.py, work(): only attempt 2 starts the child
 RANK1_LINE = 36  # programs/ranks_worker.py, main(): only rank != 0 runs it
@@ -145,6 +146,45 @@ async def test_breakpoint_in_a_spawned_child_is_debugged_in_the_childs_own_sessi
         for m in session_messages(result, messages, result["sessions"][0]["index"])
     )
     assert child["eventCounts"]["terminated"] == 1
+    assert labels["end"]["exitCode"] == 0
+
+
+def child_ids(handshake: dict[str, Any]) -> dict[int, int]:
+    """line -> the breakpoint id a child session's own ``setBreakpoints`` answer gave it."""
+    [answer] = handshake["setBreakpoints"]
+    return {bp["line"]: bp["id"] for bp in answer["breakpoints"]}
+
+
+async def test_a_childs_stops_are_its_own_and_attended_while_the_ide_is_attached(
+    tmp_path: Path,
+) -> None:
+    """Two breakpoints set while the run was queued; the child stops at both in its own session.
+    Each ``stopped`` names the id the child session's own ``setBreakpoints`` gave that line (the
+    first stop comes from the worker's configuration, before the session existed), and nobody is
+    told that no IDE is attached: it was, all along."""
+    steps: list[dict[str, Any]] = [
+        {"op": "wait_session", "label": "kid"},
+        {"op": "wait_stopped", "session": "kid", "label": "first", "line": SPAWN_CHILD_FIRST},
+        {"op": "continue", "session": "kid"},
+        {"op": "wait_stopped", "session": "kid", "label": "second", "line": SPAWN_CHILD_LINE},
+        {"op": "continue", "session": "kid"},
+        {"op": "wait_terminated", "session": "kid"},
+        {"op": "wait_output", "contains": "parent done, child exit code 0"},
+        {"op": "wait_terminated", "label": "end"},
+        {"op": "disconnect"},
+    ]
+    bps = {"mp_spawn.py": [SPAWN_CHILD_FIRST, SPAWN_CHILD_LINE]}
+    result, messages, _port = await run_through_tether(
+        tmp_path, ["mp_spawn.py", "spawn"], bps, steps
+    )
+    labels = result["labels"]
+    ids = child_ids(labels["kid"]["handshake"])
+    assert labels["first"]["hitBreakpointIds"] == [ids[SPAWN_CHILD_FIRST]]
+    assert labels["second"]["hitBreakpointIds"] == [ids[SPAWN_CHILD_LINE]]
+    # the worker's own word on its configuration is never shown to an IDE
+    assert all(m.get("event") != "tetherBreakpointPlaces" for m in messages)
+    said = [m["body"]["output"] for m in messages if m.get("event") == "output"]
+    assert not [line for line in said if "no IDE is attached" in line or "lost sight" in line]
     assert labels["end"]["exitCode"] == 0
 
 
@@ -276,6 +316,9 @@ async def test_a_paused_child_is_offered_again_to_an_ide_that_comes_back(tmp_pat
         validate_message(message)
     labels = result["labels"]
     assert labels["replayed"]["session"] == labels["kid"]["session"]
+    # the stop replayed names the id this child session was given for the line
+    ids = child_ids(labels["kid"]["handshake"])
+    assert labels["replayed"]["hitBreakpointIds"] == [ids[SPAWN_CHILD_LINE]]
     assert labels["locals"]["values"]["total"] == "42"
     assert labels["end"]["exitCode"] == 0
 

@@ -25,7 +25,7 @@ from protocol_specs.processes import ProcessInfo
 from protocol_specs.runs import RunSpec
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest, ManifestEntry
-from protocol_specs.wire import DapEntry, Role, StatusEntry
+from protocol_specs.wire import DapEntry, PresenceEntry, Role, StatusEntry
 from relay.client import Endpoint, RunLink, open_control, open_run_link
 from relay.server import serve_relay, server_port
 from relay.store import MemoryStore
@@ -138,11 +138,11 @@ async def debug_run(
     tmp_path: Path,
     files: dict[str, str],
     command: list[str],
-    breakpoints: list[DapEntry],
+    breakpoints: list[DapEntry | PresenceEntry],
     **spec: Any,
 ) -> AsyncIterator[Run]:
-    """The run submitted with ``files``, ``breakpoints`` written before the worker starts, the
-    shim running it (its exit code in ``Run.code`` once it returned)."""
+    """The run submitted with ``files``, ``breakpoints`` (and presence) written before the worker
+    starts, the shim running it (its exit code in ``Run.code`` once it returned)."""
     store = MemoryStore()
     async with trio.open_nursery() as nursery:
         server = await nursery.start(
@@ -265,6 +265,30 @@ async def test_a_breakpoint_in_a_child_stops_it_and_a_request_for_it_resumes_it(
     command = [sys.executable, "main.py", method]
     async with debug_run(tmp_path, {"main.py": ONE_CHILD}, command, [bp]) as run:
         await _stop_in_child_then_continue(run)
+    assert run.code == [0]
+
+
+async def test_a_child_that_stops_while_an_ide_is_attached_is_not_called_unattended(
+    tmp_path: Path,
+) -> None:
+    """The IDE attached while the run was queued, long before the child existed: the child's stop
+    is attended (no "no IDE is attached" notice), as the main process's would be."""
+    attached = PresenceEntry(origin="ide1", epoch=1, attached=True)
+    bp = set_breakpoints("main.py", line_of(ONE_CHILD, "# CHILD"), 1)
+    command = [sys.executable, "main.py", "spawn"]
+    async with debug_run(tmp_path, {"main.py": ONE_CHILD}, command, [attached, bp]) as run:
+        stopped = await run.until(lambda e: dap("event", "stopped")(e) and e.process != "")
+        # decided at the stop, a notice goes out before the pause report that follows it
+        await run.until(status(StatusEvent.PAUSED, stopped.process))
+        assert not run.statuses(StatusEvent.UNATTENDED_STOP)
+        thread = orjson.loads(stopped.body)["body"]["threadId"]
+        go = {"seq": 9, "type": "request", "command": "continue", "arguments": {"threadId": thread}}
+        await run.ide.publish(
+            DapEntry(origin="ide1", body=orjson.dumps(go), process=stopped.process)
+        )
+        exited = await run.until(status(StatusEvent.EXITED))
+        assert isinstance(exited, StatusEntry) and exited.exit_code == 0
+        assert not run.statuses(StatusEvent.UNATTENDED_STOP)
     assert run.code == [0]
 
 

@@ -864,6 +864,19 @@ def test_a_stop_replayed_to_an_ide_that_attaches_later_carries_the_adapters_brea
     assert stopped["body"]["hitBreakpointIds"] == [2]  # the id this IDE holds, not debugpy's 5
 
 
+def test_a_stop_names_only_breakpoint_ids_the_ide_was_given() -> None:
+    """The main session after a re-attach: debugpy's ids map to the ids the IDE holds, and an id
+    of a breakpoint the IDE no longer has (removed while the stop was on its way) is left out."""
+    h = _paused_with_debugpy_ids()
+    h.connect()
+    h.handshake()
+    h.request("setBreakpoints", bp_args(MAIN, [17]))  # 11 removed: 17 keeps id 2
+    out = h.event("stopped", {"reason": "breakpoint", "threadId": 1, "hitBreakpointIds": [4, 5]})
+    assert out[0]["body"]["hitBreakpointIds"] == [2]
+    out = h.event("stopped", {"reason": "breakpoint", "threadId": 1, "hitBreakpointIds": [4]})
+    assert "hitBreakpointIds" not in out[0]["body"]
+
+
 def test_the_run_status_is_said_once_per_change() -> None:
     h = Harness()
     h.connect()

@@ -24,7 +24,7 @@ from adapter.server import AdapterServer
 from protocol_specs.dap_framing import encode_message
 from protocol_specs.dap_schema import validate_message
 from protocol_specs.processes import COLLECTIVE_TIMEOUT_HINT, ProcessInfo
-from protocol_specs.session import StatusEvent
+from protocol_specs.session import PLACES_EVENT, StatusEvent
 from protocol_specs.wire import DapEntry, PresenceEntry, StatusEntry, StreamName
 
 CHILD = "4242"
@@ -351,6 +351,41 @@ def test_a_child_sessions_breakpoints_are_forwarded_for_its_process() -> None:
     assert d.responses(child)[seq]["body"]["breakpoints"] == [
         {"id": 1, "verified": True, "line": 9}
     ]
+
+
+def test_a_childs_stop_names_the_ids_its_own_session_gave_also_after_a_reattach() -> None:
+    """The worker configured the child with the run's breakpoints before its session existed
+    (debugpy's ids 31 and 32 there); its stop names them by the ids the child session's own
+    ``setBreakpoints`` answered, to this IDE and to the next one."""
+    d = Desk()
+    d.attach()
+    d.live()
+    d.started()
+    path = "/home/me/project/worker.py"
+    places = {"command": "setBreakpoints", "source": path, "keys": [8, 9], "ids": [31, 32]}
+    d.event(PLACES_EVENT, places)
+    d.event("thread", {"reason": "started", "threadId": 1})
+    d.event("stopped", {"reason": "breakpoint", "threadId": 1, "hitBreakpointIds": [32]})
+    for _ in range(2):  # the IDE that attaches, then one that attaches again
+        child = d.connect()
+        d.request(child, "initialize", {"adapterID": "debugpy"})
+        d.request(child, "attach", {**ATTACH, "subProcessId": int(CHILD)})
+        args = {"source": {"path": path}, "breakpoints": [{"line": 9}, {"line": 12}]}
+        seq = d.request(child, "setBreakpoints", args)
+        answer = [{"id": 40, "verified": True}, {"id": 41, "verified": True}]
+        d.respond(d.last_published("setBreakpoints"), {"breakpoints": answer})
+        ids = [bp["id"] for bp in d.responses(child)[seq]["body"]["breakpoints"]]
+        d.request(child, "configurationDone")
+        [stopped] = [m for m in d.seen[child] if m.get("event") == "stopped"]
+        assert stopped["body"]["hitBreakpointIds"] == [ids[0]]
+        assert PLACES_EVENT not in names(d.seen[child])
+        d.disconnect(child)
+    # live, to the IDE attached: the same
+    child = d.attach_child()
+    d.event("continued", {"threadId": 1, "allThreadsContinued": True}, CHILD)
+    d.event("stopped", {"reason": "breakpoint", "threadId": 1, "hitBreakpointIds": [41, 31]})
+    stopped = d.new(child)[-1]
+    assert stopped["event"] == "stopped" and stopped["body"]["hitBreakpointIds"] == [ids[1]]
 
 
 def test_a_second_connection_for_a_child_takes_its_session_over() -> None:

@@ -6,7 +6,13 @@ from typing import Any
 
 import orjson
 
-from protocol_specs.session import DebugSession, StatusEvent
+from protocol_specs.session import (
+    PLACES_EVENT,
+    BreakpointSet,
+    DebugSession,
+    StatusEvent,
+    places_event,
+)
 from protocol_specs.wire import DapEntry, StatusEntry
 
 
@@ -113,6 +119,49 @@ def test_debugpy_ids_map_to_adapter_ids_through_responses_and_events() -> None:
     assert s.verification[2]["verified"] is True
     assert s.to_adapter_id(99) == 3  # unknown debugpy id: a fresh adapter id
     assert [b["id"] for b in s.current_breakpoints()] == [1, 2]
+
+
+def test_a_place_the_worker_configured_is_named_by_the_id_this_session_gave_it() -> None:
+    """A child process, configured by the worker before its session existed: debugpy's ids of
+    the worker's breakpoints become the ids this session answered for the same places."""
+    worker = BreakpointSet("setBreakpoints", bps("/p/a.py", 8, 9), [1, 2], "main", 3)
+    answer = {"success": True, "body": {"breakpoints": [{"id": 6}, {"id": 7}]}}
+    places = places_event(worker, answer)
+    assert places is not None and places["event"] == PLACES_EVENT
+    assert places["body"] == {"command": "setBreakpoints", "source": "/p/a.py", "keys": [8, 9],
+                              "ids": [6, 7]}  # fmt: skip
+    s = DebugSession(live=True)
+    s.apply_to_ide(DapEntry(body=orjson.dumps(places)))
+    assert s.hit_ids([7]) == []  # no id handed out here yet: none made up
+    # the session's IDE sets them in another order, with one more line
+    s.apply_to_worker(req(4, "setBreakpoints", bps("/p/a.py", 9, 5, 8), bp_ids=[1, 2, 3]))
+    assert s.hit_ids([7]) == [1] and s.hit_ids([6]) == [3]
+    assert s.hit_ids([6, 6, 99, "x", True]) == [3]  # never an id this session did not give
+    assert s.to_adapter_id(7) == 1  # a ``breakpoint`` event about it: the same id
+    # what debugpy answers the session's own request maps as before
+    s.apply_to_ide(resp(4, "setBreakpoints", {"breakpoints": [{"id": 21}, {"id": 22}, {"id": 23}]}))
+    assert s.hit_ids([23]) == [3]
+    # a new process (an attempt's): debugpy's ids of the old one mean nothing
+    s.apply_to_ide(StatusEntry(event=StatusEvent.STARTED))
+    assert s.hit_ids([7, 23]) == []
+    # nothing with an id, or a refusal: no event
+    assert (
+        places_event(worker, {"success": True, "body": {"breakpoints": [{"verified": False}]}})
+        is None
+    )
+    assert places_event(worker, {"success": False, "message": "no"}) is None
+
+
+def test_a_malformed_places_event_is_skipped() -> None:
+    s = DebugSession(live=True)
+    s.apply_to_worker(req(4, "setBreakpoints", bps("/p/a.py", 8), bp_ids=[1]))
+    for body in ([1], {"command": "evaluate", "source": "/p/a.py", "keys": [8], "ids": [5]},
+                 {"command": "setBreakpoints", "source": 3, "keys": [8], "ids": [5]},
+                 {"command": "setBreakpoints", "source": "/p/a.py", "keys": [[8]], "ids": [5]},
+                 {"command": "setBreakpoints", "source": "/p/a.py", "keys": 8, "ids": 5}):  # fmt: skip
+        event = {"seq": 1, "type": "event", "event": PLACES_EVENT, "body": body}
+        s.apply_to_ide(DapEntry(body=orjson.dumps(event)))
+    assert s.hit_ids([5]) == []
 
 
 def resp(request_seq: int, command: str, body: Any, *, origin: str = "a") -> DapEntry:

@@ -12,8 +12,15 @@ from protocol_specs.dap_schema import validate_message
 from protocol_specs.link import Cursor
 from protocol_specs.processes import ProcessInfo
 from protocol_specs.runs import RunRecord, RunSpec
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import DapEntry, Deliver, StatusEntry, StreamName, encode_entry
+from protocol_specs.session import PLACES_EVENT, StatusEvent
+from protocol_specs.wire import (
+    DapEntry,
+    Deliver,
+    PresenceEntry,
+    StatusEntry,
+    StreamName,
+    encode_entry,
+)
 from worker_shim.actions import Action, OpenChild, Publish, ToDebugpy
 from worker_shim.core import ShimCore
 from worker_shim.process_names import ProcFacts, describe, read_proc
@@ -155,6 +162,61 @@ def test_a_child_is_announced_named_and_configured_at_once_with_the_latest_confi
     h.respond("201", "attach")
     assert len(h.published) == before
     assert h.p.children["201"].live
+
+
+def child_live(h: Harness, pid: int, answers: list[dict[str, Any]]) -> None:
+    """``pid`` announced and configured; debugpy answers its ``setBreakpoints`` with ``answers``."""
+    key = str(pid)
+    h.announce("", pid)
+    h.respond(key, "initialize", {})
+    h.event(key, "initialized")
+    for answer in answers:
+        h.respond(key, "setBreakpoints", answer)
+    h.respond(key, "configurationDone")
+    h.respond(key, "attach")
+
+
+def wait(h: Harness) -> None:
+    """Time goes by: the child's look-ups time out, and its reports go out."""
+    for _ in range(3):
+        h.now += 10
+        h.perform(h.p.on_tick())
+
+
+def test_a_child_started_after_an_ide_attached_knows_it_is_attached() -> None:
+    """Presence is said once, when it changes: a child started later is watched as attended."""
+    h = Harness()
+    h.deliver(PresenceEntry(origin="ide1", epoch=1, attached=True))
+    h.go_live()
+    child_live(h, 201, [])
+    h.event("201", "stopped", {"reason": "breakpoint", "threadId": 1})
+    wait(h)  # long enough for its pause report (where: debugpy does not say)
+    assert h.statuses(StatusEvent.PAUSED)  # a notice would have gone out before it
+    assert h.statuses(StatusEvent.UNATTENDED_STOP) == []
+    h.deliver(PresenceEntry(origin="ide1", epoch=2, attached=False))  # and when it leaves
+    wait(h)
+    [notice] = h.statuses(StatusEvent.UNATTENDED_STOP)
+    assert notice.process == "201" and "no IDE is attached" in notice.detail
+
+
+def test_the_places_of_a_childs_breakpoints_are_said_with_debugpys_ids() -> None:
+    h = Harness()
+    h.ide("setBreakpoints", {**src("train.py"), "breakpoints": [{"line": 3}, {"line": 9}]}, 1)
+    h.go_live()
+    before = len(h.published)
+    answer = {"breakpoints": [{"id": 5, "verified": True}, {"id": 6, "verified": False}]}
+    child_live(h, 201, [answer])
+    [places] = [e for e in h.published[before:] if isinstance(e, DapEntry)]
+    msg = orjson.loads(places.body)
+    assert (places.process, places.origin, places.transient) == ("201", "", False)
+    assert msg["event"] == PLACES_EVENT
+    path = f"{WORKDIR}/train.py"
+    assert msg["body"] == {
+        "command": "setBreakpoints",
+        "source": path,
+        "keys": [3, 9],
+        "ids": [5, 6],
+    }
 
 
 def test_requests_are_routed_by_process_and_answered_under_the_askers_seq() -> None:
