@@ -25,6 +25,14 @@ __all__ = ["build_spec", "on_snapshot", "submit_run"]
 
 _T = TypeVar("_T")
 
+#: a command line of each submitting command, for the user who gave it none
+_EXAMPLES = {
+    "run": "tether run -- python train.py",
+    "debug": "tether debug -- python train.py",
+    "sweep": "tether sweep --param lr=log:1e-5:1e-2 -- python train.py --lr {lr} "
+    "(or command: in --file)",
+}
+
 
 def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
     """The run spec for ``tether debug`` / ``tether run`` arguments over the config profile."""
@@ -47,7 +55,7 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
         command = command[1:]
     if not command:
         raise SystemExit(
-            "tether: give the command to run after --, e.g. tether debug -- python train.py"
+            f"tether: give the command to run after --, e.g. {_EXAMPLES[getattr(args, 'cmd', 'debug')]}"
         )
     workdir = Path(args.workdir or os.getcwd()).resolve()
     if not workdir.is_dir():

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import venv
 import zipfile
 from pathlib import Path
 
@@ -71,13 +72,19 @@ async def test_installing_a_fresh_clone_is_quiet_and_ships_the_web_views_files(
     tmp_path: Path,
 ) -> None:
     clone = fresh_clone(tmp_path)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    # as ./dev installs it (editable), into a prefix of its own: the tests' venv is left alone
-    prefix = tmp_path / "prefix"
-    argv = [*pip, "install", "--no-deps", "--prefix", str(prefix), "-e", str(clone)]
-    code, said = await _run(argv, clone, timeout=300)
+    # as ./dev installs it (editable), into a venv of its own: the tests' venv is left alone
+    # (pip's --prefix would uninstall the tests' tether first)
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "venv")
+    target = tmp_path / "venv" / "bin" / "python"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", str(target)]
+    code, said = await _run([*pip, "install", "--no-deps", "-e", str(clone)], clone, timeout=300)
     assert code == 0, said
     assert _setuptools_warnings(said) == [], said
+    installed = subprocess.run(
+        [str(target), "-c", "import relay.web.assets as a; print(sorted(a.FILES))"],
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert installed.stdout.strip() == "['app.css', 'app.js']", installed.stderr
     # a real install: the web view's stylesheet and script are in the wheel
     code, said = await _run(
         [*pip, "wheel", "--no-deps", "-w", str(tmp_path), str(clone)], clone, 300
