@@ -80,11 +80,10 @@ async def test_installing_a_fresh_clone_is_quiet_and_ships_the_web_views_files(
     code, said = await _run([*pip, "install", "--no-deps", "-e", str(clone)], clone, timeout=300)
     assert code == 0, said
     assert _setuptools_warnings(said) == [], said
-    installed = subprocess.run(
-        [str(target), "-c", "import relay.web.assets as a; print(sorted(a.FILES))"],
-        capture_output=True, text=True, check=False, cwd=tmp_path,
-    )  # fmt: skip
-    assert installed.stdout.strip() == "['app.css', 'app.js']", installed.stderr
+    code, listed = await _run(
+        [str(target), "-c", "import relay.web.assets as a; print(sorted(a.FILES))"], tmp_path, 60
+    )
+    assert code == 0 and listed.strip() == "['app.css', 'app.js']", listed
     # a real install: the web view's stylesheet and script are in the wheel
     code, said = await _run(
         [*pip, "wheel", "--no-deps", "-w", str(tmp_path), str(clone)], clone, 300
