@@ -54,9 +54,8 @@ def build_spec(args: argparse.Namespace, *, debug: bool) -> RunSpec:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise SystemExit(
-            f"tether: give the command to run after --, e.g. {_EXAMPLES[getattr(args, 'cmd', 'debug')]}"
-        )
+        example = _EXAMPLES.get(getattr(args, "cmd", ""), _EXAMPLES["debug"])
+        raise SystemExit(f"tether: give the command to run after --, e.g. {example}")
     workdir = Path(args.workdir or os.getcwd()).resolve()
     if not workdir.is_dir():
         raise SystemExit(f"tether: --workdir {args.workdir}: no such directory")
