@@ -110,6 +110,7 @@ class Route(StrEnum):
     FILE = "file"  #: one file of it (``name``: its path in the snapshot)
     LIVE = "live"  #: the WebSocket that pushes changes to an open page
     SWEEP = "sweep"  #: a sweep's page (``run``: the sweep's id)
+    SWEEPS = "sweeps"  #: the sweeps list
 
 
 #: the routes that change something: POST, same origin, and (but login) the CSRF token
@@ -181,6 +182,8 @@ def route(method: str, path: str) -> Match | int:
         return Match(Route.STATIC, name=found.group(1)) if get else 405
     if found := _RUN_PAGE.match(path):
         return Match(Route.RUN, run=found.group(1)) if get else 405
+    if path in ("/ui/sweeps", "/ui/sweeps/"):
+        return Match(Route.SWEEPS) if get else 405
     if found := _SWEEP_PAGE.match(path):
         return Match(Route.SWEEP, run=found.group(1)) if get else 405
     if found := _RUN_FILES.match(path):

@@ -54,9 +54,10 @@ QUEUE_LOOK = 3.0
 
 
 async def cmd_debug(args: argparse.Namespace) -> int:
-    relay = resolve_relay(args.relay, args)
     clock = Clock("", stream=sys.stderr if args.json else sys.stdout)
+    # what is wrong with the command first: no relay needed
     spec = build_spec(args, debug=True, say=clock.say)
+    relay = resolve_relay(args.relay, args)
     _port_free(args.port)  # before submitting: nothing to clean up if it is taken
     record = await submit_run(
         relay,
@@ -210,11 +211,12 @@ async def _desktop_notice(text: str) -> None:
 async def cmd_run(args: argparse.Namespace) -> int:
     """Submit; stdout gets the run id alone (or its record with ``--json``: scripts read it),
     progress goes to stderr. With ``-f``, stdout is the program's output."""
+    spec = build_spec(args, debug=False)  # what is wrong with the command first: no relay needed
     relay = resolve_relay(args.relay, args)
     clock = Clock("", stream=sys.stderr)
     record = await submit_run(
         relay,
-        build_spec(args, debug=False),
+        spec,
         clock.say,
         limit=args.snapshot_limit,
         progress=Progress(clock, "uploading"),

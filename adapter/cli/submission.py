@@ -65,6 +65,13 @@ RUN_FLAGS = {
     "partition": "--partition",
     "custom": "--resource",
 }
+#: a command line of each submitting command, for the user who gave it none
+_EXAMPLES = {
+    "run": "tether run -- python train.py",
+    "debug": "tether debug -- python train.py",
+    "sweep": "tether sweep --param lr=log:1e-5:1e-2 -- python train.py --lr {lr} "
+    "(or command: in --file)",
+}
 
 
 def _stderr(text: str) -> None:
@@ -94,9 +101,8 @@ def build_spec(
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise SystemExit(
-            "tether: give the command to run after --, e.g. tether debug -- python train.py"
-        )
+        example = _EXAMPLES.get(getattr(args, "cmd", ""), _EXAMPLES["debug"])
+        raise SystemExit(f"tether: give the command to run after --, e.g. {example}")
     workdir = Path(args.workdir or os.getcwd()).resolve()
     if not workdir.is_dir():
         raise SystemExit(f"tether: --workdir {args.workdir}: no such directory")

@@ -22,13 +22,18 @@ from protocol_specs.web import sweep_path
 from relay.client import ControlClient, Endpoint, open_control
 
 from .errors import control_call
-from .settings import parse_duration, resolve_relay, web_url
+from .options import relay_flag
+from .settings import count, parse_duration, resolve_relay, web_url
 from .submission import build_spec, on_snapshot
 
-__all__ = ["cmd_sweep"]
+__all__ = ["SWEEP_ACTIONS", "action_parser", "cmd_sweep"]
 
-#: what ``tether sweep WORD`` does besides starting one
-_ACTIONS = ("ls", "status", "cancel")
+#: what ``tether sweep WORD`` does besides starting one: its argument, and what it does
+SWEEP_ACTIONS = {
+    "ls": ("", "list your sweeps, newest first"),
+    "status": ("SWEEP", "show a sweep: its state, trials, the best one, its page's address"),
+    "cancel": ("SWEEP", "cancel a sweep: its unfinished trials are cancelled"),
+}
 #: a sweep's fields by the flag (or the sweep file's key) that sets them
 SWEEP_NAMES = {
     "params": "--param (params)",
@@ -48,10 +53,10 @@ _FOLLOW_EVERY = 2.0
 
 async def cmd_sweep(args: argparse.Namespace) -> int:
     words = list(args.command)
-    if words and words[0] in _ACTIONS:
+    if words and words[0] in SWEEP_ACTIONS:
         return await _action(words, args)
+    spec = sweep_spec(args)  # what is wrong with the sweep first: no relay needed
     relay = resolve_relay(args.relay, args)
-    spec = sweep_spec(args)
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -171,27 +176,41 @@ def _file_params(params: Any) -> list[str]:
     return out
 
 
+def action_parser(what: str) -> argparse.ArgumentParser:
+    """``tether sweep ls | status SWEEP | cancel SWEEP``: each its own options and ``--help``."""
+    usage, text = SWEEP_ACTIONS[what]
+    parser = argparse.ArgumentParser(
+        prog=f"tether sweep {what}", description=text, allow_abbrev=False
+    )
+    relay_flag(parser)
+    if what == "ls":
+        parser.add_argument("-n", "--limit", type=count, help="how many, newest first (default 30)")
+    else:
+        parser.add_argument(
+            "sweep", nargs="?", metavar=usage, help="the sweep: its id, a prefix, or its name"
+        )
+    parser.add_argument("--json", action="store_true", help="print the sweep(s) as JSON")
+    return parser
+
+
 def _action_args(words: list[str], args: argparse.Namespace) -> tuple[str, list[str]]:
     """``ls``, ``status SWEEP``, ``cancel SWEEP``, with the options that may follow the word
-    (``--relay``, ``--json``, ``-n``) read into ``args``."""
-    parser = argparse.ArgumentParser(prog=f"tether sweep {words[0]}", add_help=False)
-    parser.add_argument("--relay")
-    parser.add_argument("--ca-file")
-    parser.add_argument("--profile")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("-n", "--limit", type=int)
-    parser.add_argument("rest", nargs="*")
-    try:
-        later, unknown = parser.parse_known_args(words[1:])
-    except SystemExit:
-        raise SystemExit(f"tether: sweep {words[0]}: bad options") from None
+    (``--relay``, ``--json``, ``-n``) read into ``args``; ``--help`` prints the action's help."""
+    parser = action_parser(words[0])
+    later, unknown = parser.parse_known_args(words[1:])  # --help: its help, exit 0
+    what = words[0]
+    if unknown and unknown[0].startswith("-"):
+        raise SystemExit(f"tether: sweep {what}: unknown option {unknown[0]} (--help)")
     if unknown:
-        raise SystemExit(f"tether: sweep {words[0]}: unknown option {unknown[0]}")
+        said = "takes no arguments" if what == "ls" else "names one sweep"
+        raise SystemExit(f"tether: sweep {what} {said}, not {unknown[0]} (--help)")
+    if what != "ls" and not later.sweep:
+        raise SystemExit(f"tether: sweep {what} SWEEP: name one sweep (tether sweep ls)")
     for name in ("relay", "ca_file", "profile", "limit"):
-        if getattr(later, name) is not None:
+        if getattr(later, name, None) is not None:
             setattr(args, name, getattr(later, name))
     args.json = args.json or later.json
-    return words[0], later.rest
+    return what, [later.sweep] if what != "ls" else []
 
 
 async def _action(words: list[str], args: argparse.Namespace) -> int:
@@ -199,16 +218,12 @@ async def _action(words: list[str], args: argparse.Namespace) -> int:
     relay = resolve_relay(args.relay, args)
     async with open_control(relay, client="tether-cli") as control:
         if what == "ls":
-            if rest:
-                raise SystemExit("tether: sweep ls takes no arguments")
             sweeps = await control_call(control.list_sweeps(args.limit))
             if args.json:
                 print(json.dumps([s.model_dump(mode="json") for s in sweeps], indent=2))
             else:
                 print(sweeps_table(sweeps, time.time()))
             return 0
-        if len(rest) != 1:
-            raise SystemExit(f"tether: sweep {what} SWEEP: name one sweep (tether sweep ls)")
         if what == "cancel":
             info = await control_call(control.cancel_sweep(rest[0]))
             print(f"sweep {info.sweep.id}: {info.sweep.state.value}")

@@ -10,11 +10,11 @@ from protocol_specs.auth import Principal
 from protocol_specs.charts import PALETTE, line_chart
 from protocol_specs.metrics import Point, format_value
 from protocol_specs.sweeps import SweepRecord, Trial
-from protocol_specs.web import run_path
+from protocol_specs.web import run_path, sweep_path
 
-from .pages import h, layout
+from .pages import h, layout, stamp
 
-__all__ = ["CHARTS", "metrics_section", "sweep_page"]
+__all__ = ["CHARTS", "metrics_section", "sweep_page", "sweeps_page"]
 
 #: metrics charted on a run's page (the others are listed with their last value)
 CHARTS = 8
@@ -103,6 +103,39 @@ def sweep_page(
         f"<tbody>{rows}</tbody></table></section>"
     )
     return layout(f"sweep {sweep.id}", body, who=who, csrf=csrf)
+
+
+def sweeps_page(sweeps: Sequence[SweepRecord], who: Principal, csrf: str, now: float) -> str:
+    """``/ui/sweeps``: the user's sweeps (an admin's: everyone's), newest first, each linking to
+    its page."""
+    rows = "".join(_sweep_row(s, now, owner=who.admin) for s in sweeps)
+    owner = "<th>owner</th>" if who.admin else ""
+    table = (
+        f'<table class="runs"><thead><tr><th>sweep</th><th>name</th>{owner}<th>state</th>'
+        "<th>trials</th><th>best</th><th>submitted</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+        if sweeps
+        else '<p class="dim">No sweeps yet: <code>tether sweep --param lr=log:1e-5:1e-2 -- '
+        "python train.py --lr {lr}</code> starts one.</p>"
+    )
+    body = f"<section><h1>Sweeps</h1>{table}</section>"
+    return layout("sweeps", body, who=who, csrf=csrf)
+
+
+def _sweep_row(sweep: SweepRecord, now: float, *, owner: bool) -> str:
+    spec = sweep.spec
+    done = sum(sweep.counts.get(k, 0) for k in ("complete", "pruned", "failed"))
+    best = "-"
+    if sweep.best is not None and spec.objective is not None:
+        best = f"#{sweep.best} {spec.objective.metric} {format_value(sweep.best_value or 0.0)}"
+    name = spec.name or " ".join(spec.run.command)
+    return (
+        f'<tr><td><a href="{sweep_path(sweep.id)}">{h(sweep.id)}</a></td>'
+        f"<td>{h(name[:60])}</td>" + (f"<td>{h(sweep.owner)}</td>" if owner else "") + "<td>"
+        f'<span class="state {h(sweep.state.value)}">{h(sweep.state.value)}</span></td>'
+        f"<td>{done}/{spec.total()}</td><td>{h(best)}</td>"
+        f"<td>{stamp(sweep.created_at, now)}</td></tr>"
+    )
 
 
 def _trial_row(trial: Trial, sweep: SweepRecord) -> str:

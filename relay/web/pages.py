@@ -37,6 +37,7 @@ __all__ = [
     "run_row",
     "run_summary",
     "runs_page",
+    "stamp",
 ]
 
 #: the adapter port ``tether attach`` serves by default (``adapter.cli.settings``)
@@ -53,7 +54,7 @@ def h(text: object) -> str:
 ago = short_duration
 
 
-def _stamp(at: float, now: float, *, suffix: str = " ago") -> str:
+def stamp(at: float, now: float, *, suffix: str = " ago") -> str:
     if not at:
         return "-"
     full = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
@@ -68,6 +69,7 @@ def layout(
     if who is not None:
         role = " (admin)" if who.admin else ""
         user = (
+            '<a href="/ui">Runs</a><a href="/ui/sweeps">Sweeps</a>'
             f'<span class="who">{h(who.user)}{role}</span>'
             '<button type="button" class="link" data-post="/ui/logout" '
             'data-then="/ui/login">Log out</button>'
@@ -161,7 +163,7 @@ def run_row(record: RunRecord, now: float) -> str:
         f'<td class="state">{_state_badge(record)}<div class="where">{_where(record)}</div></td>'
         f"<td>{h(spec.backend)}{job}</td>"
         f"<td>{record.attempt}/{spec.max_retries + 1}</td>"
-        f"<td>{_stamp(record.created_at, now)}</td>"
+        f"<td>{stamp(record.created_at, now)}</td>"
         f"<td>{_duration(record, now)}</td>"
         f"<td>{ide}</td></tr>"
     )
@@ -232,7 +234,7 @@ def _facts(record: RunRecord, now: float) -> str:
             f"{record.size / 1048576:.1f} MiB · from <code>{h(spec.workdir)}</code> "
             f'<span class="dim">{h(record.snapshot[:12])}</span>',
         ),
-        ("Submitted", f"{_stamp(record.created_at, now)} by {h(record.owner or '?')}"),
+        ("Submitted", f"{stamp(record.created_at, now)} by {h(record.owner or '?')}"),
         ("Retries", f"attempt {record.attempt} of at most {spec.max_retries + 1}"),
     ]
     if spec.tags:
@@ -259,8 +261,8 @@ def _attempts(record: RunRecord, now: float) -> str:
             where += f" (job {a.job})"
         rows.append(
             f"<tr><td>#{a.n}</td><td>{h(where or '-')}</td>"
-            f"<td>{_stamp(a.queued_at, now)}</td><td>{_stamp(a.started_at or 0, now)}</td>"
-            f"<td>{_stamp(a.ended_at or 0, now)}</td>"
+            f"<td>{stamp(a.queued_at, now)}</td><td>{stamp(a.started_at or 0, now)}</td>"
+            f"<td>{stamp(a.ended_at or 0, now)}</td>"
             f'<td><span class="badge s-{h(outcome.split()[0])}">{h(outcome)}</span></td><td>{h(code)}</td>'
             f'<td class="detail">{h(clip(a.detail, 200))}</td></tr>'
         )
@@ -463,7 +465,7 @@ def _size(n: int) -> str:
 
 def _audit(entries: Sequence[AuditEntry]) -> str:
     rows = "".join(
-        f"<tr><td>{_stamp(e.at, time.time())}</td><td>{h(e.event)}</td><td>{h(e.user or '?')}</td>"
+        f"<tr><td>{stamp(e.at, time.time())}</td><td>{h(e.event)}</td><td>{h(e.user or '?')}</td>"
         f"<td>{h(e.role)}</td><td>{h(e.source)}</td><td>{h(clip(e.detail, 200))}</td></tr>"
         for e in reversed(entries[-200:])
     )

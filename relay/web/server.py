@@ -37,11 +37,7 @@ from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord
 from protocol_specs.snapshots import Manifest
 from protocol_specs.trees import TreeError
-from protocol_specs.wire import (
-    AuditEntry,
-    AuditEvent,
-    StreamName,
-)
+from protocol_specs.wire import AuditEntry, AuditEvent, StreamName
 
 from .. import keys
 from ..audit import AuditTrail
@@ -54,7 +50,7 @@ from ..registry import Registry
 from ..store import StoreError
 from . import assets
 from .debug_view import DebugView, debug_view
-from .experiments import metrics_section, sweep_page
+from .experiments import metrics_section, sweep_page, sweeps_page
 from .listing import list_page
 from .log_text import LogText
 from .pages import error_page, file_page, files_page, login_page, run_page, runs_page
@@ -213,7 +209,7 @@ class Web:
                 return await self._list(req, session, who)
             case web.Route.RUN:
                 return await self._run_page(ws, req, found.run, session, who)
-            case web.Route.SWEEP:
+            case web.Route.SWEEP | web.Route.SWEEPS:
                 return await self._sweep_page(found.run, session, who)
             case web.Route.FILES | web.Route.FILE:
                 return await self._snapshot(ws, found, req, session, who)
@@ -368,6 +364,13 @@ class Web:
         return self._page(200, html)
 
     async def _sweep_page(self, sweep_id: str, session: Session, who: Principal) -> Response:
+        """A sweep's page; with no ``sweep_id``, the list of the user's sweeps (an admin's: all)."""
+        if not sweep_id:
+            if refusal := authorize(who, Act.LIST_SWEEPS):
+                return self._page(403, error_page(403, refusal.message, who))
+            sweeps = await self.control.sweeps.newest(web.PAGE_SIZE, "" if who.admin else who.user)
+            html = sweeps_page([s.redacted() for s in sweeps], who, session.csrf, self.clock())
+            return self._page(200, html)
         sweep = await self.control.sweeps.find(sweep_id, who)
         if sweep is None:
             return self._page(404, error_page(404, f"no sweep {sweep_id} (or not yours)", who))

@@ -361,3 +361,31 @@ async def test_a_child_process_opens_its_own_session_in_the_same_window(tmp_path
         await trace.wait("the adapter stopped", lambda e: e.get("ext") == "stopped serving")
         served = [e for e in trace.refresh() if e.get("ext") == "served"]
         assert len(served) == 1, served  # the child's session needed nothing served
+
+
+async def test_the_readmes_attach_configuration_with_an_empty_run_picks_from_a_list(
+    tmp_path: Path,
+) -> None:
+    """The README's attach entry and the extension's own snippet leave ``"run": ""``: F5 lists the
+    runs to debug, as leaving the key out does, and attaches to the one picked."""
+    home = tmp_path / "home"
+    folder = project(tmp_path)
+    attach = {"type": "tether", "request": "attach", "name": "tether: attach to a run", "run": ""}
+    (folder / ".vscode" / "launch.json").write_text(json.dumps({"configurations": [attach]}))
+    async with (
+        relay_stack(home),  # no worker: the run stays queued, and can be attached to
+        vscode(tmp_path, home, folder, "vscode-pick") as (ide, trace),
+    ):
+        out = await cli(home, "run", "--workdir", str(folder), "--name", "picked-from-the-list",
+                        "--", "python", "train.py", "--lr", "0.5")  # fmt: skip
+        run = out.strip().splitlines()[-1]
+        await ide.do("open", file="train.py")
+        await ide.do("press", keys="F5")
+        await ide.do("wait_text", text="picked-from-the-list", selector=".quick-input-list")
+        await ide.do("screenshot", name="pick-a-run")
+        await ide.do("press", keys="Enter")
+        served = await trace.wait("the attach", lambda e: e.get("ext") == "served")
+        assert served["run"] == run, served
+        assert not [e for e in trace.refresh() if e.get("ext") == "refused"]
+        await trace.wait("the IDE's attach answered", is_dap("ide", "response", "attach"))
+        await cli(home, "cancel", run)

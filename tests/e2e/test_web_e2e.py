@@ -215,7 +215,13 @@ async def test_a_sweep_and_its_charts_in_a_real_browser(tmp_path: Path) -> None:
             {"do": "fill", "selector": "#token", "value": token},
             {"do": "click", "selector": "#login button[type=submit]"},
             {"do": "wait_url", "path": "/ui"},
-            {"do": "goto", "path": f"/ui/sweeps/{sweep}", "status": 200},
+            # the header's Sweeps link, then the sweep from that list
+            {"do": "click", "selector": "header.top nav a[href='/ui/sweeps']"},
+            {"do": "wait_url", "path": "/ui/sweeps"},
+            {"do": "text", "selector": "main", "as": "sweeps"},
+            {"do": "screenshot", "name": "web-sweeps"},
+            {"do": "click", "selector": f"main a[href='/ui/sweeps/{sweep}']"},
+            {"do": "wait_url", "path": f"/ui/sweeps/{sweep}"},
             {"do": "wait_visible", "selector": "svg.chart polyline"},
             {"do": "text", "selector": "main", "as": "sweep"},
             {"do": "screenshot", "name": "web-sweep", "full": True},
@@ -225,6 +231,7 @@ async def test_a_sweep_and_its_charts_in_a_real_browser(tmp_path: Path) -> None:
             {"do": "text", "selector": "section.metrics", "as": "metrics"},
         ]
         got = (await run_scenario(base, steps, tmp_path / "shots"))["values"]
+    assert sweep in got["sweeps"] and "lr search" in got["sweeps"] and "6/6" in got["sweeps"]
     assert f"trial {best['n']} ({best['run']})" in got["sweep"]
     assert "6 complete" in got["sweep"] and "lr search" in got["sweep"]
     assert "12 points" in got["metrics"]

@@ -540,3 +540,12 @@ async def test_a_runs_metrics_are_charted_and_a_sweep_has_a_page_only_its_owner_
     refused = await bob.page(f"/ui/sweeps/{sweep}")
     assert refused.status_code == 404 and "lr" not in refused.text.split("<main>")[1]
     assert (await (await log_in(site, site.admin)).page(f"/ui/sweeps/{sweep}")).status_code == 200
+    # the sweeps list, linked from every page's header: one's own sweeps (an admin's: all)
+    assert '<a href="/ui/sweeps">Sweeps</a>' in text  # the run page's header
+    listed = await alice.page("/ui/sweeps")
+    assert listed.status_code == 200 and f'<a href="/ui/sweeps/{sweep}">{sweep}</a>' in listed.text
+    assert "&lt;i&gt;lr&lt;/i&gt; search" in listed.text and "<td>0/10</td>" in listed.text
+    assert sweep not in (await bob.page("/ui/sweeps")).text
+    assert "No sweeps yet" in (await bob.page("/ui/sweeps/")).text
+    admin = (await (await log_in(site, site.admin)).page("/ui/sweeps")).text
+    assert sweep in admin and "<th>owner</th>" in admin

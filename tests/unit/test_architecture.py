@@ -129,6 +129,28 @@ def test_every_package_is_installed() -> None:
     assert packages - listed == set()
 
 
+def test_every_data_folder_is_a_listed_package_with_its_files() -> None:
+    """A folder under a package that holds files (``relay/web/static``) is, to setuptools, a
+    package too: one left out of ``packages`` is warned about, some 40 lines, at every install, and
+    a file no ``package-data`` pattern matches is missing from a real install."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed, data = set(config["packages"]), config["package-data"]
+    folders, unshipped = set(), []
+    for package in ("protocol_specs", "relay", "worker_shim", "adapter"):
+        for path in sorted((ROOT / package).rglob("*")):
+            if "__pycache__" in path.parts or path.suffix in (".py", ".pyc"):
+                continue
+            if path.is_dir():
+                folders.add(".".join(path.relative_to(ROOT).parts))
+                continue
+            owner = ".".join(path.parent.relative_to(ROOT).parts)
+            if not any(path.match(pattern) for pattern in data.get(owner, [])):
+                unshipped.append(str(path.relative_to(ROOT)))
+    assert folders - listed == set()
+    assert unshipped == []
+    assert config.get("package-dir") == {"": "."}, "the root layout, said: a quiet editable install"
+
+
 def test_the_documented_diagram_is_drawn_from_the_code(graph: Graph) -> None:
     text = DOC.read_text()
     assert BEGIN in text and END in text

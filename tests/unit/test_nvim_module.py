@@ -1,6 +1,7 @@
 """The nvim-dap module (``editors/nvim/lua/tether``) under plain Lua 5.4: its configurations'
 meaning (``launch.lua``: the `tether` command line, what is refused, the ready line), and that
-``init.lua`` (which needs Neovim and nvim-dap to run) at least parses. Skipped without Lua;
+``init.lua`` at least parses (it runs in real Neovim with nvim-dap in
+``tests/e2e/test_nvim_e2e.py``). Skipped without Lua;
 ``.ci/run`` installs Debian's lua5.4 and luajit."""
 
 from __future__ import annotations

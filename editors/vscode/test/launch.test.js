@@ -52,6 +52,14 @@ test('attach and rerun serve the adapter of an existing run', () => {
     ['rerun', 'abcd1234', '--port', '0', '--json', '-q']);
 });
 
+test('an attach whose "run" is left out or empty picks from a list (the README\'s and the snippet\'s "run": "")', () => {
+  for (const run of [undefined, '', '  ']) {
+    const c = resolve({ type: 'tether', request: 'attach', name: 'n', run }, where);
+    assert.strictEqual(c.run, undefined, JSON.stringify(run));
+  }
+  assert.strictEqual(resolve({ request: 'attach', name: 'n', run: ' lr-sweep ' }, where).run, 'lr-sweep');
+});
+
 test('bad configurations are refused with one clear message each', () => {
   const bad = [
     [{ request: 'launch', name: 'n' }, /one of "program", "module" or "command"/],
@@ -64,7 +72,7 @@ test('bad configurations are refused with one clear message each', () => {
     [{ request: 'launch', name: 'n', program: 'a.py', args: '--lr 1' }, /"args" must be a list of strings/],
     [{ request: 'launch', name: 'n', program: 'a.py', env: { A: 1 } }, /"env" must map names to strings/],
     [{ request: 'launch', name: 'n', program: 'a.py', processes: 'some' }, /"processes" must be one of/],
-    [{ request: 'attach', name: 'n', run: ' ' }, /"run" must be/],
+    [{ request: 'attach', name: 'n', run: 7 }, /"run" must be/],
     [{ request: 'restart', name: 'n' }, /"request" must be/],
     [{}, /"request" must be/],
     [{ request: 'launch', name: 'n', program: 'a.py' }, /Open a folder/, { folder: undefined, file: undefined }],

@@ -1,5 +1,6 @@
 -- What a `tether` nvim-dap configuration means, with no Neovim in it (tested by
--- tests/unit/test_nvim_module.py under plain Lua): the `tether` command line that submits the run
+-- tests/unit/test_nvim_module.py under plain Lua, and in Neovim by tests/e2e/test_nvim_e2e.py):
+-- the `tether` command line that submits the run
 -- (launch), reruns it or finds it (attach), and serves its adapter on 127.0.0.1, printing one JSON
 -- line {"run": ID, "port": P} once it serves. The same meaning as the VS Code extension's launch.js.
 local M = {}
