@@ -132,14 +132,21 @@ async def _serve(
 
 
 def _port_free(port: int) -> None:
-    """Refuse, before anything is submitted or served, an adapter port that is taken."""
+    """Refuse, before anything is submitted or served, an adapter port that is taken.
+
+    The probe listens as the adapter will (``SO_REUSEADDR``, as trio's listeners set it): a port
+    the last session left in TIME-WAIT is free to serve on at once, while one a live listener
+    holds is refused (on Linux ``SO_REUSEADDR`` never lets two listeners share a port; tether
+    never sets ``SO_REUSEPORT``, which would)."""
     if port == 0:
         return
     import socket
 
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
+            probe.listen(1)
         except OSError:
             from adapter.peer import listener_of
 
