@@ -18,10 +18,11 @@ import trio
 from .errors import store_at
 
 if TYPE_CHECKING:
+    from protocol_specs.runs import RunRecord
     from relay.client import Endpoint
     from worker_shim.identity import Isolation
 
-__all__ = ["LocalStack", "open_local_stack"]
+__all__ = ["LocalStack", "open_local_stack", "pool_name", "stopping_text"]
 
 #: how long stopping the stack waits for its worker pool to end its programs
 POOL_STOP = 20.0
@@ -45,6 +46,43 @@ class LocalStack:
         from relay.client import Endpoint
 
         return Endpoint(self.relay, token=self.token)
+
+
+def pool_name() -> str:
+    """The name the stack's pool gives its slots (``NAME-0``, ``NAME-1``...)."""
+    import socket
+
+    return f"{socket.gethostname()}-pool"
+
+
+def stopping_text(records: list[RunRecord], pool: str) -> str:
+    """What stopping the stack does to the runs it holds, in one line: those its pool runs
+    (slots ``pool-N``) end lost, or go back to the queue where they have a retry left; queued
+    ones wait for the next start."""
+    from protocol_specs.runs import RunState
+
+    held = [
+        r
+        for r in records
+        if not r.finished and r.state is not RunState.QUEUED and r.worker.startswith(pool + "-")
+    ]
+    lost = [r.id for r in held if r.attempt > r.spec.max_retries]
+    again = [r.id for r in held if r.attempt <= r.spec.max_retries]
+    queued = sum(1 for r in records if r.state is RunState.QUEUED) + len(again)
+    said = []
+    if len(lost) == 1:
+        said.append(f"run {lost[0]} ends lost (`tether rerun {lost[0]}` runs it again)")
+    elif lost:
+        said.append(f"runs {', '.join(lost)} end lost (`tether rerun RUN` runs one again)")
+    if again:
+        said.append(f"run{'s' * (len(again) > 1)} {', '.join(again)}: back to the queue (a retry)")
+    if not held:
+        said.append("no run was running")
+    if queued:
+        said.append(
+            f"{queued} queued run{'s' * (queued > 1)} start{'s' * (queued == 1)} at the next `tether up`"
+        )
+    return "; ".join(said)
 
 
 @asynccontextmanager
@@ -123,6 +161,7 @@ async def open_local_stack(
                         await run_pool(
                             Endpoint(relay, token=pool_token),
                             slots=workers,
+                            name=pool_name(),
                             start_delay=start_delay,
                             work_dir=data_dir / "worker",
                             gpus=gpus,

@@ -24,6 +24,7 @@ from .settings import resolve_relay, web_url
 from .submission import build_spec, submit_run
 
 __all__ = [
+    "FOLLOWING",
     "SERVING",
     "cmd_attach",
     "cmd_cancel",
@@ -37,6 +38,8 @@ __all__ = [
 
 #: the run whose adapter this process serves (what Ctrl-C leaves running)
 SERVING: list[str] = []
+#: the run whose output this process follows until it ends (``-f``: what Ctrl-C leaves running)
+FOLLOWING: list[str] = []
 
 #: after the run ended, how long the terminal still waits for the rest of the program's output
 OUTPUT_GRACE = 10.0
@@ -225,6 +228,8 @@ async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
             return
         if entry.event == StatusEvent.FINISHED:
             ended["entry"] = entry
+            if run_id in FOLLOWING:  # ended: Ctrl-C from now on leaves nothing running
+                FOLLOWING.remove(run_id)
             code = f", exit code {entry.exit_code}" if entry.exit_code is not None else ""
             text = f"run {run_id} {entry.state}{code}"
             if entry.detail and entry.state != "succeeded":
@@ -241,6 +246,8 @@ async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
             while notices:
                 await _desktop_notice(notices.pop(0))
 
+    if follow:
+        FOLLOWING.append(run_id)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(desktop)

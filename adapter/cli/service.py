@@ -245,7 +245,23 @@ async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
             await trio.sleep_forever()
         finally:
             unrecord_stack(home, data_dir)
+            await _say_what_stops(stack.endpoint)
     return 0
+
+
+async def _say_what_stops(relay: Endpoint) -> None:
+    """Before the pool stops (Ctrl-C, SIGTERM): which runs end lost with it, or that none ran."""
+    from relay.client import open_control
+
+    from .local_stack import pool_name, stopping_text
+
+    with trio.CancelScope(shield=True), trio.move_on_after(3):
+        try:
+            async with open_control(relay, client="tether-up") as control:
+                records = await control.list_runs(1000)
+        except (RelayError, OSError):
+            return
+        print(f"\ntether up: stopping: {stopping_text(records, pool_name())}", flush=True)
 
 
 async def cmd_backend(args: argparse.Namespace) -> int:

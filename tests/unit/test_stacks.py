@@ -137,3 +137,31 @@ def test_a_profile_that_names_a_relay_and_a_token_is_used_as_written(
     # a stack named explicitly wins over the profile's relay, with its own token
     got = resolve_relay(None, _args(stack=str(two_stacks[1])))
     assert (got.url, got.token) == ("ws://127.0.0.1:1002", "tthu_second")
+
+
+def test_stopping_a_stack_says_which_runs_end_lost_or_that_none_ran() -> None:
+    from adapter.cli.local_stack import stopping_text
+    from protocol_specs.runs import RunRecord, RunSpec, RunState
+
+    spec = RunSpec(command=["python", "t.py"], workdir="/w")
+
+    def run(id: str, state: RunState, worker: str = "", retries: int = 0) -> RunRecord:
+        retried = spec.model_copy(update={"max_retries": retries})
+        return RunRecord(id=id, spec=retried, state=state, worker=worker, attempt=1)
+
+    assert stopping_text([], "h-pool") == "no run was running"
+    records = [
+        run("r1", RunState.RUNNING, "h-pool-0"),
+        run("r2", RunState.PAUSED, "h-pool-1"),
+        run("r3", RunState.RUNNING, "other-host-0"),  # another worker's: goes on
+        run("r4", RunState.SUCCEEDED, "h-pool-0"),
+        run("r5", RunState.QUEUED),
+    ]
+    assert stopping_text(records, "h-pool") == (
+        "runs r1, r2 end lost (`tether rerun RUN` runs one again); "
+        "1 queued run starts at the next `tether up`"
+    )
+    assert stopping_text([records[0], run("r6", RunState.STARTING, "h-pool-1", 1)], "h-pool") == (
+        "run r1 ends lost (`tether rerun r1` runs it again); run r6: back to the queue (a retry); "
+        "1 queued run starts at the next `tether up`"
+    )
