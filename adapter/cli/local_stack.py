@@ -55,20 +55,29 @@ def pool_name() -> str:
     return f"{socket.gethostname()}-pool"
 
 
-def stopping_text(records: list[RunRecord], pool: str) -> str:
-    """What stopping the stack does to the runs it holds, in one line: those its pool runs
-    (slots ``pool-N``) end lost, or go back to the queue where they have a retry left; queued
-    ones wait for the next start."""
+def stopping_text(records: list[RunRecord], pool: str, since: float) -> str:
+    """What stopping the stack does to the runs its pool (slots ``pool-N``) held, in one line:
+    those it still runs, and those whose attempt it already ended lost (a Ctrl-C reaches the
+    pool's tasks too) since the stack started at ``since``, end lost, or go back to the queue
+    where they have a retry left; queued runs wait for the next start."""
     from protocol_specs.runs import RunState
 
-    held = [
-        r
-        for r in records
-        if not r.finished and r.state is not RunState.QUEUED and r.worker.startswith(pool + "-")
-    ]
-    lost = [r.id for r in held if r.attempt > r.spec.max_retries]
-    again = [r.id for r in held if r.attempt <= r.spec.max_retries]
-    queued = sum(1 for r in records if r.state is RunState.QUEUED) + len(again)
+    lost: list[str] = []
+    again: list[str] = []
+    for r in records:
+        for a in r.attempts:
+            if not a.worker.startswith(pool + "-"):
+                continue
+            held = a.ended_at is None and a.n == r.attempt and not r.finished
+            if held and r.state is not RunState.QUEUED:
+                (lost if r.attempt > r.spec.max_retries else again).append(r.id)
+                break
+            if a.ended_at is not None and a.ended_at >= since and a.outcome == "lost":
+                (lost if r.finished else again).append(r.id)
+                break
+    queued = sum(1 for r in records if r.state is RunState.QUEUED) + sum(
+        1 for r in records if r.id in again and r.state is not RunState.QUEUED
+    )
     said = []
     if len(lost) == 1:
         said.append(f"run {lost[0]} ends lost (`tether rerun {lost[0]}` runs it again)")
@@ -76,11 +85,12 @@ def stopping_text(records: list[RunRecord], pool: str) -> str:
         said.append(f"runs {', '.join(lost)} end lost (`tether rerun RUN` runs one again)")
     if again:
         said.append(f"run{'s' * (len(again) > 1)} {', '.join(again)}: back to the queue (a retry)")
-    if not held:
+    if not (lost or again):
         said.append("no run was running")
     if queued:
         said.append(
-            f"{queued} queued run{'s' * (queued > 1)} start{'s' * (queued == 1)} at the next `tether up`"
+            f"{queued} queued run{'s' * (queued > 1)} start{'s' * (queued == 1)} at the next "
+            "`tether up`"
         )
     return "; ".join(said)
 

@@ -8,6 +8,7 @@ import argparse
 import errno
 import getpass
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -225,6 +226,7 @@ async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
             print(f"tether up: using {stack.user}'s token in {data_dir / 'token'}", flush=True)
         others = [s for s in live_stacks(home) if s.data_dir != data_dir]
         record_stack(home, relay, data_dir)
+        since = time.time()  # a run its pool loses from now on is lost by this stack's stop
         print(f"tether up: ready relay={relay} data={data_dir}", flush=True)
         if stack.isolation is not None:
             print(f"  {stack.isolation.describe()}", flush=True)
@@ -245,23 +247,24 @@ async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
             await trio.sleep_forever()
         finally:
             unrecord_stack(home, data_dir)
-            await _say_what_stops(stack.endpoint)
+            await _say_what_stops(stack.endpoint, since)
     return 0
 
 
-async def _say_what_stops(relay: Endpoint) -> None:
+async def _say_what_stops(relay: Endpoint, since: float) -> None:
     """Before the pool stops (Ctrl-C, SIGTERM): which runs end lost with it, or that none ran."""
     from relay.client import open_control
 
     from .local_stack import pool_name, stopping_text
 
+    said = "its runs could not be listed; `tether ls` after the next `tether up` shows them"
     with trio.CancelScope(shield=True), trio.move_on_after(3):
         try:
             async with open_control(relay, client="tether-up") as control:
-                records = await control.list_runs(1000)
+                said = stopping_text(await control.list_runs(1000), pool_name(), since)
         except (RelayError, OSError):
-            return
-        print(f"\ntether up: stopping: {stopping_text(records, pool_name())}", flush=True)
+            pass
+    print(f"\ntether up: stopping: {said}", flush=True)
 
 
 async def cmd_backend(args: argparse.Namespace) -> int:

@@ -141,27 +141,37 @@ def test_a_profile_that_names_a_relay_and_a_token_is_used_as_written(
 
 def test_stopping_a_stack_says_which_runs_end_lost_or_that_none_ran() -> None:
     from adapter.cli.local_stack import stopping_text
-    from protocol_specs.runs import RunRecord, RunSpec, RunState
+    from protocol_specs.runs import Attempt, RunRecord, RunSpec, RunState
 
     spec = RunSpec(command=["python", "t.py"], workdir="/w")
 
-    def run(id: str, state: RunState, worker: str = "", retries: int = 0) -> RunRecord:
+    def run(
+        id: str, state: RunState, worker: str = "", retries: int = 0, **ended: object
+    ) -> RunRecord:
+        attempt = Attempt(n=1, worker=worker, **ended)  # type: ignore[arg-type]
         retried = spec.model_copy(update={"max_retries": retries})
-        return RunRecord(id=id, spec=retried, state=state, worker=worker, attempt=1)
+        return RunRecord(id=id, spec=retried, state=state, worker=worker, attempts=[attempt])
 
-    assert stopping_text([], "h-pool") == "no run was running"
+    assert stopping_text([], "h-pool", 100.0) == "no run was running"
     records = [
         run("r1", RunState.RUNNING, "h-pool-0"),
         run("r2", RunState.PAUSED, "h-pool-1"),
         run("r3", RunState.RUNNING, "other-host-0"),  # another worker's: goes on
-        run("r4", RunState.SUCCEEDED, "h-pool-0"),
+        run("r4", RunState.SUCCEEDED, "h-pool-0", ended_at=150.0, outcome="succeeded"),
         run("r5", RunState.QUEUED),
+        # lost before this stack started (an earlier tether up's stop): not this stop's doing
+        run("r6", RunState.LOST, "h-pool-0", ended_at=50.0, outcome="lost"),
     ]
-    assert stopping_text(records, "h-pool") == (
+    assert stopping_text(records, "h-pool", 100.0) == (
         "runs r1, r2 end lost (`tether rerun RUN` runs one again); "
         "1 queued run starts at the next `tether up`"
     )
-    assert stopping_text([records[0], run("r6", RunState.STARTING, "h-pool-1", 1)], "h-pool") == (
-        "run r1 ends lost (`tether rerun r1` runs it again); run r6: back to the queue (a retry); "
+    # the pool already ended them (a Ctrl-C reaches its tasks first): still this stop's doing
+    already = [
+        run("r7", RunState.LOST, "h-pool-0", ended_at=120.0, outcome="lost"),
+        run("r8", RunState.STARTING, "h-pool-1", retries=1),
+    ]
+    assert stopping_text(already, "h-pool", 100.0) == (
+        "run r7 ends lost (`tether rerun r7` runs it again); run r8: back to the queue (a retry); "
         "1 queued run starts at the next `tether up`"
     )
