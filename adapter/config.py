@@ -22,8 +22,10 @@ A profile's keys are laid over ``[default]``; command-line options win over both
 refused with the file's name, so a typo does not silently do nothing.
 
 A file that holds a ``token`` must be readable by its owner only (mode 0600), as ssh insists for
-its keys: the token lets anyone run code on the user's runs. ``tether up`` writes the local user's
-token here (:func:`save_token`) and creates the file with that mode.
+its keys: the token lets anyone run code on the user's runs. ``tether token create --save`` writes
+a token here (:func:`save_token`), creating the file with that mode; nothing writes into a file
+that is not TOML (:class:`ConfigError`, naming it). ``tether up`` keeps its token in its data
+directory, not here (``adapter/cli/stacks.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protocol_specs.plain_words import invalid
 
-__all__ = ["ConfigError", "Profile", "config_path", "load_profile", "profile_token", "save_token"]
+__all__ = [
+    "ConfigError",
+    "Profile",
+    "check_config",
+    "config_path",
+    "load_profile",
+    "profile_token",
+    "save_token",
+]
 
 
 class ConfigError(ValueError):
@@ -84,14 +94,11 @@ def load_profile(name: str | None = None, path: Path | None = None) -> Profile:
     path = path or config_path()
     name = name or os.environ.get("TETHER_PROFILE") or "default"
     try:
-        text = path.read_text()
-        data = tomllib.loads(text)
+        text, data = _read(path)
     except FileNotFoundError:
         if name != "default":
             raise ConfigError(f"profile {name!r}: there is no config file at {path}") from None
         return Profile()
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
     if _TOKEN_LINE.search(text) and path.stat().st_mode & 0o077:
         raise ConfigError(
             f"{path} holds a token but others can read it (mode "
@@ -117,11 +124,43 @@ def load_profile(name: str | None = None, path: Path | None = None) -> Profile:
 _TOKEN_LINE = re.compile(r"^\s*token\s*=", re.MULTILINE)
 
 
+def _read(path: Path) -> tuple[str, dict[str, Any]]:
+    """The file's text and its TOML; ``FileNotFoundError`` if there is none, else one
+    :class:`ConfigError` naming the file for anything unreadable (binary garbage included)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not a TOML file (byte {exc.start} is not UTF-8 text); fix or move it"
+        ) from None
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def check_config(path: Path | None = None) -> Path:
+    """The config file's path, once it is known to be absent or parseable (``ConfigError``
+    otherwise): what a command checks before writing into it."""
+    path = path or config_path()
+    try:
+        _read(path)
+    except FileNotFoundError:
+        pass
+    return path
+
+
 def profile_token(name: str = "default", path: Path | None = None) -> str:
     """The token a profile names in the file (not merged with ``[default]``), or ""."""
     try:
-        data = tomllib.loads((path or config_path()).read_text())
-    except (OSError, tomllib.TOMLDecodeError):
+        _text, data = _read(path or config_path())
+    except (OSError, ConfigError):
         return ""
     table = data.get("default") if name == "default" else (data.get("profiles") or {}).get(name)
     token = (table or {}).get("token", "")
@@ -130,11 +169,12 @@ def profile_token(name: str = "default", path: Path | None = None) -> str:
 
 def save_token(token: str, name: str = "default", path: Path | None = None) -> Path:
     """Set ``token`` in profile ``name`` of the config file, keeping everything else as written;
-    the file ends up (or is created) readable by its owner only."""
+    the file ends up (or is created) readable by its owner only. A file that is not TOML is never
+    written into: :class:`ConfigError`, naming it."""
     path = path or config_path()
     header = "[default]" if name == "default" else f"[profiles.{name}]"
     try:
-        lines = path.read_text().splitlines()
+        lines = _read(path)[0].splitlines()
     except FileNotFoundError:
         lines = []
     line = f'token = "{token}"'

@@ -11,7 +11,6 @@ import math
 import os
 import platform
 import statistics
-import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -221,9 +220,8 @@ class Stack:
     worker: Proc
 
     def endpoint(self) -> Endpoint:
-        """The relay with the local user's token (`tether up` saved it in the home's config)."""
-        config = tomllib.loads((self.home / "config.toml").read_text())
-        return Endpoint(self.relay, token=config["default"]["token"])
+        """The relay with the local user's token (`tether up` keeps it in its data directory)."""
+        return Endpoint(self.relay, token=(self.home / "data" / "token").read_text().strip())
 
     async def redis_url(self) -> str:
         return (await self.up.wait_line(r"redis: (\S+)")).group(1)

@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from adapter.config import save_token
+from adapter.config import ConfigError, check_config, save_token
 from adapter.render import audit_lines, tokens_table
 from protocol_specs.auth import Scope, TokenInfo
 from relay.client import open_control
@@ -24,6 +24,11 @@ def _scopes(args: argparse.Namespace) -> list[Scope]:
 
 
 async def cmd_token_create(args: argparse.Namespace) -> int:
+    if args.save:  # a config file it cannot write into: said before a token is made for nothing
+        try:
+            check_config()
+        except ConfigError as exc:
+            raise SystemExit(f"tether: {exc}") from None
     if args.redis:  # straight into the store: the first admin token of a new relay
         import getpass
 
@@ -47,7 +52,10 @@ async def cmd_token_create(args: argparse.Namespace) -> int:
             )
     what = f"token {info.id} for {info.user} ({', '.join(info.scopes)})"
     if args.save:
-        where = save_token(token, getattr(args, "profile", None) or "default")
+        try:
+            where = save_token(token, getattr(args, "profile", None) or "default")
+        except (ConfigError, OSError) as exc:
+            raise SystemExit(f"tether: cannot save the token: {exc}") from None
         print(f"tether: {what} saved in {where}")
     else:
         print(token)

@@ -18,10 +18,11 @@ import trio
 from .errors import store_at
 
 if TYPE_CHECKING:
+    from protocol_specs.runs import RunRecord
     from relay.client import Endpoint
     from worker_shim.identity import Isolation
 
-__all__ = ["LocalStack", "open_local_stack"]
+__all__ = ["LocalStack", "open_local_stack", "pool_name", "stopping_text"]
 
 #: how long stopping the stack waits for its worker pool to end its programs
 POOL_STOP = 20.0
@@ -45,6 +46,53 @@ class LocalStack:
         from relay.client import Endpoint
 
         return Endpoint(self.relay, token=self.token)
+
+
+def pool_name() -> str:
+    """The name the stack's pool gives its slots (``NAME-0``, ``NAME-1``...)."""
+    import socket
+
+    return f"{socket.gethostname()}-pool"
+
+
+def stopping_text(records: list[RunRecord], pool: str, since: float) -> str:
+    """What stopping the stack does to the runs its pool (slots ``pool-N``) held, in one line:
+    those it still runs, and those whose attempt it already ended lost (a Ctrl-C reaches the
+    pool's tasks too) since the stack started at ``since``, end lost, or go back to the queue
+    where they have a retry left; queued runs wait for the next start."""
+    from protocol_specs.runs import RunState
+
+    lost: list[str] = []
+    again: list[str] = []
+    for r in records:
+        for a in r.attempts:
+            if not a.worker.startswith(pool + "-"):
+                continue
+            held = a.ended_at is None and a.n == r.attempt and not r.finished
+            if held and r.state is not RunState.QUEUED:
+                (lost if r.attempt > r.spec.max_retries else again).append(r.id)
+                break
+            if a.ended_at is not None and a.ended_at >= since and a.outcome == "lost":
+                (lost if r.finished else again).append(r.id)
+                break
+    queued = sum(1 for r in records if r.state is RunState.QUEUED) + sum(
+        1 for r in records if r.id in again and r.state is not RunState.QUEUED
+    )
+    said = []
+    if len(lost) == 1:
+        said.append(f"run {lost[0]} ends lost (`tether rerun {lost[0]}` runs it again)")
+    elif lost:
+        said.append(f"runs {', '.join(lost)} end lost (`tether rerun RUN` runs one again)")
+    if again:
+        said.append(f"run{'s' * (len(again) > 1)} {', '.join(again)}: back to the queue (a retry)")
+    if not (lost or again):
+        said.append("no run was running")
+    if queued:
+        said.append(
+            f"{queued} queued run{'s' * (queued > 1)} start{'s' * (queued == 1)} at the next "
+            "`tether up`"
+        )
+    return "; ".join(said)
 
 
 @asynccontextmanager
@@ -123,6 +171,7 @@ async def open_local_stack(
                         await run_pool(
                             Endpoint(relay, token=pool_token),
                             slots=workers,
+                            name=pool_name(),
                             start_delay=start_delay,
                             work_dir=data_dir / "worker",
                             gpus=gpus,

@@ -17,7 +17,7 @@ import trio
 
 from .errors import leaves, relay_error
 from .parser import build_parser
-from .runs import SERVING
+from .runs import FOLLOWING, SERVING
 from .settings import tether_home
 
 __all__ = ["main"]
@@ -38,12 +38,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _interrupted() -> int:
-    """Ctrl-C: what goes on without this process (a run whose adapter it served)."""
+    """Ctrl-C: what goes on without this process (a run whose adapter it served, or whose output
+    it followed)."""
     if SERVING:
         run = SERVING[-1]
         print(
             f"\ntether: stopped serving run {run}'s adapter; the run goes on. "
             f"`tether attach {run}` serves it again, `tether cancel {run}` stops it.",
+            file=sys.stderr,
+        )
+    elif FOLLOWING:
+        run = FOLLOWING[-1]
+        print(
+            f"\ntether: stopped following run {run}; the run goes on. "
+            f"`tether logs -f {run}` follows it again, `tether cancel {run}` stops it.",
             file=sys.stderr,
         )
     return 130

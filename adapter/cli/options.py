@@ -18,8 +18,14 @@ def relay_flag(sp: argparse.ArgumentParser) -> None:
     """How a command finds the relay: ``--relay``, ``--ca-file``, ``--profile``."""
     sp.add_argument(
         "--relay",
-        help="relay URL (default: $TETHER_RELAY, the config profile's, else what `tether up` "
-        "recorded)",
+        help="relay URL (default: $TETHER_RELAY, the config profile's, else the running "
+        "`tether up`'s)",
+    )
+    sp.add_argument(
+        "--stack",
+        metavar="DATA_DIR",
+        help="talk to the `tether up` whose data directory is DATA_DIR, when several run "
+        "(default: $TETHER_STACK, else the only one running, else the default data directory's)",
     )
     sp.add_argument(
         "--ca-file",

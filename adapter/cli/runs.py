@@ -33,6 +33,7 @@ from .settings import resolve_relay, web_url
 from .submission import build_spec, submit_run
 
 __all__ = [
+    "FOLLOWING",
     "SERVING",
     "cmd_attach",
     "cmd_cancel",
@@ -46,6 +47,8 @@ __all__ = [
 
 #: the run whose adapter this process serves (what Ctrl-C leaves running)
 SERVING: list[str] = []
+#: the run whose output this process follows until it ends (``-f``: what Ctrl-C leaves running)
+FOLLOWING: list[str] = []
 
 #: after the run ended, how long the terminal still waits for the rest of the program's output
 OUTPUT_GRACE = 10.0
@@ -147,14 +150,21 @@ async def _serve(
 
 
 def _port_free(port: int) -> None:
-    """Refuse, before anything is submitted or served, an adapter port that is taken."""
+    """Refuse, before anything is submitted or served, an adapter port that is taken.
+
+    The probe listens as the adapter will (``SO_REUSEADDR``, as trio's listeners set it): a port
+    the last session left in TIME-WAIT is free to serve on at once, while one a live listener
+    holds is refused (on Linux ``SO_REUSEADDR`` never lets two listeners share a port; tether
+    never sets ``SO_REUSEPORT``, which would)."""
     if port == 0:
         return
     import socket
 
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
+            probe.listen(1)
         except OSError:
             from adapter.peer import listener_of
 
@@ -252,6 +262,8 @@ async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
             return
         if entry.event == StatusEvent.FINISHED:
             ended["entry"] = entry
+            if run_id in FOLLOWING:  # ended: Ctrl-C from now on leaves nothing running
+                FOLLOWING.remove(run_id)
             code = f", exit code {entry.exit_code}" if entry.exit_code is not None else ""
             text = f"run {run_id} {entry.state}{code}"
             if entry.detail and entry.state != "succeeded":
@@ -272,6 +284,8 @@ async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
         terminal.end()
         print(f"-- tether: {text}", file=sys.stderr, flush=True)
 
+    if follow:
+        FOLLOWING.append(run_id)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(desktop)

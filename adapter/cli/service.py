@@ -7,14 +7,14 @@ from __future__ import annotations
 import argparse
 import errno
 import getpass
-import json
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from adapter.config import config_path, profile_token, save_token
+from adapter.config import ConfigError, check_config, profile_token
 from adapter.render import Clock
 from relay.client import Endpoint, RelayError
 
@@ -23,7 +23,6 @@ from .errors import leaves, store_at
 if TYPE_CHECKING:
     from worker_shim.identity import Isolation
 from .settings import (
-    endpoint_file,
     is_loopback,
     pairs,
     read_credentials,
@@ -171,6 +170,10 @@ def isolation_of(args: argparse.Namespace, who: str, user: str = "") -> Isolatio
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
+    try:  # every other command would refuse it: said now, not after the stack started
+        check_config()
+    except ConfigError as exc:
+        raise SystemExit(f"tether up: {exc}") from None
     data_dir = Path(args.data_dir or tether_home() / "data").resolve()  # noqa: ASYNC240 (startup)
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the store, blobs, logs: ours only
     clock = Clock("")
@@ -194,10 +197,13 @@ _UP_READY: list[bool] = []
 
 async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
     from .local_stack import open_local_stack
+    from .stacks import live_stacks, read_token, record_stack, unrecord_stack, write_token
 
+    home = tether_home()
     async with open_local_stack(
         data_dir,
-        token=os.environ.get("TETHER_TOKEN") or profile_token(),
+        # this data directory's token from its last start (an older tether kept it in the config)
+        token=os.environ.get("TETHER_TOKEN") or read_token(data_dir) or profile_token(),
         redis=args.redis,
         relay_config=relay_config(args),
         relay_port=args.relay_port,
@@ -210,18 +216,17 @@ async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
         isolation=isolation_of(args, "tether up", getpass.getuser()) if args.workers else None,
     ) as stack:
         relay, redis_url = stack.relay, stack.redis
-        if stack.minted:
+        if stack.minted or read_token(data_dir) != stack.token:
             try:
-                where = save_token(stack.token)
+                where = write_token(data_dir, stack.token)
             except OSError as exc:
                 raise SystemExit(f"tether up: cannot save the token: {exc}") from None
             print(f"tether up: a token for {stack.user} is in {where} (mode 0600)", flush=True)
         else:
-            print(f"tether up: using {stack.user}'s token from {config_path()}", flush=True)
-        endpoint_file().parent.mkdir(parents=True, exist_ok=True)
-        endpoint_file().write_text(
-            json.dumps({"relay": relay, "pid": os.getpid(), "data_dir": str(data_dir)})
-        )
+            print(f"tether up: using {stack.user}'s token in {data_dir / 'token'}", flush=True)
+        others = [s for s in live_stacks(home) if s.data_dir != data_dir]
+        record_stack(home, relay, data_dir)
+        since = time.time()  # a run its pool loses from now on is lost by this stack's stop
         print(f"tether up: ready relay={relay} data={data_dir}", flush=True)
         if stack.isolation is not None:
             print(f"  {stack.isolation.describe()}", flush=True)
@@ -229,18 +234,37 @@ async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
         print(
             f"  redis: {redis_url}\n  workers: {args.workers} (start delay {args.start_delay:g} s)\n"
             + (f"  web view: {web_url(relay)} (log in: tether ui)\n" if args.web else "")
+            + "".join(f"  another tether up runs: {other.describe()}\n" for other in others)
+            + (
+                f"  commands choose this one with --stack {data_dir} (or TETHER_STACK)\n"
+                if others
+                else ""
+            )
             + "  in another terminal: tether debug -- python your_script.py",
             flush=True,
         )
         try:
             await trio.sleep_forever()
         finally:
-            try:
-                if json.loads(endpoint_file().read_text()).get("pid") == os.getpid():
-                    endpoint_file().unlink()
-            except (OSError, ValueError):
-                pass
+            unrecord_stack(home, data_dir)
+            await _say_what_stops(stack.endpoint, since)
     return 0
+
+
+async def _say_what_stops(relay: Endpoint, since: float) -> None:
+    """Before the pool stops (Ctrl-C, SIGTERM): which runs end lost with it, or that none ran."""
+    from relay.client import open_control
+
+    from .local_stack import pool_name, stopping_text
+
+    said = "its runs could not be listed; `tether ls` after the next `tether up` shows them"
+    with trio.CancelScope(shield=True), trio.move_on_after(3):
+        try:
+            async with open_control(relay, client="tether-up") as control:
+                said = stopping_text(await control.list_runs(1000), pool_name(), since)
+        except (RelayError, OSError):
+            pass
+    print(f"\ntether up: stopping: {said}", flush=True)
 
 
 async def cmd_backend(args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
 """Where the CLI's settings come from: the tether home, the relay endpoint (flag, environment,
-config profile, what ``tether up`` recorded), the relay's options, TLS, and the parsers of the
+config profile, the local stacks ``tether up`` recorded), the relay's options, TLS, and the parsers of the
 values users type (durations, amounts of memory, counts, ``NAME=VALUE`` pairs)."""
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ __all__ = [
     "DEFAULT_ADAPTER_PORT",
     "DEFAULT_RELAY_PORT",
     "count",
-    "endpoint_file",
     "is_loopback",
     "pairs",
     "parse_duration",
@@ -41,10 +40,6 @@ def tether_home() -> Path:
     return Path(os.environ.get("TETHER_HOME") or Path.home() / ".tether")
 
 
-def endpoint_file() -> Path:
-    return tether_home() / "endpoint.json"
-
-
 def profile(args: argparse.Namespace) -> Profile:
     """The config profile ``--profile`` (else ``$TETHER_PROFILE``, else the default) names."""
     try:
@@ -54,23 +49,38 @@ def profile(args: argparse.Namespace) -> Profile:
 
 
 def resolve_relay(flag: str | None, args: argparse.Namespace | None = None) -> Endpoint:
-    """The relay: ``--relay``, else ``TETHER_RELAY``, else the config profile's, else what
-    ``tether up`` recorded; with the token to present: ``TETHER_TOKEN``, else the profile's (the
-    config file: ``tether up`` writes the local user's there), and the CA file to verify a
-    ``wss://`` relay with (``--ca-file``, ``TETHER_CA_FILE``, the profile's ``ca_file``)."""
+    """The relay: ``--relay``, else ``TETHER_RELAY``, else the ``tether up`` stack ``--stack`` /
+    ``TETHER_STACK`` names, else the config profile's, else the running stack (see
+    :mod:`adapter.cli.stacks`); with the token to present: ``TETHER_TOKEN``, else the profile's
+    when the profile named the relay, else the stack's when the relay is a running stack's, else
+    the profile's; and the CA file to verify a ``wss://`` relay with (``--ca-file``,
+    ``TETHER_CA_FILE``, the profile's ``ca_file``)."""
+    from .stacks import choose, live_stacks, read_token, stack_at
+
     chosen = profile(args) if args is not None else Profile()
-    url = flag or os.environ.get("TETHER_RELAY") or chosen.relay
-    if not url:
-        try:
-            url = str(json.loads(endpoint_file().read_text())["relay"])
-        except (OSError, ValueError, KeyError):
-            raise SystemExit(
-                "tether: no relay to talk to. Start one with `tether up` (in another terminal), "
-                "or pass --relay ws://HOST:PORT / set TETHER_RELAY."
-            ) from None
-    token = os.environ.get("TETHER_TOKEN") or chosen.token
+    home = tether_home()
+    wanted = getattr(args, "stack", None) or os.environ.get("TETHER_STACK")
+    url = flag or os.environ.get("TETHER_RELAY") or ""
+    stack = None
+    if not url and (wanted or not chosen.relay):
+        picked = choose(
+            live_stacks(home),
+            Path(wanted).expanduser().resolve() if wanted else None,
+            (home / "data").resolve(),
+        )
+        if isinstance(picked, str):
+            raise SystemExit(f"tether: {picked}")
+        stack, url = picked, picked.relay
+    url = relay_url(url or chosen.relay)
+    from_profile = not (flag or os.environ.get("TETHER_RELAY") or stack)
+    if stack is None:
+        stack = stack_at(home, url)
+    token = os.environ.get("TETHER_TOKEN") or ""
+    if not token and not (from_profile and chosen.token) and stack is not None:
+        token = read_token(stack.data_dir)
+    token = token or chosen.token
     ca_file = getattr(args, "ca_file", None) or os.environ.get("TETHER_CA_FILE") or chosen.ca_file
-    return Endpoint(relay_url(url), token=token, ca_file=ca_file)
+    return Endpoint(url, token=token, ca_file=ca_file)
 
 
 def web_url(relay: str, path: str = "/ui", base: str = "") -> str:

@@ -32,6 +32,7 @@ __all__ = [
     "cmd_exec",
     "cmd_port_forward",
     "cmd_shell",
+    "listen_local",
     "open_tunnel_once",
     "process_flag",
     "run_tunnel",
@@ -87,14 +88,8 @@ async def cmd_port_forward(args: argparse.Namespace) -> int:
             f"tether: run {record.id} is {record.state.value}: a port of its worker can be "
             "forwarded while it runs"
         )
-    opened = []
-    for local, remote in forwards:  # every port taken before any is served
-        try:
-            opened.append((await trio.open_tcp_listeners(local, host="127.0.0.1"), remote))
-        except OSError as exc:
-            raise SystemExit(
-                f"tether: cannot listen on 127.0.0.1:{local}: {exc.strerror}"
-            ) from None
+    # every port taken before any is served
+    opened = [(await listen_local(local), remote) for local, remote in forwards]
     async with trio.open_nursery() as nursery:
         for listeners, remote in opened:
             port = listeners[0].socket.getsockname()[1]
@@ -107,6 +102,16 @@ async def cmd_port_forward(args: argparse.Namespace) -> int:
             serve = partial(_forward_one, relay, record.id, remote)
             nursery.start_soon(partial(trio.serve_listeners, serve, listeners))
     return 0
+
+
+async def listen_local(port: int) -> list[trio.SocketListener]:
+    """Listeners on ``127.0.0.1:port`` (0: any free port), or one line saying why not. trio's
+    listeners set ``SO_REUSEADDR``: a port the last forward left in TIME-WAIT serves again at
+    once, while one a live listener holds is refused (Linux never lets two listeners share it)."""
+    try:
+        return await trio.open_tcp_listeners(port, host="127.0.0.1")
+    except OSError as exc:
+        raise SystemExit(f"tether: cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
 
 
 def _forward_spec(text: str) -> tuple[int, int]:

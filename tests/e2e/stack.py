@@ -82,6 +82,12 @@ class Proc:
         return "\n".join(self.lines)
 
 
+def local_token(home: Path, data: Path | None = None) -> str:
+    """The local user's token of the `tether up` whose data directory is ``data`` (default: the
+    tests' ``home/data``): it keeps it there, not in the config file."""
+    return ((data or home / "data") / "token").read_text().strip()
+
+
 def home_env(home: Path) -> dict[str, str]:
     """The environment of a tether command living in ``home`` (its config file too: where
     `tether up` keeps the local user's token)."""

@@ -19,12 +19,11 @@ import msgpack
 import pytest
 import trio
 import trio.lowlevel
-from stack import PROJECT, debug_run, relay_stack
+from stack import PROJECT, debug_run, local_token, relay_stack
 from test_session_e2e import bp_args, ide_session, resume, stopped_frame
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
-from adapter.config import profile_token
 from adapter.dap_client import open_dap_client
 from protocol_specs import dap_framing, wire
 from protocol_specs.runs import RunSpec
@@ -247,7 +246,7 @@ async def test_a_debug_session_survives_a_flood_of_junk(tmp_path: Path) -> None:
         0,
     )  # fmt: skip
     async with relay_stack(home, workers=1) as (_up, relay):
-        owner = Endpoint(relay, token=profile_token(path=home / "config.toml"))
+        owner = Endpoint(relay, token=local_token(home))
         async with open_control(owner) as control:
             fuzz_token, _ = await control.create_token(label="the hostile peer")
         async with debug_run(home, relay, workdir, "python", "app.py") as (debug, _run, port):

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from stack import Proc, tether
+from stack import Proc, local_token, tether
 
 from adapter.cli.submission import submit_run
-from adapter.config import profile_token
 from adapter.dap_client import open_dap_client
 from protocol_specs.runs import RunRecord, RunSpec
 from relay.client import Endpoint, open_control
@@ -58,7 +57,7 @@ async def shared_worker(home: Path, *extra: str) -> AsyncIterator[tuple[Proc, En
     ) as up:  # fmt: skip
         relay = (await up.wait_line(r"tether up: ready relay=(\S+)")).group(1)
         await up.wait_line(r"runs as a uid of its own")
-        token = profile_token(path=home / "config.toml")
+        token = local_token(home)
         yield up, Endpoint(relay, token=token)
 
 
@@ -252,7 +251,7 @@ while not os.path.exists("go"):
 """
 PROBE = """\
 import json, os, socket, sys
-worker, config, store, theirs, their_pid = sys.argv[1:6]
+worker, token, store, theirs, their_pid = sys.argv[1:6]
 tried = {}
 
 
@@ -266,7 +265,7 @@ def attempt(name, act):
 
 attempt("the worker's environment", lambda: open(f"/proc/{worker}/environ", "rb").read())
 attempt("the worker's memory", lambda: open(f"/proc/{worker}/mem", "rb").close())
-attempt("the worker's config", lambda: open(config).read())
+attempt("the local user's token", lambda: open(token).read())
 attempt("the store's socket", lambda: socket.socket(socket.AF_UNIX).connect(store))
 attempt("signalling the worker", lambda: os.kill(int(worker), 0))
 attempt("A's run directory", lambda: os.listdir(theirs))
@@ -310,7 +309,7 @@ async def test_a_program_of_another_user_reaches_nothing_of_the_worker_or_of_oth
         their_pid = said.split("pid=", 1)[1].split()[0]
         probe = RunSpec(
             command=[
-                "python", "probe.py", str(up.process.pid), str(home / "config.toml"),
+                "python", "probe.py", str(up.process.pid), str(home / "data" / "token"),
                 str(home / "data" / "redis" / "redis.sock"), str(their_dir), their_pid,
             ],
             workdir=str(bobs), debug=False,
@@ -347,7 +346,7 @@ async def test_a_worker_whose_programs_run_as_itself_runs_only_its_own_users_run
     ) as up:  # fmt: skip
         relay_url = (await up.wait_line(r"tether up: ready relay=(\S+)")).group(1)
         said = await up.wait_line(r"programs run as this worker's own user .*")
-        mine = Endpoint(relay_url, token=profile_token(path=home / "config.toml"))
+        mine = Endpoint(relay_url, token=local_token(home))
         made = await trio.run_process(
             [TETHER, "token", "create", "--user", "bob", "--relay", relay_url],
             capture_stdout=True, env=home_env(home),

@@ -188,3 +188,40 @@ async def test_an_activated_venvs_python_is_the_runs_and_a_missing_script_is_ref
         assert err.strip().endswith(f"can't open file 'nofile.py': no such file in {workdir}")
         code, _, err = await cli("debug", "--", "python", "nofile.py", env=activated)
         assert code == 1 and "can't open file 'nofile.py'" in err and "Traceback" not in err
+
+
+async def test_ctrl_c_in_run_follow_says_the_run_goes_on_and_how_to_follow_it(
+    tmp_path: Path,
+) -> None:
+    """As `docker logs -f` / `kubectl logs -f`: Ctrl-C stops following, not the run, and says so
+    with how to follow it again or cancel it."""
+    import os
+    import signal
+
+    from stack import status_saying, tether
+
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "app.py").write_text(
+        "import time\nprint('working', flush=True)\nwhile True:\n    time.sleep(0.1)\n"
+    )
+    home = tmp_path / "home"
+    async with relay_stack(home, workers=1):
+        async with tether(
+            "run", "-f", "--workdir", str(workdir), "--", "python", "app.py", home=home,
+            name="run -f",
+        ) as follow:  # fmt: skip
+            run = (await follow.wait_line(r"tether run: run (\w+) queued")).group(1)
+            await follow.wait_line(r"^working$")
+            os.killpg(follow.process.pid, signal.SIGINT)  # Ctrl-C in the terminal
+            with trio.fail_after(30):
+                assert await follow.process.wait() == 130
+        said = (
+            f"tether: stopped following run {run}; the run goes on. `tether logs -f {run}` "
+            f"follows it again, `tether cancel {run}` stops it."
+        )
+        assert said in follow.output and "Traceback" not in follow.output, follow.output
+        await status_saying(home, run, "running")
+        async with tether("cancel", run, home=home, name="cancel") as cancel:
+            with trio.fail_after(30):
+                assert await cancel.process.wait() == 0, cancel.output

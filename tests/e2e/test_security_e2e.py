@@ -52,10 +52,11 @@ async def test_tokens_secrets_and_the_audit_trail_through_the_cli(tmp_path: Path
     workdir.mkdir()
     (workdir / "main.py").write_text(PRINTS_ITS_KEY)
     async with relay_stack(home, workers=1) as (up, _relay):
-        await up.wait_line(r"a token for \S+ is in .*config\.toml \(mode 0600\)")
-        config = home / "config.toml"
-        assert stat.S_IMODE(config.stat().st_mode) == 0o600
-        assert 'token = "tthu_' in config.read_text()
+        await up.wait_line(r"a token for \S+ is in .*/data/token \(mode 0600\)")
+        kept = home / "data" / "token"
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+        assert kept.read_text().startswith("tthu_")
+        assert not (home / "config.toml").exists()  # the user's config: not written
 
         # a secret reaches the program, and nobody else
         out, err = await tether_cli(

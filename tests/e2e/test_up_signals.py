@@ -59,6 +59,8 @@ async def test_tether_up_leaves_no_server_behind_and_comes_back_with_its_runs(
         assert code == (-signal.SIGKILL if signum is signal.SIGKILL else 128 + signum)
         if signum is not signal.SIGKILL:
             assert "Traceback" not in up.output
+            said = "tether up: stopping: no run was running; 1 queued run starts at the next"
+            assert said in up.output, up.output
         await gone(data)
     async with tether(*up_args, home=home, name="up again") as again:
         await again.wait_line(r"tether up: ready")
@@ -93,6 +95,8 @@ async def test_stopping_tether_up_ends_its_runs_programs_and_says_so(
         with trio.fail_after(60):
             await up.process.wait()
         assert "Traceback" not in up.output
+        said = f"tether up: stopping: run {run_id} ends lost (`tether rerun {run_id}` runs it"
+        assert said in up.output, up.output
     async with tether(*up_args, home=home, name="up again") as again:
         await again.wait_line(r"tether up: ready")
         done = await trio.run_process(

@@ -10,13 +10,12 @@ once, straight onto the run's page. Screenshots of the list and the run page are
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
 import trio
 from browser import chromium, run_scenario
-from stack import PROJECT, debug_run, relay_stack, status_saying, tether
+from stack import PROJECT, debug_run, local_token, relay_stack, status_saying, tether
 from test_experiments_e2e import SWEEP_TRAIN, finished_sweep, start_sweep
 from test_session_e2e import bp_args, ide_session, stopped_frame
 from test_unattended_e2e import ONCE_LINE
@@ -162,8 +161,7 @@ async def test_the_run_page_shows_breakpoints_and_the_stopped_stack(tmp_path: Pa
         (workdir / f.name).write_text(f.read_text())
     async with relay_stack(home, workers=1) as (_up, relay):
         base = relay.replace("ws://", "http://")
-        token = re.search(r'token = "([^"]+)"', (home / "config.toml").read_text())
-        assert token
+        token = local_token(home)
         async with debug_run(home, relay, workdir, "python", "app.py") as (_debug, run_id, port):
             async with open_dap_client("127.0.0.1", port) as ide:
                 async with ide_session(ide, [bp_args(workdir, "app.py", ONCE_LINE)]):
@@ -174,7 +172,7 @@ async def test_the_run_page_shows_breakpoints_and_the_stopped_stack(tmp_path: Pa
             await status_saying(home, run_id, f"paused at  app.py:{ONCE_LINE} in compute")
             steps = [
                 {"do": "goto", "path": "/ui/login"},
-                {"do": "fill", "selector": "#token", "value": token.group(1)},
+                {"do": "fill", "selector": "#token", "value": token},
                 {"do": "click", "selector": "#login button[type=submit]"},
                 {"do": "wait_url", "path": "/ui"},
                 {"do": "goto", "path": f"/ui/runs/{run_id}"},
@@ -202,7 +200,7 @@ async def test_a_sweep_and_its_charts_in_a_real_browser(tmp_path: Path) -> None:
     (project / "train.py").write_text(SWEEP_TRAIN)
     async with relay_stack(home, workers=3) as (_up, relay):
         base = relay.replace("ws://", "http://")
-        token = tomllib.loads((home / "config.toml").read_text())["default"]["token"]
+        token = local_token(home)
         sweep = await start_sweep(
             home, project, "--name", "lr search", "--param", "lr=log:1e-3:1e-1",
             "--param", "bs=16,32", "--trials", "6", "--parallel", "3", "--objective", "loss:min",

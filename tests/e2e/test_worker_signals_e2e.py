@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from stack import Proc, tether
+from stack import Proc, local_token, tether
 
 from adapter.cli.submission import submit_run
-from adapter.config import profile_token
 from protocol_specs.runs import RunRecord, RunSpec
 from relay.client import Endpoint, open_control
 from worker_shim.uid_leases import processes_of
@@ -108,7 +107,7 @@ async def test_no_process_of_a_run_outlives_its_worker(
                          "--work-dir", str(home / "worker"), home=home)  # fmt: skip
             worker = await nursery.start(_hold, ctx)
             await worker.wait_line(r"tether worker: ready")
-        token = profile_token(path=home / "config.toml")
+        token = local_token(home)
         relay = Endpoint(relay_url, token=token)
         base = RunSpec(command=["python", "quiet.py"], workdir=str(project), debug=False)
         specs = [

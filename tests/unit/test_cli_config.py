@@ -303,3 +303,24 @@ def test_workers_and_the_slurm_backend_can_refuse_tunnels() -> None:
     for argv in (["worker"], ["up"], ["backend", "slurm"]):
         assert _parser().parse_args([*argv, "--no-shell"]).no_shell is True
         assert _parser().parse_args(argv).no_shell is False
+
+
+@pytest.mark.parametrize(
+    "garbage", [b"\x89PNG\r\n\x1a\n\x00\xff binary", b"relay = [not toml\n"], ids=["binary", "text"]
+)
+def test_a_config_that_is_not_toml_is_named_and_never_written_into(
+    tmp_path: Path, garbage: bytes
+) -> None:
+    from adapter.config import check_config, profile_token, save_token
+
+    path = tmp_path / "config.toml"
+    path.write_bytes(garbage)
+    with pytest.raises(ConfigError) as refused:
+        load_profile(None, path)
+    assert str(refused.value).startswith(f"{path}: ") and "\n" not in str(refused.value)
+    with pytest.raises(ConfigError, match=f"^{path}: "):
+        check_config(path)
+    with pytest.raises(ConfigError, match=f"^{path}: "):
+        save_token("tthu_x", path=path)
+    assert path.read_bytes() == garbage and profile_token(path=path) == ""
+    assert check_config(tmp_path / "absent.toml") == tmp_path / "absent.toml"
