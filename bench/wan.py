@@ -151,7 +151,15 @@ async def _block(
         assert relay_port is not None, stack.relay
         async with (
             delay_proxy(relay_port, rtt_ms=rtt_ms, jitter_ms=jitter_ms, seed=seed) as proxy,
-            debug_run(stack.home, relay_via(stack.relay, proxy), workdir, *argv) as (
+            # the proxy's address names no local stack: the stack's token is given as a user
+            # of a relay behind a proxy gives theirs
+            debug_run(
+                stack.home,
+                relay_via(stack.relay, proxy),
+                workdir,
+                *argv,
+                extra_env={"TETHER_TOKEN": stack.endpoint().token},
+            ) as (
                 adapter,
                 _run,
                 port,

@@ -93,16 +93,25 @@ def _failed(exc: BaseException) -> int:
     return 70
 
 
+#: commands that hold programs and a relay: Ctrl-C stops them as SIGTERM does, by cancelling,
+#: never by a KeyboardInterrupt raised wherever their code happens to be (a relay's handler that
+#: dies of it closes its links before the stack could say what became of its runs)
+_STOPPED_BY_CANCEL_ON_CTRL_C = frozenset({"up", "worker"})
+
+
 async def _until_stopped(args: argparse.Namespace) -> int:
     """Run the command; SIGTERM or SIGHUP (systemd, a container runtime, a closed terminal) stop it
     the way Ctrl-C does: everything it started is stopped and cleaned up (``tether up``'s server
     included), and it exits with 128 + the signal's number."""
     result: list[int] = []
     stopped: list[int] = []
+    watched = [signal.SIGTERM, signal.SIGHUP]
+    if getattr(args, "cmd", "") in _STOPPED_BY_CANCEL_ON_CTRL_C:
+        watched.append(signal.SIGINT)
     async with trio.open_nursery() as nursery:
 
         async def watch() -> None:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+            with trio.open_signal_receiver(*watched) as signals:
                 async for signum in signals:
                     stopped.append(signum)
                     nursery.cancel_scope.cancel()

@@ -233,7 +233,12 @@ async def worker(
 
 @asynccontextmanager
 async def debug_run(
-    home: Path, relay: str, workdir: Path, *command: str, extra: tuple[str, ...] = ()
+    home: Path,
+    relay: str,
+    workdir: Path,
+    *command: str,
+    extra: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
 ) -> AsyncIterator[tuple[Proc, str, int]]:
     """`tether debug --port 0`; yields (process, run id, adapter port)."""
     async with tether(
@@ -249,6 +254,7 @@ async def debug_run(
         *command,
         home=home,
         name="debug",
+        extra_env=extra_env,
     ) as proc:
         m = await proc.wait_line(r"tether debug: run (\S+) \w+; adapter on 127\.0\.0\.1:(\d+)")
         yield proc, m.group(1), int(m.group(2))

@@ -82,7 +82,7 @@ async def test_a_user_watches_runs_in_a_real_browser(tmp_path: Path, shared_tmp:
         await status_saying(home, paused, "paused at  uncaught ValueError at boom.py:2 in step")
         await status_saying(home, live, "state      running")
         bobs = await run(home, relay, project, "--name", "bobs-run", "--backend", "slurm", "--",
-                         "python", "x.py", token=await token_for(home, relay, "bob"))  # fmt: skip
+                         "python", "slow.py", token=await token_for(home, relay, "bob"))  # fmt: skip
 
         steps = [
             {"do": "goto", "path": "/ui"},
