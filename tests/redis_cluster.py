@@ -103,7 +103,7 @@ class Node:
             "--save", "",
             "--daemonize", "no",
             "--logfile", str(self.data_dir / "server.log"),
-            # as tether up's server and the README's operator checklist have it
+            # as tether up's server and the operator checklist (docs/deploying.md) have it
             "--stream-node-max-bytes", str(STREAM_NODE_BYTES),
         ]  # fmt: skip
 

@@ -19,7 +19,7 @@ import trio
 NODE_DIR = Path(__file__).resolve().parent / "node"
 SCENARIO = NODE_DIR / "web_scenario.mjs"
 #: where a test run leaves its screenshots (``TETHER_SCREENSHOTS`` copies them elsewhere too:
-#: ``TETHER_SCREENSHOTS=docs/images ./dev test -m web`` refreshes the README's)
+#: ``TETHER_SCREENSHOTS=docs/images ./dev test -m web`` refreshes docs/experiments.md's)
 SHOTS = Path(__file__).resolve().parents[2] / "build" / "screenshots"
 
 

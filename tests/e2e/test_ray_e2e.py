@@ -50,7 +50,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
 
 @asynccontextmanager
 async def ray_backend(home: Path, relay: str, head: RayHead) -> AsyncIterator[Proc]:
-    """The backend as the README deploys it: with a token of the ``backend`` scope alone."""
+    """The backend as the Ray guide (docs/ray.md) deploys it: with a token of the ``backend`` scope alone."""
     made = await trio.run_process(
         [TETHER, "token", "create", "--relay", relay, "--user", "ray", "--scope", "backend"],
         env=home_env(home),

@@ -3,7 +3,7 @@
 
 Asserted on the DAP traffic between VS Code and tether's adapter and on the extension's own events
 (its trace file), and on what the workbench shows; screenshots land in ``build/screenshots/``
-(``TETHER_SCREENSHOTS=docs/images`` refreshes the README's).
+(``TETHER_SCREENSHOTS=docs/images`` refreshes the images of README.md and docs/editors.md).
 """
 
 from __future__ import annotations
@@ -363,10 +363,10 @@ async def test_a_child_process_opens_its_own_session_in_the_same_window(tmp_path
         assert len(served) == 1, served  # the child's session needed nothing served
 
 
-async def test_the_readmes_attach_configuration_with_an_empty_run_picks_from_a_list(
+async def test_the_editors_guides_attach_configuration_with_an_empty_run_picks_from_a_list(
     tmp_path: Path,
 ) -> None:
-    """The README's attach entry and the extension's own snippet leave ``"run": ""``: F5 lists the
+    """The attach entry of docs/editors.md and the extension's own snippet leave ``"run": ""``: F5 lists the
     runs to debug, as leaving the key out does, and attaches to the one picked."""
     home = tmp_path / "home"
     folder = project(tmp_path)

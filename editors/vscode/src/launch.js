@@ -52,7 +52,7 @@ function resolve(config, where) {
   if (out.justMyCode === undefined) out.justMyCode = true;
   if (out.request === 'attach') {
     check(out.run === undefined || typeof out.run === 'string', '"run" must be a run id, a prefix of one, or a run name.');
-    // left out or left empty (the README's and the snippet's "run": ""): pick one from a list
+    // left out or left empty (docs/editors.md's and the snippet's "run": ""): pick one from a list
     if (out.run !== undefined && out.run.trim() === '') delete out.run;
     else if (out.run !== undefined) out.run = out.run.trim();
     return out;

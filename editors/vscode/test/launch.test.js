@@ -52,7 +52,7 @@ test('attach and rerun serve the adapter of an existing run', () => {
     ['rerun', 'abcd1234', '--port', '0', '--json', '-q']);
 });
 
-test('an attach whose "run" is left out or empty picks from a list (the README\'s and the snippet\'s "run": "")', () => {
+test('an attach whose "run" is left out or empty picks from a list (docs/editors.md\'s and the snippet\'s "run": "")', () => {
   for (const run of [undefined, '', '  ']) {
     const c = resolve({ type: 'tether', request: 'attach', name: 'n', run }, where);
     assert.strictEqual(c.run, undefined, JSON.stringify(run));
