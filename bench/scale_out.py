@@ -36,7 +36,7 @@ from protocol_specs import wire
 from protocol_specs.runs import RunSpec
 from protocol_specs.wire import Role
 from relay.client import RunLink, open_control, open_run_link
-from relay.embedded import bundled_server_binary
+from relay.embedded.server import bundled_server_binary
 from tests.e2e.harness import admin_token, tether
 from tests.redis_cluster import RedisCluster
 

@@ -2,14 +2,14 @@
 
 Theory of operation
 -------------------
-Every refusal that names a run that exists goes into that run's audit trail (``relay/audit.py``;
-``tether audit RUN``): a connection to it (``ide``, ``logs``, ``tunnel``, ``worker``), a control
-request about it (``cancel``, ``rerun``, ``get_run``, ``get_audit``, ``open_tunnel``, a claim or
-a report), a publish on one of its links, a page or an action of the web view. The entry
-(:func:`refused_entry`) names who was refused (their token's id; none for a connection without a
-valid token), from where, with which client, what they asked, and the refusal's code and words.
-What the refused party is told does not change: another user's run still answers exactly as a run
-that does not exist.
+Every refusal that names a run that exists goes into that run's audit trail
+(``relay/runs/audit.py``; ``tether audit RUN``): a connection to it (``ide``, ``logs``, ``tunnel``,
+``worker``), a control request about it (``cancel``, ``rerun``, ``get_run``, ``get_audit``,
+``open_tunnel``, a claim or a report), a publish on one of its links, a page or an action of the web
+view. The entry (:func:`refused_entry`) names who was refused (their token's id; none for a
+connection without a valid token), from where, with which client, what they asked, and the refusal's
+code and words. What the refused party is told does not change: another user's run still answers
+exactly as a run that does not exist.
 
 A refused party could flood a trail, and the trail keeps only its newest entries: a flood would
 push the run's history out of it. So refusals are coalesced, per run, per *refuser* and request

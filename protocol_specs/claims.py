@@ -23,9 +23,9 @@ back to the queue at the same attempt:
   unconfirmed claim is released the same way (:func:`unconfirmed`), never counted as lost.
 
 A confirm and a release of one claim are decided on the same record by compare-and-set
-(``relay/registry.py``), so exactly one of them applies: a worker starts an attempt only once its
-claim counted, and a claim that counted is never released. Never two workers run one attempt, and
-a claim whose answer was lost costs a delay (the deadline, then the next sweep), never the run.
+(``relay/runs/registry.py``), so exactly one of them applies: a worker starts an attempt only once
+its claim counted, and a claim that counted is never released. Never two workers run one attempt,
+and a claim whose answer was lost costs a delay (the deadline, then the next sweep), never the run.
 
 The claim's deadline is wall-clock time, like leases; each decision takes the time as ``at``.
 """

@@ -405,7 +405,7 @@ class ProcessRow(BaseModel):
 
 
 class RunRecord(BaseModel):
-    """The relay's record of a run (stored as one Redis hash, see ``relay/keys.py``)."""
+    """The relay's record of a run (stored as one Redis hash, see ``relay/store/keys.py``)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -422,8 +422,8 @@ class RunRecord(BaseModel):
     queue_entry: str = ""
     #: the snapshot (its manifest's id, or its root tree's digest), its file count and bytes
     snapshot: str = ""
-    #: a snapshot recorded by its root tree (``relay/trees.py``): the digest; its manifest is
-    #: expanded when a worker claims the run
+    #: a snapshot recorded by its root tree (``relay/snapshots/trees.py``): the digest; its manifest
+    #: is expanded when a worker claims the run
     tree: str = ""
     files: int = 0
     size: int = 0

@@ -7,9 +7,9 @@ every tree and file below the root is present and the submitter's, and that the 
 snapshot's limits (files, bytes, path length, depth, symlinks inside). Expanding the root into a
 manifest does that in time proportional to the tree: for 20,000 files and one changed, most of a
 second submit. :class:`TreeCheck` instead takes a :class:`Summary` of each subtree this user had
-checked lately (the relay keeps them, ``relay/trees.py``): a subtree with a summary is not read
-and its files are not asked about; only the trees that changed are. Each tree it does read gets a
-summary of its own (:meth:`TreeCheck.summaries`), for the next submit.
+checked lately (the relay keeps them, ``relay/snapshots/trees.py``): a subtree with a summary is not
+read and its files are not asked about; only the trees that changed are. Each tree it does read gets
+a summary of its own (:meth:`TreeCheck.summaries`), for the next submit.
 
 A subtree holding a symlink is never taken from a summary: a link's target is checked against the
 whole snapshot's links (``snapshots._resolve_inside``), so every link's path must be known, and

@@ -1,5 +1,6 @@
 """Tokens in the store: created, looked up, listed, revoked. The decisions are in
-``protocol_specs.auth``; this module only keeps the records (``relay/keys.py``: ``tether:token:<id>``).
+``protocol_specs.auth``; this module only keeps the records (``relay/store/keys.py``:
+``tether:token:<id>``).
 
 The relay uses it, and so does ``tether up`` / ``tether token create --redis`` on the relay's host to
 make the first token (whoever can write to the store is trusted with everything anyway).
@@ -13,8 +14,7 @@ from typing import Literal
 
 from protocol_specs.auth import Scope, TokenKind, TokenRecord, new_token, parse_token
 
-from . import keys
-from .store import Store
+from .store import Store, keys
 
 __all__ = ["TokenStore"]
 

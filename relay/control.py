@@ -7,7 +7,7 @@ closes, and a run claimed for a connection that closed before the answer reached
 (queued again for the same attempt), so a dead worker never holds a run. A claim whose answer was
 lost anyway (this relay died before sending it, or the link with the answer in a buffer) counts
 only once its worker confirms it (``confirm``); any relay releases it otherwise
-(``relay/claiming.py``).
+(``relay/runs/claiming.py``).
 """
 
 from __future__ import annotations
@@ -33,19 +33,20 @@ from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.web import CODE_TTL
 from protocol_specs.wire import AuditEvent, ErrorCode, WireError
 
-from . import claiming, keys
-from .audit import AuditTrail
 from .auth import TokenStore
-from .blobs import BlobError, BlobStore, Upload
-from .claims import Claims
 from .config import SERVER_NAME, RelayConfig
 from .gate import Peer
-from .queue_wait import explain
-from .registry import Registry
-from .run_names import Ambiguous, named_run
+from .runs import claiming
+from .runs.audit import AuditTrail
+from .runs.claims import Claims
+from .runs.queue_wait import explain
+from .runs.registry import Registry
+from .runs.run_names import Ambiguous, named_run
+from .runs.tunnels import Tunnels
+from .snapshots.blobs import BlobError, BlobStore, Upload
+from .snapshots.trees import CheckedTrees, Rooted, check_tree
+from .store import keys
 from .sweeps import Sweeps
-from .trees import CheckedTrees, Rooted, check_tree
-from .tunnels import Tunnels
 from .web.sessions import WebSessions, may_log_in
 
 __all__ = ["Control"]
@@ -397,7 +398,7 @@ class Control:
             raise _Refused(ErrorCode(refusal.code), refusal.message, run=run)
 
     async def _run(self, who: Principal, act: Act, run_id: str) -> RunRecord:
-        """``run_id``'s record if ``who`` may do ``act`` on it (``relay/run_names.py``: an id,
+        """``run_id``'s record if ``who`` may do ``act`` on it (``relay/runs/run_names.py``: an id,
         a prefix or a name); a user cannot tell another's run from none."""
         try:
             record = await named_run(self.registry, who, run_id)
@@ -412,7 +413,7 @@ class Control:
         self, who: Principal, frame: wire.Submit | wire.SubmitSweep
     ) -> Manifest | Rooted:
         """The submit's snapshot: the manifest as sent, or the root tree it names, checked
-        reading only what changed since ``who`` last submitted it (``relay/trees.py``)."""
+        reading only what changed since ``who`` last submitted it (``relay/snapshots/trees.py``)."""
         if not frame.tree:
             return frame.manifest
         try:

@@ -25,10 +25,10 @@ from protocol_specs.auth import AuthThrottle, Principal, Refusal, check_token
 from protocol_specs.tunnels import MAX_TUNNELS
 from protocol_specs.wire import ErrorCode, Role, WireError
 
-from .audit import AuditTrail
 from .auth import TokenStore
 from .config import RelayConfig
-from .registry import Registry
+from .runs.audit import AuditTrail
+from .runs.registry import Registry
 from .store import StoreError
 
 __all__ = ["HANDSHAKE_TIMEOUT", "Gate", "Peer"]

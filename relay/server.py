@@ -4,11 +4,13 @@ Each connection starts with a ``hello`` frame naming its role (see ``protocol_sp
 ``protocol_specs/relay-protocol.md``), and goes through these rooms:
 
 - ``relay/gate.py``: the handshake, the token check, per-user connection caps, revocation;
-- ``relay/links.py``: ``ide`` and ``worker`` links to one run (publish exactly once, deliver from
-  a cursor, woken by ``relay/fanout.py``), and ``relay/readers.py``: ``logs`` readers;
+- ``relay/links/links.py``: ``ide`` and ``worker`` links to one run (publish exactly once, deliver
+  from a cursor, woken by ``relay/links/fanout.py``), and ``relay/links/readers.py``: ``logs``
+  readers;
 - ``relay/control.py``: ``control`` requests (submit, cancel, inspect, tokens, blobs) and the
-  worker pools' and scheduler backends' ``claim``/``dispatch``, which wait in ``relay/claims.py``;
-- ``relay/registry.py``: run records and their transitions, each atomic in the store, with
+  worker pools' and scheduler backends' ``claim``/``dispatch``, which wait in
+  ``relay/runs/claims.py``;
+- ``relay/runs/registry.py``: run records and their transitions, each atomic in the store, with
   leases, retries and the queue.
 
 What each credential may do is one table, ``protocol_specs/permissions.py``.
@@ -42,25 +44,25 @@ from protocol_specs.runs import RunRecord
 from protocol_specs.web import run_path
 from protocol_specs.wire import ErrorCode, Role
 
-from .audit import AuditTrail
 from .auth import TokenStore
-from .blobs import BlobStore, MemoryBlobStore
-from .claims import Claims
 from .client import ws_flow  # noqa: F401  (a websockets.trio fix, applied on import)
 from .config import SERVER_NAME, RelayConfig
 from .control import Control
-from .fanout import Fanout
 from .gate import Gate, Peer
-from .heap import keep_heap
-from .links import Links
-from .readers import serve_logs
-from .registry import Registry
+from .gc_policy import keep_heap
+from .links.fanout import Fanout
+from .links.links import Links
+from .links.readers import serve_logs
+from .runs.audit import AuditTrail
+from .runs.claims import Claims
+from .runs.registry import Registry
+from .runs.webhook import notify_unattended_stop
+from .snapshots.blobs import BlobStore, MemoryBlobStore
+from .snapshots.trees import expand_tree
 from .store import Store, StoreError
 from .sweeps import Sweeps
-from .trees import expand_tree
 from .web.live import serve_live
 from .web.server import Web
-from .webhook import notify_unattended_stop
 
 __all__ = ["SERVER_NAME", "Relay", "RelayConfig", "serve_relay", "server_port"]
 
@@ -95,7 +97,7 @@ class Relay:
         #: the web view's address, for the links in notices (``""``: unknown)
         self.web_base = ""
         self.fanout = Fanout(store)
-        #: connections that ended (``relay/heap.py``: a population that turned over)
+        #: connections that ended (``relay/gc_policy.py``: a population that turned over)
         self.ended = 0
         self.registry = Registry(
             store,

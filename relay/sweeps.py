@@ -46,12 +46,11 @@ from protocol_specs.sweeps import (
 )
 from protocol_specs.wire import ErrorCode, StreamName
 
-from . import keys
 from .config import RelayConfig
-from .metrics import points_after
-from .registry import RECORD_FIELD, Registry, snapshot_fields
-from .store import StoreError
-from .trees import Rooted
+from .runs.metrics import points_after
+from .runs.registry import RECORD_FIELD, Registry, snapshot_fields
+from .snapshots.trees import Rooted
+from .store import StoreError, keys
 
 __all__ = ["LEASE", "ROUND", "Sweeps"]
 

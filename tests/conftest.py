@@ -39,7 +39,7 @@ import pytest
 from hypothesis import settings
 from redis_cluster import RedisCluster
 
-from relay.embedded import SOCKET_NAME, bundled_server_binary, log_tail, server_argv
+from relay.embedded.server import SOCKET_NAME, bundled_server_binary, log_tail, server_argv
 from relay.store import Store, open_store
 
 SERVER_KINDS = ("bundled", "system", "cluster")

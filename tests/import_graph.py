@@ -18,33 +18,59 @@ PACKAGES = ("protocol_specs", "relay", "worker_shim", "adapter")
 DOC = ROOT / "docs" / "architecture.md"
 BEGIN, END = "<!-- import-graph:begin -->", "<!-- import-graph:end -->"
 
-#: the rooms of the house, lowest floor first: (room, what lives there, its modules' prefixes).
-#: A module belongs to the room of the longest prefix it matches.
-ROOMS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("protocol", "protocol_specs: the protocols and state machines, sans-I/O", ("protocol_specs",)),
-    (
+
+@dataclass(frozen=True)
+class Room:
+    name: str
+    folder: str  #: the package that is the room, from the root (``relay/client``)
+    what: str  #: what lives there
+    may_import: frozenset[str] = frozenset()  #: the rooms it may import from, besides itself
+
+
+#: The rooms of the house and the imports allowed between them, in one table, lowest floor first.
+#: A room is a folder: a module belongs to the room of the deepest folder here that holds it, so a
+#: sub-package not named here (``relay/links/``) is a part of the room around it. Nothing imports a
+#: room that is not on a lower floor than its own (a room's floor: one above the highest it may
+#: import, :func:`floors`).
+ROOMS: list[Room] = [
+    Room("protocol", "protocol_specs", "the protocols and state machines, sans-I/O"),
+    Room(
         "link client",
-        "relay.client: a relay's client, the adapter's and the worker's",
-        ("relay.client",),
+        "relay/client",
+        "a relay's client, the adapter's and the worker's",
+        frozenset({"protocol"}),
     ),
-    ("relay", "relay: the service", ("relay",)),
-    ("worker", "worker_shim: the GPU node's side", ("worker_shim",)),
-    ("adapter", "adapter: the local DAP adapter", ("adapter",)),
-    (
+    Room("relay", "relay", "the service", frozenset({"protocol", "link client"})),
+    Room("worker", "worker_shim", "the GPU node's side", frozenset({"protocol", "link client"})),
+    Room("adapter", "adapter", "the local DAP adapter", frozenset({"protocol", "link client"})),
+    Room(
         "cli",
-        "adapter.cli: the commands; composes everything",
-        ("adapter.cli",),
+        "adapter/cli",
+        "the commands; composes everything",
+        frozenset({"protocol", "link client", "relay", "worker", "adapter"}),
     ),
 ]
-#: the rooms each room may import from (besides itself); nothing imports a floor above its own
-ALLOWED: dict[str, set[str]] = {
-    "protocol": set(),
-    "link client": {"protocol"},
-    "relay": {"protocol", "link client"},
-    "worker": {"protocol", "link client"},
-    "adapter": {"protocol", "link client"},
-    "cli": {"protocol", "link client", "relay", "worker", "adapter"},
-}
+#: the rooms each room may import from (besides itself): the table above, by room
+ALLOWED: dict[str, frozenset[str]] = {room.name: room.may_import for room in ROOMS}
+
+
+def floors(rooms: list[Room] = ROOMS) -> dict[str, int]:
+    """Each room's floor: 0 for one that imports no other room, else one above the highest it may
+    import. Raises ``ValueError`` when the table lets rooms import each other (no floors then)."""
+    allowed = {room.name: room.may_import for room in rooms}
+    found: dict[str, int] = {}
+
+    def floor(name: str, seen: tuple[str, ...]) -> int:
+        if name in seen:
+            raise ValueError(f"the rooms {' -> '.join((*seen, name))} may import each other")
+        if name not in found:
+            below = [floor(other, (*seen, name)) for other in allowed[name]]
+            found[name] = 1 + max(below) if below else 0
+        return found[name]
+
+    for room in rooms:
+        floor(room.name, ())
+    return found
 
 
 @dataclass(frozen=True)
@@ -68,17 +94,32 @@ class Graph:
         return out
 
 
-def room_of(module: str) -> str:
-    """The room of the longest prefix that names the module or a package above it."""
+def _room_at(module: str) -> Room:
+    """The room of the deepest folder that holds the module (or is the package it names)."""
+    path = module.split(".")
     matches = [
-        (len(prefix), room)
-        for room, _, prefixes in ROOMS
-        for prefix in prefixes
-        if module == prefix or module.startswith(prefix + ".")
+        room for room in ROOMS if path[: len(room.folder.split("/"))] == room.folder.split("/")
     ]
     if not matches:
         raise KeyError(module)
-    return max(matches)[1]
+    return max(matches, key=lambda room: len(room.folder.split("/")))
+
+
+def room_of(module: str) -> str:
+    """The name of the module's room: that of the deepest room folder that holds it."""
+    return _room_at(module).name
+
+
+def part_of(graph: Graph, module: str) -> str:
+    """The part of its room a module is in: the room's sub-package that holds it (``relay/links/``),
+    or the module itself where it sits in the room's own folder (``relay/gate.py``)."""
+    room = _room_at(module)
+    rest = module.split(".")[len(room.folder.split("/")) :]
+    if not rest:
+        return f"{room.folder}/"
+    if len(rest) > 1 or graph.modules[module].name == "__init__.py":
+        return f"{room.folder}/{rest[0]}/"
+    return f"{room.folder}/{rest[0]}.py"
 
 
 def _module_name(path: Path) -> str:
@@ -180,17 +221,67 @@ def room_edges(graph: Graph) -> dict[tuple[str, str], int]:
 
 def diagram(graph: Graph) -> str:
     """The rooms and the imports between them, as a Mermaid flowchart (arrows point at the import)."""
-    ids = {room: f"r{i}" for i, (room, _, _) in enumerate(ROOMS)}
+    ids = {room.name: f"r{i}" for i, room in enumerate(ROOMS)}
     members: dict[str, list[str]] = defaultdict(list)
     for module in sorted(graph.modules):
         members[room_of(module)].append(module)
+    floor = floors()
     lines = ["```mermaid", "flowchart BT"]
-    for room, what, _ in ROOMS:
-        lines.append(f'  {ids[room]}["<b>{room}</b><br/>{what}<br/>{len(members[room])} modules"]')
+    for room in ROOMS:
+        lines.append(
+            f'  {ids[room.name]}["<b>{room.name}</b> (floor {floor[room.name]})<br/>'
+            f'{room.folder}/: {room.what}<br/>{len(members[room.name])} modules"]'
+        )
     for (a, b), n in room_edges(graph).items():
         lines.append(f"  {ids[a]} -->|{n}| {ids[b]}")
     lines.append("```")
     return "\n".join(lines)
+
+
+def part_edges(graph: Graph, room: Room) -> dict[tuple[str, str], int]:
+    """How many module-to-module imports go from one part of the room to another."""
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for source, targets in graph.edges().items():
+        for target in targets:
+            if room_of(source) == room_of(target) == room.name:
+                a, b = part_of(graph, source), part_of(graph, target)
+                if a != b:
+                    counts[a, b] += 1
+    return dict(sorted(counts.items()))
+
+
+def parts_diagram(graph: Graph, room: Room) -> str:
+    """The parts of one room (its sub-packages and its own modules; the package's ``__init__``
+    left out) and the imports between them, as a Mermaid flowchart."""
+    members: dict[str, list[str]] = defaultdict(list)
+    for module in sorted(graph.modules):
+        if room_of(module) == room.name and part_of(graph, module) != f"{room.folder}/":
+            members[part_of(graph, module)].append(module)
+    ids = {part: f"p{i}" for i, part in enumerate(sorted(members))}
+    lines = ["```mermaid", "flowchart BT"]
+    for part, modules in sorted(members.items()):
+        label = part.removeprefix(f"{room.folder}/")
+        count = f"<br/>{len(modules)} modules" if part.endswith("/") else ""
+        lines.append(f'  {ids[part]}["{label}{count}"]')
+    for (a, b), n in part_edges(graph, room).items():
+        if a in ids and b in ids:
+            lines.append(f"  {ids[a]} -->|{n}| {ids[b]}")
+    lines.append("```")
+    return "\n".join(lines)
+
+
+def rooms_with_parts(graph: Graph) -> list[Room]:
+    """The rooms that hold a sub-package of their own (a part that is a folder)."""
+    return [
+        room
+        for room in ROOMS
+        if any(
+            room_of(m) == room.name
+            and part_of(graph, m).endswith("/")
+            and part_of(graph, m) != f"{room.folder}/"
+            for m in graph.modules
+        )
+    ]
 
 
 def _summary(path: Path) -> str:
@@ -205,16 +296,23 @@ def module_map(graph: Graph) -> str:
     for module in sorted(graph.modules):
         members[room_of(module)].append(module)
     lines = []
-    for room, what, _ in ROOMS:
-        lines += ["", f"**{room}** ({what})", "", "| module | its job |", "|---|---|"]
+    for room in ROOMS:
+        lines += ["", f"**{room.name}** ({room.folder}/: {room.what})", ""]
+        lines += ["| module | its job |", "|---|---|"]
         lines += [
-            f"| `{m}` | {_summary(graph.modules[m]) or '(no docstring)'} |" for m in members[room]
+            f"| `{m}` | {_summary(graph.modules[m]) or '(no docstring)'} |"
+            for m in members[room.name]
         ]
     return "\n".join(lines).strip()
 
 
 def generated(graph: Graph) -> str:
-    return f"{diagram(graph)}\n\n{module_map(graph)}"
+    parts = [
+        f"The parts of the **{room.name}** room (`{room.folder}/`): its sub-packages and its own "
+        f"modules.\n\n{parts_diagram(graph, room)}"
+        for room in rooms_with_parts(graph)
+    ]
+    return "\n\n".join([diagram(graph), *parts, module_map(graph)])
 
 
 def write_doc(graph: Graph) -> bool:

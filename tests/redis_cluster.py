@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relay.embedded import STREAM_NODE_BYTES
+from relay.embedded.server import STREAM_NODE_BYTES
 
 __all__ = ["RedisCluster"]
 

@@ -3,7 +3,7 @@
 When an attempt ends on a pool, its directory stays (the pool keeps its newest runs'), and so does
 what a user may want to look at: checkpoints, logs, the state the program left. The pool keeps a
 ``worker`` link to the run with ``hello.after`` (the relay then opens the run's tunnels to this
-worker: ``relay/tunnels.py``), reads the run's ``to_worker`` from its end on, and serves each
+worker: ``relay/runs/tunnels.py``), reads the run's ``to_worker`` from its end on, and serves each
 tunnel asked for (``worker_shim/tunnels.py``) in that directory, with the run's environment. It
 stops when the pool deletes the directory (:meth:`Afterlives.tidied`), when the run is retried
 (its worker token is an earlier attempt's then: the relay refuses it), or when the pool stops.

@@ -121,10 +121,10 @@ async def open_local_stack(
     stack stops: it lives in this process's memory only."""
     from protocol_specs.auth import Principal, Scope, check_token
     from relay.auth import TokenStore
-    from relay.blobs import FileBlobStore
     from relay.client import Endpoint
-    from relay.embedded import run_embedded_server
+    from relay.embedded.server import run_embedded_server
     from relay.server import serve_relay, server_port
+    from relay.snapshots.blobs import FileBlobStore
     from worker_shim.housekeeping import CACHE_MAX_BYTES, KEEP_RUNS
     from worker_shim.pool import run_pool
 

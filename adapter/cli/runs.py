@@ -196,7 +196,7 @@ async def _print_output(relay: Endpoint, run_id: str, from_end: bool, done: trio
 
 async def say_why_queued(relay: Endpoint, run_id: str, say: Callable[[str], None]) -> None:
     """While the run is queued, say what it waits for each time that changes (what holds its
-    pool's slots: ``relay/queue_wait.py``), asking the relay every :data:`QUEUE_LOOK` seconds;
+    pool's slots: ``relay/runs/queue_wait.py``), asking the relay every :data:`QUEUE_LOOK` seconds;
     returns once the run left the queue. A lost relay is asked again (the logs say it is lost)."""
     said = ""
     while True:

@@ -38,8 +38,8 @@ __all__ = ["cmd_backend", "cmd_relay", "cmd_up", "cmd_worker"]
 
 
 async def cmd_relay(args: argparse.Namespace) -> int:
-    from relay.blobs import FileBlobStore
     from relay.server import serve_relay, server_port
+    from relay.snapshots.blobs import FileBlobStore
 
     tls = tls_context(args.tls_cert, args.tls_key)
     if tls is None and not is_loopback(args.host) and not args.insecure:

@@ -20,15 +20,15 @@ one conformance suite (``tests/integration/test_store.py``), run against both:
   block may be longer than the request timeout (``block_ms=0``, "forever", has no timeout).
   A Redis Cluster is a store too (``GlideClusterClient``): :func:`open_store` asks the first host
   that answers whether it is a cluster's node (``INFO cluster``), and then uses every host of the
-  URL as a seed. Every script's keys are in one hash slot (``relay/keys.py``: a run's keys share
-  its ``{run id}`` tag); single-key commands go wherever their key lives. Notices are plain
+  URL as a seed. Every script's keys are in one hash slot (``relay/store/keys.py``: a run's keys
+  share its ``{run id}`` tag); single-key commands go wherever their key lives. Notices are plain
   ``PUBLISH``, which a cluster forwards to every node, so one subscription hears every shard's
   appends (sharded pub/sub would not: a script may only ``SPUBLISH`` within its own slot).
 - :class:`MemoryStore`: an in-process fake with the same observable semantics (entry ids, exclusive
   cursors, exact ``maxlen`` trimming, consumer groups with pending entries, ``WRONGTYPE``), blocking
   reads built on trio events. Every method is a trio checkpoint, like real I/O.
 
-Notices: a listener (one per relay process, ``relay/fanout.py``) names the streams it watches
+Notices: a listener (one per relay process, ``relay/links/fanout.py``) names the streams it watches
 (:meth:`Store.watch`, a set per stream), and every append publishes a small notice (the stream, its
 new entry's id and the id of the entry before it) from the same script to each watching listener's
 own channel (``tether:appended:<listener>``), except the appender's own (it knows already). So one
@@ -39,8 +39,8 @@ lost"; the listening side then re-reads from Redis. The previous id is kept in t
 hash (``last``) by every writer, so it stays right after entries are trimmed.
 
 Stream entries carry their payload in one field, ``p``. Ids are strings ``"<ms>-<seq>"``; ``"0"`` is
-the cursor before the first entry. Key names are the caller's business (``relay/keys.py``): this
-module is generic.
+the cursor before the first entry. Key names are the caller's business (``relay/store/keys.py``):
+this module is generic.
 
 Errors: anything the server refuses, and any lost connection or timeout, raises :class:`StoreError`
 (the original glide exception is its ``__cause__``). Malformed arguments (negative ``block_ms``,

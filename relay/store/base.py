@@ -11,7 +11,8 @@ from typing import NamedTuple, Protocol
 import trio
 
 from protocol_specs.link import Cursor, InvalidCursor
-from relay.keys import NOTICE_CHANNEL, meta_key, transient_key, watchers_key
+
+from .keys import NOTICE_CHANNEL, meta_key, transient_key, watchers_key
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_MS",

@@ -20,8 +20,7 @@ from protocol_specs.runs import RunRecord
 from protocol_specs.session import DebugSession, StatusEvent
 from protocol_specs.wire import DapEntry, StatusEntry, StreamName, WireError, decode_entry
 
-from .. import keys
-from ..store import Store
+from ..store import Store, keys
 
 __all__ = ["MAX_ENTRIES", "Breakpoint", "DebugView", "Stop", "debug_view", "fold", "stopped_key"]
 

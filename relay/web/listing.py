@@ -1,4 +1,4 @@
-"""One page of the web view's runs list, read from the run indexes (``relay/keys.py``).
+"""One page of the web view's runs list, read from the run indexes (``relay/store/keys.py``).
 
 A page is :data:`~protocol_specs.web.PAGE_SIZE` runs, newest first, from a position in the index
 (the user's own, or every run for an admin). Without a filter it costs one range read and a record
@@ -21,8 +21,8 @@ from protocol_specs.auth import Principal
 from protocol_specs.runs import RunRecord, RunState
 from protocol_specs.web import MAX_SCAN, PAGE_SIZE, ListQuery
 
-from .. import keys
-from ..registry import RECORD_FIELD, Registry
+from ..runs.registry import RECORD_FIELD, Registry
+from ..store import keys
 
 __all__ = ["Page", "list_page", "load_many"]
 

@@ -2,8 +2,8 @@
 
 A page opens ``/ui/live`` (accepted by :meth:`relay.web.server.Web.process_request`, which checked
 the session and the origin) naming what it shows and the cursors it was rendered at. This module
-then follows, through the relay's :class:`~relay.fanout.Fanout` (one Redis subscription per relay
-process, notices carrying the entry: no reads per viewer while it keeps up):
+then follows, through the relay's :class:`~relay.links.fanout.Fanout` (one Redis subscription per
+relay process, notices carrying the entry: no reads per viewer while it keeps up):
 
 - ``tether:changes``, every run record as written: a list page gets the row of each run it may
   see (``{"t": "row", "id", "match", "html"}``: ``match`` false means the run left its filter), a
@@ -28,9 +28,8 @@ from websockets.trio.server import ServerConnection
 from protocol_specs.runs import RunRecord
 from protocol_specs.wire import StreamName
 
-from .. import keys
-from ..fanout import Fanout
-from ..store import StoreError
+from ..links.fanout import Fanout
+from ..store import StoreError, keys
 from .debug_view import stopped_key
 from .log_text import LogText
 from .pages import debug_section, run_row, run_summary

@@ -39,15 +39,14 @@ from protocol_specs.snapshots import Manifest
 from protocol_specs.trees import TreeError
 from protocol_specs.wire import AuditEntry, AuditEvent, StreamName
 
-from .. import keys
-from ..audit import AuditTrail
 from ..auth import TokenStore
-from ..blobs import BlobError, BlobStore
 from ..control import Control
 from ..gate import Gate
-from ..metrics import newest_points
-from ..registry import Registry
-from ..store import StoreError
+from ..runs.audit import AuditTrail
+from ..runs.metrics import newest_points
+from ..runs.registry import Registry
+from ..snapshots.blobs import BlobError, BlobStore
+from ..store import StoreError, keys
 from . import assets
 from .debug_view import DebugView, debug_view
 from .experiments import metrics_section, sweep_page, sweeps_page

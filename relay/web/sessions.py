@@ -1,4 +1,4 @@
-"""The web view's sessions and one-time login codes, in the store (``relay/keys.py``).
+"""The web view's sessions and one-time login codes, in the store (``relay/store/keys.py``).
 
 A session names the user token it was opened with, never the token itself: each request looks the
 token's record up again, so revoking the token (or its expiry) ends its sessions at once. Sessions
@@ -17,9 +17,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from protocol_specs.auth import Principal, Scope, TokenRecord
 from protocol_specs.web import CODE_TTL, SESSION_TTL, digest, new_secret
 
-from .. import keys
 from ..auth import TokenStore
-from ..store import Store
+from ..store import Store, keys
 
 __all__ = ["Opened", "Session", "WebSessions", "may_log_in"]
 

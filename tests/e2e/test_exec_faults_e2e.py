@@ -37,7 +37,7 @@ from faults.proxy import Direction, FaultProxy
 from stack import TETHER, Proc, admin_token, home_env, tether
 from test_faults import FAST, kill9, relay_process
 
-from relay.embedded import run_embedded_server
+from relay.embedded.server import run_embedded_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -43,7 +43,7 @@ from stack import relay_process as shared_relay_process
 
 from adapter.dap_client import DapClient, open_dap_client
 from adapter.demo import VSCODE_INITIALIZE
-from relay.embedded import run_embedded_server
+from relay.embedded.server import run_embedded_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

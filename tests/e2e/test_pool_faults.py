@@ -22,7 +22,7 @@ from faults.proxy import FaultProxy
 from stack import Proc, admin_token, tether
 from stack import relay_process as shared_relay_process
 
-from relay.embedded import run_embedded_server
+from relay.embedded.server import run_embedded_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -22,13 +22,13 @@ from protocol_specs import claims, wire
 from protocol_specs.auth import Scope
 from protocol_specs.runs import RunRecord, RunSpec, RunState
 from protocol_specs.wire import ErrorCode, Role
-from relay import claiming, keys
 from relay.auth import TokenStore
-from relay.claims import ORPHAN_AFTER, Claims
 from relay.client import Endpoint, RelayError, open_control, open_run_link
-from relay.registry import Registry
+from relay.runs import claiming
+from relay.runs.claims import ORPHAN_AFTER, Claims
+from relay.runs.registry import Registry
 from relay.server import Relay, RelayConfig, server_port
-from relay.store import MemoryStore, Store
+from relay.store import MemoryStore, Store, keys
 from worker_shim.confirm import confirm_claim
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -321,7 +321,7 @@ async def test_a_worker_whose_heartbeats_are_late_is_shown_silent() -> None:
 
 async def test_blobs_no_live_run_names_are_collected_and_recent_ones_spared() -> None:
     from protocol_specs.snapshots import Manifest, ManifestEntry
-    from relay.blobs import MemoryBlobStore
+    from relay.snapshots.blobs import MemoryBlobStore
 
     now = [10_000.0]
     blobs = MemoryBlobStore(clock=lambda: now[0])
@@ -343,8 +343,8 @@ async def test_the_collection_keeps_the_trees_and_files_of_a_run_recorded_by_its
 
     from protocol_specs.snapshots import Manifest, ManifestEntry
     from protocol_specs.trees import build_trees
-    from relay.blobs import MemoryBlobStore
-    from relay.trees import Rooted
+    from relay.snapshots.blobs import MemoryBlobStore
+    from relay.snapshots.trees import Rooted
 
     now = [10_000.0]
     blobs = MemoryBlobStore(clock=lambda: now[0])
@@ -365,7 +365,7 @@ async def test_the_file_blob_store_sweeps_by_name_and_age(tmp_path: Path) -> Non
     import hashlib
     import os
 
-    from relay.blobs import FileBlobStore
+    from relay.snapshots.blobs import FileBlobStore
 
     store = FileBlobStore(tmp_path / "blobs")
     digests = []
@@ -385,7 +385,7 @@ async def test_the_file_blob_store_sweeps_by_name_and_age(tmp_path: Path) -> Non
 async def test_a_whole_blob_is_stored_in_one_go_and_refused_whole(tmp_path: Path) -> None:
     import hashlib
 
-    from relay.blobs import BlobError, FileBlobStore
+    from relay.snapshots.blobs import BlobError, FileBlobStore
 
     store = FileBlobStore(tmp_path / "blobs")
     good = hashlib.sha256(b"bytes").hexdigest()

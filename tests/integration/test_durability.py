@@ -19,10 +19,9 @@ from protocol_specs import wire
 from protocol_specs.runs import RunSpec, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import ErrorCode, Role, StreamName
-from relay import keys
 from relay.client import Endpoint, LinkPolicy, RunLink, open_control, open_run_link
 from relay.server import RelayConfig, serve_relay, server_port
-from relay.store import Cap, Store
+from relay.store import Cap, Store, keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 

@@ -11,7 +11,7 @@ from protocol_specs.runs import RunSpec
 from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
 from protocol_specs.wire import Role
 from relay.client import Endpoint, open_control, open_run_link
-from relay.fanout import Fanout, Item, Subscription
+from relay.links.fanout import Fanout, Item, Subscription
 from relay.server import serve_relay, server_port
 from relay.store import GlideStore, Store
 from relay.store.base import NOTICE_PAYLOAD_BYTES

@@ -24,12 +24,11 @@ from protocol_specs import wire
 from protocol_specs.auth import Scope
 from protocol_specs.runs import RunSpec, RunState
 from protocol_specs.session import StatusEvent
-from relay import keys
 from relay.auth import TokenStore
-from relay.claiming import Claimed
 from relay.client import Endpoint, follow_logs, open_control
+from relay.runs.claiming import Claimed
 from relay.server import Relay, RelayConfig, server_port
-from relay.store import Store
+from relay.store import Store, keys
 from worker_shim.pool import run_pool
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(120)]
@@ -131,7 +130,7 @@ async def test_a_jobs_worker_whose_claims_answer_died_asks_again_and_runs_once(
     """A scheduler job's worker (``run_one``: it claims its named attempt) loses its claim's answer
     with relay A: it asks again through the proxy (relay B answers that the attempt is claimed,
     until its sweep puts the unconfirmed claim back), then claims, confirms and runs it, once."""
-    from relay import claiming
+    from relay.runs import claiming
     from worker_shim.pool import run_one
 
     tokens = TokenStore(redis_store)

@@ -18,10 +18,9 @@ from protocol_specs.runs import RunSpec, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
 from protocol_specs.wire import ErrorCode, Role, StreamName
-from relay import keys
 from relay.client import Endpoint, RelayError, open_control, open_run_link
 from relay.server import serve_relay, server_port
-from relay.store import Store
+from relay.store import Store, keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 

@@ -26,10 +26,10 @@ from protocol_specs import wire
 from protocol_specs.runs import TRANSITIONS, RunEvent, RunRecord, RunSpec, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
-from relay import claiming, keys
 from relay.config import RelayConfig
-from relay.registry import Change, Registry
-from relay.store import MemoryStore, Store
+from relay.runs import claiming
+from relay.runs.registry import Change, Registry
+from relay.store import MemoryStore, Store, keys
 
 SPEC = RunSpec(command=["python", "train.py"], workdir="/w", max_retries=1, retry_backoff=0.0)
 CONFIG = RelayConfig(lease=30.0)

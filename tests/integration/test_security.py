@@ -29,11 +29,10 @@ from protocol_specs.runs import REDACTED, RunSpec, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.wire import ErrorCode, Role
-from relay import keys
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, open_control, open_run_link
 from relay.server import RelayConfig, serve_relay, server_port
-from relay.store import Store
+from relay.store import Store, keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 

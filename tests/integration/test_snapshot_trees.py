@@ -16,12 +16,11 @@ from adapter.snapshot_upload import submit_snapshot
 from protocol_specs.auth import Scope
 from protocol_specs.runs import RunSpec
 from protocol_specs.trees import build_trees
-from relay import keys
-from relay.blobs import MemoryBlobStore
 from relay.client import Endpoint, RelayError, open_control
 from relay.config import RelayConfig
 from relay.server import serve_relay, server_port
-from relay.store import Store
+from relay.snapshots.blobs import MemoryBlobStore
+from relay.store import Store, keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 

@@ -3,7 +3,7 @@
 The ``store`` fixture (tests/conftest.py) is parametrised over ``memory`` and each real server
 (``bundled`` valkey always, ``system`` redis-server when installed); real-server cases carry the
 ``redis`` marker. A few tests below are glide-specific (URLs, timeouts) or exercise the embedded
-server (``relay.embedded``).
+server (``relay.embedded.server``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import trio
 import trio.testing
 
-from relay.embedded import (
+from relay.embedded.server import (
     bundled_server_binary,
     find_server_binary,
     run_embedded_server,

@@ -8,8 +8,7 @@ import trio
 from conftest import RedisServer
 from redis_cluster import RedisCluster, command
 
-from relay import keys
-from relay.store import GlideStore, StoreError, open_store
+from relay.store import GlideStore, StoreError, keys, open_store
 
 pytestmark = [pytest.mark.redis, pytest.mark.cluster]
 

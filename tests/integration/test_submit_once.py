@@ -1,5 +1,5 @@
 """A submit whose relay dies half-way: the run is queued once, or said lost, never left queued
-with nothing in its queue (``protocol_specs/submits.py``, ``relay/submitting.py``).
+with nothing in its queue (``protocol_specs/submits.py``, ``relay/runs/submitting.py``).
 
 Two relays serve one real Redis-compatible server, in-process, over real WebSockets, reached
 through a :class:`~faults.proxy.FaultProxy`; relay A dies (its tasks cancelled: nothing of it runs
@@ -21,10 +21,10 @@ from adapter.cli.submission import submit_run
 from protocol_specs.auth import Scope
 from protocol_specs.runs import RunRecord, RunSpec, RunState
 from protocol_specs.submits import run_id_for
-from relay import keys, submitting
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, follow_logs, open_control
-from relay.store import Store
+from relay.runs import submitting
+from relay.store import Store, keys
 from worker_shim.pool import run_pool
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(120)]

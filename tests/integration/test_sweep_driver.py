@@ -14,10 +14,9 @@ from protocol_specs.auth import Principal, Scope
 from protocol_specs.runs import RunSpec, RunState
 from protocol_specs.snapshots import Manifest
 from protocol_specs.sweeps import SweepRecord, SweepSpec, SweepState, parse_param
-from relay import keys
 from relay.config import RelayConfig
-from relay.registry import Registry
-from relay.store import Store
+from relay.runs.registry import Registry
+from relay.store import Store, keys
 from relay.sweeps import LEASE, ROUND, Sweeps
 
 

@@ -23,9 +23,8 @@ from adapter.cli.tunnel import open_tunnel_once, run_tunnel
 from protocol_specs import wire
 from protocol_specs.tunnel_open import DidNotRun, new_key
 from protocol_specs.tunnels import TunnelSpec
-from relay import keys
 from relay.client import Endpoint
-from relay.store import MemoryStore, StoreError
+from relay.store import MemoryStore, StoreError, keys
 
 pytestmark = pytest.mark.timeout(60)
 

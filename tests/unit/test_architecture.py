@@ -16,12 +16,16 @@ from import_graph import (
     BEGIN,
     DOC,
     END,
+    ROOMS,
     ROOT,
     Graph,
     Import,
+    Room,
     build,
     cycles,
+    floors,
     generated,
+    part_of,
     room_of,
 )
 
@@ -49,6 +53,36 @@ def _crosses(imp: Import) -> bool:
 
 def test_no_import_cycle(graph: Graph) -> None:
     assert cycles(graph) == []
+
+
+def test_every_room_is_a_folder_of_the_layout() -> None:
+    """The rooms are the folders: a room whose package moved or went is not silently empty."""
+    assert [
+        room.folder for room in ROOMS if not (ROOT / room.folder / "__init__.py").is_file()
+    ] == []
+    names = [room.name for room in ROOMS]
+    assert len(set(names)) == len(names)
+    assert {name for room in ROOMS for name in room.may_import} <= set(names)
+
+
+def test_the_rooms_stand_on_floors() -> None:
+    """The table of allowed imports has floors: no two rooms may import each other, however far
+    round; a table that lets them is refused."""
+    assert floors() == {
+        "protocol": 0,
+        "link client": 1,
+        "relay": 2,
+        "worker": 2,
+        "adapter": 2,
+        "cli": 3,
+    }
+    circular = [
+        Room("a", "a", "", frozenset({"b"})),
+        Room("b", "b", "", frozenset({"c"})),
+        Room("c", "c", "", frozenset({"a"})),
+    ]
+    with pytest.raises(ValueError, match="may import each other"):
+        floors(circular)
 
 
 def test_nothing_imports_against_the_layering(graph: Graph) -> None:
@@ -174,4 +208,11 @@ def test_the_graph_reader_sees_imports_and_cycles(tmp_path: Path) -> None:
     ]
     assert hidden, "the CLI's imports (many inside functions) are seen"
     assert room_of("relay.client") == "link client"
+    assert room_of("relay.client.link") == "link client"
     assert room_of("relay.links") == "relay"
+    assert room_of("relay.links.links") == "relay"
+    assert room_of("adapter.cli.runs") == "cli"
+    assert part_of(real, "relay.links.links") == "relay/links/"
+    assert part_of(real, "relay.links") == "relay/links/"
+    assert part_of(real, "relay.gate") == "relay/gate.py"
+    assert part_of(real, "relay") == "relay/"

@@ -16,15 +16,15 @@ from protocol_specs.runs import RunRecord, RunSpec
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import Role
 from relay.client import open_control, open_run_link
-from relay.server import serve_relay, server_port
-from relay.store import MemoryStore
-from relay.webhook import (
+from relay.runs.webhook import (
     MAX_CLOCK_SKEW,
     WebhookError,
     post_json,
     unattended_stop_notice,
     validate_webhook_url,
 )
+from relay.server import serve_relay, server_port
+from relay.store import MemoryStore
 
 
 def test_desktop_command_per_platform() -> None:

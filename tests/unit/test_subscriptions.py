@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from relay import fanout
-from relay.fanout import Fanout, Item
+from relay.links import fanout
+from relay.links.fanout import Fanout, Item
 from relay.store import MemoryStore
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.trees import Expansion, TreeError, Trees, build_trees, decode_tree, encode_tree
-from relay import trees as relay_trees
+from relay.snapshots import trees as relay_trees
 
 
 def digest(text: str) -> str:

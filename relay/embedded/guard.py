@@ -1,8 +1,8 @@
-"""A server's guard: ``python -m relay.guard SERVER ARGS...`` runs the server as its child and
-makes it end with whoever started the guard, however that one ends.
+"""A server's guard: ``python -m relay.embedded.guard SERVER ARGS...`` runs the server as its child
+and makes it end with whoever started the guard, however that one ends.
 
-The starter (``relay/embedded.py``) keeps the write end of the guard's stdin. The guard stops the
-server (SIGTERM, then SIGKILL after :data:`STOP_TIMEOUT`) when
+The starter (``relay/embedded/server.py``) keeps the write end of the guard's stdin. The guard stops
+the server (SIGTERM, then SIGKILL after :data:`STOP_TIMEOUT`) when
 
 - its stdin reaches end of file: the starter exited, cleanly or not (a SIGKILL included: the
   kernel closes its end of the pipe), or
@@ -29,7 +29,7 @@ STOP_TIMEOUT = 10.0
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m relay.guard SERVER [ARGS...]", file=sys.stderr)
+        print("usage: python -m relay.embedded.guard SERVER [ARGS...]", file=sys.stderr)
         return 2
     server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     stopping: list[float] = []

@@ -1,5 +1,5 @@
-"""Sending a stream to a peer: live from a cursor on (woken by ``relay/fanout.py``), with early
-entries and their commits, or a run's history as it is now; and which stream a published entry
+"""Sending a stream to a peer: live from a cursor on (woken by ``relay/links/fanout.py``), with
+early entries and their commits, or a run's history as it is now; and which stream a published entry
 is stored in."""
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ import trio
 from protocol_specs import wire
 from protocol_specs.wire import StreamName
 
-from . import keys
-from .config import RelayConfig
+from ..config import RelayConfig
+from ..gate import Peer
+from ..store import Diversion, Store, keys
 from .fanout import Fanout
-from .gate import Peer
-from .store import Diversion, Store
 
 __all__ = ["COMMIT_AFTER", "deliver", "deliver_history", "diversion"]
 

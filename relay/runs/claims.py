@@ -31,10 +31,9 @@ import trio
 
 from protocol_specs.runs import RunRecord, RunState
 
-from . import keys
+from ..store import StoreError, keys
 from .claiming import Claimed
 from .registry import Registry
-from .store import StoreError
 
 __all__ = ["ORPHAN_AFTER", "Claims"]
 

@@ -3,7 +3,7 @@
 A run queued for the local pool waits because every slot of the pools serving it holds a run: a
 slot's attempt holds a lease (``keys.LEASES``) from its claim to its end, so the runs with a
 lease on that backend are what holds the slots, and the slots waiting for a run on this relay
-process (:meth:`relay.claims.Claims.waiting`) are the free ones. :func:`explain` sets
+process (:meth:`relay.runs.claims.Claims.waiting`) are the free ones. :func:`explain` sets
 :attr:`RunRecord.queued_why` on the records a relay answers with (``tether ls``, ``tether
 status``, and the polls of ``tether run -f`` and ``tether debug`` while their run is queued);
 the text is ``protocol_specs/run_text.py``'s. It is never stored.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from protocol_specs.run_text import slots_text
 from protocol_specs.runs import RunRecord, RunState
 
-from . import keys
+from ..store import keys
 
 if TYPE_CHECKING:
     from .registry import Registry

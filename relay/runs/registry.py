@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-A run's record is one JSON value in its hash (``relay/keys.py``) with a version beside it. Every
-change is *read, decide, write if unchanged*: :meth:`Registry.update` reads the record and its
+A run's record is one JSON value in its hash (``relay/store/keys.py``) with a version beside it.
+Every change is *read, decide, write if unchanged*: :meth:`Registry.update` reads the record and its
 version, lets a pure function decide the new record (the state machine in
 ``protocol_specs/runs.py`` is the only authority on what may follow what), and writes it with
 :meth:`~relay.store.Store.set_versioned`, a compare-and-set done by the server in one step. A
@@ -20,8 +20,8 @@ lease (the sweep finds it and the state machine ignores it), an unacknowledged q
 
 Leases are per attempt (``run#attempt`` in :data:`keys.LEASES`), so a sweep that expires one
 attempt's lease can never end the next attempt of the same run. A claim is provisional until its
-worker confirms it (``protocol_specs/claims.py``, performed by ``relay/claiming.py``): a lease that
-expires on an unconfirmed claim releases it (the run queued again at the same attempt), since
+worker confirms it (``protocol_specs/claims.py``, performed by ``relay/runs/claiming.py``): a lease
+that expires on an unconfirmed claim releases it (the run queued again at the same attempt), since
 nothing of that attempt ran.
 """
 
@@ -45,14 +45,14 @@ from protocol_specs.snapshots import Manifest
 from protocol_specs.trees import TreeError
 from protocol_specs.wire import ErrorCode, StreamName
 
-from . import claiming, keys, submitting
-from .auth import TokenStore
-from .blobs import BlobError
-from .config import RelayConfig
+from ..auth import TokenStore
+from ..config import RelayConfig
+from ..snapshots.blobs import BlobError
+from ..snapshots.trees import Expand, Rooted
+from ..store import Store, StoreError, keys
+from . import claiming, submitting
 from .metrics import last_metrics
-from .store import Store, StoreError
 from .submitting import new_run_id, snapshot_fields
-from .trees import Expand, Rooted
 from .tunnels import expire_tunnels
 
 __all__ = ["RECORD_FIELD", "Change", "Registry", "new_run_id", "snapshot_fields"]
@@ -87,7 +87,8 @@ class Registry:
         self.store = store
         self.config = config
         self.clock = clock
-        #: a root tree's manifest and trees (``relay/trees.py``): for runs recorded by their tree
+        #: a root tree's manifest and trees (``relay/snapshots/trees.py``): for runs recorded by
+        #: their tree
         self.expand = expand
         #: the backends whose queue this process has used (their consumer group exists)
         self.backends: set[str] = set()
@@ -309,7 +310,7 @@ class Registry:
         run_id: str = "",
         trial: str = "",
     ) -> RunRecord | wire.Error:
-        """Record and queue a run on ``snapshot`` (``relay/submitting.py``)."""
+        """Record and queue a run on ``snapshot`` (``relay/runs/submitting.py``)."""
         return await submitting.submit(
             self, spec, snapshot, owner=owner, rerun_of=rerun_of, run_id=run_id, trial=trial
         )
@@ -405,8 +406,8 @@ class Registry:
     async def claimed(
         self, run_id: str, worker: str, *, mint: bool = True, from_queue: bool = True
     ) -> claiming.Claimed | None:
-        """Claim a queued run for ``worker`` (``relay/claiming.py``), with a worker token for the
-        attempt (``mint``); ``None`` if it is not queued (any more)."""
+        """Claim a queued run for ``worker`` (``relay/runs/claiming.py``), with a worker token for
+        the attempt (``mint``); ``None`` if it is not queued (any more)."""
         return await claiming.claim(self, run_id, worker, mint=mint, from_queue=from_queue)
 
     async def release(self, record: RunRecord, why: str) -> RunRecord | None:
@@ -466,9 +467,9 @@ class Registry:
         return await self.store.zadd(keys.LEASES, run_id, expires, only_existing=True)
 
     async def sweep(self) -> list[str]:
-        """Release the claims left unconfirmed past their deadline (``relay/claiming.py``); handle
-        the attempts whose worker lease expired (retried, or the run marked lost); queue retried
-        runs that are due. Returns the ids of the runs whose lease expired.
+        """Release the claims left unconfirmed past their deadline (``relay/runs/claiming.py``);
+        handle the attempts whose worker lease expired (retried, or the run marked lost); queue
+        retried runs that are due. Returns the ids of the runs whose lease expired.
 
         Every relay sweeps; the one whose ``ZREM`` removes a lease (or a delayed run) handles it.
         """
@@ -499,7 +500,7 @@ class Registry:
 
     async def requeue_due(self) -> None:
         """Queue the retried runs whose backoff is over, and the runs of pools' claims that were
-        released but not queued again (their relay died in between: ``relay/claiming.py``)."""
+        released but not queued again (their relay died in between: ``relay/runs/claiming.py``)."""
         now = self.clock()
         for run_id in await self.store.zrange_by_score(keys.DELAYED, now, 100):
             if not await self.store.zrem(keys.DELAYED, run_id):

@@ -1,20 +1,20 @@
 """Run connections: an adapter's (``ide``) and a worker's (``worker``) link to one run, and the two
 links of a tunnel into it (``tunnel``, and a ``worker`` naming the tunnel: the tunnel's streams,
-``relay/tunnels.py``). A reader of its logs (``logs``) is opened here too, and served by
-``relay/readers.py``.
+``relay/runs/tunnels.py``). A reader of its logs (``logs``) is opened here too, and served by
+``relay/links/readers.py``.
 
 What a link publishes is appended to the run's outbound stream exactly once
 (:meth:`~relay.store.Store.append_once`) and acknowledged only after Redis stored it; a delivery
-task sends the run's inbound stream from the peer's cursor on (``relay/delivery.py``).
+task sends the run's inbound stream from the peer's cursor on (``relay/links/delivery.py``).
 
 Redis is not on the way of live traffic: a link's receiver checks each publish and, for a DAP
 entry, hands it at once to the peers on this process that take entries early
 (:meth:`Fanout.forward`); a storer task appends the link's publishes in order and answers them.
 A publish goes early only while nothing the link sent before it waits to be stored and delivered
 the ordinary way (a status or presence entry), so every peer sees a producer's entries in order. A
-worker's status entries move the run record along (``relay/registry.py``); its link's opening
-confirms the claim its token came with (``relay/claiming.py``), its heartbeats renew its attempt's
-lease. Who may open which link, and publish what on it, is
+worker's status entries move the run record along (``relay/runs/registry.py``); its link's opening
+confirms the claim its token came with (``relay/runs/claiming.py``), its heartbeats renew its
+attempt's lease. Who may open which link, and publish what on it, is
 ``protocol_specs/permissions.py``'s table, checked when the link opens and, for a worker, again
 whenever its attempt may have ended (status entries, heartbeats).
 """
@@ -36,16 +36,16 @@ from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord
 from protocol_specs.wire import AuditEvent, ErrorCode, Role, StreamName, WireError
 
-from . import claiming, keys
-from .audit import AuditTrail
-from .config import SERVER_NAME, RelayConfig
+from ..config import SERVER_NAME, RelayConfig
+from ..gate import Peer
+from ..runs import claiming
+from ..runs.audit import AuditTrail
+from ..runs.registry import Registry
+from ..runs.tunnels import Tunnels
+from ..runs.worker_status import WorkerStatus, worker_may_publish
+from ..store import Appended, Published, StoreError, keys
 from .delivery import deliver, deliver_history, diversion
 from .fanout import Fanout, Subscription
-from .gate import Peer
-from .registry import Registry
-from .store import Appended, Published, StoreError
-from .tunnels import Tunnels
-from .worker_status import WorkerStatus, worker_may_publish
 
 __all__ = ["Links"]
 

@@ -1,6 +1,6 @@
 """What a worker's status entries do to its run: the record moves along the table in
-``protocol_specs/runs.py`` (``relay/registry.py`` performs it), a process of the run is listed or
-paused, an unattended stop is posted to the run's webhook and marked in its logs (as is an
+``protocol_specs/runs.py`` (``relay/runs/registry.py`` performs it), a process of the run is listed
+or paused, an unattended stop is posted to the run's webhook and marked in its logs (as is an
 attempt's start).
 Only the events below may come from a worker; the relay writes the others itself.
 """

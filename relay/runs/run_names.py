@@ -8,7 +8,7 @@ from __future__ import annotations
 from protocol_specs.auth import Principal
 from protocol_specs.runs import RunRecord
 
-from . import keys
+from ..store import keys
 from .registry import Registry
 
 __all__ = ["MIN_PREFIX", "NAME_SCAN", "PREFIX_SCAN", "Ambiguous", "named_run"]

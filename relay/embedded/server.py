@@ -12,8 +12,8 @@ flushes everything), listening only on a unix socket in the data directory: no T
 nothing else on the machine reaches it through the network. On exit it is stopped with SIGTERM,
 then SIGKILL if it has not exited within :data:`STOP_TIMEOUT`.
 
-The server never outlives tether: it runs under a guard (``relay/guard.py``) that stops it when
-tether's end of a pipe closes, which the kernel does however tether ends (SIGTERM, SIGHUP, a
+The server never outlives tether: it runs under a guard (``relay/embedded/guard.py``) that stops it
+when tether's end of a pipe closes, which the kernel does however tether ends (SIGTERM, SIGHUP, a
 SIGKILL, a crash). One tether at a time owns a data directory (a lock file, ``server.lock``); a
 server still answering on the socket while nobody holds the lock was left by a tether that ended
 before its guard existed, and is shut down (its append-only file flushed) before a new one starts.
@@ -256,7 +256,7 @@ async def run_embedded_server(
                 )
                 await _shut_down_orphan(sock)
             process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "relay.guard", *argv],
+                [sys.executable, "-m", "relay.embedded.guard", *argv],
                 stdin=subprocess.PIPE,
                 stdout=log_fd,
                 stderr=log_fd,

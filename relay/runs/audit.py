@@ -22,8 +22,7 @@ from protocol_specs.auth import Principal
 from protocol_specs.runs import RunRecord
 from protocol_specs.wire import AuditEvent
 
-from . import keys
-from .store import Store
+from ..store import Store, keys
 
 __all__ = ["AuditTrail"]
 

@@ -23,8 +23,8 @@ from protocol_specs.snapshots import Manifest
 from protocol_specs.submits import FINISH_AFTER
 from protocol_specs.wire import ErrorCode, StreamName
 
-from . import keys
-from .trees import Rooted
+from ..snapshots.trees import Rooted
+from ..store import keys
 
 if TYPE_CHECKING:
     from .registry import Registry

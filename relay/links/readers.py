@@ -1,5 +1,5 @@
 """Logs readers: a ``logs`` connection to one run (``tether logs``, ``tether metrics``), opened as
-any run connection is (``relay/links.py``: who may read it is the permission table's) and then
+any run connection is (``relay/links/links.py``: who may read it is the permission table's) and then
 delivered the run's logs or metrics stream from its cursor on, live, until the peer goes. It
 publishes nothing."""
 
@@ -11,10 +11,10 @@ from protocol_specs import wire
 from protocol_specs.auth import Principal
 from protocol_specs.wire import AuditEvent, ErrorCode, StreamName, WireError
 
-from . import keys
-from .config import SERVER_NAME
+from ..config import SERVER_NAME
+from ..gate import Peer
+from ..store import keys
 from .delivery import deliver
-from .gate import Peer
 from .links import Links
 
 __all__ = ["serve_logs"]

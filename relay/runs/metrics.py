@@ -15,8 +15,7 @@ import msgpack
 from protocol_specs.metrics import Point, last_values
 from protocol_specs.wire import StreamName
 
-from . import keys
-from .store import Entry, Store
+from ..store import Entry, Store, keys
 
 __all__ = ["PAGE_ENTRIES", "last_metrics", "metric_points", "newest_points", "points_after"]
 

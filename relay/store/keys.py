@@ -13,7 +13,7 @@ key                            type    contents                                 
                                        its version (compare-and-set writes)
 ``tether:run:{R}:manifest``    string  the snapshot's manifest (JSON), for a run   relay         relay (claim)
                                        submitted with one (one named by its root
-                                       tree is expanded at claim: ``relay/trees.py``)
+                                       tree is expanded at claim: ``relay/snapshots/trees.py``)
 ``tether:run:{R}:to_worker``   stream  IDE -> worker entries (field ``p``; ``o``,  relay (ide)   relay (worker)
                                        ``n``: the publish that wrote it)
 ``tether:run:{R}:to_ide``      stream  worker -> IDE entries and run status        relay         relay (ide)

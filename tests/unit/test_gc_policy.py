@@ -1,4 +1,4 @@
-"""The relay's heap policy (``relay/heap.py``): freeze after growth, thaw after a fall."""
+"""The relay's heap policy (``relay/gc_policy.py``): freeze after growth, thaw after a fall."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 import trio
 import trio.testing
 
-from relay.heap import MIN_GROWTH, STEADY_GROWTH, HeapAction, HeapPolicy, keep_heap
+from relay.gc_policy import MIN_GROWTH, STEADY_GROWTH, HeapAction, HeapPolicy, keep_heap
 
 
 def test_a_growing_relay_freezes_at_each_quarter_and_thaws_after_halving() -> None:

@@ -5,8 +5,8 @@ caller's and have a worker now, and have fewer than :data:`~protocol_specs.tunne
 open. Its id goes into the attempt's zset of tunnels and, with what to run, into ``to_worker`` as
 a ``control`` entry the worker acts on, once however often the request is asked again
 (``protocol_specs/tunnel_open.py`` decides; each step here is idempotent). Its two links are
-ordinary run links (``relay/links.py``) on the tunnel's own streams; the worker's ``exit`` entry
-closes it (:meth:`Tunnels.closed`): it stops counting, and its keys expire
+ordinary run links (``relay/links/links.py``) on the tunnel's own streams; the worker's ``exit``
+entry closes it (:meth:`Tunnels.closed`): it stops counting, and its keys expire
 :data:`~protocol_specs.tunnels.LINGER` s later.
 """
 
@@ -23,8 +23,7 @@ from protocol_specs.tunnel_open import Create, Known, Refuse, Verdict, open_verd
 from protocol_specs.tunnels import LINGER, MAX_TUNNELS, TunnelSpec
 from protocol_specs.wire import StreamName
 
-from . import keys
-from .store import Store
+from ..store import Store, keys
 
 __all__ = ["Tunnels", "expire_tunnels"]
 

@@ -1,8 +1,8 @@
 """Claims in the run records: made provisionally, confirmed by their worker, or released.
 
 ``protocol_specs/claims.py`` decides; this module performs its decisions on the registry's store
-(``relay/registry.py``: each one a compare-and-set of the run's record, its side effects done by
-the writer whose write won):
+(``relay/runs/registry.py``: each one a compare-and-set of the run's record, its side effects done
+by the writer whose write won):
 
 - :func:`claim` mints the claim's worker token and puts the claim's deadline in
   :data:`keys.UNCONFIRMED` *before* it writes the claim (the token's id is the claim's id): a
@@ -37,7 +37,7 @@ from protocol_specs.runs import IllegalTransition, RunEvent, RunRecord, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import ErrorCode
 
-from . import keys
+from ..store import keys
 
 if TYPE_CHECKING:
     from .registry import Registry
