@@ -5,7 +5,7 @@ run queues.
 A project's virtual environment never travels in its snapshot (``.venv`` is left out, and its
 ``bin/python`` is a link out of the tree), and the worker cannot know which environment the user
 had activated. So the command is made to name the user's environment by its path, as their shell
-would run it (README, "Your environment on the worker"):
+would run it (docs/runs.md, "Your environment on the worker"):
 
 - a program named by a relative path inside a Python environment (``.venv/bin/python``,
   ``env/bin/torchrun``) is named by its absolute path;

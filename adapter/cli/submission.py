@@ -152,7 +152,7 @@ def build_spec(
             name=args.name or "",
             client_os="windows" if os.name == "nt" else "unix",
             post_mortem=pick("post_mortem", True),
-            # what a run does when nobody comes (README, "Unattended stops"): a plain run is
+            # what a run does when nobody comes (docs/reliability.md, "Unattended stops"): a plain run is
             # nobody's session, a local pool's slots are few
             on_unattended_stop=pick("on_unattended_stop", unattended_policy(debug, backend)),
             unattended_timeout=_given(
