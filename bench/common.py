@@ -23,7 +23,7 @@ from adapter.dap_client import DapClient, open_dap_client
 from adapter.demo import VSCODE_INITIALIZE
 from relay.client import Endpoint
 from tests.e2e.harness import Proc, debug_run, relay_stack, tether, worker
-from worker_shim.debuggee import Debuggee, start_debuggee
+from worker_shim.program.debuggee import Debuggee, start_debuggee
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"

@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from worker_shim.python_command import build_attachable_argv, debugpy_home
+from worker_shim.program.python_command import build_attachable_argv, debugpy_home
 
 __all__ = ["PROGRAMS", "run"]
 

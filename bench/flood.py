@@ -24,7 +24,7 @@ from typing import Any
 import trio
 
 from tests.e2e.harness import debug_run, ensure_node_modules, vscode_attach, vscode_initialize
-from worker_shim.debuggee import start_debuggee
+from worker_shim.program.debuggee import start_debuggee
 
 from .common import (
     PROGRAMS,

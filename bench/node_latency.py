@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.harness import debug_run, open_vscode_session, scenario
-from worker_shim.debuggee import start_debuggee
+from worker_shim.program.debuggee import start_debuggee
 
 from .common import FLOOR, PROGRAMS, TETHER, WAYS, Dist, Stack, break_line
 from .wan import inspect_steps, stop_times

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.harness import debug_run, open_vscode_session, scenario, worker
-from worker_shim.debuggee import start_debuggee
+from worker_shim.program.debuggee import start_debuggee
 
 from .common import PROGRAMS, Dist, break_line, rss_kib
 

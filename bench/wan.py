@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from tests.e2e.harness import debug_run, open_vscode_session, scenario
-from worker_shim.debuggee import start_debuggee
+from worker_shim.program.debuggee import start_debuggee
 
 from .common import DEBUGPY, PROGRAMS, TETHER, Dist, Stack, break_line
 from .delay_proxy import delay_proxy

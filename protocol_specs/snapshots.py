@@ -19,8 +19,8 @@ boundary, enforced by pydantic when the manifest is decoded (relay and worker al
 - sizes are bounded per file (:data:`MAX_FILE_BYTES`) and in total (:data:`MAX_TOTAL_BYTES`), and the
   entry count by :data:`MAX_FILES`.
 
-The worker (``worker_shim.files``) checks every digest it downloads and still materialises with
-``O_NOFOLLOW`` under directories it created itself. Nothing here performs I/O.
+The worker (``worker_shim.program.files``) checks every digest it downloads and still materialises
+with ``O_NOFOLLOW`` under directories it created itself. Nothing here performs I/O.
 """
 
 from __future__ import annotations

@@ -3,12 +3,12 @@
 Sequence for a run in debug mode:
 
 1. Connect to the relay (``worker`` role, naming the attempt), materialise the snapshot in a new
-   directory of this attempt's own (``worker_shim.files``: blobs checked against their digests, no
-   path leaving the directory).
+   directory of this attempt's own (``worker_shim.program.files``: blobs checked against their
+   digests, no path leaving the directory).
 2. Start the program under ``debugpy --listen 127.0.0.1:0 --wait-for-client`` with subprocess
-   debugging on unless the run asked for the main process only (``worker_shim.debuggee``);
+   debugging on unless the run asked for the main process only (``worker_shim.program.debuggee``);
    nothing of the user's code runs yet. Each child process debugpy announces gets a connection
-   and a session of its own, configured at once (``worker_shim.processes``).
+   and a session of its own, configured at once (``worker_shim.session.processes``).
 3. Fold the run's ``to_worker`` stream until the IDE side finished its configuration
    (``configurationDone``), unless the run asked not to wait.
 4. Replay the *compacted* configuration into debugpy: ``initialize`` -> ``attach`` (path mappings:
@@ -24,8 +24,8 @@ Sequence for a run in debug mode:
 
 The program's stdout and stderr go to the run's logs stream (``LogEntry`` chunks) as well as to a
 log file beside the run directory and, when the IDE asked for output, to the IDE as ``output``
-events (``worker_shim.output``: pydevd is never asked to redirect; a barrier puts the output before
-``stopped``, the exit and every response). While the program stays stopped for more than
+events (``worker_shim.session.output``: pydevd is never asked to redirect; a barrier puts the output
+before ``stopped``, the exit and every response). While the program stays stopped for more than
 :data:`PAUSE_REPORT_AFTER`, the shim reports ``paused`` (with where) for ``tether ls``, and
 ``resumed`` when it goes on; short stops (stepping) are not reported.
 
@@ -36,8 +36,8 @@ While the program is paused and no IDE is attached, :class:`protocol_specs.atten
 decides what happens (the run's ``on_unattended_stop`` policy).
 
 This module is the I/O only: the debugpy socket, the run link, the program. What to send and
-publish is decided by :class:`worker_shim.core.ShimCore` (routing, the replay, unattended stops),
-without I/O; :class:`~worker_shim.driver.Driver` performs it.
+publish is decided by :class:`worker_shim.session.core.ShimCore` (routing, the replay, unattended
+stops), without I/O; :class:`~worker_shim.session.driver.Driver` performs it.
 """
 
 from __future__ import annotations
@@ -63,12 +63,7 @@ from protocol_specs.snapshots import Manifest
 from protocol_specs.wire import Role, StreamName
 from relay.client import LinkPolicy, RunLink, Target, open_control, open_run_link
 
-from .actions import (
-    status_entry,
-)
-from .core import ShimCore, exit_status, parse_delivery, terminates
-from .debuggable import attach_listener, attachable_argv, until_debugged
-from .debuggee import (
+from .program.debuggee import (
     Debuggee,
     OutputPump,
     kill_stragglers,
@@ -76,15 +71,20 @@ from .debuggee import (
     start_plain,
     terminate_group,
 )
-from .driver import Driver
-from .files import Fetch, materialise
-from .metrics import control_action, metrics_env, open_program_metrics
-from .output import ProgramOutput, open_program_output, unbuffered_env
-from .processes import Processes
-from .quarters import Housing, Quarters, open_quarters, program_env
-from .reaper import MARK_ENV
-from .replay import DEFAULT_INITIALIZE
-from .tunnels import Tunnels, open_tunnels
+from .program.files import Fetch, materialise
+from .program.metrics import control_action, metrics_env, open_program_metrics
+from .program.quarters import Housing, Quarters, open_quarters, program_env
+from .program.reaper import MARK_ENV
+from .program.tunnels import Tunnels, open_tunnels
+from .session.actions import (
+    status_entry,
+)
+from .session.core import ShimCore, exit_status, parse_delivery, terminates
+from .session.debuggable import attach_listener, attachable_argv, until_debugged
+from .session.driver import Driver
+from .session.output import ProgramOutput, open_program_output, unbuffered_env
+from .session.processes import Processes
+from .session.replay import DEFAULT_INITIALIZE
 
 __all__ = ["DEFAULT_INITIALIZE", "program_env", "run_dir_of", "run_shim", "worker_link",
            "worker_link_policy"]  # fmt: skip
@@ -125,7 +125,7 @@ async def run_shim(
     ``say_when_stopped``: if the worker stops before the attempt ended, tell the relay the
     attempt is over (a pool's worker); a scheduler's job leaves that to its backend, which knows
     why the job ended (requeued, preempted, cancelled). ``allow_tunnels``: serve the user's
-    shells, commands and port forwards into the run (``worker_shim/tunnels.py``)."""
+    shells, commands and port forwards into the run (``worker_shim/program/tunnels.py``)."""
     say = on_event or (lambda _text: None)
     run_dir = run_dir_of(runs_dir, record)
     log_path = runs_dir / f"{record.id}-{record.attempt}.log"
@@ -275,7 +275,7 @@ async def _program(
             python=python,
             on_output=output,
             secrets=record.spec.secrets(),
-            # children debugged too, each configured by the shim (``worker_shim.processes``)
+            # children debugged too, each configured by the shim (``worker_shim.session.processes``)
             subprocesses=record.spec.processes != "main",
             quarters=quarters,
         ) as debuggee:

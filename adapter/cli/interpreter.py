@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from protocol_specs.trees import Trees, decode_tree
-from worker_shim.python_command import is_python, split_python_command
+from worker_shim.program.python_command import is_python, split_python_command
 
 __all__ = ["Pinned", "check_targets", "env_root", "pin_environment", "tree_holds"]
 

@@ -20,7 +20,7 @@ from .errors import store_at
 if TYPE_CHECKING:
     from protocol_specs.runs import RunRecord
     from relay.client import Endpoint
-    from worker_shim.identity import Isolation
+    from worker_shim.program.identity import Isolation
 
 __all__ = ["LocalStack", "open_local_stack", "pool_name", "stopping_text"]
 
@@ -125,8 +125,8 @@ async def open_local_stack(
     from relay.embedded.server import run_embedded_server
     from relay.server import serve_relay, server_port
     from relay.snapshots.blobs import FileBlobStore
-    from worker_shim.housekeeping import CACHE_MAX_BYTES, KEEP_RUNS
-    from worker_shim.pool import run_pool
+    from worker_shim.backends.housekeeping import CACHE_MAX_BYTES, KEEP_RUNS
+    from worker_shim.backends.pool import run_pool
 
     keep_runs, cache_max = pool_bounds or (KEEP_RUNS, CACHE_MAX_BYTES)
 

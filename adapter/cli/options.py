@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from protocol_specs.runs import KNOWN_BACKENDS
-from worker_shim.housekeeping import CACHE_MAX_BYTES, KEEP_RUNS
+from worker_shim.backends.housekeeping import CACHE_MAX_BYTES, KEEP_RUNS
 
 from .settings import DEFAULT_ADAPTER_PORT, parse_duration, parse_memory, public_url
 
@@ -257,7 +257,7 @@ def pool_options(sp: argparse.ArgumentParser) -> None:
 
 
 def _uids(text: str) -> range:
-    from worker_shim.identity import parse_uids
+    from worker_shim.program.identity import parse_uids
 
     try:
         return parse_uids(text)

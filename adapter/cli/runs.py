@@ -345,7 +345,7 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
 def not_attachable(record: RunRecord) -> str:
     """Why an IDE cannot debug the run, or ``""``: an ended run never can; a debug run can, a
     plain run when it started a Python program debuggable (``tether run``'s default)."""
-    from worker_shim.python_command import is_python
+    from worker_shim.program.python_command import is_python
 
     if record.finished:
         said = record.where()

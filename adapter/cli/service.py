@@ -21,7 +21,7 @@ from relay.client import Endpoint, RelayError
 from .errors import leaves, store_at
 
 if TYPE_CHECKING:
-    from worker_shim.identity import Isolation
+    from worker_shim.program.identity import Isolation
 from .settings import (
     is_loopback,
     pairs,
@@ -90,7 +90,7 @@ async def cmd_relay(args: argparse.Namespace) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
-    from worker_shim.pool import run_one, run_pool
+    from worker_shim.backends.pool import run_one, run_pool
 
     clock = Clock("worker: ")
     work_dir = Path(args.work_dir or tether_home() / "worker").resolve()  # noqa: ASYNC240 (startup)
@@ -155,7 +155,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 def isolation_of(args: argparse.Namespace, who: str, user: str = "") -> Isolation:
     """The pool's isolation as its options say (``user``: whose runs it serves when it cannot
     isolate; ``""``: its token's user)."""
-    from worker_shim.identity import Isolation
+    from worker_shim.program.identity import Isolation
 
     try:
         return Isolation.decide(
@@ -268,7 +268,7 @@ async def _say_what_stops(relay: Endpoint, since: float) -> None:
 
 
 async def cmd_backend(args: argparse.Namespace) -> int:
-    from worker_shim.scheduler import SchedulerBackend, SchedulerError
+    from worker_shim.backends.scheduler import SchedulerBackend, SchedulerError
 
     relay = resolve_relay(args.relay, args)
     clock = Clock(f"{args.kind}: ")
@@ -284,7 +284,7 @@ async def cmd_backend(args: argparse.Namespace) -> int:
     backend: SchedulerBackend
     where = ""
     if args.kind == "ray":
-        from worker_shim.ray_jobs import RayBackend, RayJobs
+        from worker_shim.backends.ray_jobs import RayBackend, RayJobs
 
         address = args.address or os.environ.get("RAY_ADDRESS", "")
         if not address:
@@ -296,7 +296,7 @@ async def cmd_backend(args: argparse.Namespace) -> int:
             raise SystemExit(f"tether backend ray: {exc}") from None
         backend = RayBackend(relay, jobs=jobs, work_dir=args.work_dir or "", **common)
     else:
-        from worker_shim.slurm import SlurmBackend
+        from worker_shim.backends.slurm import SlurmBackend
 
         backend = SlurmBackend(relay, sbatch_args=args.sbatch_arg or [], **common)
     print(

@@ -213,7 +213,7 @@ def _check_debuggable(command: list[str], workdir: Path, processes: str) -> None
     (``torchrun``, ``srun``) is looked up on the worker's ``PATH``, so only the worker can tell.
     A command that is not Python (a shell script) is debugged through the Python processes it
     starts, so not with ``--processes main``."""
-    from worker_shim.python_command import (
+    from worker_shim.program.python_command import (
         NOT_WITH_MAIN_ONLY,
         is_launcher,
         python_launcher,

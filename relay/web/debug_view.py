@@ -5,8 +5,8 @@ Both come from the run's two streams, folded as ``tether attach`` folds them to 
 (:class:`protocol_specs.session.DebugSession`): ``to_worker`` holds the IDE's configuration (every
 ``setBreakpoints``, kept until the run ends), ``to_ide`` debugpy's answers and events (which say
 whether each breakpoint is verified) and the worker's ``paused`` reports (where a process stopped,
-with its frames: ``worker_shim/watch.py``). Nothing is asked of the worker: a page never touches
-the program, and shows the same whether or not an IDE is attached. A stream longer than
+with its frames: ``worker_shim/session/watch.py``). Nothing is asked of the worker: a page never
+touches the program, and shows the same whether or not an IDE is attached. A stream longer than
 :data:`MAX_ENTRIES` is folded that far (the page says so).
 """
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker_shim.python_command import build_debug_argv
+from worker_shim.program.python_command import build_debug_argv
 
 __all__ = ["PROGRAMS", "DebugpyProcess", "copy_programs", "listening_debugpy"]
 

@@ -174,7 +174,7 @@ def _isolation(isolated: bool) -> tuple[str, ...]:
 
 def runnable_by_anyone(program: str) -> bool:
     """Whether a uid of a program's own may run ``program`` (a bare name: found on its PATH)."""
-    from worker_shim.identity import ProgramUser
+    from worker_shim.program.identity import ProgramUser
 
     return os.sep not in program or ProgramUser(65534).can_run(program)
 
@@ -183,7 +183,7 @@ def program_python() -> str | None:
     """An interpreter a program with a uid of its own may run, for a test's script to name (the
     tests' own may live under /root, as pyenv's does); ``None`` if none is: such a test then runs
     its programs as the worker's user (``isolated=False``)."""
-    from worker_shim.identity import ProgramUser
+    from worker_shim.program.identity import ProgramUser
 
     anyone = ProgramUser(65534)
     for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):

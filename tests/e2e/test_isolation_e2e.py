@@ -22,7 +22,7 @@ from adapter.cli.submission import submit_run
 from adapter.dap_client import open_dap_client
 from protocol_specs.runs import RunRecord, RunSpec
 from relay.client import Endpoint, open_control
-from worker_shim.identity import ProgramUser
+from worker_shim.program.identity import ProgramUser
 
 pytestmark = [
     pytest.mark.slow,

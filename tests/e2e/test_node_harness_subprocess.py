@@ -30,7 +30,7 @@ from node_harness import (
 )
 
 from protocol_specs.dap_schema import validate_message
-from worker_shim.python_command import build_debug_argv
+from worker_shim.program.python_command import build_debug_argv
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -20,7 +20,7 @@ from stack import Proc, local_token, tether
 from adapter.cli.submission import submit_run
 from protocol_specs.runs import RunRecord, RunSpec
 from relay.client import Endpoint, open_control
-from worker_shim.uid_leases import processes_of
+from worker_shim.program.uid_leases import processes_of
 
 pytestmark = [
     pytest.mark.slow,

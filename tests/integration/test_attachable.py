@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from adapter.dap_client import open_dap_client
-from worker_shim.python_command import build_attachable_argv, debugpy_home
+from worker_shim.program.python_command import build_attachable_argv, debugpy_home
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -29,7 +29,7 @@ from relay.runs.claims import ORPHAN_AFTER, Claims
 from relay.runs.registry import Registry
 from relay.server import Relay, RelayConfig, server_port
 from relay.store import MemoryStore, Store, keys
-from worker_shim.confirm import confirm_claim
+from worker_shim.backends.confirm import confirm_claim
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 

@@ -25,8 +25,8 @@ import trio
 
 from adapter.dap_client import DapClient, open_dap_client, open_dap_client_on_stream
 from protocol_specs.capabilities import VSCODE_INITIALIZE
-from worker_shim.debuggee import Debuggee, DebuggeeStartError, start_debuggee
-from worker_shim.python_command import BOOT, check_python, resolve_python
+from worker_shim.program.debuggee import Debuggee, DebuggeeStartError, start_debuggee
+from worker_shim.program.python_command import BOOT, check_python, resolve_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

@@ -17,13 +17,13 @@ import pytest
 import trio
 
 from adapter.dap_client import open_dap_client_on_stream
-from worker_shim.debuggee import start_debuggee
-from worker_shim.identity import ProgramUser, Runtime, spawn_options
-from worker_shim.loopback import NotTheRuns, connect_owned
-from worker_shim.python_command import resolve_python
-from worker_shim.quarters import open_quarters, read_private
-from worker_shim.reaper import MARK_ENV, kill_marked, open_guard
-from worker_shim.uid_leases import Lease, UidLeases, processes_of, reap, remove_leftovers
+from worker_shim.program.debuggee import start_debuggee
+from worker_shim.program.identity import ProgramUser, Runtime, spawn_options
+from worker_shim.program.loopback import NotTheRuns, connect_owned
+from worker_shim.program.python_command import resolve_python
+from worker_shim.program.quarters import open_quarters, read_private
+from worker_shim.program.reaper import MARK_ENV, kill_marked, open_guard
+from worker_shim.program.uid_leases import Lease, UidLeases, processes_of, reap, remove_leftovers
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0,

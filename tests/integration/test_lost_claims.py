@@ -29,7 +29,7 @@ from relay.client import Endpoint, follow_logs, open_control
 from relay.runs.claiming import Claimed
 from relay.server import Relay, RelayConfig, server_port
 from relay.store import Store, keys
-from worker_shim.pool import run_pool
+from worker_shim.backends.pool import run_pool
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -131,7 +131,7 @@ async def test_a_jobs_worker_whose_claims_answer_died_asks_again_and_runs_once(
     with relay A: it asks again through the proxy (relay B answers that the attempt is claimed,
     until its sweep puts the unconfirmed claim back), then claims, confirms and runs it, once."""
     from relay.runs import claiming
-    from worker_shim.pool import run_one
+    from worker_shim.backends.pool import run_one
 
     tokens = TokenStore(redis_store)
     alice, _ = await tokens.create("alice", scopes=[Scope.RUNS])

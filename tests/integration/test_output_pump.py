@@ -8,7 +8,7 @@ from pathlib import Path
 
 import trio
 
-from worker_shim.debuggee import OutputPump, start_plain, terminate_group
+from worker_shim.program.debuggee import OutputPump, start_plain, terminate_group
 
 #: 50,000 bytes on stdout in one write, then a word on stderr, then it waits to be ended
 WRITER = "import os, time\nos.write(1, b'x' * 50000)\nos.write(2, b'written')\ntime.sleep(600)\n"

@@ -25,7 +25,7 @@ from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, follow_logs, open_control
 from relay.runs import submitting
 from relay.store import Store, keys
-from worker_shim.pool import run_pool
+from worker_shim.backends.pool import run_pool
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -34,11 +34,11 @@ MAX_LINES = 600
 LONG_FILES_ALLOWED: dict[str, str] = {}
 #: the only ``sys.path`` edits outside the tests, and why they are not import tricks of ours
 SYS_PATH_EDITS_ALLOWED = {
-    "worker_shim/_tether_debugpy_boot.py": "runs inside the user's program: it gives the program "
-    "the sys.path plain `python script.py` would, and puts debugpy's home on it",
-    "worker_shim/_tether_sitecustomize.py": "runs inside a Python process a non-Python command "
-    "of a debug run starts: it puts the worker's pydevd on the path, as pydevd's own patching of a "
-    "child does, and takes its own directory off",
+    "worker_shim/inject/_tether_debugpy_boot.py": "runs inside the user's program: it gives the "
+    "program the sys.path plain `python script.py` would, and puts debugpy's home on it",
+    "worker_shim/inject/_tether_sitecustomize.py": "runs inside a Python process a non-Python "
+    "command of a debug run starts: it puts the worker's pydevd on the path, as pydevd's own "
+    "patching of a child does, and takes its own directory off",
 }
 
 

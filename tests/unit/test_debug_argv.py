@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker_shim.python_command import BOOT, build_debug_argv
+from worker_shim.program.python_command import BOOT, build_debug_argv
 
 PY = "/venv/bin/python"
 HEAD = [PY, "-X", "frozen_modules=off"]

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from worker_shim.pool import GpuPool
+from worker_shim.backends.pool import GpuPool
 
 
 async def test_runs_get_distinct_gpus_and_wait_for_free_ones() -> None:

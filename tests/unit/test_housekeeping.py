@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from worker_shim.housekeeping import prune_cache, prune_runs
+from worker_shim.backends.housekeeping import prune_cache, prune_runs
 
 
 def test_only_the_newest_run_directories_and_their_logs_are_kept(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""Whom programs run as (``worker_shim/identity.py``), which uid a worker leases
-(``worker_shim/uid_leases.py``: the choice), and who may connect to the debugger
-(``worker_shim/_tether_guard.py``: reading the kernel's socket table)."""
+"""Whom programs run as (``worker_shim/program/identity.py``), which uid a worker leases
+(``worker_shim/program/uid_leases.py``: the choice), and who may connect to the debugger
+(``worker_shim/inject/_tether_guard.py``: reading the kernel's socket table)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from worker_shim import _tether_guard as guard
-from worker_shim.identity import DEFAULT_UIDS, Isolation, ProgramUser, parse_uids, passed_env
-from worker_shim.uid_leases import pick
+from worker_shim.inject import _tether_guard as guard
+from worker_shim.program.identity import (
+    DEFAULT_UIDS,
+    Isolation,
+    ProgramUser,
+    parse_uids,
+    passed_env,
+)
+from worker_shim.program.uid_leases import pick
 
 # /proc/net/tcp rows: a listener on 127.0.0.1:8080 (uid 0), a connection 127.0.0.1:40000 ->
 # 127.0.0.1:8080 (uid 1000) and its accepted end (uid 0)

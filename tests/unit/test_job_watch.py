@@ -1,11 +1,11 @@
-"""The decisions of ``worker_shim/job_watch.py``: every cell of its table, and the grace a running
-job gets once its attempt is over (a plain clock: the core takes ``now``)."""
+"""The decisions of ``worker_shim/backends/job_watch.py``: every cell of its table, and the grace a
+running job gets once its attempt is over (a plain clock: the core takes ``now``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from worker_shim.job_watch import UNSEEN_GRACE, Action, Attempt, Do, JobWatch, Phase, Seen
+from worker_shim.backends.job_watch import UNSEEN_GRACE, Action, Attempt, Do, JobWatch, Phase, Seen
 
 W, S, OVER = Attempt.WAITING, Attempt.STARTED, Attempt.OVER
 TABLE = {

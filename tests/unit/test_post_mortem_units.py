@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker_shim.debuggable import parse_line
-from worker_shim.watch import stop_text
+from worker_shim.session.debuggable import parse_line
+from worker_shim.session.watch import stop_text
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from protocol_specs.processes import MAIN, ProcessInfo
-from worker_shim.process_names import ProcFacts, describe, program_of, user_command
+from worker_shim.program.process_names import ProcFacts, describe, program_of, user_command
 
 TOKEN = "e8448b2f41f104a5c0598be5e3182472dcc9042352bc9289c80b28eda78317b6"
 PY = "/work/main/.venv/bin/python"
@@ -84,7 +84,7 @@ CASES = [
             "-X",
             "frozen_modules=off",
             "-u",
-            "/w/worker_shim/_tether_debugpy_boot.py",
+            "/w/worker_shim/inject/_tether_debugpy_boot.py",
             "--tether-debugpy",
             "/tmp/t/debugpy-home",
             "--listen",
@@ -104,7 +104,7 @@ CASES = [
             PY,
             "-X",
             "frozen_modules=off",
-            "/w/worker_shim/_tether_debugpy_boot.py",
+            "/w/worker_shim/inject/_tether_debugpy_boot.py",
             "--tether-debugpy",
             "/tmp/t/debugpy-home",
             "--tether-attach",
@@ -124,13 +124,13 @@ CASES = [
             PY,
             "-X",
             "frozen_modules=off",
-            "/w/worker_shim/_tether_debugpy_boot.py",
+            "/w/worker_shim/inject/_tether_debugpy_boot.py",
             "--listen",
             "127.0.0.1:0",
             "--wait-for-client",
             "--configure-subProcess",
             "true",
-            "/w/worker_shim/_tether_launch.py",
+            "/w/worker_shim/inject/_tether_launch.py",
             "/tmp/t/boot",
             "--",
             "./train.sh",

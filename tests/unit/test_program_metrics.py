@@ -1,5 +1,5 @@
-"""The worker's end of the metrics socket (``worker_shim/metrics.py``) over a fake run link, with
-real unix sockets: whatever a program writes is at worst dropped, a flood neither holds the
+"""The worker's end of the metrics socket (``worker_shim/program/metrics.py``) over a fake run link,
+with real unix sockets: whatever a program writes is at worst dropped, a flood neither holds the
 worker's loop nor its memory, and the patterns run off the loop."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from test_program_output import FakeLink
 
 from protocol_specs.metrics import HOLD_CAP, points_of
 from relay.client import RunLink
-from worker_shim.metrics import SOCKET_NAME, open_program_metrics
+from worker_shim.program.metrics import SOCKET_NAME, open_program_metrics
 
 
 def connect(where: Path) -> socket.socket:

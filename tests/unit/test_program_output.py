@@ -1,4 +1,4 @@
-"""The program's output on its way to the logs stream and the IDE (worker_shim.output).
+"""The program's output on its way to the logs stream and the IDE (worker_shim.session.output).
 
 ``OutputHold`` is stepped chunk by chunk (merge, pieces, cap, UTF-8 split, redaction); the trio glue
 ``ProgramOutput`` runs over a fake run link under trio's MockClock (hold while unanswered, the cap
@@ -19,7 +19,7 @@ from protocol_specs import wire
 from protocol_specs.dap_models import plain_output
 from protocol_specs.runs import REDACTED
 from relay.client import RelayError, RunLink
-from worker_shim.output import (
+from worker_shim.session.output import (
     HOLD_CAP,
     OutputHold,
     ProgramOutput,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from worker_shim.python_command import (
+from worker_shim.program.python_command import (
     BOOT,
     LAUNCH,
     SITECUSTOMIZE,

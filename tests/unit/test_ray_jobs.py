@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from protocol_specs.runs import Resources, RunRecord, RunSpec
-from worker_shim.job_watch import Phase
-from worker_shim.ray_jobs import address_of, job_request, seen_of
+from worker_shim.backends.job_watch import Phase
+from worker_shim.backends.ray_jobs import address_of, job_request, seen_of
 
 TICKET = "ttht_0123456789abcdef_" + "x" * 43
 
@@ -131,7 +131,7 @@ def test_the_program_and_its_ray_tasks_never_get_the_workers_ticket(
     the driver to every task it starts: the worker's own variables are taken out of it."""
     import json
 
-    from worker_shim.quarters import RAY_JOB_CONFIG, program_env
+    from worker_shim.program.quarters import RAY_JOB_CONFIG, program_env
 
     config = {
         "runtime_env": {"env_vars": {"TETHER_TOKEN": TICKET, "WANDB_MODE": "offline"}},

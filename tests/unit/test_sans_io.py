@@ -115,12 +115,12 @@ def test_module_imports_no_io_module_itself(module: str) -> None:
 CORES = [
     "adapter.core",
     "adapter.status",
-    "worker_shim.core",
-    "worker_shim.replay",
-    "worker_shim.watch",
-    "worker_shim.actions",
-    "worker_shim.channel",
-    "worker_shim.child",
+    "worker_shim.session.core",
+    "worker_shim.session.replay",
+    "worker_shim.session.watch",
+    "worker_shim.session.actions",
+    "worker_shim.session.channel",
+    "worker_shim.session.child",
     "adapter.processes",
     "adapter.children",
 ]

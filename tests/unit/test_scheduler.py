@@ -1,5 +1,5 @@
-"""The scheduler backends' shared loop (``worker_shim/scheduler.py``) against a scheduler and a
-relay that are plain objects: what it reports and tracks when a scheduler refuses, fails or
+"""The scheduler backends' shared loop (``worker_shim/backends/scheduler.py``) against a scheduler
+and a relay that are plain objects: what it reports and tracks when a scheduler refuses, fails or
 gives up. The real schedulers and relay are in the Slurm and Ray end-to-end tests."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from protocol_specs.runs import RunRecord, RunSpec, RunState
-from worker_shim.job_watch import Phase, Seen
-from worker_shim.scheduler import SchedulerBackend, SchedulerError, SchedulerRefused
+from worker_shim.backends.job_watch import Phase, Seen
+from worker_shim.backends.scheduler import SchedulerBackend, SchedulerError, SchedulerRefused
 
 
 class Relay:

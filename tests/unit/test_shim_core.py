@@ -26,7 +26,7 @@ from protocol_specs.wire import (
     StreamName,
     encode_entry,
 )
-from worker_shim.actions import (
+from worker_shim.session.actions import (
     Action,
     PipeOutputToIde,
     Publish,
@@ -36,8 +36,8 @@ from worker_shim.actions import (
     Terminate,
     ToDebugpy,
 )
-from worker_shim.core import ShimCore, exit_status
-from worker_shim.replay import (
+from worker_shim.session.core import ShimCore, exit_status
+from worker_shim.session.replay import (
     DEFAULT_INITIALIZE,
     HANDSHAKE_TIMEOUT,
     TRANSITIONS,
@@ -45,7 +45,7 @@ from worker_shim.replay import (
     ReplayPhase,
     next_phase,
 )
-from worker_shim.watch import LOOKUP_TIMEOUT, PAUSE_REPORT_AFTER, STACK_FRAMES
+from worker_shim.session.watch import LOOKUP_TIMEOUT, PAUSE_REPORT_AFTER, STACK_FRAMES
 
 WORKDIR = "/home/me/project"
 RUN_DIR = "/runs/r1-1"

@@ -21,11 +21,11 @@ from protocol_specs.wire import (
     StreamName,
     encode_entry,
 )
-from worker_shim.actions import Action, OpenChild, Publish, ToDebugpy
-from worker_shim.core import ShimCore
-from worker_shim.process_names import ProcFacts, describe, read_proc
-from worker_shim.processes import Processes
-from worker_shim.replay import ReplayPhase
+from worker_shim.program.process_names import ProcFacts, describe, read_proc
+from worker_shim.session.actions import Action, OpenChild, Publish, ToDebugpy
+from worker_shim.session.core import ShimCore
+from worker_shim.session.processes import Processes
+from worker_shim.session.replay import ReplayPhase
 
 WORKDIR = "/home/me/project"
 RUN_DIR = "/runs/r1-1"

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from protocol_specs.wire import DapEntry
-from worker_shim.core import request_of
+from worker_shim.session.core import request_of
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from worker_shim.python_command import boot_dir
+from worker_shim.program.python_command import boot_dir
 
 
 def _run(tmp_path: Path, code: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from protocol_specs.runs import Resources, RunRecord, RunSpec
-from worker_shim.slurm import job_script
+from worker_shim.backends.slurm import job_script
 
 
 def test_the_job_runs_a_worker_for_the_attempt_and_says_whether_it_serves_tunnels() -> None:
@@ -39,8 +39,8 @@ async def test_a_job_slurm_cannot_be_asked_about_is_never_taken_for_gone(tmp_pat
 
     import pytest
 
-    from worker_shim.scheduler import SchedulerError
-    from worker_shim.slurm import SlurmBackend
+    from worker_shim.backends.scheduler import SchedulerError
+    from worker_shim.backends.slurm import SlurmBackend
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from adapter.snapshot import SnapshotError, build_snapshot, list_files
 from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
-from worker_shim.files import SnapshotRefused, materialise
+from worker_shim.program.files import SnapshotRefused, materialise
 
 
 def make_tree(root: Path) -> None:

@@ -1,5 +1,6 @@
 """What every debug session the shim holds with debugpy shares, the main one's (:class:`ShimCore
-<worker_shim.core.ShimCore>`) and each child's (:class:`ChildCore <worker_shim.child.ChildCore>`).
+<worker_shim.session.core.ShimCore>`) and each child's (:class:`ChildCore
+<worker_shim.session.child.ChildCore>`).
 
 Each connection to debugpy has its own ``seq`` space (debugpy's adapter numbers per client); a
 request is remembered by that seq with who asked it (``origin``: the adapter instance whose IDE

@@ -8,16 +8,16 @@ to the client of its parent's session, here one of the shim's connections: the s
 debugpy that would not send it, its own ``debugpyAttach`` event. Either can come on ANY
 connection (children of children; a Python process a non-Python command started, connected by
 ``_tether_sitecustomize.py``, comes the same way). :class:`Processes` answers it, names the child
-(:func:`~worker_shim.process_names.describe`: ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` from
-``/proc/<pid>/environ``, its command line without the debugger's, the program it runs, the host,
-its parent and its order among the parent's children), publishes
-``process_started``, and opens a session of its own for it (:class:`worker_shim.child.ChildCore`),
-configured at once: no child waits for an IDE.
+(:func:`~worker_shim.program.process_names.describe`: ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE``
+from ``/proc/<pid>/environ``, its command line without the debugger's, the program it runs, the
+host, its parent and its order among the parent's children), publishes
+``process_started``, and opens a session of its own for it
+(:class:`worker_shim.session.child.ChildCore`), configured at once: no child waits for an IDE.
 
 Deliveries from ``to_worker`` are routed by :attr:`DapEntry.process
 <protocol_specs.stream_entries.DapEntry>`: the main process's to the main core
-(:class:`worker_shim.core.ShimCore`), a child's to its core; a request for a process that is not
-(or no longer) debugged gets an error response, published back to the asker. Configuration
+(:class:`worker_shim.session.core.ShimCore`), a child's to its core; a request for a process that is
+not (or no longer) debugged gets an error response, published back to the asker. Configuration
 requests of every process are folded into one run-wide :class:`DebugSession` (the latest per
 source wins): what a child that starts later is configured with. With ``RunSpec.ranks``, a child
 whose ``RANK`` is known and not listed is configured with no breakpoints: it runs free.
@@ -40,10 +40,10 @@ from protocol_specs.processes import MAIN, ProcessInfo, process_key
 from protocol_specs.session import BreakpointSet, DebugSession, StatusEvent
 from protocol_specs.wire import DapEntry, PresenceEntry
 
+from ..program.process_names import ProcFacts, describe, read_proc
 from .actions import Action, OpenChild, Publish, Terminate, status_entry
 from .child import ChildCore
 from .core import ShimCore, parse_delivery, request_of
-from .process_names import ProcFacts, describe, read_proc
 from .replay import attach_arguments, configuration, initialize_arguments, pipe_output_attach
 
 __all__ = ["Processes"]
@@ -86,7 +86,7 @@ class Processes:
         post_mortem: bool = False,
     ) -> list[Action]:
         """The main process is ``pid``, running ``command`` (as submitted); ``late`` and
-        ``post_mortem``: see :meth:`ShimCore.start <worker_shim.core.ShimCore.start>`."""
+        ``post_mortem``: see :meth:`ShimCore.start <worker_shim.session.core.ShimCore.start>`."""
         facts = self._read(pid)
         self._cmdlines[MAIN] = facts.cmdline
         self.infos[MAIN] = describe(pid, facts, parent=MAIN, nth=0, host=self._host, key=MAIN,

@@ -17,7 +17,7 @@ import os
 
 import trio
 
-from ._tether_guard import listener_owners
+from ..inject._tether_guard import listener_owners
 
 __all__ = ["NotTheRuns", "connect_owned", "owners_of_port"]
 

@@ -9,7 +9,7 @@ replayed into it, in this order (:class:`ReplayPhase`):
 
 1. ``initialize``: the IDE's arguments (or :data:`DEFAULT_INITIALIZE`), claiming the reverse
    requests the shim serves itself and no other (:data:`NOT_SUPPORTED`): ``startDebugging``
-   (a child process to configure, :mod:`worker_shim.processes`) but no ``runInTerminal``;
+   (a child process to configure, :mod:`worker_shim.session.processes`) but no ``runInTerminal``;
 2. ``attach``: the IDE's arguments, path mappings defaulting to the submitted directory mapped to
    the run directory, pydevd never redirecting output (:func:`pipe_output_attach`). debugpy
    answers it only after ``configurationDone``;
@@ -19,7 +19,7 @@ replayed into it, in this order (:class:`ReplayPhase`):
    answer, so the IDE gets the real verification;
 4. ``configurationDone``, then the ``attach`` response: the shim is live.
 
-Sans-I/O: :class:`worker_shim.core.ShimCore` drives it.
+Sans-I/O: :class:`worker_shim.session.core.ShimCore` drives it.
 """
 
 from __future__ import annotations

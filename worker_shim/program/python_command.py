@@ -21,6 +21,7 @@ from pathlib import Path, PurePath
 
 import trio
 
+from ..inject import SCRIPTS
 from .identity import UNREACHABLE_HINT, ProgramUser, Runtime, search_path, spawn_options
 
 __all__ = [
@@ -44,7 +45,7 @@ __all__ = [
 ]
 
 #: debugpy's command line with pydevd's socket made TCP_NODELAY
-BOOT = Path(__file__).resolve().with_name("_tether_debugpy_boot.py")
+BOOT = SCRIPTS / "_tether_debugpy_boot.py"
 #: the main process of a command that is not Python (:func:`build_launch_argv`)
 LAUNCH = BOOT.with_name("_tether_launch.py")
 #: what every Python process a non-Python command starts imports first (as ``sitecustomize``)
@@ -321,7 +322,7 @@ def build_debug_argv(
     adds ``home`` (:func:`debugpy_home`) to the path; ``fast=False`` is stock ``python -m
     debugpy`` (the caller puts ``home`` on ``PYTHONPATH``). ``subprocesses``: debugpy debugs
     the program's Python children too (each announced to the shim, which configures it at once:
-    :mod:`worker_shim.processes`); off, children run undebugged.
+    :mod:`worker_shim.session.processes`); off, children run undebugged.
     """
     opts, target = split_python_command(user_argv)
     launcher = ["-m", "debugpy"]

@@ -3,9 +3,9 @@
 Theory of operation
 -------------------
 debugpy announces each new Python process of the program (``startDebugging`` / ``debugpyAttach``,
-:mod:`worker_shim.processes`); the child is held before its user code until a client configures
-it. :class:`ChildCore` is that client, on a connection of its own to debugpy's adapter, and it
-never waits for an IDE:
+:mod:`worker_shim.session.processes`); the child is held before its user code until a client
+configures it. :class:`ChildCore` is that client, on a connection of its own to debugpy's adapter,
+and it never waits for an IDE:
 
 1. ``initialize`` (the main session's arguments), then ``attach`` with the configuration debugpy
    gave (its ``subProcessId``) and the run's path mappings;
@@ -19,11 +19,11 @@ never waits for an IDE:
    connection's own ``seq`` and answered back under the asker's; requests that come earlier wait.
 
 Everything it publishes carries ``process=key``. Its stops are watched like the main's
-(:class:`~worker_shim.watch.Watch`, the notice naming the process). Its end (``exited`` then
+(:class:`~worker_shim.session.watch.Watch`, the notice naming the process). Its end (``exited`` then
 ``terminated``, or the connection closing) is one ``process_exited`` status; after
 ``terminated`` it says ``disconnect`` and closes its connection.
 
-Sans-I/O, like :class:`worker_shim.core.ShimCore`: every method returns actions.
+Sans-I/O, like :class:`worker_shim.session.core.ShimCore`: every method returns actions.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class ChildCore(DebugpyChannel):
 
     def on_message(self, msg: dict[str, Any], raw: bytes) -> list[Action]:
         """One message debugpy sent on this connection (reverse requests are answered by
-        :class:`worker_shim.processes.Processes`)."""
+        :class:`worker_shim.session.processes.Processes`)."""
         kind = msg.get("type")
         if kind == "response":
             return self._on_response(msg)

@@ -1,7 +1,7 @@
 """What the worker shim's sans-I/O parts ask the trio loop (:mod:`worker_shim.shim`) to do.
 
-:class:`worker_shim.core.ShimCore` and :class:`worker_shim.watch.Watch` decide; they return lists
-of these, and the loop performs them in order.
+:class:`worker_shim.session.core.ShimCore` and :class:`worker_shim.session.watch.Watch` decide; they
+return lists of these, and the loop performs them in order.
 """
 
 from __future__ import annotations
@@ -44,14 +44,15 @@ class ToDebugpy:
 @dataclass(frozen=True)
 class OpenChild:
     """Open a new connection to debugpy's adapter for the child ``process``: its ``ToDebugpy``
-    follow. If it cannot be opened, tell :meth:`worker_shim.processes.Processes.closed`."""
+    follow. If it cannot be opened, tell :meth:`worker_shim.session.processes.Processes.closed`."""
 
     process: str
 
 
 @dataclass(frozen=True)
 class OpenTunnel:
-    """Serve the tunnel this ``tunnel`` control entry asks for (``worker_shim/tunnels.py``)."""
+    """Serve the tunnel this ``tunnel`` control entry asks for
+    (``worker_shim/program/tunnels.py``)."""
 
     entry: ControlEntry
 
@@ -69,7 +70,7 @@ class Publish:
 
     entry: DapEntry | StatusEntry
     #: a debugpy ``output`` event: report its publish number with
-    #: :meth:`worker_shim.core.ShimCore.output_published` (held output waits for its answer)
+    #: :meth:`worker_shim.session.core.ShimCore.output_published` (held output waits for its answer)
     output: bool = False
 
 

@@ -8,7 +8,8 @@ printing fast makes every request wait behind its backlog (measured: a ``threads
 unanswered for over a minute during a 200,000-line flood), and what is still queued when the
 program exits is dropped. So the shim never asks pydevd to redirect (:func:`pipe_output_attach`);
 the IDE's output comes from the program's stdout and stderr pipes, which the worker reads anyway
-(:class:`worker_shim.debuggee.OutputPump`), and which also carry what children and C code write.
+(:class:`worker_shim.program.debuggee.OutputPump`), and which also carry what children and C code
+write.
 
 :class:`OutputHold` decides, without doing any I/O, what is published and when:
 
@@ -54,8 +55,8 @@ from protocol_specs.lines import LineJoiner
 from protocol_specs.redact import Redactor
 from relay.client import RelayError, RunLink
 
+from ..program.metrics import ProgramMetrics
 from .actions import BARRIER_EVENTS
-from .metrics import ProgramMetrics
 from .replay import pipe_output_attach
 
 __all__ = [
@@ -227,7 +228,7 @@ def _output_event(stream: Stream, text: str) -> wire.DapEntry:
 
 
 class Pipes(Protocol):
-    """How far the program's pipes were read (:class:`worker_shim.debuggee.OutputPump`)."""
+    """How far the program's pipes were read (:class:`worker_shim.program.debuggee.OutputPump`)."""
 
     def mark(self) -> dict[str, int]:
         """Per pipe, the position its output reaches now (read so far plus still in the pipe)."""

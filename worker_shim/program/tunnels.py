@@ -229,7 +229,7 @@ async def _forward(link: RunLink, port: int, uid: int | None = None) -> tuple[in
     """One forwarded connection: to ``port`` on the worker's loopback, both ways, each direction
     ending on its own (half-close), as ``ssh -L`` does. ``uid``: only to a port the run's own
     processes listen on (a worker that gives programs uids of their own connects as root, and
-    another run's debugger lets the worker in: ``worker_shim/loopback.py``)."""
+    another run's debugger lets the worker in: ``worker_shim/program/loopback.py``)."""
     try:
         if uid is None:
             stream = await trio.open_tcp_stream("127.0.0.1", port)

@@ -36,7 +36,7 @@ async def tidy(
 ) -> None:
     """Bound the run directories (in ``runs_dir``, by default ``work_dir/runs``) and
     ``work_dir``'s blob cache (see the module's docstring); ``release`` is told each run
-    directory removed (its uid's lease ends: ``worker_shim/quarters.py``)."""
+    directory removed (its uid's lease ends: ``worker_shim/program/quarters.py``)."""
     runs = runs_dir or work_dir / "runs"
     await trio.to_thread.run_sync(_tidy, work_dir, runs, keep_runs, cache_max, release)
 

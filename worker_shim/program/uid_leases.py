@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-A root worker gives each run a uid of its own from a range (``worker_shim/identity.py``), the same
-for all its attempts there (a retry may use what the attempt before it left, in a mounted
+A root worker gives each run a uid of its own from a range (``worker_shim/program/identity.py``),
+the same for all its attempts there (a retry may use what the attempt before it left, in a mounted
 directory). The uid owns the run's attempt directories for as long as one is kept (the pool's
 tunnels are served there after the run ended), so the lease lasts as long: it is a file
 ``<leases>/<uid>`` naming the worker's runs directory and the run, created with ``O_EXCL`` (two

@@ -58,7 +58,7 @@ SEND_GRACE = 5.0
 
 def user_module() -> Path:
     """The ``tether`` module programs import (``tether.py`` beside this package)."""
-    return Path(__file__).resolve().parent.parent / "tether.py"
+    return Path(__file__).resolve().parents[2] / "tether.py"
 
 
 def metrics_env(where: Path, env: dict[str, str], module: Path | None = None) -> dict[str, str]:

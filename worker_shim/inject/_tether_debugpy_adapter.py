@@ -13,11 +13,12 @@ that much late (``shared/research/latency-wan.md``: 55-57 ms through tether with
 Linux hands ``TCP_NODELAY`` on to the sockets a listener accepts) gets ``TCP_NODELAY``.
 
 How it runs: tether's boot script (``_tether_debugpy_boot.py``) points debugpy at the run's
-debugpy home (``worker_shim.python_command.debugpy_home``), the directory holding the worker's
-``debugpy`` (a link) and this file as ``__main__.py`` (a link), so ``python HOME ...`` runs this,
-with ``HOME`` first on the module search path; this then runs ``debugpy.adapter`` as its ``__main__``, with
-the same arguments. Defensive like the boot script: if debugpy is not as this was written against,
-nothing is patched, a note goes to stderr (the run's log), and the adapter runs as stock.
+debugpy home (``worker_shim.program.python_command.debugpy_home``), the directory holding the
+worker's ``debugpy`` (a link) and this file as ``__main__.py`` (a link), so ``python HOME ...`` runs
+this, with ``HOME`` first on the module search path; this then runs ``debugpy.adapter`` as its
+``__main__``, with the same arguments. Defensive like the boot script: if debugpy is not as this was
+written against, nothing is patched, a note goes to stderr (the run's log), and the adapter runs as
+stock.
 """
 
 import importlib.util

@@ -36,15 +36,15 @@ from relay.client import (
     open_control,
 )
 
-from .actions import status_entry
+from ..program.files import Fetch
+from ..program.identity import Isolation
+from ..program.quarters import Housing
+from ..program.reaper import open_guard
+from ..session.actions import status_entry
+from ..shim import run_dir_of, run_shim, worker_link
 from .afterlife import Afterlives
 from .confirm import confirm_claim
-from .files import Fetch
 from .housekeeping import CACHE_MAX_BYTES, KEEP_RUNS, tidy
-from .identity import Isolation
-from .quarters import Housing
-from .reaper import open_guard
-from .shim import run_dir_of, run_shim, worker_link
 
 __all__ = ["GpuPool", "detect_gpus", "run_one", "run_pool"]
 
@@ -112,12 +112,12 @@ async def run_pool(
 ) -> None:
     """Run ``slots`` claim loops until cancelled. ``start_delay`` stands in for a GPU queue;
     ``allow_tunnels``: serve the users' ``tether exec``/``shell``/``port-forward``;
-    ``isolation``: as whom programs run (``worker_shim/identity.py``; default: the worker's own
-    user, every user's runs).
+    ``isolation``: as whom programs run (``worker_shim/program/identity.py``; default: the worker's
+    own user, every user's runs).
 
     ``relay_url``'s token needs the ``backend`` scope; each claimed attempt runs with the worker
     token the relay minted for it. Every process of its runs ends with the pool, however the pool
-    ends (``worker_shim/reaper.py``)."""
+    ends (``worker_shim/program/reaper.py``)."""
     say = on_event or (lambda _text: None)
     base = name or f"{socket.gethostname()}-pool"
     housing = Housing(isolation)
@@ -148,7 +148,7 @@ class _PoolPlace:
 
 
 def _guarded(housing: Housing, runs_dir: Path) -> AbstractAsyncContextManager[None]:
-    """The worker's guard (``worker_shim/reaper.py``), sweeping ``runs_dir``'s uids too."""
+    """The worker's guard (``worker_shim/program/reaper.py``), sweeping ``runs_dir``'s uids too."""
     leases = housing.leases
     if leases is None:
         return open_guard(housing.mark)
@@ -245,7 +245,7 @@ async def run_one(
     """Claim ``run_id``'s attempt ``attempt`` and run it (a scheduler job's worker, holding the
     attempt's worker token, or a ticket: the claim then answers with the worker token, which
     serves from there on). Its program runs as the job does (the scheduler's user), and ends with
-    this worker however it ends (``worker_shim/reaper.py``)."""
+    this worker however it ends (``worker_shim/program/reaper.py``)."""
     say = on_event or (lambda _text: None)
     client = f"tether-worker {worker}"
     housing = Housing()

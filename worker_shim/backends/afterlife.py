@@ -4,8 +4,8 @@ When an attempt ends on a pool, its directory stays (the pool keeps its newest r
 what a user may want to look at: checkpoints, logs, the state the program left. The pool keeps a
 ``worker`` link to the run with ``hello.after`` (the relay then opens the run's tunnels to this
 worker: ``relay/runs/tunnels.py``), reads the run's ``to_worker`` from its end on, and serves each
-tunnel asked for (``worker_shim/tunnels.py``) in that directory, with the run's environment. It
-stops when the pool deletes the directory (:meth:`Afterlives.tidied`), when the run is retried
+tunnel asked for (``worker_shim/program/tunnels.py``) in that directory, with the run's environment.
+It stops when the pool deletes the directory (:meth:`Afterlives.tidied`), when the run is retried
 (its worker token is an earlier attempt's then: the relay refuses it), or when the pool stops.
 """
 
@@ -21,10 +21,10 @@ from protocol_specs.runs import RunRecord
 from protocol_specs.wire import Role
 from relay.client import Endpoint, RelayError, open_run_link
 
-from .core import parse_delivery
-from .quarters import Housing, open_quarters, program_env
-from .shim import worker_link_policy
-from .tunnels import open_tunnels
+from ..program.quarters import Housing, open_quarters, program_env
+from ..program.tunnels import open_tunnels
+from ..session.core import parse_delivery
+from ..shim import worker_link_policy
 
 __all__ = ["Afterlives"]
 

@@ -14,6 +14,9 @@ from protocol_specs import dap_framing, wire
 from protocol_specs.processes import MAIN
 from relay.client import RunLink
 
+from ..program.debuggee import Debuggee
+from ..program.metrics import control_action
+from ..program.tunnels import Tunnels
 from .actions import (
     Action,
     CloseChild,
@@ -27,11 +30,8 @@ from .actions import (
     Terminate,
     ToDebugpy,
 )
-from .debuggee import Debuggee
-from .metrics import control_action
 from .output import ProgramOutput
 from .processes import Processes
-from .tunnels import Tunnels
 
 __all__ = ["RECEIVE_SIZE", "Driver"]
 
@@ -41,11 +41,11 @@ RECEIVE_SIZE = 256 * 1024
 
 
 class Driver:
-    """Performs what :class:`~worker_shim.processes.Processes` (the main process's
-    :class:`~worker_shim.core.ShimCore` and one core per child) decides: the debugpy connections
-    (one per debugged process, each read by a task of its own), the run link, the program. Each
-    task performs the actions of its own decisions, in order; writes to a connection and
-    publishes each take a lock, so neither interleaves."""
+    """Performs what :class:`~worker_shim.session.processes.Processes` (the main process's
+    :class:`~worker_shim.session.core.ShimCore` and one core per child) decides: the debugpy
+    connections (one per debugged process, each read by a task of its own), the run link, the
+    program. Each task performs the actions of its own decisions, in order; writes to a connection
+    and publishes each take a lock, so neither interleaves."""
 
     def __init__(
         self,

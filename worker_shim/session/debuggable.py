@@ -33,8 +33,7 @@ from protocol_specs import wire
 from protocol_specs.runs import RunRecord
 from relay.client import RunLink
 
-from .core import parse_delivery, terminates
-from .python_command import (
+from ..program.python_command import (
     build_attachable_argv,
     check_python,
     debugpy_home,
@@ -42,7 +41,8 @@ from .python_command import (
     resolve_python,
     split_python_command,
 )
-from .quarters import Quarters
+from ..program.quarters import Quarters
+from .core import parse_delivery, terminates
 
 __all__ = ["ATTACH_BACKLOG", "Debugged", "attach_listener", "attachable_argv", "until_debugged"]
 

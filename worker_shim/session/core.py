@@ -3,30 +3,31 @@
 Theory of operation
 -------------------
 The shim is debugpy's single client. :class:`ShimCore` numbers every request it sends debugpy with
-its own ``seq`` and remembers who asked (:mod:`worker_shim.channel`): a request forwarded from the run's
-``to_worker`` stream carries the origin (the adapter instance) and the seq the adapter gave it, so
-debugpy's response is published back into ``to_ide`` under that seq; the shim's own requests (the
-replay's handshake, the one-frame ``stackTrace`` of a pause report, ``continue`` after an
-unattended stop timed out) are answered to the core only.
+its own ``seq`` and remembers who asked (:mod:`worker_shim.session.channel`): a request forwarded
+from the run's ``to_worker`` stream carries the origin (the adapter instance) and the seq the
+adapter gave it, so debugpy's response is published back into ``to_ide`` under that seq; the shim's
+own requests (the replay's handshake, the one-frame ``stackTrace`` of a pause report, ``continue``
+after an unattended stop timed out) are answered to the core only.
 
 From debugpy, events are published as they come except those about the shim's own connection
 (:data:`DROPPED_EVENTS`) and telemetry; reverse requests are refused with an error response,
 except ``startDebugging`` (a child process to debug), which
-:class:`worker_shim.processes.Processes` answers before this core sees it. This core is the main
-process's; each child process has a :class:`worker_shim.child.ChildCore` of its own. Responses, ``stopped`` and the end of the program wait for the output
-barrier (:class:`~worker_shim.actions.Settle`): a line printed before a stop is shown before it.
+:class:`worker_shim.session.processes.Processes` answers before this core sees it. This core is the
+main process's; each child process has a :class:`worker_shim.session.child.ChildCore` of its own.
+Responses, ``stopped`` and the end of the program wait for the output barrier
+(:class:`~worker_shim.session.actions.Settle`): a line printed before a stop is shown before it.
 debugpy's own plain ``output`` events (logpoints, the console) are held while the relay has not
 answered the previous one, and merged (:func:`protocol_specs.dap_models.coalesce_output`): Nagle's
 idea, no timer.
 
 From the relay, the ``to_worker`` stream is folded into a :class:`DebugSession` until the replay
-is under way (:mod:`worker_shim.replay`), queued while it finishes, forwarded once live;
-``terminate`` control entries end the program, presence entries feed :class:`worker_shim.watch.Watch`
-(unattended stops and pause reports).
+is under way (:mod:`worker_shim.session.replay`), queued while it finishes, forwarded once live;
+``terminate`` control entries end the program, presence entries feed
+:class:`worker_shim.session.watch.Watch` (unattended stops and pause reports).
 
 Timers are deadlines (:attr:`ShimCore.next_deadline`, :meth:`ShimCore.on_tick`): the replay's
-steps (:data:`~worker_shim.replay.HANDSHAKE_TIMEOUT` each), the watch's. Every method returns a list
-of :mod:`worker_shim.actions`; :mod:`worker_shim.shim` performs them.
+steps (:data:`~worker_shim.session.replay.HANDSHAKE_TIMEOUT` each), the watch's. Every method
+returns a list of :mod:`worker_shim.session.actions`; :mod:`worker_shim.shim` performs them.
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ class ShimCore(DebugpyChannel):
 
     def on_entry(self, cursor: Cursor | None, entry: wire.AnyEntry | None) -> list[Action]:
         """One entry of ``to_worker`` at ``cursor`` (``entry`` None: malformed, or another
-        process's, :mod:`worker_shim.processes`: only the stream position counts)."""
+        process's, :mod:`worker_shim.session.processes`: only the stream position counts)."""
         if cursor is not None:
             self._seen = max(self._seen, cursor)
         if entry is None:
@@ -289,7 +290,7 @@ class ShimCore(DebugpyChannel):
             return self._on_event(msg, raw)
         if kind == "request":
             # reverse requests (runInTerminal): not supported; ``startDebugging`` never gets here
-            # (:class:`worker_shim.processes.Processes` answers it)
+            # (:class:`worker_shim.session.processes.Processes` answers it)
             return self.answer(msg, "not supported by tether's worker")
         return []
 

@@ -5,7 +5,7 @@ Theory of operation
 ``tether backend ray --address http://HEAD:8265`` runs anywhere that reaches the cluster's
 dashboard. It speaks the Ray Jobs REST API (what ``ray job submit`` and ``JobSubmissionClient``
 speak; no Ray installation is needed where the backend runs, and no version of Ray has to match
-the cluster's). For each attempt it is handed (``worker_shim/scheduler.py``):
+the cluster's). For each attempt it is handed (``worker_shim/backends/scheduler.py``):
 
 1. it submits a job (:func:`job_request`) whose entrypoint is tether's worker for that run and
    attempt, holding the run's resources: ``entrypoint_num_cpus``, ``entrypoint_num_gpus``,
@@ -16,9 +16,9 @@ the cluster's). For each attempt it is handed (``worker_shim/scheduler.py``):
    the dashboard, and a ticket is only good for claiming the attempt once the backend saw the job
    running (3.), until the attempt started.
    The claim answers with the worker token, which stays in the worker's memory.
-3. Every ``poll`` seconds it asks for each job's status (``worker_shim/job_watch.py`` decides):
-   ``STOPPED``, ``FAILED`` or ``SUCCEEDED`` while the attempt was not finished is a lost attempt,
-   retried as the run says; a job Ray failed because it waited longer than the cluster's
+3. Every ``poll`` seconds it asks for each job's status (``worker_shim/backends/job_watch.py``
+   decides): ``STOPPED``, ``FAILED`` or ``SUCCEEDED`` while the attempt was not finished is a lost
+   attempt, retried as the run says; a job Ray failed because it waited longer than the cluster's
    ``RAY_JOB_START_TIMEOUT_SECONDS`` is submitted again for the same attempt (nothing ran); a job
    whose run was cancelled is stopped; a job seen running while its attempt waits for its worker
    is reported ``running`` (its ticket may claim from then on). Ray has no time limits: a job

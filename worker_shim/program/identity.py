@@ -7,12 +7,13 @@ the worker's uid it can read the worker's ``/proc/PID/environ`` and memory (the 
 its configuration and its store's socket, and every other run's files and processes. So a worker
 that runs as root (a pool on a shared GPU node, as ``slurmd`` runs) runs each run's program, and
 the commands users run in it (``tether exec``/``shell``), as a uid of the run's own (all its
-attempts there), leased from a range no account uses (:data:`DEFAULT_UIDS`; ``worker_shim/uid_leases.py``), with a group of
-the same number and no other: the kernel then keeps it out of everything the worker and the other
-runs have. Why uids rather than user namespaces: a process in a user namespace keeps its uid
-outside it, and so its rights over the worker's processes; a separate uid is what the kernel checks
-everywhere (files, ``/proc``, ptrace, signals, sockets' owners), needs no namespace support, and
-lets the GPU device files work as they do for any user.
+attempts there), leased from a range no account uses (:data:`DEFAULT_UIDS`;
+``worker_shim/program/uid_leases.py``), with a group of the same number and no other: the kernel
+then keeps it out of everything the worker and the other runs have. Why uids rather than user
+namespaces: a process in a user namespace keeps its uid outside it, and so its rights over the
+worker's processes; a separate uid is what the kernel checks everywhere (files, ``/proc``, ptrace,
+signals, sockets' owners), needs no namespace support, and lets the GPU device files work as they do
+for any user.
 
 What such a program can reach: its run directory (its own, mode 0700), a home and a temporary
 directory of its own (``HOME``, ``TMPDIR``), what any user of the host can (an interpreter on
@@ -39,6 +40,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..inject import SCRIPTS
 
 __all__ = [
     "DEFAULT_RUNS_ROOT",
@@ -301,10 +304,9 @@ class Runtime:
         """The worker's own files, where they are installed."""
         import debugpy
 
-        here = Path(__file__).resolve().parent
         return cls(
-            scripts=here,
-            user_module=here.parent / "tether.py",
+            scripts=SCRIPTS,
+            user_module=Path(__file__).resolve().parents[2] / "tether.py",
             debugpy=Path(debugpy.__file__).resolve().parent,
         )
 

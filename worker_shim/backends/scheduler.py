@@ -1,14 +1,14 @@
 """What every scheduler backend does: take queued runs from the relay, launch a job per attempt,
 watch the jobs, tell the relay what became of them.
 
-A backend (``worker_shim/slurm.py``, ``worker_shim/ray_jobs.py``) says how to launch, look at and
-cancel a job; this module runs the two loops around that:
+A backend (``worker_shim/backends/slurm.py``, ``worker_shim/backends/ray_jobs.py``) says how to
+launch, look at and cancel a job; this module runs the two loops around that:
 
 1. *dispatch*: each run queued for the backend is handed over by the relay (``dispatch``: the run
    stays ``queued``) with the credential of its attempt; the job is launched and its id reported
    (``tether ls`` shows it while the job waits);
 2. *watch*: every ``poll`` seconds each job is looked at, together with its run's record, and
-   ``worker_shim/job_watch.py`` decides what to do.
+   ``worker_shim/backends/job_watch.py`` decides what to do.
 
 The worker in the job claims exactly its run and attempt; compute nodes need no inbound
 connections. What the backend tracks is kept in ``<state dir>/jobs.json`` (0600: it holds the
@@ -206,7 +206,8 @@ class SchedulerBackend(ABC):
                 await trio.sleep(self.poll)
 
     async def watch_once(self, control: ControlClient) -> None:
-        """One look at every tracked job, acted on as ``worker_shim/job_watch.py`` decides."""
+        """One look at every tracked job, acted on as ``worker_shim/backends/job_watch.py``
+        decides."""
         if not self.jobs:
             return
         seen = await self.look(list(self.jobs))

@@ -4,7 +4,7 @@ Theory of operation. The program runs as ``python -X frozen_modules=off [user's 
 _tether_debugpy_boot.py --listen 127.0.0.1:0 --wait-for-client --configure-subProcess BOOL
 TARGET ARGS`` (``fast=False``: ``-m debugpy`` instead of the boot script); a command that is not
 Python runs as the target ``_tether_launch.py BOOT_DIR -- COMMAND`` on the worker's interpreter
-(``worker_shim.python_command.build_launch_argv``). The boot script is
+(``worker_shim.program.python_command.build_launch_argv``). The boot script is
 debugpy's own command line plus ``TCP_NODELAY`` on pydevd's socket, which removes a ~40 ms
 Nagle/delayed-ACK stall from every DAP round trip (see ``_tether_debugpy_boot.py``).
 
@@ -15,26 +15,26 @@ Nagle/delayed-ACK stall from every DAP round trip (see ``_tether_debugpy_boot.py
   anyone (debugpy #1308, research/dap.md section 6.1).
 - Subprocess debugging is off unless asked (``subprocesses=True``): debugpy blocks every child
   process until a client configures it, so the shim must configure each one at once
-  (:mod:`worker_shim.processes`); with it off, children run undebugged.
+  (:mod:`worker_shim.session.processes`); with it off, children run undebugged.
 - The program runs in a session (process group) of its own; ending the run signals the whole group,
   so its children go with it.
 - debugpy's adapter is not in that group: it calls ``setsid()`` and double-forks. It exits by
   itself once the program is gone and its client has disconnected, except when the program dies
   before pydevd connected to it: then it waits for that first connection forever. So when
   :func:`start_debuggee` exits it also kills every process that still carries the attempt's mark
-  (``TETHER_MARK``, ``worker_shim/reaper.py``) in its environment (the adapter, and any
+  (``TETHER_MARK``, ``worker_shim/program/reaper.py``) in its environment (the adapter, and any
   descendant that left the group). That scan uses Linux's ``/proc``; elsewhere it finds nothing.
-- In an attempt's quarters (``worker_shim/quarters.py``) the program runs as the attempt's uid (on
-  a worker that gives programs uids of their own), its debugpy and tether's scripts come from the
-  runtime the worker published for them, and the worker connects only to a listener of that uid
-  (``worker_shim/loopback.py``); debugpy's own listeners let in only that uid and the worker's
-  (``_tether_guard.py``).
+- In an attempt's quarters (``worker_shim/program/quarters.py``) the program runs as the attempt's
+  uid (on a worker that gives programs uids of their own), its debugpy and tether's scripts come
+  from the runtime the worker published for them, and the worker connects only to a listener of that
+  uid (``worker_shim/program/loopback.py``); debugpy's own listeners let in only that uid and the
+  worker's (``_tether_guard.py``).
 
 Output: the program's stdout and stderr are pipes read by an :class:`OutputPump`, which appends them
 to the worker's log file and hands every chunk to ``on_output`` (the shim publishes them:
-``worker_shim.output``); :attr:`OutputPump.done` is set once both pipes reached their end, and
-:meth:`OutputPump.mark` / :meth:`OutputPump.reached` tell whether what the program wrote until now
-was handed over (the shim's ordering barrier).
+``worker_shim.session.output``); :attr:`OutputPump.done` is set once both pipes reached their end,
+and :meth:`OutputPump.mark` / :meth:`OutputPump.reached` tell whether what the program wrote until
+now was handed over (the shim's ordering barrier).
 
 What a cancel leaves behind: nothing. The exit of :func:`start_debuggee` always runs shielded and
 bounded (at most about 12 s): SIGTERM to the group, up to ``TERMINATE_GRACE`` (5 s), SIGKILL to the
@@ -276,7 +276,7 @@ class Debuggee:
     async def connect_child(self) -> trio.SocketStream:
         """A connection to debugpy's adapter (the main one, or a child process's session), once
         its listener is known to be the program's own: the port came from the program, which
-        could name another run's debugger (``worker_shim/loopback.py``)."""
+        could name another run's debugger (``worker_shim/program/loopback.py``)."""
         stream = await connect_owned(self.port, self.uid)
         # trio sets it already; the point of this connection is latency, so say it here too
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -10,7 +10,7 @@ Theory of operation
    (resources: ``--cpus-per-task``, ``--mem``, ``--time``, ``--gres=gpu:N``, ``--partition``) and
    reports the job id to the relay (``tether ls`` shows it while the job is pending);
 2. watches its jobs with ``scontrol show job`` (Slurm keeps ended jobs for ``MinJobAge``; no
-   accounting storage is needed), and acts as ``worker_shim/job_watch.py`` decides:
+   accounting storage is needed), and acts as ``worker_shim/backends/job_watch.py`` decides:
 
    - a job that ended, failed, timed out, was cancelled or preempted while its attempt was not
      finished is reported ``lost``: the relay retries it (``--max-retries``) or marks the run lost;
@@ -19,7 +19,7 @@ Theory of operation
      attempt's worker, should it start again, is refused by the relay;
    - a job whose run was cancelled (or moved on to another attempt) is ``scancel``-ed.
 
-The loops around this are ``worker_shim/scheduler.py``'s.
+The loops around this are ``worker_shim/backends/scheduler.py``'s.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-A scheduler backend (``worker_shim/scheduler.py``; Slurm, Ray) launches one job per attempt and
-looks at its jobs every few seconds. Each look pairs two facts per job:
+A scheduler backend (``worker_shim/backends/scheduler.py``; Slurm, Ray) launches one job per attempt
+and looks at its jobs every few seconds. Each look pairs two facts per job:
 
 - what the scheduler says of it (:class:`Phase`): waiting for resources, running, over, gone from
   its books, put back in its queue after it had started (Slurm's requeue on preemption), or given

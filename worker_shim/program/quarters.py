@@ -6,15 +6,15 @@ the sockets the program connects to (the attach line, metrics), debugpy's home, 
 ``sitecustomize`` and the ``tether`` module, and, for a program with a uid of its own, its
 ``HOME``, ``TMPDIR`` and the directory debugpy's adapter writes its endpoints to.
 
-On a worker that isolates (``worker_shim/identity.py``) the private directory is root's, mode 0711
-(the program can reach what it is told the path of, list nothing); its sockets are handed to the
-program's uid (mode 0600), and so are the run directory, its home and its temporary directory
+On a worker that isolates (``worker_shim/program/identity.py``) the private directory is root's,
+mode 0711 (the program can reach what it is told the path of, list nothing); its sockets are handed
+to the program's uid (mode 0600), and so are the run directory, its home and its temporary directory
 (0700 each). The worker never follows a path the program could have changed: what it reads there
 (the endpoints file) is opened with ``O_NOFOLLOW | O_NONBLOCK`` and must be a small regular file.
 Elsewhere everything is the worker's, mode 0700, as before.
 
 The private directory goes when the attempt ends; the run directory stays (the pool keeps its newest
-runs': ``worker_shim/housekeeping.py``), and so does its uid's lease.
+runs': ``worker_shim/backends/housekeeping.py``), and so does its uid's lease.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ class Quarters:
 
     def env(self, inherited: dict[str, str], run: dict[str, str]) -> dict[str, str]:
         """The environment of the attempt's processes: ``inherited`` (the worker's, without its
-        credentials; only :data:`~worker_shim.identity.PASSED_ENV` of it for a program with a
-        uid of its own), then ``run`` (the run's own variables and the worker's additions), then
+        credentials; only :data:`~worker_shim.program.identity.PASSED_ENV` of it for a program with
+        a uid of its own), then ``run`` (the run's own variables and the worker's additions), then
         what tether sets: the mark its processes are found by, the uid of the worker its debugger
         lets in, and for a uid of its own, its ``HOME``, ``TMPDIR`` and name."""
         base = inherited if self.user is None else passed_env(inherited)
@@ -155,7 +155,7 @@ async def open_quarters(
 class Housing:
     """A worker's rule for its runs' places and identities: its :class:`Isolation`, the runtime
     its programs load (the installed one, or a copy published for uids of their own), the uid
-    leases, and the mark its processes carry (``worker_shim/reaper.py``)."""
+    leases, and the mark its processes carry (``worker_shim/program/reaper.py``)."""
 
     def __init__(self, isolation: Isolation | None = None, *, mark: str = "") -> None:
         self.isolation = isolation or Isolation()

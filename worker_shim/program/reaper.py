@@ -5,22 +5,22 @@ Theory of operation
 Every process a worker starts for a run (the program, debugpy's adapter, the program's children
 at any depth, the commands of ``tether exec``) carries ``TETHER_MARK=<worker>/<attempt>`` in its
 environment, which children inherit; on a root worker each run's processes also run as a uid of
-their own (``worker_shim/identity.py``). That is how they are found again, whatever sessions,
-process groups or parents they made for themselves (debugpy's adapter calls ``setsid`` and forks
-twice; a daemon does the same):
+their own (``worker_shim/program/identity.py``). That is how they are found again, whatever
+sessions, process groups or parents they made for themselves (debugpy's adapter calls ``setsid`` and
+forks twice; a daemon does the same):
 
 - when an attempt ends, the worker ends its program's process group, then kills every process still
   marked with the attempt (:func:`kill_marked`);
 - when the worker stops on purpose (SIGTERM, SIGHUP, Ctrl-C), each attempt ends that way before it
   reports;
 - when the worker dies without a word (SIGKILL, the OOM killer), its **guard** does it: a process
-  of its own (``python -m worker_shim.reaper``, its own session, so a terminal's signals do not
-  reach it) that the worker starts first and keeps the only write end of a pipe to. The guard
+  of its own (``python -m worker_shim.program.reaper``, its own session, so a terminal's signals do
+  not reach it) that the worker starts first and keeps the only write end of a pipe to. The guard
   waits for that pipe's end of file, which the kernel delivers when the worker is gone, however it
   went, then kills every process marked with the worker and, on a root worker, every process of
-  the uids leased to the worker's run directories (``worker_shim/uid_leases.py``), and exits. A
-  worker that stops cleanly closes the pipe last, after its own cleanup: the guard then finds
-  nothing to do.
+  the uids leased to the worker's run directories (``worker_shim/program/uid_leases.py``), and
+  exits. A worker that stops cleanly closes the pipe last, after its own cleanup: the guard then
+  finds nothing to do.
 
 A program that clears its environment and runs as the worker's own uid (a worker that is not root)
 can escape the mark; under a uid of its own nothing escapes (``SECURITY.md``).
@@ -47,7 +47,7 @@ MARK_ENV = "TETHER_MARK"
 GUARD_WAIT = 30.0
 _POLL = 0.02
 #: where ``worker_shim`` is, for the guard's ``python -m``
-_PACKAGES = str(Path(__file__).resolve().parent.parent)
+_PACKAGES = str(Path(__file__).resolve().parents[2])
 
 
 def attempt_mark(worker: str, run_id: str, attempt: int) -> str:
@@ -123,7 +123,7 @@ def sweep(mark: str, leases: Path | None, runs_dir: Path | None, uids: range | N
 
 def main(argv: list[str] | None = None) -> int:
     """The guard: wait for standard input's end (the worker gone), then :func:`sweep`."""
-    parser = argparse.ArgumentParser(prog="python -m worker_shim.reaper")
+    parser = argparse.ArgumentParser(prog="python -m worker_shim.program.reaper")
     parser.add_argument("--mark", required=True)
     parser.add_argument("--leases", type=Path)
     parser.add_argument("--runs-dir", type=Path)
@@ -160,7 +160,7 @@ async def open_guard(
 ) -> AsyncIterator[None]:  # fmt: skip
     """Run the worker ``mark``'s guard while the block runs; on the way out (however it ends)
     close its pipe and wait for its sweep (bounded, shielded)."""
-    argv = [sys.executable, "-m", "worker_shim.reaper", "--mark", mark]
+    argv = [sys.executable, "-m", "worker_shim.program.reaper", "--mark", mark]
     if leases is not None and runs_dir is not None and uids is not None:
         argv += ["--leases", str(leases), "--runs-dir", str(runs_dir)]
         argv += ["--uids", f"{uids.start}-{uids.stop - 1}"]

@@ -1,0 +1,19 @@
+"""The scripts tether injects into the user's program: run by path on the program's own
+interpreter or in debugpy's adapter process, so each is standalone and stdlib-only and loads its
+siblings from beside itself (the worker imports ``_tether_guard`` as well: ``program/loopback.py``).
+
+- ``_tether_debugpy_boot.py``: debugpy's command line with pydevd's socket made ``TCP_NODELAY``;
+  the attachable mode of a plain run (``--tether-attach``);
+- ``_tether_debugpy_adapter.py``: debugpy's adapter process, guarded, with ``TCP_NODELAY``;
+- ``_tether_guard.py``: only the run's processes and its worker may connect to the debugger;
+- ``_tether_launch.py``: the main process of a command that is not Python;
+- ``_tether_sitecustomize.py``: what each Python process below that command imports first.
+
+On a worker that isolates they are published read-only for programs of other uids
+(``worker_shim/program/identity.py``'s ``Runtime``). :data:`SCRIPTS` is where they are installed.
+"""
+
+from pathlib import Path
+
+#: the directory of the ``_tether_*.py`` scripts, where the worker is installed
+SCRIPTS = Path(__file__).resolve().parent
