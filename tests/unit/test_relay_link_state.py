@@ -15,6 +15,7 @@ from protocol_specs.relay_link import (
     COMMIT_AFTER,
     STORE_BATCH,
     STORE_QUEUE,
+    Action,
     Answer,
     Attached,
     Audit,
@@ -85,7 +86,7 @@ def reaches(state: RelayLinkState, *entries: wire.AnyEntry) -> list[Reach]:
     return [state.admit(publish(start + i + 1, e)).reach for i, e in enumerate(entries)]
 
 
-def answered(state: RelayLinkState, n: int) -> list[object]:
+def answered(state: RelayLinkState, n: int) -> list[Action]:
     """The actions that answer the only (refused) publish ``n`` queued."""
     batch = state.take()
     assert batch is not None
@@ -170,7 +171,8 @@ def test_a_worker_may_publish_only_the_status_events_its_table_allows() -> None:
 
 def test_a_worker_serving_an_ended_attempt_publishes_nothing() -> None:
     state = worker(after=True)
-    for n, entry in enumerate([dap(), status(), log_entry()], 1):
+    entries: list[wire.AnyEntry] = [dap(), status(), log_entry()]
+    for n, entry in enumerate(entries, 1):
         refusal = state.admit(publish(n, entry)).refusal
         assert refusal is not None
         assert refusal.message == "a worker serving an ended attempt publishes nothing"
@@ -302,7 +304,7 @@ def run_of(state: RelayLinkState, count: int) -> list[object]:
     return run.items  # type: ignore[return-value]
 
 
-def acks(actions: list[object]) -> list[tuple[int, bool]]:
+def acks(actions: list[Action]) -> list[tuple[int, bool]]:
     return [
         (a.frame.n, a.frame.duplicate)
         for a in actions
@@ -355,7 +357,7 @@ def test_a_gap_ends_the_link_after_acking_what_came_before_it() -> None:
 
 
 def test_a_workers_tunnel_exit_ends_the_tunnel_before_it_is_acked() -> None:
-    def exits(role: Role) -> list[object]:
+    def exits(role: Role) -> list[Action]:
         state = RelayLinkState(role, WORKER if role is Role.WORKER else ALICE, RECORD, tunnel="t")
         reaches(state, wire.TunnelEntry(op="data"), wire.TunnelEntry(op="exit"))
         batch = state.take()
