@@ -4,11 +4,10 @@ is stored in."""
 
 from __future__ import annotations
 
-import math
-
 import trio
 
 from protocol_specs import wire
+from protocol_specs.relay_link import Commits
 from protocol_specs.wire import StreamName
 
 from ..config import RelayConfig
@@ -16,10 +15,7 @@ from ..gate import Peer
 from ..store import Diversion, Store, keys
 from .fanout import Fanout
 
-__all__ = ["COMMIT_AFTER", "deliver", "deliver_history", "diversion"]
-
-#: how long the commit of an early entry may wait to go out with later ones (seconds)
-COMMIT_AFTER = 0.1
+__all__ = ["deliver", "deliver_history", "diversion"]
 
 
 async def deliver_history(
@@ -45,25 +41,20 @@ async def deliver(
     early: bool = False,
 ) -> None:
     """Send the peer the stream ``name`` (key ``stream``) from ``cursor`` on, live. The
-    commits of early entries wait (:data:`COMMIT_AFTER` at most), and only the latest of a
-    producer goes: the peer needs them only to move its cursor, and a live session would pay
-    a frame per message."""
-    commits: dict[str, wire.Commit] = {}
-    due = math.inf
+    commits of early entries wait a little, and only the latest of a producer goes
+    (:class:`protocol_specs.relay_link.Commits`)."""
+    commits = Commits(name)
     async with fanout.subscribe(stream, cursor, early=early) as subscription:
         while True:
             batch = []
             if commits:
-                with trio.move_on_at(due):
+                with trio.move_on_at(commits.due):
                     batch = await subscription.next_batch(200)
             else:  # no cancel scope held by every idle connection
                 batch = await subscription.next_batch(200)
             for item in batch:
                 if item.payload is None:
-                    commits[item.producer] = wire.Commit(
-                        stream=name, cursor=item.cursor, producer=item.producer, n=item.n
-                    )
-                    due = min(due, trio.current_time() + COMMIT_AFTER)
+                    commits.owe(item.cursor, item.producer, item.n, trio.current_time())
                     continue
                 if early:
                     frame = wire.Deliver(
@@ -76,11 +67,8 @@ async def deliver(
                 else:
                     frame = wire.Deliver(stream=name, cursor=item.cursor, entry=item.payload)
                 await peer.ws.send(wire.encode_frame(frame))
-            if commits and trio.current_time() >= due:
-                for commit in commits.values():
-                    await peer.ws.send(wire.encode_frame(commit))
-                commits.clear()
-                due = math.inf
+            for commit in commits.take(trio.current_time()):
+                await peer.ws.send(wire.encode_frame(commit))
 
 
 def diversion(run_id: str, entry: wire.AnyEntry, config: RelayConfig) -> Diversion | None:

@@ -34,7 +34,7 @@ A subscription that is stale or re-reading takes nothing early: what it re-reads
 entry's publish (:meth:`Store.read_numbered`), so an entry it had sent early goes out as a commit,
 and the peer itself drops one it took early (``protocol_specs/link.py``). The order a peer sees is
 its publishers' order: the links forward a publish early only when nothing they received before it
-still waits to be stored and delivered the ordinary way (``relay/links/links.py``).
+still waits to be stored and delivered the ordinary way (``protocol_specs/relay_link.py``).
 """
 
 from __future__ import annotations
