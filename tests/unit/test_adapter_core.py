@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
+from hand_clock import HandClock
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,19 +33,11 @@ MAIN = "/home/me/project/train.py"
 DATA = "/home/me/project/data.py"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Harness:
     """An IDE on one side of the core, the relay on the other."""
 
     def __init__(self, origin: str = "me", **kwargs: Any) -> None:
-        self.clock = Clock()
+        self.clock = HandClock()
         self.core = AdapterCore("r1", origin=origin, clock=self.clock, **kwargs)
         self.ide_seq = 100  # the IDE's numbering differs from the adapter's on purpose
         self.published: list[DapEntry] = []

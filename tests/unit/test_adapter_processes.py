@@ -15,6 +15,7 @@ import orjson
 import pytest
 import trio
 import trio.testing
+from hand_clock import HandClock
 from test_adapter_server import FakeLink, Ide, connect
 
 from adapter.actions import Say
@@ -41,19 +42,11 @@ ATTACH = {
 }
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Desk:
     """IDE connections on one side of the sessions, the relay on the other."""
 
     def __init__(self, mode: str = "stopped", port: int = 7777) -> None:
-        self.clock = Clock()
+        self.clock = HandClock()
         self.main = AdapterCore("r1", origin="me", clock=self.clock)
         self.processes = Processes(self.main, mode=mode, port=port)
         self.seen: dict[int, list[dict[str, Any]]] = defaultdict(list)

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from hand_clock import HandClock
 
 from protocol_specs.attention import HOLD_GRACE
 from protocol_specs.capabilities import DEBUGPY_CAPABILITIES
@@ -54,19 +55,11 @@ DATA = f"{WORKDIR}/data.py"
 WALL = 1_790_000_000.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 5_000.0  # a monotonic clock: nothing like the wall clock
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Harness:
     """A fake debugpy on one side of the core, a fake relay link on the other."""
 
     def __init__(self, *, tail: str = "0-0", attempt: int = 1, **spec: Any) -> None:
-        self.clock = Clock()
+        self.clock = HandClock(5_000.0)  # a monotonic clock: nothing like the wall clock
         # post-mortem's own configuration is tested on its own (``post_mortem=True``)
         fields: dict[str, Any] = {"command": ["python", "train.py"], "workdir": WORKDIR,
                                   "post_mortem": False, **spec}  # fmt: skip
