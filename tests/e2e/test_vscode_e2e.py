@@ -218,7 +218,11 @@ async def test_a_run_paused_with_no_ide_is_announced_and_attached_from_the_runs_
         vscode(tmp_path, home, folder, "vscode-attach") as (ide, trace),
     ):
         await ide.do("open", file="train.py")
-        await ide.do("press", keys="F5")
+        # by name, not F5: a key pressed before the workbench has read launch.json is lost
+        await ide.do("command", title="Debug: Select and Start Debugging")
+        await ide.do("type", text="bad gpus")
+        await ide.do("wait_text", text="bad gpus", selector=".quick-input-list")
+        await ide.do("press", keys="Enter")
         refused = await trace.wait("the refusal", lambda e: e.get("ext") == "refused")
         assert refused["message"] == 'tether: "gpus" must be a whole number.', refused
         await ide.do("wait_text", text='"gpus" must be a whole number')
