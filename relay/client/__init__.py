@@ -13,7 +13,6 @@ It speaks the wire protocol (:mod:`protocol_specs.wire`) and imports nothing of 
 
 from __future__ import annotations
 
-from . import ws_flow  # noqa: F401  (a websockets.trio fix, applied on import)
 from .connect import Endpoint, RelayError, Target, endpoint, open_connection
 from .control import ControlClient, open_control
 from .link import FLUSH_TIMEOUT, LinkPolicy, RunLink, open_run_link, tunnel_steps

@@ -21,6 +21,8 @@ from websockets.trio.client import ClientConnection, connect
 from protocol_specs import wire
 from protocol_specs.wire import ErrorCode
 
+from . import ws_flow
+
 __all__ = [
     "Endpoint",
     "RelayError",
@@ -77,6 +79,7 @@ async def open_connection(
 
     Raises :class:`RelayError` if the relay refuses, or cannot be reached before the welcome.
     """
+    ws_flow.apply()
     ep = endpoint(target)
     url = ep.url
     hello = hello.model_copy(update={"token": ep.token or None})

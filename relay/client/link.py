@@ -46,6 +46,7 @@ from protocol_specs.link import Answered, LinkClosed, LinkState, Moved, NewEntry
 from protocol_specs.runs import RunRecord
 from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
 
+from . import ws_flow
 from .connect import RelayError, Target, endpoint
 
 __all__ = ["FLUSH_TIMEOUT", "LinkPolicy", "RunLink", "open_run_link", "tunnel_steps"]
@@ -317,6 +318,7 @@ class RunLink:
         """One connection, served until it drops; returns why it ended ("" if it never began)."""
         hello = self.state.hello(token=self.endpoint.token or None)
         p = self.policy
+        ws_flow.apply()
         try:
             async with connect(
                 self.url,

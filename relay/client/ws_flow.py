@@ -11,7 +11,10 @@ Patched ``send_data``: called by the reader, it returns at once when there is no
 and when the writer holds the lock while the connection is open it leaves what there is (a pong)
 to a task of the connection's own, which writes it once the lock is free; the reader goes on
 reading. Once the closing handshake began, the reader writes as it always did. Everything else (every
-``send()``, which must wait for its bytes to be written) is as before. Applied once, on import;
+``send()``, which must wait for its bytes to be written) is as before.
+
+Applied by :func:`apply`, called where connections start (the relay's :func:`~relay.server.
+serve_relay`, the link client's :func:`~relay.client.connect.open_connection`), never on import;
 if ``websockets`` is not as this was written against, nothing is patched.
 """
 
@@ -23,10 +26,17 @@ import trio
 from websockets.protocol import State
 from websockets.trio.connection import Connection
 
-__all__ = ["PATCHED"]
+__all__ = ["applied", "apply"]
 
 
-def _apply() -> bool:
+def applied() -> bool:
+    """Whether the fix is in place."""
+    return bool(getattr(getattr(Connection, "send_data", None), "_tether", False))
+
+
+def apply() -> bool:
+    """Put the fix in place (idempotent); whether it is (``False``: ``websockets`` is not as
+    known, and nothing was patched)."""
     original: Any = getattr(Connection, "send_data", None)
     recv_events: Any = getattr(Connection, "recv_events", None)
     if original is None or recv_events is None or getattr(original, "_tether", False):
@@ -56,7 +66,3 @@ async def _flush(original: Any, connection: Any) -> None:
         await original(connection)
     except Exception:  # the reader sees the broken stream and reports it
         pass
-
-
-#: whether the fix is in place (``websockets`` as known)
-PATCHED = _apply()

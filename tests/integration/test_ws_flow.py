@@ -4,6 +4,8 @@ reader waits for the send lock its blocked writer holds, and neither reads again
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from functools import partial
 
 import pytest
@@ -14,6 +16,13 @@ from websockets.trio.server import ServerConnection, serve
 from relay.client import ws_flow
 
 pytestmark = pytest.mark.timeout(60)
+
+#: imports every module that makes websockets.trio connections, then says whether it is patched
+_IMPORTS = (
+    "import relay.client, relay.client.ws_flow, relay.server, adapter.cli.main;"
+    "from websockets.trio.connection import Connection;"
+    "print(getattr(Connection.send_data, '_tether', False))"
+)
 
 MESSAGES = 200
 SIZE = 256 * 1024  # 50 MiB each way: far beyond what the sockets' buffers hold
@@ -35,7 +44,8 @@ async def _both_ways(ws: object) -> int:
 
 
 async def test_two_ends_sending_a_lot_at_once_both_finish() -> None:
-    assert ws_flow.PATCHED
+    assert ws_flow.apply()
+    assert ws_flow.apply()  # again: nothing more to do, still in place
     served: list[int] = []
 
     async def handler(ws: ServerConnection) -> None:
@@ -51,3 +61,11 @@ async def test_two_ends_sending_a_lot_at_once_both_finish() -> None:
                 assert await _both_ways(ws) == MESSAGES * SIZE
         nursery.cancel_scope.cancel()
     assert served == [MESSAGES * SIZE]
+
+
+def test_importing_patches_nothing() -> None:
+    """The fix is applied where connections start, never as a side effect of an import."""
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORTS], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
