@@ -24,15 +24,29 @@ run's trail, however fast they ask.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import BaseModel, ConfigDict
 
 from .auth import Principal
 from .control_frames import AuditEntry, AuditEvent
 
-__all__ = ["WINDOW", "Repeats", "coalesce", "refused_entry", "refuser", "repeated"]
+__all__ = ["WINDOW", "AuditRole", "Repeats", "coalesce", "refused_entry", "refuser", "repeated"]
 
 #: seconds in which one refuser's refusals of one request on one run have one entry (and a count)
 WINDOW = 60.0
+
+
+class AuditRole(StrEnum):
+    """Through what an audited act came (an entry's ``role``): a relay connection of one of the
+    wire's roles (``protocol_specs.wire.Role``, same words), or the web view."""
+
+    IDE = "ide"
+    WORKER = "worker"
+    CONTROL = "control"
+    LOGS = "logs"
+    TUNNEL = "tunnel"
+    WEB = "web"
 
 
 class Repeats(BaseModel):
@@ -56,7 +70,7 @@ def refused_entry(
     code: str,
     message: str,
     source: str,
-    role: str,
+    role: AuditRole,
     client: str = "",
     what: str = "",
 ) -> AuditEntry:

@@ -21,6 +21,7 @@ from websockets.protocol import State
 from websockets.trio.server import ServerConnection
 
 from protocol_specs import wire
+from protocol_specs.audit import AuditRole
 from protocol_specs.auth import AuthThrottle, Principal, Refusal, check_token
 from protocol_specs.tunnels import MAX_TUNNELS
 from protocol_specs.wire import ErrorCode, Role, WireError
@@ -190,7 +191,7 @@ class Gate:
                 code=code.value,
                 message=message,
                 source=peer.source,
-                role=hello.role.value,
+                role=AuditRole(hello.role),
                 client=hello.client,
             )
         await peer.fatal(code, message)

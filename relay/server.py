@@ -7,7 +7,7 @@ Each connection starts with a ``hello`` frame naming its role (see ``protocol_sp
 - ``relay/links/links.py``: ``ide`` and ``worker`` links to one run (publish exactly once, deliver
   from a cursor, woken by ``relay/links/fanout.py``), and ``relay/links/readers.py``: ``logs``
   readers;
-- ``relay/control.py``: ``control`` requests (submit, cancel, inspect, tokens, blobs) and the
+- ``relay/control/``: ``control`` requests (submit, cancel, inspect, tokens, blobs) and the
   worker pools' and scheduler backends' ``claim``/``dispatch``, which wait in
   ``relay/runs/claims.py``;
 - ``relay/runs/registry.py``: run records and their transitions, each atomic in the store, with
@@ -45,9 +45,9 @@ from protocol_specs.web import run_path
 from protocol_specs.wire import ErrorCode, Role
 
 from .auth import TokenStore
-from .client import ws_flow  # noqa: F401  (a websockets.trio fix, applied on import)
+from .client import ws_flow
 from .config import SERVER_NAME, RelayConfig
-from .control import Control
+from .control import Control, Rooms
 from .gate import Gate, Peer
 from .gc_policy import keep_heap
 from .links.fanout import Fanout
@@ -58,11 +58,12 @@ from .runs.claims import Claims
 from .runs.registry import Registry
 from .runs.webhook import notify_unattended_stop
 from .snapshots.blobs import BlobStore, MemoryBlobStore
-from .snapshots.trees import expand_tree
+from .snapshots.trees import CheckedTrees, expand_tree
 from .store import Store, StoreError
 from .sweeps import Sweeps
 from .web.live import serve_live
 from .web.server import Web
+from .web.sessions import WebSessions
 
 __all__ = ["SERVER_NAME", "Relay", "RelayConfig", "serve_relay", "server_port"]
 
@@ -88,14 +89,18 @@ class Relay:
         blobs: BlobStore | None = None,
         config: RelayConfig | None = None,
         clock: Callable[[], float] = time.time,
+        background: trio.Nursery | None = None,
+        web_base: str = "",
+        tls: bool = False,
     ) -> None:
+        """``background``: where background work (webhooks) runs (``None``: none is sent);
+        ``web_base``: the web view's address, for the links in notices (``""``: unknown);
+        ``tls``: whether browsers reach this relay over its own TLS."""
         self.store = store
         self.config = config = config or RelayConfig()
         self.blobs: BlobStore = blobs if blobs is not None else MemoryBlobStore()
-        #: where background work (webhooks) runs; set by :func:`serve_relay`
-        self.background: trio.Nursery | None = None
-        #: the web view's address, for the links in notices (``""``: unknown)
-        self.web_base = ""
+        self.background = background
+        self.web_base = web_base
         self.fanout = Fanout(store)
         #: connections that ended (``relay/gc_policy.py``: a population that turned over)
         self.ended = 0
@@ -118,7 +123,7 @@ class Relay:
             clock=clock,
         )
         self.sweeps = Sweeps(self.registry, config, holder=f"relay-{self.fanout.id}", clock=clock)
-        self.control = Control(
+        rooms = Rooms(
             self.registry,
             self.claims,
             self.blobs,
@@ -127,15 +132,19 @@ class Relay:
             config,
             tunnels=self.links.tunnels,
             sweeps=self.sweeps,
+            checked=CheckedTrees(config.blob_grace / 2, self.registry.clock),
+            sessions=WebSessions(store, self.tokens, clock=self.registry.clock),
         )
+        self.control = Control(rooms)
         self.web = Web(
             self.registry,
             self.control,
+            self.sweeps,
             self.tokens,
             self.audit,
             self.gate,
             self.blobs,
-            tls=False,
+            tls=tls,
             public_url=config.public_url,
             max_live=config.max_connections,
             clock=clock,
@@ -225,10 +234,16 @@ async def serve_relay(
 ) -> None:
     """Serve the relay until cancelled (over TLS with ``ssl``: ``wss://``);
     ``task_status.started`` gets the websockets ``Server``."""
-    relay = Relay(store, blobs=blobs, config=config)
-    relay.web.tls = ssl is not None
+    ws_flow.apply()
+    config = config or RelayConfig()
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    web_base = ""
+    if config.web:
+        web_base = config.public_url or _own_base(host, _port_of(listeners), ssl)
     async with trio.open_nursery() as nursery:
-        relay.background = nursery
+        relay = Relay(
+            store, blobs=blobs, config=config, background=nursery, web_base=web_base, tls=bool(ssl)
+        )
         await nursery.start(relay.fanout.listen)
         await nursery.start(relay.claims.serve)
         nursery.start_soon(relay.sweep_forever)
@@ -240,8 +255,7 @@ async def serve_relay(
             partial(
                 serve,
                 relay.handle,
-                port,
-                host=host,
+                listeners=listeners,
                 compression=None,
                 ssl=ssl,
                 max_size=wire.MAX_HELLO_BYTES,  # raised per role once the token is checked
@@ -250,8 +264,6 @@ async def serve_relay(
                 process_response=relay.web.process_response if relay.config.web else None,
             )
         )
-        if relay.config.web:
-            relay.web_base = relay.config.public_url or _own_base(host, server_port(server), ssl)
         task_status.started(server)
 
 
@@ -287,4 +299,8 @@ def _own_base(host: str, port: int, ssl: SSLContext | None) -> str:
 
 
 def server_port(server: Server) -> int:
-    return int(server.listeners[0].socket.getsockname()[1])
+    return _port_of(server.listeners)
+
+
+def _port_of(listeners: list[trio.SocketListener]) -> int:
+    return int(listeners[0].socket.getsockname()[1])

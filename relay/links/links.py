@@ -33,6 +33,7 @@ import trio
 from websockets.exceptions import ConnectionClosed
 
 from protocol_specs import claims, wire
+from protocol_specs.audit import AuditRole
 from protocol_specs.auth import Principal, Refusal
 from protocol_specs.permissions import Act, authorize
 from protocol_specs.relay_link import (
@@ -153,7 +154,7 @@ class Links:
                     code=refusal.code,
                     message=refusal.message,
                     source=peer.source,
-                    role=hello.role.value,
+                    role=AuditRole(hello.role),
                     client=hello.client,
                     what=f"tunnel {hello.tunnel}" if hello.tunnel else "",
                 )
@@ -186,7 +187,7 @@ class Links:
             AuditEvent.CONNECT,
             who,
             source=peer.source,
-            role=hello.role.value,
+            role=AuditRole(hello.role),
             client=hello.client,
             detail=f"{detail} tunnel {tunnel}".strip() if tunnel else detail,
         )
@@ -437,7 +438,9 @@ class Links:
     async def _attached(self, link: _Link, entry: wire.PresenceEntry) -> None:
         """The adapter on ``link`` attached or detached its IDE."""
         event = AuditEvent.ATTACH if entry.attached else AuditEvent.DETACH
-        await self.audit.record(link.run_id, event, link.who, source=link.peer.source, role="ide")
+        await self.audit.record(
+            link.run_id, event, link.who, source=link.peer.source, role=AuditRole.IDE
+        )
         await self.registry.update(
             link.run_id, lambda record: record.with_ide(entry.origin, entry.attached)
         )
@@ -476,7 +479,7 @@ class Links:
             code=code,
             message=message,
             source=link.peer.source,
-            role=link.state.role.value,
+            role=AuditRole(link.state.role),
             client=link.client,
             what=f"tunnel {tunnel}" if tunnel else "",
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import trio
 
 from protocol_specs import wire
+from protocol_specs.audit import AuditRole
 from protocol_specs.auth import Principal
 from protocol_specs.wire import AuditEvent, ErrorCode, StreamName, WireError
 
@@ -28,7 +29,12 @@ async def serve_logs(links: Links, peer: Peer, hello: wire.Hello, who: Principal
         return
     if hello.cursor == "0":  # a reader starting over; not every reconnect of a follower
         await links.audit.record(
-            record.id, AuditEvent.LOGS, who, source=peer.source, role="logs", client=hello.client
+            record.id,
+            AuditEvent.LOGS,
+            who,
+            source=peer.source,
+            role=AuditRole.LOGS,
+            client=hello.client,
         )
     name = StreamName(hello.stream)
     stream = keys.stream(record.id, name)

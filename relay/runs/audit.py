@@ -17,7 +17,15 @@ from collections.abc import Callable
 import msgpack
 
 from protocol_specs import wire
-from protocol_specs.audit import WINDOW, Repeats, coalesce, refused_entry, refuser, repeated
+from protocol_specs.audit import (
+    WINDOW,
+    AuditRole,
+    Repeats,
+    coalesce,
+    refused_entry,
+    refuser,
+    repeated,
+)
 from protocol_specs.auth import Principal
 from protocol_specs.runs import RunRecord
 from protocol_specs.wire import AuditEvent
@@ -48,7 +56,7 @@ class AuditTrail:
         who: Principal | None,
         *,
         source: str = "",
-        role: str = "",
+        role: AuditRole | None = None,
         client: str = "",
         detail: str = "",
     ) -> None:
@@ -58,7 +66,7 @@ class AuditTrail:
             event=event,
             user=who.user if who else "",
             token=who.token if who else "",
-            role=role,
+            role=role or "",
             source=source,
             client=client[:200],
             detail=detail[:500],
@@ -74,7 +82,7 @@ class AuditTrail:
         code: str,
         message: str,
         source: str,
-        role: str,
+        role: AuditRole,
         client: str = "",
         what: str = "",
     ) -> None:

@@ -7,5 +7,5 @@
 - ``static/``: the one stylesheet and the one script the pages load.
 
 Import the modules themselves (``relay.web.server``...): this package's ``__init__`` imports
-nothing, so that ``relay/control.py`` can use :mod:`.sessions` without a cycle.
+nothing, so that ``relay/control/`` can use :mod:`.sessions` without a cycle.
 """

@@ -15,7 +15,6 @@ refused that names a run that exists (``protocol_specs/audit.py``).
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import time
 import weakref
@@ -25,14 +24,12 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-import orjson
-import trio
-from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 from websockets.trio.server import ServerConnection
 
 from protocol_specs import web
-from protocol_specs.auth import Principal, TokenRecord, check_token
+from protocol_specs.audit import AuditRole
+from protocol_specs.auth import Principal
 from protocol_specs.permissions import Act, authorize
 from protocol_specs.runs import RunRecord
 from protocol_specs.snapshots import Manifest
@@ -47,13 +44,16 @@ from ..runs.metrics import newest_points
 from ..runs.registry import Registry
 from ..snapshots.blobs import BlobError, BlobStore
 from ..store import StoreError, keys
+from ..sweeps import Sweeps
 from . import assets
 from .debug_view import DebugView, debug_view
 from .experiments import metrics_section, sweep_page, sweeps_page
 from .listing import list_page
 from .log_text import LogText
+from .login import Login
 from .pages import error_page, file_page, files_page, login_page, run_page, runs_page
-from .sessions import Session, WebSessions, may_log_in
+from .responses import html_page, http_response, json_answer, redirect, source_of
+from .sessions import Session, WebSessions
 
 __all__ = ["LiveView", "Web"]
 
@@ -65,9 +65,6 @@ LOG_TAIL = 500
 LOG_TAIL_CHARS = 256 * 1024
 #: audit entries a run's page shows (the newest)
 AUDIT_SHOWN = 200
-#: the longest a refused login waits (the back-off of failed connections goes higher; a request
-#: must be answered within ``websockets``' handshake timeout)
-LOGIN_DELAY = 2.0
 #: manifests and debugger views kept per relay process
 _KEPT = 64
 #: the largest snapshot file the viewer shows
@@ -96,6 +93,7 @@ class Web:
         self,
         registry: Registry,
         control: Control,
+        sweeps: Sweeps,
         tokens: TokenStore,
         audit: AuditTrail,
         gate: Gate,
@@ -109,11 +107,13 @@ class Web:
         self.registry = registry
         self.store = registry.store
         self.control = control
+        self.sweeps = sweeps
         self.tokens = tokens
         self.audit = audit
         self.gate = gate
         self.blobs = blobs
         self.sessions = WebSessions(registry.store, tokens, clock=clock)
+        self.login = Login(self.sessions, tokens, gate.throttle, clock)
         self.tls = tls
         self.public_url = public_url
         self.clock = clock
@@ -128,6 +128,9 @@ class Web:
         #: live pages open on this relay process, by user (at most ``max_live`` each)
         self.viewers: Counter[str] = Counter()
         self.max_live = max_live
+
+    def _origin(self, req: web.HttpRequest) -> str:
+        return web.origin_of(req, tls=self.tls, public=self.public_url)
 
     @property
     def secure(self) -> bool:
@@ -144,7 +147,7 @@ class Web:
         found = web.route(req.method, req.path)
         try:
             if isinstance(found, int):
-                response: Response | None = self._page(
+                response: Response | None = html_page(
                     found, error_page(found, HTTPStatus(found).phrase)
                 )
                 if found == 405:
@@ -154,10 +157,10 @@ class Web:
                 response = await self._answer(ws, req, found)
         except StoreError as exc:
             log.warning("web request %s %s: %s", req.method, req.path, exc)
-            response = self._page(503, error_page(503, "the relay lost its store; try again"))
+            response = html_page(503, error_page(503, "the relay lost its store; try again"))
         except Exception:  # a bug: said in the relay's log, never to the browser
             log.exception("web request %s %s failed", req.method, req.path)
-            response = self._page(500, error_page(500, "the relay failed to answer this"))
+            response = html_page(500, error_page(500, "the relay failed to answer this"))
         if req.method == "HEAD" and response is not None:
             response = Response(response.status_code, response.reason_phrase, response.headers)
         return response
@@ -179,14 +182,16 @@ class Web:
             case web.Route.STATIC:
                 body = assets.FILES.get(found.name)
                 if body is None:
-                    return self._page(404, error_page(404, "no such file"))
+                    return html_page(404, error_page(404, "no such file"))
                 kind = assets.TYPES[found.name.rpartition(".")[2]]
-                return self._response(200, body, kind, cache=True)
+                return http_response(200, body, kind, cache=True)
             case web.Route.LOGIN_PAGE:
                 current = await self.sessions.get(web.session_of(req, secure=self.secure))
-                return self._page(200, login_page(current=current[1].user if current else ""))
+                return html_page(200, login_page(current=current[1].user if current else ""))
             case web.Route.LOGIN:
-                return await self._login(ws, req)
+                return await self.login.answer(
+                    req, source_of(ws), origin=self._origin(req), secure=self.secure
+                )
         got = await self.sessions.get(web.session_of(req, secure=self.secure))
         if got is None:
             return self._unauthenticated(req, found)
@@ -200,10 +205,10 @@ class Web:
                 named = await self.registry.load(found.run) if found.run else None
                 if named is not None:
                     await self._refused(ws, req, found.route, named, who, "forbidden", refusal)
-                return self._json(403, {"error": refusal})
+                return json_answer(403, {"error": refusal})
         match found.route:
             case web.Route.ROOT:
-                return self._redirect("/ui")
+                return redirect("/ui")
             case web.Route.LIST:
                 return await self._list(req, session, who)
             case web.Route.RUN:
@@ -216,66 +221,22 @@ class Web:
                 return await self._live(ws, req, who)
             case web.Route.LOGOUT:
                 await self.sessions.close(web.session_of(req, secure=self.secure))
-                return self._json(200, {"ok": True}, cookie=web.clear_cookie(secure=self.secure))
+                return json_answer(200, {"ok": True}, cookie=web.clear_cookie(secure=self.secure))
             case web.Route.CANCEL | web.Route.RERUN:
                 return await self._action(ws, req, found, who)
-        return self._page(404, error_page(404, "Not Found", who))
-
-    # --- auth -------------------------------------------------------------------------------------
-
-    async def _login(self, ws: ServerConnection, req: web.HttpRequest) -> Response:
-        refusal = web.origin_refusal(req, self._origin(req))
-        if refusal:
-            return self._json(403, {"error": refusal})
-        source = _source(ws)
-        code = req.header(web.CODE_HEADER)
-        bearer = req.header("authorization")
-        record = None
-        if code:
-            record = await self.sessions.take_code(code)
-            why = "the link is used up or expired: run `tether ui` again"
-            if record is not None:
-                why = _record_refusal(record, self.clock())
-        elif bearer.lower().startswith("bearer "):
-            token = bearer[7:].strip()
-            got = check_token(token, await self.tokens.lookup(token), self.clock())
-            if isinstance(got, Principal):
-                record = await self.tokens.get(got.token)
-                why = "" if record is not None else "the token is not valid"
-            else:
-                why = got.message
-        else:
-            why = "give a token"
-        if record is not None and not why:
-            why = may_log_in(record)
-        if why or record is None:
-            delay, count = self.gate.throttle.failed(source, trio.current_time())
-            log.info("web login refused from %s: %s", source, why)
-            if self.gate.throttle.throttled(count):
-                # no waiting the full back-off here: the handshake's own timeout would drop it
-                await trio.sleep(LOGIN_DELAY)
-                message = f"{count} failed logins from {source} in the last minute: wait a minute"
-                return self._json(429, {"error": message})
-            await trio.sleep(min(delay, LOGIN_DELAY))
-            return self._json(401, {"error": why or "the token is not valid"})
-        if previous := web.session_of(req, secure=self.secure):
-            await self.sessions.close(previous)  # replaced: the browser forgets its cookie now
-        opened = await self.sessions.open(record)
-        log.info("web session opened for %s (token %s) from %s", record.user, record.id, source)
-        cookie = web.session_cookie(opened.id, secure=self.secure)
-        return self._json(200, {"ok": True, "user": record.user}, cookie=cookie)
+        return html_page(404, error_page(404, "Not Found", who))
 
     def _unauthenticated(self, req: web.HttpRequest, found: web.Match) -> Response:
         if found.route in web.ACTIONS or found.route is web.Route.LIVE:
-            return self._json(401, {"error": "log in first"})
-        return self._redirect("/ui/login")
+            return json_answer(401, {"error": "log in first"})
+        return redirect("/ui/login")
 
     # --- pages ------------------------------------------------------------------------------------
 
     async def _list(self, req: web.HttpRequest, session: Session, who: Principal) -> Response:
         refusal = authorize(who, Act.LIST_RUNS)
         if refusal is not None:
-            return self._page(403, error_page(403, refusal.message, who))
+            return html_page(403, error_page(403, refusal.message, who))
         try:
             query = web.ListQuery.parse(req.query)
         except web.BadQuery as exc:
@@ -285,7 +246,7 @@ class Web:
         page = await list_page(self.registry, who, query)
         since = await self.store.last_id(keys.CHANGES) or "0"
         html = runs_page(page, query, who, session.csrf, self.clock(), message, since=since)
-        return self._page(200, html)
+        return html_page(200, html)
 
     async def _visible(
         self,
@@ -321,8 +282,8 @@ class Web:
             request=f"{req.method} {route.value}",
             code=code,
             message=message,
-            source=_source(ws),
-            role="web",
+            source=source_of(ws),
+            role=AuditRole.WEB,
             client=req.header("user-agent"),
         )
 
@@ -336,7 +297,7 @@ class Web:
     ) -> Response:
         record = await self._visible(ws, req, web.Route.RUN, run_id, who, Act.GET_RUN)
         if record is None:
-            return self._page(404, error_page(404, f"no run {run_id} (or not yours)", who))
+            return html_page(404, error_page(404, f"no run {run_id} (or not yours)", who))
         record = await self.registry.with_liveness(record)
         tail = await self.store.read_last(keys.stream(record.id, StreamName.LOGS), LOG_TAIL)
         text = LogText()
@@ -360,22 +321,22 @@ class Web:
             debug=debug,
             metrics=metrics_section(points),
         )
-        return self._page(200, html)
+        return html_page(200, html)
 
     async def _sweep_page(self, sweep_id: str, session: Session, who: Principal) -> Response:
         """A sweep's page; with no ``sweep_id``, the list of the user's sweeps (an admin's: all)."""
         if not sweep_id:
             if refusal := authorize(who, Act.LIST_SWEEPS):
-                return self._page(403, error_page(403, refusal.message, who))
-            sweeps = await self.control.sweeps.newest(web.PAGE_SIZE, "" if who.admin else who.user)
+                return html_page(403, error_page(403, refusal.message, who))
+            sweeps = await self.sweeps.newest(web.PAGE_SIZE, "" if who.admin else who.user)
             html = sweeps_page([s.redacted() for s in sweeps], who, session.csrf, self.clock())
-            return self._page(200, html)
-        sweep = await self.control.sweeps.find(sweep_id, who)
+            return html_page(200, html)
+        sweep = await self.sweeps.find(sweep_id, who)
         if sweep is None:
-            return self._page(404, error_page(404, f"no sweep {sweep_id} (or not yours)", who))
-        trials = await self.control.sweeps.trials_as_shown(sweep.id)
+            return html_page(404, error_page(404, f"no sweep {sweep_id} (or not yours)", who))
+        trials = await self.sweeps.trials_as_shown(sweep.id)
         html = sweep_page(sweep.redacted(), trials, who, session.csrf, self.clock())
-        return self._page(200, html)
+        return html_page(200, html)
 
     async def _snapshot(
         self,
@@ -389,26 +350,26 @@ class Web:
         list, or one text file."""
         record = await self._visible(ws, req, found.route, found.run, who, Act.GET_RUN)
         if record is None:
-            return self._page(404, error_page(404, f"no run {found.run} (or not yours)", who))
+            return html_page(404, error_page(404, f"no run {found.run} (or not yours)", who))
         await self._viewed(ws, req, record, who, "its snapshot")
         manifest = await self._manifest(record)
         if manifest is None:
-            return self._page(410, error_page(410, "the relay lost this snapshot", who))
+            return html_page(410, error_page(410, "the relay lost this snapshot", who))
         if found.route is web.Route.FILES:
             html = files_page(record, manifest, who, session.csrf, req.query.get("q", "")[:200])
-            return self._page(200, html)
+            return html_page(200, html)
         entry = next((e for e in manifest.entries if e.path == found.name), None)
         if entry is None:
-            return self._page(404, error_page(404, f"no file {found.name} in this snapshot", who))
+            return html_page(404, error_page(404, f"no file {found.name} in this snapshot", who))
         text: str | None = None
         if entry.kind == "file" and entry.size <= MAX_SHOWN:
             try:
                 _size, data = await self.blobs.read(entry.digest, 0, entry.size)
             except BlobError as exc:
                 log.warning("run %s: %s", record.id, exc)
-                return self._page(410, error_page(410, "the relay lost this file", who))
+                return html_page(410, error_page(410, "the relay lost this file", who))
             text = _text(data)
-        return self._page(200, file_page(record, entry, text, who, session.csrf))
+        return html_page(200, file_page(record, entry, text, who, session.csrf))
 
     async def _manifest(self, record: RunRecord) -> Manifest | None:
         """The run's snapshot's manifest (``None``: the relay lost part of it), kept for the next
@@ -458,7 +419,7 @@ class Web:
             if entry.event == AuditEvent.VIEW and entry.user == who.user and entry.detail == what:
                 return trail
         await self.audit.record(
-            record.id, AuditEvent.VIEW, who, source=_source(ws), role="web", detail=what
+            record.id, AuditEvent.VIEW, who, source=source_of(ws), role=AuditRole.WEB, detail=what
         )
         return trail
 
@@ -468,21 +429,21 @@ class Web:
         act = Act.CANCEL if found.route is web.Route.CANCEL else Act.RERUN
         record = await self._visible(ws, req, found.route, found.run, who, act)
         if record is None:
-            return self._json(404, {"error": f"no run {found.run} (or not yours)"})
-        source = _source(ws)
+            return json_answer(404, {"error": f"no run {found.run} (or not yours)"})
+        source = source_of(ws)
         if act is Act.CANCEL:
             done = await self.control.cancel_run(
-                record, who, source=source, role="web", detail="cancelled in the web view"
+                record, who, source=source, role=AuditRole.WEB, detail="cancelled in the web view"
             )
-            return self._json(200, {"ok": True, "state": done.state.value})
+            return json_answer(200, {"ok": True, "state": done.state.value})
         try:
-            got = await self.control.rerun(record, who, source=source, role="web")
+            got = await self.control.rerun(record, who, source=source, role=AuditRole.WEB)
         except (BlobError, TreeError) as exc:
             log.warning("run %s: cannot rerun: %s", record.id, exc)
-            return self._json(410, {"error": "the relay lost part of this run's snapshot"})
+            return json_answer(410, {"error": "the relay lost part of this run's snapshot"})
         if not isinstance(got, RunRecord):
-            return self._json(409, {"error": got.message})
-        return self._json(200, {"ok": True, "run": got.id, "url": web.run_path(got.id)})
+            return json_answer(409, {"error": got.message})
+        return json_answer(200, {"ok": True, "run": got.id, "url": web.run_path(got.id)})
 
     async def _live(
         self, ws: ServerConnection, req: web.HttpRequest, who: Principal
@@ -491,17 +452,17 @@ class Web:
         session = web.session_of(req, secure=self.secure)
         refusal = web.origin_refusal(req, self._origin(req))
         if refusal or not req.upgrade:
-            return self._json(403, {"error": refusal or "a WebSocket handshake is expected"})
+            return json_answer(403, {"error": refusal or "a WebSocket handshake is expected"})
         if self.viewers[who.user] >= self.max_live:
             message = f"{who.user} has {self.max_live} live pages open here, the most allowed"
-            return self._json(429, {"error": message})
+            return json_answer(429, {"error": message})
         changes = req.query.get("since", "0")
         if not web.STREAM_ID.fullmatch(changes):
             changes = "0"
         if run_id := req.query.get("run", ""):
             record = await self._visible(ws, req, web.Route.LIVE, run_id, who, Act.OPEN_LOGS)
             if record is None:
-                return self._json(404, {"error": f"no run {run_id} (or not yours)"})
+                return json_answer(404, {"error": f"no run {run_id} (or not yours)"})
             logs = req.query.get("logs", "0")
             if not web.STREAM_ID.fullmatch(logs):
                 logs = "0"
@@ -517,50 +478,9 @@ class Web:
             try:
                 query = web.ListQuery.parse(req.query)
             except web.BadQuery as exc:
-                return self._json(400, {"error": str(exc)})
+                return json_answer(400, {"error": str(exc)})
             self.live[ws] = LiveView(who, session, query=query, changes_cursor=changes)
         return None
-
-    # --- responses --------------------------------------------------------------------------------
-
-    def _origin(self, req: web.HttpRequest) -> str:
-        return web.origin_of(req, tls=self.tls, public=self.public_url)
-
-    def _response(
-        self,
-        status: int,
-        body: bytes,
-        kind: str,
-        *,
-        cookie: str = "",
-        location: str = "",
-        cache: bool = False,
-    ) -> Response:
-        headers = Headers(
-            [
-                ("Date", _http_date()),
-                ("Connection", "close"),
-                ("Content-Type", kind),
-                ("Content-Length", str(len(body))),
-                *web.security_headers(),
-            ]
-        )
-        if cache:
-            headers["Cache-Control"] = "private, max-age=3600"
-        if cookie:
-            headers["Set-Cookie"] = cookie
-        if location:
-            headers["Location"] = location
-        return Response(status, HTTPStatus(status).phrase, headers, body)
-
-    def _page(self, status: int, html: str) -> Response:
-        return self._response(status, html.encode(), "text/html; charset=utf-8")
-
-    def _json(self, status: int, data: object, *, cookie: str = "") -> Response:
-        return self._response(status, orjson.dumps(data), "application/json", cookie=cookie)
-
-    def _redirect(self, location: str) -> Response:
-        return self._response(303, b"", "text/plain", location=location)
 
 
 def _keep(cache: dict[Any, Any], key: Any, value: Any) -> None:
@@ -578,22 +498,3 @@ def _text(data: bytes) -> str | None:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return None
-
-
-def _record_refusal(record: TokenRecord, now: float) -> str:
-    if record.revoked_at:
-        return f"token {record.id} was revoked"
-    if record.expires_at and now >= record.expires_at:
-        return f"token {record.id} has expired"
-    return ""
-
-
-def _source(ws: ServerConnection) -> str:
-    address = ws.remote_address
-    if isinstance(address, tuple) and address:
-        return str(address[0])
-    return str(address or "?")
-
-
-def _http_date() -> str:
-    return email.utils.formatdate(usegmt=True)

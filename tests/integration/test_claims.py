@@ -48,12 +48,11 @@ class Live:
 async def live(store: Store, clock: Callable[[], float] = time.time) -> AsyncIterator[Live]:
     from websockets.trio.server import serve
 
-    relay = Relay(store, config=RelayConfig(), clock=clock)
     tokens = TokenStore(store)
     alice, _ = await tokens.create("alice", scopes=[Scope.RUNS])
     pool, _ = await tokens.create("pool", scopes=[Scope.BACKEND])
     async with trio.open_nursery() as nursery:
-        relay.background = nursery
+        relay = Relay(store, config=RelayConfig(), clock=clock, background=nursery)
         await nursery.start(relay.fanout.listen)
         await nursery.start(relay.claims.serve)
         server = await nursery.start(

@@ -43,9 +43,8 @@ async def relay(
     """An in-process relay with its background tasks; cancelling its scope is its death."""
     from websockets.trio.server import serve
 
-    node = Relay(store, config=CONFIG)
     async with trio.open_nursery() as nursery:
-        node.background = nursery
+        node = Relay(store, config=CONFIG, background=nursery)
         await nursery.start(node.fanout.listen)
         await nursery.start(node.claims.serve)
         nursery.start_soon(node.sweep_forever)

@@ -1,0 +1,91 @@
+"""The control RPC's blob requests: which blobs the relay lacks (``have_blobs``), an upload in
+pieces (``put_blob``), a read (``get_blob``: a worker token reads only its run's snapshot)."""
+
+from __future__ import annotations
+
+from protocol_specs import wire
+from protocol_specs.auth import Principal
+from protocol_specs.permissions import Act
+from protocol_specs.wire import ErrorCode
+
+from ..snapshots.blobs import BlobError
+from ..store import keys
+from .context import Conn, Refused, Rooms, allow
+
+__all__ = ["get_blob", "have_blobs", "missing", "put_blob"]
+
+#: digests looked up in one call
+_BATCH = 5000
+
+
+async def have_blobs(rooms: Rooms, conn: Conn, frame: wire.HaveBlobs) -> wire.AnyFrame:
+    return wire.Missing(rid=frame.rid, digests=await missing(rooms, conn.who, frame.digests))
+
+
+async def missing(rooms: Rooms, who: Principal, digests: list[str]) -> list[str]:
+    """Which of ``digests`` the relay lacks, as far as ``who`` may know: a user is told of the
+    blobs they uploaded themselves (nobody learns whether another user's file is here)."""
+    lacking = await rooms.blobs.missing(digests)
+    if who.admin:
+        return lacking
+    unknown = set(lacking)
+    key = keys.user_blobs(who.user)
+    for i in range(0, len(digests), _BATCH):
+        batch = digests[i : i + _BATCH]
+        held = await rooms.store.sismember(key, batch)
+        unknown.update(d for d, ok in zip(batch, held, strict=True) if not ok)
+    return [d for d in dict.fromkeys(digests) if d in unknown]
+
+
+async def get_blob(rooms: Rooms, conn: Conn, frame: wire.GetBlob) -> wire.AnyFrame:
+    who = conn.who
+    if who.kind == "worker":
+        record = await rooms.registry.load(who.run)
+        allow(who, Act.GET_BLOB, record, about_run=who.run)
+        if conn.digests is None:
+            conn.digests = frozenset((await rooms.registry.manifest_of(who.run)).digests)
+        if frame.digest not in conn.digests:
+            raise Refused(
+                ErrorCode.FORBIDDEN,
+                f"blob {frame.digest[:12]} is not in run {who.run}'s snapshot",
+                run=record,
+            )
+    else:
+        allow(who, Act.GET_BLOB)
+    try:
+        size, chunk = await rooms.blobs.read(frame.digest, frame.offset, frame.length)
+    except BlobError as exc:
+        return wire.Error(code=ErrorCode.NO_SUCH_BLOB, message=str(exc), rid=frame.rid)
+    return wire.BlobData(rid=frame.rid, size=size, offset=frame.offset, data=chunk)
+
+
+async def put_blob(rooms: Rooms, conn: Conn, frame: wire.PutBlob) -> wire.AnyFrame:
+    uploads = conn.uploads
+    upload = uploads.get(frame.digest)
+    try:
+        if frame.offset == 0 and len(frame.data) == frame.size and upload is None:
+            await rooms.blobs.put(frame.digest, frame.data)  # whole in one piece
+            await rooms.store.sadd(keys.user_blobs(conn.who.user), [frame.digest])
+            return wire.Stored(rid=frame.rid, received=frame.size, complete=True)
+        if frame.offset == 0:
+            if upload is not None:
+                await upload.abort()
+            upload = uploads[frame.digest] = await rooms.blobs.begin(frame.digest, frame.size)
+        elif upload is None or upload.received != frame.offset or upload.size != frame.size:
+            expected = upload.received if upload else 0
+            raise BlobError(
+                f"blob {frame.digest[:12]}: expected a piece at offset {expected}, "
+                f"got {frame.offset}; restart the upload from 0"
+            )
+        await upload.write(frame.data)
+        if upload.received < upload.size:
+            return wire.Stored(rid=frame.rid, received=upload.received)
+        del uploads[frame.digest]
+        await upload.commit()
+        await rooms.store.sadd(keys.user_blobs(conn.who.user), [frame.digest])
+        return wire.Stored(rid=frame.rid, received=upload.received, complete=True)
+    except BlobError as exc:
+        dropped = uploads.pop(frame.digest, None)
+        if dropped is not None:
+            await dropped.abort()
+        return wire.Error(code=ErrorCode.BAD_BLOB, message=str(exc), rid=frame.rid)
