@@ -15,7 +15,7 @@ from hand_clock import HandClock
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapter.core import (
+from adapter.dap.core import (
     ADAPTER_CAPABILITIES,
     Action,
     AdapterCore,

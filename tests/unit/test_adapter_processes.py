@@ -1,4 +1,4 @@
-"""One IDE session per debugged process: :class:`adapter.processes.Processes` stepped message by
+"""One IDE session per debugged process: :class:`adapter.dap.processes.Processes` stepped message by
 message (no sockets, a hand-driven clock), then the server serving a child's connection beside
 the main one over memory streams.
 
@@ -18,10 +18,10 @@ import trio.testing
 from hand_clock import HandClock
 from test_adapter_server import FakeLink, Ide, connect
 
-from adapter.actions import Say
-from adapter.core import Action, AdapterCore, CancelRun, CloseIde, Publish, ToIde
-from adapter.processes import Processes
-from adapter.server import AdapterServer
+from adapter.dap.actions import Say
+from adapter.dap.core import Action, AdapterCore, CancelRun, CloseIde, Publish, ToIde
+from adapter.dap.processes import Processes
+from adapter.dap.server import AdapterServer
 from protocol_specs.dap_framing import encode_message
 from protocol_specs.dap_schema import validate_message
 from protocol_specs.processes import COLLECTIVE_TIMEOUT_HINT, ProcessInfo

@@ -10,10 +10,10 @@ Symlinks are kept as symlinks when they point inside the tree; one pointing out 
 /mnt/datasets``) is left out with a warning: hand such data to the run with ``--mount``.
 
 :func:`build_snapshot` hashes every file (SHA-256) into a tree object per directory
-(``protocol_specs/trees.py``): the root's digest names the snapshot. ``adapter/snapshot_upload.py``
-uploads what the relay lacks, asking about the root, then only about what each changed directory
-names, so a second submit of a big tree with one changed file sends that file and the few trees
-above it.
+(``protocol_specs/trees.py``): the root's digest names the snapshot.
+``adapter/snapshots/snapshot_upload.py`` uploads what the relay lacks, asking about the root, then
+only about what each changed directory names, so a second submit of a big tree with one changed file
+sends that file and the few trees above it.
 
 Hashing a big tree on every submit would cost more than the upload it saves, so a
 :class:`HashCache` (one small file per working directory under ``$TETHER_HOME/cache``) remembers

@@ -24,15 +24,15 @@ An IDE leaving (socket closed, or ``disconnect`` without ``terminateDebuggee``) 
 handshake answered locally and, when the worker is live, ``thread``/``stopped`` events rebuilt from the
 session fold (a ``threads`` response has no stopped flag).
 
-Requests are checked where they enter (:mod:`adapter.checks`). Every request gets exactly one
+Requests are checked where they enter (:mod:`adapter.dap.checks`). Every request gets exactly one
 response: from the core, from the worker, or an error (refused, timed out, the run ended).
 
-A child process of the program gets a session of its own (:mod:`adapter.children`, dispatched by
-:mod:`adapter.processes`, which also decides when the main session's IDE is offered it).
+A child process of the program gets a session of its own (:mod:`adapter.dap.children`, dispatched by
+:mod:`adapter.dap.processes`, which also decides when the main session's IDE is offered it).
 
-Every method returns a list of actions; :mod:`adapter.server` performs them. What the IDE is told
-about the run itself (status lines, progress, retries, notices, the end, and the state a new IDE
-connection is greeted with) is decided by :class:`adapter.status.RunNews`; the core numbers it.
+Every method returns a list of actions; :mod:`adapter.dap.server` performs them. What the IDE
+is told about the run itself (status lines, progress, retries, notices, the end, the state a new
+IDE connection is greeted with) is decided by :class:`adapter.dap.status.RunNews`; core numbers it.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class _Pending:
 
 
 class AdapterCore:
-    """The IDE session of one debugged process (the main one; :mod:`adapter.children` for the
+    """The IDE session of one debugged process (the main one; :mod:`adapter.dap.children` for the
     others): one IDE connection at a time, the fold of that process's entries."""
 
     def __init__(
@@ -238,7 +238,7 @@ class AdapterCore:
     def on_ide_message(self, msg: dict[str, Any]) -> list[Action]:
         """One message from the IDE connected now (none connected: ignored). Never raises."""
         if self.phase is IdePhase.NONE or msg.get("type") != "request":
-            return []  # responses to reverse requests (:mod:`adapter.processes`), stray events
+            return []  # responses to reverse requests (:mod:`adapter.dap.processes`), stray events
         checked = check_request(msg)
         if isinstance(checked, str):
             return self.on_ide_garbage(checked)
@@ -588,7 +588,7 @@ class AdapterCore:
 
     def emit(self, msg: dict[str, Any]) -> ToIde:
         """``msg`` for the IDE connected now, numbered in its ``seq`` space: a message decided
-        elsewhere (the offer of a child's session, :mod:`adapter.processes`)."""
+        elsewhere (the offer of a child's session, :mod:`adapter.dap.processes`)."""
         return self._emit(msg)
 
     def _emit(self, msg: dict[str, Any]) -> ToIde:

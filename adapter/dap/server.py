@@ -1,4 +1,5 @@
-"""The local DAP server IDEs attach to: a thin trio loop around :class:`adapter.core.AdapterCore`.
+"""The local DAP server IDEs attach to: a thin trio loop around
+:class:`adapter.dap.core.AdapterCore`.
 
 It listens on 127.0.0.1 only (the debug channel executes code; it is never exposed to a network),
 holds the run's relay link in the ``ide`` role, and performs what the core decides. Decisions and their
@@ -6,13 +7,13 @@ I/O happen under one lock, so what reaches the IDE is in ``seq`` order and publi
 IDE sent them in.
 
 Nothing under the lock waits for an IDE: what the core sends to an IDE goes into that connection's
-:class:`adapter.outbox.Outbox`, and the connection's own writer task writes it. An IDE that stops
-reading therefore stalls neither the relay link (deliveries keep being consumed) nor another IDE
-taking over; its outbox merges and, past a bound, drops program output (saying so), and a connection
-that stops reading altogether is closed.
+:class:`adapter.dap.outbox.Outbox`, and the connection's own writer task writes it. An IDE that
+stops reading therefore stalls neither the relay link (deliveries keep being consumed) nor another
+IDE taking over; its outbox merges and, past a bound, drops program output (saying so), and a
+connection that stops reading altogether is closed.
 
 Several IDE connections are served at once: one session per debugged process of the run (the
-main one, and each child the IDE attached to; :class:`adapter.processes.Processes` decides which
+main one, and each child the IDE attached to; :class:`adapter.dap.processes.Processes` decides which
 connection is which session's). A connection is named by its ``generation``.
 
 The relay link reconnects by itself (``relay.client.RunLink``); while it is down, publishes wait in
@@ -273,7 +274,7 @@ class AdapterServer:
         """Serve one IDE connection on ``stream`` (any byte stream; closed when this returns).
 
         A connection that starts with ``initialize`` is served; its ``attach`` says which session
-        it is for (:mod:`adapter.processes`), taking that session over from the IDE attached to
+        it is for (:mod:`adapter.dap.processes`), taking that session over from the IDE attached to
         it now. It lives in its own cancel scope: a reader (this task) and a writer draining its
         outbox.
         """
