@@ -305,7 +305,8 @@ async def on_snapshot(
     whose script must be in the snapshot (refused here, not after the queue)."""
     import trio
 
-    from adapter.snapshots.snapshot import DEFAULT_LIMIT, HashCache, SnapshotError, build_snapshot
+    from adapter.snapshots.hash_cache import HashCache
+    from adapter.snapshots.snapshot import DEFAULT_LIMIT, SnapshotError, build_snapshot
     from adapter.snapshots.snapshot_upload import submit_on_snapshot
 
     cache = HashCache.for_tree(tether_home() / "cache" / "snapshots", root)

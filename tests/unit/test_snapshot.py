@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from adapter.snapshots.snapshot import SnapshotError, build_snapshot, list_files
+from adapter.snapshots.selection import list_files
+from adapter.snapshots.snapshot import SnapshotError, build_snapshot
 from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
 from worker_shim.program.files import SnapshotRefused, materialise
 
