@@ -9,7 +9,8 @@ decided without I/O, and the trio server that performs it.
   told about the run itself; :mod:`.stop_answers`: the stop-time prefetch; :mod:`.actions`: what
   the cores ask the server to do;
 - :mod:`.server`: performing it (the IDE connections, the run's relay link); :mod:`.outbox`: what
-  one IDE connection has yet to read; :mod:`.peer`: only the adapter's own OS user connects.
+  one IDE connection has yet to read; :mod:`.link_news`: what the relay link tells it from its own
+  tasks; :mod:`.peer`: only the adapter's own OS user connects.
 
 Import the modules themselves (``adapter.dap.core``...): this package's ``__init__`` imports
 nothing.
