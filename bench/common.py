@@ -19,8 +19,8 @@ from typing import Any
 
 import trio
 
-from adapter.dap_client import DapClient, open_dap_client
-from adapter.demo import VSCODE_INITIALIZE
+from adapter.scripted_ide.dap_client import DapClient, open_dap_client
+from adapter.scripted_ide.demo import VSCODE_INITIALIZE
 from relay.client import Endpoint
 from tests.e2e.harness import Proc, debug_run, relay_stack, tether, worker
 from worker_shim.program.debuggee import Debuggee, start_debuggee

@@ -13,7 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
-from adapter.dap_client import DapClient
+from adapter.scripted_ide.dap_client import DapClient
 from tests.e2e.harness import debug_run
 
 from .common import (

@@ -19,8 +19,9 @@ from typing import Any
 
 import trio
 
-from adapter.snapshot import HashCache, build_snapshot
-from adapter.snapshot_upload import submit_snapshot
+from adapter.snapshots.hash_cache import HashCache
+from adapter.snapshots.snapshot import build_snapshot
+from adapter.snapshots.snapshot_upload import submit_snapshot
 from protocol_specs.runs import RunSpec
 from relay.client import Endpoint, open_control
 

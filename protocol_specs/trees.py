@@ -9,7 +9,7 @@ stored as a blob named by the SHA-256 of those bytes, like a file's contents; th
 names the whole snapshot. A file that changes changes its directory's tree and each tree above it,
 and nothing else.
 
-Submitting (``adapter/snapshot.py``): the client builds the trees of its manifest
+Submitting (``adapter/snapshots/snapshot.py``): the client builds the trees of its manifest
 (:func:`build_trees`), asks the relay about the root, then about the children of each tree the relay
 lacks, level by level (:meth:`Trees.children`): an unchanged subtree is one digest, however big.
 It uploads the files the relay lacks, then the trees it lacks deepest first (:attr:`Trees.order`),

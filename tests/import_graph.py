@@ -42,7 +42,12 @@ ROOMS: list[Room] = [
     ),
     Room("relay", "relay", "the service", frozenset({"protocol", "link client"})),
     Room("worker", "worker_shim", "the GPU node's side", frozenset({"protocol", "link client"})),
-    Room("adapter", "adapter", "the local DAP adapter", frozenset({"protocol", "link client"})),
+    Room(
+        "adapter",
+        "adapter",
+        "the user's side: the DAP adapter, snapshots, what is shown",
+        frozenset({"protocol", "link client"}),
+    ),
     Room(
         "cli",
         "adapter/cli",

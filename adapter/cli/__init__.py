@@ -13,7 +13,7 @@ Rooms, from the entry point down (each imports only the ones after it):
 - ``settings``: the tether home, the relay endpoint, value parsers, TLS; ``errors``: a relay's
   refusal as one line.
 
-What is shown is text from :mod:`adapter.render`.
+What is shown is text from :mod:`adapter.show.render`.
 
 Commands import the relay server, the worker pool, the adapter and the snapshot builder inside
 their functions, not at the top: every ``tether`` invocation imports every command module (the

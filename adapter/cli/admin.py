@@ -9,7 +9,7 @@ import sys
 import time
 
 from adapter.config import ConfigError, check_config, save_token
-from adapter.render import audit_lines, tokens_table
+from adapter.show.render import audit_lines, tokens_table
 from protocol_specs.auth import Scope, TokenInfo
 from relay.client import open_control
 

@@ -2,7 +2,7 @@
 
 Starts the embedded stack (bundled Redis-compatible server, relay, one worker slot with a start delay
 standing in for a GPU queue), submits ``examples/train.py`` in debug mode as ``tether debug`` would,
-serves its adapter, and plays the IDE against it (:func:`adapter.demo.play_ide`).
+serves its adapter, and plays the IDE against it (:func:`adapter.scripted_ide.demo.play_ide`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 
-from adapter.demo import EXAMPLES, play_ide
+from adapter.scripted_ide.demo import EXAMPLES, play_ide
 
 from .submission import build_spec, submit_run
 
@@ -35,7 +35,7 @@ class _Printer:
 
 
 async def run_demo(*, start_delay: float = 3.0, keep: bool = False) -> int:
-    from adapter.server import serve_adapter
+    from adapter.dap.server import serve_adapter
 
     from .local_stack import open_local_stack
 

@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 
 import trio
 
-from adapter.render import (
+from adapter.show.render import (
     Clock,
     Progress,
     Terminal,
@@ -99,8 +99,8 @@ async def _serve(
     """Serve the run's adapter (``args``: the adapter's options) until the run ends; unless
     ``--quiet``, print the program's output here as it comes (from the end of what it printed so
     far with ``from_end``: an attach)."""
-    from adapter.core import AdapterCore
-    from adapter.server import serve_adapter
+    from adapter.dap.core import AdapterCore
+    from adapter.dap.server import serve_adapter
 
     async with trio.open_nursery() as nursery:
         result: dict[str, AdapterCore] = {}
@@ -166,7 +166,7 @@ def _port_free(port: int) -> None:
             probe.bind(("127.0.0.1", port))
             probe.listen(1)
         except OSError:
-            from adapter.peer import listener_of
+            from adapter.dap.peer import listener_of
 
             holder = listener_of(port)
             raise SystemExit(
@@ -213,7 +213,7 @@ async def say_why_queued(relay: Endpoint, run_id: str, say: Callable[[str], None
 
 
 async def _desktop_notice(text: str) -> None:
-    from adapter.notify import notify_desktop
+    from adapter.show.notify import notify_desktop
 
     await notify_desktop("tether: a paused run is waiting for you", text)
 

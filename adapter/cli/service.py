@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from adapter.config import ConfigError, check_config, profile_token
-from adapter.render import Clock
+from adapter.show.render import Clock
 from relay.client import Endpoint, RelayError
 
 from .errors import leaves, store_at

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from adapter.render import mib, unattended_text
+from adapter.show.render import mib, unattended_text
 from protocol_specs.plain_words import invalid
 from protocol_specs.runs import KNOWN_BACKENDS, Resources, RunRecord, RunSpec
 from protocol_specs.tunnel_open import new_key
@@ -305,8 +305,9 @@ async def on_snapshot(
     whose script must be in the snapshot (refused here, not after the queue)."""
     import trio
 
-    from adapter.snapshot import DEFAULT_LIMIT, HashCache, SnapshotError, build_snapshot
-    from adapter.snapshot_upload import submit_on_snapshot
+    from adapter.snapshots.hash_cache import HashCache
+    from adapter.snapshots.snapshot import DEFAULT_LIMIT, SnapshotError, build_snapshot
+    from adapter.snapshots.snapshot_upload import submit_on_snapshot
 
     cache = HashCache.for_tree(tether_home() / "cache" / "snapshots", root)
     try:

@@ -14,7 +14,7 @@ from typing import Any
 import trio
 from pydantic import ValidationError
 
-from adapter.render import sweep_text, sweeps_table
+from adapter.show.render import sweep_text, sweeps_table
 from protocol_specs import wire
 from protocol_specs.plain_words import invalid
 from protocol_specs.sweeps import SweepSpec, SweepState, parse_objective, parse_param

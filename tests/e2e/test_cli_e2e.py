@@ -13,7 +13,7 @@ import trio
 from stack import PROJECT, TETHER, admin_token, debug_run, home_env, relay_stack, tether, worker
 from test_session_e2e import bp_args, ide_session, resume, stopped_frame
 
-from adapter.dap_client import open_dap_client
+from adapter.scripted_ide.dap_client import open_dap_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -41,8 +41,8 @@ from faults.proxy import FaultProxy
 from stack import Proc, admin_token, tether
 from stack import relay_process as shared_relay_process
 
-from adapter.dap_client import DapClient, open_dap_client
-from adapter.demo import VSCODE_INITIALIZE
+from adapter.scripted_ide.dap_client import DapClient, open_dap_client
+from adapter.scripted_ide.demo import VSCODE_INITIALIZE
 from relay.embedded.server import run_embedded_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -11,7 +11,7 @@ import pytest
 import trio
 from stack import TETHER, home_env, relay_stack, tether
 
-from adapter.dap_client import open_dap_client
+from adapter.scripted_ide.dap_client import open_dap_client
 from protocol_specs.capabilities import VSCODE_INITIALIZE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

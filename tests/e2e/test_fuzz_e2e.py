@@ -24,7 +24,7 @@ from test_session_e2e import bp_args, ide_session, resume, stopped_frame
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
-from adapter.dap_client import open_dap_client
+from adapter.scripted_ide.dap_client import open_dap_client
 from protocol_specs import dap_framing, wire
 from protocol_specs.runs import RunSpec
 from relay.client import Endpoint, open_control

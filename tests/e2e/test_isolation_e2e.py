@@ -19,7 +19,7 @@ import trio
 from stack import Proc, local_token, tether
 
 from adapter.cli.submission import submit_run
-from adapter.dap_client import open_dap_client
+from adapter.scripted_ide.dap_client import open_dap_client
 from protocol_specs.runs import RunRecord, RunSpec
 from relay.client import Endpoint, open_control
 from worker_shim.program.identity import ProgramUser

@@ -12,7 +12,7 @@ import pytest
 import trio
 from stack import debug_run, relay_stack
 
-from adapter.dap_client import open_dap_client
+from adapter.scripted_ide.dap_client import open_dap_client
 from protocol_specs.capabilities import VSCODE_INITIALIZE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

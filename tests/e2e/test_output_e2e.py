@@ -16,7 +16,7 @@ import trio
 from stack import debug_run, relay_stack
 from test_session_e2e import assert_schema_valid, ide_session
 
-from adapter.dap_client import DapClient, open_dap_client
+from adapter.scripted_ide.dap_client import DapClient, open_dap_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

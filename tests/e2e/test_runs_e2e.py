@@ -12,7 +12,7 @@ import trio
 from stack import TETHER, debug_run, home_env, relay_stack, status_saying, tether, worker
 from test_session_e2e import assert_schema_valid, bp_args, ide_session, resume, stopped_frame
 
-from adapter.dap_client import open_dap_client
+from adapter.scripted_ide.dap_client import open_dap_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -15,7 +15,7 @@ import trio
 from leaks import MARKER
 from stack import TETHER, debug_run, home_env, relay_stack
 
-from adapter.dap_client import open_dap_client
+from adapter.scripted_ide.dap_client import open_dap_client
 from protocol_specs import dap_framing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -17,8 +17,8 @@ import pytest
 import trio
 from stack import debug_run, relay_stack, worker
 
-from adapter.dap_client import DapClient, open_dap_client
-from adapter.demo import VSCODE_INITIALIZE
+from adapter.scripted_ide.dap_client import DapClient, open_dap_client
+from adapter.scripted_ide.demo import VSCODE_INITIALIZE
 from protocol_specs.dap_schema import validate_message
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

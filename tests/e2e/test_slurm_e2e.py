@@ -21,7 +21,7 @@ from test_post_mortem_e2e import CRASH, WHERE
 from test_runs_e2e import FLAKY, FLAKY_BREAKPOINT
 from test_session_e2e import assert_schema_valid, bp_args, ide_session, resume, stopped_frame
 
-from adapter.dap_client import open_dap_client
+from adapter.scripted_ide.dap_client import open_dap_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(240)]
 

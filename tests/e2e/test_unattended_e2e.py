@@ -21,7 +21,7 @@ import trio
 from stack import PROJECT, debug_run, relay_stack, tether, worker
 from test_session_e2e import bp_args, ide_session, resume, stopped_frame
 
-from adapter.dap_client import open_dap_client
+from adapter.scripted_ide.dap_client import open_dap_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -20,7 +20,7 @@ from test_experiments_e2e import SWEEP_TRAIN, finished_sweep, start_sweep
 from test_session_e2e import bp_args, ide_session, stopped_frame
 from test_unattended_e2e import ONCE_LINE
 
-from adapter.dap_client import open_dap_client
+from adapter.scripted_ide.dap_client import open_dap_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.web, pytest.mark.timeout(300)]
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from adapter.dap_client import open_dap_client
+from adapter.scripted_ide.dap_client import open_dap_client
 from worker_shim.program.python_command import build_attachable_argv, debugpy_home
 
 pytestmark = pytest.mark.timeout(60)

@@ -297,7 +297,7 @@ async def test_a_scheduler_jobs_claim_released_waits_for_its_worker_not_the_queu
 async def test_a_worker_whose_heartbeats_are_late_is_shown_silent() -> None:
     """`tether ls` says "paused (worker silent 25s)" once heartbeats are late, instead of
     "paused" for the whole lease after a worker host died."""
-    from adapter.render import runs_table, status_text
+    from adapter.show.render import runs_table, status_text
 
     now = [1000.0]
     config = RelayConfig(lease=90.0)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import trio
 
-from adapter.dap_client import open_dap_client
+from adapter.scripted_ide.dap_client import open_dap_client
 from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, VSCODE_INITIALIZE
 from protocol_specs.dap_schema import validate_message
 

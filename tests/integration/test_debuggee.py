@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import trio
 
-from adapter.dap_client import DapClient, open_dap_client, open_dap_client_on_stream
+from adapter.scripted_ide.dap_client import DapClient, open_dap_client, open_dap_client_on_stream
 from protocol_specs.capabilities import VSCODE_INITIALIZE
 from worker_shim.program.debuggee import Debuggee, DebuggeeStartError, start_debuggee
 from worker_shim.program.python_command import BOOT, check_python, resolve_python

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from adapter.dap_client import open_dap_client_on_stream
+from adapter.scripted_ide.dap_client import open_dap_client_on_stream
 from worker_shim.program.debuggee import start_debuggee
 from worker_shim.program.identity import ProgramUser, Runtime, spawn_options
 from worker_shim.program.loopback import NotTheRuns, connect_owned

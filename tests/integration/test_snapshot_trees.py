@@ -11,8 +11,8 @@ import pytest
 import trio
 from credentials import user_endpoint
 
-from adapter.snapshot import Snapshot, SnapshotError, build_snapshot
-from adapter.snapshot_upload import submit_snapshot
+from adapter.snapshots.snapshot import Snapshot, SnapshotError, build_snapshot
+from adapter.snapshots.snapshot_upload import submit_snapshot
 from protocol_specs.auth import Scope
 from protocol_specs.runs import RunSpec
 from protocol_specs.trees import build_trees

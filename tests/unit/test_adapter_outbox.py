@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapter.outbox import Outbox
+from adapter.dap.outbox import Outbox
 from protocol_specs.dap_framing import DapFramer, encode_message
 from protocol_specs.dap_schema import validate_message
 

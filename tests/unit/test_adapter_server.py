@@ -1,5 +1,5 @@
-"""The adapter's trio loop (:class:`adapter.server.AdapterServer`) driven over memory streams and
-loopback sockets, with a fake relay link beside the real one (:class:`FakeLink`).
+"""The adapter's trio loop (:class:`adapter.dap.server.AdapterServer`) driven over memory streams
+and loopback sockets, with a fake relay link beside the real one (:class:`FakeLink`).
 
 What is tested here is what the sans-I/O core cannot show: an IDE that stops reading stalls
 nothing (not the relay link's deliveries, not another IDE taking over), what it has yet to read is
@@ -19,9 +19,9 @@ import orjson
 import trio
 import trio.testing
 
-from adapter.core import AdapterCore
-from adapter.outbox import OUTPUT_LIMIT
-from adapter.server import AdapterServer
+from adapter.dap.core import AdapterCore
+from adapter.dap.outbox import OUTPUT_LIMIT
+from adapter.dap.server import AdapterServer
 from protocol_specs import wire
 from protocol_specs.dap_framing import DapFramer, encode_message
 from protocol_specs.dap_schema import validate_message
@@ -30,7 +30,7 @@ from protocol_specs.wire import DapEntry, StatusEntry, StreamName
 
 
 class FakeLink:
-    """The relay link as the server sees it (:class:`adapter.server.AdapterLink`): deliveries
+    """The relay link as the server sees it (:class:`adapter.dap.server.AdapterLink`): deliveries
     through a channel as bounded as the real one's, every publish stored and answered at once.
     It keeps what it was given only if asked to (``keep``)."""
 

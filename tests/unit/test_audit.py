@@ -4,7 +4,7 @@ are coalesced together, and the window that bounds how many entries a refuser ad
 
 from __future__ import annotations
 
-from adapter.render import audit_lines
+from adapter.show.render import audit_lines
 from protocol_specs.audit import WINDOW, Repeats, coalesce, refused_entry, refuser, repeated
 from protocol_specs.auth import Principal, Scope
 from protocol_specs.wire import AuditEntry, AuditEvent

@@ -4,7 +4,7 @@ up, and a program that waits for an IDE told apart from one that runs; and why a
 
 from __future__ import annotations
 
-from adapter.render import runs_table, sweep_text, sweeps_table
+from adapter.show.render import runs_table, sweep_text, sweeps_table
 from protocol_specs.auth import Principal, Scope
 from protocol_specs.runs import RunEvent, RunRecord, RunSpec, RunState
 from protocol_specs.sweeps import SweepRecord, SweepSpec, parse_param, round_failed

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from adapter.dap_client import DapClient, open_dap_client_on_stream
+from adapter.scripted_ide.dap_client import DapClient, open_dap_client_on_stream
 from protocol_specs.dap_framing import DapFramer, encode_message
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from adapter import snapshot
-from adapter.snapshot import HashCache, build_snapshot
+from adapter.snapshots import snapshot
+from adapter.snapshots.hash_cache import HashCache
+from adapter.snapshots.snapshot import build_snapshot
 
 
 def _age(path: Path, seconds: float = 3600) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from adapter.cli.interpreter import check_targets, pin_environment, tree_holds
-from adapter.snapshot import build_snapshot
+from adapter.snapshots.snapshot import build_snapshot
 
 
 def _env(root: Path, *, conda: bool = False) -> Path:

@@ -10,7 +10,7 @@ import pytest
 import trio
 from credentials import user_endpoint
 
-from adapter.notify import desktop_notification_command
+from adapter.show.notify import desktop_notification_command
 from protocol_specs import wire
 from protocol_specs.runs import RunRecord, RunSpec
 from protocol_specs.session import StatusEvent

@@ -1,4 +1,5 @@
-"""The adapter's check of who is on the other end of a loopback connection (``adapter/peer.py``)."""
+"""The adapter's check of who is on the other end of a loopback connection
+(``adapter/dap/peer.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from adapter.peer import peer_uid, refusal, socket_owner
+from adapter.dap.peer import peer_uid, refusal, socket_owner
 
 TCP = """\
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from test_adapter_core import Harness as IdeSide
-from test_adapter_core import kinds
+from adapter_core_harness import Harness as IdeSide
+from adapter_core_harness import kinds
 from test_shim_core import live as live_shim
 
 from protocol_specs.prefetch import FRAMES, PREFETCH_EVENT, Gathering, StopCache, WatchList

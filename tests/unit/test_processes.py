@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapter.render import runs_table, status_text
+from adapter.show.render import runs_table, status_text
 from protocol_specs import wire
 from protocol_specs.processes import (
     MAIN,

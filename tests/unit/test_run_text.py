@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapter.render import ended_text, runs_table, status_text, sweep_text, unattended_text
+from adapter.show.render import ended_text, runs_table, status_text, sweep_text, unattended_text
 from protocol_specs.auth import Principal, Scope
 from protocol_specs.run_text import clip, shown_state, slots_text
 from protocol_specs.runs import Attempt, ProcessRow, RunEvent, RunRecord, RunSpec, RunState

@@ -111,18 +111,18 @@ def test_module_imports_no_io_module_itself(module: str) -> None:
 
 
 #: the decision cores of the I/O packages: sync objects that take events and return actions; their
-#: trio loops (adapter/server.py, worker_shim/shim.py, relay.client's RunLink) do the I/O
+#: trio loops (adapter/dap/server.py, worker_shim/shim.py, relay.client's RunLink) do the I/O
 CORES = [
-    "adapter.core",
-    "adapter.status",
+    "adapter.dap.core",
+    "adapter.dap.status",
     "worker_shim.session.core",
     "worker_shim.session.replay",
     "worker_shim.session.watch",
     "worker_shim.session.actions",
     "worker_shim.session.channel",
     "worker_shim.session.child",
-    "adapter.processes",
-    "adapter.children",
+    "adapter.dap.processes",
+    "adapter.dap.children",
 ]
 
 

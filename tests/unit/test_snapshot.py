@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from adapter.snapshot import SnapshotError, build_snapshot, list_files
+from adapter.snapshots.selection import list_files
+from adapter.snapshots.snapshot import SnapshotError, build_snapshot
 from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
 from worker_shim.program.files import SnapshotRefused, materialise
 
@@ -89,7 +90,7 @@ def test_unreadable_file_gives_a_clear_error(
     def refuse(path: Path) -> str:
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr("adapter.snapshot._hash_file", refuse)
+    monkeypatch.setattr("adapter.snapshots.snapshot._hash_file", refuse)
     with pytest.raises(SnapshotError, match=r"cannot read secret.txt: permission denied"):
         build_snapshot(tmp_path)
 

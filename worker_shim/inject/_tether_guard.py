@@ -20,10 +20,10 @@ against, :func:`guard` says why and the caller refuses to start the debugger: un
 option.
 
 Standalone and stdlib-only: it runs on the program's interpreter (``_tether_debugpy_boot.py``) and
-in debugpy's adapter process (``_tether_debugpy_adapter.py``), which load it from beside
-themselves. ``adapter/peer.py`` answers the same question for tether's own adapter, with a reader
-of the same table of its own: the adapter's floor imports nothing of the worker's, and this file
-imports nothing of tether's.
+in debugpy's adapter process (``_tether_debugpy_adapter.py``), which load it from beside themselves.
+``adapter/dap/peer.py`` answers the same question for tether's own adapter, with a reader of the
+same table of its own: the adapter's floor imports nothing of the worker's, and this file imports
+nothing of tether's.
 """
 
 import os

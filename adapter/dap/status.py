@@ -8,7 +8,7 @@ a full buffer), the old program's threads going away when an attempt is retried,
 ``exited``/``terminated`` once at the end. It also rebuilds what a freshly configured IDE must
 see of a session already under way (:meth:`RunNews.greeting`).
 
-Its methods return DAP messages without ``seq``: :class:`adapter.core.AdapterCore` numbers them
+Its methods return DAP messages without ``seq``: :class:`adapter.dap.core.AdapterCore` numbers them
 and sends them to the IDE connected now. One :class:`RunNews` lives as long as the core; it is
 :meth:`~RunNews.reset` for each IDE connection.
 """

@@ -3,8 +3,8 @@
 A request whose ``arguments`` are not a JSON object (every DAP request that takes arguments
 defines them as one; a missing or ``null`` value counts as ``{}``, as in debugpy) is answered
 with an error response and goes no further, so nothing past this point meets arguments of another
-type. Used by every session core (:class:`adapter.core.AdapterCore`) and by the lobby a new
-connection waits in until it says which session it is for (:mod:`adapter.processes`).
+type. Used by every session core (:class:`adapter.dap.core.AdapterCore`) and by the lobby a new
+connection waits in until it says which session it is for (:mod:`adapter.dap.processes`).
 """
 
 from __future__ import annotations

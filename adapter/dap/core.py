@@ -24,15 +24,16 @@ An IDE leaving (socket closed, or ``disconnect`` without ``terminateDebuggee``) 
 handshake answered locally and, when the worker is live, ``thread``/``stopped`` events rebuilt from the
 session fold (a ``threads`` response has no stopped flag).
 
-Requests are checked where they enter (:mod:`adapter.checks`). Every request gets exactly one
+Requests are checked where they enter (:mod:`adapter.dap.checks`). Every request gets exactly one
 response: from the core, from the worker, or an error (refused, timed out, the run ended).
 
-A child process of the program gets a session of its own (:mod:`adapter.children`, dispatched by
-:mod:`adapter.processes`, which also decides when the main session's IDE is offered it).
+A child process of the program gets a session of its own (:mod:`adapter.dap.children`, dispatched by
+:mod:`adapter.dap.processes`, which also decides when the main session's IDE is offered it).
 
-Every method returns a list of actions; :mod:`adapter.server` performs them. What the IDE is told
-about the run itself (status lines, progress, retries, notices, the end, and the state a new IDE
-connection is greeted with) is decided by :class:`adapter.status.RunNews`; the core numbers it.
+Every method returns a list of actions; :mod:`adapter.dap.server` performs them. What the IDE
+is told about the run itself (status lines, progress, retries, notices, the end, the state a new
+IDE connection is greeted with) is decided by :class:`adapter.dap.status.RunNews`; the core
+numbers it. The requests it forwards, and their deadlines, are kept by :mod:`adapter.dap.forwarding`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -49,19 +49,13 @@ from protocol_specs import dap_models as dap
 from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, debugpy_answers
 from protocol_specs.prefetch import PREFETCH_EVENT
 from protocol_specs.processes import MAIN
-from protocol_specs.session import NOTICES, QUIET, DebugSession, StatusEvent, is_transient
-from protocol_specs.wire import (
-    MAX_DAP_BODY_BYTES,
-    AnyEntry,
-    DapEntry,
-    PresenceEntry,
-    StatusEntry,
-    StreamName,
-)
+from protocol_specs.session import NOTICES, QUIET, DebugSession, StatusEvent
+from protocol_specs.wire import AnyEntry, DapEntry, PresenceEntry, StatusEntry, StreamName
 
 from .actions import Action, CancelRun, CloseIde, IdePhase, Origin, Publish, ToIde
 from .checks import check_request, editor_attach, garbage_note
-from .status import RunNews, is_unattended_announcement, remote_process, stopped_body
+from .forwarding import Pending, PendingRequests, answer_for_ide, event_for_ide, request_entry
+from .status import RunNews, is_unattended_announcement
 from .stop_answers import StopAnswers
 
 __all__ = [
@@ -79,22 +73,14 @@ __all__ = [
 
 log = logging.getLogger("tether.adapter")
 
-#: debugpy's pinned capabilities, and ``supportTerminateDebuggee`` spelled right (debugpy's is not)
-#: so VS Code keeps ``terminateDebuggee`` on Stop: Stop cancels the run, Disconnect detaches.
+#: debugpy's pinned capabilities, plus the correctly spelled ``supportTerminateDebuggee`` so VS Code
+#: keeps ``terminateDebuggee`` on its Stop button (debugpy only sends the misspelled key, so VS Code
+#: drops the flag; with tether, Stop cancels the run and Disconnect detaches).
 ADAPTER_CAPABILITIES: dict[str, Any] = {**DEBUGPY_CAPABILITIES, "supportTerminateDebuggee": True}
 
 
-@dataclass
-class _Pending:
-    generation: int
-    ide_seq: int
-    command: str
-    deadline: float
-    bp_ids: list[int] | None
-
-
 class AdapterCore:
-    """The IDE session of one debugged process (the main one; :mod:`adapter.children` for the
+    """The IDE session of one debugged process (the main one; :mod:`adapter.dap.children` for the
     others): one IDE connection at a time, the fold of that process's entries."""
 
     def __init__(
@@ -120,7 +106,8 @@ class AdapterCore:
         self.phase = IdePhase.NONE
         self.generation = 0
         self._ide_seq = 0
-        self._pending: dict[int, _Pending] = {}
+        #: the forwarded requests waiting for the worker's answer
+        self._pending = PendingRequests()
         self._attach_request: dict[str, Any] | None = None
         #: the ``initialize`` arguments of the IDE connected now (what the client supports)
         self.client_args: dict[str, Any] = {}
@@ -225,7 +212,7 @@ class AdapterCore:
 
         ``origin_seq`` is the one its :class:`Publish` named (None: a presence entry)."""
         text = f"tether: the relay refused a message: {message}"
-        pending = self._pending.pop(origin_seq, None) if origin_seq is not None else None
+        pending = self._pending.answered(origin_seq)
         if pending is not None:
             return self._refuse(pending, text)
         if self.phase is not IdePhase.CONFIGURED:
@@ -238,7 +225,7 @@ class AdapterCore:
     def on_ide_message(self, msg: dict[str, Any]) -> list[Action]:
         """One message from the IDE connected now (none connected: ignored). Never raises."""
         if self.phase is IdePhase.NONE or msg.get("type") != "request":
-            return []  # responses to reverse requests (:mod:`adapter.processes`), stray events
+            return []  # responses to reverse requests (:mod:`adapter.dap.processes`), stray events
         checked = check_request(msg)
         if isinstance(checked, str):
             return self.on_ide_garbage(checked)
@@ -312,8 +299,9 @@ class AdapterCore:
         if arguments.get("tetherRun") != self.run_id:
             text = '"attach" expected: tether runs the program on a worker, use "attach".'
             return [self._emit(dap.error_response(msg, text, show_user=True))]
-        # an editor extension's launch of the run it submitted: an attach (published so, without
-        # the extension's own keys, to be replayed to debugpy), answered as the launch it was
+        # the editor extension's launch: it submitted this run, so debugging it is an attach
+        # (published as one, without the extension's own keys, and replayed to debugpy); the
+        # response still answers the launch
         actions = self._attach({**msg, "command": "attach", "arguments": editor_attach(arguments)})
         self.attach_args = arguments  # what its child processes' sessions inherit
         if self._attach_request is not None:
@@ -392,34 +380,26 @@ class AdapterCore:
 
     def _forward(self, msg: dict[str, Any], *, bp_ids: list[int] | None = None) -> list[Action]:
         action = self._publish(msg, local=False, bp_ids=bp_ids)
-        self._pending[self._origin_seq] = _Pending(
-            self.generation, msg["seq"], msg["command"], self.clock() + self.request_timeout, bp_ids
+        self._pending.add(
+            self._origin_seq,
+            Pending(
+                self.generation,
+                msg["seq"],
+                msg["command"],
+                self.clock() + self.request_timeout,
+                bp_ids,
+            ),
         )
         return [action]
 
     def _publish(
         self, msg: dict[str, Any], *, local: bool, bp_ids: list[int] | None = None
     ) -> Publish:
-        """The entry carrying ``msg``; raises ``ValueError`` (and changes nothing) if it cannot be
-        one: nested deeper than JSON encoders go, or over the size of a stream entry."""
+        """The entry carrying ``msg``, the next request of this adapter's ``seq`` space; raises
+        ``ValueError`` (and changes nothing) if it cannot be one (:func:`request_entry`)."""
         origin_seq = self._origin_seq + 1
-        try:
-            body = orjson.dumps({**msg, "seq": origin_seq})
-        except orjson.JSONEncodeError as exc:
-            raise ValueError(f"{dap.BAD_ARGUMENTS} for {msg.get('command')!r}: {exc}.") from None
-        if len(body) > MAX_DAP_BODY_BYTES:
-            raise ValueError(
-                f"The request is too large ({len(body):,} bytes; at most "
-                f"{MAX_DAP_BODY_BYTES:,} bytes cross the relay)."
-            )
-        transient = is_transient(msg)
-        entry = DapEntry(
-            origin=self.origin,
-            body=body,
-            local=local,
-            bp_ids=bp_ids,
-            transient=transient,
-            process=self.process,
+        entry = request_entry(
+            msg, origin_seq, origin=self.origin, process=self.process, local=local, bp_ids=bp_ids
         )
         self.shared.seq = origin_seq
         self.session.apply_to_worker(entry)  # keeps breakpoint requests only, never arguments
@@ -470,20 +450,13 @@ class AdapterCore:
         return []
 
     def _on_response(self, msg: dict[str, Any], changed: list[int]) -> list[Action]:
-        pending = self._pending.pop(msg.get("request_seq", -1), None)
+        pending = self._pending.answered(msg.get("request_seq", -1))
         if pending is None:
             # the answer to configuration we answered locally: tell the IDE what really happened
             return self._breakpoint_events(changed)
         if pending.generation != self.generation or self.phase is IdePhase.NONE:
             return []  # meant for an IDE connection that is gone
-        out = {**msg, "request_seq": pending.ide_seq}
-        if pending.bp_ids is not None and msg.get("success"):
-            verification = self.session.verification
-            out["body"] = {
-                **(msg.get("body") or {}),
-                "breakpoints": [verification[i] for i in pending.bp_ids if i in verification],
-            }
-        return [self._emit(out)]
+        return [self._emit(answer_for_ide(msg, pending, self.session))]
 
     def _breakpoint_events(self, ids: list[int]) -> list[Action]:
         if self.phase is not IdePhase.CONFIGURED:
@@ -507,20 +480,11 @@ class AdapterCore:
             self.stop.stopped()
         if self.phase is not IdePhase.CONFIGURED:
             return []
-        if name == "breakpoint" and isinstance(body, dict):
-            bp = body.get("breakpoint") or {}
-            if isinstance(bp.get("id"), int):
-                bp = {**bp, "id": self.session.to_adapter_id(bp["id"])}
-            msg = {**msg, "body": {**body, "breakpoint": bp}}
-        elif name == "stopped" and isinstance(body, dict):
-            msg = {**msg, "body": stopped_body(self.session, body)}
-        elif name == "process" and isinstance(body, dict):
-            msg = {**msg, "body": remote_process(body)}
-        elif name == "terminated":
+        if name == "terminated":
             if self.news.terminated_sent:
                 return []
             self.news.terminated_sent = True
-        return [self._emit(msg)]
+        return [self._emit(event_for_ide(msg, self.session))]
 
     def _on_status(self, entry: StatusEntry, was_live: bool) -> list[Action]:
         actions: list[Action] = []
@@ -547,10 +511,9 @@ class AdapterCore:
 
     @property
     def next_deadline(self) -> float | None:
-        deadlines = [p.deadline for p in self._pending.values()]
-        if self.stop.deadline is not None:
-            deadlines.append(self.stop.deadline)
-        return min(deadlines, default=None)
+        """When :meth:`on_tick` has something to do: a request's or the stop's prefetch's."""
+        deadlines = (self._pending.next_deadline, self.stop.deadline)
+        return min((d for d in deadlines if d is not None), default=None)
 
     def on_tick(self) -> list[Action]:
         now = self.clock()
@@ -558,8 +521,7 @@ class AdapterCore:
         if self.stop.due():
             log.warning("no prefetch came for the stop: the held requests go to the worker")
             actions += self._release(self.stop.release())
-        for seq in [seq for seq, p in self._pending.items() if p.deadline <= now]:
-            p = self._pending.pop(seq)
+        for p in self._pending.due(now):
             text = (
                 f"The debugger did not answer {p.command!r} within {self.request_timeout:g} s "
                 "(debugpy does not answer requests it does not support)."
@@ -568,11 +530,9 @@ class AdapterCore:
         return actions
 
     def _fail_pending(self, reason: str) -> list[Action]:
-        actions = [a for p in self._pending.values() for a in self._refuse(p, reason)]
-        self._pending.clear()
-        return actions
+        return [a for p in self._pending.drain() for a in self._refuse(p, reason)]
 
-    def _refuse(self, p: _Pending, text: str) -> list[Action]:
+    def _refuse(self, p: Pending, text: str) -> list[Action]:
         """The error response to a pending request, if the IDE that asked is still here."""
         if p.generation != self.generation or self.phase is IdePhase.NONE:
             return []
@@ -588,7 +548,7 @@ class AdapterCore:
 
     def emit(self, msg: dict[str, Any]) -> ToIde:
         """``msg`` for the IDE connected now, numbered in its ``seq`` space: a message decided
-        elsewhere (the offer of a child's session, :mod:`adapter.processes`)."""
+        elsewhere (the offer of a child's session, :mod:`adapter.dap.processes`)."""
         return self._emit(msg)
 
     def _emit(self, msg: dict[str, Any]) -> ToIde:

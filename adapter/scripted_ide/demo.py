@@ -18,7 +18,7 @@ from .dap_client import open_dap_client
 
 __all__ = ["BREAK_FILE", "BREAK_LINE", "EXAMPLES", "VSCODE_INITIALIZE", "play_ide"]
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BREAK_FILE, BREAK_LINE = "train.py", 18
 
 #: VS Code's initialize arguments, minus the reverse requests this scripted client does not serve

@@ -1,4 +1,5 @@
-"""The local DAP server IDEs attach to: a thin trio loop around :class:`adapter.core.AdapterCore`.
+"""The local DAP server IDEs attach to: a thin trio loop around
+:class:`adapter.dap.core.AdapterCore`.
 
 It listens on 127.0.0.1 only (the debug channel executes code; it is never exposed to a network),
 holds the run's relay link in the ``ide`` role, and performs what the core decides. Decisions and their
@@ -6,13 +7,13 @@ I/O happen under one lock, so what reaches the IDE is in ``seq`` order and publi
 IDE sent them in.
 
 Nothing under the lock waits for an IDE: what the core sends to an IDE goes into that connection's
-:class:`adapter.outbox.Outbox`, and the connection's own writer task writes it. An IDE that stops
-reading therefore stalls neither the relay link (deliveries keep being consumed) nor another IDE
-taking over; its outbox merges and, past a bound, drops program output (saying so), and a connection
-that stops reading altogether is closed.
+:class:`adapter.dap.outbox.Outbox`, and the connection's own writer task writes it. An IDE that
+stops reading therefore stalls neither the relay link (deliveries keep being consumed) nor another
+IDE taking over; its outbox merges and, past a bound, drops program output (saying so), and a
+connection that stops reading altogether is closed.
 
 Several IDE connections are served at once: one session per debugged process of the run (the
-main one, and each child the IDE attached to; :class:`adapter.processes.Processes` decides which
+main one, and each child the IDE attached to; :class:`adapter.dap.processes.Processes` decides which
 connection is which session's). A connection is named by its ``generation``.
 
 The relay link reconnects by itself (``relay.client.RunLink``); while it is down, publishes wait in
@@ -23,7 +24,6 @@ link gives up for good.
 from __future__ import annotations
 
 import logging
-import math
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +51,7 @@ from .core import (
     ToIde,
     is_unattended_announcement,
 )
+from .link_news import LinkNews, Refused
 from .outbox import HARD_LIMIT, Outbox
 from .processes import LOCALHOST, Processes
 
@@ -101,13 +102,6 @@ class _Ide:
     gone: trio.Event = field(default_factory=trio.Event)
 
 
-@dataclass(frozen=True)
-class _Refused:
-    process: str
-    origin_seq: int | None
-    message: str
-
-
 class AdapterServer:
     def __init__(
         self,
@@ -115,33 +109,27 @@ class AdapterServer:
         link: AdapterLink,
         core: AdapterCore,
         *,
+        news: LinkNews | None = None,
         on_event: Callable[[str], None] | None = None,
         on_unattended: Callable[[str], None] | None = None,
         processes: ProcessMode | str = ProcessMode.STOPPED,
         port: int = 0,
     ) -> None:
+        """``link`` is the run's relay link, whose callbacks go to ``news`` (a new one if None:
+        a link that tells nothing); ``port`` the one child sessions are offered to connect to."""
         self.relay_url = relay_url
-        self.on_unattended = on_unattended or (lambda _text: None)
         self.link = link
         self.core = core
+        self.news = news or LinkNews(on_event)
         #: every session of the run's processes: ``core`` (the main one) and the children's
         self.processes = Processes(core, mode=processes, port=port)
         self.on_event = on_event or (lambda _text: None)
-        if on_unattended is None:
-            self.on_unattended = self.on_event
+        self.on_unattended = on_unattended or self.on_event
         self._lock = trio.Lock()
         self._conns: dict[int, _Ide] = {}  #: every IDE connection, by generation
         self.finished = trio.Event()
         self._wake_timer = trio.Event()
         self._timer_at: float | None = None  #: the deadline the timer sleeps until
-        #: publish number -> the process and ``origin_seq`` it carried (None: presence), until
-        #: the relay answers it: all :meth:`AdapterCore.publish_refused` needs (never the body)
-        self._published: dict[int, tuple[str, int | None]] = {}
-        # unbounded, but bounded in effect: one refusal per publish in the link's outbox (itself
-        # bounded), one piece of news per reconnect; the callbacks that send cannot wait
-        self._link_news_in, self._link_news = trio.open_memory_channel[_Refused | tuple[bool, str]](
-            math.inf
-        )
 
     @property
     def _ide(self) -> _Ide | None:
@@ -150,24 +138,11 @@ class AdapterServer:
             return None
         return self._conns.get(self.core.generation)
 
-    def link_refused(self, n: int, error: wire.Error) -> None:
-        """``RunLink.on_refused``: handled in order with everything else, under the lock.
-
-        The link calls it in the same step as it counts ``n`` answered, so ``n`` is still in
-        ``_published`` here (:meth:`_perform` forgets publishes the link counts answered)."""
-        if n in self._published:
-            process, origin_seq = self._published.pop(n)
-            self._link_news_in.send_nowait(_Refused(process, origin_seq, error.message))
-
-    def link_state(self, up: bool, detail: str) -> None:
-        """``RunLink.on_state``."""
-        self.on_event(f"relay link {'up' if up else 'down'}: {detail}")
-        self._link_news_in.send_nowait((up, detail))
-
     async def _link_news_loop(self) -> None:
-        async for news in self._link_news:
+        """The link's news (:mod:`adapter.dap.link_news`), in order with everything else."""
+        async for news in self.news.received:
             async with self._lock:
-                if isinstance(news, _Refused):
+                if isinstance(news, Refused):
                     refused = self.processes.publish_refused(
                         news.process, news.origin_seq, news.message
                     )
@@ -273,7 +248,7 @@ class AdapterServer:
         """Serve one IDE connection on ``stream`` (any byte stream; closed when this returns).
 
         A connection that starts with ``initialize`` is served; its ``attach`` says which session
-        it is for (:mod:`adapter.processes`), taking that session over from the IDE attached to
+        it is for (:mod:`adapter.dap.processes`), taking that session over from the IDE attached to
         it now. It lives in its own cancel scope: a reader (this task) and a writer draining its
         outbox.
         """
@@ -453,10 +428,7 @@ class AdapterServer:
                 n = await self.link.publish(action.entry)
                 entry = action.entry
                 process = entry.process if isinstance(entry, DapEntry) else MAIN
-                self._published[n] = (process, action.origin_seq)
-                answered = self.link.answered
-                while self._published and next(iter(self._published)) <= answered:
-                    del self._published[next(iter(self._published))]  # stored: nothing to fail
+                self.news.published(n, process, action.origin_seq, self.link.answered)
                 if isinstance(entry, DapEntry) and entry.local and not entry.transient:
                     # what the adapter answers itself must be stored before it answers: the user
                     # may close the laptop right after setting a breakpoint (a transient one, a
@@ -505,16 +477,7 @@ async def serve_adapter(
     listener accepts connections. Returns the core (its ``session`` holds the run's end state).
     """
     core = AdapterCore(run_id, request_timeout=request_timeout, clock=trio.current_time)
-    server: AdapterServer | None = None
-
-    def refused(n: int, error: wire.Error) -> None:
-        if server is not None:
-            server.link_refused(n, error)
-
-    def state(up: bool, detail: str) -> None:
-        if server is not None:
-            server.link_state(up, detail)
-
+    news = LinkNews(on_event)  # the link tells it, the server reads it: neither needs the other
     async with open_run_link(
         relay_url,
         role=Role.IDE,
@@ -523,25 +486,33 @@ async def serve_adapter(
         producer=core.origin,
         client="tether-adapter",
         policy=policy or LinkPolicy.from_env(),
-        on_refused=refused,
-        on_state=state,
+        on_refused=news.refused,
+        on_state=news.state,
         early=True,
     ) as link:
-        server = AdapterServer(
-            relay_url,
-            link,
-            core,
-            on_event=on_event,
-            on_unattended=on_unattended,
-            # which child processes the IDE is offered: the run's choice (``--processes``)
-            processes=link.run.spec.processes,
-        )
-        await server.catch_up()
+        # bound first: its port is what child sessions are offered to connect to; an IDE that
+        # connects meanwhile waits until the history is folded
         listeners = await trio.open_tcp_listeners(port, host=LOCALHOST)
-        bound = listeners[0].socket.getsockname()[1]
-        server.processes.port = bound  # what child sessions are offered to connect to
-        task_status.started(bound)
-        await server.run(listeners)
+        try:
+            bound = listeners[0].socket.getsockname()[1]
+            server = AdapterServer(
+                relay_url,
+                link,
+                core,
+                news=news,
+                on_event=on_event,
+                on_unattended=on_unattended,
+                # which child processes the IDE is offered: the run's choice (``--processes``)
+                processes=link.run.spec.processes,
+                port=bound,
+            )
+            await server.catch_up()
+            task_status.started(bound)
+            await server.run(listeners)
+        finally:
+            with trio.CancelScope(shield=True):
+                for listener in listeners:
+                    await listener.aclose()
         return core
 
 

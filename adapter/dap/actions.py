@@ -1,8 +1,9 @@
-"""What the adapter's sans-I/O cores ask :mod:`adapter.server` to do, and what they share.
+"""What the adapter's sans-I/O cores ask :mod:`adapter.dap.server` to do, and what they share.
 
-The cores (:class:`adapter.core.AdapterCore` for the main process, :class:`adapter.children.ChildCore`
-per child process, both driven by :class:`adapter.processes.Processes`) return lists of these
-actions; the server performs them in order. An action for an IDE names the connection by its
+The cores (:class:`adapter.dap.core.AdapterCore` for the main process,
+:class:`adapter.dap.children.ChildCore` per child process, both driven by
+:class:`adapter.dap.processes.Processes`) return lists of these actions; the server performs them
+in order. An action for an IDE names the connection by its
 ``generation``: a number unique among all the adapter's IDE connections, so it reaches the
 connection it was decided for or, if that one is gone or was taken over, nobody.
 

@@ -3,8 +3,8 @@ children the IDE is offered; decided synchronously.
 
 Theory of operation
 -------------------
-:class:`Processes` holds the main process's core (:class:`adapter.core.AdapterCore`) and a
-:class:`adapter.children.ChildCore` per child process, created on its ``process_started`` status
+:class:`Processes` holds the main process's core (:class:`adapter.dap.core.AdapterCore`) and a
+:class:`adapter.dap.children.ChildCore` per child process, created on its ``process_started`` status
 or its first entry. Deliveries are dispatched by ``entry.process``: the main's (``""``) and
 every status about the run go to the main core (notices too: they name the process, and the
 terminal hears of them there); a child's to its core. The end of the run, or of an attempt, ends

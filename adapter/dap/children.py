@@ -5,7 +5,7 @@ Theory of operation
 With subprocess debugging on, the worker debugs every Python process of the program and says
 which one each entry is about (``process``: :func:`protocol_specs.processes.process_key` of its
 pid). The IDE sees one debug session per process, as with debugpy locally: the main process's
-session is :class:`adapter.core.AdapterCore`; each child's is a :class:`ChildCore`, which is the
+session is :class:`adapter.dap.core.AdapterCore`; each child's is a :class:`ChildCore`, which is the
 same core with these differences:
 
 - it exists because its process does: it is live from its ``process_started`` status (the shim
@@ -23,7 +23,7 @@ same core with these differences:
   :data:`~protocol_specs.processes.COLLECTIVE_TIMEOUT_HINT` in its debug console, once per
   connection: its peers' collectives time out while it is paused.
 
-Its requests share the adapter's ``seq`` space (:class:`adapter.actions.Origin`), its breakpoint
+Its requests share the adapter's ``seq`` space (:class:`adapter.dap.actions.Origin`), its breakpoint
 ids and its fold (threads, stops, verification) are its own.
 """
 

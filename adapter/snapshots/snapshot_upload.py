@@ -1,4 +1,4 @@
-"""Uploading a snapshot (``adapter/snapshot.py``) and submitting a run on it.
+"""Uploading a snapshot (``adapter/snapshots/snapshot.py``) and submitting a run on it.
 
 The relay is asked about the root tree, then about what each tree it lacks names, level by level:
 an unchanged directory is one digest however big. The files it lacks go first, many on their way at
