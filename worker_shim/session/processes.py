@@ -170,7 +170,7 @@ class Processes:
             args = msg.get("arguments")
             config = args.get("configuration") if isinstance(args, dict) else None
             child = self.children.get(key)
-            actions += child.answer(msg) if child is not None else self.main.answer(msg)
+            actions += (child or self.main).channel.answer(msg)
         else:
             config = msg.get("body")
         pid = config.get("subProcessId") if isinstance(config, dict) else None
