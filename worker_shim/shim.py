@@ -83,7 +83,7 @@ from .session.core import ShimCore, exit_status, parse_delivery, terminates
 from .session.debuggable import attach_listener, attachable_argv, until_debugged
 from .session.driver import Driver
 from .session.output import ProgramOutput, open_program_output, unbuffered_env
-from .session.processes import Processes
+from .session.processes import DebuggedProcesses
 from .session.replay import DEFAULT_INITIALIZE
 
 __all__ = ["DEFAULT_INITIALIZE", "program_env", "run_dir_of", "run_shim", "worker_link",
@@ -506,7 +506,7 @@ async def _run_debug(
     if backlog:
         tail = max(tail, *(Cursor.parse(d.cursor) for d in backlog if d.cursor))
     core = ShimCore(record, str(run_dir), tail=tail, clock=trio.current_time)
-    driver = Driver(Processes(core), stream, link, output, debuggee, say, tunnels)
+    driver = Driver(DebuggedProcesses(core), stream, link, output, debuggee, say, tunnels)
     try:
         return await _drive(
             link, record, debuggee, say, news, output, core, driver,

@@ -154,7 +154,8 @@ class DebugpyChannel:
 
     def on_response(self, msg: dict[str, Any]) -> list[Action]:
         """debugpy's response ``msg``: published back under the asker's seq if an IDE asked, the
-        prefetch's and the watch's taken here, and the session told (:meth:`ChannelOwner.answered`)."""
+        prefetch's and the watch's taken here, and the session told
+        (:meth:`ChannelOwner.answered`)."""
         request_seq = msg.get("request_seq")
         if not isinstance(request_seq, int):
             return []

@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 debugpy announces each new Python process of the program (``startDebugging`` / ``debugpyAttach``,
 :mod:`worker_shim.session.processes`); the child is held before its user code until a client
-configures it. :class:`ChildCore` is that client, on a connection of its own to debugpy's adapter,
-and it never waits for an IDE:
+configures it. :class:`ChildSession` is that client, on a connection of its own to debugpy's
+adapter, and it never waits for an IDE:
 
 1. ``initialize`` (the main session's arguments), then ``attach`` with the configuration debugpy
    gave (its ``subProcessId``) and the run's path mappings;
@@ -45,12 +45,12 @@ from .core import request_of
 from .replay import ReplayPhase
 from .watch import Watch
 
-__all__ = ["ChildCore"]
+__all__ = ["ChildSession"]
 
 log = logging.getLogger("tether.worker")
 
 
-class ChildCore:
+class ChildSession:
     def __init__(
         self,
         info: ProcessInfo,
@@ -85,7 +85,7 @@ class ChildCore:
         self.ended = False  #: ``process_exited`` was published
 
     def __repr__(self) -> str:
-        return f"<ChildCore {self.key} {self.channel!r} ended={self.ended} {self.watch!r}>"
+        return f"<ChildSession {self.key} {self.channel!r} ended={self.ended} {self.watch!r}>"
 
     @property
     def phase(self) -> ReplayPhase:
@@ -120,7 +120,7 @@ class ChildCore:
 
     def on_message(self, msg: dict[str, Any], raw: bytes) -> list[Action]:
         """One message debugpy sent on this connection (reverse requests are answered by
-        :class:`worker_shim.session.processes.Processes`)."""
+        :class:`worker_shim.session.processes.DebuggedProcesses`)."""
         kind = msg.get("type")
         if kind == "response":
             return self.channel.on_response(msg)
@@ -223,7 +223,8 @@ class ChildCore:
         return self.channel.watch_step()
 
     def watch_terminates(self, step: Terminate) -> list[Action]:
-        """The unattended policy ends the run (:class:`~worker_shim.session.channel.ChannelOwner`)."""
+        """The unattended policy ends the run (a
+        :class:`~worker_shim.session.channel.ChannelOwner`'s decision)."""
         return [step]  # the whole run ends (the run's policy), once: the shim decides
 
     def stop_holding(self) -> list[Action]:

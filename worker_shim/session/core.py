@@ -7,15 +7,17 @@ its own ``seq`` and remembers who asked (:mod:`worker_shim.session.channel`): a 
 from the run's ``to_worker`` stream carries the origin (the adapter instance) and the seq the
 adapter gave it, so debugpy's response is published back into ``to_ide`` under that seq; the shim's
 own requests (the replay's handshake, the one-frame ``stackTrace`` of a pause report, ``continue``
-after an unattended stop timed out) are answered to the core only. The connection's own state (the
-numbering, the prefetch, the watch's look-ups) is its :class:`~worker_shim.session.channel.DebugpyChannel`,
-which asks this core what only it knows (:meth:`ShimCore.answered`).
+after an unattended stop timed out) are answered to the core only. The connection's own state
+(the numbering, the prefetch, the watch's look-ups) is the core's
+:class:`~worker_shim.session.channel.DebugpyChannel`, which asks the core what only it knows
+(:meth:`ShimCore.answered`).
 
 From debugpy, events are published as they come except those about the shim's own connection
-(:data:`~worker_shim.session.channel.DROPPED_EVENTS`) and telemetry; reverse requests are refused with an error response,
-except ``startDebugging`` (a child process to debug), which
-:class:`worker_shim.session.processes.Processes` answers before this core sees it. This core is the
-main process's; each child process has a :class:`worker_shim.session.child.ChildCore` of its own.
+(:data:`~worker_shim.session.channel.DROPPED_EVENTS`) and telemetry; reverse requests are refused
+with an error response, except ``startDebugging`` (a child process to debug), which
+:class:`worker_shim.session.processes.DebuggedProcesses` answers before this core sees it. This
+core is the main process's; each child process has a
+:class:`worker_shim.session.child.ChildSession` of its own.
 Responses, ``stopped`` and the end of the program wait for the output barrier
 (:class:`~worker_shim.session.actions.Settle`): a line printed before a stop is shown before it.
 debugpy's own plain ``output`` events (logpoints, the console) are held while the relay has not
@@ -295,7 +297,7 @@ class ShimCore:
             return self._on_event(msg, raw)
         if kind == "request":
             # reverse requests (runInTerminal): not supported; ``startDebugging`` never gets here
-            # (:class:`worker_shim.session.processes.Processes` answers it)
+            # (:class:`worker_shim.session.processes.DebuggedProcesses` answers it)
             return self.channel.answer(msg, "not supported by tether's worker")
         return []
 
@@ -400,7 +402,8 @@ class ShimCore:
         return self.channel.watch_step()
 
     def watch_terminates(self, step: Terminate) -> list[Action]:
-        """The unattended policy ends the run (:class:`~worker_shim.session.channel.ChannelOwner`)."""
+        """The unattended policy ends the run (a
+        :class:`~worker_shim.session.channel.ChannelOwner`'s decision)."""
         return self._terminate()
 
     # --- plumbing ---------------------------------------------------------------------------------

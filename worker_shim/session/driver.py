@@ -31,7 +31,7 @@ from .actions import (
     ToDebugpy,
 )
 from .output import ProgramOutput
-from .processes import Processes
+from .processes import DebuggedProcesses
 
 __all__ = ["RECEIVE_SIZE", "Driver"]
 
@@ -41,15 +41,16 @@ RECEIVE_SIZE = 256 * 1024
 
 
 class Driver:
-    """Performs what :class:`~worker_shim.session.processes.Processes` (the main process's
-    :class:`~worker_shim.session.core.ShimCore` and one core per child) decides: the debugpy
-    connections (one per debugged process, each read by a task of its own), the run link, the
-    program. Each task performs the actions of its own decisions, in order; writes to a connection
-    and publishes each take a lock, so neither interleaves."""
+    """Performs what :class:`~worker_shim.session.processes.DebuggedProcesses` (the main
+    process's :class:`~worker_shim.session.core.ShimCore` and one
+    :class:`~worker_shim.session.child.ChildSession` per child) decides: the debugpy connections
+    (one per debugged process, each read by a task of its own), the run link, the program. Each
+    task performs the actions of its own decisions, in order; writes to a connection and
+    publishes each take a lock, so neither interleaves."""
 
     def __init__(
         self,
-        processes: Processes,
+        processes: DebuggedProcesses,
         stream: trio.SocketStream,
         link: RunLink,
         output: ProgramOutput,
