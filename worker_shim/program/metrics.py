@@ -111,7 +111,10 @@ class ProgramMetrics:
         patterns: list[str],
         attempt: int,
         hold: MetricHold | None = None,
+        may_pause: Callable[[int, dict[str, float]], Awaitable[bool]] = _always,
     ) -> None:
+        """``may_pause(step, values)``: whether the program may pause where a report met
+        ``--debug-when`` (the relay decides for a sweep's trials: the first only)."""
         self.link = link
         self.sock = sock  #: listening, non-blocking: accepted when trio says it is readable
         self.where = where
@@ -125,9 +128,7 @@ class ProgramMetrics:
         #: the shielded scope of a send under way (:meth:`ending` bounds it)
         self._sending: trio.CancelScope | None = None
         self.dropped = 0  #: malformed reports
-        #: whether the program may pause where a report met ``--debug-when`` (the relay decides
-        #: for a sweep's trials: the first only)
-        self.may_pause: Callable[[int, dict[str, float]], Awaitable[bool]] = _always
+        self.may_pause = may_pause
         self._nursery: trio.Nursery | None = None
         #: the program's process (its group's id), once it started
         self.program = 0
@@ -351,17 +352,21 @@ async def open_program_metrics(
     patterns: list[str],
     attempt: int,
     hand_over: Callable[[Path], None] = lambda _path: None,
+    may_pause: Callable[[int, dict[str, float]], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[ProgramMetrics]:
     """Listen in ``where`` (give the program :func:`metrics_env`) and publish until the block
     ends; then (shielded, bounded) what is left is published. ``hand_over``: makes the socket
-    the program's user's (on a worker that gives programs uids of their own)."""
+    the program's user's (on a worker that gives programs uids of their own). ``may_pause``: see
+    :class:`ProgramMetrics` (default: always)."""
     sock = stdlib_socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
     with sock:
         sock.setblocking(False)
         sock.bind(str(where / SOCKET_NAME))
         hand_over(where / SOCKET_NAME)
         sock.listen(128)
-        metrics = ProgramMetrics(link, sock, where, patterns=patterns, attempt=attempt)
+        metrics = ProgramMetrics(
+            link, sock, where, patterns=patterns, attempt=attempt, may_pause=may_pause or _always
+        )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(metrics.receive, nursery)
             nursery.start_soon(metrics.publish)
