@@ -56,6 +56,7 @@ import trio
 
 from protocol_specs import wire
 from protocol_specs.link import Cursor
+from protocol_specs.processes import ProcessMode
 from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
@@ -71,7 +72,7 @@ from .program.debuggee import (
     terminate_group,
 )
 from .program.files import Fetch, materialise
-from .program.metrics import control_action, metrics_env, open_program_metrics
+from .program.metrics import ProgramControl, control_action, metrics_env, open_program_metrics
 from .program.quarters import Housing, Quarters, open_quarters, program_env
 from .program.reaper import MARK_ENV
 from .program.tunnels import Tunnels, open_tunnels
@@ -275,7 +276,7 @@ async def _program(
             on_output=output,
             secrets=record.spec.secrets(),
             # children debugged too, each configured by the shim (``worker_shim.session.processes``)
-            subprocesses=record.spec.processes != "main",
+            subprocesses=ProcessMode(record.spec.processes) is not ProcessMode.MAIN,
             quarters=quarters,
         ) as debuggee:
             tunnels.program = debuggee.process.pid
@@ -455,10 +456,8 @@ def _entry_of_plain(
 ) -> None:
     """An entry a plain run's watch took: a tunnel to open, a ``stop`` to pass on."""
     tunnels.open(entry)
-    if not isinstance(entry, wire.ControlEntry) or output.metrics is None:
-        return
-    if entry.attempt in (0, attempt):
-        output.metrics.control(entry.action)
+    if output.metrics is not None:
+        output.metrics.control(ProgramControl.of(entry, attempt))
 
 
 async def _end_when_ended(

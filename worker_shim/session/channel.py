@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol
 
 import orjson
@@ -34,12 +35,26 @@ from .actions import BARRIER_EVENTS, Action, Publish, Settle, Terminate, ToDebug
 from .replay import ReplayPhase, next_phase
 from .watch import STACK_FRAMES, Continue, LookUp, Watch
 
-__all__ = ["DROPPED_EVENTS", "ChannelOwner", "DebugpyChannel", "Sent", "StatusStamp"]
+__all__ = [
+    "DROPPED_EVENTS",
+    "ChannelOwner",
+    "DebugpyChannel",
+    "LookUpAsk",
+    "Sent",
+    "StatusStamp",
+]
 
 #: debugpy's own events that are about the worker-side connection, not the program
 DROPPED_EVENTS = frozenset(
     {"initialized", "debugpyWaitingForServer", "debugpySockets", "terminated"}
 )
+
+
+class LookUpAsk(StrEnum):
+    """What the watch's look-up asks debugpy (:class:`~worker_shim.session.watch.LookUp`)."""
+
+    WHERE = "stackTrace"  #: where the thread stopped: its frames
+    EXCEPTION = "exceptionInfo"  #: the exception it stopped on
 
 
 @dataclass
@@ -96,8 +111,7 @@ class DebugpyChannel:
         self.closed = False
         self.seq = 0  #: the seq of the last request or response sent on this connection
         self._sent: dict[int, Sent] = {}
-        #: the watch's look-ups in flight: seq -> ``stackTrace`` or ``exceptionInfo``
-        self._lookups: dict[int, str] = {}
+        self._lookups: dict[int, LookUpAsk] = {}  #: the watch's look-ups in flight, by seq
         self._watches = WatchList()  #: watch expressions the IDE evaluated since the last stop
         self._gathering: Gathering | None = None  #: the prefetch of the stop now, in flight
         self._prefetch_sent: dict[int, tuple[str, dict[str, Any]]] = {}
@@ -226,21 +240,21 @@ class DebugpyChannel:
 
     def _look_up(self, step: LookUp) -> list[Action]:
         levels = STACK_FRAMES
-        actions = self.send("stackTrace", {"threadId": step.thread_id, "levels": levels})
-        self._lookups[self.seq] = "stackTrace"
+        actions = self.send(LookUpAsk.WHERE, {"threadId": step.thread_id, "levels": levels})
+        self._lookups[self.seq] = LookUpAsk.WHERE
         if step.exception:
-            actions += self.send("exceptionInfo", {"threadId": step.thread_id})
-            self._lookups[self.seq] = "exceptionInfo"
+            actions += self.send(LookUpAsk.EXCEPTION, {"threadId": step.thread_id})
+            self._lookups[self.seq] = LookUpAsk.EXCEPTION
         return actions
 
     def _looked_up(self, seq: int, msg: dict[str, Any]) -> list[Action] | None:
         """debugpy's answer ``msg`` to the watch's look-up ``seq`` (None: it is not one)."""
-        command = self._lookups.pop(seq, None)
-        if command is None:
+        asked = self._lookups.pop(seq, None)
+        if asked is None:
             return None
         body = msg.get("body") if msg.get("success") else None
         body = body if isinstance(body, dict) else {}
-        if command == "stackTrace":
+        if asked is LookUpAsk.WHERE:
             frames = body.get("stackFrames")
             self.watch.found(frames if isinstance(frames, list) else [])
         else:
