@@ -310,7 +310,8 @@ class _LinkNews:
     def __init__(self, say: Callable[[str], None], run_id: str) -> None:
         self.say = say
         self.run_id = run_id
-        #: the link came back (:func:`_end_when_ended` looks whether the run ended meanwhile)
+        #: set when the link comes back, then replaced (:func:`_end_when_ended` looks whether
+        #: the run ended meanwhile)
         self.returned = trio.Event()
         self.ended = False  #: the run was ended while we were away (said once)
         self.dropped = 0
@@ -321,6 +322,7 @@ class _LinkNews:
         self.say(f"run {self.run_id}: relay link {'up' if up else 'down'}: {detail}")
         if up:
             self.returned.set()
+            self.returned = trio.Event()
 
     def refused(self, n: int, error: wire.Error) -> None:
         del n
@@ -465,9 +467,11 @@ async def _end_when_ended(
 ) -> None:
     """``terminate`` the program once the link comes back to a run that was ended (cancelled, or
     lost) while it was away."""
-    while not link.run.finished:
-        await news.returned.wait()
-        news.returned = trio.Event()
+    while True:
+        returned = news.returned  # no checkpoint before the look: no return goes unseen
+        if link.run.finished:
+            break
+        await returned.wait()
     if not news.ended:
         news.ended = True
         news.say(f"run {news.run_id} is {link.run.state.value}: stopping the program")
