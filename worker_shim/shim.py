@@ -56,7 +56,7 @@ import trio
 
 from protocol_specs import wire
 from protocol_specs.link import Cursor
-from protocol_specs.processes import MAIN
+from protocol_specs.processes import ProcessMode
 from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
@@ -72,7 +72,7 @@ from .program.debuggee import (
     terminate_group,
 )
 from .program.files import Fetch, materialise
-from .program.metrics import control_action, metrics_env, open_program_metrics
+from .program.metrics import ProgramControl, control_action, metrics_env, open_program_metrics
 from .program.quarters import Housing, Quarters, open_quarters, program_env
 from .program.reaper import MARK_ENV
 from .program.tunnels import Tunnels, open_tunnels
@@ -81,9 +81,9 @@ from .session.actions import (
 )
 from .session.core import ShimCore, exit_status, parse_delivery, terminates
 from .session.debuggable import attach_listener, attachable_argv, until_debugged
-from .session.driver import Driver
+from .session.driver import open_driver
 from .session.output import ProgramOutput, open_program_output, unbuffered_env
-from .session.processes import Processes
+from .session.processes import DebuggedProcesses
 from .session.replay import DEFAULT_INITIALIZE
 
 __all__ = ["DEFAULT_INITIALIZE", "program_env", "run_dir_of", "run_shim", "worker_link",
@@ -133,7 +133,6 @@ async def run_shim(
     async with worker_link(
         relay_url, record, policy=policy, on_refused=news.refused, on_state=news.state, early=True
     ) as link:
-        news.link = link
         if link.run.finished:
             say(f"run {record.id} is {link.run.state.value}; not starting it")
             return None
@@ -224,6 +223,10 @@ async def _attempt(
     who = "" if user is None else f", as uid {user.uid}"
     say(f"run {record.id} attempt {record.attempt}: {files} files in {run_dir}{who}")
     mark = housing.attempt_mark(record.id, record.attempt)
+    # the first trial of its sweep only asks the relay whether to pause at ``--debug-when``
+    may_pause = (
+        partial(_claim_pause, link, record) if record.trial and record.spec.debug_when else None
+    )
     async with open_quarters(run_dir, user=user, runtime=housing.runtime, mark=mark) as quarters:
         env = metrics_env(
             quarters.private, program_env(record, env, quarters), housing.runtime.user_module
@@ -233,15 +236,12 @@ async def _attempt(
                 link.endpoint, record, run_dir, {**env, MARK_ENV: f"{mark}-tunnels"},
                 allowed=place.allow_tunnels, say=say, quarters=quarters,
             ) as tunnels,
-            open_program_output(link, record.attempt, record.spec.secrets()) as output,
             open_program_metrics(
                 link, quarters.private, patterns=record.spec.metrics, attempt=record.attempt,
-                hand_over=quarters.hand_over,
+                hand_over=quarters.hand_over, may_pause=may_pause,
             ) as metrics,
+            open_program_output(link, record.attempt, record.spec.secrets(), metrics) as output,
         ):  # fmt: skip
-            output.metrics = metrics
-            if record.trial and record.spec.debug_when:  # the first trial of its sweep only
-                metrics.may_pause = partial(_claim_pause, link, record)
             return await _program(
                 link, record, quarters, place.log_path, env, python, say, news, tunnels, output
             )
@@ -276,7 +276,7 @@ async def _program(
             on_output=output,
             secrets=record.spec.secrets(),
             # children debugged too, each configured by the shim (``worker_shim.session.processes``)
-            subprocesses=record.spec.processes != "main",
+            subprocesses=ProcessMode(record.spec.processes) is not ProcessMode.MAIN,
             quarters=quarters,
         ) as debuggee:
             tunnels.program = debuggee.process.pid
@@ -310,17 +310,19 @@ class _LinkNews:
     def __init__(self, say: Callable[[str], None], run_id: str) -> None:
         self.say = say
         self.run_id = run_id
-        self.link: RunLink | None = None
-        self.ended = trio.Event()  #: the run was ended while we were away
+        #: set when the link comes back, then replaced (:func:`_end_when_ended` looks whether
+        #: the run ended meanwhile)
+        self.returned = trio.Event()
+        self.ended = False  #: the run was ended while we were away (said once)
         self.dropped = 0
         self.last_refusal = ""
         self.refusal = trio.Event()
 
     def state(self, up: bool, detail: str) -> None:
         self.say(f"run {self.run_id}: relay link {'up' if up else 'down'}: {detail}")
-        if up and self.link is not None and self.link.run.finished:
-            self.say(f"run {self.run_id} is {self.link.run.state.value}: stopping the program")
-            self.ended.set()
+        if up:
+            self.returned.set()
+            self.returned = trio.Event()
 
     def refused(self, n: int, error: wire.Error) -> None:
         del n
@@ -419,7 +421,7 @@ async def _plain_process(
     terminate = partial(terminate_group, process)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(output.run)
-        nursery.start_soon(_terminate_when, news.ended, terminate)
+        nursery.start_soon(_end_when_ended, link, news, terminate)
         if listener is not None:
             with listener:
                 debugged = await until_debugged(
@@ -456,14 +458,23 @@ def _entry_of_plain(
 ) -> None:
     """An entry a plain run's watch took: a tunnel to open, a ``stop`` to pass on."""
     tunnels.open(entry)
-    if not isinstance(entry, wire.ControlEntry) or output.metrics is None:
-        return
-    if entry.attempt in (0, attempt):
-        output.metrics.control(entry.action)
+    if output.metrics is not None:
+        output.metrics.control(ProgramControl.of(entry, attempt))
 
 
-async def _terminate_when(event: trio.Event, terminate: Callable[[], Awaitable[None]]) -> None:
-    await event.wait()
+async def _end_when_ended(
+    link: RunLink, news: _LinkNews, terminate: Callable[[], Awaitable[None]]
+) -> None:
+    """``terminate`` the program once the link comes back to a run that was ended (cancelled, or
+    lost) while it was away."""
+    while True:
+        returned = news.returned  # no checkpoint before the look: no return goes unseen
+        if link.run.finished:
+            break
+        await returned.wait()
+    if not news.ended:
+        news.ended = True
+        news.say(f"run {news.run_id} is {link.run.state.value}: stopping the program")
     await terminate()
 
 
@@ -506,45 +517,16 @@ async def _run_debug(
     if backlog:
         tail = max(tail, *(Cursor.parse(d.cursor) for d in backlog if d.cursor))
     core = ShimCore(record, str(run_dir), tail=tail, clock=trio.current_time)
-    driver = Driver(Processes(core), stream, link, output, debuggee, say, tunnels)
-    try:
-        return await _drive(
-            link, record, debuggee, say, news, output, core, driver,
-            backlog=backlog, post_mortem=post_mortem,
-        )  # fmt: skip
-    finally:
-        with trio.CancelScope(shield=True):
-            await driver.close_streams()
-
-
-async def _drive(
-    link: RunLink,
-    record: RunRecord,
-    debuggee: Debuggee,
-    say: Callable[[str], None],
-    news: _LinkNews,
-    output: ProgramOutput,
-    core: ShimCore,
-    driver: Driver,
-    *,
-    backlog: list[wire.Deliver] | None = None,
-    post_mortem: bool = False,
-) -> int | None:
-    async with trio.open_nursery() as nursery:
-        driver.scope = nursery.cancel_scope
-        driver.nursery = nursery
-        nursery.start_soon(driver.pump, MAIN, driver.streams[MAIN])
-        nursery.start_soon(driver.flush_output_when_answered)
-        nursery.start_soon(driver.timer)
-        nursery.start_soon(driver.stop_on_terminate)
-        nursery.start_soon(_report_refusals, link, news)
+    processes = DebuggedProcesses(core)
+    async with open_driver(processes, stream, link, output, debuggee, say, tunnels) as driver:
+        driver.nursery.start_soon(_report_refusals, link, news)
         # the fold starts once ``started`` is out: the replay may follow at once
         late = backlog is not None
         pid = debuggee.process.pid
-        start = driver.processes.start(pid, record.spec.command, late=late, post_mortem=post_mortem)
+        start = processes.start(pid, record.spec.command, late=late, post_mortem=post_mortem)
         await driver.perform(start)
-        nursery.start_soon(driver.deliveries, backlog or ())
-        nursery.start_soon(_terminate_when, news.ended, driver.end_run)
+        driver.nursery.start_soon(driver.deliveries, backlog or ())
+        driver.nursery.start_soon(_end_when_ended, link, news, driver.end_run)
         code = await debuggee.wait()
         # what the program wrote is in its pipes now (debugpy's adapter holds them open, so no
         # end of file comes): read up to there; what a child left running writes later follows
@@ -555,9 +537,7 @@ async def _drive(
         with trio.move_on_after(FINISH_TIMEOUT):
             await driver.finished.wait()
             await driver.perform(core.flush_output())
-        await driver.perform(driver.processes.end())
-        nursery.cancel_scope.cancel()
-    await driver.close_streams()
+        await driver.perform(processes.end())
     driver.raise_failure()
     await _exited(link, record, code)
     say(f"run {record.id} exited with {code}")

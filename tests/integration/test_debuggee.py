@@ -14,23 +14,21 @@ from __future__ import annotations
 import json
 import os
 import sys
-import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from debuggee_harness import LOCAL_ROOT, RETURN_LINE, Run, client, configure, evaluate
 
-from adapter.scripted_ide.dap_client import DapClient, open_dap_client, open_dap_client_on_stream
+from adapter.scripted_ide.dap_client import DapClient, open_dap_client
 from protocol_specs.capabilities import VSCODE_INITIALIZE
 from worker_shim.program.debuggee import Debuggee, DebuggeeStartError, start_debuggee
-from worker_shim.program.python_command import BOOT, check_python, resolve_python
+from worker_shim.program.python_command import BOOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
-LOCAL_ROOT = "/home/dev/project"  # the IDE's side of pathMappings; does not exist here
 NODELAY = "__import__('pydevd').get_global_debugger()._client_socket.getsockopt(6, 1)"
 #: pydevd's poll and its wait for its own threads at the end: the boot script's quick exit
 QUICK_EXIT = (
@@ -38,17 +36,6 @@ QUICK_EXIT = (
     "hasattr(__import__('pydevd').PyDB.dispose_and_kill_all_pydevd_threads, '__wrapped__'))"
 )
 
-PROGRAM = """\
-def compute(n):
-    total = 0
-    for i in range(n):
-        total += i
-    return total
-
-
-print("result", compute(4))
-"""
-RETURN_LINE = 5
 
 POOL_PROGRAM = """\
 import multiprocessing
@@ -101,46 +88,6 @@ elif fault == "foreign-start-client":
 """
 
 
-def _live_processes(mark: str) -> list[str]:
-    """``pid cmdline`` of every live process whose environment holds ``TETHER_TEST_RUN=mark``."""
-    needle = f"TETHER_TEST_RUN={mark}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):  # empty for a zombie
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                found.append(f"{entry.name} {cmdline}")
-        except OSError:
-            continue
-    return found
-
-
-class Run:
-    """A program's workspace, environment and log; ``start()`` runs it under debugpy."""
-
-    def __init__(self, tmp_path: Path, source: str = PROGRAM) -> None:
-        self.dir = tmp_path / "work"
-        self.dir.mkdir()
-        (self.dir / "prog.py").write_text(source)
-        self.mark = uuid.uuid4().hex
-        self.env = {**os.environ, "TETHER_TEST_RUN": self.mark}
-        self.log = tmp_path / "run.log"
-
-    def start(self, *options: str, fast: bool = True) -> AbstractAsyncContextManager[Debuggee]:
-        return start_debuggee(
-            [sys.executable, *options, "prog.py"],  # an interpreter that has debugpy (faults)
-            cwd=str(self.dir),
-            env=self.env,
-            log_path=str(self.log),
-            fast=fast,
-        )
-
-    def leftovers(self) -> list[str]:
-        return _live_processes(self.mark)
-
-
 @pytest.fixture
 def run(tmp_path: Path) -> Run:
     return Run(tmp_path)
@@ -160,58 +107,11 @@ def fault(tmp_path: Path) -> Callable[[Run, str], None]:
     return inject
 
 
-@asynccontextmanager
-async def _client(debuggee: Debuggee) -> AsyncIterator[DapClient]:
-    async with open_dap_client_on_stream(await debuggee.connect()) as ide:
-        yield ide
-
-
-async def _configure(
-    ide: DapClient,
-    *,
-    breakpoints: Sequence[int] = (),
-    just_my_code: bool = True,
-    initialize: dict[str, Any] = VSCODE_INITIALIZE,
-) -> list[dict[str, Any]]:
-    """VS Code's handshake with pathMappings; the setBreakpoints response's breakpoints."""
-    await ide.request("initialize", initialize)
-    attach = ide.send_request_nowait(
-        "attach",
-        {
-            "justMyCode": just_my_code,
-            "pathMappings": [{"localRoot": LOCAL_ROOT, "remoteRoot": "."}],
-        },
-    )
-    await ide.wait_event("initialized")
-    response = await ide.request(
-        "setBreakpoints",
-        {
-            "source": {"path": f"{LOCAL_ROOT}/prog.py"},
-            "breakpoints": [{"line": line} for line in breakpoints],
-        },
-    )
-    assert response["success"], response
-    await ide.request("setExceptionBreakpoints", {"filters": []})
-    assert (await ide.request("configurationDone"))["success"]
-    assert (await ide.response(attach))["success"]
-    result: list[dict[str, Any]] = response["body"]["breakpoints"]
-    return result
-
-
-async def _evaluate(ide: DapClient, frame_id: int, expression: str) -> str:
-    response = await ide.request(
-        "evaluate", {"expression": expression, "frameId": frame_id, "context": "repl"}
-    )
-    assert response["success"], response
-    result: str = response["body"]["result"]
-    return result
-
-
 @pytest.mark.parametrize("fast", [True, False], ids=["boot", "stock"])
 async def test_a_breakpoint_session_over_the_one_connection(run: Run, fast: bool) -> None:
     async with run.start(fast=fast) as debuggee:
-        async with _client(debuggee) as ide:
-            (bp,) = await _configure(ide, breakpoints=[RETURN_LINE], just_my_code=False)
+        async with client(debuggee) as ide:
+            (bp,) = await configure(ide, breakpoints=[RETURN_LINE], just_my_code=False)
             assert bp["verified"] and bp["line"] == RETURN_LINE
             stopped = await ide.wait_event("stopped")
             assert stopped["body"]["reason"] == "breakpoint"
@@ -223,11 +123,11 @@ async def test_a_breakpoint_session_over_the_one_connection(run: Run, fast: bool
             # neither debugpy's nor tether's launcher shows, even with justMyCode off
             paths = [f.get("source", {}).get("path", "") for f in frames]
             assert not [p for p in paths if "debugpy" in p or BOOT.name in p], paths
-            assert await _evaluate(ide, top["id"], "total") == "6"
+            assert await evaluate(ide, top["id"], "total") == "6"
             # the boot script's point: pydevd's socket has TCP_NODELAY (pinned to this debugpy)
-            assert await _evaluate(ide, top["id"], NODELAY) == ("1" if fast else "0")
+            assert await evaluate(ide, top["id"], NODELAY) == ("1" if fast else "0")
             # and pydevd polls every 50 ms, and waits 50 ms at most for its threads at the end
-            assert await _evaluate(ide, top["id"], QUICK_EXIT) == (
+            assert await evaluate(ide, top["id"], QUICK_EXIT) == (
                 "(0.05, True)" if fast else "(0.2, False)"
             )
             assert (await ide.request("continue", {"threadId": thread}))["success"]
@@ -249,8 +149,8 @@ async def test_debugpys_adapter_process_writes_without_nagle(
     report = run.dir / "adapter-sockets"
     fault(run, "none")  # only the reporting sitecustomize
     run.env["TETHER_TEST_ADAPTER_SOCKETS"] = str(report)
-    async with run.start(fast=fast) as debuggee, _client(debuggee) as ide:
-        await _configure(ide, breakpoints=[2])  # total = 0
+    async with run.start(fast=fast) as debuggee, client(debuggee) as ide:
+        await configure(ide, breakpoints=[2])  # total = 0
         thread = (await ide.wait_event("stopped"))["body"]["threadId"]
         assert (await ide.request("next", {"threadId": thread}))["success"]
         assert (await ide.wait_event("stopped"))["body"]["reason"] == "step"
@@ -267,8 +167,8 @@ async def test_held_until_configured_then_exit_code_is_reported(tmp_path: Path, 
     run = Run(tmp_path, "import pathlib, sys\npathlib.Path('ran').write_text('yes')\nsys.exit(3)\n")
     async with run.start(fast=fast) as debuggee:
         assert not (run.dir / "ran").exists()  # nothing of the program ran before configuration
-        async with _client(debuggee) as ide:
-            await _configure(ide)
+        async with client(debuggee) as ide:
+            await configure(ide)
             await ide.wait_event("terminated")
         assert await debuggee.wait() == 3
     assert (run.dir / "ran").read_text() == "yes"
@@ -282,8 +182,8 @@ async def test_a_spawn_pool_runs_to_completion_under_the_debugger(tmp_path: Path
     run = Run(tmp_path, POOL_PROGRAM)
     without_start_debugging = {**VSCODE_INITIALIZE, "supportsStartDebuggingRequest": False}
     with trio.fail_after(60):
-        async with run.start() as debuggee, _client(debuggee) as ide:
-            (bp,) = await _configure(
+        async with run.start() as debuggee, client(debuggee) as ide:
+            (bp,) = await configure(
                 ide, breakpoints=[POOL_SUM_LINE], initialize=without_start_debugging
             )
             assert bp["verified"]
@@ -292,7 +192,7 @@ async def test_a_spawn_pool_runs_to_completion_under_the_debugger(tmp_path: Path
             stack = await ide.request("stackTrace", {"threadId": thread, "levels": 1})
             top = stack["body"]["stackFrames"][0]
             assert (top["name"], top["line"]) == ("main", POOL_SUM_LINE)
-            assert await _evaluate(ide, top["id"], "squares[-1]") == "81"
+            assert await evaluate(ide, top["id"], "squares[-1]") == "81"
             await ide.request("continue", {"threadId": thread})
             await ide.wait_event("terminated")
             assert await debuggee.wait() == 0
@@ -311,8 +211,8 @@ async def test_the_program_sees_the_sys_path_plain_python_gives_it(
     tmp_path: Path, options: list[str]
 ) -> None:
     run = Run(tmp_path, "import json, sys\nprint('PATH', json.dumps(sys.path))\n")
-    async with run.start(*options) as debuggee, _client(debuggee) as ide:
-        await _configure(ide)
+    async with run.start(*options) as debuggee, client(debuggee) as ide:
+        await configure(ide)
         await ide.wait_event("terminated")
     (line,) = [x for x in run.log.read_text().splitlines() if x.startswith("PATH ")]
     debugged = json.loads(line.removeprefix("PATH "))
@@ -335,8 +235,8 @@ async def test_terminate_ends_the_program_its_children_and_then_debugpy(run: Run
         "while True:\n"
         "    time.sleep(0.1)\n"
     )
-    async with run.start() as debuggee, _client(debuggee) as ide:
-        await _configure(ide)
+    async with run.start() as debuggee, client(debuggee) as ide:
+        await configure(ide)
         await ide.wait_event("thread")  # the program runs its endless loop
         await debuggee.terminate(grace=5)
         # debugpy's adapter outlives the program until its client goes, and tells it
@@ -348,7 +248,7 @@ async def test_terminate_ends_the_program_its_children_and_then_debugpy(run: Run
 async def test_cancelled_while_paused_and_connected_leaves_nothing(run: Run) -> None:
     # debugpy's adapter waits for its client to disconnect; here the client outlives the run
     async def hold_client(debuggee: Debuggee, *, task_status: Any) -> None:
-        async with _client(debuggee) as ide:
+        async with client(debuggee) as ide:
             task_status.started(ide)
             await trio.sleep_forever()
 
@@ -356,7 +256,7 @@ async def test_cancelled_while_paused_and_connected_leaves_nothing(run: Run) -> 
         with trio.CancelScope() as scope:
             async with run.start() as debuggee:
                 ide: DapClient = await nursery.start(hold_client, debuggee)
-                await _configure(ide, breakpoints=[RETURN_LINE])
+                await configure(ide, breakpoints=[RETURN_LINE])
                 await ide.wait_event("stopped")
                 scope.cancel()
                 await trio.sleep_forever()
@@ -413,14 +313,14 @@ async def test_when_debugpy_internals_differ_the_boot_falls_back_to_stock_debugp
     run: Run, fault: Callable[[Run, str], None]
 ) -> None:
     fault(run, "foreign-start-client")
-    async with run.start() as debuggee, _client(debuggee) as ide:
-        await _configure(ide, breakpoints=[RETURN_LINE])
+    async with run.start() as debuggee, client(debuggee) as ide:
+        await configure(ide, breakpoints=[RETURN_LINE])
         stopped = await ide.wait_event("stopped")
         thread = stopped["body"]["threadId"]
         stack = await ide.request("stackTrace", {"threadId": thread, "levels": 1})
         frame = stack["body"]["stackFrames"][0]
         assert frame["line"] == RETURN_LINE
-        assert await _evaluate(ide, frame["id"], NODELAY) == "0"
+        assert await evaluate(ide, frame["id"], NODELAY) == "0"
         await ide.request("continue", {"threadId": thread})
         await ide.wait_event("terminated")
         assert await debuggee.wait() == 0
@@ -432,121 +332,10 @@ async def test_a_missing_script_fails_the_run_with_the_reason_in_its_log(run: Ru
     (run.dir / "prog.py").unlink()
     async with run.start() as debuggee:
         async with open_dap_client("127.0.0.1", debuggee.port) as ide:
-            await _configure(ide)
+            await configure(ide)
             await ide.wait_event("terminated")
         assert await debuggee.wait() != 0
     assert "prog.py" in run.log.read_text()
-
-
-# --- the user's own interpreter ------------------------------------------------------------------
-
-
-def _venv(tmp_path: Path) -> Path:
-    """A virtual environment of the user's: no debugpy in it, a module of its own."""
-    import venv
-
-    home = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=False).create(home)
-    (site,) = home.glob("lib/python3*/site-packages")
-    (site / "userlib.py").write_text("VALUE = 42\n")
-    return home / "bin" / "python"
-
-
-async def test_the_program_runs_on_the_interpreter_its_command_names(tmp_path: Path) -> None:
-    """`tether debug -- /path/to/venv/bin/python app.py`: the program gets that environment's
-    modules (as plain `python` would), with the worker's debugpy made available to it only."""
-    python = _venv(tmp_path)
-    run = Run(
-        tmp_path,
-        "import sys, userlib\nprint('PREFIX', sys.prefix, userlib.VALUE)\n"
-        "try:\n    import trio\nexcept ImportError:\n    print('NO TRIO')\n",
-    )
-    async with start_debuggee(
-        [str(python), "prog.py"], cwd=str(run.dir), env=run.env, log_path=str(run.log)
-    ) as debuggee:
-        async with _client(debuggee) as ide:
-            await _configure(ide)
-            await ide.wait_event("terminated")
-        assert await debuggee.wait() == 0
-    log = run.log.read_text()
-    assert f"PREFIX {python.parent.parent} 42" in log, log
-    assert "NO TRIO" in log  # nothing else of the worker's is visible to the program
-    assert run.leftovers() == []
-
-
-def _other_cpython() -> str | None:
-    """A CPython of another minor version on this machine, if there is one (pyenv's, say)."""
-    import shutil
-    import subprocess
-
-    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    candidates = [shutil.which(f"python{minor}") for minor in ("3.13", "3.12", "3.10")]
-    candidates += sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.1[023]*/bin/python3"))
-    for found in filter(None, candidates):
-        if here in found:
-            continue
-        try:  # a pyenv shim exists for versions that are not selected: it must really run
-            probe = subprocess.run([found, "-c", "import sys; print(sys.version_info[1])"],
-                                   capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
-        except OSError:
-            continue
-        if probe.returncode == 0 and probe.stdout.strip() != str(sys.version_info[1]):
-            return found
-    return None
-
-
-@pytest.mark.skipif(_other_cpython() is None, reason="no other CPython >= 3.10 on this machine")
-async def test_a_breakpoint_is_hit_on_another_cpython_version(tmp_path: Path) -> None:
-    python = _other_cpython()
-    assert python is not None
-    run = Run(tmp_path)
-    async with start_debuggee(
-        [python, "prog.py"], cwd=str(run.dir), env=run.env, log_path=str(run.log)
-    ) as debuggee:
-        async with _client(debuggee) as ide:
-            (bp,) = await _configure(ide, breakpoints=[RETURN_LINE])
-            assert bp["verified"]
-            stopped = await ide.wait_event("stopped")
-            frames = await ide.request("stackTrace", {"threadId": stopped["body"]["threadId"]})
-            top = frames["body"]["stackFrames"][0]
-            assert await _evaluate(ide, top["id"], "total") == "6"
-            await ide.request("continue", {"threadId": stopped["body"]["threadId"]})
-            await ide.wait_event("terminated")
-    assert "result 6" in run.log.read_text()
-
-
-async def test_an_interpreter_too_old_for_debugpy_is_refused_with_the_reason(
-    tmp_path: Path,
-) -> None:
-    old = tmp_path / "python3.9"
-    old.write_text("#!/bin/sh\necho cpython 3 9 18\n")
-    old.chmod(0o755)
-    with pytest.raises(
-        ValueError, match=r"is cpython 3\.9\.18; the debugger .* needs CPython 3\.10"
-    ):
-        await check_python(str(old), env=dict(os.environ), cwd=str(tmp_path))
-    run = Run(tmp_path)
-    with pytest.raises(ValueError, match=r"needs CPython 3\.10 or newer"):
-        async with start_debuggee(
-            [str(old), "prog.py"], cwd=str(run.dir), env=run.env, log_path=str(run.log)
-        ):
-            pass
-
-
-def test_the_interpreter_is_found_as_the_run_finds_it(tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    mine = bin_dir / "python3.12"
-    mine.write_text("#!/bin/sh\n")
-    mine.chmod(0o755)
-    env = {"PATH": str(bin_dir)}
-    assert resolve_python("python3.12", env=env, cwd=str(tmp_path)) == str(mine)
-    assert resolve_python("bin/python3.12", env=env, cwd=str(tmp_path)) == str(mine)
-    assert resolve_python("python", env=env, cwd=str(tmp_path)) == sys.executable  # the worker's
-    with pytest.raises(ValueError, match=r"no interpreter named 'python3\.7' on the worker's PATH"):
-        resolve_python("python3.7", env=env, cwd=str(tmp_path))
-    with pytest.raises(ValueError, match="no interpreter at 'venv/bin/python'"):
-        resolve_python("venv/bin/python", env=env, cwd=str(tmp_path))
 
 
 async def test_the_runs_log_file_is_private_and_has_secret_values_blanked(tmp_path: Path) -> None:
@@ -565,8 +354,8 @@ async def test_the_runs_log_file_is_private_and_has_secret_values_blanked(tmp_pa
         log_path=str(run.log),
         secrets=[secret],
     ) as debuggee:
-        async with _client(debuggee) as ide:
-            await _configure(ide)
+        async with client(debuggee) as ide:
+            await configure(ide)
             await ide.wait_event("terminated")
         assert await debuggee.wait() == 0
     text = run.log.read_text()
@@ -579,8 +368,8 @@ async def test_a_script_that_does_not_compile_is_reported_as_plain_python_report
 ) -> None:
     run = Run(tmp_path, "total = (\n")
     async with run.start() as debuggee:
-        async with _client(debuggee) as ide:
-            await _configure(ide)
+        async with client(debuggee) as ide:
+            await configure(ide)
             await ide.wait_event("terminated")
         assert await debuggee.wait() == 1
     log = run.log.read_text()

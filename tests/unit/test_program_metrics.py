@@ -13,8 +13,21 @@ import trio
 from test_program_output import FakeLink
 
 from protocol_specs.metrics import HOLD_CAP, points_of
+from protocol_specs.wire import (
+    AnyEntry,
+    ControlEntry,
+    DapEntry,
+    Deliver,
+    StreamName,
+    encode_entry,
+)
 from relay.client import RunLink
-from worker_shim.program.metrics import SOCKET_NAME, open_program_metrics
+from worker_shim.program.metrics import (
+    SOCKET_NAME,
+    ProgramControl,
+    control_action,
+    open_program_metrics,
+)
 
 
 def connect(where: Path) -> socket.socket:
@@ -73,3 +86,20 @@ def _send_quietly(sock: socket.socket, data: bytes) -> None:
         sock.sendall(data)
     except OSError:  # the test closed it: the program goes on (its report is lost, not it)
         pass
+
+
+def test_what_a_control_entry_asks_of_the_program_is_one_of_a_closed_set() -> None:
+    """``stop``, ``suspend`` and ``resume`` for this attempt (0: any) reach the program; the
+    shim's own actions, another attempt's and any other entry are nothing to it."""
+
+    def asked(entry: AnyEntry, attempt: int = 2) -> ProgramControl | None:
+        deliver = Deliver(stream=StreamName.TO_WORKER, cursor="1-0", entry=encode_entry(entry))
+        return control_action(deliver, attempt)
+
+    assert asked(ControlEntry(action="stop", attempt=2)) is ProgramControl.STOP
+    assert asked(ControlEntry(action="suspend", attempt=0)) is ProgramControl.SUSPEND
+    assert asked(ControlEntry(action="resume")) is ProgramControl.RESUME
+    assert asked(ControlEntry(action="stop", attempt=1)) is None  # an earlier attempt's
+    assert asked(ControlEntry(action="terminate", attempt=2)) is None  # the shim's to perform
+    assert asked(ControlEntry(action="tunnel", attempt=2)) is None
+    assert asked(DapEntry(origin="a1", body=b"{}")) is None

@@ -24,7 +24,7 @@ from protocol_specs.wire import (
 from worker_shim.program.process_names import ProcFacts, describe, read_proc
 from worker_shim.session.actions import Action, OpenChild, Publish, ToDebugpy
 from worker_shim.session.core import ShimCore
-from worker_shim.session.processes import Processes
+from worker_shim.session.processes import DebuggedProcesses
 from worker_shim.session.replay import ReplayPhase
 
 WORKDIR = "/home/me/project"
@@ -46,7 +46,9 @@ class Harness:
         record = RunRecord(id="r1", spec=RunSpec(wait_for_ide=False, **fields), attempt=1)
         main = ShimCore(record, RUN_DIR, tail=Cursor.parse("0-0"), clock=lambda: self.now,
                         wall=lambda: WALL)  # fmt: skip
-        self.p = Processes(main, read=lambda pid: FACTS.get(pid, ProcFacts()), host="node-7")
+        self.p = DebuggedProcesses(
+            main, read=lambda pid: FACTS.get(pid, ProcFacts()), host="node-7"
+        )
         self.sent: dict[str, list[dict[str, Any]]] = {}
         self.published: list[DapEntry | StatusEntry] = []
         self.opened: list[str] = []

@@ -24,6 +24,7 @@ import socket as stdlib_socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
+from enum import StrEnum
 from pathlib import Path
 
 import trio
@@ -40,6 +41,7 @@ from protocol_specs.metrics import (
 from relay.client import RelayError, RunLink
 
 __all__ = [
+    "ProgramControl",
     "ProgramMetrics",
     "control_action",
     "metrics_env",
@@ -83,19 +85,37 @@ async def _always(_step: int, _values: dict[str, float]) -> bool:
     return True
 
 
-def control_action(delivery: wire.Deliver, attempt: int) -> str:
-    """The action of the relay's ``control`` entry for this attempt that ``delivery`` carries
-    (``stop``, ``suspend``, ``resume``...), or ``""``. Looked at cheaply first: every DAP
-    message of a session comes this way."""
+class ProgramControl(StrEnum):
+    """What a ``control`` entry of the relay asks of the program itself."""
+
+    STOP = "stop"  #: a sweep pruned its trial: ``tether.should_stop()`` says so
+    #: its sweep holds its other trials while one is paused for debugging: SIGSTOP to its group
+    SUSPEND = "suspend"
+    RESUME = "resume"  #: ... and SIGCONT when it goes on
+
+    @classmethod
+    def of(cls, entry: wire.AnyEntry | None, attempt: int) -> ProgramControl | None:
+        """What ``entry`` asks of this attempt's program (None: nothing; ``terminate`` and
+        ``tunnel`` are the shim's to perform)."""
+        if not isinstance(entry, wire.ControlEntry) or entry.attempt not in (0, attempt):
+            return None
+        try:
+            return cls(entry.action)
+        except ValueError:
+            return None
+
+
+def control_action(delivery: wire.Deliver, attempt: int) -> ProgramControl | None:
+    """What the relay's ``control`` entry for this attempt that ``delivery`` carries asks of the
+    program, if it is one. Looked at cheaply first: every DAP message of a session comes this
+    way."""
     if b"\xa7control" not in delivery.entry[:16]:
-        return ""
+        return None
     try:
         entry = wire.decode_entry(delivery.entry)
     except wire.WireError:
-        return ""
-    if isinstance(entry, wire.ControlEntry) and entry.attempt in (0, attempt):
-        return entry.action
-    return ""
+        return None
+    return ProgramControl.of(entry, attempt)
 
 
 class ProgramMetrics:
@@ -111,7 +131,10 @@ class ProgramMetrics:
         patterns: list[str],
         attempt: int,
         hold: MetricHold | None = None,
+        may_pause: Callable[[int, dict[str, float]], Awaitable[bool]] = _always,
     ) -> None:
+        """``may_pause(step, values)``: whether the program may pause where a report met
+        ``--debug-when`` (the relay decides for a sweep's trials: the first only)."""
         self.link = link
         self.sock = sock  #: listening, non-blocking: accepted when trio says it is readable
         self.where = where
@@ -125,9 +148,7 @@ class ProgramMetrics:
         #: the shielded scope of a send under way (:meth:`ending` bounds it)
         self._sending: trio.CancelScope | None = None
         self.dropped = 0  #: malformed reports
-        #: whether the program may pause where a report met ``--debug-when`` (the relay decides
-        #: for a sweep's trials: the first only)
-        self.may_pause: Callable[[int, dict[str, float]], Awaitable[bool]] = _always
+        self.may_pause = may_pause
         self._nursery: trio.Nursery | None = None
         #: the program's process (its group's id), once it started
         self.program = 0
@@ -151,14 +172,14 @@ class ProgramMetrics:
         with suppress(OSError):
             (self.where / STOP_NAME).touch()
 
-    def control(self, action: str) -> None:
-        """The relay's word about the program: ``stop`` (a sweep pruned it), ``suspend`` and
-        ``resume`` (its sweep holds its other trials while one is paused for debugging:
-        SIGSTOP and SIGCONT to the program's process group)."""
-        if action == "stop":
+    def control(self, action: ProgramControl | None) -> None:
+        """The relay's word about the program (None: none): ``stop`` (a sweep pruned it),
+        ``suspend`` and ``resume`` (its sweep holds its other trials while one is paused for
+        debugging: SIGSTOP and SIGCONT to the program's process group)."""
+        if action is ProgramControl.STOP:
             self.stop()
-        elif action in ("suspend", "resume") and self.program:
-            sig = signal.SIGSTOP if action == "suspend" else signal.SIGCONT
+        elif action is not None and self.program:
+            sig = signal.SIGSTOP if action is ProgramControl.SUSPEND else signal.SIGCONT
             with suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.program, sig)
 
@@ -351,17 +372,21 @@ async def open_program_metrics(
     patterns: list[str],
     attempt: int,
     hand_over: Callable[[Path], None] = lambda _path: None,
+    may_pause: Callable[[int, dict[str, float]], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[ProgramMetrics]:
     """Listen in ``where`` (give the program :func:`metrics_env`) and publish until the block
     ends; then (shielded, bounded) what is left is published. ``hand_over``: makes the socket
-    the program's user's (on a worker that gives programs uids of their own)."""
+    the program's user's (on a worker that gives programs uids of their own). ``may_pause``: see
+    :class:`ProgramMetrics` (default: always)."""
     sock = stdlib_socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
     with sock:
         sock.setblocking(False)
         sock.bind(str(where / SOCKET_NAME))
         hand_over(where / SOCKET_NAME)
         sock.listen(128)
-        metrics = ProgramMetrics(link, sock, where, patterns=patterns, attempt=attempt)
+        metrics = ProgramMetrics(
+            link, sock, where, patterns=patterns, attempt=attempt, may_pause=may_pause or _always
+        )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(metrics.receive, nursery)
             nursery.start_soon(metrics.publish)

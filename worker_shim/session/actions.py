@@ -44,7 +44,8 @@ class ToDebugpy:
 @dataclass(frozen=True)
 class OpenChild:
     """Open a new connection to debugpy's adapter for the child ``process``: its ``ToDebugpy``
-    follow. If it cannot be opened, tell :meth:`worker_shim.session.processes.Processes.closed`."""
+    follow. If it cannot be opened, tell
+    :meth:`worker_shim.session.processes.DebuggedProcesses.closed`."""
 
     process: str
 

@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 debugpy announces each new Python process of the program (``startDebugging`` / ``debugpyAttach``,
 :mod:`worker_shim.session.processes`); the child is held before its user code until a client
-configures it. :class:`ChildCore` is that client, on a connection of its own to debugpy's adapter,
-and it never waits for an IDE:
+configures it. :class:`ChildSession` is that client, on a connection of its own to debugpy's
+adapter, and it never waits for an IDE:
 
 1. ``initialize`` (the main session's arguments), then ``attach`` with the configuration debugpy
    gave (its ``subProcessId``) and the run's path mappings;
@@ -36,21 +36,21 @@ import orjson
 
 from protocol_specs.processes import ProcessInfo
 from protocol_specs.runs import RunRecord
-from protocol_specs.session import BreakpointSet, StatusEvent, is_transient, places_event
+from protocol_specs.session import BreakpointSet, StatusEvent, places_event
 from protocol_specs.wire import MAX_DAP_BODY_BYTES, DapEntry, PresenceEntry
 
-from .actions import BARRIER_EVENTS, Action, CloseChild, Publish, Settle, Terminate
-from .channel import DebugpyChannel, Sent
-from .core import DROPPED_EVENTS, request_of
+from .actions import Action, CloseChild, Publish, Settle, Terminate
+from .channel import DebugpyChannel, Sent, StatusStamp
+from .core import request_of
 from .replay import ReplayPhase
 from .watch import Watch
 
-__all__ = ["ChildCore"]
+__all__ = ["ChildSession"]
 
 log = logging.getLogger("tether.worker")
 
 
-class ChildCore(DebugpyChannel):
+class ChildSession:
     def __init__(
         self,
         info: ProcessInfo,
@@ -70,8 +70,9 @@ class ChildCore(DebugpyChannel):
         self.key = info.key
         self.title = title
         self.clock = clock
-        self._open_channel(wall)
+        self._status = StatusStamp(self.key, wall)
         self.watch = Watch(record, run_dir, self._status, name=title)
+        self.channel = DebugpyChannel(self, key=self.key, clock=clock, watch=self.watch)
         self._initialize = initialize
         self._attach = attach
         self._configuration = configuration
@@ -84,15 +85,20 @@ class ChildCore(DebugpyChannel):
         self.ended = False  #: ``process_exited`` was published
 
     def __repr__(self) -> str:
-        return (
-            f"<ChildCore {self.key} phase={self.phase.value} seq={self._seq} "
-            f"sent={len(self._sent)} ended={self.ended} {self.watch!r}>"
-        )
+        return f"<ChildSession {self.key} {self.channel!r} ended={self.ended} {self.watch!r}>"
+
+    @property
+    def phase(self) -> ReplayPhase:
+        return self.channel.phase
+
+    @property
+    def live(self) -> bool:
+        return self.channel.live
 
     def start(self) -> list[Action]:
         """The connection is open: the handshake's first step."""
-        self._enter(ReplayPhase.INITIALIZING, "connected")
-        return self._send("initialize", self._initialize)
+        self.channel.enter(ReplayPhase.INITIALIZING, "connected")
+        return self.channel.send("initialize", self._initialize)
 
     # --- from the relay ---------------------------------------------------------------------------
 
@@ -104,54 +110,39 @@ class ChildCore(DebugpyChannel):
         msg = request_of(entry)
         if msg is None:
             return []
-        return self._forward(entry, msg)
+        return self.channel.forward(entry, msg)
 
     def presence(self, entry: PresenceEntry) -> list[Action]:
         self.watch.presence(entry, self.clock())
-        return self._watch_step()
+        return self.channel.watch_step()
 
     # --- from debugpy -----------------------------------------------------------------------------
 
     def on_message(self, msg: dict[str, Any], raw: bytes) -> list[Action]:
         """One message debugpy sent on this connection (reverse requests are answered by
-        :class:`worker_shim.session.processes.Processes`)."""
+        :class:`worker_shim.session.processes.DebuggedProcesses`)."""
         kind = msg.get("type")
         if kind == "response":
-            return self._on_response(msg)
+            return self.channel.on_response(msg)
         if kind == "event":
             return self._on_event(msg, raw)
         return []
 
     def connection_closed(self) -> list[Action]:
         """The connection ended (or could not be opened): the process's session is over."""
-        self.closed = True
-        self._sent.clear()
+        self.channel.close()
         self._replayed.clear()
         self._queued.clear()
         if self.phase not in (ReplayPhase.LIVE, ReplayPhase.ENDED):
-            self._enter(ReplayPhase.ENDED, "debugpy closed the connection")
-        self._lookups_lost()
-        return [*self._exited(), *self._watch_step()]
+            self.channel.enter(ReplayPhase.ENDED, "debugpy closed the connection")
+        return [*self._exited(), *self.channel.watch_step()]
 
-    def _on_response(self, msg: dict[str, Any]) -> list[Action]:
-        request_seq = msg.get("request_seq")
-        if not isinstance(request_seq, int):
-            return []
-        sent = self._sent.pop(request_seq, None)
-        if sent is None:
-            return []
+    def answered(self, seq: int, sent: Sent, msg: dict[str, Any]) -> list[Action]:
+        """debugpy's answer to request ``seq`` (:class:`~worker_shim.session.channel.ChannelOwner`):
+        for one of this core's own, the places of the breakpoints it replayed, and the handshake."""
         if sent.origin is not None:
-            raw = orjson.dumps({**msg, "request_seq": sent.seq})
-            transient = is_transient(msg, sent.command)
-            entry = DapEntry(origin=sent.origin, body=raw, transient=transient, process=self.key)
-            return [Settle(), Publish(entry)]
-        prefetched = self._prefetch_answered(request_seq, msg)
-        if prefetched is not None:
-            return prefetched
-        looked_up = self._looked_up(request_seq, msg)
-        if looked_up is not None:
-            return looked_up
-        replayed = self._replayed.pop(request_seq, None)
+            return []
+        replayed = self._replayed.pop(seq, None)
         places = places_event(replayed, msg) if replayed is not None else None
         body = orjson.dumps(places) if places is not None else b""
         if len(body) > MAX_DAP_BODY_BYTES:  # more than one entry holds: its stops name no id
@@ -171,8 +162,8 @@ class ChildCore(DebugpyChannel):
             log.warning("child %s: debugpy refused %s: %s", self.key, sent.command, msg)
         self._answered.add(sent.command)
         if sent.command == "initialize" and self.phase is ReplayPhase.INITIALIZING:
-            self._enter(ReplayPhase.ATTACHING, "initialize answered")
-            actions = self._send("attach", self._attach)
+            self.channel.enter(ReplayPhase.ATTACHING, "initialize answered")
+            actions = self.channel.send("attach", self._attach)
             if self._initialized:
                 actions += self._configure()
             return actions
@@ -180,7 +171,7 @@ class ChildCore(DebugpyChannel):
             "attach",
             "configurationDone",
         } <= self._answered and self.phase is ReplayPhase.FINISHING:
-            self._enter(ReplayPhase.LIVE, "configurationDone and attach answered")
+            self.channel.enter(ReplayPhase.LIVE, "configurationDone and attach answered")
             actions = []
             queued, self._queued = self._queued, []
             for entry in queued:
@@ -199,33 +190,21 @@ class ChildCore(DebugpyChannel):
             self.exit_code = body["exitCode"]
         if name == "terminated":
             # the process is gone: its end, then this connection's
-            return [*self._exited(), *self._send("disconnect", {})]
-        if name in DROPPED_EVENTS:
-            return []
-        if name == "output" and isinstance(body, dict) and body.get("category") == "telemetry":
-            return []
-        actions = self._prefetch_before(str(name))
-        if name in BARRIER_EVENTS:
-            actions.append(Settle())
-        self.watch.debugger_event(msg, self.clock())
-        entry = DapEntry(body=raw, transient=is_transient(msg), process=self.key)
-        actions.append(Publish(entry, output=False))
-        if name == "stopped":
-            actions += self._prefetch_start(body)
-        return actions + self._watch_step()
+            return [*self._exited(), *self.channel.send("disconnect", {})]
+        return self.channel.publish_event(msg, raw, output=False)
 
     def _configure(self) -> list[Action]:
         """The run's latest configuration and ``configurationDone``, all at once: debugpy takes
         them in order, and nobody waits on their answers."""
-        self._enter(ReplayPhase.CONFIGURING, "debugpy initialized")
+        self.channel.enter(ReplayPhase.CONFIGURING, "debugpy initialized")
         actions: list[Action] = []
         for bset in self._configuration():
-            sent = self._send(bset.command, bset.arguments)
+            sent = self.channel.send(bset.command, bset.arguments)
             if sent:
-                self._replayed[self._seq] = bset
+                self._replayed[self.channel.seq] = bset
             actions += sent
-        self._enter(ReplayPhase.FINISHING, "configuration sent")
-        return actions + self._send("configurationDone", None)
+        self.channel.enter(ReplayPhase.FINISHING, "configuration sent")
+        return actions + self.channel.send("configurationDone", None)
 
     def _exited(self) -> list[Action]:
         if self.ended:
@@ -241,9 +220,15 @@ class ChildCore(DebugpyChannel):
         return self.watch.next_deadline
 
     def on_tick(self) -> list[Action]:
-        return self._watch_step()
+        return self.channel.watch_step()
 
-    def _terminated_by_watch(self, step: Terminate) -> list[Action]:
+    def watch_terminates(self, step: Terminate) -> list[Action]:
+        """The unattended policy ends the run (a
+        :class:`~worker_shim.session.channel.ChannelOwner`'s decision)."""
         return [step]  # the whole run ends (the run's policy), once: the shim decides
+
+    def stop_holding(self) -> list[Action]:
+        """Never held for an IDE (:class:`~worker_shim.session.channel.ChannelOwner`)."""
+        return []
 
     # --- plumbing ---------------------------------------------------------------------------------

@@ -7,13 +7,17 @@ its own ``seq`` and remembers who asked (:mod:`worker_shim.session.channel`): a 
 from the run's ``to_worker`` stream carries the origin (the adapter instance) and the seq the
 adapter gave it, so debugpy's response is published back into ``to_ide`` under that seq; the shim's
 own requests (the replay's handshake, the one-frame ``stackTrace`` of a pause report, ``continue``
-after an unattended stop timed out) are answered to the core only.
+after an unattended stop timed out) are answered to the core only. The connection's own state
+(the numbering, the prefetch, the watch's look-ups) is the core's
+:class:`~worker_shim.session.channel.DebugpyChannel`, which asks the core what only it knows
+(:meth:`ShimCore.answered`).
 
 From debugpy, events are published as they come except those about the shim's own connection
-(:data:`DROPPED_EVENTS`) and telemetry; reverse requests are refused with an error response,
-except ``startDebugging`` (a child process to debug), which
-:class:`worker_shim.session.processes.Processes` answers before this core sees it. This core is the
-main process's; each child process has a :class:`worker_shim.session.child.ChildCore` of its own.
+(:data:`~worker_shim.session.channel.DROPPED_EVENTS`) and telemetry; reverse requests are refused
+with an error response, except ``startDebugging`` (a child process to debug), which
+:class:`worker_shim.session.processes.DebuggedProcesses` answers before this core sees it. This
+core is the main process's; each child process has a
+:class:`worker_shim.session.child.ChildSession` of its own.
 Responses, ``stopped`` and the end of the program wait for the output barrier
 (:class:`~worker_shim.session.actions.Settle`): a line printed before a stop is shown before it.
 debugpy's own plain ``output`` events (logpoints, the console) are held while the relay has not
@@ -45,22 +49,20 @@ from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, c
 from protocol_specs.link import START, Cursor, InvalidCursor
 from protocol_specs.processes import MAIN
 from protocol_specs.runs import RunRecord, retry_delay
-from protocol_specs.session import DebugSession, StatusEvent, is_transient
+from protocol_specs.session import DebugSession, StatusEvent
 from protocol_specs.wire import DapEntry, PresenceEntry, StatusEntry, WireError
 
 from .actions import (
-    BARRIER_EVENTS,
     Action,
     OpenTunnel,
     PipeOutputToIde,
     Publish,
     ReplayFailed,
     Say,
-    Settle,
     Terminate,
     status_entry,
 )
-from .channel import DebugpyChannel
+from .channel import DebugpyChannel, Sent, StatusStamp
 from .replay import (
     HANDSHAKE_TIMEOUT,
     ConfigurationPlan,
@@ -71,7 +73,6 @@ from .replay import (
 from .watch import Watch
 
 __all__ = [
-    "DROPPED_EVENTS",
     "ShimCore",
     "exit_status",
     "parse_delivery",
@@ -81,10 +82,6 @@ __all__ = [
 
 log = logging.getLogger("tether.worker")
 
-#: debugpy's own events that are about the worker-side connection, not the program
-DROPPED_EVENTS = frozenset(
-    {"initialized", "debugpyWaitingForServer", "debugpySockets", "terminated"}
-)
 #: the phases in which ``to_worker`` configuration is folded (the replay picks it up)
 _FOLDING = frozenset(
     {ReplayPhase.FOLDING, ReplayPhase.INITIALIZING, ReplayPhase.ATTACHING, ReplayPhase.CONFIGURING}
@@ -92,7 +89,7 @@ _FOLDING = frozenset(
 _REPLAYING = _FOLDING - {ReplayPhase.FOLDING} | {ReplayPhase.FINISHING}
 
 
-class ShimCore(DebugpyChannel):
+class ShimCore:
     def __init__(
         self,
         record: RunRecord,
@@ -107,9 +104,11 @@ class ShimCore(DebugpyChannel):
         self.record = record
         self.run_dir = run_dir
         self.clock = clock
-        self._open_channel(wall)
+        self.wall = wall
+        self._status = StatusStamp(MAIN, wall)
         self.session = DebugSession()
         self.watch = Watch(record, run_dir, self._status)
+        self.channel = DebugpyChannel(self, key=MAIN, clock=clock, watch=self.watch)
         self.plan = ConfigurationPlan(post_mortem=record.spec.post_mortem)
         self._tail = tail
         self._seen = START
@@ -129,9 +128,17 @@ class ShimCore(DebugpyChannel):
 
     def __repr__(self) -> str:
         return (
-            f"<ShimCore run={self.record.id} phase={self.phase.value} seq={self._seq} "
-            f"sent={len(self._sent)} held={len(self._output)} {self.watch!r}>"
+            f"<ShimCore run={self.record.id} {self.channel!r} held={len(self._output)} "
+            f"{self.watch!r}>"
         )
+
+    @property
+    def phase(self) -> ReplayPhase:
+        return self.channel.phase
+
+    @property
+    def live(self) -> bool:
+        return self.channel.live
 
     # --- start ------------------------------------------------------------------------------------
 
@@ -158,10 +165,10 @@ class ShimCore(DebugpyChannel):
         if self.phase is not ReplayPhase.FOLDING or self.terminating or self._seen < self._tail:
             return []
         if self.session.configuration_done or not self._waits:
-            self._enter(ReplayPhase.INITIALIZING, "caught up and configured")
+            self.channel.enter(ReplayPhase.INITIALIZING, "caught up and configured")
             self._replay_deadline = self.clock() + HANDSHAKE_TIMEOUT
             self.watch.held(False, self.clock())
-            return self._send("initialize", initialize_arguments(self.session))
+            return self.channel.send("initialize", initialize_arguments(self.session))
         if self._waiting_said:
             return []
         self._waiting_said = True
@@ -171,9 +178,10 @@ class ShimCore(DebugpyChannel):
         text = f"run {self.record.id}: debugger ready, waiting for the IDE's configuration"
         # held with no IDE attached is an unattended stop: the run's policy ends the wait
         self.watch.held(True, self.clock())
-        return [Publish(status), Say(text), *self._watch_step()]
+        return [Publish(status), Say(text), *self.channel.watch_step()]
 
-    def _stop_holding(self) -> list[Action]:
+    def stop_holding(self) -> list[Action]:
+        """The program held for an IDE goes on without one (the unattended policy said so)."""
         self._waits = False
         return self._maybe_replay()
 
@@ -198,7 +206,7 @@ class ShimCore(DebugpyChannel):
                 actions.append(OpenTunnel(entry))
         elif isinstance(entry, PresenceEntry):
             self.watch.presence(entry, self.clock())
-            actions += self._watch_step()
+            actions += self.channel.watch_step()
         elif isinstance(entry, DapEntry) and entry.process == MAIN:
             actions += self._on_request(entry)
         return actions + self._maybe_replay()
@@ -220,7 +228,7 @@ class ShimCore(DebugpyChannel):
         msg = request_of(entry)
         if msg is None:
             return []  # not a request debugpy could take (anyone with the user's token can write)
-        return self._forward(entry, msg)
+        return self.channel.forward(entry, msg)
 
     def end_run(self) -> list[Action]:
         """The run was ended (cancelled, or lost) while the link was down."""
@@ -265,15 +273,14 @@ class ShimCore(DebugpyChannel):
 
     def debugpy_closed(self) -> list[Action]:
         """debugpy closed the connection: nothing more is answered."""
-        self.closed = self.finished = True
-        self._sent.clear()
+        self.finished = True
+        self.channel.close()
         self._batch.clear()
         if self.phase not in (ReplayPhase.LIVE, ReplayPhase.ENDED):
             # the program ended (terminated) before going live
-            self._enter(ReplayPhase.ENDED, "debugpy closed the connection")
+            self.channel.enter(ReplayPhase.ENDED, "debugpy closed the connection")
             self._replay_deadline = None
-        self._lookups_lost()
-        return self._watch_step()
+        return self.channel.watch_step()
 
     def _dispatch(self, raw: bytes) -> list[Action]:
         try:
@@ -285,35 +292,26 @@ class ShimCore(DebugpyChannel):
             return []
         kind = msg.get("type")
         if kind == "response":
-            return self._on_response(msg)
+            return self.channel.on_response(msg)
         if kind == "event":
             return self._on_event(msg, raw)
         if kind == "request":
             # reverse requests (runInTerminal): not supported; ``startDebugging`` never gets here
-            # (:class:`worker_shim.session.processes.Processes` answers it)
-            return self.answer(msg, "not supported by tether's worker")
+            # (:class:`worker_shim.session.processes.DebuggedProcesses` answers it)
+            return self.channel.answer(msg, "not supported by tether's worker")
         return []
 
-    def _on_response(self, msg: dict[str, Any]) -> list[Action]:
-        request_seq = msg.get("request_seq")
-        if not isinstance(request_seq, int):
-            return []
-        sent = self._sent.pop(request_seq, None)
-        if sent is None:
-            return []
-        actions: list[Action] = []
-        if sent.origin is None and request_seq not in self._batch:
-            return self._own_response(request_seq, sent.command, msg)
-        if sent.origin is not None:
-            body = orjson.dumps({**msg, "request_seq": sent.seq})
-            transient = is_transient(msg, sent.command)
-            entry = DapEntry(origin=sent.origin, body=body, transient=transient)
-            actions += [Settle(), Publish(entry)]
-        if request_seq in self._batch:  # the replay's (the worker's own: POST_MORTEM)
-            self._batch.discard(request_seq)
+    def answered(self, seq: int, sent: Sent, msg: dict[str, Any]) -> list[Action]:
+        """debugpy's answer to request ``seq`` (:class:`~worker_shim.session.channel.ChannelOwner`):
+        the replay's configuration batch, or the replay's handshake."""
+        if seq in self._batch:  # the replay's (the worker's own: POST_MORTEM)
+            self._batch.discard(seq)
             if not self._batch and self.phase is ReplayPhase.CONFIGURING:
-                actions += self._configure()
-        return actions
+                return self._configure()
+            return []
+        if sent.origin is None:
+            return self._own_response(sent.command, msg)
+        return []
 
     def _on_event(self, msg: dict[str, Any], raw: bytes) -> list[Action]:
         name = msg.get("event")
@@ -323,36 +321,17 @@ class ShimCore(DebugpyChannel):
             self._initialized = True
             if self.phase is ReplayPhase.ATTACHING:
                 return self._configure()
-        if name in DROPPED_EVENTS:
-            return []
-        body = msg.get("body")
-        if name == "output" and isinstance(body, dict) and body.get("category") == "telemetry":
-            return []
-        actions = self._prefetch_before(str(name))
-        if name in BARRIER_EVENTS:
-            actions.append(Settle())
-        self.watch.debugger_event(msg, self.clock())
-        entry = DapEntry(body=raw, transient=is_transient(msg))
-        actions.append(Publish(entry, output=name == "output"))
-        if name == "stopped":
-            actions += self._prefetch_start(body)
-        return actions + self._watch_step()
+        return self.channel.publish_event(msg, raw, output=name == "output")
 
     # --- the replay -------------------------------------------------------------------------------
 
-    def _own_response(self, seq: int, command: str, msg: dict[str, Any]) -> list[Action]:
-        prefetched = self._prefetch_answered(seq, msg)
-        if prefetched is not None:
-            return prefetched
-        looked_up = self._looked_up(seq, msg)
-        if looked_up is not None:
-            return looked_up
+    def _own_response(self, command: str, msg: dict[str, Any]) -> list[Action]:
         if command not in ("initialize", "attach", "configurationDone"):
             return []  # ``continue`` after an unattended stop: nothing to do with the answer
         if self.phase not in _REPLAYING:
             return []
         if command != "attach" and not msg.get("success"):
-            self._enter(ReplayPhase.ENDED, f"{command} refused")
+            self.channel.enter(ReplayPhase.ENDED, f"{command} refused")
             self._replay_deadline = None
             return [ReplayFailed(f"debugpy refused {command!r}: {msg.get('message')}")]
         self._answered.add(command)
@@ -362,9 +341,9 @@ class ShimCore(DebugpyChannel):
                 DEBUGPY_CAPABILITIES, body if isinstance(body, dict) else {}
             )
             args = attach_arguments(self.session, self.record.spec.workdir, self.run_dir)
-            self._enter(ReplayPhase.ATTACHING, "initialize answered")
+            self.channel.enter(ReplayPhase.ATTACHING, "initialize answered")
             self._replay_deadline = self.clock() + HANDSHAKE_TIMEOUT
-            actions: list[Action] = [PipeOutputToIde(), *self._send("attach", args)]
+            actions: list[Action] = [PipeOutputToIde(), *self.channel.send("attach", args)]
             if self._initialized:
                 actions += self._configure()
             return actions
@@ -376,15 +355,15 @@ class ShimCore(DebugpyChannel):
         self._replay_deadline = self.clock() + HANDSHAKE_TIMEOUT
         batch = self.plan.next_batch(self.session)
         if not batch:
-            self._enter(ReplayPhase.FINISHING, "configuration sent")
-            return self._send("configurationDone", None)
-        self._enter(ReplayPhase.CONFIGURING, "configuration to send")
+            self.channel.enter(ReplayPhase.FINISHING, "configuration sent")
+            return self.channel.send("configurationDone", None)
+        self.channel.enter(ReplayPhase.CONFIGURING, "configuration to send")
         actions: list[Action] = []
         for bset in batch:
             # the worker's own (POST_MORTEM, origin ""): its answer is nobody's
             origin = bset.origin or None
-            actions += self._send(bset.command, bset.arguments, origin=origin, seq=bset.seq)
-            self._batch.add(self._seq)
+            actions += self.channel.send(bset.command, bset.arguments, origin=origin, seq=bset.seq)
+            self._batch.add(self.channel.seq)
         return actions
 
     def _maybe_live(self) -> list[Action]:
@@ -392,7 +371,7 @@ class ShimCore(DebugpyChannel):
             return []
         if not {"attach", "configurationDone"} <= self._answered:
             return []
-        self._enter(ReplayPhase.LIVE, "configurationDone and attach answered")
+        self.channel.enter(ReplayPhase.LIVE, "configurationDone and attach answered")
         self._replay_deadline = None
         # prefetch: every stop's ``stopped`` is followed by a prefetch event (protocol_specs.prefetch)
         data = {"capabilities_delta": self.session.capabilities_delta, "prefetch": True}
@@ -416,13 +395,15 @@ class ShimCore(DebugpyChannel):
         now = self.clock()
         if self._replay_deadline is not None and now >= self._replay_deadline:
             phase = self.phase
-            self._enter(ReplayPhase.ENDED, "a step timed out")
+            self.channel.enter(ReplayPhase.ENDED, "a step timed out")
             self._replay_deadline = None
             text = f"debugpy did not answer within {HANDSHAKE_TIMEOUT:g} s ({phase.value})"
             return [ReplayFailed(text, timed_out=True)]
-        return self._watch_step()
+        return self.channel.watch_step()
 
-    def _terminated_by_watch(self, step: Terminate) -> list[Action]:
+    def watch_terminates(self, step: Terminate) -> list[Action]:
+        """The unattended policy ends the run (a
+        :class:`~worker_shim.session.channel.ChannelOwner`'s decision)."""
         return self._terminate()
 
     # --- plumbing ---------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """Performing what a run's debug sessions decide: the debugpy connections (one per debugged
-process, each read by a task of its own), the run link, the program (:class:`Driver`).
+process, each read by a task of its own), the run link, the program (:class:`Driver`, made by
+:func:`open_driver`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -31,9 +33,9 @@ from .actions import (
     ToDebugpy,
 )
 from .output import ProgramOutput
-from .processes import Processes
+from .processes import DebuggedProcesses
 
-__all__ = ["RECEIVE_SIZE", "Driver"]
+__all__ = ["RECEIVE_SIZE", "Driver", "open_driver"]
 
 log = logging.getLogger("tether.worker")
 
@@ -41,32 +43,35 @@ RECEIVE_SIZE = 256 * 1024
 
 
 class Driver:
-    """Performs what :class:`~worker_shim.session.processes.Processes` (the main process's
-    :class:`~worker_shim.session.core.ShimCore` and one core per child) decides: the debugpy
-    connections (one per debugged process, each read by a task of its own), the run link, the
-    program. Each task performs the actions of its own decisions, in order; writes to a connection
-    and publishes each take a lock, so neither interleaves."""
+    """Performs what :class:`~worker_shim.session.processes.DebuggedProcesses` (the main
+    process's :class:`~worker_shim.session.core.ShimCore` and one
+    :class:`~worker_shim.session.child.ChildSession` per child) decides: the debugpy connections
+    (one per debugged process, each read by a task of its own), the run link, the program. Each
+    task performs the actions of its own decisions, in order; writes to a connection and
+    publishes each take a lock, so neither interleaves."""
 
     def __init__(
         self,
-        processes: Processes,
+        processes: DebuggedProcesses,
         stream: trio.SocketStream,
         link: RunLink,
         output: ProgramOutput,
         debuggee: Debuggee,
         say: Callable[[str], None],
+        nursery: trio.Nursery,
         tunnels: Tunnels | None = None,
     ) -> None:
+        """``stream``: the main process's debugpy connection; ``nursery``: where each child's
+        pump runs, cancelled when the replay fails."""
         self.processes = processes
         self.tunnels = tunnels
         self.core = processes.main
         self.streams: dict[str, trio.SocketStream] = {MAIN: stream}
-        self.nursery: trio.Nursery | None = None
+        self.nursery = nursery
         self.link = link
         self.output = output
         self.debuggee = debuggee
         self.say = say
-        self.scope: trio.CancelScope | None = None
         self.finished = trio.Event()  #: debugpy said ``terminated``, or closed the connection
         self.failure: ReplayFailed | None = None
         self._terminate = trio.Event()
@@ -107,8 +112,7 @@ class Driver:
                 self._terminate.set()
             elif isinstance(action, ReplayFailed):
                 self.failure = action
-                if self.scope is not None:
-                    self.scope.cancel()
+                self.nursery.cancel_scope.cancel()
         if self.core.finished:
             self.finished.set()
         if self.core.output_held:
@@ -152,7 +156,6 @@ class Driver:
             await self.perform(self.processes.closed(key))
             return
         self.streams[key] = stream
-        assert self.nursery is not None
         self.nursery.start_soon(self.pump, key, stream)
 
     async def pump(self, key: str, stream: trio.SocketStream) -> None:
@@ -208,3 +211,36 @@ class Driver:
     async def stop_on_terminate(self) -> None:
         await self._terminate.wait()
         await self.debuggee.terminate()
+
+
+@asynccontextmanager
+async def open_driver(
+    processes: DebuggedProcesses,
+    stream: trio.SocketStream,
+    link: RunLink,
+    output: ProgramOutput,
+    debuggee: Debuggee,
+    say: Callable[[str], None],
+    tunnels: Tunnels | None = None,
+) -> AsyncIterator[Driver]:
+    """A :class:`Driver` with its tasks running in :attr:`Driver.nursery` (the block's own may
+    join them): the main connection's pump, the held output's flush, the timer, the wait for
+    ``terminate``. A failed replay cancels the block (:meth:`Driver.raise_failure` after it says
+    why). When the block ends its tasks are cancelled; then every debugpy connection still open
+    is closed (shielded)."""
+    driver: Driver | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            driver = Driver(processes, stream, link, output, debuggee, say, nursery, tunnels)
+            nursery.start_soon(driver.pump, MAIN, stream)
+            nursery.start_soon(driver.flush_output_when_answered)
+            nursery.start_soon(driver.timer)
+            nursery.start_soon(driver.stop_on_terminate)
+            yield driver
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            if driver is not None:
+                await driver.close_streams()
+            else:
+                await stream.aclose()

@@ -248,7 +248,11 @@ class ProgramOutput:
     held output once the relay answered, and the barrier. Make one with
     :func:`open_program_output`."""
 
-    def __init__(self, link: RunLink, hold: OutputHold) -> None:
+    def __init__(
+        self, link: RunLink, hold: OutputHold, metrics: ProgramMetrics | None = None
+    ) -> None:
+        """``metrics``: the program's metrics; its output lines go there too, and they are
+        published first when the output ends (before the exit status)."""
         self.link = link
         self.hold = hold
         self._lock = trio.Lock()  # one publisher at a time: pieces keep their order
@@ -258,9 +262,7 @@ class ProgramOutput:
         self._wake = trio.Event()  # output was held
         self._room = trio.Event()  # the hold was emptied
         self._failed = False
-        #: the program's metrics: its output lines go there too, and they are published first
-        #: when the output ends (before the exit status)
-        self.metrics: ProgramMetrics | None = None
+        self.metrics = metrics
 
     def __repr__(self) -> str:
         return f"<ProgramOutput {self.hold!r}{' failed' if self._failed else ''}>"
@@ -356,11 +358,12 @@ class ProgramOutput:
 
 @asynccontextmanager
 async def open_program_output(
-    link: RunLink, attempt: int, secrets: list[str]
+    link: RunLink, attempt: int, secrets: list[str], metrics: ProgramMetrics | None = None
 ) -> AsyncIterator[ProgramOutput]:
-    """A :class:`ProgramOutput` with its publisher running. On exit (normal, error or cancel),
-    shielded and bounded (5 s): everything still held is published, redactors' tails included."""
-    output = ProgramOutput(link, OutputHold(secrets, attempt=attempt))
+    """A :class:`ProgramOutput` with its publisher running (``metrics``: the program's, fed its
+    output). On exit (normal, error or cancel), shielded and bounded (5 s): everything still held
+    is published, redactors' tails included (and the metrics' first)."""
+    output = ProgramOutput(link, OutputHold(secrets, attempt=attempt), metrics)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(output.run)
         try:

@@ -7,20 +7,21 @@ to the client of its parent's session, here one of the shim's connections: the s
 ``startDebugging`` reverse request (the shim claims ``supportsStartDebuggingRequest``) or, from a
 debugpy that would not send it, its own ``debugpyAttach`` event. Either can come on ANY
 connection (children of children; a Python process a non-Python command started, connected by
-``_tether_sitecustomize.py``, comes the same way). :class:`Processes` answers it, names the child
-(:func:`~worker_shim.program.process_names.describe`: ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE``
-from ``/proc/<pid>/environ``, its command line without the debugger's, the program it runs, the
-host, its parent and its order among the parent's children), publishes
+``_tether_sitecustomize.py``, comes the same way). :class:`DebuggedProcesses` answers it, names
+the child (:func:`~worker_shim.program.process_names.describe`: ``RANK`` / ``LOCAL_RANK`` /
+``WORLD_SIZE`` from ``/proc/<pid>/environ``, its command line without the debugger's, the program
+it runs, the host, its parent and its order among the parent's children), publishes
 ``process_started``, and opens a session of its own for it
-(:class:`worker_shim.session.child.ChildCore`), configured at once: no child waits for an IDE.
+(:class:`worker_shim.session.child.ChildSession`), configured at once: no child waits for an IDE.
 
 Deliveries from ``to_worker`` are routed by :attr:`DapEntry.process
 <protocol_specs.stream_entries.DapEntry>`: the main process's to the main core
-(:class:`worker_shim.session.core.ShimCore`), a child's to its core; a request for a process that is
-not (or no longer) debugged gets an error response, published back to the asker. Configuration
-requests of every process are folded into one run-wide :class:`DebugSession` (the latest per
-source wins): what a child that starts later is configured with. With ``RunSpec.ranks``, a child
-whose ``RANK`` is known and not listed is configured with no breakpoints: it runs free.
+(:class:`worker_shim.session.core.ShimCore`), a child's to its session; a request for a process
+that is not (or no longer) debugged gets an error response, published back to the asker.
+Configuration requests of every process are folded into one run-wide :class:`DebugSession` (the
+latest per source wins): what a child that starts later is configured with. With
+``RunSpec.ranks``, a child whose ``RANK`` is known and not listed is configured with no
+breakpoints: it runs free.
 
 Sans-I/O: reading ``/proc`` is a function passed in (:func:`read_proc` by default).
 """
@@ -42,17 +43,18 @@ from protocol_specs.wire import DapEntry, PresenceEntry
 
 from ..program.process_names import ProcFacts, describe, read_proc
 from .actions import Action, OpenChild, Publish, Terminate, status_entry
-from .child import ChildCore
+from .child import ChildSession
 from .core import ShimCore, parse_delivery, request_of
 from .replay import attach_arguments, configuration, initialize_arguments, pipe_output_attach
 
-__all__ = ["Processes"]
+__all__ = ["DebuggedProcesses"]
 
 log = logging.getLogger("tether.worker")
 
 
-class Processes:
-    """Every debugged process of the run: the main one's core and one core per child."""
+class DebuggedProcesses:
+    """Every debugged process of the run, and which one a message is for: the main one's
+    :class:`ShimCore` and one :class:`ChildSession` per child."""
 
     def __init__(
         self,
@@ -63,7 +65,7 @@ class Processes:
     ) -> None:
         self.main = main
         self.record = main.record
-        self.children: dict[str, ChildCore] = {}
+        self.children: dict[str, ChildSession] = {}
         self.infos: dict[str, ProcessInfo] = {}
         #: the run-wide configuration: configuration requests of every process, folded
         self.config = DebugSession()
@@ -75,7 +77,7 @@ class Processes:
 
     def __repr__(self) -> str:
         live = sum(1 for c in self.children.values() if not c.ended)
-        return f"<Processes children={len(self.children)} live={live} {self.main!r}>"
+        return f"<DebuggedProcesses children={len(self.children)} live={live} {self.main!r}>"
 
     def start(
         self,
@@ -170,7 +172,7 @@ class Processes:
             args = msg.get("arguments")
             config = args.get("configuration") if isinstance(args, dict) else None
             child = self.children.get(key)
-            actions += child.answer(msg) if child is not None else self.main.answer(msg)
+            actions += (child or self.main).channel.answer(msg)
         else:
             config = msg.get("body")
         pid = config.get("subProcessId") if isinstance(config, dict) else None
@@ -201,7 +203,7 @@ class Processes:
         free = bool(self.record.spec.ranks) and (
             info.rank is not None and info.rank not in self.record.spec.ranks
         )
-        child = ChildCore(
+        child = ChildSession(
             info,
             title=title,
             record=self.record,

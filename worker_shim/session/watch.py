@@ -257,15 +257,15 @@ class Watch:
 
     def _notice(self, notice: att.Notice, where: str, info: dict[str, Any]) -> list[Step]:
         spec = self.record.spec
-        policy = spec.on_unattended_stop
-        if policy == "wait":
+        policy = self.attention.policy
+        if policy is att.UnattendedPolicy.WAIT:
             then = (
                 "It stays paused until an IDE attaches (--on-unattended-stop wait): "
                 "its slot and GPUs stay allocated meanwhile."
             )
         else:
             then = f"If no IDE attaches within {spec.unattended_timeout:g} s, it will {policy}."
-            if policy == "continue" and notice.thread_id == att.HELD:
+            if policy is att.UnattendedPolicy.CONTINUE and notice.thread_id == att.HELD:
                 then = then[:-1] + " without waiting for one."
         who = f"Run {self.record.id}" + (f": {self.name}" if self.name else "")
         if notice.thread_id == att.HELD:
