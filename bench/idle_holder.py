@@ -24,7 +24,7 @@ import orjson
 import trio
 
 from protocol_specs import wire
-from protocol_specs.wire import Role
+from protocol_specs.wire import IdeLink
 from relay.client import Endpoint, open_run_link
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ _CONFIG = [
 async def idle_session(
     relay: Endpoint, run: str, done: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED
 ) -> None:
-    async with open_run_link(relay, role=Role.IDE, run=run) as link:
+    async with open_run_link(relay, link=IdeLink(), run=run) as link:
         await link.publish(wire.PresenceEntry(origin="bench", epoch=1, attached=True))
         for seq, message in enumerate(_CONFIG, 1):
             body = orjson.dumps({"seq": seq, "type": "request", **message})

@@ -15,7 +15,7 @@ import trio
 
 from protocol_specs import wire
 from protocol_specs.runs import RunSpec
-from protocol_specs.wire import Role
+from protocol_specs.wire import IdeLink, Role
 from relay.client import open_connection, open_control, open_run_link
 
 from .common import Dist, Endpoint
@@ -28,10 +28,12 @@ async def run(relay: Endpoint, rounds: int) -> dict[str, Dist]:
         assigned = await control.claim("bench-worker", backend="bench")
     assert assigned.run.id == record.id
     worker = Endpoint(relay.url, token=assigned.token)
-    hello = wire.Hello(role=Role.WORKER, run=record.id, attempt=assigned.run.attempt)
+    hello = wire.Hello(
+        role=Role.WORKER, link=wire.WorkerLink(), run=record.id, attempt=assigned.run.attempt
+    )
     result = {"reconnect": Dist([]), "first message after welcome": Dist([])}
     cursor = "0"
-    async with open_run_link(relay, role=Role.IDE, run=record.id) as ide:
+    async with open_run_link(relay, link=IdeLink(), run=record.id) as ide:
         for i in range(rounds):
             body = orjson.dumps({"seq": i + 1, "type": "request", "command": "threads"})
             await ide.publish(wire.DapEntry(origin="bench", body=body))

@@ -34,7 +34,7 @@ import trio
 
 from protocol_specs import wire
 from protocol_specs.runs import RunSpec
-from protocol_specs.wire import Role
+from protocol_specs.wire import IdeLink, WorkerLink
 from relay.client import RunLink, open_control, open_run_link
 from relay.embedded.server import bundled_server_binary
 from tests.e2e.harness import admin_token, tether
@@ -109,15 +109,14 @@ async def open_pairs(
             worker = await stack.enter_async_context(
                 open_run_link(
                     Endpoint(where.url, token=assigned.token),
-                    role=Role.WORKER,
+                    link=WorkerLink(early=True),
                     run=record.id,
                     attempt=assigned.run.attempt,
-                    early=True,
                 )
             )
             nursery.start_soon(_echo, worker)
             ide = await stack.enter_async_context(
-                open_run_link(ide_ends[i % len(ide_ends)], role=Role.IDE, run=record.id, early=True)
+                open_run_link(ide_ends[i % len(ide_ends)], link=IdeLink(early=True), run=record.id)
             )
             pairs.append(Pair(ide))
         try:

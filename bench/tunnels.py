@@ -20,7 +20,7 @@ import trio
 
 from protocol_specs import wire
 from protocol_specs.tunnels import TunnelSpec
-from protocol_specs.wire import Role, TunnelEntry
+from protocol_specs.wire import TunnelEntry, TunnelLink
 from relay.client import Endpoint, RunLink, open_control, open_run_link
 
 from .common import Dist, Stack, ms, tether, verdict
@@ -79,7 +79,7 @@ async def _echo(stack: Stack, run_id: str, rtt: float, keystrokes: int) -> dict[
         async with open_control(url) as control:
             opened = await control.open_tunnel(run_id, TunnelSpec(kind="shell"))
         async with open_run_link(
-            url, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel
+            url, link=TunnelLink(tunnel=opened.tunnel), run=opened.run
         ) as link:
             await _shown(link, b"$ ", b"# ")  # the prompt: the shell reads keys now
             times = []

@@ -21,7 +21,7 @@ the time, and returns frames to send or events to act on:
 - *Dedup*: a delivered entry at or before its stream's cursor was handed over before a cut and is
   dropped (:meth:`~LinkState.receive` returns ``None``); the cursor moves only once an entry was
   handed over (:meth:`~LinkState.handed_over`).
-- *Early entries* (``early``: the adapter's and the worker's links ask for them): the relay hands a live entry over as soon
+- *Early entries* (a link's ``early``: the adapter's and the worker's ask for them): the relay hands a live entry over as soon
   as it arrives, before Redis has stored it (a ``deliver`` without a cursor), and sends a
   ``commit`` naming it, with its cursor, once it is stored. Such an entry may come again with its
   cursor (the relay re-read Redis, or this link reconnected before the commit), and a publish the
@@ -43,7 +43,17 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from . import wire
-from .wire import ErrorCode, Role, StreamName
+from .wire import (
+    AfterLink,
+    AnyLink,
+    ErrorCode,
+    IdeLink,
+    Role,
+    StreamName,
+    TunnelLink,
+    WorkerLink,
+    WorkerTunnelLink,
+)
 
 __all__ = [
     "PERMANENT_REFUSALS",
@@ -189,50 +199,50 @@ class _Outbox:
     size: int = 0
 
 
-def inbound_of(role: Role, tunnel: str = "") -> StreamName:
-    """The stream a link of ``role`` reads (a tunnel's: ``tunnel`` names it)."""
-    if tunnel:
-        return StreamName.TUNNEL_UP if role is Role.WORKER else StreamName.TUNNEL_DOWN
-    return StreamName.TO_IDE if role is Role.IDE else StreamName.TO_WORKER
+def inbound_of(link: AnyLink) -> StreamName:
+    """The stream ``link`` reads."""
+    match link:
+        case IdeLink():
+            return StreamName.TO_IDE
+        case WorkerLink() | AfterLink():
+            return StreamName.TO_WORKER
+        case TunnelLink():
+            return StreamName.TUNNEL_DOWN
+        case WorkerTunnelLink():
+            return StreamName.TUNNEL_UP
 
 
 class LinkState:
-    """One run link's bookkeeping in the ``ide`` or ``worker`` role, across its connections.
+    """One run link's bookkeeping, across its connections.
 
-    ``cursor`` is where reading the inbound stream starts; ``history`` (``ide`` only) asks the
-    relay for the run's ``to_worker`` entries first. Times are the caller's clock (seconds).
+    ``link`` says what it is (``protocol_specs/link_kind.py``: an IDE's with ``history`` asks the
+    relay for the run's ``to_worker`` entries first); ``cursor`` is where reading the inbound
+    stream starts. Times are the caller's clock (seconds).
     """
 
     def __init__(
         self,
         *,
-        role: Role,
+        link: AnyLink,
         run: str,
         producer: str,
         cursor: str = "0",
-        history: bool = False,
         client: str = "",
         attempt: int = 0,
-        early: bool = False,
-        tunnel: str = "",
-        after: bool = False,
         outbox_entries: int = 10_000,
         outbox_bytes: int = 64 * 1024 * 1024,
         report_every: int = 100,
         report_after: float = 0.2,
         heartbeat: float = 10.0,
     ) -> None:
-        self.role = role
+        self.link = link
+        self.role: Role = link.role
         self.run = run
         self.producer = producer
-        self.history = history
         self.client = client
         self.attempt = attempt
-        self.early = early
-        self.tunnel = tunnel  #: a tunnel's link (its two streams instead of the run's)
-        self.after = after  #: a worker serving an ended attempt's tunnels (``Hello.after``)
         self._limits = _Limits(outbox_entries, outbox_bytes, report_every, report_after, heartbeat)
-        self.inbound = inbound_of(role, tunnel)
+        self.inbound = inbound_of(link)
         #: the newest entry handed over per stream, as the relay wrote it ("0": none yet)
         self.cursors: dict[StreamName, str] = {name: "0" for name in StreamName}
         self.cursors[self.inbound] = cursor
@@ -278,15 +288,12 @@ class LinkState:
             role=self.role,
             run=self.run,
             cursor=self.cursors[self.inbound],
-            history=self.history,
+            link=self.link,
             history_cursor=self.cursors[StreamName.TO_WORKER],
             producer=self.producer,
             client=self.client,
             attempt=self.attempt,
             token=token,
-            early=self.early,
-            tunnel=self.tunnel,
-            after=self.after,
         )
 
     def on_handshake(self, frame: wire.Frame, now: float) -> Refusal | None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Protocol
 
 from . import wire
@@ -51,7 +51,18 @@ from .auth import Principal, Refusal
 from .link import inbound_of
 from .permissions import Act, authorize
 from .runs import RunRecord
-from .wire import ErrorCode, Role, StreamName, WireError
+from .wire import (
+    AfterLink,
+    AnyLink,
+    EntryKind,
+    ErrorCode,
+    Role,
+    StreamName,
+    TunnelLink,
+    WireError,
+    WorkerLink,
+    WorkerTunnelLink,
+)
 
 __all__ = [
     "COMMIT_AFTER",
@@ -59,6 +70,7 @@ __all__ = [
     "STORE_QUEUE",
     "Action",
     "Answer",
+    "AppendOutcome",
     "AppendResult",
     "Attached",
     "Audit",
@@ -77,7 +89,6 @@ __all__ = [
     "StoreRun",
     "Tell",
     "TunnelEnded",
-    "hello_problem",
     "streams_of",
 ]
 
@@ -88,35 +99,24 @@ STORE_BATCH = 64
 #: how long the commit of an early entry may wait to go out with later ones (seconds)
 COMMIT_AFTER = 0.1
 
-_PUBLISH: dict[str, Act] = {
-    "dap": Act.PUBLISH_DAP,
-    "presence": Act.PUBLISH_PRESENCE,
-    "status": Act.PUBLISH_STATUS,
-    "log": Act.PUBLISH_LOG,
-    "metric": Act.PUBLISH_METRIC,
-    "control": Act.PUBLISH_CONTROL,
-    "tunnel": Act.PUBLISH_TUNNEL,
+_PUBLISH: dict[EntryKind, Act] = {
+    EntryKind.DAP: Act.PUBLISH_DAP,
+    EntryKind.PRESENCE: Act.PUBLISH_PRESENCE,
+    EntryKind.STATUS: Act.PUBLISH_STATUS,
+    EntryKind.LOG: Act.PUBLISH_LOG,
+    EntryKind.METRIC: Act.PUBLISH_METRIC,
+    EntryKind.CONTROL: Act.PUBLISH_CONTROL,
+    EntryKind.TUNNEL: Act.PUBLISH_TUNNEL,
 }
 
 
 # --- opening a link -------------------------------------------------------------------------------
 
 
-def hello_problem(hello: wire.Hello) -> str | None:
-    """Why a run link's ``hello`` is malformed (a ``bad_frame``), or ``None``."""
-    if (hello.role is Role.TUNNEL and not hello.tunnel) or (
-        hello.role is Role.IDE and hello.tunnel
-    ):
-        return "only tunnel and worker links name a tunnel"
-    if hello.after and (hello.role is not Role.WORKER or hello.tunnel):
-        return "only a worker's run link serves it 'after'"
-    return None
-
-
-def streams_of(role: Role, tunnel: str = "") -> tuple[StreamName, StreamName]:
-    """The streams a link of ``role`` publishes to and reads: ``(outbound, inbound)``."""
-    inbound = inbound_of(role, tunnel)
-    first, second = _pair(tunnel)
+def streams_of(link: AnyLink) -> tuple[StreamName, StreamName]:
+    """The streams ``link`` publishes to and reads: ``(outbound, inbound)``."""
+    inbound = inbound_of(link)
+    first, second = _pair(link.tunnel)
     return (second if inbound is first else first), inbound
 
 
@@ -162,11 +162,21 @@ class Queued:
         return f"<Queued n={self.frame.n} {how}>"
 
 
+class AppendOutcome(StrEnum):
+    """What storing one publish exactly once gave (``relay.store.Store.append_once``)."""
+
+    STORED = "stored"
+    DUPLICATE = "duplicate"  #: a re-send: stored before
+    GAP = "gap"  #: it skips ahead of the producer's last answered number
+    FULL = "full"  #: the stream is at its cap
+    SKIPPED = "skipped"  #: a refused publish, counted as answered (never stored)
+
+
 class AppendResult(Protocol):
     """What storing one publish gave (``relay.store.Appended``)."""
 
     @property
-    def outcome(self) -> str: ...  # stored, duplicate, gap, full (or skipped)
+    def outcome(self) -> AppendOutcome: ...
     @property
     def cursor(self) -> str: ...
     @property
@@ -279,11 +289,9 @@ class Beat(Enum):
 class RelayLinkState:
     """One run link (``ide``, ``worker`` or ``tunnel`` role) as the relay serves it."""
 
-    role: Role
+    link: AnyLink  #: what the link is (``protocol_specs/link_kind.py``)
     who: Principal
     record: RunRecord  #: as it was when the link opened
-    tunnel: str = ""  #: a tunnel's link: its streams instead of the run's
-    after: bool = False  #: a worker that keeps an ended attempt's directory (publishes nothing)
     #: which status events this link may publish (``relay/runs/worker_status.py``'s table)
     status_allowed: Callable[[str], bool] = lambda _event: True
     #: the cap of a run's stream ``(entries, bytes)``, as a ``buffer_full`` answer names it
@@ -300,19 +308,28 @@ class RelayLinkState:
     closing: bool = field(default=False, init=False)
     #: entry kind -> why this link may not publish it; decided once per kind (the holder and the
     #: run the decision rests on are fixed for the link's life)
-    _refusals: dict[str, Refusal | None] = field(default_factory=dict, init=False, repr=False)
+    _refusals: dict[EntryKind, Refusal | None] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.outbound, self.inbound = streams_of(self.role, self.tunnel)
+        self.outbound, self.inbound = streams_of(self.link)
+
+    @property
+    def role(self) -> Role:
+        return self.link.role
+
+    @property
+    def tunnel(self) -> str:
+        """A tunnel's link: the tunnel (its streams instead of the run's); else ``""``."""
+        return self.link.tunnel
 
     @property
     def streams(self) -> tuple[StreamName, StreamName]:
         """The link's two streams, in the order a ``welcome`` names their tails."""
-        return _pair(self.tunnel)
+        return _pair(self.link.tunnel)
 
     def __repr__(self) -> str:
         return (
-            f"<RelayLinkState {self.role.value} run={self.record.id} queued={len(self.queue)} "
+            f"<RelayLinkState {self.link.kind.value} run={self.record.id} queued={len(self.queue)} "
             f"held_back={self.held_back}{' closing' if self.closing else ''}>"
         )
 
@@ -350,28 +367,34 @@ class RelayLinkState:
         self.held_back += 1
         return Queued(frame, entry, None, Reach.HELD_BACK)
 
-    def _refusal(self, kind: str) -> Refusal | None:
+    def _refusal(self, kind: EntryKind) -> Refusal | None:
         if kind not in self._refusals:
-            if self.after:
-                self._refusals[kind] = Refusal(
-                    ErrorCode.NOT_ALLOWED, "a worker serving an ended attempt publishes nothing"
-                )
-            elif bool(self.tunnel) != (kind == "tunnel"):  # a tunnel's link carries only its steps
-                where = "a tunnel's link" if self.tunnel else "a run's link (only on a tunnel's)"
-                self._refusals[kind] = Refusal(ErrorCode.NOT_ALLOWED, f"no {kind} entry on {where}")
-            else:
-                self._refusals[kind] = authorize(
-                    self.who, _PUBLISH[kind], self.record, about_run=self.record.id
-                )
+            self._refusals[kind] = self._decide(kind)
         return self._refusals[kind]
+
+    def _decide(self, kind: EntryKind) -> Refusal | None:
+        """Why this link may not publish entries of ``kind`` (``None``: it may)."""
+        on_tunnel = isinstance(self.link, TunnelLink | WorkerTunnelLink)
+        if isinstance(self.link, AfterLink):
+            problem = "a worker serving an ended attempt publishes nothing"
+        elif on_tunnel != (kind is EntryKind.TUNNEL):  # a tunnel's link carries only its steps
+            where = "a tunnel's link" if on_tunnel else "a run's link (only on a tunnel's)"
+            problem = f"no {kind.value} entry on {where}"
+        else:
+            return authorize(self.who, _PUBLISH[kind], self.record, about_run=self.record.id)
+        return Refusal(ErrorCode.NOT_ALLOWED, problem)
 
     def heartbeat(self) -> Beat:
         """What a heartbeat from the peer asks for."""
-        if self.role is not Role.WORKER:
-            return Beat.IGNORE
-        if self.after:
-            return Beat.HOLD
-        return Beat.CHECK if self.tunnel else Beat.RENEW
+        match self.link:
+            case WorkerLink():
+                return Beat.RENEW
+            case AfterLink():
+                return Beat.HOLD
+            case WorkerTunnelLink():
+                return Beat.CHECK
+            case _:  # not a worker's (its tokens are looked at again by the gate's recheck)
+                return Beat.IGNORE
 
     def still_current(self, record: RunRecord | None) -> Refusal | None:
         """Why a worker's link must close now that the run is ``record`` (``None``: it may go on)."""
@@ -434,12 +457,12 @@ class RelayLinkState:
         actions: list[Action] = []
         for item, result in zip(items, results, strict=True):
             entry = item.entry
-            if result.outcome == "stored" and isinstance(entry, wire.TunnelEntry):
+            if result.outcome is AppendOutcome.STORED and isinstance(entry, wire.TunnelEntry):
                 if entry.op == "exit" and self.role is Role.WORKER:  # the worker's last word
                     actions.append(TunnelEnded())
         ack: wire.Ack | None = None
         for item, result in zip(items, results, strict=True):
-            if result.outcome == "stored":
+            if result.outcome is AppendOutcome.STORED:
                 ack = wire.Ack(n=item.frame.n, cursor=result.cursor)
                 continue
             if ack is not None:
@@ -455,7 +478,7 @@ class RelayLinkState:
     def answer_one(self, item: Queued, result: AppendResult) -> list[Action]:
         """What to do once a :class:`StoreOne` was appended."""
         n, entry = item.frame.n, item.entry
-        if result.outcome != "stored":
+        if result.outcome is not AppendOutcome.STORED:
             return self._not_stored(n, result)
         actions: list[Action] = []
         if isinstance(entry, wire.StatusEntry):
@@ -469,10 +492,10 @@ class RelayLinkState:
 
     def _not_stored(self, n: int, result: AppendResult) -> list[Action]:
         """Publish ``n`` was not stored: a duplicate, a full stream, or a gap (the link ends)."""
-        if result.outcome == "gap":
+        if result.outcome is AppendOutcome.GAP:
             message = f"publish {n} skips ahead of {result.last + 1}; resend from there"
             return [Close(ErrorCode.OUT_OF_ORDER, message)]
-        if result.outcome == "full":
+        if result.outcome is AppendOutcome.FULL:
             message = (
                 f"run {self.record.id}: {self.outbound.value} holds {result.size} entries "
                 f"(cap {self.buffer_cap[0]}) or its {self.buffer_cap[1]} bytes are used up; "

@@ -15,9 +15,9 @@ restarts):
    ``control`` entry ``{action: tunnel, detail: <id>, data: <spec>, attempt}`` into
    ``to_worker``; and answers ``tunnel {run, tunnel: <id>}``. The same request asked again finds
    the same tunnel: what it runs starts exactly once (``protocol_specs/tunnel_open.py``).
-2. The user's side opens a ``tunnel`` connection (``hello.tunnel`` = the id): it publishes into
-   the tunnel's ``up`` stream and receives its ``down`` stream. The worker, on the control entry,
-   opens a ``worker`` connection with the same ``hello.tunnel``: the reverse. Both are run links
+2. The user's side opens a ``tunnel`` connection (a ``TunnelLink`` naming the id): it publishes
+   into the tunnel's ``up`` stream and receives its ``down`` stream. The worker, on the control
+   entry, opens a ``worker`` connection (a ``WorkerTunnelLink`` naming it): the reverse. Both are run links
    (``relay/client/link.py``): numbered publishes, cursors, reconnects that lose nothing.
 3. Both sides write :class:`~protocol_specs.stream_entries.TunnelEntry` steps. Up: ``data``
    (``fd`` 0: the command's stdin, the terminal's keys, the forwarded connection's bytes),

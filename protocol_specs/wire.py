@@ -31,11 +31,10 @@ The prose spec with limits and error codes is ``protocol_specs/relay-protocol.md
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import msgpack
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
 from .control_frames import (
     AnyControlFrame,
@@ -72,6 +71,17 @@ from .control_frames import (
     WebCode,
     WebLogin,
 )
+from .link_kind import (
+    AfterLink,
+    AnyLink,
+    IdeLink,
+    Link,
+    LinkKind,
+    TunnelLink,
+    WorkerLink,
+    WorkerTunnelLink,
+    link_problem,
+)
 from .runs import RunRecord
 from .stream_entries import (
     MAX_DAP_BODY_BYTES,
@@ -100,7 +110,7 @@ from .sweep_frames import (
     SweepInfo,
     SweepList,
 )
-from .wire_base import FROZEN, ErrorCode, FrameType, WireError, short_reason
+from .wire_base import FROZEN, ErrorCode, FrameType, Role, WireError, short_reason
 
 __all__ = [
     "MAX_DAP_BODY_BYTES",
@@ -109,9 +119,11 @@ __all__ = [
     "MAX_RUN_FRAME_BYTES",
     "PROTOCOL_VERSION",
     "Ack",
+    "AfterLink",
     "AnyControlFrame",
     "AnyEntry",
     "AnyFrame",
+    "AnyLink",
     "Assigned",
     "AuditEntry",
     "AuditEvent",
@@ -141,6 +153,9 @@ __all__ = [
     "HaveBlobs",
     "Heartbeat",
     "Hello",
+    "IdeLink",
+    "Link",
+    "LinkKind",
     "ListRuns",
     "ListSweeps",
     "ListTokens",
@@ -171,32 +186,29 @@ __all__ = [
     "TokenCreated",
     "TokenList",
     "TunnelEntry",
+    "TunnelLink",
     "TunnelOpened",
     "WebCode",
     "WebLogin",
     "Welcome",
     "WireError",
+    "WorkerLink",
+    "WorkerTunnelLink",
     "decode_entry",
     "decode_frame",
     "encode_entry",
     "encode_frame",
 ]
 
-PROTOCOL_VERSION = 1
+#: 2: a run connection's ``hello`` names its ``link`` (``protocol_specs/link_kind.py``) where
+#: version 1 sent ``history``, ``early``, ``tunnel`` and ``after`` apart
+PROTOCOL_VERSION = 2
 #: Largest WebSocket message the relay accepts (a submit frame carries the snapshot's manifest).
 MAX_FRAME_BYTES = 80 * 1024 * 1024
 #: Largest message before the handshake is done: nobody unauthenticated makes the relay buffer more.
 MAX_HELLO_BYTES = 64 * 1024
 #: Largest message on an ``ide``/``worker`` connection (a DAP body and its envelope).
 MAX_RUN_FRAME_BYTES = MAX_DAP_BODY_BYTES + 64 * 1024
-
-
-class Role(StrEnum):
-    IDE = "ide"
-    WORKER = "worker"
-    CONTROL = "control"
-    LOGS = "logs"
-    TUNNEL = "tunnel"  #: the user's side of a tunnel (``protocol_specs/tunnels.py``)
 
 
 # --- the handshake and the link frames of run traffic ---------------------------------------------
@@ -211,8 +223,10 @@ class Hello(BaseModel):
     token: str | None = None
     #: resume cursor: deliver entries strictly after this stream id ("0" = from the beginning)
     cursor: str = "0"
-    #: ide role only: first deliver the run's to_worker entries after ``history_cursor``
-    history: bool = False
+    #: run connections (and only they): what the link is, with its options
+    #: (``protocol_specs/link_kind.py``: an IDE's with ``history``, a worker's, ...)
+    link: Link | None = None
+    #: an IDE's link with ``history``: deliver the run's to_worker entries after this one first
     history_cursor: str = "0"
     #: names the sender across reconnects: the relay keeps, per producer, the last ``Publish.n`` it
     #: stored and drops re-sent duplicates ("" = this connection only)
@@ -220,16 +234,15 @@ class Hello(BaseModel):
     client: str = ""
     #: worker role: the attempt this worker runs (the relay refuses an attempt that is not current)
     attempt: int = 0
-    #: run connections: the peer takes a live entry before Redis has stored it (a ``deliver``
-    #: without a cursor, then a ``commit``), and every ``deliver`` names the entry's publisher
-    early: bool = False
-    #: ``tunnel`` role, and a ``worker`` serving one: the tunnel (its streams instead of the run's)
-    tunnel: str = Field(default="", max_length=64)
-    #: ``worker`` role: a worker that keeps an ended attempt's directory and serves the run's
-    #: tunnels there (it reads ``to_worker`` from its end on, and publishes nothing)
-    after: bool = False
     #: ``logs`` role: which of the run's streams to read (``metrics``: its metric points)
     stream: Literal["logs", "metrics"] = "logs"
+
+    @model_validator(mode="after")
+    def _link_fits_role(self) -> Hello:
+        problem = link_problem(self.role, self.link)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
 
 class Welcome(BaseModel):
@@ -435,6 +448,13 @@ def decode_frame(data: bytes | str) -> AnyFrame:
         raise WireError(ErrorCode.BAD_FRAME, f"frame is not msgpack: {exc}") from exc
     if not isinstance(raw, dict) or "t" not in raw:
         raise WireError(ErrorCode.BAD_FRAME, "frame must be a msgpack map with a 't' key")
+    if raw["t"] == "hello" and raw.get("v", PROTOCOL_VERSION) != PROTOCOL_VERSION:
+        # before its fields are checked: another version's hello has other fields
+        raise WireError(
+            ErrorCode.UNSUPPORTED_VERSION,
+            f"protocol version {raw.get('v')} is not supported; this relay speaks "
+            f"{PROTOCOL_VERSION}",
+        )
     plain = _plain_frame(raw)
     if plain is not None:
         return plain

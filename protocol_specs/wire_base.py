@@ -13,10 +13,20 @@ from pydantic import ConfigDict, ValidationError
 
 from .plain_words import must_be
 
-__all__ = ["FROZEN", "ErrorCode", "FrameType", "WireError", "short_reason"]
+__all__ = ["FROZEN", "ErrorCode", "FrameType", "Role", "WireError", "short_reason"]
 
 #: every message of the protocol is immutable, and a field it does not define is an error
 FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Role(StrEnum):
+    """What a peer is: the ``role`` of its ``hello``."""
+
+    IDE = "ide"
+    WORKER = "worker"
+    CONTROL = "control"
+    LOGS = "logs"
+    TUNNEL = "tunnel"  #: the user's side of a tunnel (``protocol_specs/tunnels.py``)
 
 
 class FrameType(StrEnum):

@@ -111,7 +111,8 @@ class Gate:
         """Count the connection in its slot while it lasts; ``False`` (after refusing it) if the
         slot is full. Control connections of a user are counted apart from their IDE and logs
         links, so idle links never lock the user's CLI out."""
-        if who.kind == "worker" and hello.tunnel:  # a run's tunnels are counted apart
+        tunnel = hello.link.tunnel if hello.link else ""
+        if who.kind == "worker" and tunnel:  # a run's tunnels are counted apart
             slot, cap, what = f"tunnels:{who.token}", 2 * MAX_TUNNELS, "tunnel "
         elif who.kind != "user":  # a worker token's or a ticket's
             slot, cap, what = f"worker:{who.token}", self.config.max_worker_connections, ""
@@ -147,18 +148,11 @@ class Gate:
             data = await peer.ws.recv()
             try:
                 frame = wire.decode_frame(data)
-            except WireError as exc:
+            except WireError as exc:  # ``unsupported_version`` too: another version's hello
                 await peer.fatal(exc.code, exc.message)
                 return None
             if not isinstance(frame, wire.Hello):
                 await peer.fatal(ErrorCode.HANDSHAKE_REQUIRED, "the first frame must be 'hello'")
-                return None
-            if frame.v != wire.PROTOCOL_VERSION:
-                await peer.fatal(
-                    ErrorCode.UNSUPPORTED_VERSION,
-                    f"protocol version {frame.v} is not supported; this relay speaks "
-                    f"{wire.PROTOCOL_VERSION}",
-                )
                 return None
             return frame
         await peer.fatal(

@@ -60,7 +60,7 @@ from protocol_specs.processes import ProcessMode
 from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
-from protocol_specs.wire import Role, StreamName
+from protocol_specs.wire import StreamName, WorkerLink
 from relay.client import LinkPolicy, RunLink, Target, open_control, open_run_link
 
 from .program.debuggee import (
@@ -163,12 +163,17 @@ def run_dir_of(runs_dir: Path, record: RunRecord) -> Path:
 
 
 def worker_link(
-    relay_url: Target, record: RunRecord, *, policy: LinkPolicy | None = None, **options: Any
+    relay_url: Target,
+    record: RunRecord,
+    *,
+    policy: LinkPolicy | None = None,
+    early: bool = False,
+    **options: Any,
 ) -> AbstractAsyncContextManager[RunLink]:
     """The link of ``record``'s current attempt's worker to the relay."""
     return open_run_link(
         relay_url,
-        role=Role.WORKER,
+        link=WorkerLink(early=early),
         run=record.id,
         attempt=record.attempt,
         client="tether-worker",

@@ -21,7 +21,7 @@ import trio
 from protocol_specs import wire
 from protocol_specs.tunnel_open import DidNotRun, MayHaveRun, Retry, TunnelOpening
 from protocol_specs.tunnels import CHUNK, TunnelSpec
-from protocol_specs.wire import ErrorCode, Role, TunnelEntry
+from protocol_specs.wire import ErrorCode, TunnelEntry, TunnelLink
 from relay.client import Endpoint, LinkPolicy, RunLink, open_control, open_run_link, tunnel_steps
 
 from .errors import control_call, relay_error
@@ -137,7 +137,7 @@ async def _forward_one(relay: Endpoint, run: str, remote: int, stream: trio.Sock
             return
         try:
             async with open_run_link(
-                relay, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel, client="tether-cli",
+                relay, link=TunnelLink(tunnel=opened.tunnel), run=opened.run, client="tether-cli",
                 policy=tunnel_link_policy(),
             ) as link:  # fmt: skip
                 async with trio.open_nursery() as nursery:
@@ -309,7 +309,7 @@ async def run_tunnel(
     as it should)."""
     try:
         async with open_run_link(
-            relay, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel, client="tether-cli",
+            relay, link=TunnelLink(tunnel=opened.tunnel), run=opened.run, client="tether-cli",
             policy=tunnel_link_policy(),
         ) as link:  # fmt: skip
             try:

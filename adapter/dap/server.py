@@ -36,7 +36,7 @@ from protocol_specs import dap_models as dap
 from protocol_specs.link import Cursor
 from protocol_specs.processes import MAIN, ProcessMode
 from protocol_specs.session import StatusEvent
-from protocol_specs.wire import DapEntry, Role, StreamName, WireError
+from protocol_specs.wire import DapEntry, IdeLink, StreamName, WireError
 from relay.client import LinkPolicy, RelayError, Target, open_control, open_run_link
 
 from . import peer
@@ -480,15 +480,13 @@ async def serve_adapter(
     news = LinkNews(on_event)  # the link tells it, the server reads it: neither needs the other
     async with open_run_link(
         relay_url,
-        role=Role.IDE,
+        link=IdeLink(history=True, early=True),
         run=run_id,
-        history=True,
         producer=core.origin,
         client="tether-adapter",
         policy=policy or LinkPolicy.from_env(),
         on_refused=news.refused,
         on_state=news.state,
-        early=True,
     ) as link:
         # bound first: its port is what child sessions are offered to connect to; an IDE that
         # connects meanwhile waits until the history is folded

@@ -44,7 +44,7 @@ from websockets.trio.client import ClientConnection, connect
 from protocol_specs import wire
 from protocol_specs.link import Answered, LinkClosed, LinkState, Moved, NewEntry, Refused
 from protocol_specs.runs import RunRecord
-from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
+from protocol_specs.wire import AnyLink, ErrorCode, Role, StreamName, WireError
 
 from . import ws_flow
 from .connect import RelayError, Target, endpoint
@@ -108,37 +108,29 @@ class RunLink:
         self,
         target: Target,
         *,
-        role: Role,
+        link: AnyLink,
         run: str,
         cursor: str = "0",
-        history: bool = False,
         producer: str | None = None,
         client: str = "",
         policy: LinkPolicy | None = None,
         on_refused: Callable[[int, wire.Error], None] | None = None,
         on_state: Callable[[bool, str], None] | None = None,
         attempt: int = 0,
-        early: bool = False,
-        tunnel: str = "",
-        after: bool = False,
     ) -> None:
         self.endpoint = endpoint(target)
         self.url = self.endpoint.url
         self.attempt = attempt
-        self.role = role
+        self.role: Role = link.role
         self.run_id = run
         self.policy = p = policy or LinkPolicy()
         self.state = LinkState(
-            role=role,
+            link=link,
             run=run,
-            producer=producer or f"{role.value}-{uuid.uuid4().hex[:12]}",
+            producer=producer or f"{link.role.value}-{uuid.uuid4().hex[:12]}",
             cursor=cursor,
-            history=history,
             client=client,
             attempt=attempt,
-            early=early,
-            tunnel=tunnel,
-            after=after,
             outbox_entries=p.outbox_entries,
             outbox_bytes=p.outbox_bytes,
             report_every=p.report_every,
@@ -167,8 +159,9 @@ class RunLink:
         return self.state.producer
 
     @property
-    def history(self) -> bool:
-        return self.state.history
+    def link(self) -> AnyLink:
+        """What the link is (``protocol_specs/link_kind.py``)."""
+        return self.state.link
 
     @property
     def client(self) -> str:
@@ -421,48 +414,40 @@ class RunLink:
 async def open_run_link(
     target: Target,
     *,
-    role: Role,
+    link: AnyLink,
     run: str,
     cursor: str = "0",
-    history: bool = False,
     client: str = "",
     producer: str | None = None,
     policy: LinkPolicy | None = None,
     on_refused: Callable[[int, wire.Error], None] | None = None,
     on_state: Callable[[bool, str], None] | None = None,
     attempt: int = 0,
-    early: bool = False,
-    tunnel: str = "",
-    after: bool = False,
 ) -> AsyncIterator[RunLink]:
     """A :class:`RunLink`, connected once before this returns (else :class:`RelayError`).
 
-    ``early``: take live entries before Redis stored them (``deliveries`` then hands over entries
-    without a cursor; see ``protocol_specs/link.py``). ``tunnel``: the link of a tunnel
-    (``protocol_specs/tunnels.py``): role ``tunnel`` on the user's side, ``worker`` on the
-    worker's."""
-    link = RunLink(
+    ``link`` says what it is (``protocol_specs/link_kind.py``), and so its role: an IDE's or a
+    worker's link to the run, one that takes live entries before Redis stored them (``early``:
+    ``deliveries`` then hands over entries without a cursor; see ``protocol_specs/link.py``), an
+    end of a tunnel (``protocol_specs/tunnels.py``)."""
+    run_link = RunLink(
         target,
         attempt=attempt,
-        role=role,
+        link=link,
         run=run,
         cursor=cursor,
-        history=history,
         producer=producer,
         client=client,
         policy=policy,
         on_refused=on_refused,
         on_state=on_state,
-        early=early,
-        tunnel=tunnel,
-        after=after,
     )
     async with trio.open_nursery() as nursery:
-        await nursery.start(link.maintain)
+        await nursery.start(run_link.maintain)
         try:
-            yield link
+            yield run_link
             with trio.move_on_after(FLUSH_TIMEOUT):
-                await link.flush()  # a clean exit leaves nothing unstored
+                await run_link.flush()  # a clean exit leaves nothing unstored
         finally:
             nursery.cancel_scope.cancel()
 

@@ -38,6 +38,7 @@ from protocol_specs.auth import Principal, Refusal
 from protocol_specs.permissions import Act, authorize
 from protocol_specs.relay_link import (
     Action,
+    AppendOutcome,
     Attached,
     Audit,
     Batch,
@@ -51,10 +52,19 @@ from protocol_specs.relay_link import (
     StoreOne,
     StoreRun,
     Tell,
-    hello_problem,
 )
 from protocol_specs.runs import RunRecord
-from protocol_specs.wire import AuditEvent, ErrorCode, Role, StreamName, WireError
+from protocol_specs.wire import (
+    AfterLink,
+    AnyLink,
+    AuditEvent,
+    ErrorCode,
+    IdeLink,
+    Role,
+    StreamName,
+    WireError,
+    WorkerLink,
+)
 
 from ..config import SERVER_NAME, RelayConfig
 from ..gate import Peer
@@ -140,6 +150,7 @@ class Links:
             await peer.fatal(ErrorCode.BAD_FRAME, f"role {hello.role.value!r} needs a run id")
             return None
         record = await self.registry.load(hello.run)
+        tunnel = hello.link.tunnel if hello.link else ""
         refusal = authorize(
             who, _OPEN[hello.role], record, about_run=hello.run, attempt=hello.attempt or None
         )
@@ -156,7 +167,7 @@ class Links:
                     source=peer.source,
                     role=AuditRole(hello.role),
                     client=hello.client,
-                    what=f"tunnel {hello.tunnel}" if hello.tunnel else "",
+                    what=f"tunnel {tunnel}" if tunnel else "",
                 )
             await peer.refuse(refusal)
             return None
@@ -165,15 +176,15 @@ class Links:
     # --- ide and worker links ---------------------------------------------------------------------
 
     async def serve_run(self, peer: Peer, hello: wire.Hello, who: Principal) -> None:
+        kind: AnyLink | None = (
+            hello.link
+        )  # the hello's role is its link's (``protocol_specs.wire``)
+        assert kind is not None, "the server serves only run roles here"
         record = await self.opened(peer, hello, who)
         if record is None:
             return
         run_id = record.id
-        tunnel = hello.tunnel
-        problem = hello_problem(hello)
-        if problem is not None:
-            await peer.fatal(ErrorCode.BAD_FRAME, problem)
-            return
+        tunnel = kind.tunnel
         if tunnel and not await self.tunnels.known(record, tunnel):
             await peer.fatal(
                 ErrorCode.NO_SUCH_TUNNEL,
@@ -193,11 +204,9 @@ class Links:
         )
         cap = self.config.buffer_cap
         state = RelayLinkState(
-            hello.role,
+            kind,
             who,
             record,
-            tunnel=tunnel,
-            after=hello.after,
             status_allowed=worker_may_publish,
             buffer_cap=(cap.entries, cap.bytes),
         )
@@ -207,15 +216,17 @@ class Links:
             name.value: (await self.store.last_id(link.key(name))) or "0" for name in state.streams
         }
         cursor = hello.cursor
-        if hello.after:  # what the user asks from now on; never the run's past
-            await self.tunnels.hold(run_id)
-            cursor = tails[inbound.value] if cursor == "0" else cursor
-        elif hello.role is Role.WORKER and not record.finished and not tunnel:
-            if who.token == claims.unconfirmed(record, who.attempt):  # it holds the claim's answer
-                got = await claiming.confirm(self.registry, run_id, who.attempt, who.token)
-                if isinstance(got, wire.Error):
-                    return await peer.fatal(got.code, got.message)
-            await self.registry.renew_lease(run_id, who.attempt)
+        match kind:
+            case AfterLink():  # what the user asks from now on; never the run's past
+                await self.tunnels.hold(run_id)
+                cursor = tails[inbound.value] if cursor == "0" else cursor
+            case WorkerLink() if not record.finished:
+                # it holds the claim's answer
+                if who.token == claims.unconfirmed(record, who.attempt):
+                    got = await claiming.confirm(self.registry, run_id, who.attempt, who.token)
+                    if isinstance(got, wire.Error):
+                        return await peer.fatal(got.code, got.message)
+                await self.registry.renew_lease(run_id, who.attempt)
         welcome = wire.Welcome(
             server=SERVER_NAME,
             run=record if hello.role is Role.WORKER else record.redacted(),
@@ -227,7 +238,7 @@ class Links:
         await peer.ws.send(wire.encode_frame(welcome))
         try:
             async with trio.open_nursery() as nursery:
-                if hello.role is Role.IDE and hello.history:
+                if isinstance(kind, IdeLink) and kind.history:
                     await deliver_history(
                         peer, self.store, run_id, StreamName.TO_WORKER, hello.history_cursor
                     )
@@ -238,7 +249,7 @@ class Links:
                     link.key(inbound),
                     inbound,
                     cursor,
-                    hello.early,
+                    kind.early,
                 )
                 await self._receive(link, nursery)
                 # what is queued when the peer went is still stored
@@ -375,7 +386,7 @@ class Links:
             self.fanout.lost(key)  # stored or not, nobody else will say
             raise
         for entry, result in zip(entries, got, strict=True):
-            if result.outcome == "stored":
+            if result.outcome is AppendOutcome.STORED:
                 self.fanout.appended(
                     key, result.prev, result.cursor, entry.payload, link.producer, entry.n
                 )
@@ -401,7 +412,7 @@ class Links:
         except BaseException:
             self.fanout.lost(stored_in)  # stored or not, nobody else will say
             raise
-        if got.outcome == "stored":
+        if got.outcome is AppendOutcome.STORED:
             self.fanout.appended(
                 stored_in, got.prev, got.cursor, frame.entry, link.producer, frame.n
             )

@@ -11,6 +11,7 @@ from typing import NamedTuple, Protocol
 import trio
 
 from protocol_specs.link import Cursor, InvalidCursor
+from protocol_specs.relay_link import AppendOutcome
 
 from .keys import NOTICE_CHANNEL, meta_key, transient_key, watchers_key
 
@@ -98,7 +99,7 @@ class Diversion:
 
 @dataclass(frozen=True)
 class Appended:
-    outcome: str  #: ``stored``, ``duplicate``, ``gap``, ``full`` or ``skipped``
+    outcome: AppendOutcome
     cursor: str = ""  #: the entry's id (stored; duplicate of the last stored: its id, else "")
     prev: str = ""  #: stored: the id of the entry before it in its stream (``0-0``: the first)
     last: int = 0  #: the producer's last answered number (gap)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
+from protocol_specs.relay_link import AppendOutcome
+
 from . import scripts
 from .base import (
     DEFAULT_REQUEST_TIMEOUT_MS,
@@ -61,16 +63,17 @@ _T = TypeVar("_T")
 
 def _appended(reply: object) -> Appended:
     assert isinstance(reply, list) and len(reply) in (2, 3)
-    code, value = int(reply[0]), as_text(reply[1])
-    if code == 1:
-        return Appended("stored", cursor=value, prev=as_text(reply[2]))
-    if code == 0:
-        return Appended("duplicate", cursor=value)
-    if code == 2:
-        return Appended("skipped")
-    if code == -1:
-        return Appended("gap", last=int(value))
-    return Appended("full", size=int(value))
+    outcome, value = scripts.OUTCOMES[int(reply[0])], as_text(reply[1])
+    match outcome:
+        case AppendOutcome.STORED:
+            return Appended(outcome, cursor=value, prev=as_text(reply[2]))
+        case AppendOutcome.DUPLICATE:
+            return Appended(outcome, cursor=value)
+        case AppendOutcome.GAP:
+            return Appended(outcome, last=int(value))
+        case AppendOutcome.FULL:
+            return Appended(outcome, size=int(value))
+    return Appended(outcome)
 
 
 class GlideStore:

@@ -278,7 +278,7 @@ def tunnel_stream(run_id: str, tunnel: str, name: str) -> str:
 
 def held(run_id: str) -> str:
     """Set (with a short expiry, renewed) while a worker keeps the run's ended attempt's
-    directory and serves its tunnels (a ``worker`` link with ``hello.after``)."""
+    directory and serves its tunnels (a ``worker`` connection's ``after`` link)."""
     return f"tether:run:{{{run_id}}}:held"
 
 

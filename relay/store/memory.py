@@ -15,6 +15,7 @@ from typing import TypeVar
 import trio
 
 from protocol_specs.link import START, Cursor
+from protocol_specs.relay_link import AppendOutcome
 
 from .base import (
     NO_CAP,
@@ -293,18 +294,18 @@ class MemoryStore:
         last = int(meta.get(f"n:{producer}", b"0"))
         if n <= last:
             cursor = meta.get(f"c:{producer}", b"").decode() if n == last else ""
-            return Appended("duplicate", cursor=cursor)
+            return Appended(AppendOutcome.DUPLICATE, cursor=cursor)
         if n != last + 1:
-            return Appended("gap", last=last)
+            return Appended(AppendOutcome.GAP, last=last)
         if payload is None:
             meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), b""
-            return Appended("skipped")
+            return Appended(AppendOutcome.SKIPPED)
         if divert is not None and divert.stream != stream:
             prev, entry_id = self._xadd_prev(
                 divert.stream, payload, divert.maxlen or None, notify_except
             )
             meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), entry_id.encode()
-            return Appended("stored", cursor=entry_id, prev=prev)
+            return Appended(AppendOutcome.STORED, cursor=entry_id, prev=prev)
         s = self._get(stream, _Stream)
         held = len(s.ids) if s else 0
         held_bytes = int(meta.get("bytes", b"0"))
@@ -312,14 +313,14 @@ class MemoryStore:
             cap.bytes and held_bytes + len(payload) > cap.bytes
         ):
             meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), b""
-            return Appended("full", size=held)
+            return Appended(AppendOutcome.FULL, size=held)
         prev, entry_id = self._xadd_prev(stream, payload, None, notify_except, (producer, n))
         meta[f"n:{producer}"], meta[f"c:{producer}"] = str(n).encode(), entry_id.encode()
         meta["bytes"] = str(held_bytes + len(payload)).encode()
         if transient:
             listed = self._get_or_create(transient_key(stream), _List, _List)
             listed.append(f"{entry_id} {len(payload)}".encode())
-        return Appended("stored", cursor=entry_id, prev=prev)
+        return Appended(AppendOutcome.STORED, cursor=entry_id, prev=prev)
 
     async def append_batch(
         self,

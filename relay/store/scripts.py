@@ -3,7 +3,18 @@ server (``EVALSHA``; every key it touches is passed in ``KEYS``, so a cluster ca
 
 from __future__ import annotations
 
-__all__ = ["APPEND", "APPEND_BATCH", "APPEND_ONCE", "SET_VERSIONED", "TRIM_RECEIVED"]
+from protocol_specs.relay_link import AppendOutcome
+
+__all__ = ["APPEND", "APPEND_BATCH", "APPEND_ONCE", "OUTCOMES", "SET_VERSIONED", "TRIM_RECEIVED"]
+
+#: what :data:`APPEND_ONCE` (and each answer of :data:`APPEND_BATCH`) answers first, by its code
+OUTCOMES = {
+    1: AppendOutcome.STORED,
+    0: AppendOutcome.DUPLICATE,
+    -1: AppendOutcome.GAP,
+    -2: AppendOutcome.FULL,
+    2: AppendOutcome.SKIPPED,
+}
 
 #: The text of an append's notice (``relay/store/base.py``, ``notice_from``): the entry itself
 #: when its payload is at most ``max`` bytes, else its id alone. Shared by the appending scripts.
@@ -21,7 +32,7 @@ end
 #: max bytes, skip (0/1), diverted maxlen; KEYS[4]: the stream to store in (KEYS[1] unless
 #: diverted), KEYS[5] its meta hash, KEYS[6] its watchers; ARGV[9] the notice channel prefix,
 #: ARGV[10] the listener not to notify, ARGV[11] the largest payload a notice carries. Returns
-#: {outcome, cursor-or-number, prev}: 1 stored, 0 duplicate, -1 gap, -2 full, 2 skipped. A stored
+#: {outcome, cursor-or-number, prev}: an outcome's code (:data:`OUTCOMES`). A stored
 #: entry's notice goes to its watchers (``relay/store/base.py``, ``notice_from``). An entry
 #: stored in KEYS[1] names its publish: fields ``o`` (producer) and ``n`` beside ``p``.
 APPEND_ONCE = (

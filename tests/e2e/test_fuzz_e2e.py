@@ -139,7 +139,11 @@ async def fuzz_relay(
             tally["relay control junk"] += await answered(ws, len(batch))
     # 4. junk on an IDE connection of another run of the user's
     async with connect(url, compression=None, max_size=None) as ws:
-        await ws.send(wire.encode_frame(wire.Hello(role=wire.Role.IDE, run=decoy, token=token)))
+        await ws.send(
+            wire.encode_frame(
+                wire.Hello(role=wire.Role.IDE, link=wire.IdeLink(), run=decoy, token=token)
+            )
+        )
         assert isinstance(wire.decode_frame(await ws.recv()), wire.Welcome)
         sent = 0
         for _ in range(1000):

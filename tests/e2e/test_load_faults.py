@@ -44,7 +44,7 @@ from adapter.config import profile_token
 from protocol_specs import wire
 from protocol_specs.runs import RunRecord, RunSpec, RunState
 from protocol_specs.session import StatusEvent
-from protocol_specs.wire import Role
+from protocol_specs.wire import IdeLink
 from relay.client import Endpoint, RelayError, follow_logs, open_control, open_run_link
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -158,7 +158,7 @@ class Progress:
 
 async def claimed(via: Endpoint, run: str) -> None:
     """Until ``run``'s ``claimed`` status is in its ``to_ide`` stream."""
-    async with open_run_link(via, role=Role.IDE, run=run) as ide:
+    async with open_run_link(via, link=IdeLink(), run=run) as ide:
         async for delivery in ide.deliveries:
             entry = wire.decode_entry(delivery.entry)
             if isinstance(entry, wire.StatusEntry) and entry.event == StatusEvent.CLAIMED:

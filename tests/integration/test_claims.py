@@ -21,7 +21,7 @@ from websockets.trio.client import connect
 from protocol_specs import claims, wire
 from protocol_specs.auth import Scope
 from protocol_specs.runs import RunRecord, RunSpec, RunState
-from protocol_specs.wire import ErrorCode, Role
+from protocol_specs.wire import ErrorCode, Role, WorkerLink
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, open_control, open_run_link
 from relay.runs import claiming
@@ -162,7 +162,7 @@ async def test_opening_its_worker_link_with_the_claims_token_confirms_a_claim(
             assigned = await pool.claim("w-0")
             assert (await alice.get_run(run)).attempts[-1].confirmed_at is None
             as_worker = lv.pool.with_token(assigned.token)
-            async with open_run_link(as_worker, role=Role.WORKER, run=run, attempt=1):
+            async with open_run_link(as_worker, link=WorkerLink(), run=run, attempt=1):
                 pass  # connected (welcomed) before it returns
             assert (await alice.get_run(run)).attempts[-1].confirmed_at == now[0]
             now[0] += lv.relay.config.claim_confirm + 1

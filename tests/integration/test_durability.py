@@ -18,7 +18,7 @@ from faults.proxy import FaultProxy
 from protocol_specs import wire
 from protocol_specs.runs import RunSpec, RunState
 from protocol_specs.session import StatusEvent
-from protocol_specs.wire import ErrorCode, Role, StreamName
+from protocol_specs.wire import ErrorCode, IdeLink, StreamName, WorkerLink
 from relay.client import Endpoint, LinkPolicy, RunLink, open_control, open_run_link
 from relay.server import RelayConfig, serve_relay, server_port
 from relay.store import Cap, Store, keys
@@ -73,12 +73,12 @@ async def test_a_link_resumes_after_cuts_without_loss_or_duplicates(redis_store:
         async with (
             open_run_link(
                 Endpoint(proxy.url_for(), token=token),
-                role=Role.WORKER,
+                link=WorkerLink(),
                 run=run,
                 policy=QUICK,
                 on_state=lambda up, _detail: states.append(up),
             ) as worker,
-            open_run_link(url, role=Role.IDE, run=run, policy=QUICK) as ide,
+            open_run_link(url, link=IdeLink(), run=run, policy=QUICK) as ide,
         ):
             for n in range(1, 301):
                 await worker.publish(output(n))
@@ -111,8 +111,8 @@ async def test_a_worker_cut_off_past_its_lease_loses_the_run_and_learns_it(
         await nursery.start(proxy.run)
         as_worker = Endpoint(proxy.url_for(), token=token)
         async with (
-            open_run_link(url, role=Role.IDE, run=run, policy=QUICK) as ide,
-            open_run_link(as_worker, role=Role.WORKER, run=run, policy=QUICK) as worker,
+            open_run_link(url, link=IdeLink(), run=run, policy=QUICK) as ide,
+            open_run_link(as_worker, link=WorkerLink(), run=run, policy=QUICK) as worker,
         ):
             await worker.publish(wire.StatusEntry(event=StatusEvent.STARTED))
             await worker.flush()
@@ -135,7 +135,7 @@ async def test_heartbeats_keep_a_quiet_worker_alive(redis_store: Store) -> None:
     async with relay(redis_store, config) as url:
         run, token = await claimed_run(url)
         as_worker = url.with_token(token)
-        async with open_run_link(as_worker, role=Role.WORKER, run=run, policy=QUICK) as worker:
+        async with open_run_link(as_worker, link=WorkerLink(), run=run, policy=QUICK) as worker:
             await worker.publish(wire.StatusEntry(event=StatusEvent.STARTED))
             await trio.sleep(2.0)  # three leases of silence but for heartbeats
             async with open_control(url) as control:
@@ -151,7 +151,7 @@ async def test_the_buffer_cap_refuses_with_a_clear_error_until_the_reader_catche
         run, token = await claimed_run(url)  # "queued" and "claimed" are two entries of to_ide
         async with open_run_link(
             url.with_token(token),
-            role=Role.WORKER,
+            link=WorkerLink(),
             run=run,
             policy=QUICK,
             on_refused=lambda _n, e: refused.append(e),
@@ -167,7 +167,7 @@ async def test_the_buffer_cap_refuses_with_a_clear_error_until_the_reader_catche
             assert len(refused) == 4
             key = keys.stream(run, StreamName.TO_IDE)
             full = await redis_store.buffered_bytes(key)
-            async with open_run_link(url, role=Role.IDE, run=run, policy=QUICK) as ide:
+            async with open_run_link(url, link=IdeLink(), run=run, policy=QUICK) as ide:
                 await next_status(ide, StatusEvent.BUFFER_FULL)
                 # the reader says what it received, then publishes: once that publish is
                 # acknowledged, the relay has trimmed the transient entries it had received

@@ -9,7 +9,7 @@ from credentials import user_endpoint
 from protocol_specs import wire
 from protocol_specs.runs import RunSpec
 from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
-from protocol_specs.wire import Role
+from protocol_specs.wire import IdeLink, WorkerLink
 from relay.client import Endpoint, open_control, open_run_link
 from relay.links.fanout import Fanout, Item, Subscription
 from relay.server import serve_relay, server_port
@@ -56,8 +56,8 @@ async def test_peers_on_different_relays_reach_each_other(two_relays: list[Endpo
     a, b = two_relays
     run, worker_at_b = await _claimed_run(a, b)
     async with (
-        open_run_link(a, role=Role.IDE, run=run) as ide,
-        open_run_link(worker_at_b, role=Role.WORKER, run=run) as worker,
+        open_run_link(a, link=IdeLink(), run=run) as ide,
+        open_run_link(worker_at_b, link=WorkerLink(), run=run) as worker,
     ):
         for n in range(1, 4):
             body = BODY.replace(b"1", str(n).encode(), 1)
@@ -78,8 +78,8 @@ async def test_a_lost_subscription_loses_no_delivery(
     a, b = two_relays
     run, worker_at_b = await _claimed_run(a, b)
     async with (
-        open_run_link(a, role=Role.IDE, run=run) as ide,
-        open_run_link(worker_at_b, role=Role.WORKER, run=run) as worker,
+        open_run_link(a, link=IdeLink(), run=run) as ide,
+        open_run_link(worker_at_b, link=WorkerLink(), run=run) as worker,
     ):
         await worker.publish(wire.DapEntry(body=b'{"seq":1,"type":"event","event":"a"}'))
         with trio.fail_after(5):

@@ -30,7 +30,7 @@ from protocol_specs.runs import RunSpec
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.sweeps import SweepSpec, parse_param
 from protocol_specs.tunnels import TunnelSpec
-from protocol_specs.wire import Role
+from protocol_specs.wire import Role, WorkerLink
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, open_control, open_run_link
 from relay.config import RelayConfig
@@ -146,13 +146,27 @@ async def scene(url: str, store: Store, *, claimed: bool = True, sweep: bool = F
 # --- performing one act -----------------------------------------------------------------------------
 
 
+def _natural_link(role: Role, tunnel: str) -> wire.AnyLink | None:
+    """The link a connection of ``role`` opens (to ``tunnel``: the tunnel's end)."""
+    match role:
+        case Role.IDE:
+            return wire.IdeLink()
+        case Role.WORKER:
+            return wire.WorkerTunnelLink(tunnel=tunnel) if tunnel else wire.WorkerLink()
+        case Role.TUNNEL:
+            return wire.TunnelLink(tunnel=tunnel)
+    return None
+
+
 async def _hello(
     ep: Endpoint, role: Role, run: str, attempt: int = 0, tunnel: str = ""
 ) -> tuple[object, str]:
     """Open a raw link; ``(the open connection, "ok")`` or ``(None, the refusal's code)``."""
     ws_cm = connect(ep.url, compression=None)
     ws = await ws_cm.__aenter__()
-    hello = wire.Hello(role=role, run=run, token=ep.token, attempt=attempt, tunnel=tunnel)
+    hello = wire.Hello(
+        role=role, run=run, token=ep.token, attempt=attempt, link=_natural_link(role, tunnel)
+    )
     await ws.send(wire.encode_frame(hello))
     reply = wire.decode_frame(await ws.recv())
     if isinstance(reply, wire.Error):
@@ -254,7 +268,7 @@ async def perform(act: Act, holder: Holder, s: Scene) -> str:
 async def _tunnel(s: Scene) -> str:
     """The run started (its worker says so), and a tunnel the owner opened into it."""
     async with open_run_link(
-        s.holders[Holder.WORKER], role=Role.WORKER, run=s.run, attempt=2
+        s.holders[Holder.WORKER], link=WorkerLink(), run=s.run, attempt=2
     ) as worker:
         await worker.publish(wire.StatusEntry(event="started", data={"pid": 1}))
         await worker.flush()

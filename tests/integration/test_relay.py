@@ -17,7 +17,7 @@ from protocol_specs import wire
 from protocol_specs.runs import RunSpec, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
-from protocol_specs.wire import ErrorCode, Role, StreamName
+from protocol_specs.wire import ErrorCode, IdeLink, Role, StreamName, WorkerLink
 from relay.client import Endpoint, RelayError, open_control, open_run_link
 from relay.server import serve_relay, server_port
 from relay.store import Store, keys
@@ -25,6 +25,8 @@ from relay.store import Store, keys
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 SPEC = RunSpec(command=["python", "app.py"], workdir="/home/me/project")
+#: an IDE's link in a hand-made hello
+IDE = {"kind": "ide"}
 
 
 @pytest.fixture
@@ -101,9 +103,9 @@ async def test_submit_claim_publish_deliver_and_finish(
         )
         assert await control.get_blob(MANIFEST.digests[0]) == b"print(1)\n"
     async with (
-        open_run_link(relay_url, role=Role.IDE, run=record.id) as ide,
+        open_run_link(relay_url, link=IdeLink(), run=record.id) as ide,
         open_run_link(
-            relay_url.with_token(assigned.token), role=Role.WORKER, run=record.id
+            relay_url.with_token(assigned.token), link=WorkerLink(), run=record.id
         ) as worker,
     ):
         # ide -> worker: acknowledged only once stored, delivered from the stream
@@ -135,15 +137,15 @@ async def test_a_reconnecting_peer_resumes_after_its_cursor(
     async with open_control(relay_url) as control:
         run = (await control.submit(SPEC)).id
     as_worker = await worker_endpoint(redis_store, relay_url, run)
-    async with open_run_link(as_worker, role=Role.WORKER, run=run) as worker:
+    async with open_run_link(as_worker, link=WorkerLink(), run=run) as worker:
         for n in range(3):
             await worker.publish(
                 wire.DapEntry(body=orjson.dumps({"seq": n + 1, "type": "event", "event": "output"}))
             )
-    async with open_run_link(relay_url, role=Role.IDE, run=run) as ide:
+    async with open_run_link(relay_url, link=IdeLink(), run=run) as ide:
         with trio.fail_after(5):
             first = [await ide.deliveries.receive() for _ in range(3)]  # queued + 2 outputs
-    async with open_run_link(relay_url, role=Role.IDE, run=run, cursor=first[-1].cursor) as ide:
+    async with open_run_link(relay_url, link=IdeLink(), run=run, cursor=first[-1].cursor) as ide:
         with trio.fail_after(5):
             rest = await ide.deliveries.receive()
         assert orjson.loads(wire.decode_entry(rest.entry).body)["seq"] == 3  # type: ignore[union-attr]
@@ -159,7 +161,7 @@ async def test_a_live_entry_reaches_an_early_peer_before_it_is_stored_then_its_c
     async with open_control(relay_url) as control:
         run = (await control.submit(SPEC)).id
     as_worker = await worker_endpoint(redis_store, relay_url, run)
-    hello = wire.Hello(role=Role.IDE, run=run, token=relay_url.token, early=True)
+    hello = wire.Hello(role=Role.IDE, link=wire.IdeLink(early=True), run=run, token=relay_url.token)
     async with connect(relay_url.url, compression=None) as ide:
         await ide.send(wire.encode_frame(hello))
 
@@ -172,7 +174,7 @@ async def test_a_live_entry_reaches_an_early_peer_before_it_is_stored_then_its_c
         queued = await frame()  # the relay's own status entry: stored, no publish named
         assert isinstance(queued, wire.Deliver) and queued.cursor and not queued.producer
         output = dap({"seq": 1, "type": "event", "event": "output"})
-        async with open_run_link(as_worker, role=Role.WORKER, run=run, producer="w1") as worker:
+        async with open_run_link(as_worker, link=WorkerLink(), run=run, producer="w1") as worker:
             await worker.publish(wire.decode_entry(output))
             early = await frame()
             assert isinstance(early, wire.Deliver)
@@ -191,7 +193,7 @@ async def test_cancel_reaches_the_worker_and_wins_over_a_late_exit(relay_url: En
         token = (await control.claim("w-0")).token
         cancelled = await control.cancel(run)
         assert cancelled.state is RunState.CANCELLED
-    async with open_run_link(relay_url.with_token(token), role=Role.WORKER, run=run) as worker:
+    async with open_run_link(relay_url.with_token(token), link=WorkerLink(), run=run) as worker:
         with trio.fail_after(5):
             entry = wire.decode_entry((await worker.deliveries.receive()).entry)
         assert isinstance(entry, wire.ControlEntry) and entry.action == "terminate"
@@ -218,19 +220,34 @@ async def test_a_cancelled_queued_run_is_never_claimed(relay_url: Endpoint) -> N
             [msgpack.packb({"t": "hello", "v": 99, "role": "ide", "run": "x"})],
             ErrorCode.UNSUPPORTED_VERSION,
         ),
+        (  # an older client's: its link as four fields
+            [msgpack.packb({"t": "hello", "v": 1, "role": "ide", "run": "x", "history": True})],
+            ErrorCode.UNSUPPORTED_VERSION,
+        ),
         (
-            [msgpack.packb({"t": "hello", "v": 1, "role": "ide", "run": "nope"})],
+            [msgpack.packb({"t": "hello", "v": 2, "role": "ide", "run": "nope", "link": IDE})],
             ErrorCode.UNAUTHORIZED,
         ),
         (
-            [msgpack.packb({"t": "hello", "v": 1, "role": "ide", "run": "nope", "token": "TOKEN"})],
+            [
+                msgpack.packb(
+                    {
+                        "t": "hello",
+                        "v": 2,
+                        "role": "ide",
+                        "run": "nope",
+                        "token": "TOKEN",
+                        "link": IDE,
+                    }
+                )
+            ],
             ErrorCode.NO_SUCH_RUN,
         ),
         (
-            [msgpack.packb({"t": "hello", "v": 1, "role": "ide", "token": "TOKEN"})],
+            [msgpack.packb({"t": "hello", "v": 2, "role": "ide", "token": "TOKEN", "link": IDE})],
             ErrorCode.BAD_FRAME,
         ),
-        ([msgpack.packb({"t": "hello", "v": 1, "role": "spy"})], ErrorCode.BAD_FRAME),
+        ([msgpack.packb({"t": "hello", "v": 2, "role": "spy"})], ErrorCode.BAD_FRAME),
     ],
 )
 async def test_bad_handshakes_get_a_fatal_error_and_a_close(
@@ -257,7 +274,9 @@ async def test_bad_frames_after_the_handshake_are_refused_and_nothing_is_lost(
     async with open_control(relay_url) as control:
         run = (await control.submit(SPEC)).id
     token = (await worker_endpoint(redis_store, relay_url, run)).token
-    hello = wire.encode_frame(wire.Hello(role=Role.WORKER, run=run, token=token))
+    hello = wire.encode_frame(
+        wire.Hello(role=Role.WORKER, link=wire.WorkerLink(), run=run, token=token)
+    )
     good = wire.encode_frame(
         wire.Publish(n=5, entry=dap({"seq": 1, "type": "event", "event": "output"}))
     )
@@ -306,7 +325,9 @@ async def test_resent_publishes_are_stored_once_and_gaps_are_refused(
     async with open_control(relay_url) as control:
         run = (await control.submit(SPEC)).id
     token = (await worker_endpoint(redis_store, relay_url, run)).token
-    hello = wire.encode_frame(wire.Hello(role=Role.WORKER, run=run, producer="w1", token=token))
+    hello = wire.encode_frame(
+        wire.Hello(role=Role.WORKER, link=wire.WorkerLink(), run=run, producer="w1", token=token)
+    )
 
     def publish(n: int) -> bytes:
         body = {"seq": n, "type": "event", "event": "output", "body": {"output": str(n)}}
@@ -347,7 +368,9 @@ async def test_publishes_that_queue_up_are_stored_together_in_order(
     async with open_control(relay_url) as control:
         run = (await control.submit(SPEC)).id
     token = (await worker_endpoint(redis_store, relay_url, run)).token
-    hello = wire.encode_frame(wire.Hello(role=Role.WORKER, run=run, producer="w1", token=token))
+    hello = wire.encode_frame(
+        wire.Hello(role=Role.WORKER, link=wire.WorkerLink(), run=run, producer="w1", token=token)
+    )
     bodies = [dap({"seq": n, "type": "event", "event": "output"}) for n in range(1, 201)]
     frames = [wire.encode_frame(wire.Publish(n=n, entry=b)) for n, b in enumerate(bodies, 1)]
     acks: list[int] = []
@@ -372,7 +395,11 @@ async def test_oversized_messages_close_only_that_connection(
         run = (await control.submit(SPEC)).id
         token = (await worker_endpoint(redis_store, relay_url, run)).token
         async with connect(relay_url.url, compression=None, max_size=None) as ws:
-            await ws.send(wire.encode_frame(wire.Hello(role=Role.WORKER, run=run, token=token)))
+            await ws.send(
+                wire.encode_frame(
+                    wire.Hello(role=Role.WORKER, link=wire.WorkerLink(), run=run, token=token)
+                )
+            )
             await ws.recv()
             await ws.send(b"\x00" * (wire.MAX_FRAME_BYTES + 1))
             with trio.fail_after(10), pytest.raises(ConnectionClosed):  # noqa: PT012

@@ -28,9 +28,9 @@ from protocol_specs.auth import Scope
 from protocol_specs.runs import REDACTED, RunSpec, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.tunnels import TunnelSpec
-from protocol_specs.wire import ErrorCode, Role
+from protocol_specs.wire import ErrorCode, IdeLink, Role, WorkerLink
 from relay.auth import TokenStore
-from relay.client import Endpoint, RelayError, open_control, open_run_link
+from relay.client import Endpoint, RelayError, open_connection, open_control, open_run_link
 from relay.server import RelayConfig, serve_relay, server_port
 from relay.store import Store, keys
 
@@ -88,8 +88,12 @@ async def refusal(target: Endpoint, role: Role = Role.CONTROL, run: str = "") ->
             if role is Role.CONTROL:
                 async with open_control(target):
                     pass
+            elif role is Role.LOGS:
+                async with open_connection(target, wire.Hello(role=role, run=run)):
+                    pass
             else:
-                async with open_run_link(target, role=role, run=run):
+                link = IdeLink() if role is Role.IDE else WorkerLink()
+                async with open_run_link(target, link=link, run=run):
                     pass
         except* RelayError as group:
             caught += _leaves(group)
@@ -176,7 +180,7 @@ async def test_a_revoked_token_ends_idle_ide_connections_that_send_nothing(
     async with live_relay(redis_store, RelayConfig(recheck=0)) as relay:
         run = await submitted(relay.alice)
         token, info = await TokenStore(relay.store).create("alice", scopes=[Scope.RUNS])
-        hello = wire.Hello(role=Role.IDE, run=run, token=token, cursor="0")
+        hello = wire.Hello(role=Role.IDE, link=wire.IdeLink(), run=run, token=token, cursor="0")
         async with connect(relay.url, compression=None) as ws:
             await ws.send(wire.encode_frame(hello))
             welcome = wire.decode_frame(await ws.recv())
@@ -373,7 +377,7 @@ async def test_a_worker_token_is_good_for_its_run_only(relay: Relay) -> None:
         with pytest.raises(RelayError) as info:
             await control.read_blob("ab" * 32)  # not in its run's snapshot
         assert info.value.code == ErrorCode.FORBIDDEN
-    async with open_run_link(relay.bare(assigned.token), role=Role.WORKER, run=first) as link:
+    async with open_run_link(relay.bare(assigned.token), link=WorkerLink(), run=first) as link:
         assert link.run.id == first
 
 
@@ -383,7 +387,7 @@ async def test_a_worker_of_an_earlier_attempt_cannot_inject_into_the_next(relay:
     async with open_control(relay.pool) as control:
         first = await control.claim("w-0")
         zombie = relay.bare(first.token)
-        async with open_run_link(zombie, role=Role.WORKER, run=run) as link:
+        async with open_run_link(zombie, link=WorkerLink(), run=run) as link:
             await link.publish(wire.StatusEntry(event=StatusEvent.STARTED))
             await link.publish(wire.StatusEntry(event=StatusEvent.EXITED, exit_code=1))
             await link.flush()
@@ -395,7 +399,7 @@ async def test_a_worker_of_an_earlier_attempt_cannot_inject_into_the_next(relay:
         with pytest.raises(RelayError) as info:
             await control.claim("w-0", run=run, attempt=2)
         assert info.value.code == ErrorCode.STALE_ATTEMPT
-    async with open_run_link(relay.bare(second.token), role=Role.WORKER, run=run) as link:
+    async with open_run_link(relay.bare(second.token), link=WorkerLink(), run=run) as link:
         assert link.run.attempt == 2  # the current attempt's worker is served
 
 
@@ -431,7 +435,7 @@ async def test_a_ticket_claims_its_attempt_once_and_is_worth_nothing_after(relay
         with pytest.raises(RelayError) as info:
             await control.claim("w-thief", run=run, attempt=1)  # the attempt started: spent
         assert info.value.code == ErrorCode.STALE_ATTEMPT
-    async with open_run_link(relay.bare(assigned.token), role=Role.WORKER, run=run) as link:
+    async with open_run_link(relay.bare(assigned.token), link=WorkerLink(), run=run) as link:
         await link.publish(wire.StatusEntry(event=StatusEvent.STARTED))
         await link.publish(wire.StatusEntry(event=StatusEvent.EXITED, exit_code=1))
         await link.flush()
@@ -460,7 +464,7 @@ async def test_secret_env_values_reach_the_worker_only(relay: Relay) -> None:
         listed = await control.list_runs()
     assert shown.spec.env == {"WANDB_API_KEY": REDACTED, "MODE": "fast"}
     assert listed[0].spec.env["WANDB_API_KEY"] == REDACTED
-    async with open_run_link(relay.alice, role=Role.IDE, run=run) as link:
+    async with open_run_link(relay.alice, link=IdeLink(), run=run) as link:
         assert link.run.spec.env["WANDB_API_KEY"] == REDACTED
     async with open_control(relay.pool) as control:
         assigned = await control.claim("w-0")
@@ -505,12 +509,16 @@ async def test_idle_ide_links_never_lock_the_same_users_control_calls_out(
     async with live_relay(redis_store, RelayConfig(max_connections=2)) as relay:
         run = await submitted(relay.alice)
         async with (
-            open_run_link(relay.alice, role=Role.IDE, run=run),
-            open_run_link(relay.alice, role=Role.IDE, run=run),
+            open_run_link(relay.alice, link=IdeLink(), run=run),
+            open_run_link(relay.alice, link=IdeLink(), run=run),
         ):
             async with connect(relay.url, compression=None) as ws:
                 await ws.send(
-                    wire.encode_frame(wire.Hello(role=Role.IDE, run=run, token=relay.alice.token))
+                    wire.encode_frame(
+                        wire.Hello(
+                            role=Role.IDE, link=wire.IdeLink(), run=run, token=relay.alice.token
+                        )
+                    )
                 )
                 refused = wire.decode_frame(await ws.recv())
             assert isinstance(refused, wire.Error)
@@ -546,7 +554,11 @@ async def test_a_big_message_before_the_handshake_is_refused(relay: Relay) -> No
 async def test_a_hello_naming_no_token_is_audited_on_the_run_it_tried(relay: Relay) -> None:
     run = await submitted(relay.alice)
     async with connect(relay.url, compression=None) as ws:
-        await ws.send(msgpack.packb({"t": "hello", "v": 1, "role": "ide", "run": run}))
+        await ws.send(
+            msgpack.packb(
+                {"t": "hello", "v": 2, "role": "ide", "run": run, "link": {"kind": "ide"}}
+            )
+        )
         reply = msgpack.unpackb(await ws.recv())
     assert reply["code"] == "unauthorized"
     async with open_control(relay.alice) as control:

@@ -19,6 +19,7 @@ import pytest
 import trio
 import trio.testing
 
+from protocol_specs.relay_link import AppendOutcome
 from relay.embedded.server import (
     bundled_server_binary,
     find_server_binary,
@@ -336,14 +337,16 @@ async def test_read_numbered_names_the_publish_that_wrote_each_entry(store: Stor
 
 async def test_append_once_stores_each_number_once_in_order(store: Store) -> None:
     first = await store.append_once("s", "p1", 1, b"a", transient=False, cap=NO_CAP)
-    assert first.outcome == "stored"
+    assert first.outcome is AppendOutcome.STORED  # the enum, whose value is Redis's word
     again = await store.append_once("s", "p1", 1, b"a", transient=False, cap=NO_CAP)
-    assert (again.outcome, again.cursor) == ("duplicate", first.cursor)
+    assert (again.outcome, again.cursor) == (AppendOutcome.DUPLICATE, first.cursor)
+    assert again.outcome is AppendOutcome.DUPLICATE
     second = await store.append_once("s", "p1", 2, b"b", transient=False, cap=NO_CAP)
     old = await store.append_once("s", "p1", 1, b"a", transient=False, cap=NO_CAP)
     assert (old.outcome, old.cursor) == ("duplicate", "")
     gap = await store.append_once("s", "p1", 4, b"d", transient=False, cap=NO_CAP)
     assert (gap.outcome, gap.last) == ("gap", 2)
+    assert gap.outcome is AppendOutcome.GAP
     other = await store.append_once("s", "p2", 1, b"x", transient=False, cap=NO_CAP)
     assert other.outcome == "stored"  # producers are numbered independently
     assert await store.read_after("s", "0") == [
@@ -397,6 +400,7 @@ async def test_append_once_refuses_past_the_cap_and_counts_the_number(store: Sto
         )
     full = await store.append_once("s", "p", 3, b"x", transient=True, cap=cap)
     assert (full.outcome, full.size) == ("full", 2)
+    assert full.outcome is AppendOutcome.FULL
     # the refused number is answered: the producer goes on with the next one
     assert (await store.append_once("s", "p", 4, b"x", transient=True, cap=cap)).outcome == "full"
     big = await store.append_once("t", "p", 1, b"y" * 101, transient=False, cap=cap)

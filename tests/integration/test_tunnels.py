@@ -33,7 +33,7 @@ from protocol_specs.auth import Scope
 from protocol_specs.runs import RunRecord, RunSpec
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.tunnels import TunnelSpec
-from protocol_specs.wire import Role, TunnelEntry
+from protocol_specs.wire import TunnelEntry, TunnelLink
 from relay.client import (
     ControlClient,
     Endpoint,
@@ -209,7 +209,7 @@ async def test_a_signal_reaches_the_command_and_its_status_comes_back(tmp_path: 
         spec = TunnelSpec(kind="exec", argv=["sh", "-c", "echo ready; exec sleep 30"])
         opened = await stack.control.open_tunnel(stack.run.id, spec)
         async with open_run_link(
-            stack.url, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel
+            stack.url, link=TunnelLink(tunnel=opened.tunnel), run=opened.run
         ) as link:
             ops = []
             with trio.fail_after(30):
@@ -243,7 +243,7 @@ async def test_a_worker_that_allows_no_tunnels_says_so(tmp_path: Path) -> None:
         spec = TunnelSpec(kind="exec", argv=["true"])
         opened = await stack.control.open_tunnel(stack.run.id, spec)
         async with open_run_link(
-            stack.url, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel
+            stack.url, link=TunnelLink(tunnel=opened.tunnel), run=opened.run
         ) as link:
             with trio.fail_after(30):
                 delivery = await link.deliveries.receive()
@@ -295,7 +295,7 @@ async def test_a_shell_runs_on_a_terminal_of_the_asked_size_and_ends_with_its_st
         spec = TunnelSpec(kind="shell", cols=100, rows=30)
         opened = await stack.control.open_tunnel(stack.run.id, spec)
         async with open_run_link(
-            stack.url, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel
+            stack.url, link=TunnelLink(tunnel=opened.tunnel), run=opened.run
         ) as link:
             typed = b"stty size; echo $((6 * 7))-$TUNNEL_TEST; tty; exit 3\r"
             await link.publish(TunnelEntry(op="data", data=typed))
@@ -367,7 +367,7 @@ async def test_cut_links_lose_nothing_of_a_command_a_shell_or_a_forwarded_connec
         spec = TunnelSpec(kind="exec", argv=[sys.executable, "-c", script], stdin=True)
         opened = await stack.open(spec)
         async with open_run_link(
-            stack.url, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel
+            stack.url, link=TunnelLink(tunnel=opened.tunnel), run=opened.run
         ) as link:
             first = b""
             while not first.endswith(b"\n"):
@@ -380,7 +380,7 @@ async def test_cut_links_lose_nothing_of_a_command_a_shell_or_a_forwarded_connec
         # a shell: a line typed, the cut, another line
         opened = await stack.open(TunnelSpec(kind="shell"))
         async with open_run_link(
-            stack.url, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel
+            stack.url, link=TunnelLink(tunnel=opened.tunnel), run=opened.run
         ) as link:
             await link.publish(TunnelEntry(op="data", data=b"echo one-$((40 + 1))\r"))
             shown = b""
@@ -407,7 +407,7 @@ async def _forward_through_a_cut(stack: Stack) -> bytes:
         port = listeners[0].socket.getsockname()[1]
         opened = await stack.open(TunnelSpec(kind="forward", port=port))
         async with open_run_link(
-            stack.url, role=Role.TUNNEL, run=opened.run, tunnel=opened.tunnel
+            stack.url, link=TunnelLink(tunnel=opened.tunnel), run=opened.run
         ) as link:
             await link.publish(TunnelEntry(op="data", data=b"first half|"))
             got = (await _until(link, "data")).data

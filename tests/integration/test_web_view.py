@@ -19,7 +19,7 @@ from protocol_specs import web, wire
 from protocol_specs.auth import Scope
 from protocol_specs.runs import RunSpec
 from protocol_specs.sweeps import SweepSpec, parse_objective, parse_param
-from protocol_specs.wire import Role
+from protocol_specs.wire import IdeLink, WorkerLink
 from relay.auth import TokenStore
 from relay.client import Endpoint, open_control, open_run_link
 from relay.config import RelayConfig
@@ -473,7 +473,7 @@ async def test_live_pages_are_capped_per_user_and_end_with_their_session(site: S
 
 
 async def test_the_list_says_while_an_ide_is_attached(site: Site) -> None:
-    from protocol_specs.wire import PresenceEntry, Role
+    from protocol_specs.wire import PresenceEntry
     from relay.client import open_run_link
 
     run = await submit(site, site.alice, "attached")
@@ -491,7 +491,7 @@ async def test_the_list_says_while_an_ide_is_attached(site: Site) -> None:
         origin=site.base,  # type: ignore[arg-type]
         additional_headers={"Cookie": f"{web.COOKIE}={alice.cookie}"},
     ) as live:
-        async with open_run_link(site.endpoint(site.alice), role=Role.IDE, run=run) as ide:
+        async with open_run_link(site.endpoint(site.alice), link=IdeLink(), run=run) as ide:
             await ide.publish(PresenceEntry(origin="adapter-1", epoch=1, attached=True))
             await ide.flush()  # acknowledged once the record says so
             assert ">IDE<" in await row()
@@ -515,7 +515,7 @@ async def test_a_runs_metrics_are_charted_and_a_sweep_has_a_page_only_its_owner_
         assigned = await control.claim("w", backend="local")
     assert assigned.run.id == run
     async with open_run_link(
-        Endpoint(site.relay, token=assigned.token), role=Role.WORKER, run=run, attempt=1
+        Endpoint(site.relay, token=assigned.token), link=WorkerLink(), run=run, attempt=1
     ) as worker:
         points = [(step, 0.0, {"loss": 1 / (step + 1), "acc": step / 50}) for step in range(50)]
         await worker.publish(wire.MetricEntry(points=points))

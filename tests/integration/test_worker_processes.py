@@ -25,7 +25,7 @@ from protocol_specs.processes import ProcessInfo
 from protocol_specs.runs import RunSpec
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest, ManifestEntry
-from protocol_specs.wire import DapEntry, PresenceEntry, Role, StatusEntry
+from protocol_specs.wire import DapEntry, IdeLink, PresenceEntry, StatusEntry
 from relay.client import Endpoint, RunLink, open_control, open_run_link
 from relay.server import serve_relay, server_port
 from relay.store import MemoryStore
@@ -163,7 +163,7 @@ async def debug_run(
             for digest, data in blobs.items():
                 await control.put_blob(digest, data)
             record = await control.submit(RunSpec(command=command, **fields), manifest)
-            async with open_run_link(url, role=Role.IDE, run=record.id) as ide:
+            async with open_run_link(url, link=IdeLink(), run=record.id) as ide:
                 for entry in breakpoints:
                     await ide.publish(entry)
                 await ide.flush()

@@ -54,7 +54,14 @@ _SWEEP = SweepSpec(
     early_stop="asha",
 )
 FRAMES: list[wire.AnyFrame] = [
-    wire.Hello(role=Role.IDE, run="r1", token="tthu_x", cursor="5-0", history=True, attempt=2),
+    wire.Hello(
+        role=Role.IDE,
+        link=wire.IdeLink(history=True),
+        run="r1",
+        token="tthu_x",
+        cursor="5-0",
+        attempt=2,
+    ),
     wire.Welcome(run=RECORD, tails={"to_ide": "1-0"}, heartbeat=5.0, user="me"),
     wire.Publish(n=3, entry=b"\x81\xa1k\xa3dap"),
     wire.Ack(n=3, cursor="1-1", duplicate=True),

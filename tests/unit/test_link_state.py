@@ -24,7 +24,15 @@ from protocol_specs.link import (
     Refused,
 )
 from protocol_specs.runs import RunRecord, RunSpec
-from protocol_specs.wire import ErrorCode, Role, StreamName
+from protocol_specs.wire import (
+    ErrorCode,
+    IdeLink,
+    Role,
+    StreamName,
+    TunnelLink,
+    WorkerLink,
+    WorkerTunnelLink,
+)
 
 RUN = RunRecord(id="r1", spec=RunSpec(command=["python", "x.py"], workdir="/w"))
 HEARTBEAT = wire.encode_frame(wire.Heartbeat())
@@ -55,7 +63,7 @@ def ack(n: int, *, duplicate: bool = False) -> wire.Ack:
 
 
 def connected_worker(now: float = 0.0, **limits: float) -> LinkState:
-    state = LinkState(role=Role.WORKER, run="r1", producer="w", **limits)  # type: ignore[arg-type]
+    state = LinkState(link=WorkerLink(), run="r1", producer="w", **limits)  # type: ignore[arg-type]
     assert state.on_handshake(welcome(), now) is None
     return state
 
@@ -71,7 +79,7 @@ def hand_over(state: LinkState, frame: wire.Deliver) -> bool:
 
 def test_hello_names_the_run_the_producer_and_the_cursors() -> None:
     state = LinkState(
-        role=Role.IDE, run="r1", producer="ide-1", cursor="7-1", history=True, client="vscode"
+        link=IdeLink(history=True), run="r1", producer="ide-1", cursor="7-1", client="vscode"
     )
     hello = state.hello(token="tok")
     assert (hello.role, hello.run, hello.producer, hello.client) == (
@@ -80,9 +88,9 @@ def test_hello_names_the_run_the_producer_and_the_cursors() -> None:
         "ide-1",
         "vscode",
     )
-    assert (hello.cursor, hello.history, hello.history_cursor, hello.token) == (
+    assert (hello.cursor, hello.link, hello.history_cursor, hello.token) == (
         "7-1",
-        True,
+        IdeLink(history=True),
         "0",
         "tok",
     )
@@ -91,7 +99,7 @@ def test_hello_names_the_run_the_producer_and_the_cursors() -> None:
 
 
 def test_welcome_counts_connections_and_keeps_the_first() -> None:
-    state = LinkState(role=Role.WORKER, run="r1", producer="w")
+    state = LinkState(link=WorkerLink(), run="r1", producer="w")
     first, second = welcome(), welcome(heartbeat=5)
     assert state.on_handshake(first, 0.0) is None
     state.connection_lost()
@@ -112,13 +120,13 @@ def test_welcome_counts_connections_and_keeps_the_first() -> None:
 def test_a_refused_handshake_says_whether_retrying_can_help(
     frame: wire.Error, permanent: bool
 ) -> None:
-    state = LinkState(role=Role.WORKER, run="r1", producer="w")
+    state = LinkState(link=WorkerLink(), run="r1", producer="w")
     assert state.on_handshake(frame, 0.0) == Refusal(frame.code, frame.message, permanent)
     assert not state.connected and state.epoch == 0
 
 
 def test_anything_but_a_welcome_with_a_run_is_a_bad_handshake() -> None:
-    state = LinkState(role=Role.WORKER, run="r1", producer="w")
+    state = LinkState(link=WorkerLink(), run="r1", producer="w")
     refusal = state.on_handshake(wire.Heartbeat(), 0.0)
     assert refusal is not None and refusal.code is ErrorCode.BAD_FRAME and refusal.permanent
     assert state.on_handshake(wire.Welcome(), 0.0) is not None  # no run record
@@ -142,7 +150,7 @@ def test_publishes_are_numbered_and_sent_once_in_order() -> None:
 
 
 def test_publishes_wait_in_the_outbox_while_no_connection_is_up() -> None:
-    state = LinkState(role=Role.WORKER, run="r1", producer="w")
+    state = LinkState(link=WorkerLink(), run="r1", producer="w")
     assert state.publish(entry("a")) == 1
     assert state.due(0.0) == []
     state.on_handshake(welcome(), 0.0)
@@ -234,7 +242,7 @@ def test_after_a_cut_unanswered_publishes_are_resent_in_order() -> None:
 
 
 def test_after_a_cut_the_hello_resumes_after_the_last_entry_handed_over() -> None:
-    state = LinkState(role=Role.IDE, run="r1", producer="ide", history=True)
+    state = LinkState(link=IdeLink(history=True), run="r1", producer="ide")
     state.on_handshake(welcome(), 0.0)
     hand_over(state, deliver("3-0", StreamName.TO_WORKER))  # history
     hand_over(state, deliver("4-1", StreamName.TO_IDE))
@@ -252,11 +260,12 @@ def test_after_a_cut_the_hello_resumes_after_the_last_entry_handed_over() -> Non
 
 
 def test_a_tunnels_links_read_its_own_streams() -> None:
-    user = LinkState(role=Role.TUNNEL, run="r1", producer="t", tunnel="ab12")
-    worker = LinkState(role=Role.WORKER, run="r1", producer="w", tunnel="ab12", attempt=2)
+    user = LinkState(link=TunnelLink(tunnel="ab12"), run="r1", producer="t")
+    worker = LinkState(link=WorkerTunnelLink(tunnel="ab12"), run="r1", producer="w", attempt=2)
     assert (user.inbound, worker.inbound) == (StreamName.TUNNEL_DOWN, StreamName.TUNNEL_UP)
-    assert user.hello().tunnel == worker.hello().tunnel == "ab12"
-    assert LinkState(role=Role.WORKER, run="r1", producer="w").hello().tunnel == ""
+    assert (user.hello().role, worker.hello().role) == (Role.TUNNEL, Role.WORKER)
+    assert user.hello().link == TunnelLink(tunnel="ab12")
+    assert worker.hello().link == WorkerTunnelLink(tunnel="ab12")
 
 
 def test_an_entry_not_handed_over_is_delivered_again() -> None:
@@ -285,7 +294,7 @@ def test_redelivered_entries_at_or_before_the_cursor_are_dropped() -> None:
 
 
 def test_dedup_is_per_stream_and_starts_at_the_given_cursor() -> None:
-    state = LinkState(role=Role.IDE, run="r1", producer="ide", cursor="5-0", history=True)
+    state = LinkState(link=IdeLink(history=True), run="r1", producer="ide", cursor="5-0")
     state.on_handshake(welcome(), 0.0)
     assert state.receive(deliver("4-0", StreamName.TO_IDE)) is None
     assert state.receive(deliver("5-0", StreamName.TO_IDE)) is None
@@ -315,8 +324,9 @@ def commit(producer: str, n: int, cursor: str) -> wire.Commit:
 
 
 def test_the_hello_asks_for_early_entries_only_when_told() -> None:
-    assert not LinkState(role=Role.WORKER, run="r1", producer="w").hello().early
-    assert LinkState(role=Role.WORKER, run="r1", producer="w", early=True).hello().early
+    assert LinkState(link=WorkerLink(), run="r1", producer="w").hello().link == WorkerLink()
+    hello = LinkState(link=WorkerLink(early=True), run="r1", producer="w").hello()
+    assert hello.link == WorkerLink(early=True)
 
 
 def test_an_early_entry_is_handed_over_and_its_commit_moves_the_cursor() -> None:
@@ -391,7 +401,7 @@ def test_a_report_goes_out_at_once_after_report_every_entries() -> None:
 
 
 def test_report_now_goes_before_later_publishes_and_only_names_moved_cursors() -> None:
-    state = LinkState(role=Role.IDE, run="r1", producer="ide", history=True)
+    state = LinkState(link=IdeLink(history=True), run="r1", producer="ide")
     state.on_handshake(welcome(), 0.0)
     hand_over(state, deliver("1-0", StreamName.TO_WORKER))
     hand_over(state, deliver("2-0", StreamName.TO_IDE))
@@ -406,7 +416,7 @@ def test_report_now_goes_before_later_publishes_and_only_names_moved_cursors() -
 
 
 def test_report_now_waits_for_a_connection() -> None:
-    state = LinkState(role=Role.WORKER, run="r1", producer="w")
+    state = LinkState(link=WorkerLink(), run="r1", producer="w")
     state.on_handshake(welcome(), 0.0)
     hand_over(state, deliver("1-0"))
     state.connection_lost()
@@ -420,7 +430,7 @@ def test_report_now_waits_for_a_connection() -> None:
 
 
 def test_heartbeats_follow_the_shorter_of_policy_and_welcome() -> None:
-    state = LinkState(role=Role.WORKER, run="r1", producer="w", heartbeat=10.0)
+    state = LinkState(link=WorkerLink(), run="r1", producer="w", heartbeat=10.0)
     state.on_handshake(welcome(heartbeat=4.0), 100.0)
     assert state.wake_at() == 104.0
     assert state.due(103.9) == []
@@ -437,7 +447,7 @@ def test_no_heartbeats_when_the_welcome_asks_for_none() -> None:
 
 
 def test_the_report_timer_and_heartbeat_share_the_wake_up() -> None:
-    state = LinkState(role=Role.WORKER, run="r1", producer="w", heartbeat=1.0, report_after=0.2)
+    state = LinkState(link=WorkerLink(), run="r1", producer="w", heartbeat=1.0, report_after=0.2)
     state.on_handshake(welcome(heartbeat=1.0), 0.0)
     hand_over(state, deliver("1-0"))
     assert state.due(0.5) == []

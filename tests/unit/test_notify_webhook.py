@@ -14,7 +14,7 @@ from adapter.show.notify import desktop_notification_command
 from protocol_specs import wire
 from protocol_specs.runs import RunRecord, RunSpec
 from protocol_specs.session import StatusEvent
-from protocol_specs.wire import Role
+from protocol_specs.wire import WorkerLink
 from relay.client import open_control, open_run_link
 from relay.runs.webhook import (
     MAX_CLOCK_SKEW,
@@ -133,7 +133,7 @@ async def test_the_relay_posts_an_unattended_stop_with_a_wall_clock_time() -> No
             async with open_control(url) as control:
                 run = (await control.submit(spec)).id
                 token = (await control.claim("w-0")).token
-            async with open_run_link(url.with_token(token), role=Role.WORKER, run=run) as worker:
+            async with open_run_link(url.with_token(token), link=WorkerLink(), run=run) as worker:
                 data = {"policy": "continue", "where": "app.py:3 in main"}
                 stamped = time.time()
                 await worker.publish(

@@ -17,6 +17,7 @@ from protocol_specs.relay_link import (
     STORE_QUEUE,
     Action,
     Answer,
+    AppendOutcome,
     Attached,
     Audit,
     Batch,
@@ -31,33 +32,48 @@ from protocol_specs.relay_link import (
     StoreRun,
     Tell,
     TunnelEnded,
-    hello_problem,
     streams_of,
 )
 from protocol_specs.runs import RunRecord, RunSpec
-from protocol_specs.wire import ErrorCode, Role, StatusEvent, StreamName
+from protocol_specs.wire import (
+    AfterLink,
+    AnyLink,
+    ErrorCode,
+    IdeLink,
+    StatusEvent,
+    StreamName,
+    TunnelLink,
+    WorkerLink,
+    WorkerTunnelLink,
+)
 
 RECORD = RunRecord(id="r1", spec=RunSpec(command=["python", "x.py"], workdir="/w"), owner="alice")
 ALICE = Principal(token="a1", kind="user", user="alice", scopes=frozenset({Scope.RUNS}))
 WORKER = Principal(token="w1", kind="worker", user="alice", run="r1", attempt=1)
+STORED, DUPLICATE, GAP, FULL = (
+    AppendOutcome.STORED,
+    AppendOutcome.DUPLICATE,
+    AppendOutcome.GAP,
+    AppendOutcome.FULL,
+)
 
 
 @dataclass(frozen=True)
 class Got:
     """What an append gave (``relay.store.Appended``'s shape)."""
 
-    outcome: str
+    outcome: AppendOutcome
     cursor: str = ""
     last: int = 0
     size: int = 0
 
 
-def worker(**kwargs: object) -> RelayLinkState:
-    return RelayLinkState(Role.WORKER, WORKER, RECORD, **kwargs)  # type: ignore[arg-type]
+def worker(link: AnyLink | None = None, **kwargs: object) -> RelayLinkState:
+    return RelayLinkState(link or WorkerLink(), WORKER, RECORD, **kwargs)  # type: ignore[arg-type]
 
 
 def ide(**kwargs: object) -> RelayLinkState:
-    return RelayLinkState(Role.IDE, ALICE, RECORD, **kwargs)  # type: ignore[arg-type]
+    return RelayLinkState(IdeLink(), ALICE, RECORD, **kwargs)  # type: ignore[arg-type]
 
 
 def publish(n: int, entry: wire.AnyEntry | None = None) -> wire.Publish:
@@ -100,34 +116,53 @@ def answered(state: RelayLinkState, n: int) -> list[Action]:
 
 
 @pytest.mark.parametrize(
-    ("role", "tunnel", "streams"),
+    ("link", "streams"),
     [
-        (Role.IDE, "", (StreamName.TO_WORKER, StreamName.TO_IDE)),
-        (Role.WORKER, "", (StreamName.TO_IDE, StreamName.TO_WORKER)),
-        (Role.TUNNEL, "t1", (StreamName.TUNNEL_UP, StreamName.TUNNEL_DOWN)),
-        (Role.WORKER, "t1", (StreamName.TUNNEL_DOWN, StreamName.TUNNEL_UP)),
+        (IdeLink(), (StreamName.TO_WORKER, StreamName.TO_IDE)),
+        (WorkerLink(), (StreamName.TO_IDE, StreamName.TO_WORKER)),
+        (AfterLink(), (StreamName.TO_IDE, StreamName.TO_WORKER)),
+        (TunnelLink(tunnel="t1"), (StreamName.TUNNEL_UP, StreamName.TUNNEL_DOWN)),
+        (WorkerTunnelLink(tunnel="t1"), (StreamName.TUNNEL_DOWN, StreamName.TUNNEL_UP)),
     ],
 )
 def test_a_link_publishes_to_one_stream_and_reads_the_other(
-    role: Role, tunnel: str, streams: tuple[StreamName, StreamName]
+    link: AnyLink, streams: tuple[StreamName, StreamName]
 ) -> None:
-    assert streams_of(role, tunnel) == streams
-
-
-def test_a_hello_names_a_tunnel_or_after_only_where_it_may() -> None:
-    def hello(role: Role, **kw: object) -> wire.Hello:
-        return wire.Hello(role=role, run="r1", **kw)  # type: ignore[arg-type]
-
-    assert hello_problem(hello(Role.TUNNEL)) == "only tunnel and worker links name a tunnel"
-    assert (
-        hello_problem(hello(Role.IDE, tunnel="t1")) == "only tunnel and worker links name a tunnel"
+    assert streams_of(link) == streams
+    assert RelayLinkState(link, ALICE, RECORD).streams == (
+        (StreamName.TUNNEL_UP, StreamName.TUNNEL_DOWN)
+        if link.tunnel
+        else (StreamName.TO_WORKER, StreamName.TO_IDE)
     )
-    assert (
-        hello_problem(hello(Role.IDE, after=True)) == "only a worker's run link serves it 'after'"
-    )
-    assert hello_problem(hello(Role.WORKER, tunnel="t1", after=True)) is not None
-    for fine in (hello(Role.WORKER, after=True), hello(Role.WORKER, tunnel="t1"), hello(Role.IDE)):
-        assert hello_problem(fine) is None
+
+
+@pytest.mark.parametrize(
+    ("link", "who", "may"),
+    [
+        (IdeLink(history=True, early=True), ALICE, {"dap", "presence"}),
+        (WorkerLink(early=True), WORKER, {"dap", "status", "log", "metric"}),
+        (AfterLink(), WORKER, set()),
+        (TunnelLink(tunnel="t1"), ALICE, {"tunnel"}),
+        (WorkerTunnelLink(tunnel="t1"), WORKER, {"tunnel"}),
+    ],
+)
+def test_each_kind_of_link_is_admitted_and_publishes_only_its_entries(
+    link: AnyLink, who: Principal, may: set[str]
+) -> None:
+    """Every legal kind opens a state whose role is its own, and publishes what it may."""
+    state = RelayLinkState(link, who, RECORD)
+    assert state.role is link.role and state.tunnel == link.tunnel
+    entries: list[wire.AnyEntry] = [
+        dap(),
+        presence(True),
+        status(),
+        log_entry(),
+        wire.MetricEntry(points=[(1, 0.0, {"loss": 1.0})]),
+        wire.ControlEntry(action="terminate"),
+        wire.TunnelEntry(op="data"),
+    ]
+    allowed = {e.k for n, e in enumerate(entries, 1) if state.admit(publish(n, e)).refusal is None}
+    assert allowed == may
 
 
 # --- admission ------------------------------------------------------------------------------------
@@ -170,7 +205,7 @@ def test_a_worker_may_publish_only_the_status_events_its_table_allows() -> None:
 
 
 def test_a_worker_serving_an_ended_attempt_publishes_nothing() -> None:
-    state = worker(after=True)
+    state = worker(AfterLink())
     entries: list[wire.AnyEntry] = [dap(), status(), log_entry()]
     for n, entry in enumerate(entries, 1):
         refusal = state.admit(publish(n, entry)).refusal
@@ -179,7 +214,7 @@ def test_a_worker_serving_an_ended_attempt_publishes_nothing() -> None:
 
 
 def test_a_tunnels_link_carries_only_tunnel_steps_and_a_runs_link_none() -> None:
-    tunnel = RelayLinkState(Role.TUNNEL, ALICE, RECORD, tunnel="t1")
+    tunnel = RelayLinkState(TunnelLink(tunnel="t1"), ALICE, RECORD)
     assert tunnel.admit(publish(1, dap())).refusal is not None
     assert tunnel.admit(publish(2, wire.TunnelEntry(op="data", data=b"x"))).refusal is None
     run = ide()
@@ -315,7 +350,7 @@ def acks(actions: list[Action]) -> list[tuple[int, bool]]:
 def test_a_run_of_stored_publishes_is_answered_with_one_ack_for_its_last() -> None:
     state = worker()
     items = run_of(state, 5)
-    got = [Got("stored", f"1-{i}") for i in range(5)]
+    got = [Got(STORED, f"1-{i}") for i in range(5)]
     actions = state.answer_run(items, got)  # type: ignore[arg-type]
     assert actions == [Tell(wire.Ack(n=5, cursor="1-4"))]
 
@@ -324,10 +359,10 @@ def test_a_duplicate_splits_the_ack_so_answers_stay_in_order() -> None:
     state = worker()
     items = run_of(state, 4)
     got = [
-        Got("stored", "1-0"),
-        Got("stored", "1-1"),
-        Got("duplicate", "0-9"),
-        Got("stored", "1-2"),
+        Got(STORED, "1-0"),
+        Got(STORED, "1-1"),
+        Got(DUPLICATE, "0-9"),
+        Got(STORED, "1-2"),
     ]
     actions = state.answer_run(items, got)  # type: ignore[arg-type]
     assert acks(actions) == [(2, False), (3, True), (4, False)]
@@ -336,7 +371,7 @@ def test_a_duplicate_splits_the_ack_so_answers_stay_in_order() -> None:
 def test_a_full_stream_refuses_that_publish_and_the_rest_go_on() -> None:
     state = worker(buffer_cap=(10, 4096))
     items = run_of(state, 3)
-    got = [Got("stored", "1-0"), Got("full", size=10), Got("stored", "1-1")]
+    got = [Got(STORED, "1-0"), Got(FULL, size=10), Got(STORED, "1-1")]
     actions = state.answer_run(items, got)  # type: ignore[arg-type]
     assert acks(actions) == [(1, False), (3, False)]
     [error] = [a.frame for a in actions if isinstance(a, Tell) and isinstance(a.frame, wire.Error)]
@@ -348,7 +383,7 @@ def test_a_full_stream_refuses_that_publish_and_the_rest_go_on() -> None:
 def test_a_gap_ends_the_link_after_acking_what_came_before_it() -> None:
     state = worker()
     items = run_of(state, 4)
-    got = [Got("stored", "1-0"), Got("gap", last=1), Got("stored", "1-1"), Got("stored", "1-2")]
+    got = [Got(STORED, "1-0"), Got(GAP, last=1), Got(STORED, "1-1"), Got(STORED, "1-2")]
     actions = state.answer_run(items, got)  # type: ignore[arg-type]
     assert actions == [
         Tell(wire.Ack(n=1, cursor="1-0")),
@@ -357,25 +392,25 @@ def test_a_gap_ends_the_link_after_acking_what_came_before_it() -> None:
 
 
 def test_a_workers_tunnel_exit_ends_the_tunnel_before_it_is_acked() -> None:
-    def exits(role: Role) -> list[Action]:
-        state = RelayLinkState(role, WORKER if role is Role.WORKER else ALICE, RECORD, tunnel="t")
+    def exits(link: AnyLink) -> list[Action]:
+        state = RelayLinkState(link, WORKER if link.role == "worker" else ALICE, RECORD)
         reaches(state, wire.TunnelEntry(op="data"), wire.TunnelEntry(op="exit"))
         batch = state.take()
         assert batch is not None
         [run] = batch.steps
         assert isinstance(run, StoreRun)
-        return state.answer_run(run.items, [Got("stored", "1-0"), Got("stored", "1-1")])
+        return state.answer_run(run.items, [Got(STORED, "1-0"), Got(STORED, "1-1")])
 
-    assert exits(Role.WORKER) == [TunnelEnded(), Tell(wire.Ack(n=2, cursor="1-1"))]
-    assert exits(Role.TUNNEL) == [Tell(wire.Ack(n=2, cursor="1-1"))]
+    assert exits(WorkerTunnelLink(tunnel="t")) == [TunnelEnded(), Tell(wire.Ack(n=2, cursor="1-1"))]
+    assert exits(TunnelLink(tunnel="t")) == [Tell(wire.Ack(n=2, cursor="1-1"))]
 
 
 def test_a_stored_status_moves_the_run_then_is_acked() -> None:
     state = worker()
     item = state.admit(publish(1, status()))
-    actions = state.answer_one(item, Got("stored", "3-0"))
+    actions = state.answer_one(item, Got(STORED, "3-0"))
     assert actions == [StatusStored(status()), Tell(wire.Ack(n=1, cursor="3-0"))]
-    assert state.answer_one(item, Got("duplicate", "3-0")) == [
+    assert state.answer_one(item, Got(DUPLICATE, "3-0")) == [
         Tell(wire.Ack(n=1, cursor="3-0", duplicate=True))
     ]
 
@@ -384,7 +419,7 @@ def test_presence_is_audited_only_when_the_ide_attaches_or_detaches() -> None:
     state = ide()
     seen = []
     for n, attached in enumerate([True, True, False, False, True], 1):
-        actions = state.answer_one(state.admit(publish(n, presence(attached))), Got("stored"))
+        actions = state.answer_one(state.admit(publish(n, presence(attached))), Got(STORED))
         seen.append([a.entry.attached for a in actions if isinstance(a, Attached)])
     assert seen == [[True], [], [False], [], [True]]
 
@@ -392,10 +427,10 @@ def test_presence_is_audited_only_when_the_ide_attaches_or_detaches() -> None:
 def test_a_link_that_goes_while_its_ide_is_attached_says_it_left() -> None:
     state = ide()
     assert state.farewell() is None
-    state.answer_one(state.admit(publish(1, presence(True))), Got("stored"))
+    state.answer_one(state.admit(publish(1, presence(True))), Got(STORED))
     gone = state.farewell()
     assert gone is not None and (gone.attached, gone.link_lost) == (False, True)
-    state.answer_one(state.admit(publish(2, presence(False))), Got("stored"))
+    state.answer_one(state.admit(publish(2, presence(False))), Got(STORED))
     assert state.farewell() is None
 
 
@@ -404,8 +439,9 @@ def test_a_link_that_goes_while_its_ide_is_attached_says_it_left() -> None:
     [
         (ide(), Beat.IGNORE),
         (worker(), Beat.RENEW),
-        (worker(after=True), Beat.HOLD),
-        (RelayLinkState(Role.WORKER, WORKER, RECORD, tunnel="t"), Beat.CHECK),
+        (worker(AfterLink()), Beat.HOLD),
+        (worker(WorkerTunnelLink(tunnel="t")), Beat.CHECK),
+        (RelayLinkState(TunnelLink(tunnel="t"), ALICE, RECORD), Beat.IGNORE),
     ],
 )
 def test_what_a_heartbeat_asks_for(state: RelayLinkState, beat: Beat) -> None:

@@ -19,7 +19,7 @@ SPEC = RunSpec(command=["python", "train.py"], workdir="/w")
 @pytest.mark.parametrize(
     "frame",
     [
-        wire.Hello(role=wire.Role.IDE, run="r1", cursor="5-0", history=True),
+        wire.Hello(role=wire.Role.IDE, link=wire.IdeLink(history=True), run="r1", cursor="5-0"),
         wire.Publish(n=3, entry=b"\x81\xa1k\xa3dap"),
         wire.Ack(n=3, cursor="1-1"),
         wire.Deliver(stream=wire.StreamName.TO_IDE, cursor="1-2", entry=b"x"),
@@ -144,10 +144,10 @@ def test_unknown_status_and_audit_names_still_decode() -> None:
 
 
 def test_every_name_of_the_split_modules_is_reachable_through_wire() -> None:
-    from protocol_specs import control_frames, stream_entries, wire_base
+    from protocol_specs import control_frames, link_kind, stream_entries, wire_base
 
-    for module in (control_frames, stream_entries, wire_base):
-        public = set(module.__all__) - {"FROZEN", "short_reason"}
+    for module in (control_frames, link_kind, stream_entries, wire_base):
+        public = set(module.__all__) - {"FROZEN", "short_reason", "RUN_ROLES", "link_problem"}
         assert public <= set(wire.__all__), module.__name__
         for name in public:
             assert getattr(wire, name) is getattr(module, name)

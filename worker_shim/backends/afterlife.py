@@ -2,7 +2,7 @@
 
 When an attempt ends on a pool, its directory stays (the pool keeps its newest runs'), and so does
 what a user may want to look at: checkpoints, logs, the state the program left. The pool keeps a
-``worker`` link to the run with ``hello.after`` (the relay then opens the run's tunnels to this
+``worker`` link to the run of kind ``after`` (the relay then opens the run's tunnels to this
 worker: ``relay/runs/tunnels.py``), reads the run's ``to_worker`` from its end on, and serves each
 tunnel asked for (``worker_shim/program/tunnels.py``) in that directory, with the run's environment.
 It stops when the pool deletes the directory (:meth:`Afterlives.tidied`), when the run is retried
@@ -18,7 +18,7 @@ from pathlib import Path
 import trio
 
 from protocol_specs.runs import RunRecord
-from protocol_specs.wire import Role
+from protocol_specs.wire import AfterLink
 from relay.client import Endpoint, RelayError, open_run_link
 
 from ..program.quarters import Housing, open_quarters, program_env
@@ -74,12 +74,11 @@ class Afterlives:
             with scope:
                 async with open_run_link(
                     relay,
-                    role=Role.WORKER,
+                    link=AfterLink(),
                     run=record.id,
                     attempt=record.attempt,
                     client="tether-worker",
                     policy=worker_link_policy(),
-                    after=True,
                 ) as link:
                     self.say(f"run {record.id}: its directory stays here, for tether exec/shell")
                     ending = f"run {record.id}'s directory on this worker was deleted"

@@ -3,9 +3,9 @@ run's directory with the run's environment, its bytes through the relay.
 
 The relay writes a ``control`` entry ``tunnel`` into ``to_worker`` for each tunnel the user opens;
 whatever reads the run's deliveries (the debug session's driver, a plain run's watch) hands it to
-:meth:`Tunnels.open`, which serves it in a task of its own on a link of its own (role ``worker``,
-``hello.tunnel``): what comes ``up`` goes to the command (stdin, signals), what the command writes
-goes ``down``, then one ``exit`` with its exit code. A worker that does not allow tunnels
+:meth:`Tunnels.open`, which serves it in a task of its own on a link of its own
+(a ``WorkerTunnelLink``): what comes ``up`` goes to the command (stdin, signals), what the command
+writes goes ``down``, then one ``exit`` with its exit code. A worker that does not allow tunnels
 (``tether worker --no-shell``) answers each with an ``exit`` saying so. When the attempt ends,
 its tunnels end with it (their commands' process groups are ended, and the ``exit`` says why).
 """
@@ -26,7 +26,7 @@ import trio
 from protocol_specs import wire
 from protocol_specs.runs import RunRecord
 from protocol_specs.tunnels import CHUNK, TunnelSpec
-from protocol_specs.wire import Role, TunnelEntry
+from protocol_specs.wire import TunnelEntry, WorkerTunnelLink
 from relay.client import LinkPolicy, RelayError, RunLink, Target, open_run_link, tunnel_steps
 
 from .debuggee import terminate_group
@@ -123,10 +123,9 @@ class Tunnels:
         try:
             async with open_run_link(
                 self.relay,
-                role=Role.WORKER,
+                link=WorkerTunnelLink(tunnel=tunnel),
                 run=record.id,
                 attempt=record.attempt,
-                tunnel=tunnel,
                 client="tether-worker",
                 policy=LinkPolicy.from_env(first_connect_within=FIRST_CONNECT_WITHIN),
             ) as link:
