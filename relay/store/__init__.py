@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 :class:`Store` is everything the relay asks of Redis, and nothing more. Two implementations share
-one conformance suite (``tests/integration/test_store.py``), run against both:
+one conformance suite (``tests/integration/test_store_*.py``), run against both:
 
 - :class:`GlideStore`: valkey-glide (Rust core; trio support through anyio, detected with sniffio),
   for Redis >= 6.2 and Valkey. A glide client is *one* multiplexed connection, so:
