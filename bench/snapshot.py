@@ -21,7 +21,7 @@ import trio
 
 from adapter.snapshot import HashCache, build_snapshot
 from adapter.snapshot_upload import submit_snapshot
-from protocol_specs.runs import RunSpec
+from protocol_specs.run_spec import RunSpec
 from relay.client import Endpoint, open_control
 
 from .common import timed

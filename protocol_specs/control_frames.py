@@ -18,7 +18,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from .auth import Scope, TokenInfo
-from .runs import RunRecord, RunSpec
+from .run_spec import RunSpec
+from .runs import RunRecord
 from .snapshots import BLOB_CHUNK, Digest, Manifest, check_digest
 from .sweep_frames import (
     CancelSweep,

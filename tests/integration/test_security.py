@@ -25,7 +25,8 @@ from websockets.trio.client import ClientConnection, connect
 
 from protocol_specs import wire
 from protocol_specs.auth import Scope
-from protocol_specs.runs import REDACTED, RunSpec, RunState
+from protocol_specs.run_spec import REDACTED, RunSpec
+from protocol_specs.runs import RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.wire import ErrorCode, Role

@@ -34,7 +34,8 @@ from protocol_specs.relay_link import (
     hello_problem,
     streams_of,
 )
-from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord
 from protocol_specs.wire import ErrorCode, Role, StatusEvent, StreamName
 
 RECORD = RunRecord(id="r1", spec=RunSpec(command=["python", "x.py"], workdir="/w"), owner="alice")
