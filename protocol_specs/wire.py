@@ -37,11 +37,10 @@ from typing import Annotated, Any, Literal
 import msgpack
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
+from .audit import AuditEntry, AuditEvent
 from .control_frames import (
     AnyControlFrame,
     Assigned,
-    AuditEntry,
-    AuditEvent,
     AuditLog,
     BlobData,
     Cancel,
