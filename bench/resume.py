@@ -14,7 +14,7 @@ import orjson
 import trio
 
 from protocol_specs import wire
-from protocol_specs.runs import RunSpec
+from protocol_specs.run_spec import RunSpec
 from protocol_specs.wire import IdeLink, Role
 from relay.client import open_connection, open_control, open_run_link
 

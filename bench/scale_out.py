@@ -33,7 +33,7 @@ import orjson
 import trio
 
 from protocol_specs import wire
-from protocol_specs.runs import RunSpec
+from protocol_specs.run_spec import RunSpec
 from protocol_specs.wire import IdeLink, WorkerLink
 from relay.client import RunLink, open_control, open_run_link
 from relay.embedded.server import bundled_server_binary

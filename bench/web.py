@@ -24,7 +24,7 @@ import httpx
 import trio
 
 from protocol_specs import web
-from protocol_specs.runs import RunSpec
+from protocol_specs.run_spec import RunSpec
 from relay.client import open_control
 
 from .common import ROOT, Dist, Stack, ms, verdict

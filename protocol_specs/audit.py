@@ -26,12 +26,21 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .auth import Principal
-from .control_frames import AuditEntry, AuditEvent
 
-__all__ = ["WINDOW", "AuditRole", "Repeats", "coalesce", "refused_entry", "refuser", "repeated"]
+__all__ = [
+    "WINDOW",
+    "AuditEntry",
+    "AuditEvent",
+    "AuditRole",
+    "Repeats",
+    "coalesce",
+    "refused_entry",
+    "refuser",
+    "repeated",
+]
 
 #: seconds in which one refuser's refusals of one request on one run have one entry (and a count)
 WINDOW = 60.0
@@ -47,6 +56,39 @@ class AuditRole(StrEnum):
     LOGS = "logs"
     TUNNEL = "tunnel"
     WEB = "web"
+
+
+class AuditEvent(StrEnum):
+    """What an :class:`AuditEntry` records."""
+
+    SUBMIT = "submit"
+    RERUN = "rerun"
+    CANCEL = "cancel"
+    CLAIM = "claim"  #: an attempt handed to a worker or a scheduler
+    CONNECT = "connect"  #: a run connection (ide or worker) was admitted
+    ATTACH = "attach"  #: an IDE attached through an adapter
+    DETACH = "detach"
+    LOGS = "logs"  #: someone followed the run's logs
+    REFUSED = "refused"  #: a connection to the run was refused
+    TUNNEL = "tunnel"  #: a shell, a command or a port forward into the run (detail: which)
+    VIEW = "view"  #: someone looked at the run in the web view (detail: at what, if not its page)
+
+
+class AuditEntry(BaseModel):
+    """Who did what to a run, and when: kept per run by the relay, read with ``tether audit``."""
+
+    #: a message of the wire protocol (``GetAudit``'s answer): frozen, no field it does not define
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    at: float
+    #: an :class:`AuditEvent`; a name this version does not know stays a string (trails are kept
+    #: for as long as the run, and a newer relay may have written them)
+    event: AuditEvent | str = Field(union_mode="left_to_right")
+    user: str = ""
+    token: str = ""  #: the token's id
+    role: str = ""
+    source: str = ""  #: the peer's address
+    client: str = ""
+    detail: str = ""
 
 
 class Repeats(BaseModel):

@@ -17,8 +17,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from .audit import AuditEntry
 from .auth import Scope, TokenInfo
-from .runs import RunRecord, RunSpec
+from .run_spec import RunSpec
+from .runs import RunRecord
 from .snapshots import BLOB_CHUNK, Digest, Manifest, check_digest
 from .sweep_frames import (
     CancelSweep,
@@ -37,8 +39,6 @@ from .wire_base import FROZEN, FrameType
 __all__ = [
     "AnyControlFrame",
     "Assigned",
-    "AuditEntry",
-    "AuditEvent",
     "AuditLog",
     "BlobData",
     "Cancel",
@@ -77,22 +77,6 @@ class ReportEvent(StrEnum):
     JOB = "job"  #: the scheduler accepted the attempt's job
     RUNNING = "running"  #: the attempt's job runs: its ticket may claim the attempt from now on
     LOST = "lost"  #: the job ended, was cancelled or preempted without the attempt finishing
-
-
-class AuditEvent(StrEnum):
-    """What an :class:`AuditEntry` records."""
-
-    SUBMIT = "submit"
-    RERUN = "rerun"
-    CANCEL = "cancel"
-    CLAIM = "claim"  #: an attempt handed to a worker or a scheduler
-    CONNECT = "connect"  #: a run connection (ide or worker) was admitted
-    ATTACH = "attach"  #: an IDE attached through an adapter
-    DETACH = "detach"
-    LOGS = "logs"  #: someone followed the run's logs
-    REFUSED = "refused"  #: a connection to the run was refused
-    TUNNEL = "tunnel"  #: a shell, a command or a port forward into the run (detail: which)
-    VIEW = "view"  #: someone looked at the run in the web view (detail: at what, if not its page)
 
 
 class Submit(BaseModel):
@@ -365,22 +349,6 @@ class RevokeToken(BaseModel):
     t: Literal[FrameType.REVOKE_TOKEN] = FrameType.REVOKE_TOKEN
     rid: int
     id: str = Field(max_length=64)
-
-
-class AuditEntry(BaseModel):
-    """Who did what to a run, and when: kept per run by the relay, read with ``tether audit``."""
-
-    model_config = FROZEN
-    at: float
-    #: an :class:`AuditEvent`; a name this version does not know stays a string (trails are kept
-    #: for as long as the run, and a newer relay may have written them)
-    event: AuditEvent | str = Field(union_mode="left_to_right")
-    user: str = ""
-    token: str = ""  #: the token's id
-    role: str = ""
-    source: str = ""  #: the peer's address
-    client: str = ""
-    detail: str = ""
 
 
 class GetAudit(BaseModel):

@@ -9,7 +9,7 @@ held back until the next chunk (or :meth:`Redactor.flush`) says whether it is.
 
 from __future__ import annotations
 
-from .runs import REDACTED
+from .run_spec import REDACTED
 
 __all__ = ["Redactor"]
 

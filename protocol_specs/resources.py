@@ -1,6 +1,6 @@
 """What a run asks its scheduler for: GPUs, CPUs, memory, time, partition, Ray custom resources.
 
-Validated where it enters (the CLI and the relay, as part of ``protocol_specs.runs.RunSpec``); each
+Validated where it enters (the CLI and the relay, as part of ``protocol_specs.run_spec.RunSpec``); each
 backend honours what it can (``Resources``' docstring) and refuses at submit what it cannot.
 """
 

@@ -6,7 +6,7 @@ Theory of operation
 train.py --lr {lr} --bs {bs}`` submits a :class:`SweepSpec`: the parameters (:func:`parse_param`),
 how many trials and how many at once, the search (``random``, ``grid``, ``tpe``), the objective
 (a metric and a direction, ``loss:min``), early stopping (``asha``, ``median``), and the run
-template (a :class:`~protocol_specs.runs.RunSpec` whose command names parameters as ``{name}``).
+template (a :class:`~protocol_specs.run_spec.RunSpec` whose command names parameters as ``{name}``).
 One snapshot serves every trial.
 
 The relay keeps a :class:`SweepRecord` and one :class:`Trial` per trial in its store, and drives
@@ -32,7 +32,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .metrics import NAME
-from .runs import RunSpec, RunState
+from .run_spec import RunSpec
+from .runs import RunState
 
 __all__ = [
     "FAILURE_CHARS",

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
-from .runs import TAG_PATTERN, RunState
+from .run_spec import TAG_PATTERN
+from .runs import RunState
 
 __all__ = [
     "ACTIONS",

@@ -36,11 +36,10 @@ from typing import Annotated, Any, Literal
 import msgpack
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
+from .audit import AuditEntry, AuditEvent
 from .control_frames import (
     AnyControlFrame,
     Assigned,
-    AuditEntry,
-    AuditEvent,
     AuditLog,
     BlobData,
     Cancel,

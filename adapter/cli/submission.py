@@ -15,7 +15,9 @@ from pydantic import ValidationError
 
 from adapter.show.render import mib, unattended_text
 from protocol_specs.plain_words import invalid
-from protocol_specs.runs import KNOWN_BACKENDS, Resources, RunRecord, RunSpec
+from protocol_specs.resources import Resources
+from protocol_specs.run_spec import KNOWN_BACKENDS, RunSpec
+from protocol_specs.runs import RunRecord
 from protocol_specs.tunnel_open import new_key
 from protocol_specs.wire import ErrorCode
 from relay.client import ControlClient, Endpoint, RelayError, open_control

@@ -14,8 +14,10 @@ from typing import Any
 from protocol_specs.auth import TokenInfo
 from protocol_specs.lines import LineJoiner
 from protocol_specs.metrics import format_value
+from protocol_specs.resources import short_duration
+from protocol_specs.run_spec import RunSpec
 from protocol_specs.run_text import clip, columns, shown_state
-from protocol_specs.runs import RunRecord, RunSpec, short_duration
+from protocol_specs.runs import RunRecord
 from protocol_specs.sweeps import SweepRecord, SweepState, Trial
 from protocol_specs.wire import AuditEntry
 

@@ -15,7 +15,8 @@ from typing import TypeVar
 
 import trio
 
-from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord
 from protocol_specs.snapshots import BLOB_CHUNK
 from protocol_specs.trees import Trees
 from protocol_specs.wire import ErrorCode

@@ -20,7 +20,8 @@ from websockets.trio.client import ClientConnection
 
 from protocol_specs import wire
 from protocol_specs.auth import Scope, TokenInfo
-from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord
 from protocol_specs.snapshots import BLOB_CHUNK, Manifest
 from protocol_specs.sweeps import SweepRecord, SweepSpec
 from protocol_specs.tunnels import TunnelSpec

@@ -33,13 +33,8 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from protocol_specs import claims, wire
-from protocol_specs.runs import (
-    IllegalTransition,
-    RunEvent,
-    RunRecord,
-    RunSpec,
-    RunState,
-)
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import IllegalTransition, RunEvent, RunRecord, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
 from protocol_specs.trees import TreeError

@@ -17,7 +17,8 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from protocol_specs import wire
-from protocol_specs.runs import Attempt, RunEvent, RunRecord, RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import Attempt, RunEvent, RunRecord, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
 from protocol_specs.submits import FINISH_AFTER

@@ -26,7 +26,7 @@ from websockets.trio.client import connect
 
 from adapter.scripted_ide.dap_client import open_dap_client
 from protocol_specs import dap_framing, wire
-from protocol_specs.runs import RunSpec
+from protocol_specs.run_spec import RunSpec
 from relay.client import Endpoint, open_control
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -42,7 +42,8 @@ from test_faults import Redis
 
 from adapter.config import profile_token
 from protocol_specs import wire
-from protocol_specs.runs import RunRecord, RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import IdeLink
 from relay.client import Endpoint, RelayError, follow_logs, open_control, open_run_link

@@ -12,7 +12,7 @@ import trio
 
 from protocol_specs import wire
 from protocol_specs.auth import Scope
-from protocol_specs.runs import RunSpec
+from protocol_specs.run_spec import RunSpec
 from protocol_specs.wire import IdeLink, Role, WorkerLink
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, open_connection, open_control, open_run_link

@@ -20,7 +20,8 @@ from websockets.trio.client import connect
 
 from protocol_specs import claims, wire
 from protocol_specs.auth import Scope
-from protocol_specs.runs import RunRecord, RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord, RunState
 from protocol_specs.wire import ErrorCode, Role, WorkerLink
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, open_control, open_run_link

@@ -16,7 +16,8 @@ from credentials import user_endpoint
 from faults.proxy import FaultProxy
 
 from protocol_specs import wire
-from protocol_specs.runs import RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import ErrorCode, IdeLink, StreamName, WorkerLink
 from relay.client import Endpoint, LinkPolicy, RunLink, open_control, open_run_link

@@ -7,7 +7,7 @@ import trio
 from credentials import user_endpoint
 
 from protocol_specs import wire
-from protocol_specs.runs import RunSpec
+from protocol_specs.run_spec import RunSpec
 from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
 from protocol_specs.wire import IdeLink, WorkerLink
 from relay.client import Endpoint, open_control, open_run_link

@@ -22,7 +22,8 @@ from faults.proxy import FaultProxy
 
 from protocol_specs import wire
 from protocol_specs.auth import Scope
-from protocol_specs.runs import RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunState
 from protocol_specs.session import StatusEvent
 from relay.auth import TokenStore
 from relay.client import Endpoint, follow_logs, open_control

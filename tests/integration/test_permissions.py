@@ -26,7 +26,7 @@ from websockets.trio.client import connect
 from protocol_specs import wire
 from protocol_specs.auth import Scope
 from protocol_specs.permissions import LINK_ACTS, Act, Holder, expected, permissions_markdown
-from protocol_specs.runs import RunSpec
+from protocol_specs.run_spec import RunSpec
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.sweeps import SweepSpec, parse_param
 from protocol_specs.tunnels import TunnelSpec

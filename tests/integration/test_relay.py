@@ -14,7 +14,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
 from protocol_specs import wire
-from protocol_specs.runs import RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
 from protocol_specs.wire import ErrorCode, IdeLink, Role, StreamName, WorkerLink

@@ -23,7 +23,8 @@ import pytest
 import trio
 
 from protocol_specs import wire
-from protocol_specs.runs import TRANSITIONS, RunEvent, RunRecord, RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import TRANSITIONS, RunEvent, RunRecord, RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest
 from relay.config import RelayConfig

@@ -14,7 +14,8 @@ import pytest
 from live_relay import SPEC, Relay, live_relay, refusal, submitted
 
 from protocol_specs.auth import Scope
-from protocol_specs.runs import REDACTED, RunState
+from protocol_specs.run_spec import REDACTED
+from protocol_specs.runs import RunState
 from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.wire import ErrorCode, IdeLink, Role
 from relay.client import RelayError, open_control, open_run_link

@@ -14,7 +14,7 @@ from credentials import user_endpoint
 from adapter.snapshots.snapshot import Snapshot, SnapshotError, build_snapshot
 from adapter.snapshots.snapshot_upload import submit_snapshot
 from protocol_specs.auth import Scope
-from protocol_specs.runs import RunSpec
+from protocol_specs.run_spec import RunSpec
 from protocol_specs.trees import build_trees
 from relay.client import Endpoint, RelayError, open_control
 from relay.config import RelayConfig

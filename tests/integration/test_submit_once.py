@@ -19,7 +19,8 @@ from test_lost_claims import relay
 
 from adapter.cli.submission import submit_run
 from protocol_specs.auth import Scope
-from protocol_specs.runs import RunRecord, RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord, RunState
 from protocol_specs.submits import run_id_for
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, follow_logs, open_control

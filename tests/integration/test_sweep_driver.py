@@ -11,7 +11,8 @@ import pytest
 
 from protocol_specs import wire
 from protocol_specs.auth import Principal, Scope
-from protocol_specs.runs import RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunState
 from protocol_specs.snapshots import Manifest
 from protocol_specs.sweeps import SweepRecord, SweepSpec, SweepState, parse_param
 from relay.config import RelayConfig

@@ -30,7 +30,8 @@ from faults.proxy import FaultProxy
 from adapter.cli.tunnel import TETHER_FAILED, run_tunnel
 from protocol_specs import wire
 from protocol_specs.auth import Scope
-from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.tunnels import TunnelSpec
 from protocol_specs.wire import TunnelEntry, TunnelLink

@@ -17,7 +17,7 @@ from websockets.trio.client import connect
 
 from protocol_specs import web, wire
 from protocol_specs.auth import Scope
-from protocol_specs.runs import RunSpec
+from protocol_specs.run_spec import RunSpec
 from protocol_specs.sweeps import SweepSpec, parse_objective, parse_param
 from protocol_specs.wire import IdeLink, WorkerLink
 from relay.auth import TokenStore

@@ -22,7 +22,7 @@ from credentials import user_endpoint
 
 from protocol_specs import wire
 from protocol_specs.processes import ProcessInfo
-from protocol_specs.runs import RunSpec
+from protocol_specs.run_spec import RunSpec
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.wire import DapEntry, IdeLink, PresenceEntry, StatusEntry

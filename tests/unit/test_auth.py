@@ -27,7 +27,8 @@ from protocol_specs.auth import (
 )
 from protocol_specs.permissions import Act, authorize
 from protocol_specs.redact import Redactor
-from protocol_specs.runs import REDACTED, RunRecord, RunSpec
+from protocol_specs.run_spec import REDACTED, RunSpec
+from protocol_specs.runs import RunRecord
 
 SPEC = RunSpec(command=["python", "app.py"], workdir="/w")
 

@@ -15,7 +15,8 @@ from protocol_specs.claims import (
     release,
     unconfirmed,
 )
-from protocol_specs.runs import Attempt, IllegalTransition, RunEvent, RunRecord, RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import Attempt, IllegalTransition, RunEvent, RunRecord, RunState
 
 SPEC = RunSpec(command=["python", "-c", "print(1)"], workdir="/w")  # no retries asked
 WITHIN = 15.0

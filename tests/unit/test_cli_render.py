@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from adapter.show.render import runs_table, sweep_text, sweeps_table
 from protocol_specs.auth import Principal, Scope
-from protocol_specs.runs import RunEvent, RunRecord, RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunEvent, RunRecord, RunState
 from protocol_specs.sweeps import SweepRecord, SweepSpec, parse_param, round_failed
 from relay.web.experiments import sweep_page
 

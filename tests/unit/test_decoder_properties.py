@@ -22,7 +22,8 @@ from pydantic import BaseModel, ValidationError
 from protocol_specs import wire
 from protocol_specs.auth import Scope, TokenInfo
 from protocol_specs.dap_framing import DapFramer, DapFramingError, encode_message
-from protocol_specs.runs import REDACTED, RunRecord, RunSpec
+from protocol_specs.run_spec import REDACTED, RunSpec
+from protocol_specs.runs import RunRecord
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.sweeps import SweepRecord, SweepSpec, Trial, parse_objective, parse_param
 from protocol_specs.tunnels import TunnelSpec

@@ -23,7 +23,8 @@ from protocol_specs.link import (
     Refusal,
     Refused,
 )
-from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord
 from protocol_specs.wire import (
     ErrorCode,
     IdeLink,

@@ -34,7 +34,7 @@ from protocol_specs.metrics import (
     point_line,
     points_of,
 )
-from protocol_specs.runs import RunSpec
+from protocol_specs.run_spec import RunSpec
 
 # --- the tether module -----------------------------------------------------------------------------
 

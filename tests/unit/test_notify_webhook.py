@@ -12,7 +12,8 @@ from credentials import user_endpoint
 
 from adapter.show.notify import desktop_notification_command
 from protocol_specs import wire
-from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import WorkerLink
 from relay.client import open_control, open_run_link

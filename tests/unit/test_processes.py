@@ -15,7 +15,8 @@ from protocol_specs.processes import (
     fold_into_record,
     process_key,
 )
-from protocol_specs.runs import RunEvent, RunRecord, RunSpec, RunState, StaleAttempt
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunEvent, RunRecord, RunState, StaleAttempt
 from protocol_specs.wire import StatusEntry, StatusEvent
 
 MAIN_INFO = ProcessInfo(key=MAIN, pid=4100, host="gpu-7")

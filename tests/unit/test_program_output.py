@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from protocol_specs import wire
 from protocol_specs.dap_models import plain_output
-from protocol_specs.runs import REDACTED
+from protocol_specs.run_spec import REDACTED
 from relay.client import RelayError, RunLink
 from worker_shim.session.output import (
     HOLD_CAP,

@@ -34,7 +34,8 @@ from protocol_specs.relay_link import (
     TunnelEnded,
     streams_of,
 )
-from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord
 from protocol_specs.wire import (
     AfterLink,
     AnyLink,

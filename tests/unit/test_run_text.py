@@ -8,8 +8,9 @@ import pytest
 
 from adapter.show.render import ended_text, runs_table, status_text, sweep_text, unattended_text
 from protocol_specs.auth import Principal, Scope
+from protocol_specs.run_spec import RunSpec
 from protocol_specs.run_text import clip, shown_state, slots_text
-from protocol_specs.runs import Attempt, ProcessRow, RunEvent, RunRecord, RunSpec, RunState
+from protocol_specs.runs import Attempt, ProcessRow, RunEvent, RunRecord, RunState
 from protocol_specs.sweeps import SweepRecord, SweepSpec, Trial, parse_param
 from relay.web.experiments import sweep_page
 from relay.web.pages import run_page, run_row

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from protocol_specs.run_spec import RunSpec
 from protocol_specs.runs import (
     TERMINAL_STATES,
     TRANSITIONS,
     IllegalTransition,
     RunEvent,
     RunRecord,
-    RunSpec,
     RunState,
     next_state,
     retry_delay,

@@ -15,6 +15,7 @@ load ``socket`` at all, and in every module the first import of ``socket`` must 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import pkgutil
 import subprocess
@@ -29,7 +30,8 @@ import protocol_specs
 NEVER_LOADED = ["trio", "asyncio", "anyio", "glide", "websockets", "redis", "valkey", "jsonschema"]
 STDLIB_IO = ["socket", "selectors", "ssl", "threading", "subprocess"]
 NEVER_IMPORTED = {*NEVER_LOADED, *STDLIB_IO}
-MODULES = sorted(m.name for m in pkgutil.iter_modules(protocol_specs.__path__))
+#: every module of protocol_specs, its sub-packages' too, by its full name
+MODULES = sorted(m.name for m in pkgutil.walk_packages(protocol_specs.__path__, "protocol_specs."))
 
 _PROBE = """
 import json, sys, traceback
@@ -54,8 +56,7 @@ print(json.dumps({{
 
 
 def probe(module: str) -> dict[str, Any]:
-    full = module if "." in module else f"protocol_specs.{module}"
-    code = _PROBE.format(module=full, watched=[*NEVER_LOADED, *STDLIB_IO, "pydantic"])
+    code = _PROBE.format(module=module, watched=[*NEVER_LOADED, *STDLIB_IO, "pydantic"])
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
@@ -64,13 +65,20 @@ def probe(module: str) -> dict[str, Any]:
 
 
 def test_the_modules_of_the_plan_are_all_checked() -> None:
-    assert {"dap_framing", "capabilities", "dap_schema", "session", "wire", "runs"} <= set(MODULES)
+    assert {
+        "protocol_specs.dap_framing",
+        "protocol_specs.capabilities",
+        "protocol_specs.dap_schema",
+        "protocol_specs.session",
+        "protocol_specs.wire",
+        "protocol_specs.runs",
+    } <= set(MODULES)
 
 
 @pytest.mark.parametrize("module", MODULES)
 def test_module_loads_no_event_loop_client_or_validator(module: str) -> None:
     loaded = probe(module)["loaded"]
-    assert not set(loaded) & set(NEVER_LOADED), f"protocol_specs.{module} loaded {loaded}"
+    assert not set(loaded) & set(NEVER_LOADED), f"{module} loaded {loaded}"
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -78,7 +86,7 @@ def test_module_loads_socket_only_through_pydantic_metadata(module: str) -> None
     result = probe(module)
     loaded, chain = set(result["loaded"]), result["socket_importers"]
     if "pydantic" not in loaded:
-        assert not loaded & set(STDLIB_IO), f"protocol_specs.{module} loaded {loaded}"
+        assert not loaded & set(STDLIB_IO), f"{module} loaded {loaded}"
         return
     if chain is None:
         return
@@ -87,7 +95,10 @@ def test_module_loads_socket_only_through_pydantic_metadata(module: str) -> None
     assert any("/pydantic/plugin/" in f.replace("\\", "/") for f in chain), chain
 
 
-@pytest.mark.parametrize("module", ["dap_framing", "capabilities", "dap_schema"])
+@pytest.mark.parametrize(
+    "module",
+    ["protocol_specs.dap_framing", "protocol_specs.capabilities", "protocol_specs.dap_schema"],
+)
 def test_the_dap_codec_modules_load_no_io_module_at_all(module: str) -> None:
     result = probe(module)
     assert result["loaded"] == [] and result["socket_importers"] is None
@@ -95,7 +106,9 @@ def test_the_dap_codec_modules_load_no_io_module_at_all(module: str) -> None:
 
 @pytest.mark.parametrize("module", MODULES)
 def test_module_imports_no_io_module_itself(module: str) -> None:
-    tree = ast.parse(Path(protocol_specs.__path__[0], f"{module}.py").read_text(encoding="utf-8"))
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, module
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             roots = {alias.name.split(".")[0] for alias in node.names}
@@ -105,9 +118,9 @@ def test_module_imports_no_io_module_itself(module: str) -> None:
             continue
         # jsonschema is allowed inside functions only (dap_schema imports it lazily); the
         # NEVER_LOADED check above proves importing the module does not load it.
-        if roots == {"jsonschema"} and module == "dap_schema":
+        if roots == {"jsonschema"} and module == "protocol_specs.dap_schema":
             continue
-        assert not roots & NEVER_IMPORTED, f"protocol_specs/{module}.py imports {roots}"
+        assert not roots & NEVER_IMPORTED, f"{spec.origin} imports {roots}"
 
 
 #: the decision cores of the I/O packages: sync objects that take events and return actions; their

@@ -15,7 +15,8 @@ from hand_clock import HandClock
 from protocol_specs.capabilities import DEBUGPY_CAPABILITIES
 from protocol_specs.dap_schema import validate_message
 from protocol_specs.link import Cursor
-from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord
 from protocol_specs.session import StatusEvent
 from protocol_specs.wire import (
     ControlEntry,

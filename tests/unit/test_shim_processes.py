@@ -11,7 +11,8 @@ import orjson
 from protocol_specs.dap_schema import validate_message
 from protocol_specs.link import Cursor
 from protocol_specs.processes import ProcessInfo
-from protocol_specs.runs import RunRecord, RunSpec
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord
 from protocol_specs.session import PLACES_EVENT, StatusEvent
 from protocol_specs.wire import (
     DapEntry,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protocol_specs.runs import Resources, RunRecord, RunSpec
+from protocol_specs.resources import Resources
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord
 from worker_shim.backends.slurm import job_script
 
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from protocol_specs import wire
-from protocol_specs.runs import RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunState
 from protocol_specs.search import ask, prune
 from protocol_specs.sweeps import (
     FAILURE_CHARS,

@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from protocol_specs import wire
-from protocol_specs.runs import RunRecord, RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunRecord, RunState
 from protocol_specs.tunnel_open import (
     Answer,
     Create,

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from protocol_specs import web
 from protocol_specs.auth import Principal, Scope
-from protocol_specs.runs import Attempt, ProcessRow, RunRecord, RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import Attempt, ProcessRow, RunRecord, RunState
 from relay.web.listing import Page
 from relay.web.log_text import LogText
 from relay.web.pages import run_page, run_row, runs_page

@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol_specs import wire
-from protocol_specs.runs import RunSpec, RunState
+from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs import RunState
 from protocol_specs.session import StatusEvent
 from protocol_specs.snapshots import Manifest, ManifestEntry
 from protocol_specs.wire import ErrorCode, WireError
