@@ -12,7 +12,7 @@ the sweep says so.
 Outside a tether run, :func:`report` does nothing, :func:`params` is ``{}`` and
 :func:`should_stop` is False, so the same program runs anywhere. The standard library only: the
 worker puts this file on the program's ``PYTHONPATH``, in whatever Python environment the program
-uses (the worker's is not needed). What it sends is read by ``protocol_specs/metrics.py``.
+uses (the worker's is not needed). What it sends is read by ``protocol_specs/runs/metrics.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ _STOP = "TETHER_STOP_FILE"
 _PARAMS = "TETHER_PARAMS"
 _TRIAL = "TETHER_TRIAL"
 _WHEN = "TETHER_DEBUG_WHEN"
-#: what a --debug-when condition may call (``protocol_specs/metrics.py`` checks it at submit)
+#: what a --debug-when condition may call (``protocol_specs/runs/metrics.py`` checks it at submit)
 _FUNCTIONS = {
     "isnan": math.isnan, "isinf": math.isinf, "isfinite": math.isfinite,
     "abs": abs, "min": min, "max": max,

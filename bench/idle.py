@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs.spec import RunSpec
 from relay.client import open_control
 
 from .common import Dist, Endpoint, Session, rss_kib, timed

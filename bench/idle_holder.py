@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 import trio
 
-from protocol_specs import wire
-from protocol_specs.wire import IdeLink
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import IdeLink
 from relay.client import Endpoint, open_run_link
 
 REPO = Path(__file__).resolve().parents[1]

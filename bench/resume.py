@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 import trio
 
-from protocol_specs import wire
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.wire import IdeLink, Role
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import IdeLink, Role
 from relay.client import open_connection, open_control, open_run_link
 
 from .common import Dist, Endpoint

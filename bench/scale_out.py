@@ -32,9 +32,9 @@ from typing import Any
 import orjson
 import trio
 
-from protocol_specs import wire
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.wire import IdeLink, WorkerLink
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import IdeLink, WorkerLink
 from relay.client import RunLink, open_control, open_run_link
 from relay.embedded.server import bundled_server_binary
 from tests.e2e.harness import admin_token, tether

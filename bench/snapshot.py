@@ -22,7 +22,7 @@ import trio
 from adapter.snapshots.hash_cache import HashCache
 from adapter.snapshots.snapshot import build_snapshot
 from adapter.snapshots.snapshot_upload import submit_snapshot
-from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs.spec import RunSpec
 from relay.client import Endpoint, open_control
 
 from .common import timed

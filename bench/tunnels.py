@@ -18,9 +18,9 @@ from typing import Any
 
 import trio
 
-from protocol_specs import wire
-from protocol_specs.tunnels import TunnelSpec
-from protocol_specs.wire import TunnelEntry, TunnelLink
+from protocol_specs.wire import wire
+from protocol_specs.wire.tunnels import TunnelSpec
+from protocol_specs.wire.wire import TunnelEntry, TunnelLink
 from relay.client import Endpoint, RunLink, open_control, open_run_link
 
 from .common import Dist, Stack, ms, tether, verdict

@@ -5,7 +5,7 @@ connections at once): one in a hundred cancelled, one in a thousand tagged ``rar
 asked for ``rounds`` times over HTTP (a session cookie, as a browser has) and timed from request
 to the last byte of the page: the newest page, the last page (``start`` 50 before the end), a
 state filter matching 1 % (the list reads records until its page is full), and a tag matching
-0.1 % (it reads its :data:`~protocol_specs.web.MAX_SCAN` at most, then offers "older"). Baseline,
+0.1 % (it reads its :data:`~protocol_specs.web.web.MAX_SCAN` at most, then offers "older"). Baseline,
 in the same run: ``tether ls``'s request for as many runs (``list_runs`` on a control connection,
 answered as records, no HTML). With Chromium at hand, the newest page is also loaded in a real
 browser (``tests/e2e/node/web_scenario.mjs``): the navigation's duration, HTML to ``load``.
@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import trio
 
-from protocol_specs import web
-from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.web import web
 from relay.client import open_control
 
 from .common import ROOT, Dist, Stack, ms, verdict

@@ -1,5 +1,5 @@
 """Tokens in the store: created, looked up, listed, revoked. The decisions are in
-``protocol_specs.auth``; this module only keeps the records (``relay/store/keys.py``:
+``protocol_specs.access.auth``; this module only keeps the records (``relay/store/keys.py``:
 ``tether:token:<id>``).
 
 The relay uses it, and so does ``tether up`` / ``tether token create --redis`` on the relay's host to
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from protocol_specs.auth import Scope, TokenKind, TokenRecord, new_token, parse_token
+from protocol_specs.access.auth import Scope, TokenKind, TokenRecord, new_token, parse_token
 
 from .store import Store, keys
 
@@ -89,7 +89,7 @@ class TokenStore:
         return TokenRecord.model_validate_json(raw) if raw else None
 
     async def lookup(self, token: str | None) -> TokenRecord | None:
-        """The record a presented token names (not yet checked: ``protocol_specs.auth.check_token``)."""
+        """The record a presented token names (not yet checked: ``protocol_specs.access.auth.check_token``)."""
         parsed = parse_token(token or "")
         return await self.get(parsed[0]) if parsed else None
 

@@ -23,7 +23,7 @@ class RelayConfig:
     #: a worker that does not renew its lease (heartbeats) for this long loses its run
     lease: float = 90.0
     #: a claim whose worker has not confirmed it holds the answer this long after it was made goes
-    #: back to the queue at the same attempt (``protocol_specs/claims.py``: its answer was lost)
+    #: back to the queue at the same attempt (``protocol_specs/runs/claims.py``: its answer was lost)
     claim_confirm: float = 15.0
     #: how long a finished run's keys stay in Redis
     retention: float = 7 * 24 * 3600.0
@@ -34,7 +34,7 @@ class RelayConfig:
     #: a run's logs stream keeps about this many output chunks (each at most 16 KiB), oldest dropped
     log_entries: int = 20_000
     #: a run's metrics stream keeps about this many entries (each the points of at most a second,
-    #: up to 1000: ``protocol_specs/metrics.py``), oldest dropped
+    #: up to 1000: ``protocol_specs/runs/metrics.py``), oldest dropped
     metric_entries: int = 10_000
     #: IDE, worker and logs connections one user may have open to one relay process at once
     max_connections: int = 64

@@ -1,9 +1,9 @@
 """The relay's door: the ``hello`` handshake, authentication, per-user connection caps, and closing
 the connections whose token was revoked or expired meanwhile.
 
-Nothing is served before a connection's token is checked (``protocol_specs/auth.py``); what the
-holder may then do is decided by ``protocol_specs/permissions.py``. Failed authentications are
-answered slowly (:class:`~protocol_specs.auth.AuthThrottle`); tokens are never logged.
+Nothing is served before a connection's token is checked (``protocol_specs/access/auth.py``); what the
+holder may then do is decided by ``protocol_specs/access/permissions.py``. Failed authentications are
+answered slowly (:class:`~protocol_specs.access.auth.AuthThrottle`); tokens are never logged.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 from websockets.trio.server import ServerConnection
 
-from protocol_specs import wire
-from protocol_specs.audit import AuditRole
-from protocol_specs.auth import AuthThrottle, Principal, Refusal, check_token
-from protocol_specs.tunnels import MAX_TUNNELS
-from protocol_specs.wire import ErrorCode, Role, WireError
+from protocol_specs.access.audit import AuditRole
+from protocol_specs.access.auth import AuthThrottle, Principal, Refusal, check_token
+from protocol_specs.wire import wire
+from protocol_specs.wire.tunnels import MAX_TUNNELS
+from protocol_specs.wire.wire import ErrorCode, Role, WireError
 
 from .auth import TokenStore
 from .config import RelayConfig
@@ -162,7 +162,7 @@ class Gate:
 
     async def _authenticate(self, peer: Peer, hello: wire.Hello) -> Principal | None:
         """The token's holder, or ``None`` after refusing the connection (slowly: see
-        :class:`~protocol_specs.auth.AuthThrottle`). The token itself is never logged."""
+        :class:`~protocol_specs.access.auth.AuthThrottle`). The token itself is never logged."""
         got = check_token(hello.token, await self.tokens.lookup(hello.token), self.clock())
         if isinstance(got, Principal):
             return got

@@ -1,6 +1,6 @@
 """The relay: a trio WebSocket server that keeps runs and their DAP traffic in Redis.
 
-Each connection starts with a ``hello`` frame naming its role (see ``protocol_specs/wire.py`` and
+Each connection starts with a ``hello`` frame naming its role (see ``protocol_specs/wire/wire.py`` and
 ``protocol_specs/relay-protocol.md``), and goes through these rooms:
 
 - ``relay/gate.py``: the handshake, the token check, per-user connection caps, revocation;
@@ -13,7 +13,7 @@ Each connection starts with a ``hello`` frame naming its role (see ``protocol_sp
 - ``relay/runs/registry.py``: run records and their transitions, each atomic in the store, with
   leases, retries and the queue.
 
-What each credential may do is one table, ``protocol_specs/permissions.py``.
+What each credential may do is one table, ``protocol_specs/access/permissions.py``.
 
 The relay keeps no state of its own beyond Redis, so any number of relay processes can serve one
 Redis and a relay can be killed at any moment: publishes are stored exactly once per producer,
@@ -39,10 +39,10 @@ import trio
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.server import Server, ServerConnection, serve
 
-from protocol_specs import wire
-from protocol_specs.runs import RunRecord
-from protocol_specs.web import run_path
-from protocol_specs.wire import ErrorCode, Role
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.web.web import run_path
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode, Role
 
 from .auth import TokenStore
 from .client import ws_flow

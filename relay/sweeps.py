@@ -1,5 +1,5 @@
 """Sweeps in the relay: their records and trials in the store, and the loop that drives each
-unfinished sweep (the decisions are ``protocol_specs/sweeps.py`` and ``protocol_specs/search.py``).
+unfinished sweep (the decisions are ``protocol_specs/sweeps/sweeps.py`` and ``protocol_specs/sweeps/search.py``).
 
 Every relay process runs :meth:`Sweeps.drive_forever`; a sweep is driven by one process at a time,
 the holder of its lease (``keys.sweep_lease``, a compare-and-set value renewed each round, taken
@@ -12,7 +12,7 @@ over, and records how an ended run's trial came out; then it launches trials whi
 before what follows from it: a trial is recorded with its run's id before the run is submitted,
 so a relay that dies between the two submits it on the next round (a run id is never reused).
 A round that raises anything but the store's errors (which are retried next round) fails the
-sweep, saying why in one line (``protocol_specs.sweeps.round_failed``), logged once.
+sweep, saying why in one line (``protocol_specs.sweeps.sweeps.round_failed``), logged once.
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ from functools import partial
 
 import trio
 
-from protocol_specs import wire
-from protocol_specs.auth import Principal
-from protocol_specs.permissions import Act, authorize
-from protocol_specs.run_text import shown_state
-from protocol_specs.runs import RunRecord, RunState
-from protocol_specs.search import ask, prune
-from protocol_specs.snapshots import Manifest
-from protocol_specs.sweeps import (
+from protocol_specs.access.auth import Principal
+from protocol_specs.access.permissions import Act, authorize
+from protocol_specs.runs.runs import RunRecord, RunState
+from protocol_specs.runs.text import shown_state
+from protocol_specs.snapshots.snapshots import Manifest
+from protocol_specs.sweeps.search import ask, prune
+from protocol_specs.sweeps.sweeps import (
     SweepRecord,
     SweepSpec,
     SweepState,
@@ -44,7 +43,8 @@ from protocol_specs.sweeps import (
     observed,
     round_failed,
 )
-from protocol_specs.wire import ErrorCode, StreamName
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode, StreamName
 
 from .config import RelayConfig
 from .runs.metrics import points_after

@@ -15,9 +15,9 @@ from adapter.dap.core import (
     Publish,
     ToIde,
 )
-from protocol_specs.dap_schema import validate_message
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import DapEntry, PresenceEntry, StatusEntry, StreamName
+from protocol_specs.dap.schema import validate_message
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire.wire import DapEntry, PresenceEntry, StatusEntry, StreamName
 
 MAIN = "/home/me/project/train.py"
 DATA = "/home/me/project/data.py"

@@ -15,10 +15,10 @@ from hand_clock import HandClock
 from adapter.dap.actions import Say
 from adapter.dap.core import Action, AdapterCore, CancelRun, CloseIde, Publish, ToIde
 from adapter.dap.processes import Processes
-from protocol_specs.dap_schema import validate_message
-from protocol_specs.processes import ProcessInfo
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import DapEntry, PresenceEntry, StatusEntry, StreamName
+from protocol_specs.dap.schema import validate_message
+from protocol_specs.session.processes import ProcessInfo
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire.wire import DapEntry, PresenceEntry, StatusEntry, StreamName
 
 CHILD = "4242"
 ATTACH = {

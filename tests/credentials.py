@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol_specs.auth import Scope
+from protocol_specs.access.auth import Scope
 from relay.auth import TokenStore
 from relay.client import Endpoint, Target, endpoint
 from relay.store import Store

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from protocol_specs.auth import TOKEN_PATTERN
+from protocol_specs.access.auth import TOKEN_PATTERN
 
 #: put this in any secret value a test uses, so the scan recognises it wherever it leaks
 MARKER = "s3cr3t"

@@ -20,7 +20,7 @@ Sequence for a run in debug mode:
    back with the adapter's; events go to ``to_ide``. An IDE leaving is never forwarded (debugpy would
    resume the program and drop every breakpoint).
 6. When the program exits, publish its exit status (after all of its output), saying whether the
-   relay will retry (``final``: :func:`protocol_specs.runs.retry_delay`).
+   relay will retry (``final``: :func:`protocol_specs.runs.runs.retry_delay`).
 
 The program's stdout and stderr go to the run's logs stream (``LogEntry`` chunks) as well as to a
 log file beside the run directory and, when the IDE asked for output, to the IDE as ``output``
@@ -32,7 +32,7 @@ before ``stopped``, the exit and every response). While the program stays stoppe
 Throughout, the relay link reconnects by itself and resends what the relay has not acknowledged
 (``relay.client.RunLink``); debugpy never notices a network drop. If the run was ended meanwhile
 (cancelled, or marked lost because the link stayed down past the lease), the program is terminated.
-While the program is paused and no IDE is attached, :class:`protocol_specs.attention.Attention`
+While the program is paused and no IDE is attached, :class:`protocol_specs.session.attention.Attention`
 decides what happens (the run's ``on_unattended_stop`` policy).
 
 This module is the I/O only: the debugpy socket, the run link, the program. What to send and
@@ -54,13 +54,13 @@ from typing import Any
 
 import trio
 
-from protocol_specs import wire
-from protocol_specs.link import Cursor
-from protocol_specs.processes import ProcessMode
-from protocol_specs.runs import RunRecord
-from protocol_specs.session import StatusEvent
-from protocol_specs.snapshots import Manifest
-from protocol_specs.wire import StreamName, WorkerLink
+from protocol_specs.link.link import Cursor
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.session.processes import ProcessMode
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.snapshots.snapshots import Manifest
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import StreamName, WorkerLink
 from relay.client import LinkPolicy, RunLink, Target, open_control, open_run_link
 
 from .program.debuggee import (

@@ -10,7 +10,7 @@ import time
 
 from adapter.config import ConfigError, check_config, save_token
 from adapter.show.render import audit_lines, tokens_table
-from protocol_specs.auth import Scope, TokenInfo
+from protocol_specs.access.auth import Scope, TokenInfo
 from relay.client import open_control
 
 from .errors import control_call, store_at

@@ -1,4 +1,4 @@
-"""``tether metrics``: a run's metric points, as they were reported (``protocol_specs/metrics.py``)."""
+"""``tether metrics``: a run's metric points, as they were reported (``protocol_specs/runs/metrics.py``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import math
 import sys
 
-from protocol_specs import wire
-from protocol_specs.metrics import point_line, points_of
-from protocol_specs.wire import StreamName
+from protocol_specs.runs.metrics import point_line, points_of
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import StreamName
 from relay.client import RelayError, follow_logs
 
 from .runs import full_run_id

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
-from protocol_specs.trees import Trees, decode_tree
+from protocol_specs.snapshots.trees import Trees, decode_tree
 from worker_shim.program.python_command import is_python, split_python_command
 
 __all__ = ["Pinned", "check_targets", "env_root", "pin_environment", "tree_holds"]

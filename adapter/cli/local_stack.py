@@ -18,7 +18,7 @@ import trio
 from .errors import store_at
 
 if TYPE_CHECKING:
-    from protocol_specs.runs import RunRecord
+    from protocol_specs.runs.runs import RunRecord
     from relay.client import Endpoint
     from worker_shim.program.identity import Isolation
 
@@ -60,7 +60,7 @@ def stopping_text(records: list[RunRecord], pool: str, since: float) -> str:
     those it still runs, and those whose attempt it already ended lost (a Ctrl-C reaches the
     pool's tasks too) since the stack started at ``since``, end lost, or go back to the queue
     where they have a retry left; queued runs wait for the next start."""
-    from protocol_specs.runs import RunState
+    from protocol_specs.runs.runs import RunState
 
     lost: list[str] = []
     again: list[str] = []
@@ -119,7 +119,7 @@ async def open_local_stack(
     ``token`` is the local user's token from an earlier start (kept if the store still knows it);
     otherwise one is created. The worker pool gets a ``backend`` token of its own, deleted when the
     stack stops: it lives in this process's memory only."""
-    from protocol_specs.auth import Principal, Scope, check_token
+    from protocol_specs.access.auth import Principal, Scope, check_token
     from relay.auth import TokenStore
     from relay.client import Endpoint
     from relay.embedded.server import run_embedded_server

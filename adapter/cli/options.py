@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from protocol_specs.run_spec import KNOWN_BACKENDS
+from protocol_specs.runs.spec import KNOWN_BACKENDS
 from worker_shim.backends.housekeeping import CACHE_MAX_BYTES, KEEP_RUNS
 
 from .settings import DEFAULT_ADAPTER_PORT, parse_duration, parse_memory, public_url

@@ -22,10 +22,10 @@ from adapter.show.render import (
     runs_table,
     status_text,
 )
-from protocol_specs import wire
-from protocol_specs.runs import RunRecord, RunState
-from protocol_specs.session import StatusEvent
-from protocol_specs.web import run_path
+from protocol_specs.runs.runs import RunRecord, RunState
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.web.web import run_path
+from protocol_specs.wire import wire
 from relay.client import Endpoint, RelayError, follow_logs, open_control
 
 from .errors import control_call

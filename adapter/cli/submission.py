@@ -15,11 +15,11 @@ from pydantic import ValidationError
 
 from adapter.show.render import mib, unattended_text
 from protocol_specs.plain_words import invalid
-from protocol_specs.resources import Resources
-from protocol_specs.run_spec import KNOWN_BACKENDS, RunSpec
-from protocol_specs.runs import RunRecord
-from protocol_specs.tunnel_open import new_key
-from protocol_specs.wire import ErrorCode
+from protocol_specs.runs.resources import Resources
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import KNOWN_BACKENDS, RunSpec
+from protocol_specs.wire.tunnel_open import new_key
+from protocol_specs.wire.wire import ErrorCode
 from relay.client import ControlClient, Endpoint, RelayError, open_control
 
 from .errors import relay_error
@@ -270,7 +270,7 @@ async def submit_run(
     """Snapshot the working directory (``hashing``: the progress of reading the files it has no
     digest of), upload what the relay lacks (``progress``), submit the run."""
 
-    key = new_key()  # asked again, the same run (``protocol_specs/submits.py``)
+    key = new_key()  # asked again, the same run (``protocol_specs/runs/submits.py``)
 
     def submit(control: ControlClient, tree: str) -> Awaitable[RunRecord]:
         return control.submit(spec, tree=tree, key=key)

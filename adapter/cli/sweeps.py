@@ -1,4 +1,4 @@
-"""``tether sweep``: start a sweep (``protocol_specs/sweeps.py``) from flags or a YAML file, and
+"""``tether sweep``: start a sweep (``protocol_specs/sweeps/sweeps.py``) from flags or a YAML file, and
 ``tether sweep ls | status SWEEP | cancel SWEEP``."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import trio
 from pydantic import ValidationError
 
 from adapter.show.render import sweep_text, sweeps_table
-from protocol_specs import wire
 from protocol_specs.plain_words import invalid
-from protocol_specs.sweeps import SweepSpec, SweepState, parse_objective, parse_param
-from protocol_specs.web import sweep_path
+from protocol_specs.sweeps.sweeps import SweepSpec, SweepState, parse_objective, parse_param
+from protocol_specs.web.web import sweep_path
+from protocol_specs.wire import wire
 from relay.client import ControlClient, Endpoint, open_control
 
 from .errors import control_call

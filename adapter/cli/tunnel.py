@@ -1,4 +1,4 @@
-"""Into the run, through the relay (``protocol_specs/tunnels.py``): ``tether exec`` runs a command
+"""Into the run, through the relay (``protocol_specs/wire/tunnels.py``): ``tether exec`` runs a command
 on the run's worker, ``tether shell`` opens a shell there on a terminal (both in the run's
 directory with the run's environment), ``tether port-forward`` forwards local ports to ports of
 the worker's loopback, a tunnel per connection."""
@@ -18,10 +18,10 @@ from typing import BinaryIO
 
 import trio
 
-from protocol_specs import wire
-from protocol_specs.tunnel_open import DidNotRun, MayHaveRun, Retry, TunnelOpening
-from protocol_specs.tunnels import CHUNK, TunnelSpec
-from protocol_specs.wire import ErrorCode, TunnelEntry, TunnelLink
+from protocol_specs.wire import wire
+from protocol_specs.wire.tunnel_open import DidNotRun, MayHaveRun, Retry, TunnelOpening
+from protocol_specs.wire.tunnels import CHUNK, TunnelSpec
+from protocol_specs.wire.wire import ErrorCode, TunnelEntry, TunnelLink
 from relay.client import Endpoint, LinkPolicy, RunLink, open_control, open_run_link, tunnel_steps
 
 from .errors import control_call, relay_error
@@ -204,7 +204,7 @@ async def open_tunnel_once(
     relay: Endpoint, run: str, spec: TunnelSpec, *, opening: TunnelOpening | None = None
 ) -> wire.TunnelOpened | DidNotRun | MayHaveRun:
     """Open a tunnel, asking again (the same request: ``opening.key``) when the answer was lost,
-    so what it runs starts once or not at all (``protocol_specs/tunnel_open.py`` decides)."""
+    so what it runs starts once or not at all (``protocol_specs/wire/tunnel_open.py`` decides)."""
     opening = opening or TunnelOpening(give_up_after=GIVE_UP_AFTER)
     while True:
         asked = False

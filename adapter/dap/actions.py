@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from protocol_specs.wire import DapEntry, PresenceEntry
+from protocol_specs.wire.wire import DapEntry, PresenceEntry
 
 __all__ = [
     "Action",

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol_specs import dap_models as dap
-from protocol_specs.dap_framing import json_kind
+from protocol_specs.dap import models as dap
+from protocol_specs.dap.framing import json_kind
 
 __all__ = ["EDITOR_KEYS", "NO_ARGUMENTS", "check_request", "editor_attach", "garbage_note"]
 

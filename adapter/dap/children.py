@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 With subprocess debugging on, the worker debugs every Python process of the program and says
-which one each entry is about (``process``: :func:`protocol_specs.processes.process_key` of its
+which one each entry is about (``process``: :func:`protocol_specs.session.processes.process_key` of its
 pid). The IDE sees one debug session per process, as with debugpy locally: the main process's
 session is :class:`adapter.dap.core.AdapterCore`; each child's is a :class:`ChildCore`, which is the
 same core with these differences:
@@ -18,9 +18,9 @@ same core with these differences:
 - ``disconnect`` and ``terminate`` end the IDE's session only, never the run (nor the process).
 - the worker configured the process before any IDE session existed for it: its stops name
   debugpy's ids of the worker's breakpoints, which the fold turns into the ids this session handed
-  out for the same places (:data:`~protocol_specs.session.PLACES_EVENT`, sent for a child only).
+  out for the same places (:data:`~protocol_specs.session.session.PLACES_EVENT`, sent for a child only).
 - a rank of a ``torch.distributed`` job (``WORLD_SIZE`` > 1) that stops gets
-  :data:`~protocol_specs.processes.COLLECTIVE_TIMEOUT_HINT` in its debug console, once per
+  :data:`~protocol_specs.session.processes.COLLECTIVE_TIMEOUT_HINT` in its debug console, once per
   connection: its peers' collectives time out while it is paused.
 
 Its requests share the adapter's ``seq`` space (:class:`adapter.dap.actions.Origin`), its breakpoint
@@ -32,10 +32,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol_specs import dap_models as dap
-from protocol_specs.processes import COLLECTIVE_TIMEOUT_HINT, ProcessTable
-from protocol_specs.session import PLACES_EVENT, DebugSession, StatusEvent
-from protocol_specs.wire import AnyEntry, StatusEntry, StreamName
+from protocol_specs.dap import models as dap
+from protocol_specs.session.processes import COLLECTIVE_TIMEOUT_HINT, ProcessTable
+from protocol_specs.session.session import PLACES_EVENT, DebugSession, StatusEvent
+from protocol_specs.wire.wire import AnyEntry, StatusEntry, StreamName
 
 from .actions import Action, CloseIde, IdePhase, Origin
 from .core import AdapterCore

@@ -15,7 +15,7 @@ worker's response comes back through ``to_ide``. ``seq`` is rewritten at this ho
 connection. A request nobody answers gets an error response after ``request_timeout`` (debugpy ignores
 requests it does not know).
 
-Breakpoint ids are the adapter's (see ``protocol_specs.session``): the worker's answers to
+Breakpoint ids are the adapter's (see ``protocol_specs.session.session``): the worker's answers to
 configuration the core answered earlier become ``breakpoint`` events (reason ``changed``) under the ids
 the IDE already holds.
 
@@ -45,12 +45,12 @@ from typing import Any
 
 import orjson
 
-from protocol_specs import dap_models as dap
-from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, debugpy_answers
-from protocol_specs.prefetch import PREFETCH_EVENT
-from protocol_specs.processes import MAIN
-from protocol_specs.session import NOTICES, QUIET, DebugSession, StatusEvent
-from protocol_specs.wire import AnyEntry, DapEntry, PresenceEntry, StatusEntry, StreamName
+from protocol_specs.dap import models as dap
+from protocol_specs.dap.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, debugpy_answers
+from protocol_specs.session.prefetch import PREFETCH_EVENT
+from protocol_specs.session.processes import MAIN
+from protocol_specs.session.session import NOTICES, QUIET, DebugSession, StatusEvent
+from protocol_specs.wire.wire import AnyEntry, DapEntry, PresenceEntry, StatusEntry, StreamName
 
 from .actions import Action, CancelRun, CloseIde, IdePhase, Origin, Publish, ToIde
 from .checks import check_request, editor_attach, garbage_note
@@ -100,7 +100,7 @@ class AdapterCore:
         self.request_timeout = request_timeout
         self.shared = shared or Origin(origin or uuid.uuid4().hex[:12])
         self.origin = self.shared.name
-        #: the debugged process this session is for (:mod:`protocol_specs.processes`)
+        #: the debugged process this session is for (:mod:`protocol_specs.session.processes`)
         self.process = process
         self.clock = clock
         self.phase = IdePhase.NONE

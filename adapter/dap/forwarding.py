@@ -2,7 +2,7 @@
 requests that wait for the worker's answer, and what the worker's messages become for the IDE;
 decided synchronously.
 
-A request the core does not answer itself is published in a :class:`~protocol_specs.wire.DapEntry`
+A request the core does not answer itself is published in a :class:`~protocol_specs.wire.wire.DapEntry`
 under the adapter's ``seq`` space (:func:`request_entry`) and waits in :class:`PendingRequests`,
 keyed by that ``seq``, until the worker's response names it in ``request_seq`` (debugpy's map of
 pending requests, which rewrites ``request_seq`` on the way back). Each waits at most until its
@@ -11,7 +11,7 @@ not know), so every request is answered exactly once. Which IDE connection asked
 (``generation``): an answer for a connection that is gone is dropped.
 
 On the way back, what debugpy's answers and events name in its own terms is put in the IDE's:
-breakpoint ids are the adapter's (:mod:`protocol_specs.session`), and the program's process is
+breakpoint ids are the adapter's (:mod:`protocol_specs.session.session`), and the program's process is
 not a local one.
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import orjson
 
-from protocol_specs import dap_models as dap
-from protocol_specs.session import DebugSession, is_transient
-from protocol_specs.wire import MAX_DAP_BODY_BYTES, DapEntry
+from protocol_specs.dap import models as dap
+from protocol_specs.session.session import DebugSession, is_transient
+from protocol_specs.wire.wire import MAX_DAP_BODY_BYTES, DapEntry
 
 from .status import remote_process, stopped_body
 

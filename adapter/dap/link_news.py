@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import trio
 
-from protocol_specs import wire
+from protocol_specs.wire import wire
 
 __all__ = ["LinkNews", "Refused"]
 

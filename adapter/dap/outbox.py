@@ -8,7 +8,7 @@ An IDE that stops reading (a hung editor, a suspended laptop whose socket stays 
 stall the adapter (its relay link, another IDE taking over) nor make it hold unbounded memory:
 
 - ``output`` events are the only messages that may be merged or dropped. Consecutive plain ones of
-  one category (text only, as :func:`protocol_specs.dap_models.plain_output` defines) are merged
+  one category (text only, as :func:`protocol_specs.dap.models.plain_output` defines) are merged
   into one event of up to :data:`MERGE_LIMIT` characters, which the IDE shows as the same text.
 - While the outbox holds more than ``output_limit`` bytes, new ``output`` events (other than
   tether's ``important`` notices) are dropped: one ``important`` event in their place says how many
@@ -32,8 +32,8 @@ from typing import Any
 
 import orjson
 
-from protocol_specs import dap_framing
-from protocol_specs import dap_models as dap
+from protocol_specs.dap import framing as dap_framing
+from protocol_specs.dap import models as dap
 
 __all__ = ["HARD_LIMIT", "MERGE_LIMIT", "OUTPUT_LIMIT", "Outbox"]
 

@@ -9,7 +9,7 @@ or its first entry. Deliveries are dispatched by ``entry.process``: the main's (
 every status about the run go to the main core (notices too: they name the process, and the
 terminal hears of them there); a child's to its core. The end of the run, or of an attempt, ends
 every child's session. The statuses about processes are folded into a
-:class:`~protocol_specs.processes.ProcessTable`, which names them.
+:class:`~protocol_specs.session.processes.ProcessTable`, which names them.
 
 IDE connections: a new connection waits in a :class:`_Lobby` (its ``initialize`` answered
 locally, as debugpy would) until it says which session it is for. ``attach`` with
@@ -18,7 +18,7 @@ second connection for the same child takes that session over. Any other ``attach
 request) binds it to the main core, taking the main session over as before. The connection keeps
 its number (``generation``) and the ``seq`` it was numbered up to.
 
-Offers (:class:`~protocol_specs.processes.ProcessMode`, the run's ``processes``): ``stopped``
+Offers (:class:`~protocol_specs.session.processes.ProcessMode`, the run's ``processes``): ``stopped``
 offers a child to the main IDE when it first stops, ``all`` when it starts, ``main`` never; each
 child at most once per main IDE connection, and not while an IDE is attached to it. A main IDE
 that (re)configures is offered every child that is paused (``stopped``) or alive (``all``). The
@@ -32,16 +32,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol_specs import dap_models as dap
-from protocol_specs.processes import (
+from protocol_specs.dap import models as dap
+from protocol_specs.session.processes import (
     COLLECTIVE_TIMEOUT_HINT,
     MAIN,
     ProcessMode,
     ProcessState,
     ProcessTable,
 )
-from protocol_specs.session import NOTICES, StatusEvent
-from protocol_specs.wire import AnyEntry, DapEntry, StatusEntry, StreamName
+from protocol_specs.session.session import NOTICES, StatusEvent
+from protocol_specs.wire.wire import AnyEntry, DapEntry, StatusEntry, StreamName
 
 from .actions import Action, CloseIde, IdePhase, Say, ToIde
 from .checks import check_request, garbage_note

@@ -31,12 +31,13 @@ from typing import Any, Protocol
 
 import trio
 
-from protocol_specs import dap_framing, wire
-from protocol_specs import dap_models as dap
-from protocol_specs.link import Cursor
-from protocol_specs.processes import MAIN, ProcessMode
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import DapEntry, IdeLink, StreamName, WireError
+from protocol_specs.dap import framing as dap_framing
+from protocol_specs.dap import models as dap
+from protocol_specs.link.link import Cursor
+from protocol_specs.session.processes import MAIN, ProcessMode
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import DapEntry, IdeLink, StreamName, WireError
 from relay.client import LinkPolicy, RelayError, Target, open_control, open_run_link
 
 from . import peer

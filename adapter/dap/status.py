@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol_specs import dap_models as dap
-from protocol_specs.session import DebugSession, StatusEvent
-from protocol_specs.wire import StatusEntry
+from protocol_specs.dap import models as dap
+from protocol_specs.session.session import DebugSession, StatusEvent
+from protocol_specs.wire.wire import StatusEntry
 
 __all__ = [
     "WAITING_MESSAGE",

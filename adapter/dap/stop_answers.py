@@ -1,4 +1,4 @@
-"""The adapter's side of the stop-time prefetch, for one IDE session (:mod:`protocol_specs.prefetch`).
+"""The adapter's side of the stop-time prefetch, for one IDE session (:mod:`protocol_specs.session.prefetch`).
 
 After a ``stopped`` from a worker that prefetches, the IDE's requests wait (in order) until the
 worker's answers for that stop arrive, at most :data:`PREFETCH_WAIT`; then each is answered from
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol_specs.prefetch import RUNS_PROGRAM, StopCache
+from protocol_specs.session.prefetch import RUNS_PROGRAM, StopCache
 
 __all__ = ["PREFETCH_WAIT", "StopAnswers"]
 

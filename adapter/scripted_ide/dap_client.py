@@ -2,7 +2,7 @@
 
 Theory of operation. :func:`open_dap_client` connects and runs two tasks for the life of the
 ``async with`` block: a reader that splits the adapter's bytes into messages
-(:class:`~protocol_specs.dap_framing.DapFramer`) and files them, and the one writer of the
+(:class:`~protocol_specs.dap.framing.DapFramer`) and files them, and the one writer of the
 connection, which sends queued messages in order. Everything else is plain bookkeeping:
 
 - ``received`` keeps every message received, in order; tests validate them all against the schema.
@@ -34,8 +34,8 @@ from typing import Any
 
 import trio
 
-from protocol_specs import dap_models as dap
-from protocol_specs.dap_framing import DapFramer, DapFramingError, encode_message
+from protocol_specs.dap import models as dap
+from protocol_specs.dap.framing import DapFramer, DapFramingError, encode_message
 
 __all__ = ["DapClient", "open_dap_client", "open_dap_client_on_stream"]
 

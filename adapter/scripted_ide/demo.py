@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from protocol_specs import capabilities
+from protocol_specs.dap import capabilities
 
 from .dap_client import open_dap_client
 

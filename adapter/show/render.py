@@ -1,6 +1,6 @@
 """What the CLI shows: the runs table, a run's status, the tokens table, the audit trail, sizes
 and ages, timed status lines and upload progress, the IDE's launch.json entry, and the program's
-output on this terminal (whole lines, :class:`~protocol_specs.lines.LineJoiner`). Pure text, no
+output on this terminal (whole lines, :class:`~protocol_specs.runs.lines.LineJoiner`). Pure text, no
 I/O but the terminal's."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from protocol_specs.auth import TokenInfo
-from protocol_specs.lines import LineJoiner
-from protocol_specs.metrics import format_value
-from protocol_specs.resources import short_duration
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.run_text import clip, columns, shown_state
-from protocol_specs.runs import RunRecord
-from protocol_specs.sweeps import SweepRecord, SweepState, Trial
-from protocol_specs.wire import AuditEntry
+from protocol_specs.access.auth import TokenInfo
+from protocol_specs.runs.lines import LineJoiner
+from protocol_specs.runs.metrics import format_value
+from protocol_specs.runs.resources import short_duration
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.runs.text import clip, columns, shown_state
+from protocol_specs.sweeps.sweeps import SweepRecord, SweepState, Trial
+from protocol_specs.wire.wire import AuditEntry
 
 __all__ = [
     "Clock",

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgpack
 
-from protocol_specs.trees import Row
+from protocol_specs.snapshots.trees import Row
 
 from .selection import Entries
 

@@ -6,7 +6,7 @@ symlinks when they point inside the tree; one pointing out (``data -> /mnt/datas
 with a warning: hand such data to the run with ``--mount``.
 
 :func:`build_snapshot` hashes every file (SHA-256) into a tree object per directory
-(``protocol_specs/trees.py``): the root's digest names the snapshot.
+(``protocol_specs/snapshots/trees.py``): the root's digest names the snapshot.
 ``adapter/snapshots/snapshot_upload.py`` uploads what the relay lacks, asking about the root, then
 only about what each changed directory names, so a second submit of a big tree with one changed
 file sends that file and the few trees above it.
@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 from pydantic import ValidationError
 
-from protocol_specs.snapshots import (
+from protocol_specs.snapshots.snapshots import (
     MAX_FILE_BYTES,
     MAX_FILES,
     MAX_PATH_CHARS,
@@ -39,7 +39,7 @@ from protocol_specs.snapshots import (
     ManifestEntry,
     check_relative_path,
 )
-from protocol_specs.trees import Expansion, Row, Trees, decode_tree, encode_tree
+from protocol_specs.snapshots.trees import Expansion, Row, Trees, decode_tree, encode_tree
 
 from .hash_cache import (
     RACY_SECONDS,
@@ -70,7 +70,7 @@ def _size(n: float) -> str:
 
 @dataclass
 class Snapshot:
-    """A working directory as its trees (``protocol_specs/trees.py``): the root's digest names it."""
+    """A working directory as its trees (``protocol_specs/snapshots/trees.py``): the root's digest names it."""
 
     root: Path
     trees: Trees

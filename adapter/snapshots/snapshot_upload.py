@@ -15,11 +15,11 @@ from typing import TypeVar
 
 import trio
 
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord
-from protocol_specs.snapshots import BLOB_CHUNK
-from protocol_specs.trees import Trees
-from protocol_specs.wire import ErrorCode
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.snapshots.snapshots import BLOB_CHUNK
+from protocol_specs.snapshots.trees import Trees
+from protocol_specs.wire.wire import ErrorCode
 from relay.client import ControlClient, RelayError
 
 from .snapshot import Snapshot, SnapshotError
@@ -34,7 +34,7 @@ class Uploaded:
     blobs: int  #: blobs uploaded
     bytes: int  #: bytes uploaded
     reused: int  #: blobs the relay already had
-    trees: int = 0  #: tree objects uploaded (``protocol_specs/trees.py``)
+    trees: int = 0  #: tree objects uploaded (``protocol_specs/snapshots/trees.py``)
 
 
 async def upload_snapshot(

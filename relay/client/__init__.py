@@ -1,6 +1,6 @@
 """The relay's client, used by the CLI, the adapter, the worker shim and the benchmarks.
 
-It speaks the wire protocol (:mod:`protocol_specs.wire`) and imports nothing of the relay server:
+It speaks the wire protocol (:mod:`protocol_specs.wire.wire`) and imports nothing of the relay server:
 
 - :mod:`.connect`: where a relay is (:class:`Endpoint`), one welcomed connection
   (:func:`open_connection`), and :class:`RelayError`, the one exception for every failure.
@@ -8,7 +8,7 @@ It speaks the wire protocol (:mod:`protocol_specs.wire`) and imports nothing of 
   cancel, list, get, claim, dispatch, tokens, audit, report).
 - :mod:`.logs`: :func:`follow_logs` yields a run's output and attempt markers, reconnecting as needed.
 - :mod:`.link`: :func:`open_run_link` gives a :class:`RunLink` bound to one run in the ``ide`` or
-  ``worker`` role, around the sans-I/O :class:`protocol_specs.link.LinkState`.
+  ``worker`` role, around the sans-I/O :class:`protocol_specs.link.link.LinkState`.
 """
 
 from __future__ import annotations

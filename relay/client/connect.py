@@ -3,7 +3,7 @@
 :func:`open_connection` makes one WebSocket connection, sends ``hello`` and waits for the welcome;
 every way that can fail becomes a :class:`RelayError`, so callers handle one exception: a relay's
 refusal or the client's own verdict (no relay answering, TLS failed, a bad URL), each an
-:class:`~protocol_specs.wire.ErrorCode`.
+:class:`~protocol_specs.wire.wire.ErrorCode`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import trio
 from websockets.exceptions import WebSocketException
 from websockets.trio.client import ClientConnection, connect
 
-from protocol_specs import wire
-from protocol_specs.wire import ErrorCode
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode
 
 from . import ws_flow
 

@@ -18,14 +18,14 @@ import trio
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import ClientConnection
 
-from protocol_specs import wire
-from protocol_specs.auth import Scope, TokenInfo
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord
-from protocol_specs.snapshots import BLOB_CHUNK, Manifest
-from protocol_specs.sweeps import SweepRecord, SweepSpec
-from protocol_specs.tunnels import TunnelSpec
-from protocol_specs.wire import ErrorCode, Role
+from protocol_specs.access.auth import Scope, TokenInfo
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.snapshots.snapshots import BLOB_CHUNK, Manifest
+from protocol_specs.sweeps.sweeps import SweepRecord, SweepSpec
+from protocol_specs.wire import wire
+from protocol_specs.wire.tunnels import TunnelSpec
+from protocol_specs.wire.wire import ErrorCode, Role
 
 from .connect import RelayError, Target, open_connection
 
@@ -90,7 +90,7 @@ class ControlClient:
         data: bytes | tuple[int, Callable[[int, int], Awaitable[bytes]]],
         on_bytes: Callable[[int], None] = lambda _n: None,
     ) -> None:
-        """Upload one blob in :data:`~protocol_specs.snapshots.BLOB_CHUNK` pieces: ``data`` is
+        """Upload one blob in :data:`~protocol_specs.snapshots.snapshots.BLOB_CHUNK` pieces: ``data`` is
         its bytes, or ``(size, read(offset, length))``."""
         if isinstance(data, bytes):
             size, read = len(data), _reader(data)
@@ -116,7 +116,7 @@ class ControlClient:
         *,
         window: int = PUT_WINDOW,
     ) -> None:
-        """Upload whole blobs of at most :data:`~protocol_specs.snapshots.BLOB_CHUNK` bytes each,
+        """Upload whole blobs of at most :data:`~protocol_specs.snapshots.snapshots.BLOB_CHUNK` bytes each,
         up to ``window`` of them on their way at once (the relay answers a connection's requests
         in order): a tree of twenty thousand small files costs a few round trips, not twenty
         thousand. ``on_blob(digest, size)`` as each is stored; a refusal raises
@@ -177,7 +177,7 @@ class ControlClient:
     ) -> RunRecord:
         """Queue a run on the snapshot ``manifest``, or on the one the root ``tree`` names.
         ``key``: this request's name, the same when it is asked again (the same run is
-        answered: ``protocol_specs/submits.py``)."""
+        answered: ``protocol_specs/runs/submits.py``)."""
         return await self._run(
             wire.Submit, spec=spec, manifest=manifest or Manifest(), tree=tree, key=key
         )
@@ -192,9 +192,9 @@ class ControlClient:
         return await self._run(wire.GetRun, run=run)
 
     async def open_tunnel(self, run: str, spec: TunnelSpec, *, key: str = "") -> wire.TunnelOpened:
-        """Open a tunnel into ``run``'s worker (``protocol_specs/tunnels.py``): its id. ``key``:
+        """Open a tunnel into ``run``'s worker (``protocol_specs/wire/tunnels.py``): its id. ``key``:
         the request's name; asked again with it, the same tunnel is answered, never a second
-        (``protocol_specs/tunnel_open.py``); "": not to be retried."""
+        (``protocol_specs/wire/tunnel_open.py``); "": not to be retried."""
         return await self._call(wire.OpenTunnel, wire.TunnelOpened, run=run, spec=spec, key=key)
 
     async def list_runs(self, limit: int = 50) -> list[RunRecord]:
@@ -203,7 +203,7 @@ class ControlClient:
     async def submit_sweep(
         self, spec: SweepSpec, manifest: Manifest | None = None, *, tree: str = ""
     ) -> wire.SweepInfo:
-        """Start a sweep (``protocol_specs/sweeps.py``) on a snapshot, as :meth:`submit` does."""
+        """Start a sweep (``protocol_specs/sweeps/sweeps.py``) on a snapshot, as :meth:`submit` does."""
         manifest = manifest or Manifest()
         return await self._call(
             wire.SubmitSweep, wire.SweepInfo, spec=spec, manifest=manifest, tree=tree
@@ -236,7 +236,7 @@ class ControlClient:
         )
 
     async def confirm(self, run: str, attempt: int, claim: str) -> RunRecord:
-        """Say that this worker holds the answer to claim ``claim`` (``protocol_specs/claims.py``):
+        """Say that this worker holds the answer to claim ``claim`` (``protocol_specs/runs/claims.py``):
         the claim counts. Refused (``stale_attempt``) once it went back to the queue; asking again
         after a lost answer is answered the same."""
         return await self._run(wire.Confirm, run=run, attempt=attempt, claim=claim)

@@ -7,7 +7,7 @@ Theory of operation: a link that survives
 -----------------------------------------
 A :class:`RunLink` outlives its WebSocket connections. It reconnects after any drop (backoff with
 full jitter, :class:`LinkPolicy`) and resumes both directions without losing or repeating anything.
-What to send and what a frame means is decided by :class:`protocol_specs.link.LinkState` (the
+What to send and what a frame means is decided by :class:`protocol_specs.link.link.LinkState` (the
 outbox and its numbering, answers, cursors, dedup, ``received`` reports, heartbeats; unit-tested
 without sockets); this module does the I/O around it:
 
@@ -41,10 +41,10 @@ import trio
 from websockets.exceptions import ConnectionClosed, InvalidURI, WebSocketException
 from websockets.trio.client import ClientConnection, connect
 
-from protocol_specs import wire
-from protocol_specs.link import Answered, LinkClosed, LinkState, Moved, NewEntry, Refused
-from protocol_specs.runs import RunRecord
-from protocol_specs.wire import AnyLink, ErrorCode, Role, StreamName, WireError
+from protocol_specs.link.link import Answered, LinkClosed, LinkState, Moved, NewEntry, Refused
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import AnyLink, ErrorCode, Role, StreamName, WireError
 
 from . import ws_flow
 from .connect import RelayError, Target, endpoint
@@ -160,7 +160,7 @@ class RunLink:
 
     @property
     def link(self) -> AnyLink:
-        """What the link is (``protocol_specs/link_kind.py``)."""
+        """What the link is (``protocol_specs/wire/link_kind.py``)."""
         return self.state.link
 
     @property
@@ -426,10 +426,10 @@ async def open_run_link(
 ) -> AsyncIterator[RunLink]:
     """A :class:`RunLink`, connected once before this returns (else :class:`RelayError`).
 
-    ``link`` says what it is (``protocol_specs/link_kind.py``), and so its role: an IDE's or a
+    ``link`` says what it is (``protocol_specs/wire/link_kind.py``), and so its role: an IDE's or a
     worker's link to the run, one that takes live entries before Redis stored them (``early``:
-    ``deliveries`` then hands over entries without a cursor; see ``protocol_specs/link.py``), an
-    end of a tunnel (``protocol_specs/tunnels.py``)."""
+    ``deliveries`` then hands over entries without a cursor; see ``protocol_specs/link/link.py``), an
+    end of a tunnel (``protocol_specs/wire/tunnels.py``)."""
     run_link = RunLink(
         target,
         attempt=attempt,
@@ -453,7 +453,7 @@ async def open_run_link(
 
 
 def tunnel_steps(link: RunLink) -> AsyncIterator[wire.TunnelEntry]:
-    """The :class:`~protocol_specs.wire.TunnelEntry` steps a tunnel's link delivers, in order
+    """The :class:`~protocol_specs.wire.wire.TunnelEntry` steps a tunnel's link delivers, in order
     (anything else, or malformed, is skipped: it cannot come from a well-behaved peer). An
     iterator over the link's deliveries, not a generator: leaving a loop over it early leaves
     nothing to finalise."""

@@ -8,9 +8,9 @@ from typing import Any, Literal
 import trio
 from websockets.exceptions import ConnectionClosed
 
-from protocol_specs import wire
-from protocol_specs.link import Cursor
-from protocol_specs.wire import ErrorCode, Role, StreamName
+from protocol_specs.link.link import Cursor
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode, Role, StreamName
 
 from .connect import RelayError, Target, open_connection
 from .link import LinkPolicy

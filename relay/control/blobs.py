@@ -3,10 +3,10 @@ pieces (``put_blob``), a read (``get_blob``: a worker token reads only its run's
 
 from __future__ import annotations
 
-from protocol_specs import wire
-from protocol_specs.auth import Principal
-from protocol_specs.permissions import Act
-from protocol_specs.wire import ErrorCode
+from protocol_specs.access.auth import Principal
+from protocol_specs.access.permissions import Act
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode
 
 from ..snapshots.blobs import BlobError
 from ..store import keys

@@ -1,5 +1,5 @@
 """What every control handler works with: the connection it answers, the relay's rooms, and the
-one way a request is refused (:class:`Refused`, decided by ``protocol_specs/permissions.py``)."""
+one way a request is refused (:class:`Refused`, decided by ``protocol_specs/access/permissions.py``)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 
 import trio
 
-from protocol_specs import wire
-from protocol_specs.audit import AuditRole
-from protocol_specs.auth import Principal
-from protocol_specs.permissions import Act, authorize
-from protocol_specs.runs import RunRecord
-from protocol_specs.wire import AuditEvent, ErrorCode
+from protocol_specs.access.audit import AuditRole
+from protocol_specs.access.auth import Principal
+from protocol_specs.access.permissions import Act, authorize
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import AuditEvent, ErrorCode
 
 from ..auth import TokenStore
 from ..config import RelayConfig

@@ -2,9 +2,9 @@
 
 Each request frame has one handler, found in :data:`ROUTES` by the frame's type (as debugpy's
 adapter names ``<command>_request`` handlers): the table says which frames the control RPC serves
-and which rows of :data:`protocol_specs.permissions.PERMISSIONS` decide who may send each. A frame
+and which rows of :data:`protocol_specs.access.permissions.PERMISSIONS` decide who may send each. A frame
 the table lacks is refused ``not_allowed``. Every request is authorised by
-:func:`protocol_specs.permissions.authorize` before anything is read or written: here, for a route
+:func:`protocol_specs.access.permissions.authorize` before anything is read or written: here, for a route
 :func:`gated` by one act; in its handler, for a route that authorises against the run it names
 (:func:`deciding`). A refusal that names a run that exists is in that run's audit trail.
 
@@ -25,12 +25,12 @@ import trio
 from pydantic import BaseModel
 from websockets.exceptions import ConnectionClosed
 
-from protocol_specs import wire
-from protocol_specs.audit import AuditRole
-from protocol_specs.auth import Principal, check_token
-from protocol_specs.permissions import Act
-from protocol_specs.runs import RunRecord
-from protocol_specs.wire import ErrorCode, WireError
+from protocol_specs.access.audit import AuditRole
+from protocol_specs.access.auth import Principal, check_token
+from protocol_specs.access.permissions import Act
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode, WireError
 
 from ..config import SERVER_NAME
 from ..gate import Peer

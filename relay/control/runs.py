@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from functools import partial
 
-from protocol_specs import wire
-from protocol_specs.audit import AuditRole
-from protocol_specs.auth import Principal
-from protocol_specs.permissions import Act
-from protocol_specs.runs import RunRecord
-from protocol_specs.snapshots import Manifest
-from protocol_specs.submits import run_id_for
-from protocol_specs.trees import TreeError
-from protocol_specs.tunnels import TunnelSpec
-from protocol_specs.wire import AuditEvent, ErrorCode
+from protocol_specs.access.audit import AuditRole
+from protocol_specs.access.auth import Principal
+from protocol_specs.access.permissions import Act
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.submits import run_id_for
+from protocol_specs.snapshots.snapshots import Manifest
+from protocol_specs.snapshots.trees import TreeError
+from protocol_specs.wire import wire
+from protocol_specs.wire.tunnels import TunnelSpec
+from protocol_specs.wire.wire import AuditEvent, ErrorCode
 
 from ..snapshots.blobs import BlobError
 from ..snapshots.trees import Rooted, check_tree

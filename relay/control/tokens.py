@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 
-from protocol_specs import wire
-from protocol_specs.auth import Scope
-from protocol_specs.permissions import Act
-from protocol_specs.web import CODE_TTL
-from protocol_specs.wire import ErrorCode
+from protocol_specs.access.auth import Scope
+from protocol_specs.access.permissions import Act
+from protocol_specs.web.web import CODE_TTL
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode
 
 from ..web.sessions import may_log_in
 from .context import Conn, Rooms, allow

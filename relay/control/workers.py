@@ -17,12 +17,12 @@ from typing import TypeVar
 import trio
 from websockets.exceptions import ConnectionClosed
 
-from protocol_specs import wire
-from protocol_specs.permissions import Act
-from protocol_specs.runs import RunRecord
-from protocol_specs.snapshots import Manifest
-from protocol_specs.trees import TreeError
-from protocol_specs.wire import AuditEvent, ErrorCode
+from protocol_specs.access.permissions import Act
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.snapshots.snapshots import Manifest
+from protocol_specs.snapshots.trees import TreeError
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import AuditEvent, ErrorCode
 
 from ..gate import Peer
 from ..runs import claiming

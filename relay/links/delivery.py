@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import trio
 
-from protocol_specs import wire
-from protocol_specs.relay_link import Commits
-from protocol_specs.wire import StreamName
+from protocol_specs.link.relay import Commits
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import StreamName
 
 from ..config import RelayConfig
 from ..gate import Peer
@@ -42,7 +42,7 @@ async def deliver(
 ) -> None:
     """Send the peer the stream ``name`` (key ``stream``) from ``cursor`` on, live. The
     commits of early entries wait a little, and only the latest of a producer goes
-    (:class:`protocol_specs.relay_link.Commits`)."""
+    (:class:`protocol_specs.link.relay.Commits`)."""
     commits = Commits(name)
     async with fanout.subscribe(stream, cursor, early=early) as subscription:
         while True:

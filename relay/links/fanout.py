@@ -32,9 +32,9 @@ takes a published entry the moment its publisher's connection on this process re
 returns, :meth:`Fanout.appended` turns it into a *commit* (the id alone: the peer has the entry).
 A subscription that is stale or re-reading takes nothing early: what it re-reads names each
 entry's publish (:meth:`Store.read_numbered`), so an entry it had sent early goes out as a commit,
-and the peer itself drops one it took early (``protocol_specs/link.py``). The order a peer sees is
+and the peer itself drops one it took early (``protocol_specs/link/link.py``). The order a peer sees is
 its publishers' order: the links forward a publish early only when nothing they received before it
-still waits to be stored and delivered the ordinary way (``protocol_specs/relay_link.py``).
+still waits to be stored and delivered the ordinary way (``protocol_specs/link/relay.py``).
 """
 
 from __future__ import annotations

@@ -13,11 +13,11 @@ entry, hands it at once to the peers on this process that take entries early
 A publish goes early only while nothing the link sent before it waits to be stored and delivered
 the ordinary way (a status or presence entry), so every peer sees a producer's entries in order.
 What to admit, what goes early, how the storer batches and how acks are batched is decided by the
-link's sans-I/O state (``protocol_specs/relay_link.py``); this module only performs it. A
+link's sans-I/O state (``protocol_specs/link/relay.py``); this module only performs it. A
 worker's status entries move the run record along (``relay/runs/registry.py``); its link's opening
 confirms the claim its token came with (``relay/runs/claiming.py``), its heartbeats renew its
 attempt's lease. Who may open which link, and publish what on it, is
-``protocol_specs/permissions.py``'s table, checked when the link opens and, for a worker, again
+``protocol_specs/access/permissions.py``'s table, checked when the link opens and, for a worker, again
 whenever its attempt may have ended (status entries, heartbeats).
 """
 
@@ -32,11 +32,10 @@ from dataclasses import dataclass
 import trio
 from websockets.exceptions import ConnectionClosed
 
-from protocol_specs import claims, wire
-from protocol_specs.audit import AuditRole
-from protocol_specs.auth import Principal, Refusal
-from protocol_specs.permissions import Act, authorize
-from protocol_specs.relay_link import (
+from protocol_specs.access.audit import AuditRole
+from protocol_specs.access.auth import Principal, Refusal
+from protocol_specs.access.permissions import Act, authorize
+from protocol_specs.link.relay import (
     Action,
     AppendOutcome,
     Attached,
@@ -53,8 +52,10 @@ from protocol_specs.relay_link import (
     StoreRun,
     Tell,
 )
-from protocol_specs.runs import RunRecord
-from protocol_specs.wire import (
+from protocol_specs.runs import claims
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import (
     AfterLink,
     AnyLink,
     AuditEvent,
@@ -178,7 +179,7 @@ class Links:
     async def serve_run(self, peer: Peer, hello: wire.Hello, who: Principal) -> None:
         kind: AnyLink | None = (
             hello.link
-        )  # the hello's role is its link's (``protocol_specs.wire``)
+        )  # the hello's role is its link's (``protocol_specs.wire.wire``)
         assert kind is not None, "the server serves only run roles here"
         record = await self.opened(peer, hello, who)
         if record is None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import trio
 
-from protocol_specs import wire
-from protocol_specs.audit import AuditRole
-from protocol_specs.auth import Principal
-from protocol_specs.wire import AuditEvent, ErrorCode, StreamName, WireError
+from protocol_specs.access.audit import AuditRole
+from protocol_specs.access.auth import Principal
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import AuditEvent, ErrorCode, StreamName, WireError
 
 from ..config import SERVER_NAME
 from ..gate import Peer

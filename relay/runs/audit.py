@@ -1,7 +1,7 @@
 """Each run's audit trail (``tether audit RUN``): who submitted, attached, read the logs, cancelled,
 reran, claimed an attempt, and every refusal that names the run, with token id, address and client.
 
-Refusals are coalesced (``protocol_specs/audit.py``): per run, refuser and request, the first in a
+Refusals are coalesced (``protocol_specs/access/audit.py``): per run, refuser and request, the first in a
 window has an entry, the others are counted in ``keys.audit_refusals`` and written as one entry
 when the next window opens (a trail read meanwhile shows the count as that entry already). The
 count is a plain read and write of one hash field, not compare-and-set: two refusals of the same
@@ -16,8 +16,7 @@ from collections.abc import Callable
 
 import msgpack
 
-from protocol_specs import wire
-from protocol_specs.audit import (
+from protocol_specs.access.audit import (
     WINDOW,
     AuditRole,
     Repeats,
@@ -26,9 +25,10 @@ from protocol_specs.audit import (
     refuser,
     repeated,
 )
-from protocol_specs.auth import Principal
-from protocol_specs.runs import RunRecord
-from protocol_specs.wire import AuditEvent
+from protocol_specs.access.auth import Principal
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import AuditEvent
 
 from ..store import Store, keys
 

@@ -1,6 +1,6 @@
 """Claims in the run records: made provisionally, confirmed by their worker, or released.
 
-``protocol_specs/claims.py`` decides; this module performs its decisions on the registry's store
+``protocol_specs/runs/claims.py`` decides; this module performs its decisions on the registry's store
 (``relay/runs/registry.py``: each one a compare-and-set of the run's record, its side effects done
 by the writer whose write won):
 
@@ -31,11 +31,12 @@ import logging
 import secrets
 from typing import TYPE_CHECKING, NamedTuple
 
-from protocol_specs import claims, wire
-from protocol_specs.auth import parse_token
-from protocol_specs.runs import IllegalTransition, RunEvent, RunRecord, RunState
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import ErrorCode
+from protocol_specs.access.auth import parse_token
+from protocol_specs.runs import claims
+from protocol_specs.runs.runs import IllegalTransition, RunEvent, RunRecord, RunState
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode
 
 from ..store import keys
 

@@ -7,7 +7,7 @@ scheduler backend sends ``dispatch`` and waits the same way. Each waiting reques
 here, in the order they came. One task per backend (reading only while someone waits) takes the
 next entry of the backend's queue from the consumer group, as this relay process's consumer, and
 hands it to the first waiter still in line. The waiter's request then claims the run (the state
-machine's ``claim``, provisional until the worker confirms it: ``protocol_specs/claims.py``; a run
+machine's ``claim``, provisional until the worker confirms it: ``protocol_specs/runs/claims.py``; a run
 that was cancelled meanwhile is skipped) and answers.
 
 A waiter leaves the line when its request is cancelled, which the relay does the moment the
@@ -29,7 +29,7 @@ from typing import TypeVar
 
 import trio
 
-from protocol_specs.runs import RunRecord, RunState
+from protocol_specs.runs.runs import RunRecord, RunState
 
 from ..store import StoreError, keys
 from .claiming import Claimed

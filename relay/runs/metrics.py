@@ -1,6 +1,6 @@
 """A run's metrics as the relay reads them back: the last value of each (``tether ls``,
 ``status``), the newest points (the web view's charts), the points after a cursor (a sweep's
-rounds). Entries were checked when the worker published them (``protocol_specs/metrics.py``):
+rounds). Entries were checked when the worker published them (``protocol_specs/runs/metrics.py``):
 reading them back takes their points straight from msgpack (a page of a thousand entries decodes
 in milliseconds, where the full model would take a good part of a second on the relay's loop);
 anything that is not a metric entry, or not as it should be, is skipped."""
@@ -12,8 +12,8 @@ from typing import Any
 
 import msgpack
 
-from protocol_specs.metrics import Point, last_values
-from protocol_specs.wire import StreamName
+from protocol_specs.runs.metrics import Point, last_values
+from protocol_specs.wire.wire import StreamName
 
 from ..store import Entry, Store, keys
 

@@ -6,7 +6,7 @@ lease on that backend are what holds the slots, and the slots waiting for a run 
 process (:meth:`relay.runs.claims.Claims.waiting`) are the free ones. :func:`explain` sets
 :attr:`RunRecord.queued_why` on the records a relay answers with (``tether ls``, ``tether
 status``, and the polls of ``tether run -f`` and ``tether debug`` while their run is queued);
-the text is ``protocol_specs/run_text.py``'s. It is never stored.
+the text is ``protocol_specs/runs/text.py``'s. It is never stored.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from protocol_specs.run_text import slots_text
-from protocol_specs.runs import RunRecord, RunState
+from protocol_specs.runs.runs import RunRecord, RunState
+from protocol_specs.runs.text import slots_text
 
 from ..store import keys
 

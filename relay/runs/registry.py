@@ -5,7 +5,7 @@ Theory of operation
 A run's record is one JSON value in its hash (``relay/store/keys.py``) with a version beside it.
 Every change is *read, decide, write if unchanged*: :meth:`Registry.update` reads the record and its
 version, lets a pure function decide the new record (the state machine in
-``protocol_specs/runs.py`` is the only authority on what may follow what), and writes it with
+``protocol_specs/runs/runs.py`` is the only authority on what may follow what), and writes it with
 :meth:`~relay.store.Store.set_versioned`, a compare-and-set done by the server in one step. A
 writer that lost the race (another relay process, or another task of this one, wrote first) reads
 again and decides again on the newer record, so two events never overwrite each other: each is
@@ -20,7 +20,7 @@ lease (the sweep finds it and the state machine ignores it), an unacknowledged q
 
 Leases are per attempt (``run#attempt`` in :data:`keys.LEASES`), so a sweep that expires one
 attempt's lease can never end the next attempt of the same run. A claim is provisional until its
-worker confirms it (``protocol_specs/claims.py``, performed by ``relay/runs/claiming.py``): a lease
+worker confirms it (``protocol_specs/runs/claims.py``, performed by ``relay/runs/claiming.py``): a lease
 that expires on an unconfirmed claim releases it (the run queued again at the same attempt), since
 nothing of that attempt ran.
 """
@@ -32,13 +32,14 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from protocol_specs import claims, wire
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import IllegalTransition, RunEvent, RunRecord, RunState
-from protocol_specs.session import StatusEvent
-from protocol_specs.snapshots import Manifest
-from protocol_specs.trees import TreeError
-from protocol_specs.wire import ErrorCode, StreamName
+from protocol_specs.runs import claims
+from protocol_specs.runs.runs import IllegalTransition, RunEvent, RunRecord, RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.snapshots.snapshots import Manifest
+from protocol_specs.snapshots.trees import TreeError
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode, StreamName
 
 from ..auth import TokenStore
 from ..config import RelayConfig

@@ -5,8 +5,8 @@ another user's run; whether the one found may be acted on is the permission tabl
 
 from __future__ import annotations
 
-from protocol_specs.auth import Principal
-from protocol_specs.runs import RunRecord
+from protocol_specs.access.auth import Principal
+from protocol_specs.runs.runs import RunRecord
 
 from ..store import keys
 from .registry import Registry

@@ -1,5 +1,5 @@
 """Submitting a run: its record, indexes and queue entry, exactly once across lost answers and
-relay deaths (``protocol_specs/submits.py``).
+relay deaths (``protocol_specs/runs/submits.py``).
 
 A relay notes the run in ``tether:submitting`` before it writes anything of it, and takes the note
 off once the run is in its queue; every step in between is idempotent. So a submit asked again
@@ -16,13 +16,13 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from protocol_specs import wire
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import Attempt, RunEvent, RunRecord, RunState
-from protocol_specs.session import StatusEvent
-from protocol_specs.snapshots import Manifest
-from protocol_specs.submits import FINISH_AFTER
-from protocol_specs.wire import ErrorCode, StreamName
+from protocol_specs.runs.runs import Attempt, RunEvent, RunRecord, RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.runs.submits import FINISH_AFTER
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.snapshots.snapshots import Manifest
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode, StreamName
 
 from ..snapshots.trees import Rooted
 from ..store import keys

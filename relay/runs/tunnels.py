@@ -1,13 +1,13 @@
-"""The relay's side of tunnels (``protocol_specs/tunnels.py``): opening one, knowing it, ending it.
+"""The relay's side of tunnels (``protocol_specs/wire/tunnels.py``): opening one, knowing it, ending it.
 
 A tunnel is opened on a ``control`` connection (:meth:`Tunnels.open`): the run must be the
-caller's and have a worker now, and have fewer than :data:`~protocol_specs.tunnels.MAX_TUNNELS`
+caller's and have a worker now, and have fewer than :data:`~protocol_specs.wire.tunnels.MAX_TUNNELS`
 open. Its id goes into the attempt's zset of tunnels and, with what to run, into ``to_worker`` as
 a ``control`` entry the worker acts on, once however often the request is asked again
-(``protocol_specs/tunnel_open.py`` decides; each step here is idempotent). Its two links are
+(``protocol_specs/wire/tunnel_open.py`` decides; each step here is idempotent). Its two links are
 ordinary run links (``relay/links/links.py``) on the tunnel's own streams; the worker's ``exit``
 entry closes it (:meth:`Tunnels.closed`): it stops counting, and its keys expire
-:data:`~protocol_specs.tunnels.LINGER` s later.
+:data:`~protocol_specs.wire.tunnels.LINGER` s later.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 
-from protocol_specs import wire
-from protocol_specs.runs import RunRecord
-from protocol_specs.tunnel_open import Create, Known, Refuse, Verdict, open_verdict, tunnel_id
-from protocol_specs.tunnels import LINGER, MAX_TUNNELS, TunnelSpec
-from protocol_specs.wire import StreamName
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.wire import wire
+from protocol_specs.wire.tunnel_open import Create, Known, Refuse, Verdict, open_verdict, tunnel_id
+from protocol_specs.wire.tunnels import LINGER, MAX_TUNNELS, TunnelSpec
+from protocol_specs.wire.wire import StreamName
 
 from ..store import Store, keys
 
@@ -55,7 +55,7 @@ class Tunnels:
     ) -> wire.AnyFrame:
         """Open a tunnel into ``record``'s worker (``user`` may: checked before); the answer.
         ``key``: the request's, from ``user``: asked again, the same tunnel is answered, and
-        nothing is started twice (``protocol_specs/tunnel_open.py``); "": a tunnel of its own.
+        nothing is started twice (``protocol_specs/wire/tunnel_open.py``); "": a tunnel of its own.
         ``noting(tunnel)`` records a new tunnel in the audit trail before anything is stored. An
         ended run's tunnels go to the worker that still keeps its last attempt's directory
         (:meth:`hold`), if one does."""

@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import trio
 
-from protocol_specs.runs import RunRecord
-from protocol_specs.wire import StatusEntry
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.wire.wire import StatusEntry
 
 __all__ = [
     "MAX_CLOCK_SKEW",

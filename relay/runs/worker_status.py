@@ -1,5 +1,5 @@
 """What a worker's status entries do to its run: the record moves along the table in
-``protocol_specs/runs.py`` (``relay/runs/registry.py`` performs it), a process of the run is listed
+``protocol_specs/runs/runs.py`` (``relay/runs/registry.py`` performs it), a process of the run is listed
 or paused, an unattended stop is posted to the run's webhook and marked in its logs (as is an
 attempt's start).
 Only the events below may come from a worker; the relay writes the others itself.
@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from protocol_specs import wire
-from protocol_specs.processes import PROCESS_EVENTS, fold_into_record
-from protocol_specs.runs import RunEvent, RunRecord
-from protocol_specs.session import StatusEvent
+from protocol_specs.runs.runs import RunEvent, RunRecord
+from protocol_specs.session.processes import PROCESS_EVENTS, fold_into_record
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire import wire
 
 from .registry import Registry
 

@@ -1,4 +1,4 @@
-"""Snapshot blobs: file contents named by their SHA-256 digest (``protocol_specs.snapshots``).
+"""Snapshot blobs: file contents named by their SHA-256 digest (``protocol_specs.snapshots.snapshots``).
 
 :class:`BlobStore` is the seam; :class:`FileBlobStore` (the default) keeps blobs as files under the
 relay's data directory (``<root>/ab/cdef...``), :class:`MemoryBlobStore` in a dict (tests). An
@@ -30,7 +30,7 @@ from typing import Protocol
 
 import trio
 
-from protocol_specs.snapshots import MAX_FILE_BYTES
+from protocol_specs.snapshots.snapshots import MAX_FILE_BYTES
 
 __all__ = ["BlobError", "BlobStore", "FileBlobStore", "MemoryBlobStore", "Upload"]
 

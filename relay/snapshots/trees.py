@@ -1,4 +1,4 @@
-"""The relay's side of snapshot trees (``protocol_specs/trees.py``, ``tree_check.py``): reading
+"""The relay's side of snapshot trees (``protocol_specs/snapshots/trees.py``, ``tree_check.py``): reading
 them from the blob store, checking a submit's root, expanding a run's manifest.
 
 A submit names its root tree. :func:`check_tree` checks it reading only the trees that changed:
@@ -23,10 +23,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from protocol_specs.runs import RunRecord
-from protocol_specs.snapshots import Manifest
-from protocol_specs.tree_check import Summary, TreeCheck
-from protocol_specs.trees import MAX_TREE_BYTES, Expansion, Row, TreeError, decode_tree
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.snapshots.snapshots import Manifest
+from protocol_specs.snapshots.tree_check import Summary, TreeCheck
+from protocol_specs.snapshots.trees import MAX_TREE_BYTES, Expansion, Row, TreeError, decode_tree
 
 from .blobs import BlobError, BlobStore
 
@@ -40,7 +40,7 @@ Expand = Callable[[str], Awaitable[tuple[Manifest, list[str]]]]
 @dataclass(frozen=True)
 class Rooted:
     """A checked snapshot as a run record names it: by its root tree (the fields of
-    :class:`~protocol_specs.runs.RunRecord`)."""
+    :class:`~protocol_specs.runs.runs.RunRecord`)."""
 
     tree: str
     snapshot: str
@@ -109,7 +109,7 @@ class _Reader(Protocol):
 async def _read(blobs: BlobStore, reader: _Reader, lacking: Lacking) -> None:
     """Feed ``reader`` the trees it needs, level by level, each level once ``lacking`` said none
     of it is missing: :class:`BlobError` for lacking trees (how many, the first),
-    :class:`~protocol_specs.trees.TreeError` for one that is malformed or too big."""
+    :class:`~protocol_specs.snapshots.trees.TreeError` for one that is malformed or too big."""
     while reader.needs:
         level = list(reader.needs)
         if missing := await lacking(level):
@@ -161,7 +161,7 @@ class CheckedTrees:
 async def check_tree(
     blobs: BlobStore, root: str, lacking: Lacking, checked: CheckedTrees, user: str
 ) -> Summary:
-    """Check the root tree ``user`` submits (``protocol_specs/tree_check.py``): every tree and
+    """Check the root tree ``user`` submits (``protocol_specs/snapshots/tree_check.py``): every tree and
     file below present and theirs (``lacking``), the limits kept; the summaries learnt are kept.
     :class:`BlobError` names what is lacking, :class:`TreeError` what is malformed."""
     check = TreeCheck(root, checked.known(user))

@@ -10,8 +10,8 @@ from typing import NamedTuple, Protocol
 
 import trio
 
-from protocol_specs.link import Cursor, InvalidCursor
-from protocol_specs.relay_link import AppendOutcome
+from protocol_specs.link.link import Cursor, InvalidCursor
+from protocol_specs.link.relay import AppendOutcome
 
 from .keys import NOTICE_CHANNEL, meta_key, transient_key, watchers_key
 

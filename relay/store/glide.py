@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
-from protocol_specs.relay_link import AppendOutcome
+from protocol_specs.link.relay import AppendOutcome
 
 from . import scripts
 from .base import (

@@ -37,7 +37,7 @@ key                            type    contents                                 
 ``tether:run:{R}:refused``     hash    per refuser and request: the refusals of    relay         relay (audit)
                                        the window open now that have no entry of
                                        their own (``Repeats`` JSON,
-                                       ``protocol_specs/audit.py``)
+                                       ``protocol_specs/access/audit.py``)
 ``tether:runs``                zset    run ids scored by submit time               relay         CLI (list)
 ``tether:user:<u>:runs``       zset    the user's run ids by submit time           relay         CLI (list)
 ``tether:user:<u>:active``     zset    the user's unfinished runs (the runs cap)   relay         relay
@@ -57,7 +57,7 @@ key                            type    contents                                 
                                        (the sweep then finishes the submit)
 ``tether:unconfirmed``         zset    ``R#attempt#claim`` of claims their worker   relay         relay sweeps
                                        has not confirmed yet, scored by their
-                                       deadline (``protocol_specs/claims.py``)
+                                       deadline (``protocol_specs/runs/claims.py``)
 ``tether:changes``             stream  each run record as written (redacted JSON),  relay         relay (web
                                        the newest 1000: the web view's live pages                 view)
 ``tether:sweep:{S}``           hash    ``record``: a SweepRecord (JSON), ``v``     relay         relay
@@ -79,7 +79,7 @@ key                            type    contents                                 
 =============================  ======  =========================================  ============  ============
 
 Each backend's queue is read through the consumer group :data:`POOL_GROUP`; an entry is acknowledged
-when the attempt it queued ends (or, for a scheduler backend, once the scheduler accepted the job). Stream entries are msgpack (``protocol_specs.wire``).
+when the attempt it queued ends (or, for a scheduler backend, once the scheduler accepted the job). Stream entries are msgpack (``protocol_specs.wire.wire``).
 Lifetimes: a run's keys expire ``RelayConfig.retention`` after it finished; transient entries are
 deleted as soon as the reading side reported receiving them (``received`` frames).
 """
@@ -250,7 +250,7 @@ def audit(run_id: str) -> str:
 
 
 def audit_refusals(run_id: str) -> str:
-    """The refusals of a run's audit trail being coalesced (``protocol_specs/audit.py``)."""
+    """The refusals of a run's audit trail being coalesced (``protocol_specs/access/audit.py``)."""
     return f"tether:run:{{{run_id}}}:refused"
 
 
@@ -267,12 +267,12 @@ def manifest(run_id: str) -> str:
 
 
 def stream(run_id: str, name: str) -> str:
-    """``name`` is ``to_worker``, ``to_ide`` or ``logs`` (:class:`protocol_specs.wire.StreamName`)."""
+    """``name`` is ``to_worker``, ``to_ide`` or ``logs`` (:class:`protocol_specs.wire.wire.StreamName`)."""
     return f"tether:run:{{{run_id}}}:{name}"
 
 
 def tunnel_stream(run_id: str, tunnel: str, name: str) -> str:
-    """A tunnel's stream: ``name`` is ``up`` or ``down`` (``protocol_specs/tunnels.py``)."""
+    """A tunnel's stream: ``name`` is ``up`` or ``down`` (``protocol_specs/wire/tunnels.py``)."""
     return f"tether:run:{{{run_id}}}:tunnel:{tunnel}:{name}"
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import trio
 
-from protocol_specs.relay_link import AppendOutcome
+from protocol_specs.link.relay import AppendOutcome
 
 from .base import (
     NO_CAP,

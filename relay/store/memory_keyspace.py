@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import trio
 
-from protocol_specs.link import START
+from protocol_specs.link.link import START
 
 from .base import (
     VERSION_FIELD,

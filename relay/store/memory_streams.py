@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from protocol_specs.link import START, Cursor
+from protocol_specs.link.link import START, Cursor
 
 from .base import (
     NOTICE_PAYLOAD_BYTES,

@@ -3,7 +3,7 @@ server (``EVALSHA``; every key it touches is passed in ``KEYS``, so a cluster ca
 
 from __future__ import annotations
 
-from protocol_specs.relay_link import AppendOutcome
+from protocol_specs.link.relay import AppendOutcome
 
 __all__ = ["APPEND", "APPEND_BATCH", "APPEND_ONCE", "OUTCOMES", "SET_VERSIONED", "TRIM_RECEIVED"]
 

@@ -2,7 +2,7 @@
 and where each process is stopped with its stack, read-only.
 
 Both come from the run's two streams, folded as ``tether attach`` folds them to rebuild a session
-(:class:`protocol_specs.session.DebugSession`): ``to_worker`` holds the IDE's configuration (every
+(:class:`protocol_specs.session.session.DebugSession`): ``to_worker`` holds the IDE's configuration (every
 ``setBreakpoints``, kept until the run ends), ``to_ide`` debugpy's answers and events (which say
 whether each breakpoint is verified) and the worker's ``paused`` reports (where a process stopped,
 with its frames: ``worker_shim/session/watch.py``). Nothing is asked of the worker: a page never
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
-from protocol_specs.runs import RunRecord
-from protocol_specs.session import DebugSession, StatusEvent
-from protocol_specs.wire import DapEntry, StatusEntry, StreamName, WireError, decode_entry
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.session.session import DebugSession, StatusEvent
+from protocol_specs.wire.wire import DapEntry, StatusEntry, StreamName, WireError, decode_entry
 
 from ..store import Store, keys
 

@@ -1,16 +1,16 @@
 """The web view's experiments: a run's metric charts, and a sweep's page (its trials, the best one,
 the objective of every trial on one chart). HTML as a function of plain data; the charts are
-``protocol_specs/charts.py``'s SVG."""
+``protocol_specs/web/charts.py``'s SVG."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from protocol_specs.auth import Principal
-from protocol_specs.charts import PALETTE, line_chart
-from protocol_specs.metrics import Point, format_value
-from protocol_specs.sweeps import SweepRecord, Trial
-from protocol_specs.web import run_path, sweep_path
+from protocol_specs.access.auth import Principal
+from protocol_specs.runs.metrics import Point, format_value
+from protocol_specs.sweeps.sweeps import SweepRecord, Trial
+from protocol_specs.web.charts import PALETTE, line_chart
+from protocol_specs.web.web import run_path, sweep_path
 
 from .pages import h, layout, stamp
 

@@ -1,9 +1,9 @@
 """One page of the web view's runs list, read from the run indexes (``relay/store/keys.py``).
 
-A page is :data:`~protocol_specs.web.PAGE_SIZE` runs, newest first, from a position in the index
+A page is :data:`~protocol_specs.web.web.PAGE_SIZE` runs, newest first, from a position in the index
 (the user's own, or every run for an admin). Without a filter it costs one range read and a record
 read per row. A state or tag filter reads records in batches until the page is full, at most
-:data:`~protocol_specs.web.MAX_SCAN` of them; the page then ends where the reading stopped, and its
+:data:`~protocol_specs.web.web.MAX_SCAN` of them; the page then ends where the reading stopped, and its
 "older" link goes on from there. Records are read in pipelines (one round trip a batch), and a
 record is made a model only once its stored JSON showed it belongs.
 """
@@ -17,9 +17,9 @@ from typing import Any
 
 import orjson
 
-from protocol_specs.auth import Principal
-from protocol_specs.runs import RunRecord, RunState
-from protocol_specs.web import MAX_SCAN, PAGE_SIZE, ListQuery
+from protocol_specs.access.auth import Principal
+from protocol_specs.runs.runs import RunRecord, RunState
+from protocol_specs.web.web import MAX_SCAN, PAGE_SIZE, ListQuery
 
 from ..runs.registry import RECORD_FIELD, Registry
 from ..store import keys

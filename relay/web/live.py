@@ -25,8 +25,8 @@ from pydantic import ValidationError
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.server import ServerConnection
 
-from protocol_specs.runs import RunRecord
-from protocol_specs.wire import StreamName
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.wire.wire import StreamName
 
 from ..links.fanout import Fanout
 from ..store import StoreError, keys

@@ -3,7 +3,7 @@ pushes: ``relay/web/live.py``)."""
 
 from __future__ import annotations
 
-from protocol_specs.wire import LogEntry, StatusEntry, WireError, decode_entry
+from protocol_specs.wire.wire import LogEntry, StatusEntry, WireError, decode_entry
 
 __all__ = ["LogText"]
 

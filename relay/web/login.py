@@ -10,8 +10,8 @@ from collections.abc import Callable
 import trio
 from websockets.http11 import Response
 
-from protocol_specs import web
-from protocol_specs.auth import AuthThrottle, Principal, TokenRecord, check_token
+from protocol_specs.access.auth import AuthThrottle, Principal, TokenRecord, check_token
+from protocol_specs.web import web
 
 from ..auth import TokenStore
 from .responses import json_answer

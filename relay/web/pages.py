@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from html import escape
 from urllib.parse import urlencode
 
-from protocol_specs.auth import Principal
-from protocol_specs.resources import short_duration
-from protocol_specs.run_text import clip, shown_state
-from protocol_specs.runs import RunRecord, RunState
-from protocol_specs.snapshots import Manifest, ManifestEntry
-from protocol_specs.web import ListQuery, file_path, run_path, sweep_path
-from protocol_specs.wire import AuditEntry
+from protocol_specs.access.auth import Principal
+from protocol_specs.runs.resources import short_duration
+from protocol_specs.runs.runs import RunRecord, RunState
+from protocol_specs.runs.text import clip, shown_state
+from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry
+from protocol_specs.web.web import ListQuery, file_path, run_path, sweep_path
+from protocol_specs.wire.wire import AuditEntry
 
 from .assets import VERSION
 from .debug_view import DebugView

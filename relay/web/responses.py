@@ -1,5 +1,5 @@
 """The web view's HTTP answers as ``websockets`` sends them: every one with the locked-down
-headers of ``protocol_specs/web.py``, closing its connection."""
+headers of ``protocol_specs/web/web.py``, closing its connection."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Response
 from websockets.trio.server import ServerConnection
 
-from protocol_specs import web
+from protocol_specs.web import web
 
 __all__ = ["html_page", "http_response", "json_answer", "redirect", "source_of"]
 

@@ -1,16 +1,16 @@
 """The web view's HTTP answers, on the relay's own port (``websockets``' ``process_request``).
 
 The relay's WebSocket server reads every request's head; :meth:`Web.process_request` answers the
-ones for the web view (``protocol_specs/web.py`` decides) and lets every other handshake through to
+ones for the web view (``protocol_specs/web/web.py`` decides) and lets every other handshake through to
 the relay's WebSocket rooms, untouched. ``websockets`` reads no request body (one would end the
 connection unanswered) and keeps no connection alive after an answer: the pages' actions are
 body-less ``POST``\\ s, and each request is its own connection.
 
 What a user may see or do is decided as on a control connection: the session's token is looked up
 again on every request (revoked: logged out), and every page and action is authorised by
-:func:`protocol_specs.permissions.authorize`; another user's run is a 404, as a run that does not
+:func:`protocol_specs.access.permissions.authorize`; another user's run is a 404, as a run that does not
 exist. Every action is in the run's audit trail (``role`` ``web``), and so is every page or action
-refused that names a run that exists (``protocol_specs/audit.py``).
+refused that names a run that exists (``protocol_specs/access/audit.py``).
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ from typing import Any
 from websockets.http11 import Request, Response
 from websockets.trio.server import ServerConnection
 
-from protocol_specs import web
-from protocol_specs.audit import AuditRole
-from protocol_specs.auth import Principal
-from protocol_specs.permissions import Act, authorize
-from protocol_specs.runs import RunRecord
-from protocol_specs.snapshots import Manifest
-from protocol_specs.trees import TreeError
-from protocol_specs.wire import AuditEntry, AuditEvent, StreamName
+from protocol_specs.access.audit import AuditRole
+from protocol_specs.access.auth import Principal
+from protocol_specs.access.permissions import Act, authorize
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.snapshots.snapshots import Manifest
+from protocol_specs.snapshots.trees import TreeError
+from protocol_specs.web import web
+from protocol_specs.wire.wire import AuditEntry, AuditEvent, StreamName
 
 from ..auth import TokenStore
 from ..control import Control

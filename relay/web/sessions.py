@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from protocol_specs.auth import Principal, Scope, TokenRecord
-from protocol_specs.web import CODE_TTL, SESSION_TTL, digest, new_secret
+from protocol_specs.access.auth import Principal, Scope, TokenRecord
+from protocol_specs.web.web import CODE_TTL, SESSION_TTL, digest, new_secret
 
 from ..auth import TokenStore
 from ..store import Store, keys

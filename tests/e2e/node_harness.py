@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from protocol_specs.capabilities import VSCODE_INITIALIZE
+from protocol_specs.dap.capabilities import VSCODE_INITIALIZE
 
 __all__ = [
     "NODE_DIR",

@@ -20,7 +20,7 @@ from stack import PROJECT, debug_run, relay_stack, worker
 from test_session_e2e import assert_schema_valid, ide_session, stopped_frame
 
 from adapter.scripted_ide.dap_client import DapClient, open_dap_client
-from protocol_specs.dap_framing import DapFramer, encode_message
+from protocol_specs.dap.framing import DapFramer, encode_message
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

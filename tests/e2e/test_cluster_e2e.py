@@ -22,7 +22,7 @@ from redis_cluster import RedisCluster
 from stack import admin_token, debug_run, tether, worker
 from test_node_harness_debugpy import LOOP_LINE, SCALE_FIRST
 
-from protocol_specs.dap_schema import validate_message
+from protocol_specs.dap.schema import validate_message
 from relay.store import keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.cluster, pytest.mark.timeout(240)]

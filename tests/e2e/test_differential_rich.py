@@ -16,7 +16,7 @@ from node_harness import normalise, run_vscode_session, scenario
 from stack import debug_run, relay_stack
 from test_node_harness_debugpy import LOOP_LINE, rich_steps
 
-from protocol_specs.dap_schema import validate_message
+from protocol_specs.dap.schema import validate_message
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

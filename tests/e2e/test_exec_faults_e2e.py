@@ -1,6 +1,6 @@
 """``tether exec`` whose start races a relay cut or a relay SIGKILL: each try's command runs once
 and the CLI reports its real exit code and output, or it does not run and the CLI says so; never
-a "failed" (255) after it ran, never twice (``protocol_specs/tunnel_open.py``).
+a "failed" (255) after it ran, never twice (``protocol_specs/wire/tunnel_open.py``).
 
 Real processes: Redis (the bundled server), the CLI's relay (SIGKILLed now and then and replaced
 at once by one started beforehand), the worker's relay, a worker pool running a plain run, and

@@ -12,7 +12,7 @@ import trio
 from stack import TETHER, home_env, relay_stack, tether
 
 from adapter.scripted_ide.dap_client import open_dap_client
-from protocol_specs.capabilities import VSCODE_INITIALIZE
+from protocol_specs.dap.capabilities import VSCODE_INITIALIZE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

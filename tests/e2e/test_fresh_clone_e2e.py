@@ -94,4 +94,4 @@ async def test_installing_a_fresh_clone_is_quiet_and_ships_the_web_views_files(
     with zipfile.ZipFile(wheel) as built:
         names = set(built.namelist())
     assert {"relay/web/static/app.css", "relay/web/static/app.js"} <= names
-    assert "protocol_specs/schema/debugAdapterProtocol.json" in names
+    assert "protocol_specs/dap/vendored/debugAdapterProtocol.json" in names

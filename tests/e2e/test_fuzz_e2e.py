@@ -25,8 +25,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
 from adapter.scripted_ide.dap_client import open_dap_client
-from protocol_specs import dap_framing, wire
-from protocol_specs.run_spec import RunSpec
+from protocol_specs.dap import framing as dap_framing
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.wire import wire
 from relay.client import Endpoint, open_control
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -20,8 +20,8 @@ from stack import Proc, local_token, tether
 
 from adapter.cli.submission import submit_run
 from adapter.scripted_ide.dap_client import open_dap_client
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
 from relay.client import Endpoint, open_control
 from worker_shim.program.identity import ProgramUser
 

@@ -9,7 +9,7 @@ relay when one is killed, so the pool's claims flow on through each fault. As ru
 1. the pool's relay is SIGKILLed (and replaced) right after it recorded two claims whose answers
    are still on their way (held in the stalled proxy, then cut): the report's "lost, though no
    worker ever started it". Those claims must go back to the queue at the same attempt
-   (``protocol_specs/claims.py``), then run once;
+   (``protocol_specs/runs/claims.py``), then run once;
 2. Redis is restarted from its append-only file;
 3. the other relay, which the pool and the clients use by then, is SIGKILLed (and replaced) at
    whatever moment it is in.
@@ -41,11 +41,11 @@ from stack import relay_process as shared_relay_process
 from test_faults import Redis
 
 from adapter.config import profile_token
-from protocol_specs import wire
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord, RunState
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import IdeLink
+from protocol_specs.runs.runs import RunRecord, RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import IdeLink
 from relay.client import Endpoint, RelayError, follow_logs, open_control, open_run_link
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

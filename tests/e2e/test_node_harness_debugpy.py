@@ -15,7 +15,7 @@ import trio
 from direct_debugpy import copy_programs, listening_debugpy
 from node_harness import normalise, open_vscode_session, run_vscode_session, scenario
 
-from protocol_specs.dap_schema import validate_message
+from protocol_specs.dap.schema import validate_message
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -29,7 +29,7 @@ from node_harness import (
     vscode_initialize,
 )
 
-from protocol_specs.dap_schema import validate_message
+from protocol_specs.dap.schema import validate_message
 from worker_shim.program.python_command import build_debug_argv
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -21,8 +21,8 @@ from direct_debugpy import copy_programs
 from node_harness import open_vscode_session, scenario, session_messages, sessions_by_kind
 from stack import debug_run, program_python, relay_stack, runnable_by_anyone, worker
 
-from protocol_specs.dap_schema import validate_message
-from protocol_specs.processes import COLLECTIVE_TIMEOUT_HINT
+from protocol_specs.dap.schema import validate_message
+from protocol_specs.session.processes import COLLECTIVE_TIMEOUT_HINT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -17,7 +17,7 @@ import pytest
 from test_processes_e2e import run_through_tether
 from venvs import own_venv
 
-from protocol_specs.processes import COLLECTIVE_TIMEOUT_HINT
+from protocol_specs.session.processes import COLLECTIVE_TIMEOUT_HINT
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(600)]
 

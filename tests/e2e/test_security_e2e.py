@@ -16,7 +16,7 @@ from leaks import MARKER
 from stack import TETHER, debug_run, home_env, relay_stack
 
 from adapter.scripted_ide.dap_client import open_dap_client
-from protocol_specs import dap_framing
+from protocol_specs.dap import framing as dap_framing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

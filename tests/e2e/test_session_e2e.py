@@ -19,7 +19,7 @@ from stack import debug_run, relay_stack, worker
 
 from adapter.scripted_ide.dap_client import DapClient, open_dap_client
 from adapter.scripted_ide.demo import VSCODE_INITIALIZE
-from protocol_specs.dap_schema import validate_message
+from protocol_specs.dap.schema import validate_message
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -359,7 +359,7 @@ async def test_bad_input_gets_errors_and_the_adapter_survives(
         # non-JSON body with a valid header: an error response, the connection stays usable
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(b"Content-Length: 5\r\n\r\nhello")
-        from protocol_specs.dap_framing import DapFramer, encode_message
+        from protocol_specs.dap.framing import DapFramer, encode_message
 
         framer = DapFramer()
         with trio.fail_after(10):

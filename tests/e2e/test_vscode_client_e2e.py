@@ -18,7 +18,7 @@ from node_harness import open_vscode_session, scenario
 from stack import debug_run, relay_stack, worker
 from test_node_harness_debugpy import LOOP_LINE, SCALE_FIRST
 
-from protocol_specs.dap_schema import validate_message
+from protocol_specs.dap.schema import validate_message
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

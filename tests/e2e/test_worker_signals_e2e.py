@@ -18,8 +18,8 @@ import trio
 from stack import Proc, local_token, tether
 
 from adapter.cli.submission import submit_run
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
 from relay.client import Endpoint, open_control
 from worker_shim.program.uid_leases import processes_of
 

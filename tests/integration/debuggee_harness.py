@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from adapter.scripted_ide.dap_client import DapClient, open_dap_client_on_stream
-from protocol_specs.capabilities import VSCODE_INITIALIZE
+from protocol_specs.dap.capabilities import VSCODE_INITIALIZE
 from worker_shim.program.debuggee import Debuggee, start_debuggee
 
 LOCAL_ROOT = "/home/dev/project"  # the IDE's side of pathMappings; does not exist here

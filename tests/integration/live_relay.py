@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import trio
 
-from protocol_specs import wire
-from protocol_specs.auth import Scope
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.wire import IdeLink, Role, WorkerLink
+from protocol_specs.access.auth import Scope
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import IdeLink, Role, WorkerLink
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, open_connection, open_control, open_run_link
 from relay.server import RelayConfig, serve_relay, server_port

@@ -18,11 +18,12 @@ import pytest
 import trio
 from websockets.trio.client import connect
 
-from protocol_specs import claims, wire
-from protocol_specs.auth import Scope
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord, RunState
-from protocol_specs.wire import ErrorCode, Role, WorkerLink
+from protocol_specs.access.auth import Scope
+from protocol_specs.runs import claims
+from protocol_specs.runs.runs import RunRecord, RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode, Role, WorkerLink
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, open_control, open_run_link
 from relay.runs import claiming
@@ -320,7 +321,7 @@ async def test_a_worker_whose_heartbeats_are_late_is_shown_silent() -> None:
 
 
 async def test_blobs_no_live_run_names_are_collected_and_recent_ones_spared() -> None:
-    from protocol_specs.snapshots import Manifest, ManifestEntry
+    from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry
     from relay.snapshots.blobs import MemoryBlobStore
 
     now = [10_000.0]
@@ -341,8 +342,8 @@ async def test_blobs_no_live_run_names_are_collected_and_recent_ones_spared() ->
 async def test_the_collection_keeps_the_trees_and_files_of_a_run_recorded_by_its_tree() -> None:
     import hashlib
 
-    from protocol_specs.snapshots import Manifest, ManifestEntry
-    from protocol_specs.trees import build_trees
+    from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry
+    from protocol_specs.snapshots.trees import build_trees
     from relay.snapshots.blobs import MemoryBlobStore
     from relay.snapshots.trees import Rooted
 

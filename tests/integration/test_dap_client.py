@@ -19,8 +19,8 @@ import pytest
 import trio
 
 from adapter.scripted_ide.dap_client import open_dap_client
-from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, VSCODE_INITIALIZE
-from protocol_specs.dap_schema import validate_message
+from protocol_specs.dap.capabilities import DEBUGPY_CAPABILITIES, VSCODE_INITIALIZE
+from protocol_specs.dap.schema import validate_message
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ import trio
 from debuggee_harness import LOCAL_ROOT, RETURN_LINE, Run, client, configure, evaluate
 
 from adapter.scripted_ide.dap_client import DapClient, open_dap_client
-from protocol_specs.capabilities import VSCODE_INITIALIZE
+from protocol_specs.dap.capabilities import VSCODE_INITIALIZE
 from worker_shim.program.debuggee import Debuggee, DebuggeeStartError, start_debuggee
 from worker_shim.program.python_command import BOOT
 

@@ -15,11 +15,11 @@ import trio
 from credentials import user_endpoint
 from faults.proxy import FaultProxy
 
-from protocol_specs import wire
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunState
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import ErrorCode, IdeLink, StreamName, WorkerLink
+from protocol_specs.runs.runs import RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode, IdeLink, StreamName, WorkerLink
 from relay.client import Endpoint, LinkPolicy, RunLink, open_control, open_run_link
 from relay.server import RelayConfig, serve_relay, server_port
 from relay.store import Cap, Store, keys

@@ -6,10 +6,10 @@ import pytest
 import trio
 from credentials import user_endpoint
 
-from protocol_specs import wire
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
-from protocol_specs.wire import IdeLink, WorkerLink
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry, digest_of
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import IdeLink, WorkerLink
 from relay.client import Endpoint, open_control, open_run_link
 from relay.links.fanout import Fanout, Item, Subscription
 from relay.server import serve_relay, server_port

@@ -1,5 +1,5 @@
 """A claim whose answer was lost with its relay: the run goes back to the queue at the same attempt,
-then runs once and succeeds (``protocol_specs/claims.py``).
+then runs once and succeeds (``protocol_specs/runs/claims.py``).
 
 Two relays serve one real Redis-compatible server, in-process, over real WebSockets; a real worker
 pool (``run_pool``: one slot, real programs) reaches them through a
@@ -20,11 +20,11 @@ import pytest
 import trio
 from faults.proxy import FaultProxy
 
-from protocol_specs import wire
-from protocol_specs.auth import Scope
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunState
-from protocol_specs.session import StatusEvent
+from protocol_specs.access.auth import Scope
+from protocol_specs.runs.runs import RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire import wire
 from relay.auth import TokenStore
 from relay.client import Endpoint, follow_logs, open_control
 from relay.runs.claiming import Claimed

@@ -1,4 +1,4 @@
-"""Every cell of the permission table (``protocol_specs/permissions.py``, as SECURITY.md shows it),
+"""Every cell of the permission table (``protocol_specs/access/permissions.py``, as SECURITY.md shows it),
 walked against a live relay on the bundled server over real WebSockets.
 
 For each act and each kind of token (the owner, another user, an admin, a backend, the worker of
@@ -23,14 +23,14 @@ import trio
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
-from protocol_specs import wire
-from protocol_specs.auth import Scope
-from protocol_specs.permissions import LINK_ACTS, Act, Holder, expected, permissions_markdown
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.snapshots import Manifest, ManifestEntry
-from protocol_specs.sweeps import SweepSpec, parse_param
-from protocol_specs.tunnels import TunnelSpec
-from protocol_specs.wire import Role, WorkerLink
+from protocol_specs.access.auth import Scope
+from protocol_specs.access.permissions import LINK_ACTS, Act, Holder, expected, permissions_markdown
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry
+from protocol_specs.sweeps.sweeps import SweepSpec, parse_param
+from protocol_specs.wire import wire
+from protocol_specs.wire.tunnels import TunnelSpec
+from protocol_specs.wire.wire import Role, WorkerLink
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, open_control, open_run_link
 from relay.config import RelayConfig
@@ -414,5 +414,5 @@ def test_security_md_shows_the_table_as_it_is() -> None:
     text = (REPO / "SECURITY.md").read_text()
     assert permissions_markdown() in text, (
         "SECURITY.md's table of who may do what is out of date: paste "
-        "`python -c 'from protocol_specs.permissions import permissions_markdown as m; print(m())'`"
+        "`python -c 'from protocol_specs.access.permissions import permissions_markdown as m; print(m())'`"
     )

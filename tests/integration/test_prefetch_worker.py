@@ -5,7 +5,7 @@ The real shim and a real relay (in-memory store); the test plays the adapter thr
 link. At the first stop the IDE evaluates a watch (forwarded, so the worker learns it), then
 continues; at the second stop the worker's prefetch holds threads, frames, scopes, locals and the
 watch. The test then asks debugpy itself, through the worker, the requests VS Code sends after a
-stop, and compares each response with what :class:`~protocol_specs.prefetch.StopCache` answers.
+stop, and compares each response with what :class:`~protocol_specs.session.prefetch.StopCache` answers.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import orjson
 import pytest
 from test_worker_processes import Run, dap, debug_run, line_of, set_breakpoints
 
-from protocol_specs.prefetch import FRAMES, PREFETCH_EVENT, StopCache
-from protocol_specs.wire import DapEntry
+from protocol_specs.session.prefetch import FRAMES, PREFETCH_EVENT, StopCache
+from protocol_specs.wire.wire import DapEntry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

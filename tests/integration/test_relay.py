@@ -13,12 +13,12 @@ from credentials import user_endpoint, worker_endpoint
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
-from protocol_specs import wire
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunState
-from protocol_specs.session import StatusEvent
-from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
-from protocol_specs.wire import ErrorCode, IdeLink, Role, StreamName, WorkerLink
+from protocol_specs.runs.runs import RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry, digest_of
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode, IdeLink, Role, StreamName, WorkerLink
 from relay.client import Endpoint, RelayError, open_control, open_run_link
 from relay.server import serve_relay, server_port
 from relay.store import Store, keys

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 import trio
 
-from protocol_specs import wire
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import TRANSITIONS, RunEvent, RunRecord, RunState
-from protocol_specs.session import StatusEvent
-from protocol_specs.snapshots import Manifest
+from protocol_specs.runs.runs import TRANSITIONS, RunEvent, RunRecord, RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.snapshots.snapshots import Manifest
+from protocol_specs.wire import wire
 from relay.config import RelayConfig
 from relay.runs import claiming
 from relay.runs.registry import Change, Registry

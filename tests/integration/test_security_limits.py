@@ -21,8 +21,8 @@ from live_relay import SPEC, Relay, live_relay, refusal, submitted
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import connect
 
-from protocol_specs import wire
-from protocol_specs.wire import ErrorCode, IdeLink, Role
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode, IdeLink, Role
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, open_control, open_run_link
 from relay.server import RelayConfig, serve_relay, server_port

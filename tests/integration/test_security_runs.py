@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 import pytest
 from live_relay import SPEC, Relay, live_relay, refusal, submitted
 
-from protocol_specs.auth import Scope
-from protocol_specs.run_spec import REDACTED
-from protocol_specs.runs import RunState
-from protocol_specs.tunnels import TunnelSpec
-from protocol_specs.wire import ErrorCode, IdeLink, Role
+from protocol_specs.access.auth import Scope
+from protocol_specs.runs.runs import RunState
+from protocol_specs.runs.spec import REDACTED
+from protocol_specs.wire.tunnels import TunnelSpec
+from protocol_specs.wire.wire import ErrorCode, IdeLink, Role
 from relay.client import RelayError, open_control, open_run_link
 from relay.server import RelayConfig
 from relay.store import Store, keys

@@ -17,11 +17,11 @@ from live_relay import SPEC, Relay, live_relay, refusal, submitted
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import ClientConnection, connect
 
-from protocol_specs import wire
-from protocol_specs.auth import Scope
-from protocol_specs.runs import RunState
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import ErrorCode, Role, WorkerLink
+from protocol_specs.access.auth import Scope
+from protocol_specs.runs.runs import RunState
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode, Role, WorkerLink
 from relay.auth import TokenStore
 from relay.client import RelayError, open_control, open_run_link
 from relay.server import RelayConfig

@@ -1,4 +1,4 @@
-"""Submitting snapshots by their root tree (``protocol_specs/trees.py``) to a real relay on a real
+"""Submitting snapshots by their root tree (``protocol_specs/snapshots/trees.py``) to a real relay on a real
 Redis: what each submit sends, what the worker gets, and what the relay refuses."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from credentials import user_endpoint
 
 from adapter.snapshots.snapshot import Snapshot, SnapshotError, build_snapshot
 from adapter.snapshots.snapshot_upload import submit_snapshot
-from protocol_specs.auth import Scope
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.trees import build_trees
+from protocol_specs.access.auth import Scope
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.snapshots.trees import build_trees
 from relay.client import Endpoint, RelayError, open_control
 from relay.config import RelayConfig
 from relay.server import serve_relay, server_port

@@ -15,7 +15,7 @@ from functools import partial
 import trio
 import trio.testing
 
-from protocol_specs.relay_link import AppendOutcome
+from protocol_specs.link.relay import AppendOutcome
 from relay.store import Cap, Diversion, Notice, Numbered, Published, Store, meta_key, transient_key
 from relay.store.base import NOTICE_PAYLOAD_BYTES
 

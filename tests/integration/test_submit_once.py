@@ -1,5 +1,5 @@
 """A submit whose relay dies half-way: the run is queued once, or said lost, never left queued
-with nothing in its queue (``protocol_specs/submits.py``, ``relay/runs/submitting.py``).
+with nothing in its queue (``protocol_specs/runs/submits.py``, ``relay/runs/submitting.py``).
 
 Two relays serve one real Redis-compatible server, in-process, over real WebSockets, reached
 through a :class:`~faults.proxy.FaultProxy`; relay A dies (its tasks cancelled: nothing of it runs
@@ -18,10 +18,10 @@ from faults.proxy import FaultProxy
 from test_lost_claims import relay
 
 from adapter.cli.submission import submit_run
-from protocol_specs.auth import Scope
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord, RunState
-from protocol_specs.submits import run_id_for
+from protocol_specs.access.auth import Scope
+from protocol_specs.runs.runs import RunRecord, RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.runs.submits import run_id_for
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, follow_logs, open_control
 from relay.runs import submitting

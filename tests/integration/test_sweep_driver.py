@@ -9,12 +9,12 @@ import logging
 
 import pytest
 
-from protocol_specs import wire
-from protocol_specs.auth import Principal, Scope
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunState
-from protocol_specs.snapshots import Manifest
-from protocol_specs.sweeps import SweepRecord, SweepSpec, SweepState, parse_param
+from protocol_specs.access.auth import Principal, Scope
+from protocol_specs.runs.runs import RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.snapshots.snapshots import Manifest
+from protocol_specs.sweeps.sweeps import SweepRecord, SweepSpec, SweepState, parse_param
+from protocol_specs.wire import wire
 from relay.config import RelayConfig
 from relay.runs.registry import Registry
 from relay.store import Store, keys

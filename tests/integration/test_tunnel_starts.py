@@ -1,4 +1,4 @@
-"""A tunnel's start is exactly once (``protocol_specs/tunnel_open.py``): through a real relay and
+"""A tunnel's start is exactly once (``protocol_specs/wire/tunnel_open.py``): through a real relay and
 the real worker shim, an ``open_tunnel`` whose answer is lost (a cut before the request reached
 the relay, or after the relay stored it and before its answer came back; a relay that died
 between two of its steps) is asked for again, and the command runs once and reports its exit
@@ -20,9 +20,9 @@ from faults.proxy import Direction, FaultProxy
 from test_tunnels import Stack, running
 
 from adapter.cli.tunnel import open_tunnel_once, run_tunnel
-from protocol_specs import wire
-from protocol_specs.tunnel_open import DidNotRun, new_key
-from protocol_specs.tunnels import TunnelSpec
+from protocol_specs.wire import wire
+from protocol_specs.wire.tunnel_open import DidNotRun, new_key
+from protocol_specs.wire.tunnels import TunnelSpec
 from relay.client import Endpoint
 from relay.store import MemoryStore, StoreError, keys
 

@@ -1,4 +1,4 @@
-"""Tunnels into a run (``protocol_specs/tunnels.py``): ``exec`` through a real relay and the real
+"""Tunnels into a run (``protocol_specs/wire/tunnels.py``): ``exec`` through a real relay and the real
 worker shim running a real program, with ``tether exec``'s own client (:func:`run_tunnel`).
 
 A command runs in the run's directory with its environment; its output arrives whole and in
@@ -28,13 +28,13 @@ from credentials import user_endpoint
 from faults.proxy import FaultProxy
 
 from adapter.cli.tunnel import TETHER_FAILED, run_tunnel
-from protocol_specs import wire
-from protocol_specs.auth import Scope
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord
-from protocol_specs.snapshots import Manifest, ManifestEntry
-from protocol_specs.tunnels import TunnelSpec
-from protocol_specs.wire import TunnelEntry, TunnelLink
+from protocol_specs.access.auth import Scope
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry
+from protocol_specs.wire import wire
+from protocol_specs.wire.tunnels import TunnelSpec
+from protocol_specs.wire.wire import TunnelEntry, TunnelLink
 from relay.client import (
     ControlClient,
     Endpoint,

@@ -15,11 +15,12 @@ import trio
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.trio.client import connect
 
-from protocol_specs import web, wire
-from protocol_specs.auth import Scope
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.sweeps import SweepSpec, parse_objective, parse_param
-from protocol_specs.wire import IdeLink, WorkerLink
+from protocol_specs.access.auth import Scope
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.sweeps.sweeps import SweepSpec, parse_objective, parse_param
+from protocol_specs.web import web
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import IdeLink, WorkerLink
 from relay.auth import TokenStore
 from relay.client import Endpoint, open_control, open_run_link
 from relay.config import RelayConfig
@@ -415,7 +416,7 @@ async def test_the_relays_own_websocket_and_bad_requests_are_unaffected(site: Si
 async def test_a_runs_snapshot_can_be_browsed_and_its_text_files_read(site: Site) -> None:
     import hashlib
 
-    from protocol_specs.snapshots import Manifest, ManifestEntry
+    from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry
 
     files = {
         "train.py": b"import torch\nprint('<b>hi</b>')\n",
@@ -473,7 +474,7 @@ async def test_live_pages_are_capped_per_user_and_end_with_their_session(site: S
 
 
 async def test_the_list_says_while_an_ide_is_attached(site: Site) -> None:
-    from protocol_specs.wire import PresenceEntry
+    from protocol_specs.wire.wire import PresenceEntry
     from relay.client import open_run_link
 
     run = await submit(site, site.alice, "attached")

@@ -20,12 +20,12 @@ import pytest
 import trio
 from credentials import user_endpoint
 
-from protocol_specs import wire
-from protocol_specs.processes import ProcessInfo
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.session import StatusEvent
-from protocol_specs.snapshots import Manifest, ManifestEntry
-from protocol_specs.wire import DapEntry, IdeLink, PresenceEntry, StatusEntry
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.session.processes import ProcessInfo
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import DapEntry, IdeLink, PresenceEntry, StatusEntry
 from relay.client import Endpoint, RunLink, open_control, open_run_link
 from relay.server import serve_relay, server_port
 from relay.store import MemoryStore

@@ -13,9 +13,9 @@ import orjson
 import pytest
 from adapter_processes_harness import ATTACH, CHILD, Desk, names
 
-from protocol_specs.processes import COLLECTIVE_TIMEOUT_HINT
-from protocol_specs.session import PLACES_EVENT, StatusEvent
-from protocol_specs.wire import StatusEntry
+from protocol_specs.session.processes import COLLECTIVE_TIMEOUT_HINT
+from protocol_specs.session.session import PLACES_EVENT, StatusEvent
+from protocol_specs.wire.wire import StatusEntry
 
 # --- a child's session --------------------------------------------------------------------------
 

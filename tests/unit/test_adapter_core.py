@@ -20,8 +20,8 @@ from adapter.dap.core import (
     IdePhase,
     Publish,
 )
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import DapEntry, PresenceEntry, StatusEntry, StreamName
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire.wire import DapEntry, PresenceEntry, StatusEntry, StreamName
 
 
 def test_handshake_is_answered_at_once_while_queued() -> None:

@@ -23,9 +23,9 @@ from adapter.dap.core import (
     Publish,
     ToIde,
 )
-from protocol_specs.dap_schema import validate_message
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import DapEntry, StreamName
+from protocol_specs.dap.schema import validate_message
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire.wire import DapEntry, StreamName
 
 # --- arguments of every JSON type --------------------------------------------------------------
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import trio
 
 from adapter.dap.link_news import LinkNews, Refused
-from protocol_specs import wire
-from protocol_specs.processes import MAIN
+from protocol_specs.session.processes import MAIN
+from protocol_specs.wire import wire
 
 
 def _error(message: str) -> wire.Error:

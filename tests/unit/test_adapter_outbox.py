@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adapter.dap.outbox import Outbox
-from protocol_specs.dap_framing import DapFramer, encode_message
-from protocol_specs.dap_schema import validate_message
+from protocol_specs.dap.framing import DapFramer, encode_message
+from protocol_specs.dap.schema import validate_message
 
 KIB = 1024
 

@@ -20,10 +20,10 @@ from test_adapter_server import FakeLink, Ide, connect
 
 from adapter.dap.core import AdapterCore
 from adapter.dap.server import AdapterServer
-from protocol_specs.dap_framing import encode_message
-from protocol_specs.processes import ProcessInfo
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import DapEntry, StatusEntry
+from protocol_specs.dap.framing import encode_message
+from protocol_specs.session.processes import ProcessInfo
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire.wire import DapEntry, StatusEntry
 
 # --- offers -------------------------------------------------------------------------------------
 

@@ -22,11 +22,11 @@ import trio.testing
 from adapter.dap.core import AdapterCore
 from adapter.dap.outbox import OUTPUT_LIMIT
 from adapter.dap.server import AdapterServer
-from protocol_specs import wire
-from protocol_specs.dap_framing import DapFramer, encode_message
-from protocol_specs.dap_schema import validate_message
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import DapEntry, StatusEntry, StreamName
+from protocol_specs.dap.framing import DapFramer, encode_message
+from protocol_specs.dap.schema import validate_message
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import DapEntry, StatusEntry, StreamName
 
 
 class FakeLink:

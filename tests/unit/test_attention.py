@@ -1,4 +1,4 @@
-"""The unattended-stop policy (protocol_specs.attention), driven with plain facts and times."""
+"""The unattended-stop policy (protocol_specs.session.attention), driven with plain facts and times."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from protocol_specs.attention import (
+from protocol_specs.session.attention import (
     HELD,
     HOLD_GRACE,
     Attention,
@@ -15,7 +15,7 @@ from protocol_specs.attention import (
     Terminate,
     UnattendedPolicy,
 )
-from protocol_specs.wire import PresenceEntry
+from protocol_specs.wire.wire import PresenceEntry
 
 
 def stopped(tid: int = 1, reason: str = "breakpoint") -> dict[str, Any]:

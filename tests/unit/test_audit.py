@@ -1,13 +1,13 @@
-"""Refusals in a run's audit trail (``protocol_specs/audit.py``): what an entry says, whose repeats
+"""Refusals in a run's audit trail (``protocol_specs/access/audit.py``): what an entry says, whose repeats
 are coalesced together, and the window that bounds how many entries a refuser adds; and how
 ``tether audit`` shows what a refused party wrote."""
 
 from __future__ import annotations
 
 from adapter.show.render import audit_lines
-from protocol_specs.audit import WINDOW, Repeats, coalesce, refused_entry, refuser, repeated
-from protocol_specs.auth import Principal, Scope
-from protocol_specs.wire import AuditEntry, AuditEvent
+from protocol_specs.access.audit import WINDOW, Repeats, coalesce, refused_entry, refuser, repeated
+from protocol_specs.access.auth import Principal, Scope
+from protocol_specs.wire.wire import AuditEntry, AuditEvent
 
 BOB = Principal(token="b1", kind="user", user="bob", scopes=frozenset({Scope.RUNS}))
 BOBS_OTHER_TOKEN = Principal(token="b2", kind="user", user="bob", scopes=frozenset({Scope.RUNS}))

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adapter.config import ConfigError, load_profile, profile_token, save_token
-from protocol_specs.auth import (
+from protocol_specs.access.auth import (
     TOKEN_PATTERN,
     AuthThrottle,
     Principal,
@@ -25,10 +25,10 @@ from protocol_specs.auth import (
     new_token,
     parse_token,
 )
-from protocol_specs.permissions import Act, authorize
-from protocol_specs.redact import Redactor
-from protocol_specs.run_spec import REDACTED, RunSpec
-from protocol_specs.runs import RunRecord
+from protocol_specs.access.permissions import Act, authorize
+from protocol_specs.access.redact import Redactor
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import REDACTED, RunSpec
 
 SPEC = RunSpec(command=["python", "app.py"], workdir="/w")
 

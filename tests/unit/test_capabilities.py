@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol_specs.capabilities import (
+from protocol_specs.dap.capabilities import (
     DEBUGPY_CAPABILITIES,
     DEBUGPY_REQUESTS,
     DEBUGPY_VERSION,
     capabilities_delta,
     debugpy_answers,
 )
-from protocol_specs.dap_schema import validate_message
+from protocol_specs.dap.schema import validate_message
 
 RESEARCH = Path(__file__).resolve().parents[3] / "shared" / "research"
 DEBUGPY_DIR = Path(debugpy.__file__).resolve().parent

@@ -8,8 +8,8 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol_specs.charts import MOST, line_chart, thin
-from protocol_specs.web import Match, Route, route
+from protocol_specs.web.charts import MOST, line_chart, thin
+from protocol_specs.web.web import Match, Route, route
 
 
 def test_a_long_series_is_thinned_keeping_its_last_point() -> None:

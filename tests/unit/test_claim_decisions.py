@@ -1,4 +1,4 @@
-"""Claims count once their worker has them (``protocol_specs/claims.py``), stepped on a hand clock:
+"""Claims count once their worker has them (``protocol_specs/runs/claims.py``), stepped on a hand clock:
 a claim is provisional until confirmed; one left unconfirmed past its deadline (its answer was lost)
 goes back to the queue at the same attempt, no retry spent; a confirm and a release of one claim
 never both apply, so no two workers run one attempt."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol_specs.claims import (
+from protocol_specs.runs.claims import (
     StaleClaim,
     claim,
     confirm,
@@ -15,8 +15,8 @@ from protocol_specs.claims import (
     release,
     unconfirmed,
 )
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import Attempt, IllegalTransition, RunEvent, RunRecord, RunState
+from protocol_specs.runs.runs import Attempt, IllegalTransition, RunEvent, RunRecord, RunState
+from protocol_specs.runs.spec import RunSpec
 
 SPEC = RunSpec(command=["python", "-c", "print(1)"], workdir="/w")  # no retries asked
 WITHIN = 15.0

@@ -11,7 +11,7 @@ import pytest
 from adapter.cli.settings import parse_duration, parse_memory, parse_ranks, read_credentials
 from adapter.cli.submission import build_spec
 from adapter.config import ConfigError, load_profile
-from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs.spec import RunSpec
 
 CONFIG = """
 [default]

@@ -5,10 +5,10 @@ up, and a program that waits for an IDE told apart from one that runs; and why a
 from __future__ import annotations
 
 from adapter.show.render import runs_table, sweep_text, sweeps_table
-from protocol_specs.auth import Principal, Scope
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunEvent, RunRecord, RunState
-from protocol_specs.sweeps import SweepRecord, SweepSpec, parse_param, round_failed
+from protocol_specs.access.auth import Principal, Scope
+from protocol_specs.runs.runs import RunEvent, RunRecord, RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.sweeps.sweeps import SweepRecord, SweepSpec, parse_param, round_failed
 from relay.web.experiments import sweep_page
 
 

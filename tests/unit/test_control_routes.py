@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
-from protocol_specs import wire
-from protocol_specs.auth import Principal, Scope
-from protocol_specs.permissions import PERMISSIONS, Act
-from protocol_specs.wire import ErrorCode
+from protocol_specs.access.auth import Principal, Scope
+from protocol_specs.access.permissions import PERMISSIONS, Act
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode
 from relay.control.context import Conn, Rooms
 from relay.control.dispatch import ROUTES, Control, Route, gated
 

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from adapter.scripted_ide.dap_client import DapClient, open_dap_client_on_stream
-from protocol_specs.dap_framing import DapFramer, encode_message
+from protocol_specs.dap.framing import DapFramer, encode_message
 
 
 class ScriptedAdapter:

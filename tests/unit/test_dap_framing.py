@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol_specs.dap_framing import (
+from protocol_specs.dap.framing import (
     MAX_BODY_BYTES,
     MAX_HEADER_BYTES,
     DapFramer,

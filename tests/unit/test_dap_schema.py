@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from protocol_specs.capabilities import DEBUGPY_CAPABILITIES
-from protocol_specs.dap_schema import SCHEMA_PATH, SchemaViolation, definition_for, validate_message
+from protocol_specs.dap.capabilities import DEBUGPY_CAPABILITIES
+from protocol_specs.dap.schema import SCHEMA_PATH, SchemaViolation, definition_for, validate_message
 
 RESEARCH = Path(__file__).resolve().parents[3] / "shared" / "research"
 TRANSCRIPTS = [
@@ -36,7 +36,7 @@ def test_module_imports_and_picks_definitions_without_jsonschema() -> None:
     code = (
         "import sys\n"
         "sys.modules['jsonschema'] = sys.modules['referencing'] = None  # import would fail\n"
-        "from protocol_specs.dap_schema import definition_for\n"
+        "from protocol_specs.dap.schema import definition_for\n"
         "print(definition_for({'seq': 1, 'type': 'event', 'event': 'stopped'}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

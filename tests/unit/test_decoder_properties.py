@@ -19,15 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from protocol_specs import wire
-from protocol_specs.auth import Scope, TokenInfo
-from protocol_specs.dap_framing import DapFramer, DapFramingError, encode_message
-from protocol_specs.run_spec import REDACTED, RunSpec
-from protocol_specs.runs import RunRecord
-from protocol_specs.snapshots import Manifest, ManifestEntry
-from protocol_specs.sweeps import SweepRecord, SweepSpec, Trial, parse_objective, parse_param
-from protocol_specs.tunnels import TunnelSpec
-from protocol_specs.wire import ErrorCode, Role, StreamName, WireError
+from protocol_specs.access.auth import Scope, TokenInfo
+from protocol_specs.dap.framing import DapFramer, DapFramingError, encode_message
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import REDACTED, RunSpec
+from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry
+from protocol_specs.sweeps.sweeps import SweepRecord, SweepSpec, Trial, parse_objective, parse_param
+from protocol_specs.wire import wire
+from protocol_specs.wire.tunnels import TunnelSpec
+from protocol_specs.wire.wire import ErrorCode, Role, StreamName, WireError
 
 DIGEST = "ab" * 32
 SPEC = RunSpec(

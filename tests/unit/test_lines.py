@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol_specs.lines import HOLD_LIMIT, LineJoiner
+from protocol_specs.runs.lines import HOLD_LIMIT, LineJoiner
 
 
 def shown(pieces: list[tuple[str, bytes]]) -> bytes:

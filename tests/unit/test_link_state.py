@@ -1,4 +1,4 @@
-"""The relay link's state (``protocol_specs.link.LinkState``) stepped frame by frame, without sockets.
+"""The relay link's state (``protocol_specs.link.link.LinkState``) stepped frame by frame, without sockets.
 
 Publish numbering, answers (acks, duplicate acks, refusals, fatal errors), resume after a cut
 (every unanswered publish re-sent in order, cursors kept and named in the next ``hello``), redelivered
@@ -11,8 +11,7 @@ import math
 
 import pytest
 
-from protocol_specs import wire
-from protocol_specs.link import (
+from protocol_specs.link.link import (
     Answered,
     Cursor,
     LinkClosed,
@@ -23,9 +22,10 @@ from protocol_specs.link import (
     Refusal,
     Refused,
 )
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord
-from protocol_specs.wire import (
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import (
     ErrorCode,
     IdeLink,
     Role,

@@ -1,4 +1,4 @@
-"""Metrics: the ``tether`` module programs import, the decisions of ``protocol_specs/metrics.py``
+"""Metrics: the ``tether`` module programs import, the decisions of ``protocol_specs/runs/metrics.py``
 (patterns, reports, the hold), and the metric entry."""
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 import tether
-from protocol_specs import wire
-from protocol_specs.metrics import (
+from protocol_specs.runs.metrics import (
     MAX_POINTS,
     LineMetrics,
     MetricHold,
@@ -34,7 +33,8 @@ from protocol_specs.metrics import (
     point_line,
     points_of,
 )
-from protocol_specs.run_spec import RunSpec
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.wire import wire
 
 # --- the tether module -----------------------------------------------------------------------------
 

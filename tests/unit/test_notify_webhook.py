@@ -11,11 +11,11 @@ import trio
 from credentials import user_endpoint
 
 from adapter.show.notify import desktop_notification_command
-from protocol_specs import wire
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import WorkerLink
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import WorkerLink
 from relay.client import open_control, open_run_link
 from relay.runs.webhook import (
     MAX_CLOCK_SKEW,

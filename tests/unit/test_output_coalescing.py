@@ -6,7 +6,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol_specs.dap_models import MAX_MERGED_OUTPUT, coalesce_output, plain_output
+from protocol_specs.dap.models import MAX_MERGED_OUTPUT, coalesce_output, plain_output
 
 
 def output(text: str, category: str = "stdout", seq: int = 1, **extra: object) -> bytes:

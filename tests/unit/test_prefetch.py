@@ -1,4 +1,4 @@
-"""The stop-time prefetch (``protocol_specs.prefetch``): what the worker asks debugpy at a stop,
+"""The stop-time prefetch (``protocol_specs.session.prefetch``): what the worker asks debugpy at a stop,
 what the adapter answers from it, and what makes it stale. Both cores, stepped by hand."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from adapter_core_harness import Harness as IdeSide
 from adapter_core_harness import kinds
 from test_shim_core import live as live_shim
 
-from protocol_specs.prefetch import FRAMES, PREFETCH_EVENT, Gathering, StopCache, WatchList
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import DapEntry
+from protocol_specs.session.prefetch import FRAMES, PREFETCH_EVENT, Gathering, StopCache, WatchList
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire.wire import DapEntry
 
 FRAMES_25 = [{"id": i + 1, "name": f"f{i}", "line": i + 1, "column": 1} for i in range(25)]
 

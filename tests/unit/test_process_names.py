@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from protocol_specs.processes import MAIN, ProcessInfo
+from protocol_specs.session.processes import MAIN, ProcessInfo
 from worker_shim.program.process_names import ProcFacts, describe, program_of, user_command
 
 TOKEN = "e8448b2f41f104a5c0598be5e3182472dcc9042352bc9289c80b28eda78317b6"

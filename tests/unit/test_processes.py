@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from adapter.show.render import runs_table, status_text
-from protocol_specs import wire
-from protocol_specs.processes import (
+from protocol_specs.runs.runs import RunEvent, RunRecord, RunState, StaleAttempt
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.session.processes import (
     MAIN,
     MAX_ROWS,
     ProcessInfo,
@@ -15,9 +16,8 @@ from protocol_specs.processes import (
     fold_into_record,
     process_key,
 )
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunEvent, RunRecord, RunState, StaleAttempt
-from protocol_specs.wire import StatusEntry, StatusEvent
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import StatusEntry, StatusEvent
 
 MAIN_INFO = ProcessInfo(key=MAIN, pid=4100, host="gpu-7")
 RANK_3 = ProcessInfo(key="4242", pid=4242, parent=MAIN, host="gpu-7", rank=3, nth=4)

@@ -12,8 +12,8 @@ from typing import Any, cast
 import trio
 from test_program_output import FakeLink
 
-from protocol_specs.metrics import HOLD_CAP, points_of
-from protocol_specs.wire import (
+from protocol_specs.runs.metrics import HOLD_CAP, points_of
+from protocol_specs.wire.wire import (
     AnyEntry,
     ControlEntry,
     DapEntry,

@@ -15,9 +15,9 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol_specs import wire
-from protocol_specs.dap_models import plain_output
-from protocol_specs.run_spec import REDACTED
+from protocol_specs.dap.models import plain_output
+from protocol_specs.runs.spec import REDACTED
+from protocol_specs.wire import wire
 from relay.client import RelayError, RunLink
 from worker_shim.session.output import (
     HOLD_CAP,

@@ -8,9 +8,9 @@ import shlex
 import pytest
 from pydantic import ValidationError
 
-from protocol_specs.resources import Resources
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord
+from protocol_specs.runs.resources import Resources
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
 from worker_shim.backends.job_watch import Phase
 from worker_shim.backends.ray_jobs import address_of, job_request, seen_of
 

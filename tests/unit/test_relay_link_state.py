@@ -1,4 +1,4 @@
-"""The relay's half of a run link (``protocol_specs.relay_link``) stepped publish by publish, without
+"""The relay's half of a run link (``protocol_specs.link.relay``) stepped publish by publish, without
 sockets or Redis: admission and its refusals, the order of held-back publishes, which go early, the
 storer's steps, ack batching, and commits on a hand clock."""
 
@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from protocol_specs import wire
-from protocol_specs.auth import Principal, Scope
-from protocol_specs.relay_link import (
+from protocol_specs.access.auth import Principal, Scope
+from protocol_specs.link.relay import (
     COMMIT_AFTER,
     STORE_BATCH,
     STORE_QUEUE,
@@ -34,9 +33,10 @@ from protocol_specs.relay_link import (
     TunnelEnded,
     streams_of,
 )
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord
-from protocol_specs.wire import (
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import (
     AfterLink,
     AnyLink,
     ErrorCode,

@@ -1,4 +1,4 @@
-"""How a run reads in every view (``protocol_specs/run_text.py``): text cut with an ellipsis, one
+"""How a run reads in every view (``protocol_specs/runs/text.py``): text cut with an ellipsis, one
 state for one run wherever it shows, what holds a pool's slots, how a served run ended, and
 what the submit says happens if nobody comes."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from adapter.show.render import ended_text, runs_table, status_text, sweep_text, unattended_text
-from protocol_specs.auth import Principal, Scope
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.run_text import clip, shown_state, slots_text
-from protocol_specs.runs import Attempt, ProcessRow, RunEvent, RunRecord, RunState
-from protocol_specs.sweeps import SweepRecord, SweepSpec, Trial, parse_param
+from protocol_specs.access.auth import Principal, Scope
+from protocol_specs.runs.runs import Attempt, ProcessRow, RunEvent, RunRecord, RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.runs.text import clip, shown_state, slots_text
+from protocol_specs.sweeps.sweeps import SweepRecord, SweepSpec, Trial, parse_param
 from relay.web.experiments import sweep_page
 from relay.web.pages import run_page, run_row
 

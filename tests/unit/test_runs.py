@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import (
+from protocol_specs.runs.runs import (
     TERMINAL_STATES,
     TRANSITIONS,
     IllegalTransition,
@@ -16,6 +15,7 @@ from protocol_specs.runs import (
     next_state,
     retry_delay,
 )
+from protocol_specs.runs.spec import RunSpec
 
 SPEC = RunSpec(command=["python", "train.py"], workdir="/home/me/project")
 
@@ -75,9 +75,11 @@ def test_windows_workdir_is_absolute() -> None:
 
 
 def test_the_run_state_diagram_in_docs_is_generated_from_the_table() -> None:
-    from protocol_specs.diagrams import TARGET, run_states_markdown
+    from protocol_specs.runs.diagrams import TARGET, run_states_markdown
 
-    assert TARGET.read_text() == run_states_markdown(), "run: python -m protocol_specs.diagrams"
+    assert TARGET.read_text() == run_states_markdown(), (
+        "run: python -m protocol_specs.runs.diagrams"
+    )
     for (state, event), target in TRANSITIONS.items():
         assert f"{state.value} --> {target.value}: {event.value}" in TARGET.read_text()
 
@@ -130,7 +132,7 @@ def test_spec_refuses_bad_backends_mounts_and_tags() -> None:
 
 
 def test_a_submits_key_names_one_run_per_user() -> None:
-    from protocol_specs.submits import run_id_for
+    from protocol_specs.runs.submits import run_id_for
 
     key = "ab" * 16
     assert run_id_for("alice", key) == run_id_for("alice", key)  # asked again: the same run

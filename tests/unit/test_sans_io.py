@@ -66,12 +66,12 @@ def probe(module: str) -> dict[str, Any]:
 
 def test_the_modules_of_the_plan_are_all_checked() -> None:
     assert {
-        "protocol_specs.dap_framing",
-        "protocol_specs.capabilities",
-        "protocol_specs.dap_schema",
-        "protocol_specs.session",
-        "protocol_specs.wire",
-        "protocol_specs.runs",
+        "protocol_specs.dap.framing",
+        "protocol_specs.dap.capabilities",
+        "protocol_specs.dap.schema",
+        "protocol_specs.session.session",
+        "protocol_specs.wire.wire",
+        "protocol_specs.runs.runs",
     } <= set(MODULES)
 
 
@@ -97,7 +97,7 @@ def test_module_loads_socket_only_through_pydantic_metadata(module: str) -> None
 
 @pytest.mark.parametrize(
     "module",
-    ["protocol_specs.dap_framing", "protocol_specs.capabilities", "protocol_specs.dap_schema"],
+    ["protocol_specs.dap.framing", "protocol_specs.dap.capabilities", "protocol_specs.dap.schema"],
 )
 def test_the_dap_codec_modules_load_no_io_module_at_all(module: str) -> None:
     result = probe(module)
@@ -118,7 +118,7 @@ def test_module_imports_no_io_module_itself(module: str) -> None:
             continue
         # jsonschema is allowed inside functions only (dap_schema imports it lazily); the
         # NEVER_LOADED check above proves importing the module does not load it.
-        if roots == {"jsonschema"} and module == "protocol_specs.dap_schema":
+        if roots == {"jsonschema"} and module == "protocol_specs.dap.schema":
             continue
         assert not roots & NEVER_IMPORTED, f"{spec.origin} imports {roots}"
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord, RunState
+from protocol_specs.runs.runs import RunRecord, RunState
+from protocol_specs.runs.spec import RunSpec
 from worker_shim.backends.job_watch import Phase, Seen
 from worker_shim.backends.scheduler import SchedulerBackend, SchedulerError, SchedulerRefused
 

@@ -6,14 +6,14 @@ from typing import Any
 
 import orjson
 
-from protocol_specs.session import (
+from protocol_specs.session.session import (
     PLACES_EVENT,
     BreakpointSet,
     DebugSession,
     StatusEvent,
     places_event,
 )
-from protocol_specs.wire import DapEntry, StatusEntry
+from protocol_specs.wire.wire import DapEntry, StatusEntry
 
 
 def req(

@@ -12,13 +12,13 @@ import orjson
 import pytest
 from hand_clock import HandClock
 
-from protocol_specs.capabilities import DEBUGPY_CAPABILITIES
-from protocol_specs.dap_schema import validate_message
-from protocol_specs.link import Cursor
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import (
+from protocol_specs.dap.capabilities import DEBUGPY_CAPABILITIES
+from protocol_specs.dap.schema import validate_message
+from protocol_specs.link.link import Cursor
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire.wire import (
     ControlEntry,
     DapEntry,
     Deliver,

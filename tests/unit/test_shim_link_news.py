@@ -8,8 +8,8 @@ from typing import cast
 import trio
 import trio.testing
 
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord, RunState
+from protocol_specs.runs.runs import RunRecord, RunState
+from protocol_specs.runs.spec import RunSpec
 from relay.client import RunLink
 from worker_shim.shim import _end_when_ended, _LinkNews
 

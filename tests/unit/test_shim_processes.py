@@ -8,13 +8,13 @@ from typing import Any
 
 import orjson
 
-from protocol_specs.dap_schema import validate_message
-from protocol_specs.link import Cursor
-from protocol_specs.processes import ProcessInfo
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord
-from protocol_specs.session import PLACES_EVENT, StatusEvent
-from protocol_specs.wire import (
+from protocol_specs.dap.schema import validate_message
+from protocol_specs.link.link import Cursor
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.session.processes import ProcessInfo
+from protocol_specs.session.session import PLACES_EVENT, StatusEvent
+from protocol_specs.wire.wire import (
     DapEntry,
     Deliver,
     PresenceEntry,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from protocol_specs.wire import DapEntry
+from protocol_specs.wire.wire import DapEntry
 from worker_shim.session.core import request_of
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from test_shim_core import RUN_DIR, WORKDIR, Harness, live
 
-from protocol_specs.attention import HOLD_GRACE
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import PresenceEntry
+from protocol_specs.session.attention import HOLD_GRACE
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire.wire import PresenceEntry
 from worker_shim.session.actions import Say, Terminate
 from worker_shim.session.watch import LOOKUP_TIMEOUT, PAUSE_REPORT_AFTER, STACK_FRAMES
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protocol_specs.resources import Resources
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord
+from protocol_specs.runs.resources import Resources
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
 from worker_shim.backends.slurm import job_script
 
 

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from adapter.snapshots.selection import list_files
 from adapter.snapshots.snapshot import SnapshotError, build_snapshot
-from protocol_specs.snapshots import Manifest, ManifestEntry, digest_of
+from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry, digest_of
 from worker_shim.program.files import SnapshotRefused, materialise
 
 

@@ -141,8 +141,8 @@ def test_a_profile_that_names_a_relay_and_a_token_is_used_as_written(
 
 def test_stopping_a_stack_says_which_runs_end_lost_or_that_none_ran() -> None:
     from adapter.cli.local_stack import stopping_text
-    from protocol_specs.run_spec import RunSpec
-    from protocol_specs.runs import Attempt, RunRecord, RunState
+    from protocol_specs.runs.runs import Attempt, RunRecord, RunState
+    from protocol_specs.runs.spec import RunSpec
 
     spec = RunSpec(command=["python", "t.py"], workdir="/w")
 

@@ -12,11 +12,10 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from protocol_specs import wire
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunState
-from protocol_specs.search import ask, prune
-from protocol_specs.sweeps import (
+from protocol_specs.runs.runs import RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.sweeps.search import ask, prune
+from protocol_specs.sweeps.sweeps import (
     FAILURE_CHARS,
     MAX_FLOAT,
     MAX_INT,
@@ -32,6 +31,7 @@ from protocol_specs.sweeps import (
     parse_param,
     round_failed,
 )
+from protocol_specs.wire import wire
 
 
 def run(*command: str) -> RunSpec:

@@ -1,4 +1,4 @@
-"""Checking a root tree reading only what changed (``protocol_specs/tree_check.py``): the same
+"""Checking a root tree reading only what changed (``protocol_specs/snapshots/tree_check.py``): the same
 verdict and totals as expanding it whole, the limits kept across subtrees taken on trust."""
 
 from __future__ import annotations
@@ -8,10 +8,17 @@ from collections.abc import Callable
 
 import pytest
 
-from protocol_specs import snapshots
-from protocol_specs.snapshots import Manifest, ManifestEntry
-from protocol_specs.tree_check import Summary, TreeCheck
-from protocol_specs.trees import MAX_DEPTH, TreeError, Trees, build_trees, decode_tree, encode_tree
+from protocol_specs.snapshots import snapshots
+from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry
+from protocol_specs.snapshots.tree_check import Summary, TreeCheck
+from protocol_specs.snapshots.trees import (
+    MAX_DEPTH,
+    TreeError,
+    Trees,
+    build_trees,
+    decode_tree,
+    encode_tree,
+)
 
 
 def digest(text: str) -> str:

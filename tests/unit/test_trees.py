@@ -1,4 +1,4 @@
-"""Snapshots as Merkle trees (``protocol_specs/trees.py``): built from a manifest, expanded back,
+"""Snapshots as Merkle trees (``protocol_specs/snapshots/trees.py``): built from a manifest, expanded back,
 and every malformed or oversized tree refused."""
 
 from __future__ import annotations
@@ -10,8 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol_specs.snapshots import Manifest, ManifestEntry
-from protocol_specs.trees import Expansion, TreeError, Trees, build_trees, decode_tree, encode_tree
+from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry
+from protocol_specs.snapshots.trees import (
+    Expansion,
+    TreeError,
+    Trees,
+    build_trees,
+    decode_tree,
+    encode_tree,
+)
 from relay.snapshots import trees as relay_trees
 
 

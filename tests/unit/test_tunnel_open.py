@@ -1,4 +1,4 @@
-"""Opening a tunnel exactly once (``protocol_specs/tunnel_open.py``): the relay's verdict on a
+"""Opening a tunnel exactly once (``protocol_specs/wire/tunnel_open.py``): the relay's verdict on a
 request it may have seen before, and the user's side's decision after each failed try, stepped
 with a hand clock."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from protocol_specs import wire
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunRecord, RunState
-from protocol_specs.tunnel_open import (
+from protocol_specs.runs.runs import RunRecord, RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.wire import wire
+from protocol_specs.wire.tunnel_open import (
     Answer,
     Create,
     DidNotRun,
@@ -23,7 +23,7 @@ from protocol_specs.tunnel_open import (
     open_verdict,
     tunnel_id,
 )
-from protocol_specs.tunnels import MAX_TUNNELS, TunnelSpec
+from protocol_specs.wire.tunnels import MAX_TUNNELS, TunnelSpec
 
 SPEC = RunSpec(command=["python", "train.py"], workdir="/w")
 NVIDIA = TunnelSpec(kind="exec", argv=["nvidia-smi"])

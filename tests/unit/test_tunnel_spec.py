@@ -1,11 +1,11 @@
-"""What a tunnel may ask for (``protocol_specs/tunnels.py``), checked where it enters."""
+"""What a tunnel may ask for (``protocol_specs/wire/tunnels.py``), checked where it enters."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from protocol_specs.tunnels import TunnelSpec
+from protocol_specs.wire.tunnels import TunnelSpec
 
 
 def test_what_each_kind_needs_and_how_it_is_recorded() -> None:

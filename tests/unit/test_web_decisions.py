@@ -1,4 +1,4 @@
-"""The web view's decisions (``protocol_specs/web.py``) and its HTML (``relay/web/pages.py``),
+"""The web view's decisions (``protocol_specs/web/web.py``) and its HTML (``relay/web/pages.py``),
 without sockets."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol_specs import web
-from protocol_specs.auth import Principal, Scope
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import Attempt, ProcessRow, RunRecord, RunState
+from protocol_specs.access.auth import Principal, Scope
+from protocol_specs.runs.runs import Attempt, ProcessRow, RunRecord, RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.web import web
 from relay.web.listing import Page
 from relay.web.log_text import LogText
 from relay.web.pages import run_page, run_row, runs_page
@@ -212,7 +212,7 @@ def test_processes_are_listed_with_where_each_is_paused() -> None:
 
 
 def test_log_markers_start_a_line_of_their_own() -> None:
-    from protocol_specs.wire import LogEntry, StatusEntry, encode_entry
+    from protocol_specs.wire.wire import LogEntry, StatusEntry, encode_entry
 
     text = LogText()
     parts = [
@@ -227,7 +227,7 @@ def test_log_markers_start_a_line_of_their_own() -> None:
 def test_the_debug_view_folds_breakpoints_their_verification_and_stops() -> None:
     import orjson
 
-    from protocol_specs.wire import DapEntry, StatusEntry
+    from protocol_specs.wire.wire import DapEntry, StatusEntry
     from relay.web.debug_view import fold
     from relay.web.pages import debug_section
 

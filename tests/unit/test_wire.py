@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol_specs import wire
-from protocol_specs.run_spec import RunSpec
-from protocol_specs.runs import RunState
-from protocol_specs.session import StatusEvent
-from protocol_specs.snapshots import Manifest, ManifestEntry
-from protocol_specs.wire import ErrorCode, WireError
+from protocol_specs.runs.runs import RunState
+from protocol_specs.runs.spec import RunSpec
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode, WireError
 
 SPEC = RunSpec(command=["python", "train.py"], workdir="/w")
 
@@ -145,7 +145,8 @@ def test_unknown_status_and_audit_names_still_decode() -> None:
 
 
 def test_every_name_of_the_split_modules_is_reachable_through_wire() -> None:
-    from protocol_specs import control_frames, link_kind, stream_entries, wire_base
+    from protocol_specs.wire import base as wire_base
+    from protocol_specs.wire import control_frames, link_kind, stream_entries
 
     for module in (control_frames, link_kind, stream_entries, wire_base):
         public = set(module.__all__) - {"FROZEN", "short_reason", "RUN_ROLES", "link_problem"}

@@ -7,8 +7,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from protocol_specs import stream_entries, wire
-from protocol_specs.wire import MAX_DAP_BODY_BYTES, StreamName, WireError
+from protocol_specs.wire import stream_entries, wire
+from protocol_specs.wire.wire import MAX_DAP_BODY_BYTES, StreamName, WireError
 
 FRAMES: list[wire.AnyFrame] = [
     wire.Deliver(stream=StreamName.TO_IDE, cursor="1-2", entry=b"\x81\xa1k\xa3dap"),

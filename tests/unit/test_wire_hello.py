@@ -1,4 +1,4 @@
-"""The ``hello`` of a run connection names one legal kind of link (``protocol_specs/link_kind.py``):
+"""The ``hello`` of a run connection names one legal kind of link (``protocol_specs/wire/link_kind.py``):
 every legal kind is built, sent and decoded; every combination that is not a kind is refused
 where the frame is decoded, and a hello of another protocol version gets one clear line."""
 
@@ -9,8 +9,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from protocol_specs import wire
-from protocol_specs.wire import ErrorCode, LinkKind, Role, WireError
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode, LinkKind, Role, WireError
 
 LEGAL: list[tuple[Role, wire.AnyLink | None]] = [
     (Role.IDE, wire.IdeLink()),

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import trio
 
-from protocol_specs.runs import RunRecord
-from protocol_specs.wire import AfterLink
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.wire.wire import AfterLink
 from relay.client import Endpoint, RelayError, open_run_link
 
 from ..program.quarters import Housing, open_quarters, program_env

@@ -1,7 +1,7 @@
 """A worker confirms each claim before it does anything with the run.
 
 The relay counts a claim only once its worker says it holds the answer (``confirm``;
-``protocol_specs/claims.py``); a claim nobody confirms goes back to the queue at the same attempt.
+``protocol_specs/runs/claims.py``); a claim nobody confirms goes back to the queue at the same attempt.
 So the answer to a claim is not yet a run to start: :func:`confirm_claim` says so to the relay
 first, and only a confirmed claim is run. Should the relay be lost meanwhile (the confirm's answer
 lost with it), the confirm is said again on a new connection, with the claim's worker token, until
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import trio
 
-from protocol_specs import wire
-from protocol_specs.wire import ErrorCode
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode
 from relay.client import ControlClient, Endpoint, RelayError, open_control
 
 __all__ = ["CONFIRM_PATIENCE", "confirm_claim"]

@@ -26,7 +26,7 @@ gave up        submit again           lost                 forget
 - (*) *gone*, for a job launched here that the scheduler has never listed yet, is kept for
   ``UNSEEN_GRACE`` first: a scheduler may not list a job it has just accepted.
 - *say it runs*: the relay is told the job runs (``report running``), once: a ticket claims its
-  attempt only then (``protocol_specs/auth.py``), so a ticket read from a scheduler's job list
+  attempt only then (``protocol_specs/access/auth.py``), so a ticket read from a scheduler's job list
   while the job waited is worth nothing.
 - *lost*: the relay is told; it retries the run as configured (a new attempt, a new job) or marks
   it lost. A requeued job is cancelled rather than left to start again, so the retry is a new

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import trio
 
-from protocol_specs import wire
-from protocol_specs.runs import RunRecord
-from protocol_specs.session import StatusEvent
-from protocol_specs.snapshots import Manifest
-from protocol_specs.wire import ErrorCode
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.snapshots.snapshots import Manifest
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import ErrorCode
 from relay.client import (
     ControlClient,
     Endpoint,

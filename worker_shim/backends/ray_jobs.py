@@ -11,7 +11,7 @@ the cluster's). For each attempt it is handed (``worker_shim/backends/scheduler.
    attempt, holding the run's resources: ``entrypoint_num_cpus``, ``entrypoint_num_gpus``,
    ``entrypoint_memory`` and ``entrypoint_resources`` (custom resources). Ray keeps the job
    ``PENDING`` until a node has them; ``tether ls`` shows the run ``queued`` with the job's id.
-2. The worker's credential is a *ticket* (``protocol_specs/auth.py``), in the job's environment
+2. The worker's credential is a *ticket* (``protocol_specs/access/auth.py``), in the job's environment
    (``TETHER_TOKEN``): Ray shows every job's entrypoint and runtime environment to every client of
    the dashboard, and a ticket is only good for claiming the attempt once the backend saw the job
    running (3.), until the attempt started.
@@ -39,7 +39,7 @@ from typing import Any
 
 import trio
 
-from protocol_specs.runs import RunRecord
+from protocol_specs.runs.runs import RunRecord
 from relay.client import endpoint
 
 from .job_watch import Phase, Seen

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import trio
 
-from protocol_specs.runs import RunRecord, RunState
-from protocol_specs.wire import ErrorCode
+from protocol_specs.runs.runs import RunRecord, RunState
+from protocol_specs.wire.wire import ErrorCode
 from relay.client import ControlClient, RelayError, Target, endpoint, open_control
 
 from .job_watch import Action, Attempt, Do, JobWatch, Phase, Seen
@@ -67,7 +67,7 @@ class SchedulerBackend(ABC):
     name: str
     #: the scheduler's name in messages ("Slurm", "Ray")
     scheduler: str
-    #: ask the relay for tickets rather than worker tokens (see ``protocol_specs/auth.py``)
+    #: ask the relay for tickets rather than worker tokens (see ``protocol_specs/access/auth.py``)
     tickets: bool = False
     #: the scheduler enforces the runs' time limits itself (else the watch does)
     limits_time: bool = True

@@ -34,7 +34,7 @@ from typing import Any
 
 import trio
 
-from protocol_specs.runs import RunRecord
+from protocol_specs.runs.runs import RunRecord
 from relay.client import endpoint
 
 from .job_watch import Phase, Seen

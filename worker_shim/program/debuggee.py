@@ -62,7 +62,7 @@ from typing import Any, BinaryIO
 
 import trio
 
-from protocol_specs.redact import Redactor
+from protocol_specs.access.redact import Redactor
 
 from .identity import UNREACHABLE_HINT
 from .loopback import connect_owned

@@ -1,6 +1,6 @@
 """Materialising a run's snapshot on the worker, without trusting it.
 
-The manifest arrives validated (``protocol_specs.snapshots``: relative paths only, no ``..``, no entry
+The manifest arrives validated (``protocol_specs.snapshots.snapshots``: relative paths only, no ``..``, no entry
 under another file or symlink, symlinks resolving inside the tree). On top of that:
 
 - every blob is checked against its digest as it is downloaded (a relay serving wrong bytes fails
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import trio
 
-from protocol_specs.snapshots import Manifest, check_relative_path
+from protocol_specs.snapshots.snapshots import Manifest, check_relative_path
 
 __all__ = ["SnapshotRefused", "materialise"]
 

@@ -1,5 +1,5 @@
 """The program's metrics, from ``tether.report`` and from its output lines, to the run's
-``metrics`` stream (the decisions: ``protocol_specs/metrics.py``).
+``metrics`` stream (the decisions: ``protocol_specs/runs/metrics.py``).
 
 The worker listens on a Unix socket in a directory of the attempt's own; the program finds it, and
 the ``tether`` module (``tether.py``, linked into the same directory, which goes on its
@@ -29,8 +29,7 @@ from pathlib import Path
 
 import trio
 
-from protocol_specs import wire
-from protocol_specs.metrics import (
+from protocol_specs.runs.metrics import (
     MAX_REPORT_BYTES,
     LineMetrics,
     MetricHold,
@@ -38,6 +37,7 @@ from protocol_specs.metrics import (
     decode_pause,
     decode_report,
 )
+from protocol_specs.wire import wire
 from relay.client import RelayError, RunLink
 
 __all__ = [
@@ -163,7 +163,7 @@ class ProgramMetrics:
     def output(self, stream: str, data: bytes) -> None:
         """A chunk of the program's output (the pump's): points from the lines it completes
         (the patterns were checked at submit for the nesting that makes a match take
-        forever: ``protocol_specs.metrics.parse_pattern``)."""
+        forever: ``protocol_specs.runs.metrics.parse_pattern``)."""
         if self.lines:
             self._feed(self.lines.feed(stream, data, time.time()))
 

@@ -6,7 +6,7 @@ debugpy's options for the main process (``python -X frozen_modules=off _tether_d
 --listen 127.0.0.1:0 ... train.py``), ``pydevd.py --port N --access-token T ... --file child.py``
 or a ``-c`` prefix that calls ``pydevd.settrace(..., access_token=T)`` for a child debugpy patched.
 None of that is the user's, and the access tokens are credentials of debugpy's adapter: what is
-published (:class:`~protocol_specs.processes.ProcessInfo`) is :func:`user_command`, the command
+published (:class:`~protocol_specs.session.processes.ProcessInfo`) is :func:`user_command`, the command
 without the debugger, and never a token (a ``-c`` whose code cannot be told apart is left out).
 
 :func:`program_of` names what a process runs (``train.py``, ``pkg.train``, ``python -c``), or
@@ -21,7 +21,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
-from protocol_specs.processes import MAIN, ProcessInfo, process_key
+from protocol_specs.session.processes import MAIN, ProcessInfo, process_key
 
 __all__ = ["ProcFacts", "describe", "program_of", "read_proc", "user_command"]
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import trio
 
-from protocol_specs.runs import RunRecord
+from protocol_specs.runs.runs import RunRecord
 
 from .identity import Isolation, ProgramUser, Runtime, passed_env, search_path, spawn_options
 from .reaper import MARK_ENV, attempt_mark

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import trio
 
-from protocol_specs.tunnels import CHUNK, TunnelSpec
-from protocol_specs.wire import TunnelEntry
+from protocol_specs.wire.tunnels import CHUNK, TunnelSpec
+from protocol_specs.wire.wire import TunnelEntry
 from relay.client import RunLink, tunnel_steps
 
 from .debuggee import terminate_group

@@ -1,4 +1,4 @@
-"""The worker's end of tunnels (``protocol_specs/tunnels.py``): a command run for the user, in the
+"""The worker's end of tunnels (``protocol_specs/wire/tunnels.py``): a command run for the user, in the
 run's directory with the run's environment, its bytes through the relay.
 
 The relay writes a ``control`` entry ``tunnel`` into ``to_worker`` for each tunnel the user opens;
@@ -23,10 +23,10 @@ from typing import Any
 
 import trio
 
-from protocol_specs import wire
-from protocol_specs.runs import RunRecord
-from protocol_specs.tunnels import CHUNK, TunnelSpec
-from protocol_specs.wire import TunnelEntry, WorkerTunnelLink
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.wire import wire
+from protocol_specs.wire.tunnels import CHUNK, TunnelSpec
+from protocol_specs.wire.wire import TunnelEntry, WorkerTunnelLink
 from relay.client import LinkPolicy, RelayError, RunLink, Target, open_run_link, tunnel_steps
 
 from .debuggee import terminate_group

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from protocol_specs.wire import ControlEntry, DapEntry, StatusEntry, StatusEvent
+from protocol_specs.wire.wire import ControlEntry, DapEntry, StatusEntry, StatusEvent
 
 __all__ = [
     "BARRIER_EVENTS",
@@ -37,7 +37,7 @@ class ToDebugpy:
     message: dict[str, Any]
     #: on the connection of this process (``""``: the main one's)
     process: str = ""
-    #: one of a stop's prefetch requests (``protocol_specs.prefetch``): its answer stays here
+    #: one of a stop's prefetch requests (``protocol_specs.session.prefetch``): its answer stays here
     prefetch: bool = False
 
 

@@ -11,8 +11,8 @@ unattended stop's end of the run or of the hold is for it) it decides when the c
 
 When a thread stops, the channel asks debugpy what the IDE is about to ask (threads, frames,
 scopes, locals, the watches the IDE evaluated since the previous stop) and publishes the answers
-as one :data:`~protocol_specs.prefetch.PREFETCH_EVENT` after the ``stopped`` event; the adapter
-answers those requests from them (:mod:`protocol_specs.prefetch`).
+as one :data:`~protocol_specs.session.prefetch.PREFETCH_EVENT` after the ``stopped`` event; the adapter
+answers those requests from them (:mod:`protocol_specs.session.prefetch`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,18 @@ from typing import Any, Protocol
 
 import orjson
 
-from protocol_specs import dap_models as dap
-from protocol_specs.attention import HELD
-from protocol_specs.prefetch import PREFETCH_EVENT, RUNS_PROGRAM, STALES, Gathering, WatchList
-from protocol_specs.processes import MAIN
-from protocol_specs.session import CONFIGURATION_COMMANDS, StatusEvent, is_transient
-from protocol_specs.wire import DapEntry, StatusEntry
+from protocol_specs.dap import models as dap
+from protocol_specs.session.attention import HELD
+from protocol_specs.session.prefetch import (
+    PREFETCH_EVENT,
+    RUNS_PROGRAM,
+    STALES,
+    Gathering,
+    WatchList,
+)
+from protocol_specs.session.processes import MAIN
+from protocol_specs.session.session import CONFIGURATION_COMMANDS, StatusEvent, is_transient
+from protocol_specs.wire.wire import DapEntry, StatusEntry
 
 from .actions import BARRIER_EVENTS, Action, Publish, Settle, Terminate, ToDebugpy, status_entry
 from .replay import ReplayPhase, next_phase
@@ -97,7 +103,7 @@ class ChannelOwner(Protocol):
 class DebugpyChannel:
     """The seq numbering, the map of sent requests, the replay phase, the stop-time prefetch and
     the watch's look-ups of one connection to debugpy (``key``: the process it debugs,
-    :data:`~protocol_specs.processes.MAIN` for the program tether started)."""
+    :data:`~protocol_specs.session.processes.MAIN` for the program tether started)."""
 
     def __init__(
         self, owner: ChannelOwner, *, key: str, clock: Callable[[], float], watch: Watch

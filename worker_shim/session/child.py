@@ -13,7 +13,7 @@ adapter, and it never waits for an IDE:
    so a child that starts hours later gets the breakpoints set meanwhile), then
    ``configurationDone`` at once. These are the shim's own requests: their answers stay here (no
    IDE asked them), but for which place each of debugpy's breakpoint ids is
-   (:data:`~protocol_specs.session.PLACES_EVENT`): the process stops at them before any IDE
+   (:data:`~protocol_specs.session.session.PLACES_EVENT`): the process stops at them before any IDE
    session exists for it, and the session it gets later names them by its own ids;
 3. live: requests for this process (``DapEntry.process`` = its key) are forwarded with this
    connection's own ``seq`` and answered back under the asker's; requests that come earlier wait.
@@ -34,10 +34,10 @@ from typing import Any
 
 import orjson
 
-from protocol_specs.processes import ProcessInfo
-from protocol_specs.runs import RunRecord
-from protocol_specs.session import BreakpointSet, StatusEvent, places_event
-from protocol_specs.wire import MAX_DAP_BODY_BYTES, DapEntry, PresenceEntry
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.session.processes import ProcessInfo
+from protocol_specs.session.session import BreakpointSet, StatusEvent, places_event
+from protocol_specs.wire.wire import MAX_DAP_BODY_BYTES, DapEntry, PresenceEntry
 
 from .actions import Action, CloseChild, Publish, Settle, Terminate
 from .channel import DebugpyChannel, Sent, StatusStamp

@@ -21,7 +21,7 @@ core is the main process's; each child process has a
 Responses, ``stopped`` and the end of the program wait for the output barrier
 (:class:`~worker_shim.session.actions.Settle`): a line printed before a stop is shown before it.
 debugpy's own plain ``output`` events (logpoints, the console) are held while the relay has not
-answered the previous one, and merged (:func:`protocol_specs.dap_models.coalesce_output`): Nagle's
+answered the previous one, and merged (:func:`protocol_specs.dap.models.coalesce_output`): Nagle's
 idea, no timer.
 
 From the relay, the ``to_worker`` stream is folded into a :class:`DebugSession` until the replay
@@ -43,14 +43,18 @@ from typing import Any
 
 import orjson
 
-from protocol_specs import dap_models as dap
-from protocol_specs import wire
-from protocol_specs.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, capabilities_delta
-from protocol_specs.link import START, Cursor, InvalidCursor
-from protocol_specs.processes import MAIN
-from protocol_specs.runs import RunRecord, retry_delay
-from protocol_specs.session import DebugSession, StatusEvent
-from protocol_specs.wire import DapEntry, PresenceEntry, StatusEntry, WireError
+from protocol_specs.dap import models as dap
+from protocol_specs.dap.capabilities import (
+    DEBUGPY_CAPABILITIES,
+    DEBUGPY_VERSION,
+    capabilities_delta,
+)
+from protocol_specs.link.link import START, Cursor, InvalidCursor
+from protocol_specs.runs.runs import RunRecord, retry_delay
+from protocol_specs.session.processes import MAIN
+from protocol_specs.session.session import DebugSession, StatusEvent
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import DapEntry, PresenceEntry, StatusEntry, WireError
 
 from .actions import (
     Action,
@@ -373,7 +377,7 @@ class ShimCore:
             return []
         self.channel.enter(ReplayPhase.LIVE, "configurationDone and attach answered")
         self._replay_deadline = None
-        # prefetch: every stop's ``stopped`` is followed by a prefetch event (protocol_specs.prefetch)
+        # prefetch: every stop's ``stopped`` is followed by a prefetch event (protocol_specs.session.prefetch)
         data = {"capabilities_delta": self.session.capabilities_delta, "prefetch": True}
         actions: list[Action] = [
             Publish(self._status(StatusEvent.DEBUGGER_LIVE, data=data)),

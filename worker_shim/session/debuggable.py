@@ -29,8 +29,8 @@ from pathlib import Path
 
 import trio
 
-from protocol_specs import wire
-from protocol_specs.runs import RunRecord
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.wire import wire
 from relay.client import RunLink
 
 from ..program.python_command import (

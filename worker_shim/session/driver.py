@@ -12,8 +12,9 @@ from typing import Any
 
 import trio
 
-from protocol_specs import dap_framing, wire
-from protocol_specs.processes import MAIN
+from protocol_specs.dap import framing as dap_framing
+from protocol_specs.session.processes import MAIN
+from protocol_specs.wire import wire
 from relay.client import RunLink
 
 from ..program.debuggee import Debuggee

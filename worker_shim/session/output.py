@@ -13,7 +13,7 @@ write.
 
 :class:`OutputHold` decides, without doing any I/O, what is published and when:
 
-- Secret values are blanked first (:class:`protocol_specs.redact.Redactor`), so the logs stream
+- Secret values are blanked first (:class:`protocol_specs.access.redact.Redactor`), so the logs stream
   and the IDE see the same text.
 - Output goes out at once while the relay has answered the previous output entry; while it has
   not, output is held and merged, and goes out after that answer in pieces of at most
@@ -49,10 +49,10 @@ from typing import Literal, Protocol
 import orjson
 import trio
 
-from protocol_specs import dap_models as dap
-from protocol_specs import wire
-from protocol_specs.lines import LineJoiner
-from protocol_specs.redact import Redactor
+from protocol_specs.access.redact import Redactor
+from protocol_specs.dap import models as dap
+from protocol_specs.runs.lines import LineJoiner
+from protocol_specs.wire import wire
 from relay.client import RelayError, RunLink
 
 from ..program.metrics import ProgramMetrics
@@ -146,7 +146,7 @@ class OutputHold:
 
     def feed(self, stream: str, data: bytes) -> None:
         """Hold a chunk of ``stream`` (``stdout`` or ``stderr``), its secrets blanked, in line
-        order with the other stream's (:class:`~protocol_specs.lines.LineJoiner`)."""
+        order with the other stream's (:class:`~protocol_specs.runs.lines.LineJoiner`)."""
         name = _stream(stream)
         for which, piece in self.lines.feed(name, self.redactors[name].feed(data)):
             self._hold(_stream(which), piece)

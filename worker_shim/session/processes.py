@@ -15,7 +15,7 @@ it runs, the host, its parent and its order among the parent's children), publis
 (:class:`worker_shim.session.child.ChildSession`), configured at once: no child waits for an IDE.
 
 Deliveries from ``to_worker`` are routed by :attr:`DapEntry.process
-<protocol_specs.stream_entries.DapEntry>`: the main process's to the main core
+<protocol_specs.wire.stream_entries.DapEntry>`: the main process's to the main core
 (:class:`worker_shim.session.core.ShimCore`), a child's to its session; a request for a process
 that is not (or no longer) debugged gets an error response, published back to the asker.
 Configuration requests of every process are folded into one run-wide :class:`DebugSession` (the
@@ -35,11 +35,11 @@ from typing import Any
 
 import orjson
 
-from protocol_specs import dap_models as dap
-from protocol_specs import wire
-from protocol_specs.processes import MAIN, ProcessInfo, process_key
-from protocol_specs.session import BreakpointSet, DebugSession, StatusEvent
-from protocol_specs.wire import DapEntry, PresenceEntry
+from protocol_specs.dap import models as dap
+from protocol_specs.session.processes import MAIN, ProcessInfo, process_key
+from protocol_specs.session.session import BreakpointSet, DebugSession, StatusEvent
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import DapEntry, PresenceEntry
 
 from ..program.process_names import ProcFacts, describe, read_proc
 from .actions import Action, OpenChild, Publish, Terminate, status_entry

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-The shim folds the run's ``to_worker`` stream into a :class:`~protocol_specs.session.DebugSession`
+The shim folds the run's ``to_worker`` stream into a :class:`~protocol_specs.session.session.DebugSession`
 (the IDE side's configuration, compacted: the latest ``setBreakpoints`` per source, the latest
 function and exception breakpoints). Before debugpy lets user code run, that configuration is
 replayed into it, in this order (:class:`ReplayPhase`):
@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from protocol_specs.capabilities import VSCODE_INITIALIZE
-from protocol_specs.session import BreakpointSet, DebugSession
+from protocol_specs.dap.capabilities import VSCODE_INITIALIZE
+from protocol_specs.session.session import BreakpointSet, DebugSession
 
 __all__ = [
     "DEFAULT_INITIALIZE",

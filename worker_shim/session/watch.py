@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-:class:`Watch` wraps :class:`protocol_specs.attention.Attention` (which decides about a stop with
+:class:`Watch` wraps :class:`protocol_specs.session.attention.Attention` (which decides about a stop with
 no IDE attached) and adds the pause report for ``tether ls``: a stop that lasts
 :data:`PAUSE_REPORT_AFTER` is reported ``paused`` (with where), and ``resumed`` when the program
 goes on; short stops (stepping) are not reported.
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from protocol_specs import attention as att
-from protocol_specs.runs import RunRecord
-from protocol_specs.session import StatusEvent
-from protocol_specs.wire import PresenceEntry, StatusEntry
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.session import attention as att
+from protocol_specs.session.session import StatusEvent
+from protocol_specs.wire.wire import PresenceEntry, StatusEntry
 
 from .actions import Action, Publish, Say, Terminate
 

@@ -1,0 +1,1 @@
+"""Working-directory snapshots: content-addressed manifests, Merkle trees of directories, and checking a submitted tree."""
