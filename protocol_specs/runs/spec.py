@@ -77,6 +77,10 @@ class RunSpec(BaseModel):
     processes: Literal["stopped", "all", "main"] = "stopped"
     #: debug mode: only these ranks (``RANK``) get breakpoints; empty: every process
     ranks: list[int] = Field(default_factory=list, max_length=4096)
+    #: debug mode: when one rank stops, the others are paused, and a continue or step in one
+    #: rank's session moves them all (``all``, acting once a second rank exists); ``one``: each
+    #: rank on its own (``worker_shim/session/group.py``)
+    stop: Literal["all", "one"] = "all"
     #: patterns whose named groups are metrics in the program's output lines
     #: (``protocol_specs/runs/metrics.py``): ``loss=(?P<loss>[\d.e+-]+)``
     metrics: list[str] = Field(default_factory=list, max_length=MAX_PATTERNS)

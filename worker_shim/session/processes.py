@@ -42,9 +42,10 @@ from protocol_specs.wire import wire
 from protocol_specs.wire.wire import DapEntry, PresenceEntry
 
 from ..program.process_names import ProcFacts, describe, read_proc
-from .actions import Action, OpenChild, Publish, Terminate, status_entry
+from .actions import Action, OpenChild, Publish, Say, Terminate, status_entry
 from .child import ChildSession
 from .core import ShimCore, parse_delivery, request_of
+from .group import GroupAction, Note, RankGroup, Release, Send
 from .replay import attach_arguments, configuration, initialize_arguments, pipe_output_attach
 
 __all__ = ["DebuggedProcesses"]
@@ -74,6 +75,8 @@ class DebuggedProcesses:
         self._born: dict[str, int] = {}  #: parent key -> how many children it had
         self._cmdlines: dict[str, list[str]] = {}  #: key -> real command line (forks share it)
         self._over = False  #: the program exited: a child announced now is not reported
+        #: the ranks on this worker, stopped and moved together (``--stop all``; None: ``one``)
+        self.group = RankGroup(main.clock) if self.record.spec.stop == "all" else None
 
     def __repr__(self) -> str:
         live = sum(1 for c in self.children.values() if not c.ended)
@@ -118,7 +121,12 @@ class DebuggedProcesses:
     def _for_child(self, entry: DapEntry) -> list[Action]:
         child = self.children.get(entry.process)
         if child is not None and not child.ended:
-            return self._of(child.on_request(entry))
+            actions = self._of(child.on_request(entry))
+            msg = request_of(entry)
+            if self.group is not None and msg is not None and not entry.local:
+                moves = self.group.on_request(child.key, msg["command"], msg.get("arguments"))
+                actions += self._group(moves)
+            return actions
         if not self.main.live:
             return []  # the stream's past (an earlier attempt's processes): nothing to answer
         msg = request_of(entry)
@@ -146,14 +154,49 @@ class DebuggedProcesses:
             return self.main.on_debugpy_message(raw, answered)
         if msg is None:
             return []
-        return self._of(child.on_message(msg, raw))
+        if self.group is None:
+            return self._of(child.on_message(msg, raw))
+        was_live = child.live
+        actions = self._group(self.group.on_event(key, msg, raw))
+        return actions + self._membership(child, was_live)
+
+    def _membership(self, child: ChildSession, was_live: bool) -> list[Action]:
+        """A rank's session went live (it joins the group), or ended (it leaves)."""
+        if self.group is None:
+            return []
+        if child.ended:
+            return self._group(self.group.left(child.key))
+        if child.live and not was_live and _is_rank(child.info, self.infos.get(child.info.parent)):
+            assert child.info.rank is not None
+            return self._group(self.group.joined(child.key, child.info.rank))
+        return []
+
+    def _group(self, moves: list[GroupAction]) -> list[Action]:
+        """Perform the group's decisions: requests to ranks as the worker's own, events handed
+        on to their sessions, notes."""
+        actions: list[Action] = []
+        for move in moves:
+            child = self.children.get(move.key) if not isinstance(move, Note) else None
+            if isinstance(move, Send) and child is not None:
+                actions += child.channel.send(move.command, move.arguments)
+            elif isinstance(move, Release) and child is not None:
+                actions += self._of(child.on_message(move.msg, move.raw))
+            elif isinstance(move, Note):
+                log.info("run %s: %s", self.record.id, move.text)
+                actions.append(Say(f"run {self.record.id}: {move.text}"))
+                body = {"category": "important", "output": move.text + "\n"}
+                event = orjson.dumps(dap.event("output", body, seq=1))
+                actions += [Publish(DapEntry(body=event, process=key)) for key in move.keys]
+        return actions
 
     def closed(self, key: str) -> list[Action]:
         """``key``'s connection ended, or could not be opened."""
         if key == MAIN:
             return self.main.debugpy_closed()
         child = self.children.get(key)
-        return self._of(child.connection_closed()) if child is not None else []
+        if child is None:
+            return []
+        return self._of(child.connection_closed()) + self._membership(child, child.live)
 
     def end(self) -> list[Action]:
         """The program exited: each child still thought alive is reported gone (the program's
@@ -162,7 +205,7 @@ class DebuggedProcesses:
         self._over = True
         actions: list[Action] = []
         for child in self.children.values():
-            actions += self._of(child.connection_closed())
+            actions += self._of(child.connection_closed()) + self._membership(child, child.live)
         return actions
 
     def _announced(self, key: str, msg: dict[str, Any]) -> list[Action]:
@@ -244,13 +287,20 @@ class DebuggedProcesses:
     @property
     def next_deadline(self) -> float | None:
         times = [self.main.next_deadline, *(c.next_deadline for c in self.children.values())]
+        times.append(self.group.next_deadline if self.group is not None else None)
         return min((t for t in times if t is not None), default=None)
 
     def on_tick(self) -> list[Action]:
         actions = self.main.on_tick()
         for child in self.children.values():
             actions += self._of(child.on_tick())
-        return actions
+        return actions + (self._group(self.group.on_tick()) if self.group is not None else [])
+
+
+def _is_rank(info: ProcessInfo, parent: ProcessInfo | None) -> bool:
+    """A rank of a distributed job: it has a ``RANK`` its parent does not (a DataLoader worker
+    inherits its rank's: it is called ``worker N of rank R``)."""
+    return info.rank is not None and (parent is None or parent.rank != info.rank)
 
 
 def _message(raw: bytes) -> dict[str, Any] | None:

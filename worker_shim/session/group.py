@@ -1,0 +1,280 @@
+"""The ranks of a run on one worker, stopped and moved together (``RunSpec.stop: "all"``).
+
+Theory of operation
+-------------------
+A rank of a ``torch.distributed`` job that stops at a breakpoint leaves its peers running into
+the next collective, where they wait until the process group's watchdog ends the job. So, as an
+HPC debugger's process group does, the ranks of a run stop and move as one:
+
+- **Stop together.** When a rank stops (a breakpoint, an exception, a step's end, a pause,
+  ``breakpoint()``), every other rank that runs is sent ``pause`` (debugpy's adapter pauses every
+  thread of the process whatever ``threadId`` says: it rewrites it to ``"*"``). A rank blocked
+  outside Python (in a collective's native wait, a socket) stops only once it is back in Python:
+  one that has not stopped within :data:`GROUP_WAIT` is named in a note to the stopped ranks'
+  sessions and the worker's log.
+- **Move together.** ``continue``, ``next``, ``stepIn``, ``stepOut`` and ``pause`` that an IDE
+  sends one rank (it goes there as before) are sent by the worker, as its own request, to every
+  other rank: a continue or a step for the thread that rank stopped on, a pause to each that runs.
+  A rank still pausing when the group moves is sent the move once its stop comes. A group step
+  is complete when every rank in it stopped: their ``stopped`` events are held until then, or
+  until :data:`GROUP_WAIT` passed, and released together (the note naming the ranks that did not
+  arrive; their stops are released when they come).
+
+debugpy answers each ``continue`` and step, asked by an IDE or by the worker, with a ``continued``
+event, so each rank's session sees its own ``continued`` and ``stopped`` events.
+
+Members are the ranks (:meth:`ProcessInfo.title
+<protocol_specs.session.processes.ProcessInfo.title>` says ``rank N``: a DataLoader worker of a
+rank inherits ``RANK`` but is not one) debugged on this worker, from when their session is live
+until they exit. The group decides per worker; ranks on other nodes are issue 43's (a relay-level
+group would take the same events).
+
+Sans-I/O: :class:`RankGroup` takes events (a rank's ``stopped`` / ``continued``, an IDE's run
+control request for a rank, a tick) and returns :data:`GroupAction` s, which
+:class:`worker_shim.session.processes.DebuggedProcesses` performs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "GROUP_WAIT",
+    "RUN_CONTROL",
+    "GroupAction",
+    "Note",
+    "RankGroup",
+    "RankState",
+    "Release",
+    "Send",
+    "ranks_text",
+]
+
+#: seconds a rank has to stop after the group's first stop, or to end a group step
+GROUP_WAIT = 2.0
+#: the IDE's requests that move (or pause) a rank: the group's too
+RUN_CONTROL = frozenset({"continue", "next", "stepIn", "stepOut", "pause"})
+_STEPS = frozenset({"next", "stepIn", "stepOut"})
+
+
+class RankState(StrEnum):
+    RUNNING = "running"
+    PAUSING = "pausing"  #: sent ``pause``, not stopped yet
+    STOPPED = "stopped"
+    STEPPING = "stepping"  #: in a group step, not stopped yet
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send rank ``key``'s debugpy this request as the worker's own (no IDE asked it)."""
+
+    key: str
+    command: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Release:
+    """Hand debugpy's event ``msg`` (``raw``) on to rank ``key``'s session (published as ever)."""
+
+    key: str
+    msg: dict[str, Any]
+    raw: bytes
+
+
+@dataclass(frozen=True)
+class Note:
+    """Tell the sessions of ``keys`` (an ``important`` output) and the worker's log."""
+
+    keys: tuple[str, ...]
+    text: str
+
+
+GroupAction = Send | Release | Note
+
+
+@dataclass
+class _Rank:
+    key: str
+    rank: int
+    state: RankState = RankState.RUNNING
+    thread: int | None = None  #: the thread it stopped on
+    held: tuple[dict[str, Any], bytes] | None = None  #: its ``stopped``, held for a group step
+    owed: tuple[str, dict[str, Any]] | None = None  #: a group move to send once it stops
+
+
+@dataclass
+class RankGroup:
+    """The ranks of the run on this worker (see the module docstring)."""
+
+    clock: Callable[[], float]
+    wait: float = GROUP_WAIT
+    members: dict[str, _Rank] = field(default_factory=dict)
+    #: when the ranks not stopped yet are named (a group stop or step under way)
+    deadline: float | None = None
+    #: a group step is under way: its ranks' ``stopped`` events are held
+    stepping: bool = False
+
+    def __repr__(self) -> str:
+        states = " ".join(f"{r.rank}:{r.state.value}" for r in self._ranks())
+        return f"<RankGroup {states} stepping={self.stepping} deadline={self.deadline}>"
+
+    def state(self, key: str) -> RankState | None:
+        member = self.members.get(key)
+        return member.state if member else None
+
+    # --- membership -------------------------------------------------------------------------------
+
+    def joined(self, key: str, rank: int) -> list[GroupAction]:
+        """Rank ``rank``'s session (process ``key``) is live. The group is stopped: it is paused
+        too."""
+        member = self.members[key] = _Rank(key, rank)
+        if any(r.state in (RankState.STOPPED, RankState.PAUSING) for r in self._others(key)):
+            return self._pause([member])
+        return []
+
+    def left(self, key: str) -> list[GroupAction]:
+        """Process ``key`` exited (or its connection ended): a group step waits no more for it."""
+        if self.members.pop(key, None) is None:
+            return []
+        return self._settle()
+
+    # --- from debugpy -----------------------------------------------------------------------------
+
+    def on_event(self, key: str, msg: dict[str, Any], raw: bytes) -> list[GroupAction]:
+        """debugpy's event ``msg`` on rank ``key``'s connection (``stopped`` and ``continued``
+        matter; every event is released, a group step's ``stopped`` once the step is complete)."""
+        member = self.members.get(key)
+        name = msg.get("event")
+        if member is None or name not in ("stopped", "continued"):
+            return [Release(key, msg, raw)]
+        if name == "continued":
+            if member.state is RankState.STOPPED:
+                member.state = RankState.RUNNING  # a continue the group did not send
+            return [Release(key, msg, raw)]
+        body = msg.get("body")
+        thread = body.get("threadId") if isinstance(body, dict) else None
+        member.thread = thread if isinstance(thread, int) else member.thread
+        was, member.state = member.state, RankState.STOPPED
+        if member.owed is not None:  # the group moved while it was pausing: it moves now
+            (command, arguments), member.owed = member.owed, None
+            member.state = RankState.STEPPING if command in _STEPS else RankState.RUNNING
+            return [Release(key, msg, raw), self._send(member, command, arguments)]
+        if self.stepping and was is RankState.STEPPING:
+            member.held = (msg, raw)
+            return self._settle()
+        return [Release(key, msg, raw), *self._pause(self._running()), *self._settle()]
+
+    # --- from the IDE -----------------------------------------------------------------------------
+
+    def on_request(self, key: str, command: str, arguments: Any) -> list[GroupAction]:
+        """An IDE's request ``command`` for rank ``key``, forwarded to it as ever: the same move
+        for every other rank."""
+        member = self.members.get(key)
+        if member is None or command not in RUN_CONTROL:
+            return []
+        args = dict(arguments) if isinstance(arguments, dict) else {}
+        if command == "pause":
+            member.state = RankState.PAUSING if member.state is RankState.RUNNING else member.state
+            return self._pause(self._running())
+        released = self._release_held()  # a move ends the step before it
+        self.stepping, self.deadline = command in _STEPS, None
+        moving = RankState.STEPPING if self.stepping else RankState.RUNNING
+        member.state, member.owed = moving, None
+        actions: list[GroupAction] = list(released)
+        for other in self._others(key):
+            if other.state is RankState.STOPPED:
+                actions.append(self._send(other, command, args))
+                other.state = moving
+            elif other.state is RankState.PAUSING:
+                other.owed = (command, args)
+        if self.stepping:
+            self.deadline = self.clock() + self.wait
+        return actions
+
+    # --- time -------------------------------------------------------------------------------------
+
+    @property
+    def next_deadline(self) -> float | None:
+        return self.deadline
+
+    def on_tick(self) -> list[GroupAction]:
+        """The wait for the ranks not stopped yet is over: they are named; a group step's held
+        stops are released."""
+        if self.deadline is None or self.clock() < self.deadline:
+            return []
+        self.deadline = None
+        late = [r for r in self._ranks() if r.state in (RankState.PAUSING, RankState.STEPPING)]
+        if self.stepping:
+            self.stepping = False
+            actions = self._release_held()
+            told = tuple(a.key for a in actions if isinstance(a, Release))
+            text = (
+                f"tether: {ranks_text(r.rank for r in late)} did not end the step within "
+                f"{self.wait:g} s (blocked outside Python, e.g. in a collective); they stop "
+                "when they are back in Python"
+            )
+            return [*actions, Note(told, text)] if late else actions
+        if not late:
+            return []
+        stopped = tuple(r.key for r in self._ranks() if r.state is RankState.STOPPED)
+        text = (
+            f"tether: {ranks_text(r.rank for r in late)} still running (blocked outside "
+            "Python, e.g. in a collective); they pause when they are back in Python"
+        )
+        return [Note(stopped, text)]
+
+    # --- plumbing ---------------------------------------------------------------------------------
+
+    def _ranks(self) -> list[_Rank]:
+        return sorted(self.members.values(), key=lambda r: (r.rank, r.key))
+
+    def _others(self, key: str) -> list[_Rank]:
+        return [r for r in self._ranks() if r.key != key]
+
+    def _running(self) -> list[_Rank]:
+        return [r for r in self._ranks() if r.state is RankState.RUNNING]
+
+    def _pause(self, ranks: list[_Rank]) -> list[GroupAction]:
+        actions: list[GroupAction] = []
+        for member in ranks:
+            member.state = RankState.PAUSING
+            # debugpy pauses every thread whatever the id says (its adapter sends "*")
+            actions.append(self._send(member, "pause", {"threadId": member.thread or 0}))
+        if actions and self.deadline is None:
+            self.deadline = self.clock() + self.wait
+        return actions
+
+    def _send(self, member: _Rank, command: str, arguments: dict[str, Any]) -> Send:
+        if command != "pause":
+            arguments = {**arguments, "threadId": member.thread or 0}
+        return Send(member.key, command, arguments)
+
+    def _settle(self) -> list[GroupAction]:
+        """After a rank stopped or left: a group step whose ranks are all in is released; a stop
+        with no rank still pausing needs no deadline."""
+        waiting = {r.state for r in self.members.values()}
+        if self.stepping and RankState.STEPPING not in waiting:
+            self.stepping, self.deadline = False, None
+            return self._release_held()
+        if not self.stepping and RankState.PAUSING not in waiting:
+            self.deadline = None
+        return []
+
+    def _release_held(self) -> list[GroupAction]:
+        actions: list[GroupAction] = []
+        for member in self._ranks():
+            if member.held is not None:
+                (msg, raw), member.held = member.held, None
+                actions.append(Release(member.key, msg, raw))
+        return actions
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """``rank 3``, ``ranks 1, 3``."""
+    numbers = sorted(set(ranks))
+    word = "rank" if len(numbers) == 1 else "ranks"
+    return f"{word} {', '.join(str(n) for n in numbers)}"
