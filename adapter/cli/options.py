@@ -79,6 +79,14 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         "condition, e.g. 'loss != loss' (NaN) or 'isnan(loss) or grad_norm > 1e3', once; "
         "an IDE attaches to it there (a sweep: the first trial only)",
     )
+    s.add_argument(
+        "--stop",
+        choices=["all", "one"],
+        default=None,
+        help="when one rank of a distributed job stops, pause every rank, and apply continue, "
+        "step and pause in any rank's session to all of them (all, the default, acting once a "
+        "second rank exists), or each rank on its own (one)",
+    )
     g = s.add_argument_group("resources and placement")
     g.add_argument(
         "--backend", choices=KNOWN_BACKENDS, help="where to run: local (default), slurm or ray"

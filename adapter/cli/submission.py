@@ -57,6 +57,7 @@ RUN_FLAGS = {
     "retry_backoff": "--retry-backoff (seconds)",
     "tags": "--tag",
     "ranks": "--ranks",
+    "stop": "--stop",
     "metrics": "--metric",
     "debug_when": "--debug-when",
     # the resources, checked on their own before the spec
@@ -176,6 +177,7 @@ def build_spec(
             backend=backend,
             processes=getattr(args, "processes", None) or "stopped",
             ranks=getattr(args, "ranks", None) or [],
+            stop=getattr(args, "stop", None) or "all",
             metrics=getattr(args, "metric", None) or [],
             debug_when=getattr(args, "debug_when", None) or "",
         )

@@ -220,6 +220,16 @@ def test_processes_and_ranks_reach_the_spec(tmp_path: Path) -> None:
     assert build_spec(_parser().parse_args(argv), debug=True).processes == "main"
 
 
+@pytest.mark.parametrize("command", ["debug", "run"])
+def test_stop_reaches_the_spec_all_by_default(tmp_path: Path, command: str) -> None:
+    from adapter.cli.parser import build_parser as _parser
+
+    argv = [command, "--workdir", str(tmp_path), "--", "python", "t.py"]
+    assert build_spec(_parser().parse_args(argv), debug=command == "debug").stop == "all"
+    argv = [command, "--workdir", str(tmp_path), "--stop", "one", "--", "python", "t.py"]
+    assert build_spec(_parser().parse_args(argv), debug=command == "debug").stop == "one"
+
+
 @pytest.mark.parametrize("text", ["", "a", "1-", "3-1", "-2", "0-5000"])
 def test_bad_ranks_are_refused_by_the_parser(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):

@@ -6,6 +6,7 @@ const path = require('path');
 
 const BACKENDS = ['local', 'slurm', 'ray'];
 const PROCESSES = ['stopped', 'all', 'main'];
+const STOPS = ['all', 'one'];
 
 // configuration key -> `tether debug` option taking one value
 const ONE = {
@@ -19,6 +20,7 @@ const ONE = {
   maxRetries: '--max-retries',
   processes: '--processes',
   ranks: '--ranks',
+  stop: '--stop',
   debugWhen: '--debug-when',
 };
 // configuration key -> an option repeated for each item
@@ -84,6 +86,7 @@ function resolve(config, where) {
   if (out.python === undefined && out.command === undefined && where.python) out.python = where.python;
   check(out.backend === undefined || BACKENDS.includes(out.backend), `"backend" must be one of ${BACKENDS.join(', ')}.`);
   check(out.processes === undefined || PROCESSES.includes(out.processes), `"processes" must be one of ${PROCESSES.join(', ')}.`);
+  check(out.stop === undefined || STOPS.includes(out.stop), `"stop" must be one of ${STOPS.join(', ')}.`);
   for (const key of ['gpus', 'cpus', 'maxRetries']) {
     check(out[key] === undefined || (Number.isInteger(out[key]) && out[key] >= 0), `"${key}" must be a whole number.`);
   }

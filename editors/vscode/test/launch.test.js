@@ -27,6 +27,12 @@ test('a launch becomes `tether debug` serving on any free port, the program rela
   ]);
 });
 
+test('"stop" becomes --stop, for the debug run and the run without debugging', () => {
+  const c = resolve({ request: 'launch', name: 'n', program: 'train.py', stop: 'one' }, where);
+  assert.deepStrictEqual(serveArgv(c).slice(0, 5), ['debug', '--workdir', '/home/me/proj', '--stop', 'one']);
+  assert.deepStrictEqual(runArgv(c).slice(0, 5), ['run', '--workdir', '/home/me/proj', '--stop', 'one']);
+});
+
 test('module, command, python, profile and relay', () => {
   const m = resolve({ request: 'launch', name: 'n', module: 'pkg.train', python: '/opt/env/bin/python', profile: 'gpu' }, where);
   assert.deepStrictEqual(serveArgv(m).slice(0, 5), ['debug', '--workdir', '/home/me/proj', '--profile', 'gpu']);
@@ -72,6 +78,7 @@ test('bad configurations are refused with one clear message each', () => {
     [{ request: 'launch', name: 'n', program: 'a.py', args: '--lr 1' }, /"args" must be a list of strings/],
     [{ request: 'launch', name: 'n', program: 'a.py', env: { A: 1 } }, /"env" must map names to strings/],
     [{ request: 'launch', name: 'n', program: 'a.py', processes: 'some' }, /"processes" must be one of/],
+    [{ request: 'launch', name: 'n', program: 'a.py', stop: 'each' }, /"stop" must be one of all, one/],
     [{ request: 'attach', name: 'n', run: 7 }, /"run" must be/],
     [{ request: 'restart', name: 'n' }, /"request" must be/],
     [{}, /"request" must be/],
