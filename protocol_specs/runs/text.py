@@ -52,9 +52,17 @@ def clip(text: str, width: int) -> str:
 
 def shown_state(record: RunRecord) -> str:
     """The state a run is shown in: its state, or ``waiting for an IDE`` while its program is
-    held before its first line for an IDE's configuration."""
+    held before its first line for an IDE's configuration; a paused run of several ranks says
+    how many of them are paused (``paused (3 of 4 ranks)``)."""
     if record.waiting_for_ide and record.state.value == "running":
         return "waiting for an IDE"
+    if record.state.value == "paused":
+        # the processes described as ranks (a DataLoader worker of a rank is ``worker N of rank R``)
+        ranks = [row for row in record.processes.values() if row.title.startswith("rank ")]
+        live = [row for row in ranks if row.state != "exited"]
+        if len(live) > 1:
+            paused = sum(row.state == "paused" for row in live)
+            return f"paused ({paused} of {len(live)} ranks)"
     return record.state.value
 
 
@@ -63,7 +71,7 @@ def holding_text(record: RunRecord, *, named: bool = True) -> str:
     ``run X waiting for an IDE``, ``run X running``; ``named`` false: another user's run, not
     named (``a run of another user, paused``)."""
     state = shown_state(record)
-    if state == "paused" and record.paused_at:
+    if record.state.value == "paused" and record.paused_at:
         where = record.paused_at
         state = f"paused {'on' if ' at ' in where else 'at'} {where}"
     if record.silent_for:

@@ -61,6 +61,35 @@ def test_the_web_attempts_table_shows_a_paused_runs_attempt_paused() -> None:
     assert ">waiting for an IDE</span>" in html[html.index('<table class="attempts">') :]
 
 
+def test_a_paused_run_of_several_ranks_says_how_many_are_paused_in_ls_and_status() -> None:
+    rows = {
+        "": ProcessRow(title="main process (pid 5)", pid=5),
+        **{
+            str(10 + r): ProcessRow(
+                title=f"rank {r} (pid {10 + r})",
+                pid=10 + r,
+                rank=r,
+                state="running" if r == 3 else "paused",
+                where="w.py:9 in main",
+            )
+            for r in range(4)
+        },
+        # a DataLoader worker of rank 0 inherits RANK: not a rank
+        "20": ProcessRow(title="worker 1 of rank 0 (pid 20)", pid=20, rank=0, state="paused"),
+    }
+    paused = record(state=RunState.PAUSED, paused_at="rank 0: w.py:9 in main", processes=rows)
+    assert shown_state(paused) == "paused (3 of 4 ranks)"
+    assert "paused (3 of 4 ranks)" in runs_table([paused], now=30.0)
+    assert "state      paused (3 of 4 ranks)" in status_text(paused, now=30.0)
+    # a run that is not paused, or has one rank left, says its state alone
+    assert shown_state(record(state=RunState.RUNNING, processes=rows)) == "running"
+    one = {
+        **rows,
+        **{str(10 + r): rows["10"].model_copy(update={"state": "exited"}) for r in (1, 2, 3)},
+    }
+    assert shown_state(record(state=RunState.PAUSED, processes=one)) == "paused"
+
+
 def test_a_finished_run_lists_no_process_as_paused() -> None:
     rows = {
         "": ProcessRow(title="main", state="paused", where="x.py:3 in f"),
