@@ -1,4 +1,5 @@
-"""A torchrun-style launcher in plain Python: starts WORLD_SIZE ranks of ranks_worker.py, each with
+"""A torchrun-style launcher in plain Python: starts WORLD_SIZE ranks of ranks_worker.py (or
+the worker program named second), each with
 RANK / LOCAL_RANK / WORLD_SIZE / MASTER_PORT in its environment, and waits for them all."""
 
 import os
@@ -16,7 +17,8 @@ def free_port():
 
 def main():
     world_size = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    worker = str(Path(__file__).with_name("ranks_worker.py"))
+    name = sys.argv[2] if len(sys.argv) > 2 else "ranks_worker.py"  # or ranks4_worker.py
+    worker = str(Path(__file__).with_name(name))
     port = str(free_port())
     ranks = []
     for rank in range(world_size):
