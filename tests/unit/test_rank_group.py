@@ -139,9 +139,12 @@ def test_a_continue_while_some_ranks_are_still_pausing_moves_them_when_they_stop
     assert sends(actions) == [(KEYS[0], "continue", {"threadId": 10})]
     assert g.next_deadline is None  # the group runs: nobody to name
     # ranks 1 and 3 stop on the pause they were sent: released, and continued at once
+    # (a stop over at once: not shown, nor the continue's continued, so no session is offered)
     actions = g.on_event(*stopped(1, "pause", thread=11))
-    assert released(actions) == [KEYS[1]]
+    assert released(actions) == []
     assert sends(actions) == [(KEYS[1], "continue", {"threadId": 11})]
+    assert g.on_event(*continued(1)) == []
+    assert released(g.on_event(*continued(1))) == [KEYS[1]]  # only that one
     assert set(states(g)) - {RankState.PAUSING} == {RankState.RUNNING}
     clock.advance(GROUP_WAIT)
     assert g.on_tick() == []

@@ -15,7 +15,8 @@ HPC debugger's process group does, the ranks of a run stop and move as one:
 - **Move together.** ``continue``, ``next``, ``stepIn``, ``stepOut`` and ``pause`` that an IDE
   sends one rank (it goes there as before) are sent by the worker, as its own request, to every
   other rank: a continue or a step for the thread that rank stopped on, a pause to each that runs.
-  A rank still pausing when the group moves is sent the move once its stop comes. A group step
+  A rank still pausing when the group moves is sent the move once its stop comes (that stop,
+  over at once, and its ``continued`` are not shown: its session is not offered for it). A group step
   is complete when every rank in it stopped: their ``stopped`` events are held until then, or
   until :data:`GROUP_WAIT` passed, and released together (the note naming the ranks that did not
   arrive; their stops are released when they come).
@@ -104,6 +105,7 @@ class _Rank:
     thread: int | None = None  #: the thread it stopped on
     held: tuple[dict[str, Any], bytes] | None = None  #: its ``stopped``, held for a group step
     owed: tuple[str, dict[str, Any]] | None = None  #: a group move to send once it stops
+    quiet: bool = False  #: its next ``continued`` answers a move of a stop nobody was shown
 
 
 @dataclass
@@ -152,6 +154,9 @@ class RankGroup:
         if member is None or name not in ("stopped", "continued"):
             return [Release(key, msg, raw)]
         if name == "continued":
+            if member.quiet:  # the answer to a move its session never saw the stop of
+                member.quiet = False
+                return []
             if member.state is RankState.STOPPED:
                 member.state = RankState.RUNNING  # a continue the group did not send
             return [Release(key, msg, raw)]
@@ -159,10 +164,12 @@ class RankGroup:
         thread = body.get("threadId") if isinstance(body, dict) else None
         member.thread = thread if isinstance(thread, int) else member.thread
         was, member.state = member.state, RankState.STOPPED
-        if member.owed is not None:  # the group moved while it was pausing: it moves now
+        if member.owed is not None:  # the group moved while it was pausing: it moves now,
+            # and its session is not told of a stop that is over at once (nor offered for it)
             (command, arguments), member.owed = member.owed, None
             member.state = RankState.STEPPING if command in _STEPS else RankState.RUNNING
-            return [Release(key, msg, raw), self._send(member, command, arguments)]
+            member.quiet = True
+            return [self._send(member, command, arguments)]
         if self.stepping and was is RankState.STEPPING:
             member.held = (msg, raw)
             return self._settle()
