@@ -70,9 +70,7 @@ def _is_python(pid: int, facts: ProcFacts) -> bool:
 
 def _tethers(facts: ProcFacts) -> bool:
     return any(
-        PurePath(arg).name in _TETHERS
-        or arg == "debugpy.adapter"
-        or arg.endswith("/debugpy/adapter")
+        PurePath(arg).name in _TETHERS or arg == "debugpy.adapter" or "/debugpy/adapter" in arg
         for arg in facts.cmdline[:4]
     )
 
