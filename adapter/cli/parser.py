@@ -12,6 +12,7 @@ from .admin import cmd_audit, cmd_token_create, cmd_token_list, cmd_token_revoke
 from .demo import cmd_demo
 from .experiments import cmd_metrics
 from .options import adapter_options, pool_options, relay_flag, relay_options, run_options
+from .rank_stacks import cmd_stacks
 from .runs import (
     cmd_attach,
     cmd_cancel,
@@ -198,6 +199,18 @@ def _run_commands(sub: _Commands) -> None:
     # ``--relay`` may come after RUN too: cmd_exec reads what precedes ``--``
     s.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     s.set_defaults(fn=cmd_exec)
+
+    s = sub.add_parser(
+        "stacks",
+        help="the Python stacks of every process of the run, merged into classes (ranks 0-2,4-7: "
+        "...), read without stopping them",
+    )
+    relay_flag(s)
+    s.add_argument(
+        "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
+    )
+    s.add_argument("--json", action="store_true", help="the merged report as one JSON object")
+    s.set_defaults(fn=cmd_stacks)
 
     s = sub.add_parser(
         "shell", help="a shell on the run's worker, on this terminal, in the run's directory"

@@ -198,6 +198,8 @@ class ProcessRow(BaseModel):
     state: Literal["running", "paused", "exited"] = "running"
     where: str = ""  #: where it is paused
     exit_code: int | None = None
+    #: why it is paused (the ``stopped`` event's reason: ``breakpoint``, ``exception``, ...)
+    reason: str = ""
 
 
 class RunRecord(BaseModel):

@@ -253,9 +253,10 @@ def fold_into_record(record: RunRecord, entry: StatusEntry, *, about: int, at: f
         row = rows.get(key) or ProcessRow(
             title="main process" if key == MAIN else f"process (pid {key})"
         )
-        rows[key] = row.model_copy(update={"state": "paused", "where": where})
+        reason = str(entry.data.get("reason") or "")[:40]
+        rows[key] = row.model_copy(update={"state": "paused", "where": where, "reason": reason})
     elif entry.event == StatusEvent.RESUMED and key in rows:
-        rows[key] = rows[key].model_copy(update={"state": "running", "where": ""})
+        rows[key] = rows[key].model_copy(update={"state": "running", "where": "", "reason": ""})
     updated = record.model_copy(update={"processes": rows})
     paused = [(k, row) for k, row in rows.items() if row.state == "paused"]
     if paused:

@@ -51,7 +51,8 @@ class TunnelSpec(BaseModel):
     """What a tunnel runs on the worker, in the run's directory with the run's environment."""
 
     model_config = FROZEN
-    kind: Literal["exec", "shell", "forward"]
+    #: ``stacks``: the Python stacks of the run's processes, as JSON on stdout (``tether stacks``)
+    kind: Literal["exec", "shell", "forward", "stacks"]
     #: ``exec``: the command (a program and its arguments, no shell)
     argv: list[str] = Field(default_factory=list, max_length=4096)
     #: ``exec``: the user's side sends the command's stdin (else it gets an empty one)
@@ -84,4 +85,6 @@ class TunnelSpec(BaseModel):
             return "exec: " + " ".join(self.argv)[:500] + of
         if self.kind == "forward":
             return f"forward {self.port}"
+        if self.kind == "stacks":
+            return "stacks"
         return "shell" + of

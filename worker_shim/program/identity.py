@@ -37,6 +37,7 @@ import os
 import shutil
 import stat
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,6 +299,8 @@ class Runtime:
     scripts: Path  #: the directory of the ``_tether_*.py`` scripts
     user_module: Path  #: ``tether.py``
     debugpy: Path  #: the ``debugpy`` package's directory
+    #: the ``py-spy`` binary (``tether stacks``), None where it is not installed
+    pyspy: Path | None = None
 
     @classmethod
     def installed(cls) -> Runtime:
@@ -308,6 +311,7 @@ class Runtime:
             scripts=SCRIPTS,
             user_module=Path(__file__).resolve().parents[2] / "tether.py",
             debugpy=Path(debugpy.__file__).resolve().parent,
+            pyspy=_installed_pyspy(),
         )
 
     def script(self, name: str) -> Path:
@@ -330,6 +334,10 @@ class Runtime:
             shutil.copyfile(self.script(name), scripts / name)
         shutil.copyfile(self.user_module, building / "tether.py")
         shutil.copytree(self.debugpy, building / "debugpy", symlinks=True)
+        if self.pyspy is not None:
+            (building / "bin").mkdir(mode=0o755)
+            shutil.copyfile(self.pyspy, building / "bin" / "py-spy")
+            os.chmod(building / "bin" / "py-spy", 0o755)
         for where, dirs, files in os.walk(building):
             for name in dirs:
                 os.chmod(os.path.join(where, name), 0o755)
@@ -345,8 +353,12 @@ class Runtime:
         return self._at(final)
 
     def _at(self, place: Path) -> Runtime:
+        pyspy = place / "bin" / "py-spy"
         return Runtime(
-            scripts=place / "scripts", user_module=place / "tether.py", debugpy=place / "debugpy"
+            scripts=place / "scripts",
+            user_module=place / "tether.py",
+            debugpy=place / "debugpy",
+            pyspy=pyspy if pyspy.is_file() else None,
         )
 
     def _tag(self) -> str:
@@ -355,7 +367,18 @@ class Runtime:
             digest.update(path.read_bytes())
         import debugpy
 
+        if self.pyspy is not None:  # a copy made before py-spy was there is not this runtime
+            digest.update(b"py-spy %d" % self.pyspy.stat().st_size)
         return f"debugpy-{debugpy.__version__}-{digest.hexdigest()[:16]}"
+
+
+def _installed_pyspy() -> Path | None:
+    """The ``py-spy`` binary installed beside this Python (its scripts directory), else on PATH."""
+    beside = Path(sysconfig.get_path("scripts")) / "py-spy"
+    if beside.is_file():
+        return beside
+    found = shutil.which("py-spy")
+    return Path(found) if found else None
 
 
 def _reachable_dir(path: Path) -> None:

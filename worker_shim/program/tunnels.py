@@ -30,10 +30,11 @@ from protocol_specs.wire.wire import TunnelEntry, WorkerTunnelLink
 from relay.client import LinkPolicy, RelayError, RunLink, Target, open_run_link, tunnel_steps
 
 from .debuggee import terminate_group
-from .identity import spawn_options
+from .identity import Runtime, spawn_options
 from .loopback import NotTheRuns, connect_owned
 from .process_names import read_proc
 from .quarters import Quarters
+from .sampler import sample_stacks
 from .terminal import run_shell
 
 __all__ = ["Tunnels", "open_tunnels", "tunnel_request"]
@@ -160,6 +161,8 @@ class Tunnels:
 
     async def _run(self, link: RunLink, spec: TunnelSpec) -> tuple[int | None, str]:
         """Run what ``spec`` asks for; its exit code, and why when it did not run to its end."""
+        if spec.kind == "stacks":  # reads the run's own processes, runs nothing: --no-shell too
+            return await self._stacks(link)
         if not self.allowed:
             return None, "this worker does not allow shells, commands or port forwards (--no-shell)"
         user = self.quarters.user if self.quarters is not None else None
@@ -172,6 +175,19 @@ class Tunnels:
         if spec.kind == "exec":
             return await _exec(link, spec, cwd, env, spawn_options(user))
         return await run_shell(link, spec, cwd, env, user)
+
+    async def _stacks(self, link: RunLink) -> tuple[int | None, str]:
+        """The stacks of the program's processes (``sampler.py``), as JSON on ``fd`` 1."""
+        if self.program is None:
+            return None, f"run {self.record.id}'s program has not started yet"
+        user = self.quarters.user if self.quarters is not None else None
+        runtime = self.quarters.runtime if self.quarters is not None else None
+        pyspy = runtime.pyspy if runtime is not None else Runtime.installed().pyspy
+        answer = await sample_stacks(self.program, pyspy, user)
+        for at in range(0, len(answer), CHUNK):
+            await link.publish(TunnelEntry(op="data", fd=1, data=answer[at : at + CHUNK]))
+        await link.publish(TunnelEntry(op="eof", fd=1))
+        return 0, ""
 
     def _context(self, spec: TunnelSpec) -> tuple[Path, dict[str, str]] | str:
         """Where a command runs, with what environment: the run's, or (``spec.process``) that
