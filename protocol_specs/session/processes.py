@@ -42,6 +42,8 @@ from ..runs.runs import ProcessRow, RunEvent, RunRecord, RunState
 from ..wire.stream_entries import StatusEntry, StatusEvent
 
 __all__ = [
+    "COLLECTIVE_TIMEOUT_ENV",
+    "COLLECTIVE_TIMEOUT_FLOOR",
     "COLLECTIVE_TIMEOUT_HINT",
     "MAIN",
     "MAX_ROWS",
@@ -68,12 +70,19 @@ PROCESS_EVENTS = frozenset(
     }
 )
 
+#: the variable that sets the least timeout of a debug run's ``torch.distributed`` process groups
+COLLECTIVE_TIMEOUT_ENV = "TETHER_COLLECTIVE_TIMEOUT"
+#: its default: a pause shorter than this does not end the job (``_tether_collectives.py``)
+COLLECTIVE_TIMEOUT_FLOOR = "24h"
+
 #: said (IDE and terminal) when a rank of a ``torch.distributed`` job pauses
 COLLECTIVE_TIMEOUT_HINT = (
-    "while this rank is paused, its peers wait in their next collective (all_reduce, barrier) "
-    "and time out after the process group's timeout (NCCL's default: 10 minutes), which ends the "
-    "job; to debug longer, pass a longer timeout: "
-    "torch.distributed.init_process_group(..., timeout=datetime.timedelta(hours=2))"
+    "while this rank is paused, its peers wait in their next collective (all_reduce, barrier); "
+    f"tether gave every process group of this debug run a timeout of at least "
+    f"{COLLECTIVE_TIMEOUT_FLOOR} when it was created ({COLLECTIVE_TIMEOUT_ENV}), so the job "
+    "survives a shorter pause; a longer one, a timeout given to one call (monitored_barrier, "
+    "work.wait), or a rank whose output said tether could not raise its timeouts still makes "
+    "their collectives time out, which ends the job"
 )
 
 

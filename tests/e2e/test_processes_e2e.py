@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from direct_debugpy import copy_programs
 from node_harness import open_vscode_session, scenario, session_messages, sessions_by_kind
 from stack import debug_run, program_python, relay_stack, runnable_by_anyone, worker
@@ -57,9 +58,12 @@ async def run_through_tether(
     *,
     program: str = "python",
     extra: tuple[str, ...] = (),
+    held: dict[str, float] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
     """Queue ``program command`` with `tether debug`, configure it from the runner, start a worker,
-    run the steps; returns (result, messages, adapter port) once the run ended with exit code 0."""
+    run the steps; returns (result, messages, adapter port) once the run ended with exit code 0.
+    ``held``: for each waiting ``mark`` step named there, in order, how many seconds the runner is
+    held there (the time measured, as a paused rank's peers wait: not a synchronisation)."""
     ws = copy_programs(tmp_path / "ws")
     # an interpreter the program's uid may run (a root worker's programs run as uids of their own);
     # a program the test names that no such uid may run (a venv made from an interpreter under
@@ -84,6 +88,10 @@ async def run_through_tether(
             await session.wait_mark("configured")
             async with worker(home, relay, isolated=python is not None):
                 await session.release("configured")
+                for name, seconds in (held or {}).items():
+                    await session.wait_mark(name, timeout=240)
+                    await trio.sleep(seconds)
+                    await session.release(name)
                 result, messages = await session.result()
         await debug.wait_line(r"ended \(exited, exit code 0\)", timeout=60)
     for message in messages:

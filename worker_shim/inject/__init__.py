@@ -7,7 +7,10 @@ siblings from beside itself (the worker imports ``_tether_guard`` as well: ``pro
 - ``_tether_debugpy_adapter.py``: debugpy's adapter process, guarded, with ``TCP_NODELAY``;
 - ``_tether_guard.py``: only the run's processes and its worker may connect to the debugger;
 - ``_tether_launch.py``: the main process of a command that is not Python;
-- ``_tether_sitecustomize.py``: what each Python process below that command imports first.
+- ``_tether_sitecustomize.py``: what each Python process below that command imports first (and
+  every Python process of a debug run with children: ``PYTHONPATH``);
+- ``_tether_collectives.py``: loaded by it: ``torch.distributed`` process groups get a long
+  timeout from their creation, so a paused rank does not end the job.
 
 On a worker that isolates they are published read-only for programs of other uids
 (``worker_shim/program/identity.py``'s ``Runtime``). :data:`SCRIPTS` is where they are installed.

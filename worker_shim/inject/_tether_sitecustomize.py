@@ -9,6 +9,10 @@ the shim has configured this process (breakpoints replayed), so breakpoints appl
 Then it sets ``TETHER_DEBUGPY_CHILD`` to name this process as the parent of Python processes that
 it starts through a non-Python program, and imports the ``sitecustomize`` it shadows, if any.
 
+In every debug run with subprocesses (a Python command too: the worker puts its directory on
+``PYTHONPATH`` then) it also raises ``torch.distributed``'s process-group timeouts from their
+creation (``_tether_collectives.py``): a paused rank must not end the job.
+
 Nothing here may stop the program: on any failure (an old interpreter, a missing pydevd, a debugger
 it cannot reach: a process on another host, as ``srun`` across nodes starts) it says so on stderr
 once and the process runs undebugged, and so do the Python processes it starts. A process that debugpy already patched (its
@@ -83,6 +87,32 @@ def _nodelay() -> None:
     boot._patch_pydevd()
 
 
+def _collectives() -> None:
+    """In a debug run (``TETHER_COLLECTIVE_TIMEOUT`` set by the worker), every
+    ``torch.distributed`` process group of this process gets a long timeout from its creation, so
+    a paused rank does not end the job (``_tether_collectives.py``, loaded from beside the file
+    this one links to). Never stops the program."""
+    if not os.environ.get("TETHER_COLLECTIVE_TIMEOUT"):
+        return
+    try:
+        import importlib.util
+
+        here = os.path.dirname(os.path.realpath(__file__))
+        spec = importlib.util.spec_from_file_location(
+            "_tether_collectives", os.path.join(here, "_tether_collectives.py")
+        )
+        if spec is None or spec.loader is None:
+            raise ImportError(f"no _tether_collectives.py in {here}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.install()
+    except Exception as exc:
+        sys.stderr.write(
+            f"tether: cannot raise torch.distributed's timeouts ({type(exc).__name__}: {exc}): "
+            "a rank paused longer than a process group's timeout ends the job\n"
+        )
+
+
 def _chain() -> None:
     """Import the ``sitecustomize`` this one shadows (a distribution's, a venv's), as Python
     would have without it; this directory leaves ``sys.path``."""
@@ -99,4 +129,5 @@ def _chain() -> None:
 
 
 _debug_this_process()
+_collectives()
 _chain()

@@ -16,6 +16,10 @@ Nagle/delayed-ACK stall from every DAP round trip (see ``_tether_debugpy_boot.py
 - Subprocess debugging is off unless asked (``subprocesses=True``): debugpy blocks every child
   process until a client configures it, so the shim must configure each one at once
   (:mod:`worker_shim.session.processes`); with it off, children run undebugged.
+- With subprocess debugging on, every Python process of the run loads tether's ``sitecustomize``
+  (``PYTHONPATH``), which gives each ``torch.distributed`` process group a long timeout from its
+  creation (``TETHER_COLLECTIVE_TIMEOUT``, ``_tether_collectives.py``): a paused rank must not
+  make its peers' collectives time out and end the job.
 - The program runs in a session (process group) of its own; ending the run signals the whole group,
   so its children go with it.
 - debugpy's adapter is not in that group: it calls ``setsid()`` and double-forks. It exits by
@@ -72,6 +76,7 @@ from .python_command import (
     build_debug_argv,
     build_launch_argv,
     check_python,
+    debugged_children_env,
     debugpy_home,
     is_launcher,
     is_python,
@@ -362,8 +367,14 @@ async def start_debuggee(
             "DEBUGPY_ADAPTER_ENDPOINTS": str(endpoints),
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         }
+        if subprocesses:  # a pause in one rank must not end a torch.distributed job
+            child_env = debugged_children_env(
+                child_env, boot=None if launched else str(boot_dir(where, runtime))
+            )
         if not fast:
-            child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [home, env.get("PYTHONPATH")]))
+            child_env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [home, child_env.get("PYTHONPATH")])
+            )
         if not mark:  # no attempt's mark: this start's own
             mark = f"tether-debugpy/{os.getpid()}-{os.urandom(6).hex()}"
             child_env["TETHER_MARK"] = mark

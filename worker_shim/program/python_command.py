@@ -21,6 +21,8 @@ from pathlib import Path, PurePath
 
 import trio
 
+from protocol_specs.session.processes import COLLECTIVE_TIMEOUT_ENV, COLLECTIVE_TIMEOUT_FLOOR
+
 from ..inject import SCRIPTS
 from .identity import UNREACHABLE_HINT, ProgramUser, Runtime, search_path, spawn_options
 
@@ -36,6 +38,7 @@ __all__ = [
     "build_debug_argv",
     "build_launch_argv",
     "check_python",
+    "debugged_children_env",
     "debugpy_home",
     "is_launcher",
     "is_python",
@@ -419,3 +422,16 @@ def boot_dir(where: Path, runtime: Runtime | None = None) -> Path:
     if not link.exists():
         link.symlink_to(runtime.script(SITECUSTOMIZE.name))
     return home
+
+
+def debugged_children_env(env: dict[str, str], *, boot: str | None) -> dict[str, str]:
+    """``env`` for a debug run whose children are debugged: every ``torch.distributed`` process
+    group of the run gets a timeout of at least :data:`COLLECTIVE_TIMEOUT_FLOOR` from its creation
+    (unless the user set ``TETHER_COLLECTIVE_TIMEOUT``, ``0`` for off), so a paused rank does not
+    end the job; ``boot`` (a :func:`boot_dir`) goes first on ``PYTHONPATH``, so that every Python
+    process of the run loads the ``sitecustomize`` that does it (``_tether_collectives.py``).
+    ``None``: the launcher of a non-Python command puts it there itself."""
+    out = {**env, COLLECTIVE_TIMEOUT_ENV: env.get(COLLECTIVE_TIMEOUT_ENV, COLLECTIVE_TIMEOUT_FLOOR)}
+    if boot is not None:
+        out["PYTHONPATH"] = os.pathsep.join(filter(None, [boot, env.get("PYTHONPATH")]))
+    return out
