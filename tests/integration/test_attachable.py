@@ -99,9 +99,7 @@ async def test_attach_starts_debugpy_in_the_running_program(tmp_path: Path) -> N
     await listener.bind(str(tmp_path / "attach.sock"))  # the worker's side, before the program
     listener.listen(1)
     async with trio.open_nursery() as nursery:
-        process = await nursery.start(
-            partial(trio.run_process, argv, cwd=tmp_path, capture_stdout=True, check=False)
-        )
+        process = await nursery.start(partial(trio.run_process, argv, cwd=tmp_path, check=False))
         with trio.fail_after(20):
             conn, _ = await listener.accept()  # the program connects when it starts
             async with trio.SocketStream(conn) as stream:
@@ -275,3 +273,52 @@ async def test_a_threads_uncaught_exception_stops_it_then_the_main_threads_once(
 async def test_sys_exit_is_how_a_program_ends_not_a_crash(tmp_path: Path) -> None:
     stops, code = await _post_mortem(tmp_path, "exit")
     assert stops == [] and code == 3
+
+
+STOPS = """\
+def work(n):
+    total = n * 7
+    breakpoint()
+    return total  # line 4
+
+
+print("got", work(6))
+"""
+
+
+async def test_breakpoint_call_pauses_the_plain_run_as_debug_when_does(tmp_path: Path) -> None:
+    """``breakpoint()`` in a plain run's program: debugpy starts, the worker is told ``pause
+    PORT``, configures it, and the thread stops in the caller's frame; let go, it runs on."""
+    (tmp_path / "stops.py").write_text(STOPS)
+    argv = _attachable(tmp_path, ["python", "stops.py"])
+    listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await listener.bind(str(tmp_path / "attach.sock"))
+    listener.listen(1)
+    async with trio.open_nursery() as nursery:
+        process = await nursery.start(partial(trio.run_process, argv, cwd=tmp_path, check=False))
+        with trio.fail_after(30):
+            conn, _ = await listener.accept()
+            stream = trio.SocketStream(conn)
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await stream.receive_some(100)
+            word, port = line.split()
+            assert word == b"pause"
+            async with open_dap_client("127.0.0.1", int(port)) as ide:
+                await ide.request("initialize", {"adapterID": "debugpy", "pathFormat": "path"})
+                attach = ide.send_request_nowait("attach", {"justMyCode": True})
+                await ide.wait_event("initialized", timeout=20)
+                await ide.request("configurationDone")
+                await ide.response(attach, timeout=20)
+                stopped = await ide.wait_event("stopped", timeout=20)
+                thread = stopped["body"]["threadId"]
+                frames = await ide.request("stackTrace", {"threadId": thread})
+                top = frames["body"]["stackFrames"][0]
+                assert (top["name"], top["line"]) == ("work", 4)
+                await ide.request("continue", {"threadId": thread})
+                await ide.wait_event("terminated", timeout=20)
+            await stream.aclose()
+        with trio.fail_after(20):
+            code = await process.wait()
+    listener.close()
+    assert code == 0

@@ -39,6 +39,8 @@ SYS_PATH_EDITS_ALLOWED = {
     "worker_shim/inject/_tether_sitecustomize.py": "runs inside a Python process a non-Python "
     "command of a debug run starts: it puts the worker's pydevd on the path, as pydevd's own "
     "patching of a child does, and takes its own directory off",
+    "worker_shim/inject/_tether_breakpoint.py": "pydevd's preimport in each debugged process: "
+    "it imports debugpy's own preimport from beside pydevd for a moment, as pydevd does",
 }
 
 

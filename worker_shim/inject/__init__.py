@@ -5,6 +5,7 @@ siblings from beside itself (the worker imports ``_tether_guard`` as well: ``pro
 - ``_tether_debugpy_boot.py``: debugpy's command line with pydevd's socket made ``TCP_NODELAY``;
   the attachable mode of a plain run (``--tether-attach``);
 - ``_tether_debugpy_adapter.py``: debugpy's adapter process, guarded, with ``TCP_NODELAY``;
+- ``_tether_breakpoint.py``: ``breakpoint()`` stops in every debugged process, children too;
 - ``_tether_guard.py``: only the run's processes and its worker may connect to the debugger;
 - ``_tether_launch.py``: the main process of a command that is not Python;
 - ``_tether_sitecustomize.py``: what each Python process below that command imports first (and

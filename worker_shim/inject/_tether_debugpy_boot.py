@@ -139,17 +139,40 @@ def _guarded(home: str | None) -> str | None:
 def load_guard() -> Any:
     """``_tether_guard.py``, loaded from beside this file (it runs as a script, and is loaded by
     path from ``_tether_debugpy_adapter.py`` and ``_tether_sitecustomize.py``)."""
+    return _sibling("_tether_guard")
+
+
+def _sibling(name: str) -> Any:
+    """The module ``name``, loaded from ``name.py`` beside this file, once per process."""
     import importlib.util
 
+    if name in sys.modules:
+        return sys.modules[name]
     here = os.path.dirname(os.path.realpath(__file__))
-    spec = importlib.util.spec_from_file_location(
-        "_tether_guard", os.path.join(here, "_tether_guard.py")
-    )
+    spec = importlib.util.spec_from_file_location(name, os.path.join(here, f"{name}.py"))
     if spec is None or spec.loader is None:
-        raise ImportError(f"no _tether_guard.py in {here}")
+        raise ImportError(f"no {name}.py in {here}")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[name] = module  # pydevd's preimport of it (_tether_breakpoint) finds it here
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return module
+
+
+def _breakpoints(pause_here: Any = None) -> None:
+    """``breakpoint()`` stops in the debugger (``_tether_breakpoint.py``): in a debug run, in
+    every debugged process (it installs itself: pydevd is loaded); in a plain one (``pause_here``),
+    as ``--debug-when`` pauses, or as plain python where it cannot."""
+    try:
+        module = _sibling("_tether_breakpoint")
+    except Exception as exc:  # said; debugpy's own breakpoint() stays
+        print(f"tether: breakpoint() may not stop: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return
+    if pause_here is not None:
+        sys.breakpointhook = module.breakpointhook(pause_here, sys.__breakpointhook__)
 
 
 def _adapter_from(home: str) -> None:
@@ -209,6 +232,7 @@ def main() -> None:
             file=sys.stderr,
         )
     _hooks(_stop_at, _connected)
+    _breakpoints()
     try:
         cli.main()  # type: ignore[no-untyped-call]
     except Exception as exc:
@@ -237,6 +261,7 @@ def _run_attachable(path: str, home: str | None, target: list[str], post_mortem:
 
     worker = _Worker(path, home)
     _hooks(worker.pause_here, worker.can_pause)
+    _breakpoints(worker.pause_here)
     if worker.conn is not None:
         thread = threading.Thread(target=worker.serve, name="tether.attach", daemon=True)
         thread.is_pydev_daemon_thread = True  # type: ignore[attr-defined]  # not the user's
@@ -301,7 +326,10 @@ class _Worker:
     def listen(self) -> int:
         """debugpy listening (started the first time), its adapter's port."""
         with self._listening:
-            self.port = self.port or _listen(self.home)
+            if not self.port:
+                hook = sys.breakpointhook
+                self.port = _listen(self.home)
+                sys.breakpointhook = hook  # not debugpy's, which importing it put in
             return self.port
 
     def say(self, line: str) -> bool:

@@ -47,6 +47,8 @@ def child_config() -> dict:  # type: ignore[type-arg]
         "host": host,
         "port": port,
         "setup": setup,
+        # what pydevd imports first in each process (``_tether_breakpoint.py``: breakpoint())
+        "preimport": PydevdCustomization.PREIMPORT,
     }
 
 

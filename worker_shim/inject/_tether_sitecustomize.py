@@ -43,7 +43,8 @@ def _debug_this_process() -> None:
 
         _nodelay()
         setup = dict(config["setup"])
-        pydevd.config(config["protocol"], config["debug_mode"])
+        # the preimport (``_tether_breakpoint.py``): breakpoint() stops here, and in its children
+        pydevd.config(config["protocol"], config["debug_mode"], config.get("preimport", ""))
         pydevd.settrace(
             host=config["host"],
             port=config["port"],

@@ -285,6 +285,7 @@ class Isolation:
 _SCRIPTS = (
     "_tether_debugpy_boot.py",
     "_tether_debugpy_adapter.py",
+    "_tether_breakpoint.py",
     "_tether_collectives.py",
     "_tether_guard.py",
     "_tether_launch.py",

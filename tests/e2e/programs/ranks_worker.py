@@ -36,6 +36,9 @@ def main():
         peers[0].sendall(str(partial).encode())  # line 36: rank 1 only (a breakpoint)
         total = int(peers[0].recv(64))
     print(f"rank {rank} total {total}", flush=True)
+    if os.environ.get("BREAK_IN_RANK") == str(rank):
+        breakpoint()  # line 40: the rank BREAK_IN_RANK names stops here
+        print(f"rank {rank} let go", flush=True)
 
 
 if __name__ == "__main__":
