@@ -320,6 +320,13 @@ def main() -> int:
     )
     args = parser.parse_args()
     only = set(args.only or BENCHES)
+    merge_into = args.out / "results" / "figures.json"
+    if args.merge and not merge_into.is_file():
+        # found out now, not after the benchmarks ran: the report would lose its other sections
+        parser.error(
+            f"--merge: there are no figures to merge into ({merge_into} is missing; it is not "
+            "committed: run the whole benchmark once on this machine first)"
+        )
     for item in args.size:
         key, _, value = item.partition("=")
         if key not in SIZES or not value.isdigit():
@@ -335,7 +342,7 @@ def main() -> int:
     figures["date"] = time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
     out: Path = args.out
     if args.merge:
-        figures = _merged(out / "results" / "figures.json", figures, only)
+        figures = _merged(merge_into, figures, only)
     (out / "results").mkdir(parents=True, exist_ok=True)
     (out / "results" / "figures.json").write_text(json.dumps(figures, indent=2, default=vars))
     written = report.write(figures, out)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 from redis_cluster import RedisCluster
 
 from relay.embedded.server import SOCKET_NAME, bundled_server_binary, log_tail, server_argv
@@ -110,8 +110,14 @@ _REAL = [
 _SINGLE = [p for p in _REAL if p.values[0] != "cluster"]
 
 # Property tests are derandomised (same examples every run) and untimed: a loaded CI machine must
-# not turn a slow example into a failure.
-settings.register_profile("tether", deadline=None, derandomize=True, max_examples=200)
+# not turn a slow example, or slow generation of examples (the too_slow health check), into a failure.
+settings.register_profile(
+    "tether",
+    deadline=None,
+    derandomize=True,
+    max_examples=200,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.load_profile("tether")
 
 

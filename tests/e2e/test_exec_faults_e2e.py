@@ -143,15 +143,16 @@ class Relays:
 
 
 def stall_after_the_welcome(proxy: FaultProxy, direction: Direction) -> None:
-    """Once the relay's welcome went down, hold ``direction``: the CLI's request (``up``), or
-    the relay's answer to it (``down``), waits in the proxy."""
+    """As the relay's welcome goes down, hold ``direction`` (in place before the CLI can answer
+    the welcome): the CLI's request (``up``), or the relay's answer to it (``down``), waits in
+    the proxy."""
 
     def hook(went: Direction, chunk: bytes) -> None:
         if went == "down" and b"welcome" in chunk:
-            proxy.after_send = None
+            proxy.on_pass = None
             proxy.stall(direction)
 
-    proxy.after_send = hook
+    proxy.on_pass = hook
 
 
 async def one_try(

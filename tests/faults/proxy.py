@@ -5,9 +5,10 @@ one per direction (``up``: client to target, ``down``: back). ``stall()`` closes
 pump passes with every chunk it read, before sending it on, so the chunk waits in the proxy and
 what follows in the kernel's buffers (nothing is lost or reordered) until ``resume()``;
 ``stall("up")`` or ``stall("down")`` holds one direction only, and
-:meth:`FaultProxy.wait_held` waits until a chunk read in it waits at its gate. ``after_send(direction, chunk)``, if set, is called as soon as a chunk was passed on,
-before that pump reads again: a test stalls a direction at an exact point of a conversation (the
-reply after the handshake, say). ``cut()`` closes both sockets of every pair (FIN); ``reset()``
+:meth:`FaultProxy.wait_held` waits until a chunk read in it waits at its gate. ``on_pass(direction, chunk)``, if set, is called with each chunk that passed its gate,
+before it is sent on: a test stalls a direction at an exact point of a conversation (the reply
+after the handshake, say), in place before the peer can have read that chunk, let alone answered
+it. ``cut()`` closes both sockets of every pair (FIN); ``reset()``
 aborts them with RST (``SO_LINGER`` 0). ``refuse(True)`` closes new connections at once, like a
 service that is down.
 """
@@ -50,8 +51,8 @@ class FaultProxy:
             gate.set()
         #: chunks read and waiting at a closed gate, per direction
         self.held: Counter[Direction] = Counter()
-        #: called with each chunk as soon as it was passed on (before its pump reads again)
-        self.after_send: Callable[[Direction, bytes], None] | None = None
+        #: called with each chunk that passed its gate, before it is sent on
+        self.on_pass: Callable[[Direction, bytes], None] | None = None
         self._refusing = False
         self._changed = trio.Event()
 
@@ -173,9 +174,9 @@ class FaultProxy:
                 if not data:
                     break
                 await self._hold(direction)
+                if self.on_pass is not None:  # before the peer can answer it: no race
+                    self.on_pass(direction, data)
                 await sink.send_all(data)
-                if self.after_send is not None:
-                    self.after_send(direction, data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         done.cancel()

@@ -99,10 +99,10 @@ async def test_an_open_cut_off_is_asked_for_again_and_the_command_runs_once(
 
         def after_the_welcome(direction: Direction, chunk: bytes) -> None:
             if direction == "down" and b"welcome" in chunk:
-                proxy.after_send = None
+                proxy.on_pass = None
                 proxy.stall(held)  # the request, or its answer, waits in the proxy
 
-        proxy.after_send = after_the_welcome
+        proxy.on_pass = after_the_welcome
         result: list[object] = []
         done = trio.Event()
 

@@ -4,6 +4,8 @@ figures, the others stay, and the report says which were measured when."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from bench.__main__ import _merged
@@ -41,3 +43,18 @@ def test_nothing_to_merge_with_is_a_new_report(tmp_path: Path) -> None:
     assert _merged(tmp_path / "absent.json", new, {"idle"}) is new
     path = saved(tmp_path / "figures.json", {"quick": False, "date": "full sizes"})
     assert _merged(path, new, {"idle"}) is new  # a quick run never mixes with a full one
+
+
+def test_merge_with_no_saved_figures_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    # the report is committed and its figures are not: merging into nothing would drop every
+    # other section of a fresh clone's report, after the benchmarks ran
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "latency", "--merge", "--out", str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done
+    assert "--merge: there are no figures to merge into" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "results").exists()

@@ -74,7 +74,9 @@ async def test_a_flood_leaves_the_loop_free_and_the_hold_bounded(tmp_path: Path)
             while True:  # the worker's loop goes on serving while the program floods
                 await trio.sleep(0.01)
                 ticks += 1
-        assert ticks > 50
+        # a loop the reader holds barely ticks in the 2 s; a free one about 200 times
+        # (fewer on a loaded machine, where each sleep overshoots: hence the low bar)
+        assert ticks > 10
         assert HOLD_CAP <= len(metrics.hold) < HOLD_CAP + 20_000  # full: reading stopped
         program.close()
         link.failed = None
