@@ -46,6 +46,7 @@ __all__ = [
     "compress_ranks",
     "describe_set",
     "merge",
+    "ranks_text",
     "render_tree",
     "threads_from_pyspy",
     "user_frames",
@@ -175,6 +176,13 @@ def compress_ranks(ranks: Iterable[int]) -> str:
     return ",".join(runs)
 
 
+def ranks_text(ranks: Iterable[int]) -> str:
+    """``rank 3``, ``ranks 0-2,4-7``: how tether names a set of ranks everywhere (the stacks'
+    classes, the group's notes)."""
+    numbers = set(ranks)
+    return ("rank " if len(numbers) == 1 else "ranks ") + compress_ranks(numbers)
+
+
 #: how many names a label lists before it counts the rest
 _NAMES_SHOWN = 3
 
@@ -186,7 +194,7 @@ def describe_set(processes: list[ProcessStack]) -> str:
     others = [p.name for p in processes if p.rank is None]
     parts = []
     if ranks:
-        parts.append(("rank " if len(ranks) == 1 else "ranks ") + compress_ranks(ranks))
+        parts.append(ranks_text(ranks))
     parts += others[:_NAMES_SHOWN]
     more = len(others) - _NAMES_SHOWN
     text = ", ".join(parts)

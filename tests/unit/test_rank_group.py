@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 from hand_clock import HandClock
 
+from protocol_specs.session.stacks import ranks_text
 from worker_shim.session.group import (
     GROUP_WAIT,
     GroupAction,
@@ -16,7 +17,6 @@ from worker_shim.session.group import (
     RankState,
     Release,
     Send,
-    ranks_text,
 )
 
 KEYS = {0: "100", 1: "101", 2: "102", 3: "103"}
@@ -99,7 +99,7 @@ def test_a_rank_that_does_not_pause_in_time_is_named_to_the_stopped_ranks() -> N
     assert isinstance(note, Note)
     assert note.keys == (KEYS[0], KEYS[2])
     assert note.text == (
-        "tether: ranks 1, 3 still running (blocked outside Python, e.g. in a collective); "
+        "tether: ranks 1,3 still running (blocked outside Python, e.g. in a collective); "
         "they pause when they are back in Python"
     )
     assert g.next_deadline is None and g.on_tick() == []
@@ -237,4 +237,5 @@ def test_a_continue_the_group_did_not_send_marks_the_rank_running() -> None:
 
 def test_ranks_text() -> None:
     assert ranks_text([3]) == "rank 3"
-    assert ranks_text([3, 1, 3]) == "ranks 1, 3"
+    assert ranks_text([3, 1, 3]) == "ranks 1,3"
+    assert ranks_text([2, 0, 1, 5]) == "ranks 0-2,5"

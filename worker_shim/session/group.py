@@ -37,10 +37,12 @@ control request for a rank, a tick) and returns :data:`GroupAction` s, which
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from protocol_specs.session.stacks import ranks_text
 
 __all__ = [
     "GROUP_WAIT",
@@ -51,7 +53,6 @@ __all__ = [
     "RankState",
     "Release",
     "Send",
-    "ranks_text",
 ]
 
 #: seconds a rank has to stop after the group's first stop, or to end a group step
@@ -278,10 +279,3 @@ class RankGroup:
                 (msg, raw), member.held = member.held, None
                 actions.append(Release(member.key, msg, raw))
         return actions
-
-
-def ranks_text(ranks: Iterable[int]) -> str:
-    """``rank 3``, ``ranks 1, 3``."""
-    numbers = sorted(set(ranks))
-    word = "rank" if len(numbers) == 1 else "ranks"
-    return f"{word} {', '.join(str(n) for n in numbers)}"
