@@ -1,6 +1,6 @@
 """End to end, ``tether stacks RUN`` on a real stack (`tether up`, `tether worker`, `tether debug`,
 real debugpy, the DebugClient harness): four torchrun-style ranks without PyTorch
-(``programs/ranks_launcher.py``), breakpoints in rank 1 only (``--ranks 1``). While rank 1 is
+(``programs/ranks_launcher.py``), breakpoints in rank 1 only (``--ranks 1``), which stops alone (``--stop one``). While rank 1 is
 paused at its breakpoint the others wait for it in ``recv`` (native code, as in a collective):
 rank 0 for rank 1's partial sum, ranks 2 and 3 for rank 0's total. The stacks of the running
 ranks are read without stopping them and merged into classes; rank 1 is marked paused."""
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import trio
-from direct_debugpy import copy_programs
+from direct_debugpy import PROGRAMS, copy_programs
 from node_harness import open_vscode_session, scenario
 from stack import debug_run, program_python, relay_stack, tether, worker
 
@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 RANK1_LINE = 36  # programs/ranks_worker.py, main(): peers[0].sendall(...), rank != 0 only
 RANK0_WAIT = 32  # rank 0: sum(int(p.recv(64)) for p in peers)
 OTHERS_WAIT = 37  # ranks 2, 3: total = int(peers[0].recv(64))
+#: the module-level call of main(), the outermost frame every rank shares
+MAIN_CALL = 1 + (PROGRAMS / "ranks_worker.py").read_text().splitlines().index("    main()")
 
 
 async def stacks(home: Path, relay: str, run: str, *flags: str) -> str:
@@ -67,7 +69,13 @@ async def test_stacks_merges_running_ranks_and_marks_the_paused_one(tmp_path: Pa
     async with (
         relay_stack(home, isolated=python is not None) as (_up, relay),
         debug_run(
-            home, relay, ws, python or "python", "ranks_launcher.py", "4", extra=("--ranks", "1")
+            home,
+            relay,
+            ws,
+            python or "python",
+            "ranks_launcher.py",
+            "4",
+            extra=("--ranks", "1", "--stop", "one"),
         ) as (debug, run, port),
     ):
         spec = scenario(port, ws, steps, breakpoints={"ranks_worker.py": [RANK1_LINE]},
@@ -98,7 +106,7 @@ async def test_stacks_merges_running_ranks_and_marks_the_paused_one(tmp_path: Pa
     assert [f["function"] for f in rank1["frames"]] == ["<module>", "main"]
     lines = text.splitlines()
     assert lines[0].startswith(f"run {run}: 5 Python processes, 1 paused, in 4 places")
-    assert "ranks 0-3: ranks_worker.py:42 <module>" in lines, text
+    assert f"ranks 0-3: ranks_worker.py:{MAIN_CALL} <module>" in lines, text
     assert f"  ranks 2-3 (running): ranks_worker.py:{OTHERS_WAIT} main" in lines, text
     assert f"  rank 1 (paused: breakpoint): ranks_worker.py:{RANK1_LINE} main" in lines, text
     assert any(
