@@ -21,6 +21,10 @@ parser names them), and ``tether ls`` should not pay for what ``tether up`` runs
 itself reads ``relay.config.RelayConfig``, a dataclass, for the relay options' defaults.)
 """
 
-from .main import main
+from .quiet_start import hold
+
+hold()  # a Ctrl-C while what follows loads ends tether quietly (main() releases it)
+
+from .main import main  # noqa: E402
 
 __all__ = ["main"]

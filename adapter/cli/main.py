@@ -17,6 +17,7 @@ import trio
 
 from .errors import leaves, relay_error
 from .parser import build_parser
+from .quiet_start import release
 from .runs import FOLLOWING, SERVING
 from .settings import tether_home
 
@@ -29,6 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # never its debug log: it prints frames, and a hello frame carries the token
     logging.getLogger("websockets").setLevel(max(level, logging.WARNING))
+    release()
     try:
         return int(trio.run(_until_stopped, args))
     except KeyboardInterrupt:
