@@ -17,8 +17,9 @@ from protocol_specs.runs.metrics import format_value
 from protocol_specs.runs.resources import short_duration
 from protocol_specs.runs.runs import RunRecord
 from protocol_specs.runs.spec import RunSpec
-from protocol_specs.runs.text import clip, columns, shown_state
+from protocol_specs.runs.text import shown_state
 from protocol_specs.sweeps.sweeps import SweepRecord, SweepState, Trial
+from protocol_specs.text_width import clip, columns
 from protocol_specs.wire.wire import AuditEntry
 
 __all__ = [

@@ -29,8 +29,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..text_width import clip
 from .spec import RunSpec
-from .text import clip
 
 __all__ = [
     "TERMINAL_STATES",

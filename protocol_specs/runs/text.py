@@ -1,8 +1,6 @@
 """How a run reads wherever it is shown (``tether ls``/``status``, ``sweep status``, the web view):
 one function per fact, so every view says the same thing. Sans-I/O: records in, text out.
 
-- :func:`clip`: text cut to a width, with an ellipsis where it was cut (never mid-word when a
-  word boundary is near);
 - :func:`shown_state`: the state a run is shown in (``waiting for an IDE`` is a running run held
   before its first line);
 - :func:`slots_text`: why a queued run of a worker pool still waits: what holds the pool's slots
@@ -12,42 +10,13 @@ one function per fact, so every view says the same thing. Sans-I/O: records in, 
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .runs import RunRecord
 
-__all__ = ["ELLIPSIS", "clip", "columns", "holding_text", "shown_state", "slots_text"]
-
-ELLIPSIS = "\u2026"
-#: a cut goes back to the last space if that loses no more than this share of the width
-_WORD_BACK = 0.3
-
-
-def columns(text: str) -> int:
-    """Columns ``text`` takes on a terminal (East Asian wide characters take two)."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
-def clip(text: str, width: int) -> str:
-    """``text`` in at most ``width`` columns: whole if it fits, else cut with an ellipsis, at the
-    end of a word when one ends near the cut."""
-    if columns(text) <= width:
-        return text
-    if width <= 1:
-        return ELLIPSIS[:width]
-    out, used = "", 0
-    for c in text:
-        w = columns(c)
-        if used + w > width - 1:
-            break
-        out, used = out + c, used + w
-    space = out.rfind(" ")
-    if space > 0 and len(out) - space <= max(1, int(width * _WORD_BACK)):
-        out = out[:space]
-    return out.rstrip(" ,;:") + ELLIPSIS
+__all__ = ["holding_text", "shown_state", "slots_text"]
 
 
 def shown_state(record: RunRecord) -> str:

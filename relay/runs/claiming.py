@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from protocol_specs.access.auth import parse_token
 from protocol_specs.runs import claims
@@ -39,9 +39,7 @@ from protocol_specs.wire import wire
 from protocol_specs.wire.wire import ErrorCode
 
 from ..store import keys
-
-if TYPE_CHECKING:
-    from .registry import Registry
+from .books import Books
 
 __all__ = ["Claimed", "claim", "claim_run", "confirm", "release", "released", "sweep"]
 
@@ -57,7 +55,7 @@ class Claimed(NamedTuple):
 
 
 async def claim(
-    registry: Registry,
+    registry: Books,
     run_id: str,
     worker: str,
     *,
@@ -110,7 +108,7 @@ async def claim(
 
 
 async def claim_run(
-    registry: Registry, worker: str, run_id: str, attempt: int, *, mint: bool
+    registry: Books, worker: str, run_id: str, attempt: int, *, mint: bool
 ) -> Claimed | wire.Error:
     """Claim ``run_id``'s attempt ``attempt`` for the worker its scheduler job started, or say
     why not (``no_such_run``, ``run_finished``, ``stale_attempt``)."""
@@ -134,7 +132,7 @@ async def claim_run(
 
 
 async def confirm(
-    registry: Registry, run_id: str, attempt: int, claim_id: str
+    registry: Books, run_id: str, attempt: int, claim_id: str
 ) -> RunRecord | wire.Error:
     """The claim's worker holds its answer: the claim counts (see the module's docstring)."""
     now = registry.clock()
@@ -165,7 +163,7 @@ async def confirm(
 
 
 async def release(
-    registry: Registry, record: RunRecord, why: str, *, lapsed: bool = False
+    registry: Books, record: RunRecord, why: str, *, lapsed: bool = False
 ) -> RunRecord | None:
     """Release the claim ``record`` (as claimed) holds, if it still does and is unconfirmed
     (``lapsed``: and past its deadline): queued again at the same attempt. ``why``: what became
@@ -185,7 +183,7 @@ async def release(
     return change.after
 
 
-async def released(registry: Registry, before: RunRecord, after: RunRecord, why: str) -> None:
+async def released(registry: Books, before: RunRecord, after: RunRecord, why: str) -> None:
     """The side effects of a release this process won (``before``: the record as claimed)."""
     claimed = before.attempts[-1]
     if claimed.from_queue:
@@ -204,7 +202,7 @@ async def released(registry: Registry, before: RunRecord, after: RunRecord, why:
     await registry.append_status(before.id, StatusEvent.QUEUED, after, logs=True, detail=text)
 
 
-async def sweep(registry: Registry) -> list[str]:
+async def sweep(registry: Books) -> list[str]:
     """Release the claims left unconfirmed past their deadline; the ids of their runs."""
     now = registry.clock()
     back = []

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from protocol_specs.runs import claims
 from protocol_specs.runs.runs import IllegalTransition, RunEvent, RunRecord, RunState
@@ -47,6 +47,7 @@ from ..snapshots.blobs import BlobError
 from ..snapshots.trees import Expand, Rooted
 from ..store import Store, StoreError, keys
 from . import claiming, submitting
+from .books import Change
 from .metrics import last_metrics
 from .submitting import new_run_id, snapshot_fields
 from .tunnels import expire_tunnels
@@ -59,14 +60,6 @@ log = logging.getLogger("tether.relay")
 RECORD_FIELD = "record"
 #: writers that may win in a row against one update before it gives up (each a round trip)
 MAX_CONFLICTS = 100
-
-
-class Change(NamedTuple):
-    """One applied change: the record before and after it, and the version it was written as."""
-
-    before: RunRecord
-    after: RunRecord
-    version: int
 
 
 class Registry:

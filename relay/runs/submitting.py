@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from protocol_specs.runs.runs import Attempt, RunEvent, RunRecord, RunState
 from protocol_specs.runs.spec import RunSpec
@@ -26,9 +26,7 @@ from protocol_specs.wire.wire import ErrorCode, StreamName
 
 from ..snapshots.trees import Rooted
 from ..store import keys
-
-if TYPE_CHECKING:
-    from .registry import Registry
+from .books import Books
 
 __all__ = ["finish_submit", "finish_submits", "new_run_id", "snapshot_fields", "submit"]
 
@@ -47,7 +45,7 @@ def snapshot_fields(snapshot: Manifest | Rooted) -> dict[str, Any]:
 
 
 async def submit(
-    registry: Registry,
+    registry: Books,
     spec: RunSpec,
     snapshot: Manifest | Rooted,
     *,
@@ -99,7 +97,7 @@ async def submit(
 
 
 async def _again(
-    registry: Registry, there: RunRecord, owner: str, snapshot: Manifest | Rooted
+    registry: Books, there: RunRecord, owner: str, snapshot: Manifest | Rooted
 ) -> RunRecord:
     """A run asked for again (its id chosen by the asker): its submit finished, then answered."""
     if there.owner == owner and isinstance(snapshot, Manifest):
@@ -107,11 +105,11 @@ async def _again(
     return await finish_submit(registry, there)
 
 
-async def _keep_manifest(registry: Registry, run_id: str, manifest: Manifest) -> None:
+async def _keep_manifest(registry: Books, run_id: str, manifest: Manifest) -> None:
     await registry.store.set_bytes(keys.manifest(run_id), manifest.model_dump_json().encode())
 
 
-async def finish_submit(registry: Registry, record: RunRecord, *, fresh: bool = False) -> RunRecord:
+async def finish_submit(registry: Books, record: RunRecord, *, fresh: bool = False) -> RunRecord:
     """The rest of ``record``'s submit, each step idempotent: its indexes, the ``queued`` note in
     its logs (``fresh``: a submit's own; else only if none was written), its queue entry while it
     is queued at its first attempt, never claimed (one entry too many is skipped by the claim),
@@ -133,7 +131,7 @@ async def finish_submit(registry: Registry, record: RunRecord, *, fresh: bool = 
     return record
 
 
-async def _noted_queued(registry: Registry, run_id: str) -> bool:
+async def _noted_queued(registry: Books, run_id: str) -> bool:
     """Whether the run's ``to_ide`` stream holds a ``queued`` status entry already."""
     stream = keys.stream(run_id, StreamName.TO_IDE)
     for _id, raw in await registry.store.read_after(stream, "0", count=20):
@@ -146,7 +144,7 @@ async def _noted_queued(registry: Registry, run_id: str) -> bool:
     return False
 
 
-async def finish_submits(registry: Registry) -> None:
+async def finish_submits(registry: Books) -> None:
     """Finish the submits whose relay died before the run was in its queue (any relay's sweep:
     the one whose ``ZREM`` takes the note). A run whose snapshot's manifest was never kept
     cannot run: it ends ``lost``, saying so."""

@@ -17,8 +17,9 @@ from urllib.parse import urlencode
 from protocol_specs.access.auth import Principal
 from protocol_specs.runs.resources import short_duration
 from protocol_specs.runs.runs import RunRecord, RunState
-from protocol_specs.runs.text import clip, shown_state
+from protocol_specs.runs.text import shown_state
 from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry
+from protocol_specs.text_width import clip
 from protocol_specs.web.web import ListQuery, file_path, run_path, sweep_path
 from protocol_specs.wire.wire import AuditEntry
 

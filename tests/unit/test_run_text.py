@@ -10,8 +10,9 @@ from adapter.show.render import ended_text, runs_table, status_text, sweep_text,
 from protocol_specs.access.auth import Principal, Scope
 from protocol_specs.runs.runs import Attempt, ProcessRow, RunEvent, RunRecord, RunState
 from protocol_specs.runs.spec import RunSpec
-from protocol_specs.runs.text import clip, shown_state, slots_text
+from protocol_specs.runs.text import shown_state, slots_text
 from protocol_specs.sweeps.sweeps import SweepRecord, SweepSpec, Trial, parse_param
+from protocol_specs.text_width import clip
 from relay.web.experiments import sweep_page
 from relay.web.pages import run_page, run_row
 
