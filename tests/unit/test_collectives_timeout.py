@@ -120,16 +120,75 @@ def test_a_torch_it_does_not_know_is_left_alone_and_said_why() -> None:
     assert "takes no timeout" in C.wrap(c10d, 86400, print)
 
 
-def test_off_unset_or_unreadable_installs_nothing() -> None:
+def test_unset_or_unreadable_installs_nothing() -> None:
     said: list[str] = []
     before = list(sys.meta_path)
     assert C.install({}, said.append) is None
-    assert C.install({COLLECTIVE_TIMEOUT_ENV: "0"}, said.append) is None
     assert C.install({COLLECTIVE_TIMEOUT_ENV: "soon"}, said.append) is None
     assert sys.meta_path == before
     assert said == [
         "tether: TETHER_COLLECTIVE_TIMEOUT='soon' is not a duration (86400, 90m, 24h, 2d); ignored"
     ]
+
+
+def test_off_raises_no_timeout_but_maps_the_breakpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    assert C.install({COLLECTIVE_TIMEOUT_ENV: "0"}, print) is None  # no floor
+    hook = sys.meta_path[0]
+    assert type(hook).__name__ == "_AfterC10d"
+    c10d, calls = _fake_c10d()
+    dist = types.ModuleType("torch.distributed")
+    dist._make_distributed_pdb = object  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    hook.then(c10d)  # type: ignore[attr-defined]
+    c10d.init_process_group("gloo")
+    assert calls == [("init_process_group", None)]  # the timeout as given (none)
+    assert isinstance(dist._make_distributed_pdb(), C.DebuggerStop)  # type: ignore[attr-defined]
+
+
+class _Pdb:
+    def __init__(self) -> None:
+        self.said: list[str] = []
+        self.traced: list[Any] = []
+
+    def message(self, text: str) -> None:
+        self.said.append(text)
+
+    def set_trace(self, frame: Any = None) -> None:
+        self.traced.append(frame)
+
+
+def _torch_breakpoint(make_pdb: Any) -> None:
+    """What ``torch.distributed.breakpoint()`` does with its pdb (torch 2.13), in a frame named as
+    torch's module is."""
+    code = "pdb = make_pdb()\npdb.message('Type up')\npdb.set_trace()\n"
+    exec(code, {"__name__": "torch.distributed", "make_pdb": make_pdb})
+
+
+def test_torch_distributed_breakpoint_stops_its_caller_in_the_debugger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    c10d, _ = _fake_c10d()
+    dist = types.ModuleType("torch.distributed")
+    pdbs: list[_Pdb] = []
+    dist._make_distributed_pdb = lambda: pdbs.append(_Pdb()) or pdbs[-1]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    C.map_breakpoint(c10d)
+    C.map_breakpoint(c10d)  # once is enough: a second call wraps nothing more
+    c10d.init_process_group("gloo")
+    c10d.init_process_group("gloo")
+
+    stopped: list[Any] = []
+    debugger = types.ModuleType("_tether_breakpoint")
+    debugger.stop_here = lambda frame: stopped.append(frame) or True  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "_tether_breakpoint", debugger)
+    _torch_breakpoint(dist._make_distributed_pdb)  # type: ignore[attr-defined]
+    assert [f.f_code.co_name for f in stopped] == ["_torch_breakpoint"]  # torch's frame skipped
+    assert pdbs == []  # no pdb was made
+
+    debugger.stop_here = lambda frame: False  # type: ignore[attr-defined]  # no client: pdb
+    _torch_breakpoint(dist._make_distributed_pdb)  # type: ignore[attr-defined]
+    assert len(pdbs) == 1 and pdbs[0].said == ["Type up"] and len(pdbs[0].traced) == 1
 
 
 def test_the_worker_sets_the_floor_and_puts_the_sitecustomize_first(tmp_path: Path) -> None:

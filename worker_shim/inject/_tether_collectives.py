@@ -25,6 +25,15 @@ floor; a timeout given to one call (``monitored_barrier(timeout=)``, ``work.wait
 process that skips ``sitecustomize`` (``python -S``, ``-E``, ``-I``, or a cleared environment); a
 torch whose ``distributed_c10d`` lacks these functions (said once, on stderr).
 
+``torch.distributed.breakpoint()`` stops in the debugger. torch's own runs pdb on one rank (after
+raising the groups' timeouts) while the others wait in a barrier; under a debugger pdb takes the
+thread's tracing from it and reads a stdin that is not the user's terminal. So, once the process
+has called ``init_process_group`` (``torch.distributed`` is whole then), the pdb it makes
+(:data:`PDB_FACTORIES`) is :class:`DebuggerStop`: the rank stops in the frame that called
+``torch.distributed.breakpoint()``, at its next line, past the barrier every rank goes through
+(the group's stop then pauses every rank: all of them are at the line after theirs). Without a
+configured debugger, torch's pdb as before. ``TETHER_COLLECTIVE_TIMEOUT=0`` keeps this too.
+
 Standalone and stdlib-only (it runs on the user's interpreter); never raises into the program.
 """
 
@@ -43,6 +52,8 @@ ENV = "TETHER_COLLECTIVE_TIMEOUT"
 C10D = "torch.distributed.distributed_c10d"
 #: every public way (and DeviceMesh's private one) to create a process group, each with ``timeout``
 CREATORS = ("init_process_group", "new_group", "_new_group_with_tag", "split_group")
+#: what ``torch.distributed.breakpoint()`` calls for its pdb (torch >= 2.6; before: the class)
+PDB_FACTORIES = ("_make_distributed_pdb", "_DistributedPdb")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -126,6 +137,53 @@ def wrap(c10d: Any, floor: float, say: Callable[[str], Any]) -> str | None:
     return None
 
 
+class DebuggerStop:
+    """The pdb ``torch.distributed.breakpoint()`` gets in a debug run: :meth:`set_trace` stops the
+    frame that called it in the debugger; torch's own pdb (``fallback()``) where it cannot."""
+
+    def __init__(self, fallback: Callable[[], Any]) -> None:
+        self.fallback = fallback
+        self.said: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.said.append(text)  # pdb's ("Type 'up' to get to the frame..."): for pdb alone
+
+    def set_trace(self, frame: Any = None) -> None:
+        caller = frame or sys._getframe(1)
+        while caller is not None and caller.f_globals.get("__name__", "").startswith("torch."):
+            caller = caller.f_back  # torch.distributed.breakpoint -> whoever called it
+        stop = getattr(sys.modules.get("_tether_breakpoint"), "stop_here", None)
+        if caller is not None and callable(stop) and stop(caller):
+            return
+        pdb = self.fallback()
+        for text in self.said:
+            pdb.message(text)
+        pdb.set_trace(frame or sys._getframe(1))
+
+
+def map_breakpoint(c10d: Any) -> None:
+    """Once ``init_process_group`` (of the module ``c10d``) has run, ``torch.distributed``'s pdb
+    for its ``breakpoint()`` is a :class:`DebuggerStop`."""
+    create = getattr(c10d, "init_process_group", None)
+    if not callable(create) or getattr(create, "__tether_breakpoint__", False):
+        return
+
+    @functools.wraps(create)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        done = create(*args, **kwargs)
+        dist = sys.modules.get("torch.distributed")
+        for name in PDB_FACTORIES:
+            made = getattr(dist, name, None)
+            if callable(made) and not getattr(made, "__tether_breakpoint__", False):
+                stop = functools.partial(DebuggerStop, made)
+                stop.__tether_breakpoint__ = True  # type: ignore[attr-defined]
+                setattr(dist, name, stop)
+        return done
+
+    init_process_group.__tether_breakpoint__ = True  # type: ignore[attr-defined]
+    c10d.init_process_group = init_process_group
+
+
 class _AfterC10d:
     """A ``sys.meta_path`` finder that lets the real finders find :data:`C10D`, then runs
     ``then(module)`` right after the module's code, before its importer goes on (so
@@ -165,29 +223,35 @@ def install(
     environ: Mapping[str, str] | None = None, say: Callable[[str], Any] | None = None
 ) -> float | None:
     """Raise every process group's timeout to :data:`ENV`'s floor in this process, if set (and
-    not 0); ``say``: where the one-line notes go (stderr). Returns the floor, or ``None``."""
+    not 0), and map ``torch.distributed.breakpoint()`` to a debugger stop (if set, 0 too);
+    ``say``: where the one-line notes go (stderr). Returns the floor, or ``None``."""
     environ = os.environ if environ is None else environ
     say = say or (lambda line: sys.stderr.write(line + "\n"))
     floor = parse_seconds(environ.get(ENV, ""))
     if environ.get(ENV) and floor is None:
         say(f"tether: {ENV}={environ[ENV]!r} is not a duration (86400, 90m, 24h, 2d); ignored")
-    if not floor:
+    if floor is None:  # not a debug run (the worker sets it), or not a duration
         return None
     quiet = environ.get("RANK", "0") != "0"  # one rank's note is the job's: not 64 of them
 
     def then(module: Any) -> None:
+        if floor:
+            try:
+                why_not = wrap(module, floor, (lambda _line: None) if quiet else say)
+            except Exception as exc:  # never the program's problem
+                why_not = f"{type(exc).__name__}: {exc}"
+            if why_not is not None:
+                say(
+                    f"tether: cannot raise torch.distributed's timeouts ({why_not}): a rank "
+                    "paused longer than a process group's timeout ends the job"
+                )
         try:
-            why_not = wrap(module, floor, (lambda _line: None) if quiet else say)
-        except Exception as exc:  # never the program's problem
-            why_not = f"{type(exc).__name__}: {exc}"
-        if why_not is not None:
-            say(
-                f"tether: cannot raise torch.distributed's timeouts ({why_not}): a rank paused "
-                "longer than a process group's timeout ends the job"
-            )
+            map_breakpoint(module)
+        except Exception as exc:  # torch's own breakpoint() stays
+            say(f"tether: torch.distributed.breakpoint() runs pdb ({type(exc).__name__}: {exc})")
 
     if C10D in sys.modules:
         then(sys.modules[C10D])  # too late for names imported from it already; the rest holds
     else:
         sys.meta_path.insert(0, _AfterC10d(then))
-    return floor
+    return floor or None

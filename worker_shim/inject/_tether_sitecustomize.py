@@ -91,8 +91,9 @@ def _nodelay() -> None:
 def _collectives() -> None:
     """In a debug run (``TETHER_COLLECTIVE_TIMEOUT`` set by the worker), every
     ``torch.distributed`` process group of this process gets a long timeout from its creation, so
-    a paused rank does not end the job (``_tether_collectives.py``, loaded from beside the file
-    this one links to). Never stops the program."""
+    a paused rank does not end the job, and ``torch.distributed.breakpoint()`` stops in the
+    debugger (``_tether_collectives.py``, loaded from beside the file this one links to). Never
+    stops the program."""
     if not os.environ.get("TETHER_COLLECTIVE_TIMEOUT"):
         return
     try:
