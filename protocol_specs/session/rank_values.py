@@ -150,8 +150,12 @@ def from_helper(rank: int, result: str) -> RankValue:
 
 
 def error_value(rank: int, message: str) -> RankValue:
-    """debugpy refused the evaluation: its message, one line."""
-    return RankValue(rank=rank, state="error", error=_one_line(message or "no answer", 300))
+    """debugpy refused the evaluation: its message, one line (of a traceback, as pydevd's
+    ``repl`` evaluations answer, its last line: the exception's type and message)."""
+    lines = [line for line in (message or "").splitlines() if line.strip()]
+    if lines and lines[0].startswith("Traceback (most recent call last)"):
+        lines = lines[-1:]
+    return RankValue(rank=rank, state="error", error=_one_line(" ".join(lines) or "no answer", 300))
 
 
 # --- rendering ----------------------------------------------------------------------------------

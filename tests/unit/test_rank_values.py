@@ -12,6 +12,7 @@ import pytest
 from protocol_specs.session.rank_values import (
     EvalReport,
     RankValue,
+    error_value,
     from_helper,
     nothing_evaluated,
     parse_prefix,
@@ -163,3 +164,15 @@ def test_by_value_puts_tensors_with_nan_elements_after_the_clean_ones() -> None:
         "ranks 1-2 (2): tensor[3, 4] float32 on cuda:0 norm 9 nan 0 inf 0",
         "rank 0 (1): tensor[3, 4] float32 on cuda:0 norm 0.5 nan 2 inf 0",
     ]
+
+
+def test_debugpys_traceback_is_one_line_its_exception() -> None:
+    said = (
+        'Traceback (most recent call last):\n  File "pydevd_vars.py", line 586, in e\n'
+        '    compiled = _compile_as_exec(expression)\n  File "<string>", line 1\n'
+        "    @all x\n         ^^^\nSyntaxError: invalid syntax\n "
+    )
+    assert error_value(2, said).error == "SyntaxError: invalid syntax"
+    assert error_value(2, "Unable to find thread\nfor evaluation").error == (
+        "Unable to find thread for evaluation"
+    )
