@@ -21,7 +21,9 @@ that is not (or no longer) debugged gets an error response, published back to th
 Configuration requests of every process are folded into one run-wide :class:`DebugSession` (the
 latest per source wins): what a child that starts later is configured with. With
 ``RunSpec.ranks``, a child whose ``RANK`` is known and not listed is configured with no
-breakpoints: it runs free.
+breakpoints: it runs free. An expression evaluated in every paused rank (``tether eval``, the
+debug console's ``@all EXPR``, answered here rather than by a rank's debugpy) is
+:mod:`worker_shim.session.rank_eval`'s.
 
 Sans-I/O: reading ``/proc`` is a function passed in (:func:`read_proc` by default).
 """
