@@ -12,6 +12,7 @@ from .admin import cmd_audit, cmd_token_create, cmd_token_list, cmd_token_revoke
 from .demo import cmd_demo
 from .experiments import cmd_metrics
 from .options import adapter_options, pool_options, relay_flag, relay_options, run_options
+from .rank_eval import cmd_eval
 from .rank_stacks import cmd_stacks
 from .runs import (
     cmd_attach,
@@ -211,6 +212,30 @@ def _run_commands(sub: _Commands) -> None:
     )
     s.add_argument("--json", action="store_true", help="the merged report as one JSON object")
     s.set_defaults(fn=cmd_stacks)
+
+    s = sub.add_parser(
+        "eval",
+        help="evaluate an expression in every paused rank of the run and compare the values "
+        "(ranks 0-2,4: 0.6931; min/max/mean; tensors: shape, dtype, norm, NaN/Inf)",
+    )
+    relay_flag(s)
+    s.add_argument(
+        "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
+    )
+    s.add_argument("expression", help="a Python expression, e.g. 'loss.item()' (quote it)")
+    s.add_argument(
+        "--ranks",
+        type=parse_ranks,
+        default=None,
+        help="only these ranks, e.g. 0,3 or 0-3 (default: every paused rank)",
+    )
+    s.add_argument(
+        "--by-value",
+        action="store_true",
+        help="group the ranks by value, ordered by value (the ranks whose loss is NaN)",
+    )
+    s.add_argument("--json", action="store_true", help="the values as one JSON object")
+    s.set_defaults(fn=cmd_eval)
 
     s = sub.add_parser(
         "shell", help="a shell on the run's worker, on this terminal, in the run's directory"

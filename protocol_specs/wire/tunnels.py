@@ -52,7 +52,8 @@ class TunnelSpec(BaseModel):
 
     model_config = FROZEN
     #: ``stacks``: the Python stacks of the run's processes, as JSON on stdout (``tether stacks``)
-    kind: Literal["exec", "shell", "forward", "stacks"]
+    #: ``eval``: ``expression`` evaluated in every paused rank, as JSON on stdout (``tether eval``)
+    kind: Literal["exec", "shell", "forward", "stacks", "eval"]
     #: ``exec``: the command (a program and its arguments, no shell)
     argv: list[str] = Field(default_factory=list, max_length=4096)
     #: ``exec``: the user's side sends the command's stdin (else it gets an empty one)
@@ -66,11 +67,16 @@ class TunnelSpec(BaseModel):
     #: ``exec``, ``shell``: in this process's directory with its environment (a pid of the run's:
     #: a torchrun rank's ``RANK``, ``LOCAL_RANK``, ``CUDA_VISIBLE_DEVICES``); "": the run's
     process: str = Field(default="", pattern=r"^[0-9]{0,10}$")
+    #: ``eval``: the expression, and the ranks to evaluate it in (empty: every paused rank)
+    expression: str = Field(default="", max_length=64 * 1024)
+    ranks: list[int] = Field(default_factory=list, max_length=4096)
 
     @model_validator(mode="after")
     def _complete(self) -> TunnelSpec:
         if self.kind == "exec" and not self.argv:
             raise ValueError("exec needs a command")
+        if self.kind == "eval" and not self.expression.strip():
+            raise ValueError("eval needs an expression")
         if self.kind == "forward" and not self.port:
             raise ValueError("forward needs a port (1-65535)")
         if any(len(arg) > 64 * 1024 for arg in self.argv):
@@ -87,4 +93,6 @@ class TunnelSpec(BaseModel):
             return f"forward {self.port}"
         if self.kind == "stacks":
             return "stacks"
+        if self.kind == "eval":
+            return "eval: " + " ".join(self.expression.split())[:500]
         return "shell" + of

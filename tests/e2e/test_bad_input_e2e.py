@@ -99,12 +99,21 @@ async def test_bad_input_gets_a_clear_line_and_never_a_traceback(tmp_path: Path)
                 ),
                 (("sweep", "--file", str(tmp_path / "none.yaml")), "No such file"),
                 (("sweep", "--file", str(project / "app.py")), "a mapping of settings"),
+                (("eval", "nosuchrun", "loss"), "no run 'nosuchrun'"),
+                (("eval", "nosuchrun", "loss", "--ranks", "3-1"), "'3-1': a range goes up"),
+                (("eval", "nosuchrun", " "), "eval needs an expression"),
             ]
             wrong = []
             for args, said in cases:
                 code, text = await tether_cli(home, *args, cwd=project)
                 if code == 0 or "Traceback" in text or said not in text:
                     wrong.append(f"tether {' '.join(args)}: exit {code}:\n{text}")
+            code, run = await tether_cli(home, "run", "--", "python", "app.py", cwd=project)
+            code, text = await tether_cli(
+                home, "eval", run.strip().splitlines()[-1], "x", cwd=project
+            )
+            if code == 0 or "Traceback" in text or "is not a debug run" not in text:
+                wrong.append(f"tether eval of a plain run: exit {code}:\n{text}")
             read, write = os.pipe()
             os.close(read)  # `tether ls | head -0`: nobody reads what it prints
             try:

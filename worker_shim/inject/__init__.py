@@ -6,6 +6,8 @@ siblings from beside itself (the worker imports ``_tether_guard`` as well: ``pro
   the attachable mode of a plain run (``--tether-attach``);
 - ``_tether_debugpy_adapter.py``: debugpy's adapter process, guarded, with ``TCP_NODELAY``;
 - ``_tether_breakpoint.py``: ``breakpoint()`` stops in every debugged process, children too;
+- ``_tether_values.py``: a value described where it is (``tether eval``, ``@all``), loaded lazily
+  by ``_tether_breakpoint.rank_value``;
 - ``_tether_guard.py``: only the run's processes and its worker may connect to the debugger;
 - ``_tether_launch.py``: the main process of a command that is not Python;
 - ``_tether_sitecustomize.py``: what each Python process below that command imports first (and

@@ -85,6 +85,31 @@ def install() -> str | None:
     return None
 
 
+def rank_value(source: str, globals_: Any, locals_: Any) -> str:
+    """``tether eval`` / ``@all``: ``source`` evaluated in a paused frame's namespaces and
+    described as a short JSON text (``_tether_values.py``, loaded from beside this module the
+    first time: every debugged process has this one, preimported)."""
+    values = sys.modules.get("_tether_values")
+    if values is None:
+        import importlib.util
+
+        here = os.path.dirname(os.path.realpath(__file__))
+        path = os.path.join(here, "_tether_values.py")
+        spec = importlib.util.spec_from_file_location("_tether_values", path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"no _tether_values.py in {here}")
+        values = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(values)
+        sys.modules["_tether_values"] = values
+        try:  # the debugger's, never a user frame (as this module)
+            from _pydevd_bundle.pydevd_dont_trace_files import DONT_TRACE, PYDEV_FILE
+
+            DONT_TRACE["_tether_values.py"] = PYDEV_FILE
+        except ImportError:
+            pass
+    return values.describe(source, globals_, locals_)  # type: ignore[no-any-return]
+
+
 def _debugpy_as_before() -> None:
     """What debugpy's own preimport does in a child (its ``breakpoint()``, its API), from where
     pydevd is: ``<debugpy's parent>/debugpy/_vendored/pydevd/pydevd.py``."""

@@ -290,6 +290,7 @@ _SCRIPTS = (
     "_tether_guard.py",
     "_tether_launch.py",
     "_tether_sitecustomize.py",
+    "_tether_values.py",
 )
 
 

@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -91,6 +91,9 @@ class Tunnels:
         self.say = say
         #: the program's pid once it started (``spec.process`` must be it or a descendant)
         self.program: int | None = None
+        #: a debug run's cross-rank evaluation (the session's driver sets it while it runs):
+        #: ``(expression, ranks or None)`` -> the values as JSON (``tether eval``)
+        self.evaluate: Callable[[str, list[int] | None], Awaitable[bytes]] | None = None
         self.serving: set[str] = set()
         #: the commands running now, by tunnel (cancelled when the attempt ends)
         self._running: dict[str, trio.CancelScope] = {}
@@ -163,6 +166,8 @@ class Tunnels:
         """Run what ``spec`` asks for; its exit code, and why when it did not run to its end."""
         if spec.kind == "stacks":  # reads the run's own processes, runs nothing: --no-shell too
             return await self._stacks(link)
+        if spec.kind == "eval":  # what an IDE's debug console may do: --no-shell too
+            return await self._eval(link, spec)
         if not self.allowed:
             return None, "this worker does not allow shells, commands or port forwards (--no-shell)"
         user = self.quarters.user if self.quarters is not None else None
@@ -184,6 +189,20 @@ class Tunnels:
         runtime = self.quarters.runtime if self.quarters is not None else None
         pyspy = runtime.pyspy if runtime is not None else Runtime.installed().pyspy
         answer = await sample_stacks(self.program, pyspy, user)
+        for at in range(0, len(answer), CHUNK):
+            await link.publish(TunnelEntry(op="data", fd=1, data=answer[at : at + CHUNK]))
+        await link.publish(TunnelEntry(op="eof", fd=1))
+        return 0, ""
+
+    async def _eval(self, link: RunLink, spec: TunnelSpec) -> tuple[int | None, str]:
+        """``spec.expression`` in every paused rank (``worker_shim/session/rank_eval.py``), the
+        values as JSON on ``fd`` 1."""
+        if self.evaluate is None:
+            return None, (
+                f"run {self.record.id} is not being debugged now (tether eval needs a debug run "
+                "whose program runs: tether debug)"
+            )
+        answer = await self.evaluate(spec.expression, spec.ranks or None)
         for at in range(0, len(answer), CHUNK):
             await link.publish(TunnelEntry(op="data", fd=1, data=answer[at : at + CHUNK]))
         await link.publish(TunnelEntry(op="eof", fd=1))

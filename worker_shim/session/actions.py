@@ -17,6 +17,7 @@ __all__ = [
     "BARRIER_EVENTS",
     "Action",
     "CloseChild",
+    "EvalAnswered",
     "OpenChild",
     "OpenTunnel",
     "PipeOutputToIde",
@@ -110,6 +111,15 @@ class ReplayFailed:
     timed_out: bool = False
 
 
+@dataclass(frozen=True)
+class EvalAnswered:
+    """A cross-rank evaluation the driver asked for (``tether eval``) is complete
+    (:mod:`worker_shim.session.rank_eval`): hand ``values`` to whoever waits for ``ask``."""
+
+    ask: Any
+    values: list[Any]
+
+
 Action = (
     ToDebugpy
     | Publish
@@ -121,6 +131,7 @@ Action = (
     | OpenChild
     | CloseChild
     | OpenTunnel
+    | EvalAnswered
 )
 
 

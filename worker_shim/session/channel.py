@@ -149,6 +149,11 @@ class DebugpyChannel:
         self._sent[self.seq] = Sent(command, origin, seq)
         return [ToDebugpy(dap.request(command, arguments, seq=self.seq), self.key)]
 
+    def claim(self, seq: int) -> Sent | None:
+        """Request ``seq``'s answer is taken by someone else (a cross-rank evaluation,
+        :mod:`worker_shim.session.rank_eval`): it is forgotten here."""
+        return self._sent.pop(seq, None)
+
     def close(self) -> None:
         """debugpy closed the connection: nothing more is answered, nor sent."""
         self.closed = True

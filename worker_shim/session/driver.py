@@ -14,6 +14,7 @@ import trio
 
 from protocol_specs.dap import framing as dap_framing
 from protocol_specs.session.processes import MAIN
+from protocol_specs.session.rank_values import EvalReport, RankValue
 from protocol_specs.wire import wire
 from relay.client import RunLink
 
@@ -23,6 +24,7 @@ from ..program.tunnels import Tunnels
 from .actions import (
     Action,
     CloseChild,
+    EvalAnswered,
     OpenChild,
     OpenTunnel,
     PipeOutputToIde,
@@ -81,6 +83,9 @@ class Driver:
         self._output_held = trio.Event()
         self._wake_timer = trio.Event()
         self._timer_at: float | None = None  #: the deadline the timer sleeps until
+        #: cross-rank evaluations asked by ``tether eval``, until answered
+        self._evals: dict[int, tuple[trio.Event, list[RankValue]]] = {}
+        self._eval_asks = 0
 
     def __repr__(self) -> str:
         return f"<Driver {self.core!r}>"
@@ -111,6 +116,11 @@ class Driver:
                 self.say(action.text)
             elif isinstance(action, Terminate):
                 self._terminate.set()
+            elif isinstance(action, EvalAnswered):
+                waiting = self._evals.get(action.ask)
+                if waiting is not None:
+                    waiting[1][:] = action.values
+                    waiting[0].set()
             elif isinstance(action, ReplayFailed):
                 self.failure = action
                 self.nursery.cancel_scope.cancel()
@@ -121,6 +131,20 @@ class Driver:
         deadline = self.processes.next_deadline  # earlier than the timer's: wake it
         if deadline is not None and (self._timer_at is None or deadline < self._timer_at):
             self._wake_timer.set()
+
+    async def evaluate(self, expression: str, ranks: list[int] | None) -> bytes:
+        """``expression`` evaluated in every paused rank (or of ``ranks``): an
+        :class:`~protocol_specs.session.rank_values.EvalReport` as JSON (``tether eval``). The
+        sessions' deadline bounds the wait (:data:`~worker_shim.session.rank_eval.EVAL_WAIT`)."""
+        self._eval_asks += 1
+        ask = self._eval_asks
+        done, values = self._evals[ask] = (trio.Event(), [])
+        try:
+            await self.perform(self.processes.evaluate(ask, expression, ranks))
+            await done.wait()
+        finally:
+            del self._evals[ask]
+        return EvalReport(expression=expression, values=values).model_dump_json().encode()
 
     def raise_failure(self) -> None:
         """The replay failed: the attempt could not start (``start_failed``)."""
@@ -233,6 +257,8 @@ async def open_driver(
     try:
         async with trio.open_nursery() as nursery:
             driver = Driver(processes, stream, link, output, debuggee, say, nursery, tunnels)
+            if tunnels is not None:
+                tunnels.evaluate = driver.evaluate  # ``tether eval``: while the sessions run
             nursery.start_soon(driver.pump, MAIN, stream)
             nursery.start_soon(driver.flush_output_when_answered)
             nursery.start_soon(driver.timer)
@@ -240,6 +266,8 @@ async def open_driver(
             yield driver
             nursery.cancel_scope.cancel()
     finally:
+        if tunnels is not None:
+            tunnels.evaluate = None
         with trio.CancelScope(shield=True):
             if driver is not None:
                 await driver.close_streams()

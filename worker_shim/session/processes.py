@@ -21,7 +21,9 @@ that is not (or no longer) debugged gets an error response, published back to th
 Configuration requests of every process are folded into one run-wide :class:`DebugSession` (the
 latest per source wins): what a child that starts later is configured with. With
 ``RunSpec.ranks``, a child whose ``RANK`` is known and not listed is configured with no
-breakpoints: it runs free.
+breakpoints: it runs free. An expression evaluated in every paused rank (``tether eval``, the
+debug console's ``@all EXPR``, answered here rather than by a rank's debugpy) is
+:mod:`worker_shim.session.rank_eval`'s.
 
 Sans-I/O: reading ``/proc`` is a function passed in (:func:`read_proc` by default).
 """
@@ -31,21 +33,25 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from protocol_specs.dap import models as dap
 from protocol_specs.session.processes import MAIN, ProcessInfo, process_key
+from protocol_specs.session.rank_values import nothing_evaluated, parse_prefix, render
 from protocol_specs.session.session import BreakpointSet, DebugSession, StatusEvent
 from protocol_specs.wire import wire
 from protocol_specs.wire.wire import DapEntry, PresenceEntry
 
 from ..program.process_names import ProcFacts, describe, read_proc
-from .actions import Action, OpenChild, Publish, Say, Terminate, status_entry
+from .actions import Action, EvalAnswered, OpenChild, Publish, Say, Settle, Terminate, status_entry
+from .channel import DebugpyChannel
 from .child import ChildSession
 from .core import ShimCore, parse_delivery, request_of
 from .group import GroupAction, Note, RankGroup, Release, Send
+from .rank_eval import Ask, Done, EvalMove, RankEval
 from .replay import attach_arguments, configuration, initialize_arguments, pipe_output_attach
 
 __all__ = ["DebuggedProcesses"]
@@ -77,6 +83,8 @@ class DebuggedProcesses:
         self._over = False  #: the program exited: a child announced now is not reported
         #: the ranks on this worker, stopped and moved together (``--stop all``; None: ``one``)
         self.group = RankGroup(main.clock) if self.record.spec.stop == "all" else None
+        #: expressions evaluated in every paused rank (``tether eval``, ``@all``)
+        self.evals = RankEval(main.clock)
 
     def __repr__(self) -> str:
         live = sum(1 for c in self.children.values() if not c.ended)
@@ -102,6 +110,9 @@ class DebuggedProcesses:
 
     def on_delivery(self, delivery: wire.Deliver) -> list[Action]:
         cursor, entry = parse_delivery(delivery)
+        console = _console_eval(entry)
+        if console is not None:  # ``@all EXPR``: the worker answers it, from every rank
+            return [*self.main.on_entry(cursor, None), *self._console(*console)]
         if isinstance(entry, DapEntry):
             self._fold(entry)
             if entry.process != MAIN:
@@ -150,6 +161,15 @@ class DebuggedProcesses:
         msg = _message(raw)
         if msg is not None and _announces_child(msg):
             return self._announced(key, msg)
+        if msg is not None and msg.get("type") == "response":
+            moves = self.evals.answered(key, msg)
+            if moves is not None:  # a cross-rank evaluation's, not the session's
+                channel = self._channel(key)
+                if channel is not None:
+                    channel.claim(msg["request_seq"])
+                return self._evals(moves)
+        elif msg is not None and msg.get("type") == "event":
+            self.evals.observe(key, msg)
         if child is None:
             return self.main.on_debugpy_message(raw, answered)
         if msg is None:
@@ -191,12 +211,13 @@ class DebuggedProcesses:
 
     def closed(self, key: str) -> list[Action]:
         """``key``'s connection ended, or could not be opened."""
+        gone = self._evals(self.evals.gone(key))
         if key == MAIN:
-            return self.main.debugpy_closed()
+            return gone + self.main.debugpy_closed()
         child = self.children.get(key)
         if child is None:
             return []
-        return self._of(child.connection_closed()) + self._membership(child, child.live)
+        return gone + self._of(child.connection_closed()) + self._membership(child, child.live)
 
     def end(self) -> list[Action]:
         """The program exited: each child still thought alive is reported gone (the program's
@@ -204,7 +225,8 @@ class DebuggedProcesses:
         way) is not reported started: its ``process_exited`` could not follow."""
         self._over = True
         actions: list[Action] = []
-        for child in self.children.values():
+        for key, child in self.children.items():
+            actions += self._evals(self.evals.gone(key))
             actions += self._of(child.connection_closed()) + self._membership(child, child.live)
         return actions
 
@@ -288,13 +310,113 @@ class DebuggedProcesses:
     def next_deadline(self) -> float | None:
         times = [self.main.next_deadline, *(c.next_deadline for c in self.children.values())]
         times.append(self.group.next_deadline if self.group is not None else None)
+        times.append(self.evals.next_deadline)
         return min((t for t in times if t is not None), default=None)
 
     def on_tick(self) -> list[Action]:
         actions = self.main.on_tick()
         for child in self.children.values():
             actions += self._of(child.on_tick())
-        return actions + (self._group(self.group.on_tick()) if self.group is not None else [])
+        actions += self._group(self.group.on_tick()) if self.group is not None else []
+        return actions + self._evals(self.evals.on_tick())
+
+    # --- cross-rank evaluation (rank_eval.py) -----------------------------------------------------
+
+    def ranks(self) -> dict[str, int]:
+        """The ranks debugged now: process key -> rank."""
+        found: dict[str, int] = {}
+        for key, child in self.children.items():
+            parent = self.infos.get(child.info.parent)
+            if child.live and not child.ended and _is_rank(child.info, parent):
+                assert child.info.rank is not None
+                found[key] = child.info.rank
+        main = self.infos.get(MAIN)
+        if main is not None and main.rank is not None and self.main.live:
+            found[MAIN] = main.rank  # a job whose every process tether started (srun python)
+        return found
+
+    def evaluate(self, ask: Any, source: str, ranks: list[int] | None) -> list[Action]:
+        """Evaluate ``source`` in every paused rank (or of ``ranks``); ``EvalAnswered(ask)``
+        follows, within :data:`~worker_shim.session.rank_eval.EVAL_WAIT`."""
+        return self._evals(self.evals.start(ask, source, self.ranks(), ranks))
+
+    def _channel(self, key: str) -> DebugpyChannel | None:
+        if key == MAIN:
+            return self.main.channel
+        child = self.children.get(key)
+        return child.channel if child is not None else None
+
+    def _evals(self, moves: list[EvalMove]) -> list[Action]:
+        """Perform the evaluations' decisions: requests to ranks as the worker's own, answers."""
+        actions: list[Action] = []
+        todo = list(moves)
+        while todo:
+            move = todo.pop(0)
+            if isinstance(move, Ask):
+                channel = self._channel(move.key)
+                sent = channel.send(move.command, move.arguments) if channel else []
+                if sent and channel is not None:
+                    self.evals.sent(move, channel.seq)
+                    actions += sent
+                else:
+                    todo += self.evals.not_sent(move)
+            elif isinstance(move.ask, _ConsoleAsk):
+                actions += self._console_answer(move)
+            else:
+                actions.append(EvalAnswered(move.ask, move.values))
+        return actions
+
+    def _console(self, entry: DapEntry, msg: dict[str, Any]) -> list[Action]:
+        """An IDE's ``@all EXPR`` evaluate (any process's session): evaluated in every paused
+        rank, answered with the values side by side."""
+        prefix = parse_prefix(msg["arguments"]["expression"])
+        assert prefix is not None
+        ask = _ConsoleAsk(entry.origin, entry.process, msg)
+        if prefix.error:
+            return self._console_reply(ask, error=prefix.error)
+        return self.evaluate(ask, prefix.expression, prefix.ranks)
+
+    def _console_answer(self, done: Done) -> list[Action]:
+        assert isinstance(done.ask, _ConsoleAsk)
+        why = nothing_evaluated(done.values)
+        if why:
+            return self._console_reply(done.ask, error=why)
+        return self._console_reply(done.ask, result="\n".join(render(done.values)))
+
+    def _console_reply(
+        self, ask: _ConsoleAsk, *, result: str = "", error: str = ""
+    ) -> list[Action]:
+        if error:
+            reply = dap.error_response(ask.request, error, seq=1)  # the adapter renumbers
+        else:
+            reply = dap.response(ask.request, {"result": result, "variablesReference": 0}, seq=1)
+        body = orjson.dumps(reply)
+        return [Settle(), Publish(DapEntry(origin=ask.origin, body=body, process=ask.process))]
+
+
+@dataclass(frozen=True)
+class _ConsoleAsk:
+    """Who asked an ``@all`` evaluate: the IDE (``origin``), in which process's session, with
+    which request."""
+
+    origin: str
+    process: str
+    request: dict[str, Any] = field(hash=False, compare=False)
+
+
+def _console_eval(entry: wire.AnyEntry | None) -> tuple[DapEntry, dict[str, Any]] | None:
+    """``entry`` is an IDE's ``evaluate`` of the debug console (``repl``) with the ``@all`` /
+    ``@ranks R`` / ``@rank N`` prefix: the entry and its request."""
+    if not isinstance(entry, DapEntry) or entry.local:
+        return None
+    msg = request_of(entry)
+    args = msg.get("arguments") if msg is not None else None
+    if msg is None or msg["command"] != "evaluate" or not isinstance(args, dict):
+        return None
+    expression = args.get("expression")
+    if args.get("context", "repl") != "repl" or not isinstance(expression, str):
+        return None
+    return (entry, msg) if parse_prefix(expression) is not None else None
 
 
 def _is_rank(info: ProcessInfo, parent: ProcessInfo | None) -> bool:
