@@ -29,6 +29,7 @@ from . import (
     metrics,
     node_latency,
     processes,
+    ranks,
     report,
     resume,
     scale_out,
@@ -52,6 +53,7 @@ BENCHES = (
     "scale_out",
     "web",
     "metrics",
+    "ranks",
 )
 
 #: (full, quick) sizes
@@ -85,6 +87,8 @@ SIZES: dict[str, tuple[int, int]] = {
     "web_rounds": (20, 3),
     "report_calls": (200_000, 2_000),  # tether.report calls in one run
     "report_rounds": (5, 1),
+    "rank_max": (16, 2),  # rank groups of 2, 4, ... up to this many ranks
+    "rank_rounds": (5, 1),
 }
 
 #: (full, quick) round-trip times of the slow-link benchmark, ms (``--rtt-ms`` overrides)
@@ -233,6 +237,13 @@ async def run(
                 tether, size["report_calls"], size["report_rounds"], tmp
             )
 
+    async def bench_ranks() -> None:
+        home = tmp / "home-ranks"
+        async with common.relay_stack(home, workers=0) as (_up, relay):
+            figures["ranks"] = await ranks.run(
+                home, relay, tmp, size["rank_max"], size["rank_rounds"]
+            )
+
     stages = {
         "latency": bench_latency,
         "flood": bench_flood,
@@ -247,6 +258,7 @@ async def run(
         "scale_out": bench_scale_out,
         "web": bench_web,
         "metrics": bench_metrics,
+        "ranks": bench_ranks,
     }
     for name, stage in stages.items():
         if name in only:

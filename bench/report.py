@@ -9,6 +9,7 @@ from typing import Any
 from .common import DEBUGPY, TETHER, Dist, ms, verdict
 from .latency_report import plot, requests_section, stepping_section
 from .metrics import section as metrics_section
+from .ranks import section as ranks_section
 from .scale_out import section as scale_out_section
 from .tunnels import section as tunnels_section
 from .web import section as web_section
@@ -386,6 +387,7 @@ SECTIONS = {
     "scale_out": scale_out_section,
     "web": web_section,
     "metrics": metrics_section,
+    "ranks": ranks_section,
 }
 
 

@@ -40,6 +40,7 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
         "wan",
         "debuggable",
         "scale_out",
+        "ranks",
     ):
         assert key in figures, (key, sorted(figures))
     # every latency figure has samples of all three ways
@@ -89,3 +90,28 @@ async def test_every_benchmark_runs_and_reports(tmp_path: Path) -> None:
         "12. Scale out",
     ):
         assert f"## {heading}" in report, heading
+
+
+async def test_the_rank_group_benchmark_runs_and_reports(tmp_path: Path) -> None:
+    """Section 15 on its own, tiny (a group of 2 against the one-rank baseline): figures for each
+    rank count and both moves, the eval hook reported as not measured yet."""
+    with trio.fail_after(300):
+        done = await trio.run_process(
+            [sys.executable, "-m", "bench", "--quick", "--only", "ranks", "--out", str(tmp_path)],
+            cwd=str(REPO),
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    output = done.stdout.decode() + done.stderr.decode()
+    assert done.returncode == 0, output
+    figures = json.loads((tmp_path / "results" / "figures.json").read_text())
+    assert "errors" not in figures, figures["errors"]
+    ranks = figures["ranks"]
+    assert ranks["counts"] == [2]
+    for table in (ranks["baseline"], ranks["groups"]["2"]):
+        assert {k: len(d["samples"]) for k, d in table.items()} == {"stop": 1, "continue": 1}
+        assert all(d["samples"][0] > 0 for d in table.values())
+    report = (tmp_path / "report.md").read_text()
+    assert "## 15. A rank group: stop together, continue together" in report
+    assert "`bench/ranks.py: cross_rank_eval`" in report

@@ -23,7 +23,7 @@ from protocol_specs.wire.wire import (
     encode_entry,
 )
 from worker_shim.program.process_names import ProcFacts, describe, read_proc
-from worker_shim.session.actions import Action, OpenChild, Publish, ToDebugpy
+from worker_shim.session.actions import Action, CloseChild, OpenChild, Publish, ToDebugpy
 from worker_shim.session.core import ShimCore
 from worker_shim.session.processes import DebuggedProcesses
 from worker_shim.session.replay import ReplayPhase
@@ -53,6 +53,7 @@ class Harness:
         self.sent: dict[str, list[dict[str, Any]]] = {}
         self.published: list[DapEntry | StatusEntry] = []
         self.opened: list[str] = []
+        self.closed: list[CloseChild] = []
         self.cursor = 0
         self.seqs: dict[str, int] = {}
 
@@ -67,6 +68,8 @@ class Harness:
                 self.published.append(action.entry)
             elif isinstance(action, OpenChild):
                 self.opened.append(action.process)
+            elif isinstance(action, CloseChild):
+                self.closed.append(action)
         return actions
 
     def last(self, key: str, command: str) -> dict[str, Any]:
@@ -277,8 +280,6 @@ def test_ranks_not_listed_run_free_and_children_of_children_are_named_from_their
     assert h.sent["201"][-1]["command"] == "startDebugging"
     started = h.statuses(StatusEvent.PROCESS_STARTED)[-1]
     assert started.process == "301" and started.detail == "worker 1 of rank 0 (pid 301) on node-7"
-    h.announce("201", 301)  # twice: once
-    assert len(h.statuses(StatusEvent.PROCESS_STARTED)) == 3
 
 
 def test_every_child_reported_started_is_reported_gone_even_one_announced_as_the_program_ended() -> (
@@ -315,3 +316,40 @@ def test_describe_reads_the_processes_environment_command_and_parent(tmp_path: P
     assert info.title() == "rank 3 (pid 4242) on gpu-node-7"
     gone = read_proc(999, str(tmp_path))
     assert gone == ProcFacts()
+
+
+def test_a_pid_announced_again_is_a_new_incarnation_its_old_session_ended() -> None:
+    """fork then exec: debugpy announces the pid again for the exec'd program (and keeps the old
+    connection open until its client lets go): the old session ends, a new one is configured."""
+    h = Harness()
+    h.ide("setBreakpoints", src("train.py"), 1)
+    h.go_live()
+    child_live(h, 201, [{"breakpoints": []}])
+    old = h.p.children["201"]
+    h.announce("", 201)  # the exec'd program, same pid
+    assert old.ended and h.p.children["201"] is not old
+    started = h.statuses(StatusEvent.PROCESS_STARTED)
+    [gone] = h.statuses(StatusEvent.PROCESS_EXITED)
+    assert [s.process for s in started] == ["201", "201"] and gone.process == "201"
+    # in order: the old one's end, then the new one's start
+    assert h.published.index(gone) < h.published.index(started[1])
+    assert h.closed == [CloseChild("201", retired=True)] and h.opened == ["201", "201"]
+    assert ProcessInfo.model_validate(started[1].data).parent == ""
+    # the new incarnation is configured with the run's breakpoints, then live
+    h.respond("201", "initialize", {})
+    h.event("201", "initialized")
+    assert [m["command"] for m in h.sent["201"][-4:]] == [
+        "initialize", "attach", "setBreakpoints", "configurationDone"]  # fmt: skip
+    h.respond("201", "setBreakpoints")
+    h.respond("201", "configurationDone")
+    h.respond("201", "attach")
+    assert h.p.children["201"].live
+
+
+def test_a_pid_announced_again_on_its_own_connection_keeps_its_parent() -> None:
+    h = Harness()
+    h.go_live()
+    child_live(h, 201, [])
+    h.announce("201", 201)  # no session for its parent: debugpy tells the old connection
+    started = h.statuses(StatusEvent.PROCESS_STARTED)
+    assert [ProcessInfo.model_validate(s.data).parent for s in started] == ["", ""]

@@ -61,9 +61,12 @@ class OpenTunnel:
 
 @dataclass(frozen=True)
 class CloseChild:
-    """Close the child ``process``'s connection (its session ended)."""
+    """Close the child ``process``'s connection (its session ended). ``retired``: the session
+    knows it is over (its process was replaced by an ``exec``): the close is not reported back,
+    and a connection opened for the same ``process`` after it is another's."""
 
     process: str
+    retired: bool = False
 
 
 @dataclass(frozen=True)

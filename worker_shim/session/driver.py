@@ -79,6 +79,8 @@ class Driver:
         self.failure: ReplayFailed | None = None
         self._terminate = trio.Event()
         self._send_locks: dict[str, trio.Lock] = {}
+        #: child connections closed for a session that ended (an exec'd process's old one)
+        self._retired: set[trio.SocketStream] = set()
         self._publish_lock = trio.Lock()  # publishes in the order they were decided
         self._output_held = trio.Event()
         self._wake_timer = trio.Event()
@@ -102,6 +104,8 @@ class Driver:
             elif isinstance(action, CloseChild):
                 stream = self.streams.pop(action.process, None)
                 if stream is not None:
+                    if action.retired:
+                        self._retired.add(stream)
                     await stream.aclose()
             elif isinstance(action, Publish):
                 async with self._publish_lock:
@@ -198,9 +202,13 @@ class Driver:
             log.error("debugpy sent bad DAP data on %r: %s", key or "main", exc)
         finally:
             if key != MAIN:
-                self.streams.pop(key, None)
+                if self.streams.get(key) is stream:
+                    del self.streams[key]
                 with trio.CancelScope(shield=True):
                     await stream.aclose()
+        if stream in self._retired:  # its session ended already: the key is another's now
+            self._retired.discard(stream)
+            return
         await self.perform(self.processes.closed(key))
 
     async def flush_output_when_answered(self) -> None:

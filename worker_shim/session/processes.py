@@ -46,7 +46,17 @@ from protocol_specs.wire import wire
 from protocol_specs.wire.wire import DapEntry, PresenceEntry
 
 from ..program.process_names import ProcFacts, describe, read_proc
-from .actions import Action, EvalAnswered, OpenChild, Publish, Say, Settle, Terminate, status_entry
+from .actions import (
+    Action,
+    CloseChild,
+    EvalAnswered,
+    OpenChild,
+    Publish,
+    Say,
+    Settle,
+    Terminate,
+    status_entry,
+)
 from .channel import DebugpyChannel
 from .child import ChildSession
 from .core import ShimCore, parse_delivery, request_of
@@ -248,11 +258,18 @@ class DebuggedProcesses:
 
     def _new_child(self, parent: str, pid: int, config: dict[str, Any]) -> list[Action]:
         key = process_key(pid)
-        if key in self.children or key == MAIN:
-            return []  # announced twice (debugpy tells each client once; be sure)
+        if key == MAIN:
+            return []
         if self._over:
             log.info("process %s was announced after the program exited: not debugged", key)
             return []
+        # debugpy announces a pid it knows again only when that process replaced itself
+        # (``exec`` after a ``fork``): a new incarnation, whose old session ends here
+        replaced: list[Action] = []
+        if key in self.children:
+            replaced = self._replaced(self.children[key])
+            if parent == key:  # announced on its own old connection: its parent is the old one's
+                parent = self.infos[key].parent
         nth = self._born[parent] = self._born.get(parent, 0) + 1
         facts = self._read(pid)
         self._cmdlines[key] = facts.cmdline
@@ -290,7 +307,15 @@ class DebuggedProcesses:
             # prefetch: its stops are followed by a prefetch event, as the main's
             data={**info.model_dump(), "prefetch": True},
         )
-        return [Publish(started), OpenChild(key), *child.start()]
+        return [*replaced, Publish(started), OpenChild(key), *child.start()]
+
+    def _replaced(self, old: ChildSession) -> list[Action]:
+        """Process ``old`` exec'd a new program in its pid: its session (the old connection,
+        which debugpy keeps open until then) ends now, reported exited, its rank out of the
+        group; the close of its connection is not reported again."""
+        log.info("process %s replaced itself (exec): a new session for it", old.key)
+        actions = self._of(old.connection_closed()) + self._membership(old, old.live)
+        return [*actions, CloseChild(old.key, retired=True)]
 
     def configuration(self) -> list[BreakpointSet]:
         """The run's latest configuration, folded from every process."""
