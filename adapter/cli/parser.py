@@ -142,6 +142,16 @@ def _run_commands(sub: _Commands) -> None:
         "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
     )
     adapter_options(s)
+    s.add_argument(
+        "--rank",
+        "--ranks",
+        dest="focus",
+        type=parse_ranks,
+        metavar="LIST",
+        help="focus on these ranks, e.g. 3 or 0-3,7: the IDE is offered sessions for them only, "
+        "and only they get breakpoints (the group still stops and moves every rank; the last "
+        "focus chosen for the run holds)",
+    )
     s.set_defaults(fn=cmd_attach)
 
     s = sub.add_parser("ls", help="list runs, newest first")

@@ -124,6 +124,7 @@ async def _serve(
                 request_timeout=args.request_timeout,
                 on_event=clock.say,
                 on_unattended=unattended,
+                focus=getattr(args, "focus", None),
                 task_status=task_status,
             )
             served.set()

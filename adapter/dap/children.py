@@ -56,6 +56,8 @@ class ChildNews(RunNews):
         #: why the session ended, when no exit code says it
         self.ended_because = ""
         self._hinted = False
+        #: a line for the IDE that connects next (:meth:`ChildCore.tell`), said in its greeting
+        self.told: dict[str, Any] | None = None
 
     def reset(self) -> None:
         super().reset()
@@ -95,6 +97,9 @@ class ChildNews(RunNews):
             out.append(dap.event("stopped", stopped_body(s, {**body, "threadId": tid})))
         if s.stopped:
             out.extend(self.collective_hint())
+        if self.told is not None:
+            out.append(self.told)
+            self.told = None
         return out
 
     def on_status(self, was_live: bool) -> list[Message]:
@@ -183,6 +188,14 @@ class ChildCore(AdapterCore):
         if actions and msg.get("event") == "stopped":
             actions.extend(self._emit_all(self.child_news.collective_hint()))
         return actions
+
+    def tell(self, text: str) -> list[Action]:
+        """One line for this session's debug console: now, or when an IDE connects to it."""
+        msg = dap.event("output", {"category": "important", "output": text + "\n"})
+        if self.phase is IdePhase.CONFIGURED:
+            return [self._emit(msg)]
+        self.child_news.told = msg
+        return []
 
     # --- from the IDE -----------------------------------------------------------------------------
 

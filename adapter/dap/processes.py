@@ -25,6 +25,11 @@ that (re)configures is offered every child that is paused (``stopped``) or alive
 offer is the standard ``startDebugging`` reverse request (debugpy's ``debugpyAttach`` event for a
 client without it, :meth:`AdapterCore.offer`), with the main IDE's attach arguments, the process's
 name, its pid as ``subProcessId`` and this adapter's address.
+
+Focus and many ranks (:mod:`adapter.dap.focus`): a rank outside the focus is not offered; the
+``tetherFocus`` request, answered here in any session, sets the focus and offers each focused rank
+at once; in a group of more than 8 ranks, a rank paused along with another is not offered
+(``stopped`` mode), the other's session is told of it in one line.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol_specs.dap import models as dap
+from protocol_specs.session.focus import FOCUS_COMMAND, OFFER_ALL_UP_TO, summary_text
 from protocol_specs.session.processes import (
     COLLECTIVE_TIMEOUT_HINT,
     MAIN,
@@ -47,6 +53,7 @@ from .actions import Action, CloseIde, IdePhase, Say, ToIde
 from .checks import check_request, garbage_note
 from .children import ChildCore
 from .core import ADAPTER_CAPABILITIES, AdapterCore
+from .focus import RankFocus, is_group_stop, rank_of
 
 __all__ = ["DEFAULT_PORT", "LOCALHOST", "Processes"]
 
@@ -90,7 +97,12 @@ class Processes:
     """The sessions of a run's processes in one adapter (see the module docstring)."""
 
     def __init__(
-        self, main: AdapterCore, *, mode: ProcessMode | str = ProcessMode.STOPPED, port: int = 0
+        self,
+        main: AdapterCore,
+        *,
+        mode: ProcessMode | str = ProcessMode.STOPPED,
+        port: int = 0,
+        focus: list[int] | None = None,
     ) -> None:
         self.main = main
         self.mode = ProcessMode(mode)
@@ -102,6 +114,8 @@ class Processes:
         self._bound: dict[int, str] = {}  #: connection -> the process its session is for
         self._offers = _Offers(0)
         self._hinted: set[str] = set()  #: processes the terminal heard the collective hint for
+        #: the ranks in focus (``tether attach --ranks``, ``tetherFocus``), large groups' summaries
+        self.focus = RankFocus(self.table, main.clock, focus, pending=focus is not None)
         main.shared.attached = self._attached
 
     def __repr__(self) -> str:
@@ -152,12 +166,37 @@ class Processes:
             return []
         if core is self.main and msg.get("type") == "response":
             return self._offer_answered(msg)
+        if msg.get("type") == "request" and msg.get("command") == FOCUS_COMMAND:
+            return self._focus_request(core, msg)
         if core is not self.main or core.phase is IdePhase.CONFIGURED:
             return core.on_ide_message(msg)
         actions = core.on_ide_message(msg)
         if self.main.configured:  # just configured: the children it may attach to now
+            if self.focus.pending:
+                actions.append(self.focus.record(self.main.shared))
             actions.extend(self._offer_known())
         return actions
+
+    def _focus_request(self, core: AdapterCore, msg: dict[str, Any]) -> list[Action]:
+        """``tetherFocus`` in any session: the focus is set (and recorded for the worker), each
+        focused rank alive and not offered yet is offered now."""
+        try:
+            ranks = self.focus.request(msg.get("arguments"))
+        except ValueError as exc:
+            return [core.emit(dap.error_response(msg, str(exc), show_user=True))]
+        actions: list[Action] = [self.focus.record(self.main.shared)]
+        offered: list[str] = []
+        focused = set(ranks or ())
+        for child in list(self.children.values()):
+            rank = rank_of(self.table, child.process)
+            if rank is None or rank not in focused or not self._offerable(child):
+                continue
+            offer = self._offer(child)
+            if offer:
+                offered.append(self.table.title(child.process))
+                actions.extend(offer)
+        # after the offers: each connection's messages go out in the order they are numbered
+        return [*actions, core.emit(dap.response(msg, {"ranks": ranks, "offered": offered}))]
 
     def on_ide_garbage(self, generation: int, reason: str) -> list[Action]:
         lobby = self._lobby.get(generation)
@@ -206,7 +245,11 @@ class Processes:
         """Fold one delivered entry into the core of its process."""
         key = entry.process if isinstance(entry, DapEntry | StatusEntry) else MAIN
         said: list[Action] = []
+        if stream is StreamName.TO_WORKER and isinstance(entry, DapEntry):
+            self.focus.fold(entry)  # any adapter's focus, the last one wins
         if isinstance(entry, StatusEntry):
+            if entry.event in (StatusEvent.PROCESS_STARTED, StatusEvent.PROCESS_EXITED):
+                self.focus.processes_changed()
             self.table.apply(entry)
             if entry.event in NOTICES:
                 key = MAIN  # news for the person, named by the process
@@ -229,9 +272,30 @@ class Processes:
         actions = said + child.on_delivery(stream, entry, replaying=replaying)
         if child.session.finished and child.phase is IdePhase.NONE:
             del self.children[key]  # nobody attached: forget it (a pool may start thousands)
-        elif not replaying and stream is StreamName.TO_IDE and self._wanted(child):
-            actions.extend(self._offer(child))
+        elif not replaying and stream is StreamName.TO_IDE:
+            if self._wanted(child):
+                actions.extend(self._offer(child))
+            elif isinstance(entry, DapEntry) and (stop := is_group_stop(entry)) is not None:
+                actions.extend(self._summarize(child, stop))
         return actions
+
+    def _summarize(self, child: ChildCore, stop: dict[str, Any]) -> list[Action]:
+        """A rank a large group stop paused, not offered: the session of the rank it paused
+        with hears of it (with the others, once they are all paused)."""
+        rank = rank_of(self.table, child.process)
+        with_rank = self.focus.summarized(rank, stop)
+        if rank is None or with_rank is None or self.mode is not ProcessMode.STOPPED:
+            return []
+        return self._tell_summary(with_rank, self.focus.hold(rank, with_rank))
+
+    def _tell_summary(self, with_rank: int, ranks: list[int]) -> list[Action]:
+        if not ranks:
+            return []
+        text = summary_text(ranks, with_rank, self.main.run_id)
+        for child in self.children.values():
+            if rank_of(self.table, child.process) == with_rank:
+                return child.tell(text)
+        return [Say(text)]  # its session is gone: the terminal hears it
 
     def _collective_hint(self, key: str) -> list[Action]:
         """The terminal hears once per process that a paused rank stalls its peers."""
@@ -239,6 +303,8 @@ class Processes:
         if info is None or (info.world_size or 0) < 2 or key in self._hinted:
             return []
         self._hinted.add(key)
+        if len(self._hinted) > OFFER_ALL_UP_TO:
+            return []  # many ranks: the terminal heard it for the first ones
         return [Say(f"{self.table.title(key)} is paused: {COLLECTIVE_TIMEOUT_HINT}")]
 
     def _main_delivery(
@@ -262,13 +328,25 @@ class Processes:
 
     # --- offers -----------------------------------------------------------------------------------
 
+    def _offerable(self, child: ChildCore) -> bool:
+        return (
+            self.mode is not ProcessMode.MAIN
+            and not child.session.finished
+            and child.phase is IdePhase.NONE  # else an IDE is attached to it already
+        )
+
     def _wanted(self, child: ChildCore) -> bool:
-        """Whether the main IDE should be offered ``child`` now (the run's mode says when)."""
-        if self.mode is ProcessMode.MAIN or child.session.finished:
+        """Whether the main IDE should be offered ``child`` now (the run's mode says when, the
+        focus which ranks, the size of the group whether a rank paused with another is)."""
+        if not self._offerable(child):
             return False
-        if child.phase is not IdePhase.NONE:
-            return False  # an IDE is attached to it already
-        return self.mode is ProcessMode.ALL or bool(child.session.stopped)
+        rank = rank_of(self.table, child.process)
+        if not self.focus.shows(rank):
+            return False
+        if self.mode is ProcessMode.ALL:
+            return True
+        stops = list(child.session.stopped.values())
+        return bool(stops) and self.focus.summarized(rank, stops[-1]) is None
 
     def _offer_known(self) -> list[Action]:
         actions: list[Action] = []
@@ -351,7 +429,12 @@ class Processes:
     @property
     def next_deadline(self) -> float | None:
         deadlines = [d for core in self.cores() if (d := core.next_deadline) is not None]
+        if self.focus.deadline is not None:
+            deadlines.append(self.focus.deadline)
         return min(deadlines, default=None)
 
     def on_tick(self) -> list[Action]:
-        return [action for core in self.cores() for action in core.on_tick()]
+        actions = [action for core in self.cores() for action in core.on_tick()]
+        for with_rank, ranks in self.focus.due().items():
+            actions.extend(self._tell_summary(with_rank, ranks))
+        return actions

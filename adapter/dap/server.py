@@ -115,15 +115,17 @@ class AdapterServer:
         on_unattended: Callable[[str], None] | None = None,
         processes: ProcessMode | str = ProcessMode.STOPPED,
         port: int = 0,
+        focus: list[int] | None = None,
     ) -> None:
         """``link`` is the run's relay link, whose callbacks go to ``news`` (a new one if None:
-        a link that tells nothing); ``port`` the one child sessions are offered to connect to."""
+        a link that tells nothing); ``port`` the one child sessions are offered to connect to;
+        ``focus`` the ranks the IDE is offered (``tether attach --ranks``)."""
         self.relay_url = relay_url
         self.link = link
         self.core = core
         self.news = news or LinkNews(on_event)
         #: every session of the run's processes: ``core`` (the main one) and the children's
-        self.processes = Processes(core, mode=processes, port=port)
+        self.processes = Processes(core, mode=processes, port=port, focus=focus)
         self.on_event = on_event or (lambda _text: None)
         self.on_unattended = on_unattended or self.on_event
         self._lock = trio.Lock()
@@ -470,6 +472,7 @@ async def serve_adapter(
     policy: LinkPolicy | None = None,
     on_event: Callable[[str], None] | None = None,
     on_unattended: Callable[[str], None] | None = None,
+    focus: list[int] | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> AdapterCore:
     """Serve the run's DAP adapter on 127.0.0.1:``port`` until the run ends.
@@ -504,6 +507,7 @@ async def serve_adapter(
                 # which child processes the IDE is offered: the run's choice (``--processes``)
                 processes=link.run.spec.processes,
                 port=bound,
+                focus=focus,
             )
             await server.catch_up()
             task_status.started(bound)

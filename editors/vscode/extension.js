@@ -6,6 +6,7 @@ const fs = require('fs');
 const vscode = require('vscode');
 const { Debugging } = require('./src/debug');
 const { RunsView } = require('./src/runs_view');
+const focus = require('./src/focus');
 
 function activate(context) {
   const settings = () => vscode.workspace.getConfiguration('tether');
@@ -18,6 +19,7 @@ function activate(context) {
   context.subscriptions.push(output);
   const runs = new RunsView(context, { trace, settings, folder });
   new Debugging(context, { output, trace, settings, showLogs: (run) => runs.showLogs(run) });
+  focus.register(context, vscode);
   trace({ ext: 'activated' });
 }
 

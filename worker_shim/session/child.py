@@ -206,6 +206,17 @@ class ChildSession:
         self.channel.enter(ReplayPhase.FINISHING, "configuration sent")
         return actions + self.channel.send("configurationDone", None)
 
+    def reconfigure(self, plan: list[BreakpointSet]) -> list[Action]:
+        """Configure the process anew (its focus changed): ``plan`` sent as this session's own
+        requests, the places of the breakpoints it sets said as at the start."""
+        actions: list[Action] = []
+        for bset in plan:
+            sent = self.channel.send(bset.command, bset.arguments)
+            if sent:
+                self._replayed[self.channel.seq] = bset
+            actions += sent
+        return actions
+
     def _exited(self) -> list[Action]:
         if self.ended:
             return []

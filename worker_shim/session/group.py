@@ -37,11 +37,15 @@ control request for a rank, a tick) and returns :data:`GroupAction` s, which
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import orjson
+
+from protocol_specs.session.focus import GROUP_TAG
 from protocol_specs.session.stacks import ranks_text
 
 __all__ = [
@@ -102,11 +106,28 @@ GroupAction = Send | Release | Note
 class _Rank:
     key: str
     rank: int
-    state: RankState = RankState.RUNNING
+    #: how many members are in each state (the group's, shared): no scan to know who waits
+    counts: Counter[RankState] = field(repr=False)
+    _state: RankState = RankState.RUNNING
     thread: int | None = None  #: the thread it stopped on
     held: tuple[dict[str, Any], bytes] | None = None  #: its ``stopped``, held for a group step
     owed: tuple[str, dict[str, Any]] | None = None  #: a group move to send once it stops
     quiet: bool = False  #: its next ``continued`` answers a move of a stop nobody was shown
+    #: the rank the group paused or moved it along with (its next stop says so), None: its own
+    along: int | None = None
+
+    def __post_init__(self) -> None:
+        self.counts[self._state] += 1
+
+    @property
+    def state(self) -> RankState:
+        return self._state
+
+    @state.setter
+    def state(self, state: RankState) -> None:
+        self.counts[self._state] -= 1
+        self.counts[state] += 1
+        self._state = state
 
 
 @dataclass
@@ -120,6 +141,8 @@ class RankGroup:
     deadline: float | None = None
     #: a group step is under way: its ranks' ``stopped`` events are held
     stepping: bool = False
+    #: how many members are in each state: a rank's stop costs O(1), a group stop O(n)
+    counts: Counter[RankState] = field(default_factory=Counter)
 
     def __repr__(self) -> str:
         states = " ".join(f"{r.rank}:{r.state.value}" for r in self._ranks())
@@ -134,15 +157,22 @@ class RankGroup:
     def joined(self, key: str, rank: int) -> list[GroupAction]:
         """Rank ``rank``'s session (process ``key``) is live. The group is stopped: it is paused
         too."""
-        member = self.members[key] = _Rank(key, rank)
-        if any(r.state in (RankState.STOPPED, RankState.PAUSING) for r in self._others(key)):
-            return self._pause([member])
+        old = self.members.pop(key, None)
+        if old is not None:
+            old.counts[old.state] -= 1
+        if self.counts[RankState.STOPPED] or self.counts[RankState.PAUSING]:
+            stopped = next((r for r in self.members.values() if r.state is RankState.STOPPED), None)
+            member = self.members[key] = _Rank(key, rank, self.counts)
+            return self._pause([member], along=stopped.rank if stopped else None)
+        self.members[key] = _Rank(key, rank, self.counts)
         return []
 
     def left(self, key: str) -> list[GroupAction]:
         """Process ``key`` exited (or its connection ended): a group step waits no more for it."""
-        if self.members.pop(key, None) is None:
+        member = self.members.pop(key, None)
+        if member is None:
             return []
+        self.counts[member.state] -= 1
         return self._settle()
 
     # --- from debugpy -----------------------------------------------------------------------------
@@ -165,6 +195,12 @@ class RankGroup:
         thread = body.get("threadId") if isinstance(body, dict) else None
         member.thread = thread if isinstance(thread, int) else member.thread
         was, member.state = member.state, RankState.STOPPED
+        if was is RankState.RUNNING:
+            member.along = None  # a stop of its own (a breakpoint), not the group's
+        elif member.along is not None and isinstance(body, dict):
+            # the session is told which rank it stopped with (the adapter offers it or not)
+            msg = {**msg, "body": {**body, GROUP_TAG: {"with": member.along}}}
+            raw = orjson.dumps(msg)
         if member.owed is not None:  # the group moved while it was pausing: it moves now,
             # and its session is not told of a stop that is over at once (nor offered for it)
             (command, arguments), member.owed = member.owed, None
@@ -174,7 +210,8 @@ class RankGroup:
         if self.stepping and was is RankState.STEPPING:
             member.held = (msg, raw)
             return self._settle()
-        return [Release(key, msg, raw), *self._pause(self._running()), *self._settle()]
+        pause = self._pause(self._running(), along=member.rank) if self._anyone_running() else []
+        return [Release(key, msg, raw), *pause, *self._settle()]
 
     # --- from the IDE -----------------------------------------------------------------------------
 
@@ -186,19 +223,20 @@ class RankGroup:
             return []
         args = dict(arguments) if isinstance(arguments, dict) else {}
         if command == "pause":
-            member.state = RankState.PAUSING if member.state is RankState.RUNNING else member.state
-            return self._pause(self._running())
+            if member.state is RankState.RUNNING:
+                member.state, member.along = RankState.PAUSING, None
+            return self._pause(self._running(), along=member.rank)
         released = self._release_held()  # a move ends the step before it
         self.stepping, self.deadline = command in _STEPS, None
         moving = RankState.STEPPING if self.stepping else RankState.RUNNING
-        member.state, member.owed = moving, None
+        member.state, member.owed, member.along = moving, None, None
         actions: list[GroupAction] = list(released)
         for other in self._others(key):
             if other.state is RankState.STOPPED:
                 actions.append(self._send(other, command, args))
-                other.state = moving
+                other.state, other.along = moving, member.rank
             elif other.state is RankState.PAUSING:
-                other.owed = (command, args)
+                other.owed, other.along = (command, args), member.rank
         if self.stepping:
             self.deadline = self.clock() + self.wait
         return actions
@@ -246,10 +284,13 @@ class RankGroup:
     def _running(self) -> list[_Rank]:
         return [r for r in self._ranks() if r.state is RankState.RUNNING]
 
-    def _pause(self, ranks: list[_Rank]) -> list[GroupAction]:
+    def _anyone_running(self) -> bool:
+        return self.counts[RankState.RUNNING] > 0
+
+    def _pause(self, ranks: list[_Rank], *, along: int | None) -> list[GroupAction]:
         actions: list[GroupAction] = []
         for member in ranks:
-            member.state = RankState.PAUSING
+            member.state, member.along = RankState.PAUSING, along
             # debugpy pauses every thread whatever the id says (its adapter sends "*")
             actions.append(self._send(member, "pause", {"threadId": member.thread or 0}))
         if actions and self.deadline is None:
@@ -264,11 +305,10 @@ class RankGroup:
     def _settle(self) -> list[GroupAction]:
         """After a rank stopped or left: a group step whose ranks are all in is released; a stop
         with no rank still pausing needs no deadline."""
-        waiting = {r.state for r in self.members.values()}
-        if self.stepping and RankState.STEPPING not in waiting:
+        if self.stepping and not self.counts[RankState.STEPPING]:
             self.stepping, self.deadline = False, None
             return self._release_held()
-        if not self.stepping and RankState.PAUSING not in waiting:
+        if not self.stepping and not self.counts[RankState.PAUSING]:
             self.deadline = None
         return []
 

@@ -21,8 +21,11 @@ that is not (or no longer) debugged gets an error response, published back to th
 Configuration requests of every process are folded into one run-wide :class:`DebugSession` (the
 latest per source wins): what a child that starts later is configured with. With
 ``RunSpec.ranks``, a child whose ``RANK`` is known and not listed is configured with no
-breakpoints: it runs free. An expression evaluated in every paused rank (``tether eval``, the
-debug console's ``@all EXPR``, answered here rather than by a rank's debugpy) is
+breakpoints: it runs free. The focus (:mod:`protocol_specs.session.focus`: a ``tetherFocus``
+request an adapter recorded in ``to_worker``, the last one wins) replaces ``RunSpec.ranks`` while it
+is set: a live rank that leaves it has its breakpoints cleared, one that enters it is sent the run's
+configuration. An expression evaluated in every paused rank (``tether eval``, the debug console's
+``@all EXPR``, answered here rather than by a rank's debugpy) is
 :mod:`worker_shim.session.rank_eval`'s.
 
 Sans-I/O: reading ``/proc`` is a function passed in (:func:`read_proc` by default).
@@ -39,6 +42,7 @@ from typing import Any
 import orjson
 
 from protocol_specs.dap import models as dap
+from protocol_specs.session.focus import FOCUS_COMMAND, in_focus, parse_focus
 from protocol_specs.session.processes import MAIN, ProcessInfo, process_key
 from protocol_specs.session.rank_values import nothing_evaluated, parse_prefix, render
 from protocol_specs.session.session import BreakpointSet, DebugSession, StatusEvent
@@ -64,7 +68,7 @@ from .group import GroupAction, Note, RankGroup, Release, Send
 from .rank_eval import Ask, Done, EvalMove, RankEval
 from .replay import attach_arguments, configuration, initialize_arguments, pipe_output_attach
 
-__all__ = ["DebuggedProcesses"]
+__all__ = ["DebuggedProcesses", "cleared"]
 
 log = logging.getLogger("tether.worker")
 
@@ -95,6 +99,10 @@ class DebuggedProcesses:
         self.group = RankGroup(main.clock) if self.record.spec.stop == "all" else None
         #: expressions evaluated in every paused rank (``tether eval``, ``@all``)
         self.evals = RankEval(main.clock)
+        #: the session's focus (a ``tetherFocus`` request; None: ``RunSpec.ranks`` holds)
+        self.focus: list[int] | None = None
+        #: each configured child: whether it was configured free (with no breakpoints)
+        self._free: dict[str, bool] = {}
 
     def __repr__(self) -> str:
         live = sum(1 for c in self.children.values() if not c.ended)
@@ -120,6 +128,8 @@ class DebuggedProcesses:
 
     def on_delivery(self, delivery: wire.Deliver) -> list[Action]:
         cursor, entry = parse_delivery(delivery)
+        if isinstance(entry, DapEntry) and (focus := _focus_of(entry)) is not None:
+            return [*self._refocus(focus[0]), *self.main.on_entry(cursor, None)]
         console = _console_eval(entry)
         if console is not None:  # ``@all EXPR``: the worker answers it, from every rank
             return [*self.main.on_entry(cursor, None), *self._console(*console)]
@@ -282,9 +292,6 @@ class DebuggedProcesses:
         attach = pipe_output_attach(
             {**config, "request": "attach", "pathMappings": mappings["pathMappings"]}
         )
-        free = bool(self.record.spec.ranks) and (
-            info.rank is not None and info.rank not in self.record.spec.ranks
-        )
         child = ChildSession(
             info,
             title=title,
@@ -292,7 +299,7 @@ class DebuggedProcesses:
             run_dir=self.main.run_dir,
             initialize=initialize_arguments(session),
             attach=attach,
-            configuration=(lambda: []) if free else self.configuration,
+            configuration=lambda: self._configuration_of(info),
             clock=self.main.clock,
             wall=self.main.wall,
         )
@@ -320,6 +327,35 @@ class DebuggedProcesses:
     def configuration(self) -> list[BreakpointSet]:
         """The run's latest configuration, folded from every process."""
         return configuration(self.config, post_mortem=self.record.spec.post_mortem)
+
+    # --- focus ------------------------------------------------------------------------------------
+
+    def _is_free(self, info: ProcessInfo) -> bool:
+        """A rank outside the focus (or, with none, outside ``RunSpec.ranks``) gets no
+        breakpoints: it does not stop on its own (its group still stops and moves it)."""
+        if self.focus is not None:
+            return not in_focus(info.rank, self.focus)
+        return bool(self.record.spec.ranks) and not in_focus(info.rank, self.record.spec.ranks)
+
+    def _configuration_of(self, info: ProcessInfo) -> list[BreakpointSet]:
+        """What child ``info`` is configured with as it starts (asked at that moment)."""
+        free = self._free[info.key] = self._is_free(info)
+        return [] if free else self.configuration()
+
+    def _refocus(self, focus: list[int] | None) -> list[Action]:
+        """A new focus: each configured child whose side of it changed is configured anew,
+        with no breakpoints (left the focus) or the run's configuration (entered it)."""
+        self.focus = focus
+        log.info("run %s: focus on %s", self.record.id, "every rank" if focus is None else focus)
+        actions: list[Action] = []
+        for key, child in self.children.items():
+            was = self._free.get(key)
+            if child.ended or was is None or was == (free := self._is_free(child.info)):
+                continue
+            self._free[key] = free
+            plan = self.configuration()
+            actions += child.reconfigure([cleared(b) for b in plan] if free else plan)
+        return actions
 
     def _of(self, actions: list[Action]) -> list[Action]:
         """A child's actions, its ``Terminate`` (the run's unattended-stop policy) made the
@@ -448,6 +484,32 @@ def _is_rank(info: ProcessInfo, parent: ProcessInfo | None) -> bool:
     """A rank of a distributed job: it has a ``RANK`` its parent does not (a DataLoader worker
     inherits its rank's: it is called ``worker N of rank R``)."""
     return info.rank is not None and (parent is None or parent.rank != info.rank)
+
+
+def cleared(bset: BreakpointSet) -> BreakpointSet:
+    """The request that takes away what ``bset`` set (no breakpoints of its kind and source)."""
+    if bset.command == "setExceptionBreakpoints":
+        arguments: dict[str, Any] = {"filters": []}
+    elif bset.command == "setBreakpoints":
+        arguments = {"source": bset.arguments.get("source") or {}, "breakpoints": []}
+    else:
+        arguments = {"breakpoints": []}
+    return BreakpointSet(bset.command, arguments, [], "", 0)
+
+
+def _focus_of(entry: DapEntry) -> tuple[list[int] | None] | None:
+    """The focus a ``tetherFocus`` entry sets (in a 1-tuple: its None is "no focus"), None when
+    the entry is no (well-formed) one."""
+    if FOCUS_COMMAND.encode() not in entry.body:
+        return None  # the common case, without parsing
+    msg = request_of(entry)
+    if msg is None or msg.get("command") != FOCUS_COMMAND:
+        return None
+    try:
+        return (parse_focus(msg.get("arguments")),)
+    except ValueError as exc:
+        log.warning("skipping a malformed focus of %s: %s", entry.origin, exc)
+        return None
 
 
 def _message(raw: bytes) -> dict[str, Any] | None:
