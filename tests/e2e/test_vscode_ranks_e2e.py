@@ -100,6 +100,25 @@ async def test_the_ranks_view_groups_the_ranks_and_continues_them_all(tmp_path: 
         assert focused["process"] == "rank 2" and focused["session"].startswith("rank 2 (pid")
         assert focused["at"].endswith(f"ranks4_worker.py:{RANK2_LINE}"), focused
 
+        # "Evaluate on all ranks...": the debug console's @all prefix, to a paused rank's session
+        await ide.do("command", title="tether: Evaluate on all ranks")
+        # the input box itself (not the palette it replaces): its prompt is shown
+        await ide.do(
+            "wait_text", text="Evaluate on every paused rank", selector=".quick-input-widget"
+        )
+        await ide.do("type", text="marker")
+        await ide.do("press", keys="Enter")
+        evaluated = await trace.wait("the evaluation", lambda e: e.get("ext") == "ranks eval")
+        assert evaluated["session"] == focused["session"] or "(pid" in evaluated["session"]
+        [asked] = [m for m in trace.dap("adapter", "request", "evaluate")
+                   if m["arguments"]["expression"].startswith("@all")]  # fmt: skip
+        assert asked["arguments"]["expression"] == "@all marker", asked
+        assert asked["arguments"]["context"] == "repl" and "frameId" in asked["arguments"], asked
+        # the answer, one line, in the "tether ranks" output channel (until the worker knows
+        # the prefix: the debugger's error, its last line, never its traceback)
+        assert evaluated["result"] and "Traceback" not in evaluated["result"], evaluated
+        await ide.do("wait_text", text="> @all marker")
+
         # one action continues every rank: the launcher sees all four end well
         await ide.do("command", title="tether: Continue all ranks")
         await trace.wait("the continue", lambda e: e.get("ext") == "ranks continue")

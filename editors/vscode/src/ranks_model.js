@@ -115,9 +115,11 @@ function allRanksExpression(expression) {
   return text ? `@all ${text}` : '';
 }
 
-/** What a refused custom request means for the user (an adapter that does not know it yet). */
+/** What a refused custom request means for the user, in one line (an adapter that does not know
+ * it yet; of a debugger's traceback, its last line: the error). */
 function refusedText(command, err) {
-  const said = String(err?.message || err || '');
+  const lines = String(err?.message || err || '').split('\n').map((l) => l.trim()).filter(Boolean);
+  const said = lines.length ? lines[lines.length - 1] : 'failed';
   if (/unknown|unrecognized|not supported|unsupported|no handler/i.test(said)) {
     return `tether: this tether's adapter does not answer "${command}" yet (update tether): ${said}`;
   }

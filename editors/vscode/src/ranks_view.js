@@ -62,7 +62,7 @@ class RanksView {
       vscode.debug.registerDebugAdapterTrackerFactory('tether', this),
       vscode.debug.onDidStartDebugSession((s) => this.started(s)),
       vscode.debug.onDidTerminateDebugSession((s) => this.ended(s)),
-      this.view.onDidChangeVisibility(() => this.view.visible && this.soon()),
+      this.view.onDidChangeVisibility(() => this.view.visible && this.stale && this.soon()),
       { dispose: () => clearTimeout(this.timer) },
     );
   }
@@ -101,13 +101,19 @@ class RanksView {
   createDebugAdapterTracker() {
     return {
       onDidSendMessage: (m) => {
-        if (m.type === 'event' && ['stopped', 'continued', 'thread'].includes(m.event)) this.soon();
+        if (m.type === 'event' && (m.event === 'stopped' || m.event === 'continued')) this.soon();
       },
     };
   }
 
+  /** Ask again shortly; while the view is hidden, once it is shown (each ask samples every
+   * process of the run on the worker). */
   soon() {
     clearTimeout(this.timer);
+    if (!this.view.visible) {
+      this.stale = true;
+      return;
+    }
     this.timer = setTimeout(() => this.refresh(), DEBOUNCE_MS);
   }
 
@@ -130,6 +136,7 @@ class RanksView {
   }
 
   async ask() {
+    this.stale = false;
     const config = this.run();
     if (!config?.tetherRun) return this.show([], '');
     const argv = ['stacks', config.tetherRun, '--json', ...relayOptions(config)];

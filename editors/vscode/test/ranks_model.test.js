@@ -75,4 +75,6 @@ test('"Evaluate on all ranks" sends the @all prefix; a refused request says what
   assert.strictEqual(allRanksExpression('   '), '');
   assert.match(refusedText('tetherFocus', new Error('Unknown request: tetherFocus')), /does not answer "tetherFocus" yet/);
   assert.strictEqual(refusedText('evaluate', new Error('name x is not defined')), 'tether: evaluate: name x is not defined');
+  const traceback = 'Traceback (most recent call last):\n  File "<string>", line 1\n    @all marker\n    ^^^^^^\nSyntaxError: invalid syntax\n';
+  assert.strictEqual(refusedText('evaluate', new Error(traceback)), 'tether: evaluate: SyntaxError: invalid syntax');
 });
