@@ -94,11 +94,13 @@ function chosenProcess(item) {
 
 /**
  * The session "Continue all ranks" and "Evaluate on all ranks" talk to: the focused one if it is
- * one of the run's and paused, else the session of the first paused process that has one, else
- * the root session. `paused(session)` says whether VS Code shows it stopped.
+ * one of the run's and its process is paused, else the session of the first paused process that
+ * has one, else the root session (a continue to a running process would move nothing).
  */
 function groupSession(sessions, tree, focused) {
-  if (focused && sessions.some((s) => s.id === focused.id)) return focused;
+  const paused = tree.flatMap((g) => g.children).filter((c) => c.paused);
+  const mine = focused && sessions.find((s) => s.id === focused.id);
+  if (mine && paused.some((c) => sessionFor([mine], c) === mine)) return mine;
   for (const group of tree) {
     for (const child of group.children) {
       if (!child.paused) continue;

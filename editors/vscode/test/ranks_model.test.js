@@ -67,6 +67,7 @@ test('a process is shown by the session that names its pid; the main process by 
   // the group's actions go to the focused session, else a paused rank's, else the root
   assert.strictEqual(groupSession(sessions, tree, two), two);
   assert.strictEqual(groupSession(sessions, tree, { id: 'elsewhere' }), zero);
+  assert.strictEqual(groupSession(sessions, tree, root), zero); // the launcher runs: not it
   assert.strictEqual(groupSession([root], tree, undefined), root);
 });
 
