@@ -91,7 +91,7 @@ _RUN_ID = r"[A-Za-z0-9_-]{1,64}"
 STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}|0")
 _STATIC = re.compile(r"^/ui/static/([a-z0-9-]+\.(?:css|js|svg))$")
 _RUN_PAGE = re.compile(rf"^/ui/runs/({_RUN_ID})$")
-_RUN_ACTION = re.compile(rf"^/ui/runs/({_RUN_ID})/(cancel|rerun)$")
+_RUN_ACTION = re.compile(rf"^/ui/runs/({_RUN_ID})/(cancel|rerun|stacks)$")
 _RUN_FILES = re.compile(rf"^/ui/runs/({_RUN_ID})/files(?:/(.+))?$")
 _OWNER = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 _SWEEP_PAGE = re.compile(r"^/ui/sweeps/([a-z0-9]{4,64})$")
@@ -112,10 +112,12 @@ class Route(StrEnum):
     LIVE = "live"  #: the WebSocket that pushes changes to an open page
     SWEEP = "sweep"  #: a sweep's page (``run``: the sweep's id)
     SWEEPS = "sweeps"  #: the sweeps list
+    STACKS = "stacks"  #: a run's processes' stacks, read now (``relay/web/stacks.py``)
 
 
-#: the routes that change something: POST, same origin, and (but login) the CSRF token
-ACTIONS = frozenset({Route.LOGIN, Route.LOGOUT, Route.CANCEL, Route.RERUN})
+#: the routes that change something (stacks: a tunnel into the run): POST, same origin, and (but
+#: login) the CSRF token
+ACTIONS = frozenset({Route.LOGIN, Route.LOGOUT, Route.CANCEL, Route.RERUN, Route.STACKS})
 #: the routes served without a session
 PUBLIC = frozenset({Route.LOGIN_PAGE, Route.LOGIN, Route.STATIC})
 
@@ -197,7 +199,7 @@ def route(method: str, path: str) -> Match | int:
             return 404
         return Match(Route.FILE, run=found.group(1), name=name)
     if found := _RUN_ACTION.match(path):
-        action = Route.CANCEL if found.group(2) == "cancel" else Route.RERUN
+        action = Route(found.group(2))
         return Match(action, run=found.group(1)) if post else 405
     return 404
 

@@ -489,12 +489,14 @@ def run_page(
     since: str = "0",
     debug: DebugView | None = None,
     metrics: str = "",
+    ranks: str = "",
 ) -> str:
-    """``metrics``: the run's charts (``relay/web/experiments.py``), if it reported any."""
+    """``metrics``: the run's charts (``relay/web/experiments.py``), if it reported any;
+    ``ranks``: its processes' stacks section (``relay/web/stacks.py``)."""
     shown = debug is not None and (record.spec.debug or not debug.empty)
     body = (
         f"{run_summary(record, now)}{metrics}"
-        f"{debug_section(debug, record) if shown and debug is not None else ''}"
+        f"{debug_section(debug, record) if shown and debug is not None else ''}{ranks}"
         f"{'' if record.finished else _attach(record)}"
         '<section class="logs"><div class="bar"><h2>Logs</h2>'
         '<input id="log-search" type="search" placeholder="Search the log" aria-label="Search">'

@@ -21,6 +21,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from http import HTTPStatus
 from typing import Any
 
@@ -54,6 +55,7 @@ from .login import Login
 from .pages import error_page, file_page, files_page, login_page, run_page, runs_page
 from .responses import html_page, http_response, json_answer, redirect, source_of
 from .sessions import Session, WebSessions
+from .stacks import read_stacks, stacks_answer, stacks_section
 
 __all__ = ["LiveView", "Web"]
 
@@ -224,6 +226,8 @@ class Web:
                 return json_answer(200, {"ok": True}, cookie=web.clear_cookie(secure=self.secure))
             case web.Route.CANCEL | web.Route.RERUN:
                 return await self._action(ws, req, found, who)
+            case web.Route.STACKS:
+                return await self._stacks(ws, req, found.run, who)
         return html_page(404, error_page(404, "Not Found", who))
 
     def _unauthenticated(self, req: web.HttpRequest, found: web.Match) -> Response:
@@ -320,6 +324,7 @@ class Web:
             since=since,
             debug=debug,
             metrics=metrics_section(points),
+            ranks=stacks_section(record),
         )
         return html_page(200, html)
 
@@ -444,6 +449,27 @@ class Web:
         if not isinstance(got, RunRecord):
             return json_answer(409, {"error": got.message})
         return json_answer(200, {"ok": True, "run": got.id, "url": web.run_path(got.id)})
+
+    async def _stacks(
+        self, ws: ServerConnection, req: web.HttpRequest, run_id: str, who: Principal
+    ) -> Response:
+        """The run's processes' stacks, read now (``relay/web/stacks.py``): for whoever may see
+        the run's page."""
+        record = await self._visible(ws, req, web.Route.STACKS, run_id, who, Act.GET_RUN)
+        if record is None:
+            return json_answer(404, {"error": f"no run {run_id} (or not yours)"})
+
+        async def noting(tunnel: str) -> None:
+            await self.audit.record(
+                record.id, AuditEvent.TUNNEL, who, source=source_of(ws), role=AuditRole.WEB,
+                client=req.header("user-agent"), detail=f"{tunnel}: stacks",
+            )  # fmt: skip
+
+        got = await read_stacks(
+            self.control.rooms.tunnels, self.store, record, who.user, noting=noting,
+            reload=partial(self.registry.load, record.id),
+        )  # fmt: skip
+        return json_answer(*stacks_answer(got))
 
     async def _live(
         self, ws: ServerConnection, req: web.HttpRequest, who: Principal

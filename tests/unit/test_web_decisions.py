@@ -37,6 +37,8 @@ def request(method: str = "GET", target: str = "/ui", **headers: str) -> web.Htt
         ("POST", "/ui/logout", web.Match(web.Route.LOGOUT)),
         ("GET", "/ui/runs/6b07ab", web.Match(web.Route.RUN, run="6b07ab")),
         ("POST", "/ui/runs/6b07ab/cancel", web.Match(web.Route.CANCEL, run="6b07ab")),
+        ("POST", "/ui/runs/6b07ab/stacks", web.Match(web.Route.STACKS, run="6b07ab")),
+        ("GET", "/ui/runs/6b07ab/stacks", 405),
         ("POST", "/ui/runs/6b07ab/rerun", web.Match(web.Route.RERUN, run="6b07ab")),
         ("GET", "/ui/static/app.js", web.Match(web.Route.STATIC, name="app.js")),
         ("GET", "/ui/live", web.Match(web.Route.LIVE)),
@@ -60,7 +62,9 @@ def test_routes(method: str, path: str, want: web.Match | int) -> None:
 
 def test_every_action_is_a_post_and_nothing_else_is_public() -> None:
     for route in web.ACTIONS:
-        assert route in {web.Route.LOGIN, web.Route.LOGOUT, web.Route.CANCEL, web.Route.RERUN}
+        assert route in {
+            web.Route.LOGIN, web.Route.LOGOUT, web.Route.CANCEL, web.Route.RERUN, web.Route.STACKS
+        }  # fmt: skip
     assert web.PUBLIC == {web.Route.LOGIN_PAGE, web.Route.LOGIN, web.Route.STATIC}
 
 

@@ -158,4 +158,4 @@ function failure(stderr, code) {
   return text || `tether exited with code ${code} before serving the run.`;
 }
 
-module.exports = { ConfigError, resolve, serveArgv, runArgv, programCommand, readyLine, failure };
+module.exports = { ConfigError, resolve, serveArgv, runArgv, programCommand, readyLine, failure, relayOptions };

@@ -67,12 +67,31 @@ document.addEventListener("click", async (event) => {
     else if (button.dataset.follow && got.body.url) location.assign(got.body.url);
     return;
   }
+  const stacks = event.target.closest("button[data-stacks]");
+  if (stacks) { readStacks(stacks); return; }
   const copy = event.target.closest("button[data-copy]");
   if (copy) {
     const text = document.getElementById(copy.dataset.copy)?.textContent || "";
     navigator.clipboard?.writeText(text).then(() => { copy.textContent = "Copied"; });
   }
 });
+
+// --- the run's processes' stacks, merged (the Ranks section): set as text, never as HTML ------------
+
+async function readStacks(button) {
+  const shown = document.getElementById("ranks");
+  button.disabled = true;
+  shown.setAttribute("aria-busy", "true");
+  const got = await post(button.dataset.stacks);
+  button.disabled = false;
+  shown.removeAttribute("aria-busy");
+  shown.hidden = false;
+  shown.textContent = got.ok
+    ? [got.body.header, ...got.body.lines].join("\n")
+    : `tether: ${got.body.error || `refused (${got.status})`}`;
+  shown.classList.toggle("failed", !got.ok);
+  button.textContent = "Refresh";
+}
 
 // --- the log: search and follow -------------------------------------------------------------------
 
