@@ -176,3 +176,21 @@ def test_debugpys_traceback_is_one_line_its_exception() -> None:
     assert error_value(2, "Unable to find thread\nfor evaluation").error == (
         "Unable to find thread for evaluation"
     )
+
+
+def test_an_array_is_summarized_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NaN and Inf counted, and the norm of the finite elements, across chunks: a summary never
+    copies the whole array (a paused rank's memory may be nearly full)."""
+    np = pytest.importorskip("numpy")
+    monkeypatch.setattr(_tether_values, "CHUNK", 7)
+    a = np.arange(60, dtype=np.float32).reshape(6, 10) / 10
+    a[0, 3] = a[5, 9] = np.nan
+    a[2, 2] = np.inf
+    a[4, 0] = -np.inf
+    out = json.loads(_tether_values.describe("a", {}, {"a": a}))
+    finite = a[np.isfinite(a)].astype(np.float64)
+    assert (out["nan"], out["inf"], out["shape"], out["dtype"]) == (2, 2, [6, 10], "float32")
+    assert out["norm"] == pytest.approx(float(np.linalg.norm(finite)))
+    whole = json.loads(_tether_values.describe("b", {}, {"b": np.arange(5) * 1j}))
+    assert (whole["nan"], whole["inf"]) == (0, 0)
+    assert whole["norm"] == pytest.approx(float(np.linalg.norm(np.arange(5))))

@@ -6,19 +6,23 @@ itself) and calls :func:`describe`, which evaluates SOURCE in the frame's namesp
 a short JSON text, never the data: ``{"repr", "type"}``, with ``number`` for a number (a 0-d
 tensor's or array's too) and, for a torch tensor or a numpy array, ``shape``, ``dtype``,
 ``device``, ``norm`` (of its finite elements), ``nan`` and ``inf`` counts, computed on the
-tensor's own device (only the scalars are copied out, ``.item()``); or ``{"error": "NameError:
-name 'loss' is not defined"}``. Short, because debugpy's ``evaluate`` answers a ``repr``.
+tensor's own device a chunk at a time (only the scalars are copied out, ``.item()``); or
+``{"error": "NameError: name 'loss' is not defined"}``. Short, because debugpy's ``evaluate`` answers a ``repr``.
 
 Loaded by path on the program's interpreter: standalone, stdlib only (torch and numpy are used
 only when the value is theirs, from ``sys.modules``).
 """
 
 import json
+import math
 import sys
 from typing import Any
 
 #: the most characters of a repr sent back
 REPR_CHARS = 160
+#: elements summarized at a time, in float64: a summary of a tensor of any size takes at most
+#: 128 MiB more of its device's memory (a paused rank may hold most of its GPU's)
+CHUNK = 1 << 24
 
 
 def _short(text: Any) -> str:
@@ -44,16 +48,21 @@ def _torch(value: Any, out: dict[str, Any]) -> None:
     out["shape"] = [int(n) for n in t.shape]
     out["dtype"] = str(t.dtype).replace("torch.", "")
     out["device"] = str(t.device)
-    if t.is_floating_point() or t.is_complex():
-        bad_nan = torch.isnan(t)
-        bad_inf = torch.isinf(t)
-        out["nan"] = int(bad_nan.sum().item())
-        out["inf"] = int(bad_inf.sum().item())
-        finite = t[~(bad_nan | bad_inf)] if out["nan"] or out["inf"] else t
-        out["norm"] = float(torch.linalg.vector_norm(finite.to(torch.float64)).item())
-    elif t.dtype != torch.bool:
-        out["nan"] = out["inf"] = 0
-        out["norm"] = float(torch.linalg.vector_norm(t.to(torch.float64)).item())
+    if t.dtype != torch.bool:
+        inexact = t.is_floating_point() or t.is_complex()
+        nan = inf = 0
+        squares = 0.0
+        for part in t.reshape(-1).split(CHUNK):
+            wide = (part.abs() if part.is_complex() else part).to(torch.float64)
+            if inexact:
+                finite = torch.isfinite(wide)
+                bad = wide.numel() - int(finite.sum().item())
+                if bad:
+                    some_nan = int(torch.isnan(wide).sum().item())
+                    nan, inf = nan + some_nan, inf + bad - some_nan
+                    wide = wide.masked_fill(~finite, 0.0)
+            squares += float(torch.dot(wide, wide).item())
+        out["nan"], out["inf"], out["norm"] = nan, inf, math.sqrt(squares)
     if t.dim() == 0:
         out["number"] = _number(t.item().real if t.is_complex() else t.item())
 
@@ -63,17 +72,23 @@ def _numpy(value: Any, out: dict[str, Any]) -> None:
     a = np.asarray(value)
     out["shape"] = [int(n) for n in a.shape]
     out["dtype"] = str(a.dtype)
-    if np.issubdtype(a.dtype, np.inexact):
-        bad_nan = np.isnan(a)
-        bad_inf = np.isinf(a)
-        out["nan"] = int(bad_nan.sum())
-        out["inf"] = int(bad_inf.sum())
-        finite = a[~(bad_nan | bad_inf)]
-        wide = finite if np.iscomplexobj(a) else finite.astype(np.float64)
-        out["norm"] = float(np.linalg.norm(wide.ravel()))
-    elif np.issubdtype(a.dtype, np.number):
-        out["nan"] = out["inf"] = 0
-        out["norm"] = float(np.linalg.norm(a.astype(np.float64).ravel()))
+    if np.issubdtype(a.dtype, np.number):
+        inexact = np.issubdtype(a.dtype, np.inexact)
+        nan = inf = 0
+        squares = 0.0
+        flat = a.reshape(-1)
+        for start in range(0, flat.size, CHUNK):
+            part = flat[start : start + CHUNK]
+            wide = (np.abs(part) if np.iscomplexobj(part) else part).astype(np.float64)
+            if inexact:
+                finite = np.isfinite(wide)
+                bad = wide.size - int(finite.sum())
+                if bad:
+                    some_nan = int(np.isnan(wide).sum())
+                    nan, inf = nan + some_nan, inf + bad - some_nan
+                    wide = np.where(finite, wide, 0.0)
+            squares += float(np.dot(wide, wide))
+        out["nan"], out["inf"], out["norm"] = nan, inf, math.sqrt(squares)
     if a.ndim == 0 and np.issubdtype(a.dtype, np.number):
         out["number"] = _number(a.real.item() if np.iscomplexobj(a) else a.item())
 
