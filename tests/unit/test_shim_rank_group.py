@@ -13,6 +13,8 @@ from protocol_specs.wire.wire import DapEntry
 from worker_shim.session.actions import Say
 from worker_shim.session.group import GROUP_WAIT
 
+FRAME = {"id": 1, "name": "step", "line": 3, "column": 1, "source": {"path": "/w/train.py"}}
+
 
 def two_ranks(stop: str = "all") -> Harness:
     h = Harness(stop=stop)
@@ -73,3 +75,27 @@ def test_stop_one_leaves_every_rank_on_its_own() -> None:
     h.now += GROUP_WAIT
     h.perform(h.p.on_tick())
     assert events(h, "202", "output") == []
+
+
+def test_the_unattended_continue_of_one_rank_continues_its_group() -> None:
+    """``--on-unattended-stop continue``: when the stopped rank's wait is over, the worker's own
+    continue moves the group as an IDE's would; else the paused ranks stay paused (each on its
+    own timer), and a rank whose pause lands late (it was blocked in a collective the continued
+    rank now completes) stops the group all over again."""
+    h = Harness(on_unattended_stop="continue", unattended_timeout=30)
+    h.go_live()
+    child_live(h, 201, [])  # rank 0
+    child_live(h, 202, [])  # rank 1
+    h.event("202", "stopped", {"reason": "breakpoint", "threadId": 7})
+    h.now += 20  # rank 0 was blocked outside Python: its pause lands later (its own wait: 30 s)
+    h.event("201", "stopped", {"reason": "pause", "threadId": 3})
+    started = commands(h, "201").count("continue")
+    h.now += 11  # rank 1's wait is over, not rank 0's
+    for _ in range(3):  # the watches look up where their rank stopped, then act
+        h.perform(h.p.on_tick())
+        for key in ("202", "201"):
+            if commands(h, key)[-1] == "stackTrace":
+                h.respond(key, "stackTrace", {"stackFrames": [FRAME], "totalFrames": 1})
+    assert h.last("202", "continue")["arguments"] == {"threadId": 7}
+    assert h.last("201", "continue")["arguments"] == {"threadId": 3}
+    assert commands(h, "201").count("continue") >= started + 1

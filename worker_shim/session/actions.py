@@ -115,6 +115,18 @@ class ReplayFailed:
 
 
 @dataclass(frozen=True)
+class MovedAlone:
+    """The worker continued child ``process`` on its own (the unattended-stop policy's
+    ``continue``): its rank group moves with it (``RankGroup.on_request``), as for an IDE's
+    ``continue``, or the other ranks would stay paused and the next late pause stop it again.
+    Not for the driver: :class:`~worker_shim.session.processes.DebuggedProcesses` takes it."""
+
+    process: str
+    command: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class EvalAnswered:
     """A cross-rank evaluation the driver asked for (``tether eval``) is complete
     (:mod:`worker_shim.session.rank_eval`): hand ``values`` to whoever waits for ``ask``."""
@@ -135,6 +147,7 @@ Action = (
     | CloseChild
     | OpenTunnel
     | EvalAnswered
+    | MovedAlone
 )
 
 

@@ -37,7 +37,16 @@ from protocol_specs.session.processes import MAIN
 from protocol_specs.session.session import CONFIGURATION_COMMANDS, StatusEvent, is_transient
 from protocol_specs.wire.wire import DapEntry, StatusEntry
 
-from .actions import BARRIER_EVENTS, Action, Publish, Settle, Terminate, ToDebugpy, status_entry
+from .actions import (
+    BARRIER_EVENTS,
+    Action,
+    MovedAlone,
+    Publish,
+    Settle,
+    Terminate,
+    ToDebugpy,
+    status_entry,
+)
 from .replay import ReplayPhase, next_phase
 from .watch import STACK_FRAMES, Continue, LookUp, Watch
 
@@ -241,7 +250,10 @@ class DebugpyChannel:
                 elif isinstance(step, Continue) and step.thread_id == HELD:
                     actions += self.owner.stop_holding()
                 elif isinstance(step, Continue):
-                    actions += self.send("continue", {"threadId": step.thread_id})
+                    arguments = {"threadId": step.thread_id}
+                    actions += self.send("continue", arguments)
+                    if self.key != MAIN:  # a rank's group continues with it
+                        actions.append(MovedAlone(self.key, "continue", arguments))
                 elif isinstance(step, Terminate):
                     actions += self.owner.watch_terminates(step)
                 else:

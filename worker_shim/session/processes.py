@@ -54,6 +54,7 @@ from .actions import (
     Action,
     CloseChild,
     EvalAnswered,
+    MovedAlone,
     OpenChild,
     Publish,
     Say,
@@ -359,10 +360,17 @@ class DebuggedProcesses:
 
     def _of(self, actions: list[Action]) -> list[Action]:
         """A child's actions, its ``Terminate`` (the run's unattended-stop policy) made the
-        run's: said once, by the main core."""
+        run's: said once, by the main core; a rank the policy continued moves its group."""
         out: list[Action] = []
         for action in actions:
-            out += self.main.end_run() if isinstance(action, Terminate) else [action]
+            if isinstance(action, Terminate):
+                out += self.main.end_run()
+            elif isinstance(action, MovedAlone):
+                if self.group is not None:
+                    move = self.group.on_request(action.process, action.command, action.arguments)
+                    out += self._group(move)
+            else:
+                out.append(action)
         return out
 
     # --- time -------------------------------------------------------------------------------------
