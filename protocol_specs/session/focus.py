@@ -17,7 +17,11 @@ attached with different foci: the later choice holds for both). ``null`` is no f
 rank, or those ``RunSpec.ranks`` named.
 
 On the worker, a rank outside the focus is configured with no breakpoints (it does not stop on its
-own); the rank group still stops and moves it with the others. In the adapter, a rank outside the
+own); the rank group still stops and moves it with the others. An IDE session already open for such
+a rank (``--processes all``, or opened before the focus moved) does not set breakpoints in it
+either: its configuration requests are answered by the worker, every breakpoint unverified with
+:func:`outside_focus_answer`'s reason, and still folded into the run's configuration (what the rank
+is sent if it enters the focus). In the adapter, a rank outside the
 focus is not offered to the IDE.
 
 Many ranks: in a group larger than :data:`OFFER_ALL_UP_TO` ranks, the ranks the group paused (or
@@ -33,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .stacks import ranks_text
+from .stacks import compress_ranks, ranks_text
 
 __all__ = [
     "FOCUS_COMMAND",
@@ -43,6 +47,7 @@ __all__ = [
     "focus_request",
     "group_with",
     "in_focus",
+    "outside_focus_answer",
     "parse_focus",
     "summary_text",
 ]
@@ -101,3 +106,37 @@ def summary_text(ranks: Iterable[int], with_rank: int, run_id: str) -> str:
         f"tether: {ranks_text(ranks)} paused with rank {with_rank}; open one: "
         f'"tether: Focus on ranks..." or tether attach {run_id} --rank K'
     )
+
+
+def outside_focus_answer(
+    request: dict[str, Any], rank: int, focus: list[int] | None, submitted: list[int]
+) -> dict[str, Any]:
+    """The answer to a configuration request (``setBreakpoints``, ``setFunctionBreakpoints``,
+    ``setExceptionBreakpoints``) of a session of ``rank``, which is outside the ``focus`` (None:
+    outside ``submitted``, ``RunSpec.ranks``): success, and each breakpoint unverified with a
+    message the IDE shows on it, saying why (numbered when published)."""
+    if focus is not None:
+        where = f"outside the focus ({ranks_text(focus) if focus else 'no rank'})"
+    else:
+        where = f"outside --ranks {compress_ranks(submitted)}"
+    why = f"rank {rank} is {where}: its breakpoints are not set there; focus on it to set them"
+    arguments = request.get("arguments")
+    arguments = arguments if isinstance(arguments, dict) else {}
+    if request.get("command") == "setExceptionBreakpoints":
+        asked = [*_list(arguments.get("filters")), *_list(arguments.get("filterOptions"))]
+    else:
+        asked = _list(arguments.get("breakpoints"))
+        if not asked and request.get("command") == "setBreakpoints":
+            asked = _list(arguments.get("lines"))  # the deprecated form
+    return {
+        "seq": 0,
+        "type": "response",
+        "request_seq": request.get("seq", 0),
+        "success": True,
+        "command": request.get("command", ""),
+        "body": {"breakpoints": [{"verified": False, "message": why} for _ in asked]},
+    }
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

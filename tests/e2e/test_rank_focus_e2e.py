@@ -7,7 +7,9 @@ a session of its own (``node/vscode_scenario.mjs``), as in ``test_rank_group_e2e
   and a continue from rank 5's session runs every rank to the end. The RSS of the adapter and of
   the worker's side with every rank paused is printed (``-s``) for the record.
 - ``tether attach RUN --ranks 1,2``: the attach's IDE is offered only ranks 1 and 2, and only
-  they get breakpoints (rank 0 runs the line with a breakpoint and does not stop).
+  they get breakpoints (rank 0 runs the line with a breakpoint and does not stop). Then the focus
+  narrows to rank 2: rank 1's session, still open, sets a breakpoint; it is answered unverified
+  (why in its message) and rank 1 runs through that line.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ MANY = int(os.environ.get("TETHER_E2E_RANKS", "64"))
 RANK5_LINE = 55  # programs/ranksN_worker.py, main(): only rank 5 runs it
 RANK2_LINE = 51  # programs/ranks4_worker.py, main(): only rank 2 runs it
 RANK0_LINE = 47  # programs/ranks4_worker.py, main(): only rank 0 runs it, after rank 2's line
+DONE_LINE = 57  # programs/ranks4_worker.py, main(): every rank runs it last
 
 
 def _tree(pid: int) -> list[int]:
@@ -174,6 +177,25 @@ async def test_attach_with_ranks_offers_only_those_and_only_they_get_breakpoints
         {"op": "wait_stopped", "session": "r2", "reason": "breakpoint", "line": RANK2_LINE},
         {"op": "wait_session", "label": "r1", "stopped": True, "name": r"^rank 1 \(pid \d+\)"},
         {"op": "wait_stopped", "session": "r1", "reason": "pause"},
+        # the focus narrows to rank 2: rank 1's open session sets a breakpoint on the line it
+        # runs next; answered unverified, it is not set in rank 1 (which would stop again)
+        {
+            "op": "request",
+            "session": "r2",
+            "label": "focus",
+            "command": "tetherFocus",
+            "arguments": {"ranks": [2]},
+        },
+        {
+            "op": "request",
+            "session": "r1",
+            "label": "r1 breakpoints",
+            "command": "setBreakpoints",
+            "arguments": {
+                "source": {"path": str(ws / "ranks4_worker.py")},
+                "breakpoints": [{"line": DONE_LINE}],
+            },
+        },
         # rank 0 runs RANK0_LINE next: outside the focus, it has no breakpoint there
         {"op": "continue", "session": "r2"},
         {"op": "wait_output", "contains": "launcher done, rank exit codes [0, 0, 0, 0]"},
@@ -214,7 +236,10 @@ async def test_attach_with_ranks_offers_only_those_and_only_they_get_breakpoints
     children = {c["name"].split(" (")[0]: c for c in sessions_by_kind(result, "child")}
     assert sorted(children) == ["rank 1", "rank 2"]  # ranks 0 and 3 are outside the focus
     for child in children.values():
-        assert child["eventCounts"]["stopped"] == 1  # rank 0 never stopped the group again
+        assert child["eventCounts"]["stopped"] == 1  # ranks 0 and 1 never stopped it again
+    [outside] = result["labels"]["r1 breakpoints"]["body"]["breakpoints"]
+    assert outside["verified"] is False, outside
+    assert outside["message"].startswith("rank 1 is outside the focus (rank 2)"), outside
     assert result["labels"]["end"]["exitCode"] == 0
 
 

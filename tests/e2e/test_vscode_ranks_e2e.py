@@ -3,7 +3,12 @@ browser: ``codeserver.py``): the torchrun-style launcher without PyTorch starts 
 (``programs/ranks4_worker.py``), a breakpoint set before the launch stops rank 2 and the worker
 pauses the others (``--stop all``, the default). The view shows the ranks grouped by where they
 are, from ``tether stacks --json``; choosing rank 2 shows its session's line; "Continue all
-ranks" (one continue to one rank's session) runs every rank to the end: the run succeeds."""
+ranks" (one continue to one rank's session) runs every rank to the end: the run succeeds.
+
+With 10 ranks (``programs/ranksN_worker.py``, a breakpoint in rank 5) only rank 5's session is
+offered; choosing rank 0 in the view, which has no session in the window, asks the adapter for it
+(``tetherFocus``) and its session appears in the Call Stack view; "Continue all ranks" ends the
+run with exit code 0."""
 
 from __future__ import annotations
 
@@ -130,3 +135,103 @@ async def test_the_ranks_view_groups_the_ranks_and_continues_them_all(tmp_path: 
         assert exited["message"]["body"]["exitCode"] == 0
         await trace.wait("the served adapter stopped", lambda e: e.get("ext") == "stopped serving")
         assert (await record(home, run))["state"] == "succeeded"
+
+
+RANK5_LINE = 55  # programs/ranksN_worker.py, main(): only rank 5 runs it
+TEN = 10  # above 8 ranks only the stopping rank's session is offered
+#: the body of the Call Stack view
+CALL_STACK = '.pane:has(.pane-header:has-text("Call Stack")) .pane-body'
+
+
+def ten_paused(event: dict[str, Any]) -> bool:
+    """A Ranks view that shows every one of the ten ranks paused, rank 0 in a group of its own
+    (it waits at another line than ranks 1-4,6-9)."""
+    if event.get("ext") != "ranks":
+        return False
+    paused = {r for g in event["groups"] if "(paused: " in g["label"] for r in g["ranks"]}
+    labels = {g["label"] for g in event["groups"]}
+    return paused == set(range(TEN)) and "rank 0 (paused: pause)" in labels
+
+
+def rank_sessions(trace: Trace) -> set[str]:
+    """The names of the rank sessions the IDE side of the trace has seen."""
+    return {e["session"] for e in trace.refresh() if e.get("session", "").startswith("rank ")}
+
+
+async def test_the_ranks_view_opens_a_rank_that_has_no_session(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    folder = copy_programs(tmp_path / "project")
+    (folder / ".vscode").mkdir()
+    launch = {
+        "version": "0.2.0",
+        "configurations": [
+            {
+                **LAUNCH["configurations"][0],
+                "command": ["python", "ranks_launcher.py", str(TEN), "ranksN_worker.py"],
+                "runName": "ten-ranks-from-vscode",
+            }
+        ],
+    }
+    (folder / ".vscode" / "launch.json").write_text(json.dumps(launch, indent=2))
+    async with (
+        relay_stack(home, workers=1),
+        vscode(tmp_path, home, folder, "vscode-ranks-ten") as (ide, trace),
+    ):
+        await ide.do("open", file="ranksN_worker.py", line=RANK5_LINE)
+        await ide.do("press", keys="F9")
+        await ide.do("command", title="Debug: Select and Start Debugging")
+        await ide.do("type", text="tether: ranks")
+        await ide.do("wait_text", text="tether: ranks", selector=".quick-input-list")
+        await ide.do("press", keys="Enter")
+        served = await trace.wait("the submitted run", lambda e: e.get("ext") == "served")
+        await trace.wait(
+            "rank 5 at its breakpoint",
+            is_dap("ide", "event", "stopped", reason="breakpoint"),
+            timeout=120,
+        )
+        # every other rank paused with it: one line says so, in rank 5's session
+        await trace.wait(
+            "the summary line",
+            lambda e: (
+                is_dap("ide", "event", "output")(e)
+                and "paused with rank 5" in e["message"]["body"].get("output", "")
+            ),
+            timeout=90,
+        )
+        await ide.do("press", keys="Control+Shift+D")
+        await ide.do("expand", title="Ranks")
+        await ide.do("command", title="tether: Refresh ranks")  # read after the group stop
+        shown = await trace.wait("ten ranks paused", ten_paused, timeout=90)
+        assert shown["run"] == served["run"]
+        # the group stop offered one session: rank 5's, alone in the Call Stack
+        await ide.do("wait_text", text="rank 5 (pid", selector=CALL_STACK)
+        [rank5] = rank_sessions(trace)
+        assert rank5.startswith("rank 5 (pid"), rank5
+
+        # choosing rank 0 (no session in the window): the view asks the adapter for it
+        await ide.do("wait_text", text="rank 0 (paused: pause)", selector=RANKS_VIEW)
+        await ide.do("click_text", text="rank 0 (paused: pause)", selector=RANKS_VIEW)
+        asked = await trace.wait("rank 0 asked for", lambda e: e.get("ext") == "ranks focus asked")
+        assert asked["rank"] == 0
+        await trace.wait(
+            "rank 0's session stopped",
+            lambda e: (
+                e.get("session", "").startswith("rank 0 (pid")
+                and is_dap("ide", "event", "stopped")(e)
+            ),
+            timeout=60,
+        )
+        await ide.do("wait_text", text="rank 0 (pid", selector=CALL_STACK)
+        await ide.do("screenshot", name="ranks-view-opened-rank-0")
+        assert {s.split(" (")[0] for s in rank_sessions(trace)} == {"rank 0", "rank 5"}
+
+        await ide.do("command", title="tether: Continue all ranks")
+        await trace.wait("the continue", lambda e: e.get("ext") == "ranks continue")
+        exited = await trace.wait(
+            "the program's exit",
+            lambda e: e.get("session") == "tether: ranks" and is_dap("ide", "event", "exited")(e),
+            timeout=90,
+        )
+        assert exited["message"]["body"]["exitCode"] == 0
+        await trace.wait("the served adapter stopped", lambda e: e.get("ext") == "stopped serving")
+        assert (await record(home, served["run"]))["state"] == "succeeded"

@@ -95,3 +95,67 @@ def test_a_malformed_focus_is_skipped() -> None:
     body = orjson.dumps({**focus_request(None), "arguments": {"ranks": "all"}, "seq": 2})
     assert h.deliver(DapEntry(origin="ide1", body=body, local=True)) == []
     assert h.p.focus is None
+
+
+def answers(h: Harness, key: str) -> list[dict[str, Any]]:
+    """The responses published for ``key``'s session (the worker's own, not debugpy's)."""
+    out = []
+    for e in h.published:
+        if isinstance(e, DapEntry) and e.process == key:
+            msg = orjson.loads(e.body)
+            if msg.get("type") == "response":
+                out.append(msg)
+    return out
+
+
+def test_a_session_of_a_rank_outside_the_focus_sets_no_breakpoints_in_it() -> None:
+    h = Harness()
+    h.ide("setBreakpoints", src("train.py"), 1)
+    focus(h, [0], 2)
+    h.go_live()
+    start(h, 201)
+    start(h, 202)  # rank 1: outside the focus, its session open (``--processes all``)
+    h.sent["201"].clear()
+    h.sent["202"].clear()
+    h.published.clear()
+    h.ide("setBreakpoints", {**src("t.py"), "breakpoints": [{"line": 7}, {"line": 8}]}, 3, "202")
+    h.ide("setExceptionBreakpoints", {"filters": ["raised"]}, 4, "202")
+    assert h.sent["202"] == []  # nothing reached rank 1's debugpy
+    bps, exc = answers(h, "202")
+    assert (bps["request_seq"], bps["success"], exc["request_seq"]) == (3, True, 4)
+    why = "rank 1 is outside the focus (rank 0): its breakpoints are not set there; focus on it"
+    assert [b["verified"] for b in bps["body"]["breakpoints"]] == [False, False]
+    assert bps["body"]["breakpoints"][0]["message"].startswith(why)
+    assert exc["body"]["breakpoints"] == [bps["body"]["breakpoints"][0]]
+    # one the adapter answered itself (``local``) is not answered again, nor sent
+    body = orjson.dumps({"seq": 5, "type": "request", "command": "setBreakpoints",
+                         "arguments": src("x.py")})  # fmt: skip
+    h.deliver(DapEntry(origin="ide1", body=body, local=True, bp_ids=[9], process="202"))
+    assert h.sent["202"] == [] and len(answers(h, "202")) == 2
+    # rank 0's session sets its own as ever
+    h.ide("setBreakpoints", {**src("t.py"), "breakpoints": [{"line": 7}]}, 6, "201")
+    assert configured(h, "201") == [("setBreakpoints", [7])]
+    # entering the focus, rank 1 gets the run's configuration, its session's breakpoints in it
+    h.sent["202"].clear()
+    focus(h, [0, 1], 7)
+    assert sorted(configured(h, "202")) == [
+        ("setBreakpoints", [3]),
+        ("setBreakpoints", [3]),
+        ("setBreakpoints", [7]),
+        ("setExceptionBreakpoints", ["raised"]),
+    ]
+    # and in the focus, its session's requests reach it
+    h.ide("setBreakpoints", {**src("t.py"), "breakpoints": [{"line": 9}]}, 8, "202")
+    assert configured(h, "202")[-1] == ("setBreakpoints", [9])
+
+
+def test_outside_run_spec_ranks_the_answer_names_them() -> None:
+    h = Harness(ranks=[0])
+    h.go_live()
+    start(h, 202)
+    h.published.clear()
+    h.ide("setBreakpoints", src("t.py"), 2, "202")
+    (answer,) = answers(h, "202")
+    assert answer["body"]["breakpoints"][0]["message"].startswith(
+        "rank 1 is outside --ranks 0: its breakpoints are not set there"
+    )

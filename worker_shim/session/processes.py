@@ -42,7 +42,12 @@ from typing import Any
 import orjson
 
 from protocol_specs.dap import models as dap
-from protocol_specs.session.focus import FOCUS_COMMAND, in_focus, parse_focus
+from protocol_specs.session.focus import (
+    FOCUS_COMMAND,
+    in_focus,
+    outside_focus_answer,
+    parse_focus,
+)
 from protocol_specs.session.processes import MAIN, ProcessInfo, process_key
 from protocol_specs.session.rank_values import nothing_evaluated, parse_prefix, render
 from protocol_specs.session.session import BreakpointSet, DebugSession, StatusEvent
@@ -72,6 +77,11 @@ from .replay import attach_arguments, configuration, initialize_arguments, pipe_
 __all__ = ["DebuggedProcesses", "cleared"]
 
 log = logging.getLogger("tether.worker")
+
+#: a session's requests that set breakpoints: not sent to a rank outside the focus
+_BREAKPOINT_COMMANDS = frozenset(
+    {"setBreakpoints", "setFunctionBreakpoints", "setExceptionBreakpoints"}
+)
 
 
 class DebuggedProcesses:
@@ -153,8 +163,10 @@ class DebuggedProcesses:
     def _for_child(self, entry: DapEntry) -> list[Action]:
         child = self.children.get(entry.process)
         if child is not None and not child.ended:
-            actions = self._of(child.on_request(entry))
             msg = request_of(entry)
+            if msg is not None and self._held_off(child, msg):
+                return self._outside_focus(child, entry, msg)
+            actions = self._of(child.on_request(entry))
             if self.group is not None and msg is not None and not entry.local:
                 moves = self.group.on_request(child.key, msg["command"], msg.get("arguments"))
                 actions += self._group(moves)
@@ -342,6 +354,22 @@ class DebuggedProcesses:
         """What child ``info`` is configured with as it starts (asked at that moment)."""
         free = self._free[info.key] = self._is_free(info)
         return [] if free else self.configuration()
+
+    def _held_off(self, child: ChildSession, msg: dict[str, Any]) -> bool:
+        """A configuration request of a session of a rank outside the focus: not for its
+        debugpy (the session was open before the focus moved, or ``--processes all``)."""
+        return msg["command"] in _BREAKPOINT_COMMANDS and self._is_free(child.info)
+
+    def _outside_focus(
+        self, child: ChildSession, entry: DapEntry, msg: dict[str, Any]
+    ) -> list[Action]:
+        """Answered here, each breakpoint unverified with why (one the adapter answered itself,
+        ``local``, needs none); it stays folded in the run's configuration."""
+        if entry.local or child.info.rank is None:
+            return []
+        answer = outside_focus_answer(msg, child.info.rank, self.focus, self.record.spec.ranks)
+        body = orjson.dumps({**answer, "seq": 1})  # the adapter renumbers
+        return [Publish(DapEntry(origin=entry.origin, body=body, process=entry.process))]
 
     def _refocus(self, focus: list[int] | None) -> list[Action]:
         """A new focus: each configured child whose side of it changed is configured anew,
