@@ -213,8 +213,9 @@ def section(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
         "## 15. A rank group: stop together, continue together",
         "",
         "The torchrun-style launcher without PyTorch starts N ranks (`bench/programs/"
-        "ranks_bench.py`); rank 0 stops at a breakpoint once all N are up, the others wait in a "
-        "Python loop. `tether debug --stop all --processes all`: every rank's session is open "
+        "ranks_bench.py`); rank 0 stops at a breakpoint 0.5 s after all N are up (every rank's "
+        "session configured: a stop at start-up would time the configuration), the others wait "
+        "in a Python loop. `tether debug --stop all --processes all`: every rank's session is open "
         "before the stop. The client is Microsoft's DebugClient (as VS Code); every time is its "
         "transcript's (one clock), so each is when the IDE was told. **Group stop**: from the "
         "first rank's `stopped` received to the last rank's, each in its own session (every "
