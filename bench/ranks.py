@@ -20,8 +20,8 @@ of one), where rank 0 stops at the same breakpoint; **one stop** is a ``next`` t
 request sent to its ``stopped`` received (one stop, through the whole stack, told to one session);
 **one continue** is its ``continue`` to its ``continued``.
 
-:func:`cross_rank_eval` is the hook for the third figure the issue asks (a cross-rank eval against
-one eval): ``tether eval`` is being built beside this; it returns None until it is filled.
+The third figure, :func:`cross_rank_eval`: ``@all rank`` in rank 0's debug console (every paused
+rank's value, answered by the worker) against ``rank`` evaluated in rank 0 alone, in one run.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ __all__ = ["PROGRAM", "cross_rank_eval", "rank_counts", "run", "section"]
 PROGRAM = "ranks_bench.py"
 LAUNCHER = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "programs" / "ranks_launcher.py"
 _TIMEOUT_S = 300
+#: what the cross-rank eval evaluates (a local of the program's ``main``, in every rank)
+EXPR = "rank"
+#: pairs of evaluations (every rank's, one rank's) in each eval run
+EVAL_PAIRS = 10
 
 
 def rank_counts(largest: int) -> list[int]:
@@ -51,7 +55,9 @@ def rank_counts(largest: int) -> list[int]:
     return counts
 
 
-def _steps(n: int) -> list[dict[str, Any]]:
+def _steps(n: int, evals: int = 0) -> list[dict[str, Any]]:
+    """The scenario of a run of ``n`` ranks; ``evals``: that many pairs of evaluations in rank 0's
+    session once every rank is paused (``@all rank``, then ``rank`` in rank 0's top frame)."""
     zeros = ", ".join(["0"] * n)
     steps: list[dict[str, Any]] = [
         {"op": "mark", "name": "configured", "wait": True},
@@ -59,7 +65,8 @@ def _steps(n: int) -> list[dict[str, Any]]:
             {"op": "wait_session", "label": f"r{r}", "name": rf"^rank {r} \(pid \d+\)"}
             for r in range(n)
         ],
-        {"op": "wait_stopped", "session": "r0", "inspect": False, "reason": "breakpoint"},
+        # with evaluations: rank 0's stack is read (its top frame, where ``rank`` is evaluated)
+        {"op": "wait_stopped", "session": "r0", "inspect": evals > 0, "reason": "breakpoint"},
         *[
             {"op": "wait_stopped", "session": f"r{r}", "inspect": False, "reason": "pause"}
             for r in range(1, n)
@@ -69,6 +76,11 @@ def _steps(n: int) -> list[dict[str, Any]]:
         steps += [
             {"op": "next", "session": "r0"},
             {"op": "wait_stopped", "session": "r0", "inspect": False, "reason": "step"},
+        ]
+    for i in range(evals):
+        steps += [
+            {"op": "evaluate", "session": "r0", "label": f"all{i}", "expression": f"@all {EXPR}"},
+            {"op": "evaluate", "session": "r0", "label": f"one{i}", "expression": EXPR},
         ]
     return [
         *steps,
@@ -107,8 +119,35 @@ def _figures(n: int, result: dict[str, Any], transcript: Path) -> dict[str, floa
     return figures
 
 
-async def _group_run(home: Path, relay: str, tmp: Path, name: str, n: int) -> dict[str, float]:
-    """One run of ``n`` ranks (1: the baseline); its figures, ms."""
+def _eval_figures(result: dict[str, Any], transcript: Path) -> dict[str, list[float]]:
+    """Each evaluation's request sent to its response received in rank 0's session, ms: the
+    ``@all`` ones (``cross``) and the plain ones (``one``)."""
+    entries = [json.loads(line) for line in transcript.read_text().splitlines() if line.strip()]
+    session = result["labels"]["r0"]["session"]
+    sent = {
+        e["msg"]["seq"]: (e["t"], e["msg"]["arguments"]["expression"])
+        for e in entries
+        if e["session"] == session and e["msg"].get("type") == "request"
+        and e["msg"].get("command") == "evaluate"
+    }  # fmt: skip
+    times: dict[str, list[float]] = {"cross": [], "one": []}
+    for e in entries:
+        msg = e["msg"]
+        if e["session"] != session or msg.get("type") != "response":
+            continue
+        if msg.get("command") == "evaluate" and msg.get("request_seq") in sent:
+            t, expression = sent[msg["request_seq"]]
+            if not msg.get("success"):
+                raise RuntimeError(f"evaluate {expression!r} failed: {msg.get('message')}")
+            times["cross" if expression.startswith("@all") else "one"].append(e["t"] - t)
+    return times
+
+
+async def _group_run(
+    home: Path, relay: str, tmp: Path, name: str, n: int, evals: int = 0
+) -> dict[str, Any]:
+    """One run of ``n`` ranks (1: the baseline); its figures, ms (with ``evals``: the
+    evaluations' times, :func:`_eval_figures`)."""
     workdir = tmp / name
     workdir.mkdir(parents=True)
     workdir.chmod(0o777)  # the ranks' marker files: a root worker's programs run as other uids
@@ -118,7 +157,7 @@ async def _group_run(home: Path, relay: str, tmp: Path, name: str, n: int) -> di
     argv = ["python", LAUNCHER.name, str(n), PROGRAM]
     extra = ("--stop", "all", "--processes", "all")
     async with debug_run(home, relay, workdir, *argv, extra=extra) as (debug, _run, port):
-        spec = scenario(port, workdir, _steps(n), breakpoints={PROGRAM: [break_line(PROGRAM)]},
+        spec = scenario(port, workdir, _steps(n, evals), breakpoints={PROGRAM: [break_line(PROGRAM)]},
                         timeout_ms=_TIMEOUT_S * 1000)  # fmt: skip
         spec["transcript"] = str(transcript)
         async with open_vscode_session(spec, timeout=_TIMEOUT_S) as session:
@@ -127,16 +166,20 @@ async def _group_run(home: Path, relay: str, tmp: Path, name: str, n: int) -> di
             async with worker(home, relay):
                 result, _messages = await session.result()
                 await debug.wait_line(r"run \S+ ended", timeout=60)  # the worker is free again
+    if evals:
+        return _eval_figures(result, transcript)
     return _figures(n, result, transcript)
 
 
 async def cross_rank_eval(home: Path, relay: str, tmp: Path, n: int) -> dict[str, Dist] | None:
-    """HOOK (issue 42, item 5; fill it once ``tether eval`` is merged): a cross-rank eval, one
-    expression in the paused frame of each of ``n`` ranks (``tether eval RUN EXPR``), against one
-    eval in one rank, in the same run; ``{"cross": Dist, "one": Dist}`` in ms. Target: the
-    16-rank eval within 2x of one rank's. None: not measured (the report says so)."""
-    del home, relay, tmp, n
-    return None
+    """A cross-rank eval against one eval, in one run of ``n`` ranks, every rank paused: in rank
+    0's debug console, :data:`EVAL_PAIRS` times, ``@all rank`` (the worker evaluates it in the
+    paused frame of every rank, :mod:`worker_shim.session.rank_eval`, as ``tether eval RUN
+    rank`` does) then ``rank`` (an ordinary ``evaluate`` in rank 0's top frame); each from its
+    request sent to its response received. ``{"cross": Dist, "one": Dist}`` in ms. Target: the
+    16-rank eval within 2x of one rank's."""
+    times = await _group_run(home, relay, tmp, f"rk-eval-{n}", n, EVAL_PAIRS)
+    return {kind: Dist(samples) for kind, samples in times.items()}
 
 
 async def run(home: Path, relay: str, tmp: Path, largest: int, rounds: int) -> dict[str, Any]:
@@ -170,8 +213,9 @@ def section(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
         "## 15. A rank group: stop together, continue together",
         "",
         "The torchrun-style launcher without PyTorch starts N ranks (`bench/programs/"
-        "ranks_bench.py`); rank 0 stops at a breakpoint once all N are up, the others wait in a "
-        "Python loop. `tether debug --stop all --processes all`: every rank's session is open "
+        "ranks_bench.py`); rank 0 stops at a breakpoint 0.5 s after all N are up (every rank's "
+        "session configured: a stop at start-up would time the configuration), the others wait "
+        "in a Python loop. `tether debug --stop all --processes all`: every rank's session is open "
         "before the stop. The client is Microsoft's DebugClient (as VS Code); every time is its "
         "transcript's (one clock), so each is when the IDE was told. **Group stop**: from the "
         "first rank's `stopped` received to the last rank's, each in its own session (every "
@@ -215,14 +259,27 @@ def section(f: dict[str, Any], _n: dict[str, int]) -> list[str]:
             "",
         ]
     else:
+        pairs = len(next(iter(evals.values()))["cross"].samples)
         rows += [
-            "| ranks | cross-rank eval, median | one eval, median | ratio |",
-            "|---|---|---|---|",
+            "**Cross-rank eval**: in one run of N ranks, every rank paused, rank 0's debug "
+            f"console evaluates `@all {EXPR}` (the worker evaluates it in every paused rank, as "
+            f"`tether eval RUN {EXPR}` does) then `{EXPR}` (an ordinary evaluate in rank 0's top "
+            f"frame, the baseline), {pairs} times each; request sent to response received.",
+            "",
+            "| ranks | cross-rank eval, median | p99 | one eval, median | ratio |",
+            "|---|---|---|---|---|",
         ]
         for n, e in evals.items():
             cross, one = e["cross"], e["one"]
             rows.append(
-                f"| {n} | {ms(cross.median)} | {ms(one.median)} | {cross.median / one.median:.2f} |"
+                f"| {n} | {ms(cross.median)} | {ms(cross.p99)} | {ms(one.median)} "
+                f"| {cross.median / one.median:.2f} |"
             )
+        if "16" in evals:
+            ratio = evals["16"]["cross"].median / evals["16"]["one"].median
+            rows += [
+                "",
+                f"Target: the 16-rank eval within 2x of one rank's: {verdict(ratio <= 2)}.",
+            ]
         rows.append("")
     return rows

@@ -233,3 +233,25 @@ def test_the_process_end_completes_the_evaluation() -> None:
         (0, "error", "the process ended"), (1, "running", "")
     ]  # fmt: skip
     assert h.p.evals.paused == {} and h.p.evals.next_deadline is None
+
+
+def test_a_stops_prefetched_stack_spares_the_evaluation_its_own_stack_trace() -> None:
+    """The stop's prefetch read the paused thread's frames: the evaluation asks ``evaluate`` in
+    the user's frame at once (one round trip to each rank, as one rank's evaluate); after the
+    rank moved, its next stop's frames are not known until read again."""
+    h = ranks()
+    h.event("201", "stopped", {"reason": "breakpoint", "threadId": 7})
+    h.event("202", "stopped", {"reason": "pause", "threadId": 3})
+    prefetch = asked(h, "202", "stackTrace", threadId=3, startFrame=0)
+    answer(h, "202", prefetch, {"stackFrames": FRAMES, "totalFrames": 2})
+    stacks = sum(1 for m in h.sent["202"] if m.get("command") == "stackTrace")
+    h.perform(h.p.evaluate("ask-1", "loss", None))
+    assert sum(1 for m in h.sent["202"] if m.get("command") == "stackTrace") == stacks
+    evaluation = asked(h, "202", "evaluate")
+    assert evaluation["arguments"] == {
+        "expression": wrapped("loss"), "frameId": 8, "context": "repl"
+    }  # fmt: skip
+    h.event("202", "continued", {"threadId": 3, "allThreadsContinued": True})
+    h.event("202", "stopped", {"reason": "pause", "threadId": 3})
+    h.perform(h.p.evaluate("ask-2", "loss", None))
+    assert asked(h, "202", "stackTrace", levels=STACK_LEVELS)["arguments"]["threadId"] == 3

@@ -99,3 +99,20 @@ def test_the_unattended_continue_of_one_rank_continues_its_group() -> None:
     assert h.last("202", "continue")["arguments"] == {"threadId": 7}
     assert h.last("201", "continue")["arguments"] == {"threadId": 3}
     assert commands(h, "201").count("continue") >= started + 1
+
+
+def test_a_group_move_ends_the_other_ranks_stop_prefetch_as_an_ides_move_does() -> None:
+    """A rank the group paused gathers its stop's prefetch; the group's continue ends it: nothing
+    more is asked of that rank's debugpy (a request sent after the continue queues there before
+    the continue and delays its ``continued``), and what was gathered goes out at once."""
+    h = two_ranks()
+    h.event("202", "stopped", {"reason": "breakpoint", "threadId": 7})
+    h.event("201", "stopped", {"reason": "pause", "threadId": 3})
+    assert {"threads", "stackTrace"} <= set(commands(h, "201"))  # its prefetch, in flight
+    h.ide("continue", {"threadId": 7}, 40, process="202")
+    assert commands(h, "201")[-1] == "continue"
+    assert events(h, "201", "tetherPrefetch")  # what it had, published with the move
+    frames = {"stackFrames": [{"id": 9, "name": "main", "line": 1, "column": 1}]}
+    h.respond("201", "stackTrace", frames)  # the prefetch's answer, after the continue
+    h.respond("201", "threads", {"threads": [{"id": 3, "name": "MainThread"}]})
+    assert commands(h, "201")[-1] == "continue"  # no ``scopes`` asked after the move

@@ -158,6 +158,19 @@ class DebugpyChannel:
         self._sent[self.seq] = Sent(command, origin, seq)
         return [ToDebugpy(dap.request(command, arguments, seq=self.seq), self.key)]
 
+    def move(self, command: str, arguments: Any) -> list[Action]:
+        """The worker's own run control request (a rank group's move or pause of this process):
+        as an IDE's (:meth:`forward`), one that runs the program ends the prefetch of the stop
+        now. What the prefetch would still ask queues in the stopped thread before the move, and
+        debugpy's ``continued`` waits for it: with 16 ranks moved at once, each rank's session
+        was told hundreds of milliseconds late."""
+        ended = self._prefetch_publish() if command in RUNS_PROGRAM else []
+        return self.send(command, arguments) + ended
+
+    def prefetch_asked(self, seq: Any) -> tuple[str, dict[str, Any]] | None:
+        """The stop's prefetch request ``seq`` (command, arguments), while unanswered."""
+        return self._prefetch_sent.get(seq) if isinstance(seq, int) else None
+
     def claim(self, seq: int) -> Sent | None:
         """Request ``seq``'s answer is taken by someone else (a cross-rank evaluation,
         :mod:`worker_shim.session.rank_eval`): it is forgotten here."""

@@ -201,6 +201,7 @@ class DebuggedProcesses:
                 if channel is not None:
                     channel.claim(msg["request_seq"])
                 return self._evals(moves)
+            self._seen_stack(key, msg)
         elif msg is not None and msg.get("type") == "event":
             self.evals.observe(key, msg)
         if child is None:
@@ -212,6 +213,17 @@ class DebuggedProcesses:
         was_live = child.live
         actions = self._group(self.group.on_event(key, msg, raw))
         return actions + self._membership(child, was_live)
+
+    def _seen_stack(self, key: str, msg: dict[str, Any]) -> None:
+        """A stop's prefetch read the stopped thread's frames: a cross-rank evaluation of this
+        stop needs no ``stackTrace`` of its own (:meth:`RankEval.seen_stack`)."""
+        channel = self._channel(key)
+        asked = channel.prefetch_asked(msg.get("request_seq")) if channel is not None else None
+        body = msg.get("body")
+        if asked is None or asked[0] != "stackTrace" or not isinstance(body, dict):
+            return
+        if msg.get("success") and asked[1].get("startFrame") == 0:
+            self.evals.seen_stack(key, asked[1].get("threadId"), body.get("stackFrames"))
 
     def _membership(self, child: ChildSession, was_live: bool) -> list[Action]:
         """A rank's session went live (it joins the group), or ended (it leaves)."""
@@ -231,7 +243,7 @@ class DebuggedProcesses:
         for move in moves:
             child = self.children.get(move.key) if not isinstance(move, Note) else None
             if isinstance(move, Send) and child is not None:
-                actions += child.channel.send(move.command, move.arguments)
+                actions += child.channel.move(move.command, move.arguments)
             elif isinstance(move, Release) and child is not None:
                 actions += self._of(child.on_message(move.msg, move.raw))
             elif isinstance(move, Note):

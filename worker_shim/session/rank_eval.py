@@ -8,7 +8,10 @@ requests (no IDE asked them; their answers stay here), all ranks at once:
 1. ``stackTrace`` of the thread the rank stopped on (the first thread to stop, as the rank's
    session shows it); the frame is the top one for a breakpoint, a step or an exception (where
    the user stopped it), and the top *user* frame for a pause (the group's pause lands anywhere:
-   library frames, the standard library and tether's own are passed over);
+   library frames, the standard library and tether's own are passed over). Not asked when the
+   stop's prefetch read that thread's frames already and the frame is among them
+   (:meth:`RankEval.seen_stack`): debugpy answers one request to a paused rank at a time, some
+   40 ms each on a busy machine, so the evaluation is then one round trip, as one rank's;
 2. ``evaluate`` (``repl``) in that frame of ``_tether_breakpoint.rank_value(SOURCE, globals(),
    locals())``: the rank's own process evaluates SOURCE and describes the value in a short JSON
    text (``worker_shim/inject/_tether_values.py``: a tensor's shape, dtype, norm, NaN/Inf counts,
@@ -83,9 +86,10 @@ def wrapped(source: str) -> str:
     )
 
 
-def user_frame(frames: list[Any], reason: str) -> int | None:
+def user_frame(frames: list[Any], reason: str, *, strict: bool = False) -> int | None:
     """The frame to evaluate in: the top one where the user stopped the rank (``reason``), else
-    the top one that is the user's code (not a library's, the standard library's, tether's)."""
+    the top one that is the user's code (not a library's, the standard library's, tether's);
+    with none of those, the top one (``strict``: None, the user's may be further down)."""
     ids = [f for f in frames if isinstance(f, dict) and isinstance(f.get("id"), int)]
     if not ids:
         return None
@@ -97,7 +101,7 @@ def user_frame(frames: list[Any], reason: str) -> int | None:
         name = path.replace("\\", "/").rsplit("/", 1)[-1]
         if path and not _LIBRARY.search(path) and not name.startswith("_tether_"):
             return int(frame["id"])
-    return int(ids[0]["id"])
+    return None if strict else int(ids[0]["id"])
 
 
 @dataclass
@@ -123,6 +127,8 @@ class RankEval:
     _sent: dict[tuple[str, int], Ask] = field(default_factory=dict)
     _late: set[tuple[str, int]] = field(default_factory=set)
     _next: int = 0
+    #: the frame to evaluate in, by process key, known from its stop's frames (until it moves)
+    frames: dict[str, int] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"<RankEval paused={sorted(self.paused)} jobs={len(self._jobs)}>"
@@ -134,6 +140,8 @@ class RankEval:
         name = msg.get("event")
         body = msg.get("body") if isinstance(msg.get("body"), dict) else {}
         assert isinstance(body, dict)
+        if name in ("stopped", "continued", "exited", "terminated"):
+            self.frames.pop(key, None)
         if name == "stopped" and isinstance(body.get("threadId"), int):
             if key not in self.paused:  # the first thread to stop: the one its session shows
                 self.paused[key] = (body["threadId"], str(body.get("reason") or ""))
@@ -144,9 +152,21 @@ class RankEval:
         elif name in ("exited", "terminated"):
             self.paused.pop(key, None)
 
+    def seen_stack(self, key: str, thread: Any, frames: Any) -> None:
+        """``key``'s frames of ``thread`` from the top (the stop's prefetch read them): if it is
+        the paused thread and the frame to evaluate in is among them, no ``stackTrace`` is asked
+        for this stop."""
+        stop = self.paused.get(key)
+        if stop is None or stop[0] != thread or not isinstance(frames, list):
+            return
+        frame = user_frame(frames, stop[1], strict=True)
+        if frame is not None:
+            self.frames[key] = frame
+
     def gone(self, key: str) -> list[EvalMove]:
         """``key``'s connection ended: it is not paused, and an evaluation waits no more for it."""
         self.paused.pop(key, None)
+        self.frames.pop(key, None)
         self._sent = {k: ask for k, ask in self._sent.items() if k[0] != key}
         self._late = {k for k in self._late if k[0] != key}
         moves: list[EvalMove] = []
@@ -174,6 +194,11 @@ class RankEval:
                 job.values[rank] = RankValue(rank=rank, state="running")
                 continue
             job.waiting.add(key)
+            if key in self.frames:  # the stop's frames are known: the evaluation at once
+                args = {"expression": wrapped(source), "frameId": self.frames[key],
+                        "context": "repl"}  # fmt: skip
+                moves.append(Ask(key, "evaluate", args, number, "helper", self.frames[key]))
+                continue
             thread = self.paused[key][0]
             args = {"threadId": thread, "startFrame": 0, "levels": STACK_LEVELS}
             moves.append(Ask(key, "stackTrace", args, number, "where"))
