@@ -39,7 +39,7 @@ from protocol_specs.wire.wire import AnyEntry, StatusEntry, StreamName
 
 from .actions import Action, CloseIde, IdePhase, Origin
 from .core import AdapterCore
-from .status import RunNews, remote_process, stopped_body
+from .status import RunNews, remote_process, replayed_stops
 
 __all__ = ["ChildCore", "ChildNews"]
 
@@ -93,8 +93,7 @@ class ChildNews(RunNews):
             out.append(dap.event("process", remote_process(s.process_event)))
         for tid in s.threads:
             out.append(dap.event("thread", {"reason": "started", "threadId": tid}))
-        for tid, body in s.stopped.items():
-            out.append(dap.event("stopped", stopped_body(s, {**body, "threadId": tid})))
+        out.extend(dap.event("stopped", body) for body in replayed_stops(s))
         if s.stopped:
             out.extend(self.collective_hint())
         if self.told is not None:

@@ -26,6 +26,7 @@ __all__ = [
     "RunNews",
     "is_unattended_announcement",
     "remote_process",
+    "replayed_stops",
     "stopped_body",
 ]
 
@@ -127,8 +128,7 @@ class RunNews:
                 out.append(dap.event("process", remote_process(s.process_event)))
             for tid in s.threads:
                 out.append(dap.event("thread", {"reason": "started", "threadId": tid}))
-            for tid, body in s.stopped.items():
-                out.append(dap.event("stopped", stopped_body(s, {**body, "threadId": tid})))
+            out.extend(dap.event("stopped", body) for body in replayed_stops(s))
             return out
         out = self.status_output()
         if client_args.get("supportsProgressReporting") is True:
@@ -220,6 +220,22 @@ def stopped_body(session: DebugSession, body: dict[str, Any]) -> dict[str, Any]:
     if not ids:
         return {k: v for k, v in body.items() if k != "hitBreakpointIds"}
     return {**body, "hitBreakpointIds": ids}
+
+
+def replayed_stops(session: DebugSession) -> list[dict[str, Any]]:
+    """The ``stopped`` bodies that show an IDE attaching to a paused program its stops: each stop
+    once, on the thread it named. debugpy stops every thread at once (``allThreadsStopped``) and
+    says so in one event, for the thread that stopped; an event for each other thread (a
+    DataLoader's queue feeders, say) would move the IDE's focus to the last, a thread nobody
+    stopped (VS Code focuses the thread of each ``stopped`` that does not ``preserveFocusHint``)."""
+    out = []
+    for tid, body in session.stopped.items():
+        own = body.get("threadId")
+        implied = isinstance(own, int) and own != tid and session.stopped.get(own) == body
+        if implied and body.get("allThreadsStopped"):
+            continue  # stopped with ``own``: that thread's event says so
+        out.append(stopped_body(session, {**body, "threadId": tid}))
+    return out
 
 
 def remote_process(body: dict[str, Any]) -> dict[str, Any]:

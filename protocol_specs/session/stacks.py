@@ -310,11 +310,14 @@ def user_frames(raw: list[dict[str, Any]]) -> list[Frame]:
     for item in reversed(raw):
         path = str(item.get("filename") or "")
         name = str(item.get("short_filename") or path.rsplit("/", 1)[-1])
-        if any(part in path for part in _DEBUGGER_PATHS) or name.startswith(_TETHER_SCRIPTS):
+        # py-spy's short name keeps the packages a file is in (``worker_shim/inject/...`` when
+        # tether runs from a source checkout): the script is known by its base name
+        base = name.rsplit("/", 1)[-1]
+        if any(part in path for part in _DEBUGGER_PATHS) or base.startswith(_TETHER_SCRIPTS):
             if frames:  # the debugger, called from the user's frame: all above it is its own
                 break
             continue
-        if not frames and name in _RUNNERS:
+        if not frames and base in _RUNNERS:
             continue
         line = item.get("line")
         frames.append(

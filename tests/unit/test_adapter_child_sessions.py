@@ -135,6 +135,21 @@ def test_reattach_to_a_paused_child_replays_its_stop() -> None:
     ]
 
 
+def test_a_childs_all_threads_stop_is_shown_once_on_the_thread_that_stopped() -> None:
+    """A rank with a DataLoader has queue feeder threads beside its main thread: its session,
+    offered after the stop, sees one ``stopped`` (thread 1's), not one per thread."""
+    d = Desk()
+    d.attach(supportsStartDebuggingRequest=True)
+    d.live()
+    d.started()
+    for tid in (2, 3):
+        d.event("thread", {"reason": "started", "threadId": tid})
+    d.stopped(tid=1)
+    child = d.attach_child()
+    stops = [m["body"] for m in d.seen[child] if m.get("event") == "stopped"]
+    assert stops == [{"reason": "breakpoint", "threadId": 1, "allThreadsStopped": True}]
+
+
 def test_a_child_session_ends_when_its_process_exits() -> None:
     d = Desk()
     main = d.attach()

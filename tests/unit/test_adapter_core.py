@@ -178,6 +178,23 @@ def test_responses_for_a_departed_ide_are_dropped_and_state_is_replayed() -> Non
     assert out[-1]["body"]["threadId"] == 1 and out[-1]["body"]["reason"] == "breakpoint"
 
 
+def test_a_reattach_replays_an_all_threads_stop_once_on_the_thread_that_stopped() -> None:
+    """debugpy says "thread 1 stopped, and every thread with it" in one event; replayed once per
+    thread, the last (a DataLoader's queue feeder) would take the IDE's focus from thread 1."""
+    h = live_harness()
+    for tid in (1, 2, 3):
+        h.event("thread", {"reason": "started", "threadId": tid})
+    h.event("stopped", {"reason": "breakpoint", "threadId": 1, "allThreadsStopped": True})
+    h.sent(h.core.ide_disconnected(h.core.generation))
+    h.connect()
+    out = h.request("initialize", {"adapterID": "debugpy"})
+    out += h.request("attach", {})
+    out += h.request("configurationDone")
+    stops = [m["body"] for m in out if m.get("event") == "stopped"]
+    assert stops == [{"reason": "breakpoint", "threadId": 1, "allThreadsStopped": True}]
+    assert [m["body"]["threadId"] for m in out if m.get("event") == "thread"] == [1, 2, 3]
+
+
 def test_second_ide_takes_over() -> None:
     h = Harness()
     h.connect()

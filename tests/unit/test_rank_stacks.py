@@ -201,6 +201,25 @@ def test_frames_above_the_debuggers_wait_are_dropped_too() -> None:
     assert [f.text() for f in frames] == ["train.py:52 step"]
 
 
+def test_tethers_boot_script_is_left_out_when_tether_runs_from_a_source_checkout() -> None:
+    """py-spy names a file by its path below the outermost package it is in: from a checkout
+    (``worker_shim/inject/__init__.py`` exists) the boot script is
+    ``worker_shim/inject/_tether_debugpy_boot.py``, still tether's, not the user's."""
+    checkout = "/home/u/tether/worker_shim/inject"
+    deb = "/home/u/tether/.venv/lib/python3.11/site-packages/debugpy"
+    raw = [
+        pyspy_frame("/w/train.py", 52, "step"),
+        pyspy_frame("/w/train.py", 70, "<module>"),
+        pyspy_frame("<frozen runpy>", 88, "_run_code"),
+        pyspy_frame(f"{deb}/server/cli.py", 300, "run_file"),
+        {**pyspy_frame(f"{checkout}/_tether_debugpy_boot.py", 30, "<module>"),
+         "short_filename": "worker_shim/inject/_tether_debugpy_boot.py"},
+        {**pyspy_frame(f"{checkout}/_tether_launch.py", 12, "<module>"),
+         "short_filename": "worker_shim/inject/_tether_launch.py"},
+    ]  # fmt: skip
+    assert [f.text() for f in user_frames(raw)] == ["train.py:70 <module>", "train.py:52 step"]
+
+
 def test_garbage_from_pyspy_gives_no_threads() -> None:
     assert threads_from_pyspy({"not": "a list"}, 1) == []
     assert threads_from_pyspy([1, {"frames": "x"}], 1) == []
