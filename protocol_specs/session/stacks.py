@@ -30,6 +30,7 @@ Sans-I/O: plain data in, plain data out.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -185,16 +186,22 @@ def ranks_text(ranks: Iterable[int]) -> str:
 
 #: how many names a label lists before it counts the rest
 _NAMES_SHOWN = 3
+#: how :meth:`ProcessInfo.title <protocol_specs.session.processes.ProcessInfo.title>` names a
+#: rank's worker process (``worker 2 of rank 0 (pid 4300)``)
+_WORKER_OF = re.compile(r"worker(?: \d+)? of rank (\d+)\b")
 
 
 def describe_set(processes: list[ProcessStack]) -> str:
-    """``ranks 0-2,4-7``, ``rank 3``, ``ranks 0-1, main process (pid 10)``,
-    ``worker 1 of rank 0 (pid 12), ... and 5 more``."""
+    """``ranks 0-2,4-7``, ``rank 3``, ``ranks 0-1, main process (pid 10)``, ``ranks 0-3, 8
+    workers of ranks 0-3`` (a rank's workers, DataLoader's say, counted once there are several),
+    ``eval.py (pid 12), ... and 5 more``."""
     ranks = sorted({p.rank for p in processes if p.rank is not None})
     others = [p.name for p in processes if p.rank is None]
-    parts = []
-    if ranks:
-        parts.append(ranks_text(ranks))
+    owners = [int(m.group(1)) for name in others if (m := _WORKER_OF.match(name))]
+    parts = [ranks_text(ranks)] if ranks else []
+    if len(owners) > 1:
+        others = [name for name in others if not _WORKER_OF.match(name)]
+        parts.append(f"{len(owners)} workers of {ranks_text(owners)}")
     parts += others[:_NAMES_SHOWN]
     more = len(others) - _NAMES_SHOWN
     text = ", ".join(parts)

@@ -85,15 +85,30 @@ def test_unreadable_stacks_are_listed_with_why_and_no_traceback() -> None:
         ProcessStack(pid=8, name="worker 2 of rank 0 (pid 8)", error=bad),
     ]
     report = merge(procs)
-    assert render_tree(report)[-1] == (
-        f"worker 1 of rank 0 (pid 7), worker 2 of rank 0 (pid 8): stack unreadable: {bad}"
-    )
+    assert render_tree(report)[-1] == (f"2 workers of rank 0: stack unreadable: {bad}")
     assert [c.pids for c in report.unreadable] == [[7, 8]]
 
 
 def test_names_without_a_rank_are_listed_then_counted() -> None:
     procs = [ProcessStack(pid=p, name=f"w (pid {p})") for p in range(1, 6)]
     assert merge(procs).classes[0].label == "w (pid 1), w (pid 2), w (pid 3) and 2 more"
+
+
+def test_the_workers_of_ranks_are_counted_not_listed() -> None:
+    """A DataLoader of 2 workers per rank, 4 ranks, all in one place: one short label."""
+    ranks = [ProcessStack(pid=10 + r, name=f"rank {r} (pid {10 + r})", rank=r) for r in range(4)]
+    workers = [
+        ProcessStack(
+            pid=20 + 2 * r + w, name=f"worker {w} of rank {r} (pid {20 + 2 * r + w}) on vm"
+        )
+        for r in range(4)
+        for w in range(2)
+    ]
+    main = ProcessStack(pid=9, name="main process (pid 9)")
+    label = merge([*ranks, *workers, main]).classes[0].label
+    assert label == "ranks 0-3, 8 workers of ranks 0-3, main process (pid 9)"
+    one = merge([ranks[0], workers[0]]).classes[0].label
+    assert one == "rank 0, worker 0 of rank 0 (pid 20) on vm"  # one is named
 
 
 def test_compress_ranks() -> None:
