@@ -73,9 +73,18 @@ class RankFocus:
     # --- the focus --------------------------------------------------------------------------------
 
     def request(self, arguments: Any) -> list[int] | None:
-        """A ``tetherFocus`` request's focus, now this adapter's; raises ``ValueError``."""
-        self.ranks, self.pending = parse_focus(arguments), False
-        return self.ranks
+        """A ``tetherFocus`` request: its ranks (``ranks``), which become this adapter's focus,
+        or with ``"add": true`` join it (no focus stays no focus); raises ``ValueError``."""
+        asked = parse_focus(arguments)
+        if isinstance(arguments, dict) and arguments.get("add") is True:
+            if asked is None:
+                raise ValueError('tetherFocus with "add" needs the ranks to add')
+            if self.ranks is not None:
+                self.ranks = sorted({*self.ranks, *asked})
+        else:
+            self.ranks = asked
+        self.pending = False
+        return asked
 
     def record(self, shared: Origin) -> Publish:
         """The entry that records the focus in ``to_worker`` (the worker and every adapter read

@@ -179,14 +179,18 @@ class Processes:
 
     def _focus_request(self, core: AdapterCore, msg: dict[str, Any]) -> list[Action]:
         """``tetherFocus`` in any session: the focus is set (and recorded for the worker), each
-        focused rank alive and not offered yet is offered now."""
+        focused rank alive and not offered yet is offered now. With ``"add": true`` the ranks
+        asked for join the focus (no focus stays no focus) and only they are offered: how the
+        Ranks view opens one rank without narrowing what every IDE of the run sees."""
+        arguments = msg.get("arguments")
         try:
-            ranks = self.focus.request(msg.get("arguments"))
+            asked = self.focus.request(arguments)
         except ValueError as exc:
             return [core.emit(dap.error_response(msg, str(exc), show_user=True))]
+        ranks = self.focus.ranks
         actions: list[Action] = [self.focus.record(self.main.shared)]
         offered: list[str] = []
-        focused = set(ranks or ())
+        focused = set(asked or ())
         for child in list(self.children.values()):
             rank = rank_of(self.table, child.process)
             if rank is None or rank not in focused or not self._offerable(child):

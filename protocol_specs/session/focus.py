@@ -10,6 +10,9 @@ session of the run (the VS Code command "tether: Focus on ranks...", the Ranks v
     {"command": "tetherFocus", "arguments": {"ranks": [0, 1, 2, 3]}}   # or {"ranks": null}
     -> {"ranks": [0, 1, 2, 3] | null, "offered": ["rank 3 (pid 4242) on gpu-7", ...]}
 
+``{"ranks": [7], "add": true}`` adds rank 7 to the focus (no focus stays no focus) and offers
+it alone: how the Ranks view opens a rank without narrowing the focus of every IDE of the run.
+
 The adapter records the focus in the run's ``to_worker`` stream (a ``local`` request
 :func:`focus_request`, process ``""``): the worker reads it there, also when it starts hours
 later, and every adapter of the run folds it too. The last one in the stream wins (two IDEs
@@ -103,7 +106,7 @@ def group_with(body: Any) -> int | None:
 def summary_text(ranks: Iterable[int], with_rank: int, run_id: str) -> str:
     """The one line for the session of the rank that started a group stop."""
     return (
-        f"tether: {ranks_text(ranks)} paused with rank {with_rank}; open one: "
+        f"tether: {ranks_text(ranks)} paused with rank {with_rank}; open one: the Ranks view, "
         f'"tether: Focus on ranks..." or tether attach {run_id} --rank K'
     )
 

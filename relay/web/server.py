@@ -453,9 +453,10 @@ class Web:
     async def _stacks(
         self, ws: ServerConnection, req: web.HttpRequest, run_id: str, who: Principal
     ) -> Response:
-        """The run's processes' stacks, read now (``relay/web/stacks.py``): for whoever may see
-        the run's page."""
-        record = await self._visible(ws, req, web.Route.STACKS, run_id, who, Act.GET_RUN)
+        """The run's processes' stacks, read now (``relay/web/stacks.py``): for whoever may open
+        a tunnel into the run (as ``tether stacks`` does: its owner, an admin), not every viewer
+        of its page (a backend's token sees every run)."""
+        record = await self._visible(ws, req, web.Route.STACKS, run_id, who, Act.OPEN_TUNNEL)
         if record is None:
             return json_answer(404, {"error": f"no run {run_id} (or not yours)"})
 

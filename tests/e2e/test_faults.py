@@ -32,6 +32,7 @@ import re
 import signal
 from collections import Counter
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,38 @@ class Redis:
         self._restart.set()
         with trio.fail_after(30):
             await ready.wait()
+
+
+@dataclass
+class TwoRelays:
+    """One bundled server (``redis``, at ``redis_url``) and two relays on it, each behind a fault
+    proxy: the adapter's link goes through ``to_a`` (relay ``relay_a``), the worker's through
+    ``to_b``."""
+
+    redis: Redis
+    redis_url: str
+    relay_a: Proc
+    to_a: FaultProxy
+    to_b: FaultProxy
+
+    @property
+    def links(self) -> dict[str, FaultProxy]:
+        return {"adapter-relay": self.to_a, "worker-relay": self.to_b}
+
+
+async def two_relays(
+    tmp_path: Path, home: Path, nursery: trio.Nursery, stack: AsyncExitStack
+) -> TwoRelays:
+    """:class:`TwoRelays`, started in ``nursery`` and ``stack``, with an admin token in ``home``."""
+    redis = Redis(tmp_path / "redis")
+    redis_url = await nursery.start(redis.run)
+    await admin_token(home, redis_url)
+    relay_a, port_a = await stack.enter_async_context(relay_process(home, redis_url, "relay-a"))
+    _relay_b, port_b = await stack.enter_async_context(relay_process(home, redis_url, "relay-b"))
+    to_a, to_b = FaultProxy("127.0.0.1", port_a), FaultProxy("127.0.0.1", port_b)
+    await nursery.start(to_a.run)
+    await nursery.start(to_b.run)
+    return TwoRelays(redis, redis_url, relay_a, to_a, to_b)
 
 
 class Chaos:
@@ -284,19 +317,11 @@ async def test_nothing_is_lost_duplicated_or_reordered_under_faults(
     probe = tmp_path / "probe"
     probe.mkdir()
     (probe / "probe.py").write_text((PROBE / "probe.py").read_text())
-    redis = Redis(tmp_path / "redis")
     async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
-        redis_url = await nursery.start(redis.run)
-        await admin_token(home, redis_url)
-        relay_a, port_a = await stack.enter_async_context(relay_process(home, redis_url, "relay-a"))
-        _relay_b, port_b = await stack.enter_async_context(
-            relay_process(home, redis_url, "relay-b")
-        )
-        to_a = FaultProxy("127.0.0.1", port_a)
-        to_b = FaultProxy("127.0.0.1", port_b)
-        await nursery.start(to_a.run)
-        await nursery.start(to_b.run)
-        chaos = Chaos(seed, {"adapter-relay": to_a, "worker-relay": to_b})
+        relays = await two_relays(tmp_path, home, nursery, stack)
+        redis, redis_url, relay_a = relays.redis, relays.redis_url, relays.relay_a
+        to_a, to_b = relays.to_a, relays.to_b
+        chaos = Chaos(seed, relays.links)
         debug = await stack.enter_async_context(
             tether(
                 "debug",

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 import trio
 from faults.proxy import Direction, FaultProxy
-from stack import Proc, admin_token, tether
-from test_faults import FAST, INITIALIZE, Redis, kill9, relay_process
+from stack import Proc, tether
+from test_faults import FAST, INITIALIZE, kill9, relay_process, two_relays
 
 from adapter.scripted_ide.dap_client import DapClient, open_dap_client
 
@@ -130,19 +130,10 @@ async def test_a_group_stop_and_continue_hold_across_link_cuts_and_a_relay_sigki
     ws.mkdir()
     for name in ("ranks_launcher.py", "ranks4_worker.py"):
         shutil.copy(PROGRAMS / name, ws / name)
-    redis = Redis(tmp_path / "redis")
     async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
-        redis_url = await nursery.start(redis.run)
-        await admin_token(home, redis_url)
-        relay_a, port_a = await stack.enter_async_context(relay_process(home, redis_url, "relay-a"))
-        _relay_b, port_b = await stack.enter_async_context(
-            relay_process(home, redis_url, "relay-b")
-        )
-        to_a = FaultProxy("127.0.0.1", port_a)
-        to_b = FaultProxy("127.0.0.1", port_b)
-        await nursery.start(to_a.run)
-        await nursery.start(to_b.run)
-        storm = Storm(stack, home, redis_url, {"adapter-relay": to_a, "worker-relay": to_b})
+        relays = await two_relays(tmp_path, home, nursery, stack)
+        relay_a, to_a, to_b = relays.relay_a, relays.to_a, relays.to_b
+        storm = Storm(stack, home, relays.redis_url, relays.links)
         debug = await stack.enter_async_context(
             tether(
                 "debug", "--relay", to_a.url_for("ws"), "--port", "0", "--request-timeout", "120",

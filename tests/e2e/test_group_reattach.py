@@ -25,9 +25,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from faults.proxy import FaultProxy
-from stack import Proc, admin_token, tether
-from test_faults import FAST, Redis, relay_process
+from stack import Proc, tether
+from test_faults import FAST, two_relays
 from test_group_faults import RANKS, Storm, configure, duplicated_responses, events
 from test_group_faults import outputs as said
 
@@ -82,19 +81,10 @@ async def test_an_ide_that_detaches_during_a_group_stop_gets_every_rank_back(
     ws.mkdir()
     for name in ("ranks_launcher.py", "ranks4_worker.py"):
         shutil.copy(PROGRAMS / name, ws / name)
-    redis = Redis(tmp_path / "redis")
     async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
-        redis_url = await nursery.start(redis.run)
-        await admin_token(home, redis_url)
-        relay_a, port_a = await stack.enter_async_context(relay_process(home, redis_url, "relay-a"))
-        _relay_b, port_b = await stack.enter_async_context(
-            relay_process(home, redis_url, "relay-b")
-        )
-        to_a = FaultProxy("127.0.0.1", port_a)
-        to_b = FaultProxy("127.0.0.1", port_b)
-        await nursery.start(to_a.run)
-        await nursery.start(to_b.run)
-        storm = Storm(stack, home, redis_url, {"adapter-relay": to_a, "worker-relay": to_b})
+        relays = await two_relays(tmp_path, home, nursery, stack)
+        relay_a, to_a, to_b = relays.relay_a, relays.to_a, relays.to_b
+        storm = Storm(stack, home, relays.redis_url, relays.links)
         first = AsyncExitStack()
         debug = await first.enter_async_context(
             tether(

@@ -97,6 +97,12 @@ async def test_the_run_page_reads_the_merged_stacks_for_who_may_see_the_run(
         await other.open("/ui")
         refused = await other.stacks(run)
         assert refused.status_code == 404 and "not yours" in refused.json()["error"]
+        # a scheduler backend's scope sees every run's page, but opens no tunnel into it
+        ops = await user_endpoint(stack.store, stack.url.url, "ops", [Scope.RUNS, Scope.BACKEND])
+        backend = await Page(base).log_in(ops.token or "")
+        assert (await backend.open(f"/ui/runs/{run}")).status_code == 200
+        refused = await backend.stacks(run)
+        assert refused.status_code == 404 and "not yours" in refused.json()["error"]
         async with open_control(stack.url) as control:
             trail = await control.audit(run)
         reads = [e for e in trail if e.event == "tunnel" and e.detail.endswith(": stacks")]

@@ -112,7 +112,8 @@ def test_a_large_group_stop_offers_one_session_and_tells_it_of_the_others() -> N
     assert offered(d, main) == [5]  # one session, not 64
     lines = [m["body"]["output"] for m in d.new(rank5) if m.get("event") == "output"]
     assert lines == [
-        'tether: ranks 0-4,6-63 paused with rank 5; open one: "tether: Focus on ranks..." or '
+        'tether: ranks 0-4,6-63 paused with rank 5; open one: the Ranks view, "tether: Focus on '
+        'ranks..." or '
         "tether attach r1 --rank K\n"
     ]
     d.request(main, FOCUS_COMMAND, {"ranks": [7]})
@@ -157,3 +158,30 @@ def test_the_summary_comes_after_a_wait_when_some_rank_does_not_pause() -> None:
     rank3 = d.attach({**offer["arguments"]["configuration"]})
     lines = [m["body"]["output"] for m in d.new(rank3) if m.get("event") == "output"]
     assert any(line.startswith("tether: ranks 0-2 paused with rank 3;") for line in lines)
+
+
+def test_adding_a_rank_offers_it_without_narrowing_the_focus() -> None:
+    """The Ranks view opens one rank (``"add": true``): it is offered, and the focus every IDE of
+    the run shares is widened, never narrowed to it."""
+    d = Desk()
+    main = d.attach(supportsStartDebuggingRequest=True)
+    d.live()
+    ranks(d, 16)
+    stop(d, 5)
+    for r in range(16):
+        if r != 5:
+            stop(d, r, along=5)
+    assert offered(d, main) == [5]
+    seq = d.request(main, FOCUS_COMMAND, {"ranks": [7], "add": True})
+    answer = d.responses(main)[seq]
+    assert answer["body"]["ranks"] is None  # no focus: it stays none
+    assert offered(d, main) == [5, 7]
+    assert orjson.loads(d.last_published(FOCUS_COMMAND).body)["arguments"] == {"ranks": None}
+    d.request(main, FOCUS_COMMAND, {"ranks": [1, 2]})
+    seq = d.request(main, FOCUS_COMMAND, {"ranks": [9], "add": True})
+    answer = d.responses(main)[seq]
+    assert answer["body"]["ranks"] == [1, 2, 9]
+    assert offered(d, main) == [5, 7, 1, 2, 9]
+    seq = d.request(main, FOCUS_COMMAND, {"ranks": None, "add": True})
+    refused = d.responses(main)[seq]
+    assert refused["success"] is False and "add" in refused["message"]

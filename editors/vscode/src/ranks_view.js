@@ -210,7 +210,7 @@ class RanksView {
       return;
     }
     try {
-      await root.customRequest('tetherFocus', { ranks: [process.rank] });
+      await root.customRequest('tetherFocus', { ranks: [process.rank], add: true });
       this.trace({ ext: 'ranks focus asked', rank: process.rank });
     } catch (err) {
       const text = model.refusedText('tetherFocus', err);
