@@ -37,12 +37,15 @@ from .actions import (
 )
 from .output import ProgramOutput
 from .processes import DebuggedProcesses
+from .rank_eval import EVAL_WAIT
 
 __all__ = ["RECEIVE_SIZE", "Driver", "open_driver"]
 
 log = logging.getLogger("tether.worker")
 
 RECEIVE_SIZE = 256 * 1024
+#: seconds ``tether eval`` waits past the sessions' own deadline (their timer answers first)
+_EVAL_SLACK = 10.0
 
 
 class Driver:
@@ -139,13 +142,15 @@ class Driver:
     async def evaluate(self, expression: str, ranks: list[int] | None) -> bytes:
         """``expression`` evaluated in every paused rank (or of ``ranks``): an
         :class:`~protocol_specs.session.rank_values.EvalReport` as JSON (``tether eval``). The
-        sessions' deadline bounds the wait (:data:`~worker_shim.session.rank_eval.EVAL_WAIT`)."""
+        sessions' deadline bounds the wait (:data:`~worker_shim.session.rank_eval.EVAL_WAIT`),
+        and, should the sessions' timer be gone with them, this one: what came by then."""
         self._eval_asks += 1
         ask = self._eval_asks
         done, values = self._evals[ask] = (trio.Event(), [])
         try:
             await self.perform(self.processes.evaluate(ask, expression, ranks))
-            await done.wait()
+            with trio.move_on_after(EVAL_WAIT + _EVAL_SLACK):
+                await done.wait()
         finally:
             del self._evals[ask]
         return EvalReport(expression=expression, values=values).model_dump_json().encode()
