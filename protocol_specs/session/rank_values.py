@@ -68,6 +68,9 @@ class RankValue(BaseModel):
     nan: int | None = None  #: how many of its elements are NaN
     inf: int | None = None  #: how many are infinite
     error: str = ""  #: ``NameError: name 'loss' is not defined``, one line
+    #: a distributed tensor (``DTensor``) described by this rank's shard alone: nothing global
+    #: is computed in one rank (it would be a collective the other ranks never join)
+    local: bool = False
 
     @property
     def is_array(self) -> bool:
@@ -86,6 +89,7 @@ class RankValue(BaseModel):
         kind = "tensor" if "torch" in self.type else "array" if "numpy" in self.type else self.type
         where = f" on {self.device}" if self.device and self.device != "cpu" else ""
         head = f"{kind} {_num(self.number)}" if self.number is not None else f"{kind}{self.shape}"
+        head += " (local shard)" if self.local else ""
         norm = f" norm {_num(self.norm)}" if self.norm is not None else ""
         bad = f" nan {self.nan} inf {self.inf}" if self.nan is not None else ""
         return f"{head} {self.dtype}{where}{norm}{bad}".replace("  ", " ")
@@ -143,6 +147,8 @@ def from_helper(rank: int, result: str) -> RankValue:
         value = data.get(name)
         if isinstance(value, int) and not isinstance(value, bool):
             fields[name] = value
+    if data.get("local") is True:
+        fields["local"] = True
     shape = data.get("shape")
     if isinstance(shape, list) and all(isinstance(n, int) for n in shape):
         fields["shape"] = shape
