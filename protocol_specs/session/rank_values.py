@@ -39,6 +39,7 @@ __all__ = [
     "nothing_evaluated",
     "parse_prefix",
     "parse_rank_list",
+    "plain_value",
     "render",
     "summary",
 ]
@@ -153,6 +154,12 @@ def from_helper(rank: int, result: str) -> RankValue:
     if isinstance(shape, list) and all(isinstance(n, int) for n in shape):
         fields["shape"] = shape
     return RankValue(**fields)
+
+
+def plain_value(rank: int, result: str, type_: str = "") -> RankValue:
+    """A value debugpy evaluated itself (no helper in the rank): its ``result``, the value's repr,
+    cut to one line of :data:`REPR_CHARS` as the helper's are."""
+    return RankValue(rank=rank, repr=_one_line(result), type=_one_line(type_))
 
 
 def error_value(rank: int, message: str) -> RankValue:
