@@ -28,9 +28,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .focus import MAX_FOCUS
 from .stacks import compress_ranks, ranks_text
 
 __all__ = [
+    "MAX_RANKS",
     "EvalReport",
     "Prefix",
     "RankValue",
@@ -43,6 +45,10 @@ __all__ = [
     "render",
     "summary",
 ]
+
+#: the most ranks one list names (``@ranks``, ``--ranks``): a focus's and a run's or an
+#: evaluation's spec's limit, so that a list one end accepts the other end accepts too
+MAX_RANKS = MAX_FOCUS
 
 #: the most characters of a value's ``repr`` shown (the helper cuts it there too)
 REPR_CHARS = 160
@@ -329,16 +335,19 @@ PREFIXES = ("@all", "@ranks", "@rank")
 
 
 def parse_rank_list(text: str) -> list[int]:
-    """``0,3`` or ``0-3,8`` (as ``tether debug --ranks``); ValueError saying what is wrong."""
+    """``0,3`` or ``0-3,8`` (as ``tether debug --ranks``), :data:`MAX_RANKS` ranks at most;
+    ValueError saying what is wrong."""
     ranks: set[int] = set()
     for part in text.split(","):
         first, dash, last = part.strip().partition("-")
         if not first.isdigit() or (dash and not last.isdigit()):
-            raise ValueError(f"{text!r}: give ranks like 0,3 or 0-3")
+            raise ValueError(f"{_one_line(text, 40)!r}: give ranks like 0,3 or 0-3")
         low, high = int(first), int(last) if dash else int(first)
-        if high < low or high - low >= 4096:
-            raise ValueError(f"{part.strip()!r}: a range goes up, 4096 at most")
+        if high < low or high - low >= MAX_RANKS:
+            raise ValueError(f"{part.strip()!r}: a range goes up, {MAX_RANKS} ranks at most")
         ranks.update(range(low, high + 1))
+        if len(ranks) > MAX_RANKS:  # before the next range: the list's own size is bounded
+            raise ValueError(f"{MAX_RANKS} ranks at most in all")
     return sorted(ranks)
 
 

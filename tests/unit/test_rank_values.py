@@ -294,3 +294,21 @@ def test_a_dtensor_is_described_by_its_local_shard() -> None:
     )
     assert value.text() == "tensor[2, 3] (local shard) float32 norm 4.89898 nan 0 inf 0"
     assert not helper(3, np.zeros(2)).local
+
+
+def test_a_rank_list_names_at_most_max_ranks_in_all_as_the_specs_take() -> None:
+    """``@ranks 0-4095,4096-8191,...`` made the worker build millions of values; the list is
+    refused as it is read, with one line, and a list it accepts is one a spec takes too."""
+    from protocol_specs.session.focus import MAX_FOCUS
+    from protocol_specs.session.rank_values import MAX_RANKS, parse_rank_list
+    from protocol_specs.wire.tunnels import TunnelSpec
+
+    assert MAX_RANKS == MAX_FOCUS
+    most = parse_rank_list(f"0-{MAX_RANKS - 1}")
+    assert len(TunnelSpec(kind="eval", expression="x", ranks=most).ranks) == MAX_RANKS
+    huge = ",".join(f"{n}-{n + 4095}" for n in range(0, 4096 * 1000, 4096))
+    prefix = parse_prefix(f"@ranks {huge} loss")
+    assert prefix is not None and prefix.ranks is None
+    assert prefix.error == "@ranks: 4096 ranks at most in all (e.g. @ranks 0-3 loss.item())"
+    with pytest.raises(ValueError, match="4096 ranks at most in all"):
+        parse_rank_list(f"0-{MAX_RANKS - 1},{MAX_RANKS}")

@@ -187,9 +187,10 @@ class RankEval:
         ``wanted``; a wanted rank that is not among them is reported ``absent``."""
         self._next += 1
         number = self._next
-        chosen = {k: r for k, r in ranks.items() if wanted is None or r in wanted}
+        want = None if wanted is None else set(wanted)
+        chosen = {k: r for k, r in ranks.items() if want is None or r in want}
         job = _Job(ask, source, chosen, deadline=self.clock() + self.wait)
-        for rank in set(wanted or ()) - set(chosen.values()):
+        for rank in (want or set()) - set(chosen.values()):
             job.values[rank] = RankValue(rank=rank, state="absent")
         moves: list[EvalMove] = []
         for key, rank in sorted(chosen.items(), key=lambda kr: kr[1]):
