@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from adapter.config import ConfigError, Profile, load_profile
+from protocol_specs.session.rank_values import parse_rank_list
 from relay.client import Endpoint
 
 __all__ = [
@@ -129,17 +130,12 @@ def count(text: str) -> int:
 
 
 def parse_ranks(text: str) -> list[int]:
-    """``0,3`` or ``0-3,8``: ranks of a torch.distributed job."""
-    ranks: set[int] = set()
-    for part in text.split(","):
-        first, dash, last = part.strip().partition("-")
-        if not first.isdigit() or (dash and not last.isdigit()):
-            raise argparse.ArgumentTypeError(f"{text!r}: give ranks like 0,3 or 0-3")
-        low, high = int(first), int(last) if dash else int(first)
-        if high < low or high - low >= 4096:
-            raise argparse.ArgumentTypeError(f"{part.strip()!r}: a range goes up, 4096 at most")
-        ranks.update(range(low, high + 1))
-    return sorted(ranks)
+    """``0,3`` or ``0-3,8``: ranks of a torch.distributed job, as many as a focus and a spec
+    take (:data:`~protocol_specs.session.rank_values.MAX_RANKS`), as the console's ``@ranks``."""
+    try:
+        return parse_rank_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_duration(text: str) -> float:

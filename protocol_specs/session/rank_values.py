@@ -28,9 +28,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .focus import MAX_FOCUS
 from .stacks import compress_ranks, ranks_text
 
 __all__ = [
+    "MAX_RANKS",
     "EvalReport",
     "Prefix",
     "RankValue",
@@ -39,9 +41,14 @@ __all__ = [
     "nothing_evaluated",
     "parse_prefix",
     "parse_rank_list",
+    "plain_value",
     "render",
     "summary",
 ]
+
+#: the most ranks one list names (``@ranks``, ``--ranks``): a focus's and a run's or an
+#: evaluation's spec's limit, so that a list one end accepts the other end accepts too
+MAX_RANKS = MAX_FOCUS
 
 #: the most characters of a value's ``repr`` shown (the helper cuts it there too)
 REPR_CHARS = 160
@@ -68,6 +75,9 @@ class RankValue(BaseModel):
     nan: int | None = None  #: how many of its elements are NaN
     inf: int | None = None  #: how many are infinite
     error: str = ""  #: ``NameError: name 'loss' is not defined``, one line
+    #: a distributed tensor (``DTensor``) described by this rank's shard alone: nothing global
+    #: is computed in one rank (it would be a collective the other ranks never join)
+    local: bool = False
 
     @property
     def is_array(self) -> bool:
@@ -86,6 +96,7 @@ class RankValue(BaseModel):
         kind = "tensor" if "torch" in self.type else "array" if "numpy" in self.type else self.type
         where = f" on {self.device}" if self.device and self.device != "cpu" else ""
         head = f"{kind} {_num(self.number)}" if self.number is not None else f"{kind}{self.shape}"
+        head += " (local shard)" if self.local else ""
         norm = f" norm {_num(self.norm)}" if self.norm is not None else ""
         bad = f" nan {self.nan} inf {self.inf}" if self.nan is not None else ""
         return f"{head} {self.dtype}{where}{norm}{bad}".replace("  ", " ")
@@ -143,10 +154,18 @@ def from_helper(rank: int, result: str) -> RankValue:
         value = data.get(name)
         if isinstance(value, int) and not isinstance(value, bool):
             fields[name] = value
+    if data.get("local") is True:
+        fields["local"] = True
     shape = data.get("shape")
     if isinstance(shape, list) and all(isinstance(n, int) for n in shape):
         fields["shape"] = shape
     return RankValue(**fields)
+
+
+def plain_value(rank: int, result: str, type_: str = "") -> RankValue:
+    """A value debugpy evaluated itself (no helper in the rank): its ``result``, the value's repr,
+    cut to one line of :data:`REPR_CHARS` as the helper's are."""
+    return RankValue(rank=rank, repr=_one_line(result), type=_one_line(type_))
 
 
 def error_value(rank: int, message: str) -> RankValue:
@@ -316,16 +335,19 @@ PREFIXES = ("@all", "@ranks", "@rank")
 
 
 def parse_rank_list(text: str) -> list[int]:
-    """``0,3`` or ``0-3,8`` (as ``tether debug --ranks``); ValueError saying what is wrong."""
+    """``0,3`` or ``0-3,8`` (as ``tether debug --ranks``), :data:`MAX_RANKS` ranks at most;
+    ValueError saying what is wrong."""
     ranks: set[int] = set()
     for part in text.split(","):
         first, dash, last = part.strip().partition("-")
         if not first.isdigit() or (dash and not last.isdigit()):
-            raise ValueError(f"{text!r}: give ranks like 0,3 or 0-3")
+            raise ValueError(f"{_one_line(text, 40)!r}: give ranks like 0,3 or 0-3")
         low, high = int(first), int(last) if dash else int(first)
-        if high < low or high - low >= 4096:
-            raise ValueError(f"{part.strip()!r}: a range goes up, 4096 at most")
+        if high < low or high - low >= MAX_RANKS:
+            raise ValueError(f"{part.strip()!r}: a range goes up, {MAX_RANKS} ranks at most")
         ranks.update(range(low, high + 1))
+        if len(ranks) > MAX_RANKS:  # before the next range: the list's own size is bounded
+            raise ValueError(f"{MAX_RANKS} ranks at most in all")
     return sorted(ranks)
 
 

@@ -230,10 +230,34 @@ def test_stop_reaches_the_spec_all_by_default(tmp_path: Path, command: str) -> N
     assert build_spec(_parser().parse_args(argv), debug=command == "debug").stop == "one"
 
 
-@pytest.mark.parametrize("text", ["", "a", "1-", "3-1", "-2", "0-5000"])
+@pytest.mark.parametrize("text", ["", "a", "1-", "3-1", "-2", "0-5000", "0-4095,4096"])
 def test_bad_ranks_are_refused_by_the_parser(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         parse_ranks(text)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "RUN", "x", "--ranks", "0-4095,4096-8191"],
+        ["attach", "RUN", "--ranks", "0-4095,4096-8191"],
+        ["debug", "--ranks", "0-4095,4096-8191", "--", "python", "t.py"],
+    ],
+    ids=["eval", "attach", "debug"],
+)
+def test_ranks_past_a_specs_limit_are_one_clear_line_not_an_internal_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--ranks 0-4095,4096-8191``: the TunnelSpec (``eval``), the focus (``attach``: the
+    worker would refuse what the adapter holds) and the run's spec take 4096 ranks at most."""
+    from adapter.cli.parser import build_parser as _parser
+    from protocol_specs.session.focus import MAX_FOCUS
+
+    with pytest.raises(SystemExit):
+        _parser().parse_args(argv)
+    [line] = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.endswith(f"--ranks: {MAX_FOCUS} ranks at most in all")
+    assert len(parse_ranks(f"0-{MAX_FOCUS - 1}")) == MAX_FOCUS
 
 
 def test_a_launcher_is_left_to_the_worker_at_submit_time(tmp_path: Path) -> None:

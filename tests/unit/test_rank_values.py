@@ -194,3 +194,121 @@ def test_an_array_is_summarized_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatc
     whole = json.loads(_tether_values.describe("b", {}, {"b": np.arange(5) * 1j}))
     assert (whole["nan"], whole["inf"]) == (0, 0)
     assert whole["norm"] == pytest.approx(float(np.linalg.norm(np.arange(5))))
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda a: a.T,
+        lambda a: a[:, ::3],
+        lambda a: a[1:5, 2:],
+        lambda a: a.transpose(2, 0, 1),
+        lambda a: a[:, :, 1],
+        lambda a: a[0, 0, ::2],
+    ],
+    ids=["transposed", "strided", "sliced", "permuted", "a-column", "1-d strided"],
+)
+def test_a_non_contiguous_array_is_cut_in_views_never_copied(view: object) -> None:
+    """The chunking torch's tensors share (contiguous: runs of the flat view; else slices along
+    the first dimension, recursing): every piece a view of at most CHUNK elements, every
+    element in exactly one piece."""
+    np = pytest.importorskip("numpy")
+    base = np.arange(6 * 7 * 10, dtype=np.float64).reshape(6, 7, 10)
+    a = view(base)  # type: ignore[operator]
+    pieces = list(_tether_values._pieces(a, 7, _tether_values._numpy_flat))
+    assert all(p.size <= 7 and np.shares_memory(p, base) for p in pieces)
+    seen = np.sort(np.concatenate([p.reshape(-1) for p in pieces]))
+    assert np.array_equal(seen, np.sort(a.reshape(-1)))
+
+
+def test_a_summary_of_a_transposed_or_expanded_array_takes_a_chunk_not_a_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A paused rank's memory may be nearly full: ``w.T`` (8 MB here) is never flattened whole;
+    NaN is counted in a copy of a piece, the user's array left as it was."""
+    np = pytest.importorskip("numpy")
+    import tracemalloc
+
+    monkeypatch.setattr(_tether_values, "CHUNK", 1000)
+    a = np.ones((1000, 2000), dtype=np.float32)
+    a[1, 1] = np.nan
+    for x, nan in ((a.T, 1), (np.broadcast_to(np.arange(2000.0), (1000, 2000)), 0)):
+        tracemalloc.start()
+        try:
+            out = json.loads(_tether_values.describe("x", {}, {"x": x}))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 200_000
+        assert out["nan"] == nan
+        finite = np.nan_to_num(x.astype(np.float64), nan=0.0)
+        assert out["norm"] == pytest.approx(float(np.linalg.norm(finite)))
+    assert np.isnan(a[1, 1])
+
+
+def test_a_big_containers_repr_is_bounded_as_it_is_written() -> None:
+    """``@all dataset.indices``: not the whole list's text (tens of MB in every rank)."""
+    import tracemalloc
+
+    indices = list(range(1_000_000))
+    tracemalloc.start()
+    try:
+        value = helper(0, indices)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000
+    assert value.repr.startswith("[0, 1, 2, 3,") and len(value.repr) == 160
+    many = {n: [n] * 3 for n in range(200_000)}
+    assert helper(1, many).repr.startswith("{0: [0, 0, 0], 1: [1, 1, 1],")
+    assert helper(2, {3, 1}).repr in ("{1, 3}", "{3, 1}")
+    assert helper(3, [[1, 2], (3,), {"a": {}}, frozenset()]).repr == (
+        "[[1, 2], (3,), {'a': {}}, frozenset()]"
+    )
+    assert helper(4, "x" * 10).repr == repr("x" * 10)
+
+
+class DTensor:
+    """A distributed tensor as torch's: anything global about it is a collective."""
+
+    __module__ = "torch.distributed.tensor"
+
+    def __init__(self, local: object) -> None:
+        self.local = local
+
+    def to_local(self) -> object:
+        return self.local
+
+    def sum(self) -> object:
+        raise AssertionError("a collective in one rank: it would hang")
+
+
+def test_a_dtensor_is_described_by_its_local_shard() -> None:
+    np = pytest.importorskip("numpy")
+    value = helper(2, DTensor(np.full((2, 3), 2.0, dtype=np.float32)))
+    assert (value.local, value.shape, value.norm, value.type) == (
+        True,
+        [2, 3],
+        pytest.approx(math.sqrt(24)),
+        "torch.distributed.tensor.DTensor",
+    )
+    assert value.text() == "tensor[2, 3] (local shard) float32 norm 4.89898 nan 0 inf 0"
+    assert not helper(3, np.zeros(2)).local
+
+
+def test_a_rank_list_names_at_most_max_ranks_in_all_as_the_specs_take() -> None:
+    """``@ranks 0-4095,4096-8191,...`` made the worker build millions of values; the list is
+    refused as it is read, with one line, and a list it accepts is one a spec takes too."""
+    from protocol_specs.session.focus import MAX_FOCUS
+    from protocol_specs.session.rank_values import MAX_RANKS, parse_rank_list
+    from protocol_specs.wire.tunnels import TunnelSpec
+
+    assert MAX_RANKS == MAX_FOCUS
+    most = parse_rank_list(f"0-{MAX_RANKS - 1}")
+    assert len(TunnelSpec(kind="eval", expression="x", ranks=most).ranks) == MAX_RANKS
+    huge = ",".join(f"{n}-{n + 4095}" for n in range(0, 4096 * 1000, 4096))
+    prefix = parse_prefix(f"@ranks {huge} loss")
+    assert prefix is not None and prefix.ranks is None
+    assert prefix.error == "@ranks: 4096 ranks at most in all (e.g. @ranks 0-3 loss.item())"
+    with pytest.raises(ValueError, match="4096 ranks at most in all"):
+        parse_rank_list(f"0-{MAX_RANKS - 1},{MAX_RANKS}")

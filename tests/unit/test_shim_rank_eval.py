@@ -255,3 +255,41 @@ def test_a_stops_prefetched_stack_spares_the_evaluation_its_own_stack_trace() ->
     h.event("202", "stopped", {"reason": "pause", "threadId": 3})
     h.perform(h.p.evaluate("ask-2", "loss", None))
     assert asked(h, "202", "stackTrace", levels=STACK_LEVELS)["arguments"]["threadId"] == 3
+
+
+def test_without_the_helper_a_long_repr_is_cut_to_one_line_of_160_characters() -> None:
+    h = ranks(stop="one")
+    h.event("201", "stopped", {"reason": "breakpoint", "threadId": 7})
+    h.perform(h.p.evaluate("a", "loss", None))
+    answer(h, "201", asked(h, "201", "stackTrace", levels=STACK_LEVELS), {"stackFrames": FRAMES})
+    answer(h, "201", asked(h, "201", "evaluate"), "KeyError: '_tether_breakpoint'", ok=False)
+    plain = asked(h, "201", "evaluate")
+    long = "[" + ",\n ".join(str(n) for n in range(10_000)) + "]"
+    done = h.debugpy("201", {"type": "response", "request_seq": plain["seq"], "success": True,
+                             "command": "evaluate", "body": {"result": long, "type": "list"}})  # fmt: skip
+    [answered] = [a for a in done if isinstance(a, EvalAnswered)]
+    value = answered.values[0]
+    assert (value.type, len(value.repr)) == ("list", 160)
+    assert value.repr.startswith("[0, 1, 2,") and value.repr.endswith("...")
+
+
+def test_a_rank_that_continues_before_its_evaluate_is_running_not_a_debugpy_error() -> None:
+    h = ranks(stop="one")
+    h.event("201", "stopped", {"reason": "breakpoint", "threadId": 7})
+    h.event("202", "stopped", {"reason": "breakpoint", "threadId": 3})
+    h.perform(h.p.evaluate("a", "loss", None))
+    where = asked(h, "201", "stackTrace", levels=STACK_LEVELS)
+    h.event("201", "continued", {"threadId": 7, "allThreadsContinued": True})
+    answer(h, "201", where, {"stackFrames": FRAMES})
+    assert "evaluate" not in [m.get("command") for m in h.sent["201"]]  # nothing to evaluate in
+    # one asked already, continued before debugpy answered: its refusal is not the value
+    answer(h, "202", asked(h, "202", "stackTrace", levels=STACK_LEVELS), {"stackFrames": FRAMES})
+    evaluation = asked(h, "202", "evaluate")
+    h.event("202", "continued", {"threadId": 3, "allThreadsContinued": True})
+    done = h.debugpy("202", {"type": "response", "request_seq": evaluation["seq"],
+                             "success": False, "command": "evaluate", "body": {},
+                             "message": "Unable to find thread for evaluation"})  # fmt: skip
+    [answered] = [a for a in done if isinstance(a, EvalAnswered)]
+    assert [(v.rank, v.text()) for v in answered.values] == [
+        (0, "running (not evaluated)"), (1, "running (not evaluated)")
+    ]  # fmt: skip

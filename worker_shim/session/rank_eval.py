@@ -24,7 +24,10 @@ An evaluation does not move a rank: nothing here sends ``continue`` or a step, a
 :class:`~worker_shim.session.group.RankGroup` is not told. Which ranks are paused is seen here
 from debugpy's own events (``stopped``, ``continued``, the process's end), for ``--stop one``
 as for ``all``. A rank that has not answered within :data:`EVAL_WAIT` is reported so; its late
-answers are dropped. Ranks that run are reported ``running (not evaluated)``.
+answers are dropped. Ranks that run are reported ``running (not evaluated)``, and so is a rank
+that continued between its ``stackTrace`` and its ``evaluate`` (its frames are gone: debugpy
+would only refuse). Without the helper, the repr debugpy answers is cut to one line of 160
+characters, as the helper's are.
 
 Sans-I/O: :class:`RankEval` returns :data:`EvalMove` s; :class:`DebuggedProcesses
 <worker_shim.session.processes.DebuggedProcesses>` sends the :class:`Ask` s on the ranks'
@@ -38,7 +41,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol_specs.session.rank_values import RankValue, error_value, from_helper
+from protocol_specs.session.rank_values import RankValue, error_value, from_helper, plain_value
 
 __all__ = ["EVAL_WAIT", "Ask", "Done", "EvalMove", "RankEval", "user_frame", "wrapped"]
 
@@ -184,9 +187,10 @@ class RankEval:
         ``wanted``; a wanted rank that is not among them is reported ``absent``."""
         self._next += 1
         number = self._next
-        chosen = {k: r for k, r in ranks.items() if wanted is None or r in wanted}
+        want = None if wanted is None else set(wanted)
+        chosen = {k: r for k, r in ranks.items() if want is None or r in want}
         job = _Job(ask, source, chosen, deadline=self.clock() + self.wait)
-        for rank in set(wanted or ()) - set(chosen.values()):
+        for rank in (want or set()) - set(chosen.values()):
             job.values[rank] = RankValue(rank=rank, state="absent")
         moves: list[EvalMove] = []
         for key, rank in sorted(chosen.items(), key=lambda kr: kr[1]):
@@ -236,6 +240,10 @@ class RankEval:
         assert isinstance(body, dict)
         ok = bool(msg.get("success"))
         why = str(msg.get("message") or "")
+        # it continued (or ended) since it was asked: its frames are gone, nothing to evaluate in
+        moved = key not in self.paused
+        if moved and (step == "where" or not ok):
+            return self._final(number, key, RankValue(rank=rank, state="running"))
         if step == "where":
             frame = user_frame(body.get("stackFrames") or [], self.paused.get(key, (0, ""))[1])
             if not ok or frame is None:
@@ -246,12 +254,14 @@ class RankEval:
         if step == "helper":
             value = from_helper(rank, result) if ok else None
             if value is None or (not value.type and value.state == "value"):
+                if moved:
+                    return self._final(number, key, RankValue(rank=rank, state="running"))
                 return self._plain(number, key, asked.frame)  # no helper there: as debugpy says
             return self._final(number, key, value)
         if not ok:
             return self._final(number, key, error_value(rank, why))
         typed = str(body.get("type") or "")
-        return self._final(number, key, RankValue(rank=rank, repr=result, type=typed))
+        return self._final(number, key, plain_value(rank, result, typed))
 
     def _plain(self, number: int, key: str, frame: int) -> list[EvalMove]:
         job = self._jobs[number]
