@@ -290,3 +290,14 @@ def test_a_rank_replaced_by_exec_is_gone_for_the_evaluations() -> None:
     scopes = {"scopes": [{"name": "Locals", "variablesReference": 5, "expensive": False}]}
     assert not [a for a in h.respond("201", "scopes", scopes) if isinstance(a, EvalAnswered)]
     assert h.sent["201"][-1]["command"] == "variables"  # the prefetch went on with it
+
+
+def test_the_consoles_at_all_of_the_streams_past_is_not_answered_again() -> None:
+    """Each attempt reads ``to_worker`` from its start: an ``@all`` read before the session is
+    live was answered by the attempt it was asked of."""
+    h = Harness(stop="all")
+    assert console(h, "@all loss") == [] and console(h, "@ranks x y") == []
+    h.go_live()
+    assert responses(h) == []
+    [reply] = console(h, "@all loss")  # asked now: answered (no rank is paused)
+    assert not reply["success"]

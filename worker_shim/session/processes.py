@@ -143,7 +143,9 @@ class DebuggedProcesses:
             return [*self._refocus(focus[0]), *self.main.on_entry(cursor, None)]
         console = _console_eval(entry)
         if console is not None:  # ``@all EXPR``: the worker answers it, from every rank
-            return [*self.main.on_entry(cursor, None), *self._console(*console)]
+            # not live: the stream's past (an earlier attempt's asks), answered then
+            answer = self._console(*console) if self.main.live else []
+            return [*self.main.on_entry(cursor, None), *answer]
         if isinstance(entry, DapEntry):
             self._fold(entry)
             if entry.process != MAIN:
