@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 from hand_clock import HandClock
 
+from protocol_specs.session.focus import GROUP_TAG
 from protocol_specs.session.stacks import ranks_text
 from worker_shim.session.group import (
     GROUP_WAIT,
@@ -239,3 +240,67 @@ def test_ranks_text() -> None:
     assert ranks_text([3]) == "rank 3"
     assert ranks_text([3, 1, 3]) == "ranks 1,3"
     assert ranks_text([2, 0, 1, 5]) == "ranks 0-2,5"
+
+
+def test_a_continue_reaches_a_rank_still_in_the_step_before_once_its_step_ends() -> None:
+    """Rank 3 never ended the group's step (blocked in a collective): the continue is owed to it,
+    and its late step stop does not stop the running group again."""
+    g, clock = group()
+    stop_all(g)
+    g.on_request(KEYS[0], "next", {"threadId": 10})
+    for rank in (0, 1, 2):
+        g.on_event(*stopped(rank, "step", thread=10 + rank))
+    clock.advance(GROUP_WAIT)
+    g.on_tick()  # the step is released without rank 3
+    assert states(g)[3] is RankState.STEPPING
+    actions = g.on_request(KEYS[0], "continue", {"threadId": 10})
+    assert sends(actions) == [(KEYS[r], "continue", {"threadId": 10 + r}) for r in (1, 2)]
+    actions = g.on_event(*stopped(3, "step", thread=13))
+    assert released(actions) == []  # over at once: not shown, nobody paused
+    assert sends(actions) == [(KEYS[3], "continue", {"threadId": 13})]
+    assert g.on_event(*continued(3)) == []
+    assert set(states(g)) == {RankState.RUNNING}
+
+
+def test_a_pause_drops_the_moves_owed_to_ranks_still_pausing() -> None:
+    g, _clock = group()
+    g.on_event(*stopped(2, thread=12))
+    g.on_event(*stopped(0, "pause", thread=10))
+    g.on_request(KEYS[2], "continue", {"threadId": 12})  # ranks 1 and 3 are owed it
+    actions = g.on_request(KEYS[2], "pause", {"threadId": 12})
+    assert sends(actions) == [(KEYS[0], "pause", {"threadId": 10})]
+    for rank in (1, 3):  # their stops are the group's pause: shown, not continued
+        actions = g.on_event(*stopped(rank, "pause", thread=10 + rank))
+        assert released(actions) == [KEYS[rank]] and sends(actions) == []
+    assert states(g) == [RankState.PAUSING, RankState.STOPPED, RankState.PAUSING,
+                         RankState.STOPPED]  # fmt: skip
+
+
+def test_a_breakpoint_hit_before_the_groups_pause_landed_is_shown_and_stops_the_group() -> None:
+    g, _clock = group()
+    g.on_event(*stopped(2, thread=12))
+    g.on_event(*stopped(0, "pause", thread=10))
+    g.on_request(KEYS[2], "continue", {"threadId": 12})  # ranks 1 and 3 are owed it
+    actions = g.on_event(*stopped(1, "breakpoint", thread=11))
+    [shown] = [a for a in actions if isinstance(a, Release)]
+    assert shown.key == KEYS[1] and GROUP_TAG not in shown.msg["body"]  # its own stop
+    assert sends(actions) == [(KEYS[r], "pause", {"threadId": 10 + r}) for r in (0, 2)]
+    # rank 3's stop on the first pause: shown, with rank 1, not continued
+    actions = g.on_event(*stopped(3, "pause", thread=13))
+    [shown] = [a for a in actions if isinstance(a, Release)]
+    assert shown.msg["body"][GROUP_TAG] == {"with": 1} and sends(actions) == []
+    assert states(g)[1] is states(g)[3] is RankState.STOPPED
+
+
+def test_a_rank_that_joins_during_a_group_step_is_paused() -> None:
+    g, _clock = group(3)
+    stop_all(g, first=0)
+    g.on_request(KEYS[0], "next", {"threadId": 10})  # no rank ended the step yet
+    assert sends(g.joined(KEYS[3], 3)) == [(KEYS[3], "pause", {"threadId": 0})]
+    actions: list[GroupAction] = []
+    for rank in range(3):
+        actions += g.on_event(*stopped(rank, "step", thread=10 + rank))
+    assert released(actions) == [KEYS[0], KEYS[1], KEYS[2]]
+    assert states(g)[3] is RankState.PAUSING  # not left running while the group is stopped
+    assert released(g.on_event(*stopped(3, "pause"))) == [KEYS[3]]
+    assert set(states(g)) == {RankState.STOPPED}

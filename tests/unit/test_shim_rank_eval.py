@@ -293,3 +293,49 @@ def test_a_rank_that_continues_before_its_evaluate_is_running_not_a_debugpy_erro
     assert [(v.rank, v.text()) for v in answered.values] == [
         (0, "running (not evaluated)"), (1, "running (not evaluated)")
     ]  # fmt: skip
+
+
+def test_a_rank_replaced_by_exec_is_gone_for_the_evaluations() -> None:
+    """exec in a rank's pid: its old connection's evaluation state ends with it, so the new
+    connection (whose request numbers start again) has its answers, and is not thought paused."""
+    h = ranks(stop="one")
+    h.event("201", "stopped", {"reason": "breakpoint", "threadId": 7})
+    h.perform(h.p.evaluate("a", "loss", None))
+    where = asked(h, "201", "stackTrace", levels=STACK_LEVELS)
+    config = {"name": "Subprocess 201", "subProcessId": 201,
+              "connect": {"host": "127.0.0.1", "port": 5678}}  # fmt: skip
+    actions = h.debugpy("", {"type": "event", "event": "debugpyAttach",
+                             "body": {**config, "request": "attach"}})  # fmt: skip
+    [answered] = [a for a in actions if isinstance(a, EvalAnswered)]
+    assert [(v.rank, v.state, v.error) for v in answered.values] == [
+        (0, "error", "the process ended"), (1, "running", "")
+    ]  # fmt: skip
+    h.respond("201", "initialize", {})
+    h.event("201", "initialized")
+    for command in ("configurationDone", "attach"):
+        h.respond("201", command)
+    assert h.p.children["201"].live
+    done = h.perform(h.p.evaluate("b", "loss", None))  # not thought paused
+    [answered] = [a for a in done if isinstance(a, EvalAnswered)]
+    assert [v.state for v in answered.values] == ["running", "running"]
+    # its first stop's look-ups (a prefetch) reach the old ask's number: that answer is theirs
+    h.event("201", "stopped", {"reason": "breakpoint", "threadId": 7})
+    h.respond("201", "threads", {"threads": [{"id": 7, "name": "MainThread"}]})
+    prefetch = asked(h, "201", "stackTrace", startFrame=0)
+    answer(h, "201", prefetch, {"stackFrames": FRAMES, "totalFrames": 2})
+    same = h.sent["201"][-1]
+    assert same["seq"] == where["seq"] and same["command"] == "scopes"
+    scopes = {"scopes": [{"name": "Locals", "variablesReference": 5, "expensive": False}]}
+    assert not [a for a in h.respond("201", "scopes", scopes) if isinstance(a, EvalAnswered)]
+    assert h.sent["201"][-1]["command"] == "variables"  # the prefetch went on with it
+
+
+def test_the_consoles_at_all_of_the_streams_past_is_not_answered_again() -> None:
+    """Each attempt reads ``to_worker`` from its start: an ``@all`` read before the session is
+    live was answered by the attempt it was asked of."""
+    h = Harness(stop="all")
+    assert console(h, "@all loss") == [] and console(h, "@ranks x y") == []
+    h.go_live()
+    assert responses(h) == []
+    [reply] = console(h, "@all loss")  # asked now: answered (no rank is paused)
+    assert not reply["success"]

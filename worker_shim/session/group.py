@@ -15,11 +15,15 @@ HPC debugger's process group does, the ranks of a run stop and move as one:
 - **Move together.** ``continue``, ``next``, ``stepIn``, ``stepOut`` and ``pause`` that an IDE
   sends one rank (it goes there as before) are sent by the worker, as its own request, to every
   other rank: a continue or a step for the thread that rank stopped on, a pause to each that runs.
-  A rank still pausing when the group moves is sent the move once its stop comes (that stop,
-  over at once, and its ``continued`` are not shown: its session is not offered for it). A group step
-  is complete when every rank in it stopped: their ``stopped`` events are held until then, or
-  until :data:`GROUP_WAIT` passed, and released together (the note naming the ranks that did not
-  arrive; their stops are released when they come).
+  A rank still pausing, or still in a group step it has not ended (blocked in a collective), when
+  the group moves is owed the move: it is sent once that rank's pause or step stop comes (that
+  stop, over at once, and its ``continued`` are not shown: its session is not offered for it). A
+  stop of another reason (a breakpoint, an exception) is the rank's own: shown, the group stops
+  around it and the owed move is dropped; a pause, or a rank's own stop, drops every owed move
+  (the ranks pausing stay paused). A group step is complete when every rank in it stopped: their
+  ``stopped`` events are held until then, or until :data:`GROUP_WAIT` passed, and released
+  together (the note naming the ranks that did not arrive; their stops are released when they
+  come). A rank that joins a group that is stopped, stopping or stepping is paused.
 
 debugpy answers each ``continue`` and step, asked by an IDE or by the worker, with a ``continued``
 event, so each rank's session sees its own ``continued`` and ``stopped`` events.
@@ -64,6 +68,8 @@ GROUP_WAIT = 2.0
 #: the IDE's requests that move (or pause) a rank: the group's too
 RUN_CONTROL = frozenset({"continue", "next", "stepIn", "stepOut", "pause"})
 _STEPS = frozenset({"next", "stepIn", "stepOut"})
+#: the ``stopped`` reason (debugpy's) of the stop an owed move waits for, by the rank's state
+_OWED_STOP = {"pausing": "pause", "stepping": "step"}
 
 
 class RankState(StrEnum):
@@ -111,7 +117,6 @@ class _Rank:
     _state: RankState = RankState.RUNNING
     thread: int | None = None  #: the thread it stopped on
     held: tuple[dict[str, Any], bytes] | None = None  #: its ``stopped``, held for a group step
-    owed: tuple[str, dict[str, Any]] | None = None  #: a group move to send once it stops
     quiet: bool = False  #: its next ``continued`` answers a move of a stop nobody was shown
     #: the rank the group paused or moved it along with (its next stop says so), None: its own
     along: int | None = None
@@ -143,6 +148,9 @@ class RankGroup:
     stepping: bool = False
     #: how many members are in each state: a rank's stop costs O(1), a group stop O(n)
     counts: Counter[RankState] = field(default_factory=Counter)
+    #: the group moves owed to ranks pausing or stepping (by key), sent once they stop: a dict, so
+    #: that a group stop drops them without a scan of the members
+    owed: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         states = " ".join(f"{r.rank}:{r.state.value}" for r in self._ranks())
@@ -155,12 +163,13 @@ class RankGroup:
     # --- membership -------------------------------------------------------------------------------
 
     def joined(self, key: str, rank: int) -> list[GroupAction]:
-        """Rank ``rank``'s session (process ``key``) is live. The group is stopped: it is paused
-        too."""
+        """Rank ``rank``'s session (process ``key``) is live. The group is stopped, stopping or in
+        a step: it is paused too (else a step would complete with it running)."""
         old = self.members.pop(key, None)
+        self.owed.pop(key, None)
         if old is not None:
             old.counts[old.state] -= 1
-        if self.counts[RankState.STOPPED] or self.counts[RankState.PAUSING]:
+        if self.counts[RankState.STOPPED] or self.counts[RankState.PAUSING] or self.stepping:
             stopped = next((r for r in self.members.values() if r.state is RankState.STOPPED), None)
             member = self.members[key] = _Rank(key, rank, self.counts)
             return self._pause([member], along=stopped.rank if stopped else None)
@@ -173,6 +182,7 @@ class RankGroup:
         if member is None:
             return []
         self.counts[member.state] -= 1
+        self.owed.pop(key, None)
         return self._settle()
 
     # --- from debugpy -----------------------------------------------------------------------------
@@ -195,19 +205,25 @@ class RankGroup:
         thread = body.get("threadId") if isinstance(body, dict) else None
         member.thread = thread if isinstance(thread, int) else member.thread
         was, member.state = member.state, RankState.STOPPED
-        if was is RankState.RUNNING:
-            member.along = None  # a stop of its own (a breakpoint), not the group's
+        owed = self.owed.pop(key, None)
+        reason = body.get("reason") if isinstance(body, dict) else None
+        if owed is not None and reason == _OWED_STOP.get(was):
+            # the group moved while it was pausing or stepping: it moves now, and its session
+            # is not told of a stop that is over at once (nor offered for it)
+            command, arguments = owed
+            member.state = RankState.STEPPING if command in _STEPS else RankState.RUNNING
+            member.quiet = True
+            return [self._send(member, command, arguments)]
+        if was is RankState.RUNNING or owed is not None:
+            # a stop of its own (a breakpoint, an exception; one that came before the group's
+            # move reached it drops that move), not the group's: the group stops around it
+            member.along = None
+            self._drop_owed(along=member.rank)
         elif member.along is not None and isinstance(body, dict):
             # the session is told which rank it stopped with (the adapter offers it or not)
             msg = {**msg, "body": {**body, GROUP_TAG: {"with": member.along}}}
             raw = orjson.dumps(msg)
-        if member.owed is not None:  # the group moved while it was pausing: it moves now,
-            # and its session is not told of a stop that is over at once (nor offered for it)
-            (command, arguments), member.owed = member.owed, None
-            member.state = RankState.STEPPING if command in _STEPS else RankState.RUNNING
-            member.quiet = True
-            return [self._send(member, command, arguments)]
-        if self.stepping and was is RankState.STEPPING:
+        if self.stepping and was is RankState.STEPPING and owed is None:
             member.held = (msg, raw)
             return self._settle()
         pause = self._pause(self._running(), along=member.rank) if self._anyone_running() else []
@@ -223,20 +239,24 @@ class RankGroup:
             return []
         args = dict(arguments) if isinstance(arguments, dict) else {}
         if command == "pause":
+            self._drop_owed(along=member.rank)  # the ranks pausing stay paused
             if member.state is RankState.RUNNING:
                 member.state, member.along = RankState.PAUSING, None
             return self._pause(self._running(), along=member.rank)
         released = self._release_held()  # a move ends the step before it
         self.stepping, self.deadline = command in _STEPS, None
         moving = RankState.STEPPING if self.stepping else RankState.RUNNING
-        member.state, member.owed, member.along = moving, None, None
+        member.state, member.along = moving, None
+        self.owed.pop(key, None)
         actions: list[GroupAction] = list(released)
         for other in self._others(key):
             if other.state is RankState.STOPPED:
                 actions.append(self._send(other, command, args))
                 other.state, other.along = moving, member.rank
-            elif other.state is RankState.PAUSING:
-                other.owed, other.along = (command, args), member.rank
+            elif other.state in (RankState.PAUSING, RankState.STEPPING):
+                # not stopped yet (a step of its own not ended: blocked in a collective): it
+                # moves once it stops, else its stop would stop the moving group again
+                self.owed[other.key], other.along = (command, args), member.rank
         if self.stepping:
             self.deadline = self.clock() + self.wait
         return actions
@@ -286,6 +306,15 @@ class RankGroup:
 
     def _anyone_running(self) -> bool:
         return self.counts[RankState.RUNNING] > 0
+
+    def _drop_owed(self, *, along: int) -> None:
+        """The group stops: the moves owed to ranks not stopped yet are not sent (a rank pausing
+        stays paused, its stop shown, said to come with rank ``along``)."""
+        for key in self.owed:
+            member = self.members[key]
+            if member.state is RankState.PAUSING:
+                member.along = along
+        self.owed.clear()
 
     def _pause(self, ranks: list[_Rank], *, along: int | None) -> list[GroupAction]:
         actions: list[GroupAction] = []

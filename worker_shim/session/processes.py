@@ -143,7 +143,9 @@ class DebuggedProcesses:
             return [*self._refocus(focus[0]), *self.main.on_entry(cursor, None)]
         console = _console_eval(entry)
         if console is not None:  # ``@all EXPR``: the worker answers it, from every rank
-            return [*self.main.on_entry(cursor, None), *self._console(*console)]
+            # not live: the stream's past (an earlier attempt's asks), answered then
+            answer = self._console(*console) if self.main.live else []
+            return [*self.main.on_entry(cursor, None), *answer]
         if isinstance(entry, DapEntry):
             self._fold(entry)
             if entry.process != MAIN:
@@ -344,9 +346,12 @@ class DebuggedProcesses:
     def _replaced(self, old: ChildSession) -> list[Action]:
         """Process ``old`` exec'd a new program in its pid: its session (the old connection,
         which debugpy keeps open until then) ends now, reported exited, its rank out of the
-        group; the close of its connection is not reported again."""
+        group, its cross-rank evaluations' state dropped (the new connection numbers its requests
+        from 1 again: an old ask's number must not claim its answers); the close of its
+        connection is not reported again."""
         log.info("process %s replaced itself (exec): a new session for it", old.key)
-        actions = self._of(old.connection_closed()) + self._membership(old, old.live)
+        actions = self._evals(self.evals.gone(old.key))
+        actions += self._of(old.connection_closed()) + self._membership(old, old.live)
         return [*actions, CloseChild(old.key, retired=True)]
 
     def configuration(self) -> list[BreakpointSet]:
