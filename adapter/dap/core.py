@@ -484,6 +484,8 @@ class AdapterCore:
             if self.news.terminated_sent:
                 return []
             self.news.terminated_sent = True
+        if name == "invalidated" and self.client_args.get("supportsInvalidatedEvent") is not True:
+            return []  # the spec's rule: only to a client that said it takes one
         return [self._emit(event_for_ide(msg, self.session))]
 
     def _on_status(self, entry: StatusEntry, was_live: bool) -> list[Action]:

@@ -501,3 +501,14 @@ def test_stop_asks_the_relay_to_cancel_before_it_answers_or_detaches() -> None:
     )
     assert isinstance(actions[0], CancelRun)  # performed (awaited) before what follows it
     assert [type(a).__name__ for a in actions[1:]] == ["ToIde", "CloseIde", "Publish"]
+
+
+@pytest.mark.parametrize("supported", [True, False])
+def test_invalidated_reaches_only_a_client_that_takes_it(supported: bool) -> None:
+    """The worker says a rank's variables changed (an ``@all`` ran code there): the IDE hears it
+    only if its ``initialize`` said ``supportsInvalidatedEvent`` (the spec's rule)."""
+    h = Harness()
+    h.connect()
+    h.handshake(**({"supportsInvalidatedEvent": True} if supported else {}))
+    out = h.event("invalidated", {"areas": ["variables"]})
+    assert [m.get("event") for m in out] == (["invalidated"] if supported else [])

@@ -84,8 +84,11 @@ def test_tether_eval_asks_each_paused_rank_in_its_user_frame_and_does_not_move_t
     [answered] = [a for a in done if isinstance(a, EvalAnswered)]
     assert answered.ask == "ask-1"
     assert [(v.rank, v.repr) for v in answered.values] == [(0, "0.5"), (1, "nan")]
-    # nothing of it reached an IDE, nothing moved a rank, the group is as it was
-    assert len(h.published) == published
+    # nothing of it reached an IDE but each rank's "read your variables again", nothing moved a
+    # rank, the group is as it was
+    told = [orjson.loads(e.body) for e in h.published[published:] if isinstance(e, DapEntry)]
+    assert [m["event"] for m in told] == ["invalidated", "invalidated"]
+    assert len(h.published) == published + 2
     assert not any(m.get("command") in ("continue", "next", "pause") and m["seq"] > 0
                    for m in h.sent["201"][-3:])  # fmt: skip
     assert h.p.group is not None and h.p.group.members["202"].state == before == RankState.STOPPED
@@ -193,6 +196,14 @@ def test_the_consoles_at_all_is_answered_with_every_ranks_value_and_never_reache
         "  all 2 evaluated ranks agree",
     ]
     assert reply["body"]["variablesReference"] == 0
+    # the expression ran in both ranks: each session reads its variables again
+    for key in ("201", "202"):
+        [told] = [
+            orjson.loads(e.body)
+            for e in h.published
+            if isinstance(e, DapEntry) and e.process == key and b'"invalidated"' in e.body
+        ]
+        assert told["body"] == {"areas": ["variables"]}
 
 
 def test_the_consoles_prefix_errors_and_ordinary_evaluates_untouched() -> None:

@@ -49,7 +49,7 @@ from protocol_specs.session.focus import (
     parse_focus,
 )
 from protocol_specs.session.processes import MAIN, ProcessInfo, process_key
-from protocol_specs.session.rank_values import nothing_evaluated, parse_prefix, render
+from protocol_specs.session.rank_values import RankValue, nothing_evaluated, parse_prefix, render
 from protocol_specs.session.session import BreakpointSet, DebugSession, StatusEvent
 from protocol_specs.wire import wire
 from protocol_specs.wire.wire import DapEntry, PresenceEntry
@@ -474,11 +474,22 @@ class DebuggedProcesses:
                     actions += sent
                 else:
                     todo += self.evals.not_sent(move)
-            elif isinstance(move.ask, _ConsoleAsk):
-                actions += self._console_answer(move)
             else:
-                actions.append(EvalAnswered(move.ask, move.values))
+                actions += self._evaluated_in(move.values)
+                if isinstance(move.ask, _ConsoleAsk):
+                    actions += self._console_answer(move)
+                else:
+                    actions.append(EvalAnswered(move.ask, move.values))
         return actions
+
+    def _evaluated_in(self, values: list[RankValue]) -> list[Action]:
+        """The expression ran in these ranks and may have changed their state (``@all
+        opt.step()``): each rank's session is told (``invalidated``), so its IDE reads its
+        variables again and the adapter answers nothing more from the stop's prefetch."""
+        keys = {rank: key for key, rank in self.ranks().items()}
+        ran = [keys[v.rank] for v in values if v.state in ("value", "error") and v.rank in keys]
+        event = orjson.dumps(dap.event("invalidated", {"areas": ["variables"]}, seq=1))
+        return [Publish(DapEntry(body=event, transient=True, process=key)) for key in ran]
 
     def _console(self, entry: DapEntry, msg: dict[str, Any]) -> list[Action]:
         """An IDE's ``@all EXPR`` evaluate (any process's session): evaluated in every paused
