@@ -104,10 +104,12 @@ async def tether(
     name: str | None = None,
     cwd: Path | None = None,
     extra_env: dict[str, str] | None = None,
+    prefix: list[str] | None = None,
 ) -> AsyncIterator[Proc]:
+    """``tether ARGS`` (behind ``prefix``: ``ip netns exec NODE``, say), its output pumped."""
     env = {**home_env(home), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     process = await trio.lowlevel.open_process(
-        [TETHER, *args],
+        [*(prefix or []), TETHER, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
@@ -194,11 +196,13 @@ def program_python() -> str | None:
 
 @asynccontextmanager
 async def relay_stack(
-    home: Path, *, workers: int = 0, isolated: bool = True
+    home: Path, *, workers: int = 0, isolated: bool = True, flags: tuple[str, ...] = ()
 ) -> AsyncIterator[tuple[Proc, str]]:
-    """`tether up` with the bundled server; yields (process, relay URL)."""
+    """`tether up` with the bundled server (and ``flags``: its relay's timers, say); yields
+    (process, relay URL)."""
     async with tether(
         "up",
+        *flags,
         "--data-dir",
         str(home / "data"),
         "--workers",

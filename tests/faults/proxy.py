@@ -38,10 +38,12 @@ class _Pair:
 
 
 class FaultProxy:
-    """A TCP proxy on 127.0.0.1 that forwards to (host, port) and can cut, stall and reset links."""
+    """A TCP proxy on 127.0.0.1 (or ``listen``) that forwards to (host, port) and can cut, stall and reset links."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, *, listen: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
+        #: the address it listens on (another namespace's nodes reach the relay on a bridge's)
+        self.listen = listen
         self.port = 0
         self.accepted = 0
         self.faults: Counter[str] = Counter()
@@ -60,14 +62,14 @@ class FaultProxy:
         return f"<FaultProxy :{self.port} -> {self.target} pairs={len(self._pairs)}>"
 
     def url_for(self, scheme: str = "ws") -> str:
-        return f"{scheme}://127.0.0.1:{self.port}"
+        return f"{scheme}://{self.listen}:{self.port}"
 
     @property
     def connections(self) -> int:
         return len(self._pairs)
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        listeners = await trio.open_tcp_listeners(0, host=self.listen)
         self.port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, self._handle, listeners)
