@@ -25,6 +25,8 @@ class Resources(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     gpus: int = Field(default=0, ge=0, le=64)
+    #: nodes the run spans (one worker each); with more than one, ``gpus`` and ``cpus`` are per node
+    nodes: int = Field(default=1, ge=1, le=64)
     cpus: int = Field(default=1, ge=1, le=1024)
     #: memory in MiB (0: the scheduler's default)
     memory_mb: int = Field(default=0, ge=0, le=64 * 1024 * 1024)

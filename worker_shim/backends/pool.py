@@ -45,6 +45,7 @@ from ..shim import run_dir_of, run_shim, worker_link
 from .afterlife import Afterlives
 from .confirm import confirm_claim
 from .housekeeping import CACHE_MAX_BYTES, KEEP_RUNS, tidy
+from .nodes import Node, NodePool, node_workers
 
 __all__ = ["GpuPool", "detect_gpus", "run_one", "run_pool"]
 
@@ -108,12 +109,15 @@ async def run_pool(
     cache_max: int = CACHE_MAX_BYTES,
     allow_tunnels: bool = True,
     isolation: Isolation | None = None,
+    nodes: int = 1,
+    node_via: list[list[str]] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``slots`` claim loops until cancelled. ``start_delay`` stands in for a GPU queue;
     ``allow_tunnels``: serve the users' ``tether exec``/``shell``/``port-forward``;
     ``isolation``: as whom programs run (``worker_shim/program/identity.py``; default: the worker's
-    own user, every user's runs).
+    own user, every user's runs); ``nodes``, ``node_via``: the pool's nodes for multi-node runs,
+    this host and ``nodes - 1`` more, each run behind its prefix (``worker_shim/backends/nodes.py``).
 
     ``relay_url``'s token needs the ``backend`` scope; each claimed attempt runs with the worker
     token the relay minted for it. Every process of its runs ends with the pool, however the pool
@@ -126,7 +130,10 @@ async def run_pool(
     async with _guarded(housing, runs_dir), trio.open_nursery() as nursery:
         # the tunnels of the runs that ended here, served in their directories while they stay
         afterlives = Afterlives(nursery, say, housing) if allow_tunnels else None
-        place = _PoolPlace(work_dir, runs_dir, housing, (keep_runs, cache_max), allow_tunnels)
+        place = _PoolPlace(
+            work_dir, runs_dir, housing, (keep_runs, cache_max), allow_tunnels,
+            NodePool(nodes, node_via or [], work_dir),
+        )  # fmt: skip
         for slot in range(slots):
             nursery.start_soon(
                 _slot, relay_url, f"{base}-{slot}", start_delay, place, python, pool, say,
@@ -145,6 +152,8 @@ class _PoolPlace:
     housing: Housing
     bounds: tuple[int, int]
     allow_tunnels: bool
+    #: the pool's nodes beyond this host (a job's worker: none)
+    nodes: NodePool | None = None
 
 
 def _guarded(housing: Housing, runs_dir: Path) -> AbstractAsyncContextManager[None]:
@@ -197,20 +206,29 @@ async def _slot(
                             f"{worker}: waiting {start_delay:g} s before starting run {record.id} (--start-delay)"
                         )
                         await trio.sleep(start_delay)
-                    try:
-                        taken = await gpus.take(record.spec.resources.gpus)
+                    try:  # the nodes first: a slot holding GPUs never waits for nodes
+                        nodes = await _take_nodes(place.nodes, record)
+                        taken = await _take_gpus(gpus, record, nodes, place.nodes)
                     except ValueError as exc:
                         await _start_failed(as_worker, record, str(exc))
                         say(f"{worker}: run {record.id}: {exc}")
                         continue
                     env = {"CUDA_VISIBLE_DEVICES": ",".join(taken)} if gpus.gpus else {}
                     try:
-                        await _run(as_worker, record, manifest, control, place, python, say,
-                                   env)  # fmt: skip
+                        async with node_workers(
+                            nodes, record.id, record.attempt, as_worker,
+                            mark=f"{housing.mark}/nodes-{record.id}-{record.attempt}",
+                            say=lambda text: say(f"{worker}: {text}"),
+                            allow_tunnels=place.allow_tunnels,
+                        ):  # fmt: skip
+                            await _run(as_worker, record, manifest, control, place, python, say,
+                                       env)  # fmt: skip
                     except RelayError as exc:
                         say(f"{worker}: lost the relay while running {record.id}: {exc}")
                     finally:
                         await gpus.give_back(taken)
+                        if place.nodes is not None:
+                            await place.nodes.give_back(nodes)
                         with trio.CancelScope(shield=True):
                             await tidy(work_dir, runs_dir, keep_runs=place.bounds[0],
                                        cache_max=place.bounds[1], release=housing.release)  # fmt: skip
@@ -224,6 +242,26 @@ async def _slot(
             lost = True
             await trio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
+
+
+async def _take_nodes(pool: NodePool | None, record: RunRecord) -> list[Node]:
+    """The pool's nodes for the run's nodes 1..M-1 (none for one node), waiting until free."""
+    wanted = record.spec.resources.nodes
+    if pool is None:
+        return []
+    return await pool.take(wanted)
+
+
+async def _take_gpus(
+    gpus: GpuPool, record: RunRecord, nodes: list[Node], pool: NodePool | None
+) -> list[str]:
+    """Node 0's GPUs, waiting until free; on a :class:`ValueError` the nodes go back."""
+    try:
+        return await gpus.take(record.spec.resources.gpus)
+    except ValueError:
+        if pool is not None:
+            await pool.give_back(nodes)
+        raise
 
 
 async def _start_failed(relay_url: Endpoint, record: RunRecord, detail: str) -> None:
