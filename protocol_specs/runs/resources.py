@@ -28,8 +28,6 @@ class Resources(BaseModel):
     #: ``gpus`` and ``cpus`` are per node
     nodes: int = Field(default=1, ge=1, le=64)
     gpus: int = Field(default=0, ge=0, le=64)
-    #: nodes the run spans (one worker each); with more than one, ``gpus`` and ``cpus`` are per node
-    nodes: int = Field(default=1, ge=1, le=64)
     cpus: int = Field(default=1, ge=1, le=1024)
     #: memory in MiB (0: the scheduler's default)
     memory_mb: int = Field(default=0, ge=0, le=64 * 1024 * 1024)
