@@ -309,7 +309,7 @@ def status_text(record: RunRecord, now: float) -> str:
         lines.append(" ".join(parts))
         if a.run_dir:
             lines.append(f"     files in {a.run_dir} (on {a.worker or 'its worker'})")
-        lines += node_rows(getattr(a, "nodes", None) or [])
+        lines += node_rows(a.nodes)
     children = {key: row for key, row in record.processes.items() if key}
     if children:
         lines.append(f"processes  {len(children)} besides the main one (this attempt)")
