@@ -236,8 +236,8 @@ class ControlClient:
         node: int = 0,
     ) -> wire.Assigned:
         """The next queued run of ``backend`` (blocks), or with ``run``: that run's ``attempt``;
-        with the worker token for the attempt (``token``). With ``node`` >= 1: join that node of
-        the attempt (its token stays the caller's: ``""``)."""
+        with the worker token for the attempt (``token``). With ``node`` >= 1 too: join that node
+        of the attempt node 0 claimed (token ``""``; ``job_not_running`` until node 0 did)."""
         return await self._call(
             wire.Claim,
             wire.Assigned,
