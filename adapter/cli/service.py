@@ -90,7 +90,7 @@ async def cmd_relay(args: argparse.Namespace) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
-    from worker_shim.backends.pool import run_one, run_pool
+    from worker_shim.backends.pool import run_node, run_one, run_pool
 
     clock = Clock("worker: ")
     work_dir = Path(args.work_dir or tether_home() / "worker").resolve()  # noqa: ASYNC240 (startup)
@@ -107,21 +107,32 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     else:
         relay = resolve_relay(args.relay, args)
         run_id, attempt = args.run or "", args.attempt or 0
+    if args.node and not run_id:
+        raise SystemExit("tether: --node K needs --run RUN --attempt N (the attempt it joins)")
+    if not 0 <= args.node <= 63:
+        raise SystemExit("tether: --node K is a node of the run: 0 to 63")
     if run_id:
         if not attempt:
             raise SystemExit("tether: --run needs --attempt N (the attempt this job runs)")
         import socket
 
+        worker = f"{socket.gethostname()}-{os.getpid()}"
         try:
-            code = await run_one(
-                relay,
-                run_id,
-                attempt,
-                work_dir=work_dir,
-                worker=f"{socket.gethostname()}-{os.getpid()}",
-                on_event=clock.say,
-                allow_tunnels=not args.no_shell,
-            )
+            if args.node:
+                code = await run_node(
+                    relay, run_id, attempt, args.node, work_dir=work_dir, worker=worker,
+                    on_event=clock.say, allow_tunnels=not args.no_shell,
+                )  # fmt: skip
+            else:
+                code = await run_one(
+                    relay,
+                    run_id,
+                    attempt,
+                    work_dir=work_dir,
+                    worker=worker,
+                    on_event=clock.say,
+                    allow_tunnels=not args.no_shell,
+                )
         except RelayError as exc:
             raise SystemExit(f"tether worker: {exc.message}") from None
         return code if code is not None and code >= 0 else 1

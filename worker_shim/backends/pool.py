@@ -47,7 +47,7 @@ from .confirm import confirm_claim
 from .housekeeping import CACHE_MAX_BYTES, KEEP_RUNS, tidy
 from .nodes import Node, NodePool, node_workers
 
-__all__ = ["GpuPool", "detect_gpus", "run_one", "run_pool"]
+__all__ = ["GpuPool", "detect_gpus", "run_node", "run_one", "run_pool"]
 
 log = logging.getLogger("tether.worker")
 
@@ -311,6 +311,43 @@ async def run_one(
             return await started(as_worker, assigned, control)
 
 
+async def run_node(
+    relay_url: Target,
+    run_id: str,
+    attempt: int,
+    node: int,
+    *,
+    work_dir: Path,
+    worker: str,
+    python: str = sys.executable,
+    on_event: Callable[[str], None] | None = None,
+    allow_tunnels: bool = True,
+) -> int | None:
+    """Join node ``node`` (>= 1) of ``run_id``'s attempt ``attempt``, which node 0's worker
+    claimed, and run that node's part (``tether worker --run RUN --attempt A --node K``, holding
+    the attempt's worker token): asked again while node 0 has not claimed it yet; the program
+    starts once node 0's rendezvous is known (``worker_shim/program/nodes.py``)."""
+    say = on_event or (lambda _text: None)
+    client = f"tether-worker {worker}"
+    housing = Housing()
+    runs_dir = await trio.to_thread.run_sync(housing.prepare, work_dir)
+    place = _PoolPlace(work_dir, runs_dir, housing, (KEEP_RUNS, CACHE_MAX_BYTES), allow_tunnels)
+    async with _guarded(housing, runs_dir):
+        assigned = await _claim(relay_url, client, worker, run_id, attempt, say, node=node)
+        record = assigned.run
+        say(f"{worker}: joined run {record.id} (attempt {record.attempt}) as node {node}")
+        as_worker = endpoint(relay_url)
+        async with open_control(as_worker, client=client) as control:
+            try:
+                return await _run(
+                    as_worker, record, assigned.manifest, control, place, python, say,
+                    scheduled=True, node=node,
+                )  # fmt: skip
+            finally:
+                with trio.CancelScope(shield=True):
+                    await tidy(work_dir, runs_dir)
+
+
 #: how long a job's worker asks again for its claim when the answer was lost (the relay died, or
 #: lost its store): the claim goes back to the queue once its confirmation is overdue
 CLAIM_PATIENCE = 120.0
@@ -323,24 +360,31 @@ async def _claim(
     run_id: str,
     attempt: int,
     say: Callable[[str], None],
+    *,
+    node: int = 0,
 ) -> wire.Assigned:
     """Claim the attempt, on a connection of its own each time it asks. A ticket's claim is
     refused until the backend saw this job running (it looks every few seconds): asked again,
     for :data:`TICKET_WAIT` seconds at most. A claim whose answer was lost (the relay went, or
     its store) was made for nobody: the relay puts it back in the queue once it stays
     unconfirmed (``--claim-confirm``), and it is asked again until then, for
-    :data:`CLAIM_PATIENCE` seconds at most."""
+    :data:`CLAIM_PATIENCE` seconds at most. With ``node`` >= 1: a join, refused the same way
+    until node 0 claimed the attempt."""
     start = trio.current_time()
     said: set[str] = set()
     pause = 0.5
     while True:
         try:
             async with open_control(relay_url, client=client) as control:
-                return await control.claim(worker, run=run_id, attempt=attempt)
+                return await control.claim(worker, run=run_id, attempt=attempt, node=node)
         except RelayError as exc:
             waited = trio.current_time() - start
             if exc.code == ErrorCode.JOB_NOT_RUNNING and waited < TICKET_WAIT:
-                why = "waiting for the backend to see this job running"
+                why = (
+                    f"waiting for node 0 to claim attempt {attempt}"
+                    if node
+                    else "waiting for the backend to see this job running"
+                )
                 pause = 0.5  # the backend's next look at its jobs
             elif _answer_lost(exc, attempt) and waited < CLAIM_PATIENCE:
                 why = "its claim's answer was lost with the relay; asking again"
@@ -373,6 +417,7 @@ async def _run(
     env: dict[str, str] | None = None,
     *,
     scheduled: bool = False,
+    node: int = 0,
 ) -> int | None:
     """One claimed attempt, its blobs fetched over ``control`` (or a new control connection, if
     that one is lost) into the worker's cache. ``scheduled``: a scheduler's job (its backend
@@ -391,6 +436,7 @@ async def _run(
             say_when_stopped=not scheduled,
             allow_tunnels=place.allow_tunnels,
             housing=place.housing,
+            node=node,
         )
 
 
