@@ -34,6 +34,8 @@ class Resources(BaseModel):
     partition: str = Field(default="", max_length=64)
     #: Ray custom resources the run's entrypoint holds (``--resource NAME=AMOUNT``)
     custom: dict[str, float] = Field(default_factory=dict, max_length=16)
+    #: how many nodes the run spans (one worker each); ``gpus`` and ``cpus`` are per node
+    nodes: int = Field(default=1, ge=1, le=64)
 
     @field_validator("custom")
     @classmethod
