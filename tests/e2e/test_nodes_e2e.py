@@ -27,7 +27,7 @@ from direct_debugpy import copy_programs
 from faults.proxy import FaultProxy
 from netns import open_nodes, why_not
 from node_harness import open_vscode_session, scenario
-from stack import debug_run, relay_stack, tether
+from stack import debug_run, local_token, relay_stack, tether
 from test_pytorch_e2e import torch_python  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(600)]
@@ -75,7 +75,7 @@ def stopped_on_node_1(label: str, session: str) -> list[dict[str, Any]]:
             "label": session,
             "stopped": True,
             "expect": {"name": {"$regex": r"^rank [23] \(pid \d+\) on node 1"}},
-            "timeoutMs": 240_000,
+            "timeoutMs": 120_000,
         },
         {
             "op": "wait_stopped",
@@ -142,9 +142,19 @@ async def test_issue_43_torchrun_over_two_nodes_is_debugged_and_a_lost_node_retr
                         "--work-dir", str(home / "worker"), "--no-isolation",
                         "--nodes", "2", "--node-via", " ".join(nodes.prefix(1)),
                         home=home, name="pool", prefix=nodes.prefix(0),
+                        extra_env={"TETHER_TOKEN": local_token(home)},
                     ) as pool:  # fmt: skip
                         await session.release("configured")
-                        await session.wait_mark("kill", timeout=300)
+                        try:
+                            await session.wait_mark("kill", timeout=300)
+                        except BaseException:
+                            with trio.CancelScope(shield=True):
+                                async with tether("logs", run_id, home=home) as logs:
+                                    with trio.move_on_after(10):
+                                        await logs.process.wait()
+                            # shown on failure
+                            print("the pool said:", pool.output, "logs:", logs.output, sep="\n")
+                            raise
                         victims = node_worker_pids(nodes.names[1])
                         assert len(victims) == 1, (victims, pool.output)
                         os.kill(victims[0], signal.SIGKILL)

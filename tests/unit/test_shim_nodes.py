@@ -212,6 +212,8 @@ def test_every_node_s_program_is_told_the_rendezvous() -> None:
     }
     assert NodeRole(0, 2, RDZV).env("r42")["NODE_RANK"] == "0"
     assert NodeRole(0, 2, RDZV).env("r42")["PET_RDZV_CONF"] == "is_host=1"  # node 0 serves it
+    # c10d's workers meet rank 0's node at its address, not its FQDN
+    assert NodeRole(1, 2, RDZV, "10.1.2.4").env("r42")["PET_LOCAL_ADDR"] == "10.1.2.4"
     assert NodeRole().env("r42") == {}  # a run on one node: as before
     assert NodeRole(0, 2, RDZV).started_data() == {
         "rendezvous": {"addr": "10.1.2.3", "port": 29400}

@@ -86,6 +86,8 @@ class NodeRole:
     node: int = 0
     nodes: int = 1
     rendezvous: Rendezvous | None = None
+    #: this node's own address as the others reach it (node 0's: the rendezvous's)
+    address: str = ""
 
     @classmethod
     def of(cls, record: RunRecord, node: int = 0) -> NodeRole:
@@ -124,6 +126,9 @@ class NodeRole:
             # address is not what its hostname resolves to (containers, namespaces, several NICs)
             "PET_RDZV_CONF": f"is_host={int(self.node == 0)}",
         }
+        if self.address:  # c10d's workers find rank 0's node at this, not at its FQDN (which
+            # may not resolve to an address the other nodes reach: containers, namespaces)
+            torchrun["PET_LOCAL_ADDR"] = self.address
         return {
             **facts,
             **torchrun,
@@ -235,7 +240,7 @@ async def meet(
             say(f"run {record.id}: {detail}")
             return None, []
         say(f"run {record.id}: node 0 of {role.nodes}; the nodes meet at {rdzv.endpoint}")
-        return replace(role, rendezvous=rdzv), []
+        return replace(role, rendezvous=rdzv, address=rdzv.addr), []
     say(
         f"run {record.id} attempt {record.attempt} node {role.node}: waiting for node 0's "
         "rendezvous (node 0 starts its program first)"
@@ -243,8 +248,10 @@ async def meet(
     met, taken = await await_rendezvous(link, record, say)
     if met is None:
         return None, taken
-    say(f"run {record.id} node {role.node}: node 0 is at {met.endpoint}; starting")
-    return replace(role, rendezvous=met), taken
+    own = os.environ.get(NODE_ADDR_ENV, "").strip()
+    own = own or await trio.to_thread.run_sync(_route_to, link.endpoint.url)
+    say(f"run {record.id} node {role.node} at {own}: node 0 is at {met.endpoint}; starting")
+    return replace(role, rendezvous=met, address=own), taken
 
 
 async def taken_first(
