@@ -45,7 +45,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import partial
@@ -73,6 +73,7 @@ from .program.debuggee import (
 )
 from .program.files import Fetch, materialise
 from .program.metrics import ProgramControl, control_action, metrics_env, open_program_metrics
+from .program.nodes import ONE_NODE, NodeRole, meet, taken_first
 from .program.quarters import Housing, Quarters, open_quarters, program_env
 from .program.reaper import MARK_ENV
 from .program.tunnels import Tunnels, open_tunnels
@@ -116,6 +117,7 @@ async def run_shim(
     say_when_stopped: bool = True,
     allow_tunnels: bool = True,
     housing: Housing | None = None,
+    node: int = 0,
 ) -> int | None:
     """Run one claimed attempt to its end; returns the program's exit code (None if it never
     started). ``fetch`` downloads snapshot blobs (kept in ``cache``); ``env`` is added to the
@@ -125,19 +127,23 @@ async def run_shim(
     ``say_when_stopped``: if the worker stops before the attempt ended, tell the relay the
     attempt is over (a pool's worker); a scheduler's job leaves that to its backend, which knows
     why the job ended (requeued, preempted, cancelled). ``allow_tunnels``: serve the user's
-    shells, commands and port forwards into the run (``worker_shim/program/tunnels.py``)."""
+    shells, commands and port forwards into the run (``worker_shim/program/tunnels.py``).
+    ``node``: the node of a run that spans nodes this worker runs (``worker_shim/program/nodes.py``;
+    node K >= 1 joined the attempt node 0 claimed)."""
     say = on_event or (lambda _text: None)
-    run_dir = run_dir_of(runs_dir, record)
-    log_path = runs_dir / f"{record.id}-{record.attempt}.log"
+    run_dir = run_dir_of(runs_dir, record, node)
+    log_path = run_dir.with_name(f"{run_dir.name}.log")
     news = _LinkNews(say, record.id)
+    role = NodeRole.of(record, node)
     async with worker_link(
-        relay_url, record, policy=policy, on_refused=news.refused, on_state=news.state, early=True
-    ) as link:
+        relay_url, record, policy=policy, on_refused=news.refused, on_state=news.state, early=True,
+        node=node,
+    ) as link:  # fmt: skip
         if link.run.finished:
             say(f"run {record.id} is {link.run.state.value}; not starting it")
             return None
         try:
-            place = _Place(run_dir, log_path, housing or Housing(), allow_tunnels)
+            place = _Place(run_dir, log_path, housing or Housing(), allow_tunnels, role)
             return await _attempt(link, record, manifest, place, fetch, cache, env, python, say,
                                   news)  # fmt: skip
         except BaseException:
@@ -151,15 +157,17 @@ async def run_shim(
             # of its own: this one's tasks are being cancelled with everything else
             with trio.CancelScope(shield=True), trio.move_on_after(STOPPING_NOTICE):
                 with contextlib.suppress(Exception):
-                    async with worker_link(relay_url, record) as last:
-                        await _status(last, StatusEvent.WORKER_STOPPED, detail="the worker stopped")
+                    async with worker_link(relay_url, record, node=node) as last:
+                        await _status(last, StatusEvent.WORKER_STOPPED, detail="the worker stopped",
+                                      **_of_node(role))  # fmt: skip
                         await last.flush()
             raise
 
 
-def run_dir_of(runs_dir: Path, record: RunRecord) -> Path:
-    """The directory of ``record``'s current attempt under ``runs_dir``."""
-    return runs_dir / f"{record.id}-{record.attempt}"
+def run_dir_of(runs_dir: Path, record: RunRecord, node: int = 0) -> Path:
+    """The directory of ``record``'s current attempt under ``runs_dir`` (node K >= 1's has its
+    own, should two nodes share a host and a work directory)."""
+    return runs_dir / (f"{record.id}-{record.attempt}" + (f"-n{node}" if node else ""))
 
 
 def worker_link(
@@ -168,12 +176,13 @@ def worker_link(
     *,
     policy: LinkPolicy | None = None,
     early: bool = False,
+    node: int = 0,
     **options: Any,
 ) -> AbstractAsyncContextManager[RunLink]:
-    """The link of ``record``'s current attempt's worker to the relay."""
+    """The link of ``record``'s current attempt's worker (of node ``node``) to the relay."""
     return open_run_link(
         relay_url,
-        link=WorkerLink(early=early),
+        link=WorkerLink(early=early, node=node),
         run=record.id,
         attempt=record.attempt,
         client="tether-worker",
@@ -188,12 +197,19 @@ STOPPING_NOTICE = 3.0
 
 @dataclass(frozen=True)
 class _Place:
-    """Where an attempt runs: its directory, its log, its worker's housing, its tunnels' rule."""
+    """Where an attempt runs: its directory, its log, its worker's housing, its tunnels' rule,
+    its node."""
 
     run_dir: Path
     log_path: Path
     housing: Housing
     allow_tunnels: bool
+    role: NodeRole = ONE_NODE
+
+
+def _of_node(role: NodeRole) -> dict[str, Any]:
+    """A status's fields on node K >= 1: it is about that node's program."""
+    return {"process": role.key} if role.node else {}
 
 
 async def _attempt(
@@ -219,10 +235,13 @@ async def _attempt(
         )
         say(f"run {record.id}: cannot materialise the snapshot: {exc}")
         return None
+    role, news.taken = await meet(link, record, place.role, say, partial(_start_failed, link))
+    if role is None:
+        return None
     try:
         user = await trio.to_thread.run_sync(housing.lease, run_dir)
     except (RuntimeError, OSError) as exc:
-        await _status(link, StatusEvent.START_FAILED, detail=str(exc))
+        await _status(link, StatusEvent.START_FAILED, detail=str(exc), **_of_node(role))
         say(f"run {record.id}: {exc}")
         return None
     who = "" if user is None else f", as uid {user.uid}"
@@ -232,6 +251,7 @@ async def _attempt(
     may_pause = (
         partial(_claim_pause, link, record) if record.trial and record.spec.debug_when else None
     )
+    env = {**(env or {}), **role.env(record.id)}
     async with open_quarters(run_dir, user=user, runtime=housing.runtime, mark=mark) as quarters:
         env = metrics_env(
             quarters.private, program_env(record, env, quarters), housing.runtime.user_module
@@ -239,17 +259,20 @@ async def _attempt(
         async with (
             open_tunnels(  # their commands end with the attempt's tunnels, not its program
                 link.endpoint, record, run_dir, {**env, MARK_ENV: f"{mark}-tunnels"},
-                allowed=place.allow_tunnels, say=say, quarters=quarters,
+                allowed=place.allow_tunnels, say=say, quarters=quarters, serves=role.node == 0,
             ) as tunnels,
             open_program_metrics(
                 link, quarters.private, patterns=record.spec.metrics, attempt=record.attempt,
                 hand_over=quarters.hand_over, may_pause=may_pause,
             ) as metrics,
-            open_program_output(link, record.attempt, record.spec.secrets(), metrics) as output,
+            open_program_output(
+                link, record.attempt, record.spec.secrets(), metrics, node=role.node
+            ) as output,
         ):  # fmt: skip
             return await _program(
-                link, record, quarters, place.log_path, env, python, say, news, tunnels, output
-            )
+                link, record, quarters, place.log_path, env, python, say, news, tunnels, output,
+                role,
+            )  # fmt: skip
 
 
 async def _program(
@@ -263,13 +286,14 @@ async def _program(
     news: _LinkNews,
     tunnels: Tunnels,
     output: ProgramOutput,
+    role: NodeRole,
 ) -> int | None:
     """The program, plain or under the debugger, its output and metrics going to ``output``."""
     run_dir = quarters.run_dir
     if not record.spec.debug:
         attachable = await attachable_argv(record, quarters, env, python)
         return await _run_plain(
-            link, record, quarters, env, log_path, say, news, output, attachable, tunnels
+            link, record, quarters, env, log_path, say, news, output, attachable, tunnels, role
         )
     try:
         async with start_debuggee(
@@ -288,11 +312,11 @@ async def _program(
             if output.metrics is not None:
                 output.metrics.program = debuggee.process.pid
             return await _run_debug(
-                link, record, run_dir, debuggee, say, news, output, tunnels=tunnels
+                link, record, run_dir, debuggee, say, news, output, tunnels=tunnels, role=role
             )
     except (ValueError, OSError, RuntimeError) as exc:
         detail = output.blank(str(exc))
-        await _status(link, StatusEvent.START_FAILED, detail=detail)
+        await _status(link, StatusEvent.START_FAILED, detail=detail, **_of_node(role))
         say(f"run {record.id} could not start: {detail}")
         return None
 
@@ -305,8 +329,8 @@ async def _claim_pause(
         return (await control.claim_pause(record.id, record.attempt, step, values)).pause
 
 
-async def _exited(link: RunLink, record: RunRecord, code: int) -> None:
-    await link.publish(exit_status(record, code))
+async def _exited(link: RunLink, record: RunRecord, code: int, role: NodeRole) -> None:
+    await link.publish(exit_status(record, code, process=role.key))
 
 
 class _LinkNews:
@@ -322,6 +346,8 @@ class _LinkNews:
         self.dropped = 0
         self.last_refusal = ""
         self.refusal = trio.Event()
+        #: deliveries node K's wait for the rendezvous took off the link, for the program's watch
+        self.taken: list[wire.Deliver] = []
 
     def state(self, up: bool, detail: str) -> None:
         self.say(f"run {self.run_id}: relay link {'up' if up else 'down'}: {detail}")
@@ -357,6 +383,10 @@ async def _status(link: RunLink, event: StatusEvent, **fields: Any) -> None:
     await link.publish(status_entry(event, **fields))
 
 
+async def _start_failed(link: RunLink, detail: str) -> None:
+    await _status(link, StatusEvent.START_FAILED, detail=detail)
+
+
 async def _run_plain(
     link: RunLink,
     record: RunRecord,
@@ -368,6 +398,7 @@ async def _run_plain(
     on_output: ProgramOutput,
     attachable: tuple[list[str], str] | None,
     tunnels: Tunnels,
+    role: NodeRole,
 ) -> int | None:
     """A run without the debugger; ``attachable``: its program waits for a ``tether attach``
     (an IDE's presence on the run): then debugpy starts in it, and the run goes on as a debug
@@ -388,13 +419,14 @@ async def _run_plain(
     except (OSError, ValueError) as exc:
         if listener is not None:
             listener.close()
-        await _status(link, StatusEvent.START_FAILED, detail=str(exc))
+        await _status(link, StatusEvent.START_FAILED, detail=str(exc), **_of_node(role))
         say(f"run {record.id} could not start: {exc}")
         return None
     try:
         return await _plain_process(
-            link, record, quarters, process, log_path, say, news, on_output, listener, tunnels
-        )
+            link, record, quarters, process, log_path, say, news, on_output, listener, tunnels,
+            role,
+        )  # fmt: skip
     finally:
         with trio.CancelScope(shield=True):
             await terminate_group(process)
@@ -412,6 +444,7 @@ async def _plain_process(
     on_output: ProgramOutput,
     listener: trio.socket.SocketType | None,
     tunnels: Tunnels,
+    role: NodeRole,
 ) -> int | None:
     run_dir = quarters.run_dir
     tunnels.program = process.pid
@@ -421,8 +454,10 @@ async def _plain_process(
     await _status(
         link,
         StatusEvent.STARTED,
-        data={"pid": process.pid, "run_dir": str(run_dir), "attempt": record.attempt},
-    )
+        data={"pid": process.pid, "run_dir": str(run_dir), "attempt": record.attempt,
+              **role.started_data()},
+        **_of_node(role),
+    )  # fmt: skip
     terminate = partial(terminate_group, process)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(output.run)
@@ -445,15 +480,18 @@ async def _plain_process(
                 code = await _run_debug(
                     link, record, run_dir, debuggee, say, news, on_output,
                     backlog=debugged.backlog, post_mortem=debugged.post_mortem, tunnels=tunnels,
+                    role=role,
                 )  # fmt: skip
                 nursery.cancel_scope.cancel()
                 return code
-        nursery.start_soon(_watch_terminate, link, record, terminate, tunnels, on_output)
+        nursery.start_soon(
+            _watch_terminate, link, record, terminate, tunnels, on_output, news.taken
+        )
         code = await process.wait()
         await output.drained()
         nursery.cancel_scope.cancel()
     await on_output.end()  # all of it before the exit status
-    await _exited(link, record, code)
+    await _exited(link, record, code, role)
     say(f"run {record.id} exited with {code}")
     return code
 
@@ -489,10 +527,11 @@ async def _watch_terminate(
     terminate: Callable[[], Awaitable[None]],
     tunnels: Tunnels,
     output: ProgramOutput,
+    taken: Sequence[wire.Deliver] = (),
 ) -> None:
-    """A plain run's deliveries: a ``terminate`` for this attempt, a ``stop``, tunnels to
-    open."""
-    async for delivery in link.deliveries:
+    """A plain run's deliveries (``taken`` off the link before, first): a ``terminate`` for this
+    attempt, a ``stop``, tunnels to open."""
+    async for delivery in taken_first(taken, link.deliveries):
         if output.metrics is not None:
             output.metrics.control(control_action(delivery, record.attempt))
         entry = parse_delivery(delivery)[1]
@@ -513,24 +552,30 @@ async def _run_debug(
     backlog: list[wire.Deliver] | None = None,
     post_mortem: bool = False,
     tunnels: Tunnels | None = None,
+    role: NodeRole = ONE_NODE,
 ) -> int | None:
     """``backlog``: a plain run an IDE attached to (what its watch took off the link; the
     program has been running since its ``started``); ``post_mortem``: no IDE, an uncaught
-    exception holds the program (the replay does not wait for an IDE's configuration)."""
+    exception holds the program (the replay does not wait for an IDE's configuration);
+    ``role``: the node it runs (node K's session folds what its rendezvous wait took first)."""
     stream = await debuggee.connect()
     tail = Cursor.parse(link.tails.get(StreamName.TO_WORKER.value, "0"))
-    if backlog:
-        tail = max(tail, *(Cursor.parse(d.cursor) for d in backlog if d.cursor))
-    core = ShimCore(record, str(run_dir), tail=tail, clock=trio.current_time)
+    taken, news.taken = [*news.taken, *(backlog or ())], []
+    if taken:
+        tail = max(tail, *(Cursor.parse(d.cursor) for d in taken if d.cursor))
+    core = ShimCore(record, str(run_dir), tail=tail, clock=trio.current_time, node=role.node)
     processes = DebuggedProcesses(core)
     async with open_driver(processes, stream, link, output, debuggee, say, tunnels) as driver:
         driver.nursery.start_soon(_report_refusals, link, news)
         # the fold starts once ``started`` is out: the replay may follow at once
         late = backlog is not None
         pid = debuggee.process.pid
-        start = processes.start(pid, record.spec.command, late=late, post_mortem=post_mortem)
+        start = processes.start(
+            pid, record.spec.command, late=late, post_mortem=post_mortem,
+            started=role.started_data(),
+        )  # fmt: skip
         await driver.perform(start)
-        driver.nursery.start_soon(driver.deliveries, backlog or ())
+        driver.nursery.start_soon(driver.deliveries, taken)
         driver.nursery.start_soon(_end_when_ended, link, news, driver.end_run)
         code = await debuggee.wait()
         # what the program wrote is in its pipes now (debugpy's adapter holds them open, so no
@@ -542,8 +587,8 @@ async def _run_debug(
         with trio.move_on_after(FINISH_TIMEOUT):
             await driver.finished.wait()
             await driver.perform(core.flush_output())
-        await driver.perform(processes.end())
+        await driver.perform(processes.end(code))
     driver.raise_failure()
-    await _exited(link, record, code)
+    await _exited(link, record, code, role)
     say(f"run {record.id} exited with {code}")
     return code

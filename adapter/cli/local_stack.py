@@ -111,6 +111,8 @@ async def open_local_stack(
     pool_bounds: tuple[int, int] | None = None,
     allow_tunnels: bool = True,
     isolation: Isolation | None = None,
+    nodes: int = 1,
+    node_via: list[list[str]] | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Run the stack until the block exits; the server's data lives in ``data_dir/redis`` (unless
     ``redis`` names an existing server), snapshot blobs in ``data_dir/blobs``, run directories in
@@ -180,6 +182,8 @@ async def open_local_stack(
                             cache_max=cache_max,
                             allow_tunnels=allow_tunnels,
                             isolation=isolation,
+                            nodes=nodes,
+                            node_via=node_via,
                             task_status=task_status,
                         )
                 finally:

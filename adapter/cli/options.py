@@ -94,6 +94,19 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
     g.add_argument("--gpus", type=int, metavar="N", help="GPUs for the run (default 0)")
     g.add_argument("--cpus", type=int, metavar="N", help="CPUs for the run (default 1)")
     g.add_argument(
+        "--nodes",
+        type=int,
+        metavar="N",
+        help="nodes the run spans, one worker each, given its rendezvous (MASTER_ADDR, "
+        "NODE_RANK, torchrun's PET_* variables); the local pool's --nodes for now (default 1)",
+    )
+    g.add_argument(
+        "--gpus-per-node", type=int, metavar="G", help="with --nodes: GPUs on each node (default 0)"
+    )
+    g.add_argument(
+        "--cpus-per-node", type=int, metavar="C", help="with --nodes: CPUs on each node (default 1)"
+    )
+    g.add_argument(
         "--mem", type=parse_memory, metavar="SIZE", help="memory, e.g. 16G (Slurm --mem)"
     )
     g.add_argument(
@@ -207,6 +220,22 @@ def pool_options(sp: argparse.ArgumentParser) -> None:
         "--gpus",
         metavar="LIST",
         help="GPU indices the pool hands out, e.g. 0,1,2,3 (default: what nvidia-smi lists)",
+    )
+    sp.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="nodes the pool gives multi-node runs: this host (node 0) and N-1 more, each run "
+        "through its --node-via prefix (default 1: single-node runs only)",
+    )
+    sp.add_argument(
+        "--node-via",
+        action="append",
+        metavar="PREFIX",
+        help="the command that runs a node's worker on node 1, then 2, ... (repeatable), e.g. "
+        "'ip netns exec tn1' (it gets the attempt's token in its environment); a node without "
+        "one runs on this host, in a directory of its own",
     )
     sp.add_argument(
         "--keep-runs",

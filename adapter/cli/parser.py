@@ -400,6 +400,14 @@ def _service_commands(sub: _Commands) -> None:
     s.add_argument("--run", help="run this run's attempt only, then exit")
     s.add_argument("--attempt", type=int, default=0, help="with --run: the attempt number")
     s.add_argument(
+        "--node",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --run: join node K (>= 1) of a run that spans nodes, whose node 0 claimed "
+        "the attempt (token: the attempt's worker token, TETHER_TOKEN)",
+    )
+    s.add_argument(
         "--credentials",
         metavar="FILE",
         help="a 0600 JSON file naming the relay (and run, attempt); never put these on the "

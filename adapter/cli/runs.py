@@ -184,7 +184,7 @@ async def _print_output(relay: Endpoint, run_id: str, from_end: bool, done: trio
 
     def show(entry: wire.LogEntry | wire.StatusEntry) -> None:
         if isinstance(entry, wire.LogEntry):
-            terminal.write(entry.stream, entry.data)
+            terminal.write(entry.stream, entry.data, entry.node)
 
     try:
         await follow_logs(relay, run_id, show, from_end=from_end)
@@ -250,7 +250,7 @@ async def _follow(relay: Endpoint, run_id: str, *, follow: bool = True) -> int:
     def show(entry: wire.LogEntry | wire.StatusEntry) -> None:
         nonlocal noticed
         if isinstance(entry, wire.LogEntry):
-            terminal.write(entry.stream, entry.data)
+            terminal.write(entry.stream, entry.data, entry.node)
             return
         terminal.end()
         if entry.event == StatusEvent.UNATTENDED_STOP:

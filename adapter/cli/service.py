@@ -90,7 +90,7 @@ async def cmd_relay(args: argparse.Namespace) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
-    from worker_shim.backends.pool import run_one, run_pool
+    from worker_shim.backends.pool import run_node, run_one, run_pool
 
     clock = Clock("worker: ")
     work_dir = Path(args.work_dir or tether_home() / "worker").resolve()  # noqa: ASYNC240 (startup)
@@ -107,25 +107,37 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     else:
         relay = resolve_relay(args.relay, args)
         run_id, attempt = args.run or "", args.attempt or 0
+    if args.node and not run_id:
+        raise SystemExit("tether: --node K needs --run RUN --attempt N (the attempt it joins)")
+    if not 0 <= args.node <= 63:
+        raise SystemExit("tether: --node K is a node of the run: 0 to 63")
     if run_id:
         if not attempt:
             raise SystemExit("tether: --run needs --attempt N (the attempt this job runs)")
         import socket
 
+        worker = f"{socket.gethostname()}-{os.getpid()}"
         try:
-            code = await run_one(
-                relay,
-                run_id,
-                attempt,
-                work_dir=work_dir,
-                worker=f"{socket.gethostname()}-{os.getpid()}",
-                on_event=clock.say,
-                allow_tunnels=not args.no_shell,
-            )
+            if args.node:
+                code = await run_node(
+                    relay, run_id, attempt, args.node, work_dir=work_dir, worker=worker,
+                    on_event=clock.say, allow_tunnels=not args.no_shell,
+                )  # fmt: skip
+            else:
+                code = await run_one(
+                    relay,
+                    run_id,
+                    attempt,
+                    work_dir=work_dir,
+                    worker=worker,
+                    on_event=clock.say,
+                    allow_tunnels=not args.no_shell,
+                )
         except RelayError as exc:
             raise SystemExit(f"tether worker: {exc.message}") from None
         return code if code is not None and code >= 0 else 1
     gpus = [g for g in args.gpus.split(",") if g] if args.gpus is not None else None
+    node_via = nodes_of(args, "tether worker")
     isolation = isolation_of(args, "tether worker")
     async with trio.open_nursery() as nursery:
         await nursery.start(
@@ -141,6 +153,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
                 cache_max=args.cache_max * 2**20,
                 allow_tunnels=not args.no_shell,
                 isolation=isolation,
+                nodes=args.nodes,
+                node_via=node_via,
                 task_status=task_status,
             )
         )
@@ -150,6 +164,20 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             flush=True,
         )
     return 0
+
+
+def nodes_of(args: argparse.Namespace, who: str) -> list[list[str]]:
+    """The pool's ``--node-via`` prefixes, split as a shell would, checked against ``--nodes``."""
+    import shlex
+
+    from worker_shim.backends.nodes import check_nodes
+
+    try:
+        via = [shlex.split(prefix) for prefix in args.node_via or []]
+        check_nodes(args.nodes, via)
+    except ValueError as exc:
+        raise SystemExit(f"{who}: {exc}") from None
+    return via
 
 
 def isolation_of(args: argparse.Namespace, who: str, user: str = "") -> Isolation:
@@ -177,6 +205,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir or tether_home() / "data").resolve()  # noqa: ASYNC240 (startup)
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the store, blobs, logs: ours only
     clock = Clock("")
+    nodes_of(args, "tether up")
     try:
         return await _up(args, data_dir, clock)
     except* (RuntimeError, OSError) as group:  # the stack could not start: say why, no traceback
@@ -214,6 +243,8 @@ async def _up(args: argparse.Namespace, data_dir: Path, clock: Clock) -> int:
         pool_bounds=(args.keep_runs, args.cache_max * 2**20),
         allow_tunnels=not args.no_shell,
         isolation=isolation_of(args, "tether up", getpass.getuser()) if args.workers else None,
+        nodes=args.nodes,
+        node_via=nodes_of(args, "tether up"),
     ) as stack:
         relay, redis_url = stack.relay, stack.redis
         if stack.minted or read_token(data_dir) != stack.token:

@@ -48,6 +48,7 @@ RUN_FLAGS = {
     "webhook": "--webhook",
     "resources.gpus": "--gpus",
     "resources.cpus": "--cpus",
+    "resources.nodes": "--nodes",
     "resources.memory_mb": "--mem (MiB)",
     "resources.time_limit": "--time (seconds)",
     "resources.partition": "--partition",
@@ -63,6 +64,7 @@ RUN_FLAGS = {
     # the resources, checked on their own before the spec
     "gpus": "--gpus",
     "cpus": "--cpus",
+    "nodes": "--nodes",
     "memory_mb": "--mem (MiB)",
     "time_limit": "--time (seconds)",
     "partition": "--partition",
@@ -163,8 +165,7 @@ def build_spec(
             ),
             webhook=getattr(args, "webhook", None) or "",
             resources=Resources(
-                gpus=pick("gpus", 0),
-                cpus=pick("cpus", 1),
+                **_per_node(args, pick("gpus", 0), pick("cpus", 1)),
                 memory_mb=memory,
                 time_limit=time_limit,
                 partition=pick("partition", ""),
@@ -237,6 +238,30 @@ def _check_debuggable(command: list[str], workdir: Path, processes: str) -> None
         if "tether run" not in said and "--processes" not in said:
             said += " (tether run runs any command, without the debugger)"
         raise SystemExit(f"tether: {said}") from None
+
+
+def _per_node(args: argparse.Namespace, gpus: int, cpus: int) -> dict[str, int]:
+    """``nodes``, ``gpus`` and ``cpus`` from ``--nodes``, ``--gpus-per-node``, ``--cpus-per-node``
+    over ``gpus``/``cpus`` (``--gpus``/``--cpus``, else the profile's). With more than one node
+    GPUs and CPUs are per node: ``--gpus``/``--cpus`` would read as the run's total, so they are
+    refused there."""
+    nodes = _given(getattr(args, "nodes", None), 1)
+    for what in ("gpus", "cpus"):
+        per_node = getattr(args, f"{what}_per_node", None)
+        given = getattr(args, what, None)
+        if nodes > 1 and given is not None:
+            raise SystemExit(
+                f"tether: with --nodes {nodes}, --{what} is ambiguous: give --{what}-per-node N "
+                f"(each of the {nodes} nodes gets N)"
+            )
+        if per_node is not None and given is not None:
+            raise SystemExit(f"tether: give --{what} or --{what}-per-node, not both")
+        if per_node is not None:
+            if what == "gpus":
+                gpus = per_node
+            else:
+                cpus = per_node
+    return {"nodes": nodes, "gpus": gpus, "cpus": cpus}
 
 
 def _amounts(items: list[str] | None) -> dict[str, float]:

@@ -14,7 +14,7 @@ from typing import Any
 from protocol_specs.access.auth import TokenInfo
 from protocol_specs.runs.lines import LineJoiner
 from protocol_specs.runs.metrics import format_value
-from protocol_specs.runs.resources import short_duration
+from protocol_specs.runs.resources import Resources, short_duration
 from protocol_specs.runs.runs import RunRecord
 from protocol_specs.runs.spec import RunSpec
 from protocol_specs.runs.text import shown_state
@@ -32,6 +32,8 @@ __all__ = [
     "launch_json",
     "metrics_text",
     "mib",
+    "node_lines",
+    "node_rows",
     "runs_table",
     "status_text",
     "sweep_text",
@@ -132,26 +134,61 @@ def launch_json(port: int, run_id: str) -> str:
 
 
 class Terminal:
-    """The program's stdout and stderr on ours, whole lines at a time (:class:`LineJoiner`);
-    stderr in red when both go to one terminal."""
+    """The program's stdout and stderr on ours, whole lines at a time (:class:`LineJoiner`, one
+    per node); stderr in red when both go to one terminal; the lines of a multi-node run's nodes
+    1, 2, ... after ``[node K]``."""
 
     def __init__(self) -> None:
-        self.joiner = LineJoiner()
+        self.joiners: dict[int, LineJoiner] = {}
+        self.at_start: dict[int, bool] = {}
         self.mark = sys.stdout.isatty() and sys.stderr.isatty()
+        #: the node and stream whose line is open on the terminal (none: at a line's start)
+        self.open: tuple[int, str] | None = None
 
-    def write(self, stream: str, data: bytes) -> None:
-        self._show(self.joiner.feed(stream, data))
+    def write(self, stream: str, data: bytes, node: int = 0) -> None:
+        joiner = self.joiners.setdefault(node, LineJoiner())
+        self._show(node, joiner.feed(stream, data))
 
     def end(self) -> None:
-        self._show(self.joiner.flush())
+        for node, joiner in self.joiners.items():
+            self._show(node, joiner.flush())
 
-    def _show(self, pieces: list[tuple[str, bytes]]) -> None:
+    def _show(self, node: int, pieces: list[tuple[str, bytes]]) -> None:
         for stream, data in pieces:
-            sink = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
-            if stream == "stderr" and self.mark:
-                data = b"\x1b[31m" + data + b"\x1b[0m"
-            sink.write(data)
-            sink.flush()
+            if not data:
+                continue
+            if self.open is not None and self.open[0] != node:  # another node's line: end it
+                self._write(self.open[1], b"\n")
+                self.at_start[self.open[0]] = True
+            if node:
+                data, self.at_start[node] = node_lines(node, data, self.at_start.get(node, True))
+            self._write(stream, data)
+            self.open = None if data.endswith(b"\n") else (node, stream)
+
+    def _write(self, stream: str, data: bytes) -> None:
+        sink = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
+        if stream == "stderr" and self.mark:
+            data = b"\x1b[31m" + data + b"\x1b[0m"
+        sink.write(data)
+        sink.flush()
+
+
+def node_lines(node: int, data: bytes, at_start: bool) -> tuple[bytes, bool]:
+    """``data`` of node ``node`` with ``[node K] `` before each line it starts (``at_start``: its
+    first byte starts one); and whether the next byte will."""
+    prefix = f"[node {node}] ".encode()
+    out = bytearray()
+    parts = data.split(b"\n")
+    for i, part in enumerate(parts):
+        if i:
+            out += b"\n"
+            at_start = True
+        if part:
+            out += prefix + part if at_start else part
+            at_start = False
+        elif at_start and i < len(parts) - 1:  # an empty line
+            out += prefix.rstrip()
+    return bytes(out), at_start
 
 
 def age(seconds: float) -> str:
@@ -230,7 +267,7 @@ def status_text(record: RunRecord, now: float) -> str:
         f"mode       {'debug' if spec.debug else 'run'} on {spec.backend}",
         f"snapshot   {record.snapshot[:12]} ({record.files} files, {mib(record.size)}) "
         f"from {spec.workdir}",
-        "resources  " + " ".join(f"{name}={amount}" for name, amount in res.parts()),
+        "resources  " + _resources(res),
         f"submitted  {age(now - record.created_at)} ago"
         + (f" by {record.owner}" if record.owner else ""),
     ]
@@ -272,6 +309,7 @@ def status_text(record: RunRecord, now: float) -> str:
         lines.append(" ".join(parts))
         if a.run_dir:
             lines.append(f"     files in {a.run_dir} (on {a.worker or 'its worker'})")
+        lines += node_rows(a.nodes)
     children = {key: row for key, row in record.processes.items() if key}
     if children:
         lines.append(f"processes  {len(children)} besides the main one (this attempt)")
@@ -281,6 +319,28 @@ def status_text(record: RunRecord, now: float) -> str:
                 state += f" (exit {row.exit_code})"
             lines.append(f"  {row.title}: {state}")
     return "\n".join(lines)
+
+
+def _resources(res: Resources) -> str:
+    """``gpus=1 cpus=4 mem=16384M``; a multi-node run's: ``nodes=2 gpus=1 cpus=4 (per node) ...``."""
+    parts = [f"{name}={amount}" for name, amount in res.parts()]
+    if res.nodes > 1:
+        parts[:2] = [f"nodes={res.nodes}", *parts[:2], "(per node)"]
+    return " ".join(parts)
+
+
+def node_rows(nodes: Sequence[Any]) -> list[str]:
+    """An attempt's nodes (``Attempt.nodes``: ``node``, ``host``, ``state``, ``exit_code``), one
+    line each, aligned: ``node 1  gpu2  exited (exit 1)``; none for a single-node run."""
+    if len(nodes) < 2:
+        return []
+    width = max(columns(str(row.host or "-")) for row in nodes)
+    out = []
+    for row in sorted(nodes, key=lambda row: row.node):
+        host = clip(str(row.host or "-"), 40)
+        state = str(row.state) + (f" (exit {row.exit_code})" if row.exit_code is not None else "")
+        out.append(f"     node {row.node}  {host}{' ' * (min(width, 40) - columns(host))}  {state}")
+    return out
 
 
 def _when(at: float) -> str:

@@ -32,6 +32,7 @@ The claim's deadline is wall-clock time, like leases; each decision takes the ti
 
 from __future__ import annotations
 
+from .nodes import node_rows
 from .runs import Attempt, IllegalTransition, RunEvent, RunRecord, RunState, next_state
 
 __all__ = ["StaleClaim", "claim", "confirm", "lease_expired", "release", "unconfirmed"]
@@ -72,6 +73,8 @@ def claim(
         confirm_by=at + confirm_within,
         confirmed_at=None,
         from_queue=from_queue,
+        # a multi-node run: the claimer runs node 0, the others join (``nodes.py``)
+        nodes=node_rows(record.spec.resources.nodes, worker),
     )
 
 
@@ -118,6 +121,7 @@ def release(
         confirm_by=None,
         from_queue=False,
         released=current.released + 1,
+        nodes=[],
     )
 
 

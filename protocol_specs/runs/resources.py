@@ -24,6 +24,9 @@ class Resources(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    #: the nodes the run spans (one worker per node joins its attempt); with more than one,
+    #: ``gpus`` and ``cpus`` are per node
+    nodes: int = Field(default=1, ge=1, le=64)
     gpus: int = Field(default=0, ge=0, le=64)
     cpus: int = Field(default=1, ge=1, le=1024)
     #: memory in MiB (0: the scheduler's default)

@@ -37,6 +37,7 @@ __all__ = [
     "TRANSITIONS",
     "Attempt",
     "IllegalTransition",
+    "NodeRow",
     "ProcessRow",
     "RunEvent",
     "RunRecord",
@@ -155,6 +156,19 @@ def retry_delay(attempt: int, max_retries: int, backoff: float) -> float | None:
     return float(min(backoff * 2 ** (attempt - 1), 3600.0))
 
 
+class NodeRow(BaseModel):
+    """One node of a multi-node run's attempt, as ``tether status`` shows it
+    (``protocol_specs/runs/nodes.py`` keeps them)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    node: int
+    #: its worker's name (``""`` until that worker joined)
+    host: str = ""
+    state: Literal["starting", "running", "exited", "lost"] = "starting"
+    exit_code: int | None = None
+
+
 class Attempt(BaseModel):
     """One try at running the program."""
 
@@ -184,6 +198,8 @@ class Attempt(BaseModel):
     outcome: str = ""
     exit_code: int | None = None
     detail: str = ""
+    #: a multi-node run's nodes (``[]`` for one node), from node 0's claim on
+    nodes: list[NodeRow] = Field(default_factory=list)
 
 
 class ProcessRow(BaseModel):

@@ -145,6 +145,15 @@ class RunSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _nodes_on_the_local_pool(self) -> RunSpec:
+        if self.resources.nodes > 1 and self.backend in ("slurm", "ray"):
+            raise ValueError(
+                f"--nodes {self.resources.nodes}: multi-node runs are on the local pool for now "
+                f"(--backend local); {self.backend} follows"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _secrets_are_in_env(self) -> RunSpec:
         unknown = [name for name in self.secret_env if name not in self.env]
         if unknown:

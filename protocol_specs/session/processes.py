@@ -11,7 +11,10 @@ and ``configurationDone`` (so no child ever waits for an IDE), and names it.
 
 Every DAP entry says which process it belongs to (:attr:`DapEntry.process
 <protocol_specs.wire.stream_entries.DapEntry>`): :data:`MAIN` (``""``) is the program tether started,
-any other key is :func:`process_key` of the process's pid. The worker announces each process with
+any other key is :func:`process_key` of the process's pid. A run that spans nodes has one worker per
+node: node 0's keys are as above; node K's program is :func:`node_main` (``"nK"``) and its children
+``"nK:PID"``, so a key says whose worker answers it (:func:`node_of`); each worker ignores the
+others' keys. The IDE is offered node K's program like a child of the main process. The worker announces each process with
 a ``process_started`` status entry whose ``data`` is a :class:`ProcessInfo`, and its end with
 ``process_exited``; ``paused`` / ``resumed`` / ``unattended_stop`` statuses carry the process in
 :attr:`StatusEntry.process <protocol_specs.wire.stream_entries.StatusEntry>`. :class:`ProcessTable` is the
@@ -53,6 +56,8 @@ __all__ = [
     "ProcessState",
     "ProcessTable",
     "fold_into_record",
+    "node_main",
+    "node_of",
     "process_key",
 ]
 
@@ -86,9 +91,25 @@ COLLECTIVE_TIMEOUT_HINT = (
 )
 
 
-def process_key(pid: int) -> str:
-    """A child process's key in the run's streams: its pid, in decimal."""
-    return str(pid)
+def process_key(pid: int, node: int = 0) -> str:
+    """A child process's key in the run's streams: its pid, in decimal (``"nK:PID"`` on node K
+    of a run that spans nodes: pids of different hosts may be the same)."""
+    return str(pid) if node == 0 else f"n{node}:{pid}"
+
+
+def node_main(node: int) -> str:
+    """The key of the program node ``node``'s worker started: :data:`MAIN` on node 0, ``"nK"``
+    on node K."""
+    return MAIN if node == 0 else f"n{node}"
+
+
+def node_of(key: str) -> int:
+    """The node whose worker debugs process ``key`` (0 for :data:`MAIN` and plain pids); -1 for
+    a key no worker makes (``"nx"``): nobody's."""
+    if not key.startswith("n"):
+        return 0
+    number = key[1:].split(":", 1)[0]
+    return int(number) if number.isdigit() and number == str(int(number)) else -1
 
 
 class ProcessMode(StrEnum):
@@ -120,17 +141,22 @@ class ProcessInfo(BaseModel):
     #: what it runs (``train.py``, ``pkg.train``, ``python -c``); empty for a worker of its
     #: parent (a multiprocessing or DataLoader worker, a fork), which is named after the parent
     program: str = Field(default="", max_length=200)
+    #: the node of a run that spans nodes whose worker debugs it (0 otherwise)
+    node: int = Field(default=0, ge=0, le=63)
 
     def title(self, parent: ProcessInfo | None = None) -> str:
         """A name a person can place: ``rank 3 (pid 4242) on gpu-node-7``, ``worker 2 of rank 0
         (pid 4300) on gpu-node-7``, ``main process (pid 4100) on gpu-node-7``, ``eval.py (pid
-        4400) on gpu-node-7``."""
+        4400) on gpu-node-7``; on node K >= 1 of a run that spans nodes, ``rank 3 (pid 4242) on
+        node 1 (gpu-node-8)``, ``main process (pid 4100) on node 1 (gpu-node-8)``."""
         where = f" on {self.host}" if self.host else ""
+        if self.node:
+            where = f" on node {self.node}" + (f" ({self.host})" if self.host else "")
         if parent is None and self.parent == MAIN and self.key != MAIN:
             parent = ProcessInfo(key=MAIN, pid=0)  # the main process is never announced
         if self.rank is not None and (parent is None or parent.rank != self.rank):
             return f"rank {self.rank} (pid {self.pid}){where}"
-        if self.key == MAIN:
+        if self.key == node_main(self.node):
             return f"main process (pid {self.pid}){where}"
         if self.program:
             return f"{self.program} (pid {self.pid}){where}"
@@ -143,7 +169,11 @@ class ProcessInfo(BaseModel):
     def short(self) -> str:
         if self.rank is not None:
             return f"rank {self.rank}"
-        return "the main process" if self.key == MAIN else f"process {self.pid}"
+        if self.key == MAIN:
+            return "the main process"
+        if self.key == node_main(self.node):
+            return f"the main process of node {self.node}"
+        return f"process {self.pid}"
 
 
 class ProcessState(StrEnum):
@@ -205,7 +235,7 @@ class ProcessTable:
     def title(self, key: str) -> str:
         known = self.known.get(key)
         if known is None:
-            return "the main process" if key == MAIN else f"process (pid {key})"
+            return _untitled(key, "the main process")
         return known.info.title(self.info(known.info.parent) if key != MAIN else None)
 
     def state(self, key: str) -> ProcessState | None:
@@ -250,7 +280,11 @@ def fold_into_record(record: RunRecord, entry: StatusEntry, *, about: int, at: f
             del rows[gone]
         parent = rows.get(info.parent)
         parent_info = (
-            ProcessInfo(key=info.parent, pid=parent.pid, rank=parent.rank) if parent else None
+            ProcessInfo(
+                key=info.parent, pid=parent.pid, rank=parent.rank, node=node_of(info.parent)
+            )
+            if parent
+            else None
         )
         rows[key] = ProcessRow(title=info.title(parent_info), pid=info.pid, rank=info.rank)
     elif entry.event == StatusEvent.PROCESS_EXITED and key in rows:
@@ -259,9 +293,7 @@ def fold_into_record(record: RunRecord, entry: StatusEntry, *, about: int, at: f
         )
     elif entry.event == StatusEvent.PAUSED:
         where = str(entry.data.get("where") or entry.detail)[:300]
-        row = rows.get(key) or ProcessRow(
-            title="main process" if key == MAIN else f"process (pid {key})"
-        )
+        row = rows.get(key) or ProcessRow(title=_untitled(key, "main process"))
         reason = str(entry.data.get("reason") or "")[:40]
         rows[key] = row.model_copy(update={"state": "paused", "where": where, "reason": reason})
     elif entry.event == StatusEvent.RESUMED and key in rows:
@@ -279,3 +311,15 @@ def fold_into_record(record: RunRecord, entry: StatusEntry, *, about: int, at: f
     if updated.state is RunState.PAUSED:
         return updated.advance(RunEvent.RESUME, at=at, about=about)
     return updated
+
+
+def _untitled(key: str, main: str) -> str:
+    """A process not announced (yet): ``main`` for :data:`MAIN`, else named by its key."""
+    if key == MAIN:
+        return main
+    node = node_of(key)
+    if node > 0 and key == node_main(node):
+        return f"main process of node {node}"
+    if node > 0:
+        return f"process (pid {key.split(':', 1)[-1]}) on node {node}"
+    return f"process (pid {key})"

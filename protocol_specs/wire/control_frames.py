@@ -225,7 +225,10 @@ class Claim(BaseModel):
     """Block until a queued run of ``backend`` is available, then take it.
 
     With ``run``: take that run (a worker a scheduler started for it), if it is queued for
-    ``attempt``.
+    ``attempt``. With ``node`` >= 1 as well: *join* node ``node`` of that attempt of a multi-node
+    run (``protocol_specs/runs/nodes.py``), which node 0 claimed: nothing is claimed, and the
+    answer is the same :class:`Assigned` (token ``""``); ``job_not_running`` while node 0 has
+    not claimed it yet (ask again).
     """
 
     model_config = FROZEN
@@ -235,6 +238,7 @@ class Claim(BaseModel):
     backend: str = "local"
     run: str = ""
     attempt: int = 0
+    node: int = Field(default=0, ge=0, le=63)
 
 
 class Confirm(BaseModel):

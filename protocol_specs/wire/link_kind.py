@@ -89,6 +89,9 @@ class WorkerLink(BaseModel):
     model_config = FROZEN
     kind: Literal[LinkKind.WORKER] = LinkKind.WORKER
     early: bool = False
+    #: the node of a multi-node run it runs (0: the one that claimed the attempt; see
+    #: ``protocol_specs/runs/nodes.py``)
+    node: int = Field(default=0, ge=0, le=63)
     role: ClassVar[Role] = Role.WORKER
     tunnel: ClassVar[str] = ""
     history: ClassVar[bool] = False

@@ -148,14 +148,15 @@ class ControlEntry(BaseModel):
     :class:`protocol_specs.wire.tunnels.TunnelSpec`), ``stop`` (a sweep pruned the trial: the
     program's ``tether.should_stop()`` turns true), ``suspend`` / ``resume`` (its sweep holds its
     other trials while one is paused for debugging: the program's process group is stopped and
-    continued).
+    continued), ``rendezvous`` (a multi-node run's node 0 started: ``data`` is its
+    ``{"addr": str, "port": int}``, which the other nodes' programs meet at).
 
     ``attempt`` names the attempt it is for (0: every attempt); a later attempt ignores it.
     """
 
     model_config = FROZEN
     k: Literal[EntryKind.CONTROL] = EntryKind.CONTROL
-    action: Literal["terminate", "tunnel", "stop", "suspend", "resume"]
+    action: Literal["terminate", "tunnel", "stop", "suspend", "resume", "rendezvous"]
     detail: str = ""
     attempt: int = 0
     data: dict[str, Any] = Field(default_factory=dict)
@@ -169,6 +170,8 @@ class LogEntry(BaseModel):
     stream: Literal["stdout", "stderr"]
     data: bytes = Field(max_length=1024 * 1024)
     attempt: int = 1
+    #: the node whose program wrote it (a multi-node run's; 0 otherwise)
+    node: int = Field(default=0, ge=0, le=63)
 
 
 class MetricEntry(BaseModel):

@@ -227,12 +227,25 @@ class ControlClient:
         return (await self._call(wire.ListSweeps, wire.SweepList, limit=limit)).sweeps
 
     async def claim(
-        self, worker: str, *, backend: str = "local", run: str = "", attempt: int = 0
+        self,
+        worker: str,
+        *,
+        backend: str = "local",
+        run: str = "",
+        attempt: int = 0,
+        node: int = 0,
     ) -> wire.Assigned:
         """The next queued run of ``backend`` (blocks), or with ``run``: that run's ``attempt``;
-        with the worker token for the attempt (``token``)."""
+        with the worker token for the attempt (``token``). With ``node`` >= 1 too: join that node
+        of the attempt node 0 claimed (token ``""``; ``job_not_running`` until node 0 did)."""
         return await self._call(
-            wire.Claim, wire.Assigned, worker=worker, backend=backend, run=run, attempt=attempt
+            wire.Claim,
+            wire.Assigned,
+            worker=worker,
+            backend=backend,
+            run=run,
+            attempt=attempt,
+            node=node,
         )
 
     async def confirm(self, run: str, attempt: int, claim: str) -> RunRecord:

@@ -40,9 +40,22 @@ async def claim(rooms: Rooms, conn: Conn, frame: wire.Claim) -> wire.AnyFrame:
     """A named run's attempt (``frame.run``: a ticket's or a worker token's), or the next queued
     run of ``frame.backend``, waited for."""
     who = conn.who
+    if frame.node and not frame.run:
+        return wire.Error(
+            code=ErrorCode.BAD_FRAME, message="a node's join names its run", rid=frame.rid
+        )
     if frame.run:
         target = await rooms.registry.load(frame.run)
         allow(who, Act.CLAIM_RUN, target, about_run=frame.run, attempt=frame.attempt)
+        if frame.node:  # a multi-node run's other node joins the attempt node 0 claimed
+            joined = await claiming.join(
+                rooms.registry, frame.worker, frame.run, frame.attempt, frame.node
+            )
+            if isinstance(joined, wire.Error):
+                return joined.model_copy(update={"rid": frame.rid})
+            return await _assigned(
+                rooms, frame.rid, conn, joined, "", node=frame.node, joiner=frame.worker
+            )
         if who.kind == "ticket" and target is not None and not target.job_running:
             raise Refused(
                 ErrorCode.JOB_NOT_RUNNING,
@@ -100,10 +113,19 @@ async def report(rooms: Rooms, conn: Conn, frame: wire.Report) -> wire.AnyFrame:
 
 
 async def _assigned(
-    rooms: Rooms, rid: int, conn: Conn, record: RunRecord, token: str, *, manifest: bool = True
+    rooms: Rooms,
+    rid: int,
+    conn: Conn,
+    record: RunRecord,
+    token: str,
+    *,
+    manifest: bool = True,
+    node: int = 0,
+    joiner: str = "",
 ) -> wire.AnyFrame:
     """A claimed or dispatched attempt, with its manifest (a dispatch to a scheduler: none)
-    and the credential minted for it: a worker token (``""`` when the requester is that
+    and the credential minted for it (a multi-node run's node ``node`` >= 1 that ``joiner``
+    joined: none, ``conn.undo`` untouched: nothing was claimed): a worker token (``""`` when the requester is that
     attempt's worker already; a ticket's claim gets one: that is what tickets are for), or a
     dispatch's ticket. A snapshot the relay lost part of since the submit (its blobs deleted
     by hand) fails the attempt's start, saying so."""
@@ -112,13 +134,17 @@ async def _assigned(
     except (BlobError, TreeError) as exc:
         conn.undo = None
         detail = f"the relay lost part of the run's snapshot: {exc}"
-        await rooms.registry.snapshot_lost(record, detail)
+        if not node:  # node 0's claim fails the start; a joiner's fails with it
+            await rooms.registry.snapshot_lost(record, detail)
         return wire.Error(code=ErrorCode.NO_SUCH_BLOB, message=detail, rid=rid)
+    worker = record.worker or "a scheduler job"
     await rooms.note(
         record.id,
         AuditEvent.CLAIM,
         conn,
-        detail=f"attempt {record.attempt} to {record.worker or 'a scheduler job'}",
+        detail=f"attempt {record.attempt} node {node} to {joiner}"
+        if node
+        else f"attempt {record.attempt} to {worker}",
     )
     return wire.Assigned(rid=rid, run=record, manifest=snapshot, token=token)
 

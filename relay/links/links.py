@@ -52,7 +52,7 @@ from protocol_specs.link.relay import (
     StoreRun,
     Tell,
 )
-from protocol_specs.runs import claims
+from protocol_specs.runs import claims, nodes
 from protocol_specs.runs.runs import RunRecord
 from protocol_specs.wire import wire
 from protocol_specs.wire.wire import (
@@ -110,6 +110,8 @@ class _Link:
     drained: trio.Event | None = None
     #: what the peer said it is (its ``hello``), for the audit trail
     client: str = ""
+    #: the node of a multi-node run a worker link runs (``protocol_specs/runs/nodes.py``)
+    node: int = 0
 
     @property
     def run_id(self) -> str:
@@ -186,6 +188,10 @@ class Links:
             return
         run_id = record.id
         tunnel = kind.tunnel
+        node = kind.node if isinstance(kind, WorkerLink) else 0
+        if (why := nodes.link_refusal(record, node)) is not None:
+            await peer.fatal(ErrorCode.BAD_FRAME, why)
+            return
         if tunnel and not await self.tunnels.known(record, tunnel):
             await peer.fatal(
                 ErrorCode.NO_SUCH_TUNNEL,
@@ -211,7 +217,9 @@ class Links:
             status_allowed=worker_may_publish,
             buffer_cap=(cap.entries, cap.bytes),
         )
-        link = _Link(peer, state, hello.producer or secrets.token_hex(8), client=hello.client)
+        link = _Link(
+            peer, state, hello.producer or secrets.token_hex(8), client=hello.client, node=node
+        )
         inbound = state.inbound
         tails = {
             name.value: (await self.store.last_id(link.key(name))) or "0" for name in state.streams
@@ -222,12 +230,12 @@ class Links:
                 await self.tunnels.hold(run_id)
                 cursor = tails[inbound.value] if cursor == "0" else cursor
             case WorkerLink() if not record.finished:
-                # it holds the claim's answer
-                if who.token == claims.unconfirmed(record, who.attempt):
+                # it holds the claim's answer (node 0's: the other nodes join, claiming nothing)
+                if not node and who.token == claims.unconfirmed(record, who.attempt):
                     got = await claiming.confirm(self.registry, run_id, who.attempt, who.token)
                     if isinstance(got, wire.Error):
                         return await peer.fatal(got.code, got.message)
-                await self.registry.renew_lease(run_id, who.attempt)
+                await self.registry.renew_lease(run_id, who.attempt, node)
         welcome = wire.Welcome(
             server=SERVER_NAME,
             run=record if hello.role is Role.WORKER else record.redacted(),
@@ -320,7 +328,7 @@ class Links:
                 if beat is Beat.HOLD:  # it still keeps the ended attempt's directory
                     await self.tunnels.hold(link.run_id)
                 elif beat is Beat.RENEW and not await self.registry.renew_lease(
-                    link.run_id, link.who.attempt
+                    link.run_id, link.who.attempt, link.node
                 ):
                     await peer.fatal(ErrorCode.LEASE_LOST, f"run {link.run_id} is no longer yours")
                     return
@@ -440,7 +448,9 @@ class Links:
                 key = link.key(link.state.outbound)
                 await self.store.append_once(key, link.producer, action.n, None)
             elif isinstance(action, StatusStored):
-                await self.statuses.apply(link.run_id, action.entry, link.who.attempt)
+                await self.statuses.apply(
+                    link.run_id, action.entry, link.who.attempt, node=link.node
+                )
             elif isinstance(action, Attached):
                 await self._attached(link, action.entry)
             else:  # the worker's last word on its tunnel

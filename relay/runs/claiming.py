@@ -32,7 +32,7 @@ import secrets
 from typing import NamedTuple
 
 from protocol_specs.access.auth import parse_token
-from protocol_specs.runs import claims
+from protocol_specs.runs import claims, nodes
 from protocol_specs.runs.runs import IllegalTransition, RunEvent, RunRecord, RunState
 from protocol_specs.session.session import StatusEvent
 from protocol_specs.wire import wire
@@ -41,7 +41,7 @@ from protocol_specs.wire.wire import ErrorCode
 from ..store import keys
 from .books import Books
 
-__all__ = ["Claimed", "claim", "claim_run", "confirm", "release", "released", "sweep"]
+__all__ = ["Claimed", "claim", "claim_run", "confirm", "join", "release", "released", "sweep"]
 
 log = logging.getLogger("tether.relay")
 
@@ -100,9 +100,9 @@ async def claim(
             await registry.tokens.delete(claim_id)  # never handed out
         return None
     claimed = change.after
-    await registry.store.zadd(
-        keys.LEASES, keys.lease(run_id, claimed.attempt), now + registry.config.lease
-    )
+    # every node's lease starts with node 0's claim: a node that never joins ends the attempt
+    for member in keys.leases(run_id, claimed.attempt, claimed.spec.resources.nodes):
+        await registry.store.zadd(keys.LEASES, member, now + registry.config.lease)
     await registry.append_status(run_id, StatusEvent.CLAIMED, claimed, detail=worker)
     return Claimed(claimed, token)
 
@@ -129,6 +129,31 @@ async def claim_run(
     if claimed is None:
         return wire.Error(code=ErrorCode.STALE_ATTEMPT, message=f"run {run_id} was taken")
     return claimed
+
+
+async def join(
+    registry: Books, worker: str, run_id: str, attempt: int, node: int
+) -> RunRecord | wire.Error:
+    """Node ``node`` (>= 1) of a multi-node run joins attempt ``attempt`` that node 0 claimed
+    (``protocol_specs/runs/nodes.py``): its worker is noted as the node's host, nothing is
+    claimed. Said again (the answer was lost), it answers the same."""
+    refused: list[nodes.Refused] = []
+
+    def decide(record: RunRecord) -> RunRecord:
+        why = nodes.join_refusal(record, run_id, attempt, node)
+        if why is not None:
+            refused.append(why)
+            raise IllegalTransition(RunEvent.CLAIM, record.state)
+        return nodes.joined(record, node, worker)
+
+    change = await registry.update(run_id, decide)
+    if change is None:
+        why = refused[-1] if refused else nodes.join_refusal(None, run_id, attempt, node)
+        assert why is not None
+        return wire.Error(code=ErrorCode(why.code), message=why.message)
+    if change.after is not change.before:
+        log.info("run %s: %s joins attempt %s as node %s", run_id, worker, attempt, node)
+    return change.after
 
 
 async def confirm(

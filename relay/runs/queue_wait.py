@@ -45,6 +45,8 @@ async def holders(registry: Registry, backend: str) -> list[RunRecord]:
     """The runs of ``backend`` holding a slot now (their attempt holds a lease), oldest first."""
     found = []
     for member in await registry.store.zrange_by_score(keys.LEASES, float("inf"), MOST_HOLDERS):
+        if keys.lease_node(member):  # a multi-node run's other nodes: node 0's lists it
+            continue
         run_id, attempt = keys.parse_lease(member)
         record = await registry.load(run_id)
         if (

@@ -27,12 +27,13 @@ nothing of that attempt ran.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from protocol_specs.runs import claims
+from protocol_specs.runs import claims, nodes
 from protocol_specs.runs.runs import IllegalTransition, RunEvent, RunRecord, RunState
 from protocol_specs.runs.spec import RunSpec
 from protocol_specs.session.session import StatusEvent
@@ -175,6 +176,14 @@ class Registry:
             keys.stream(run_id, StreamName.TO_WORKER), wire.encode_entry(control)
         )
 
+    async def tell_rendezvous(self, run_id: str, attempt: int, rendezvous: dict[str, Any]) -> None:
+        """Tell the other nodes of a multi-node run's ``attempt`` where node 0's program waits
+        for them (``{"addr": str, "port": int}``); they start their programs then."""
+        control = wire.ControlEntry(action="rendezvous", attempt=attempt, data=rendezvous)
+        await self.store.append(
+            keys.stream(run_id, StreamName.TO_WORKER), wire.encode_entry(control)
+        )
+
     # --- transitions ------------------------------------------------------------------------------
 
     async def transition(
@@ -184,14 +193,17 @@ class Registry:
         *,
         about: int | None = None,
         attempt_fields: dict[str, Any] | None = None,
+        mark: Callable[[RunRecord], RunRecord] | None = None,
         **changes: Any,
     ) -> RunRecord | None:
         """Apply ``event`` (about attempt ``about``, if given; ``attempt_fields`` also go into the
-        current attempt's entry); ``None`` if it isn't legal now."""
+        current attempt's entry; ``mark`` (a node's row, ``protocol_specs/runs/nodes.py``) is
+        applied to the record first); ``None`` if it isn't legal now."""
         now = self.clock()
 
         def decide(record: RunRecord) -> RunRecord:
-            updated = record.advance(event, at=now, about=about, **changes)
+            marked = mark(record) if mark is not None else record
+            updated = marked.advance(event, at=now, about=about, **changes)
             return updated.with_attempt(**attempt_fields) if attempt_fields else updated
 
         change = await self.update(run_id, decide)
@@ -208,18 +220,23 @@ class Registry:
         about: int | None = None,
         exit_code: int | None = None,
         detail: str = "",
+        mark: Callable[[RunRecord], RunRecord] | None = None,
+        node_detail: str = "",
     ) -> RunRecord | None:
         """The current attempt failed (``exit_error``) or was lost (``lease_expired``,
         ``job_lost``): retried if the spec allows another attempt, else the run ends. A lease that
-        expired on a claim never confirmed releases it instead (queued again, same attempt)."""
+        expired on a claim never confirmed releases it instead (queued again, same attempt).
+        ``mark``: the node whose news it is, marked in the record first (``nodes.py``);
+        ``node_detail``: ``detail``'s stead for a run that spans nodes."""
         now = self.clock()
 
         def decide(record: RunRecord) -> RunRecord:
+            record.check_attempt(event, about)
+            said = node_detail if node_detail and nodes.multi(record) else detail
+            record = mark(record) if mark is not None else record
             if event is RunEvent.LEASE_EXPIRED:
-                return claims.lease_expired(record, at=now, about=about, detail=detail)
-            return record.attempt_over(
-                event, at=now, about=about, exit_code=exit_code, detail=detail
-            )
+                return claims.lease_expired(record, at=now, about=about, detail=said)
+            return record.attempt_over(event, at=now, about=about, exit_code=exit_code, detail=said)
 
         change = await self.update(run_id, decide)
         if change is None:
@@ -234,7 +251,10 @@ class Registry:
             return updated
         delay = max(updated.not_before - now, 0.0)
         outcome = "failed" if event is RunEvent.EXIT_ERROR else "lost"
-        what = f"exited with code {exit_code}" if outcome == "failed" else f"was lost: {detail}"
+        if outcome == "failed" and not nodes.multi(before):
+            what = f"exited with code {exit_code}"
+        else:
+            what = f"{'failed' if outcome == 'failed' else 'was lost'}: {updated.detail}"
         text = (
             f"attempt {before.attempt} {what}; attempt {updated.attempt} of "
             f"{before.spec.max_retries + 1} starts in {delay:g} s"
@@ -262,12 +282,17 @@ class Registry:
         the user's active runs, gets its log marker, and its keys their retention."""
         attempt_over = after.finished or after.attempt != before.attempt
         if attempt_over or (before.state is not after.state and after.state is RunState.QUEUED):
-            await self.store.zrem(keys.LEASES, keys.lease(before.id, before.attempt))
+            nodes = before.spec.resources.nodes
+            for member in keys.leases(before.id, before.attempt, nodes):
+                await self.store.zrem(keys.LEASES, member)
             await self.store.zrem(keys.LEASES, before.id)  # a lease of before per-attempt leases
             if before.queue_entry:  # a record from before entries were acknowledged at claim
                 await self.ack(before.spec.backend, before.queue_entry)
         if not after.finished:
             return
+        if before.spec.resources.nodes > 1 and after.state is not RunState.CANCELLED:
+            # the other nodes' programs end with it (a cancel tells every worker itself)
+            await self.tell_worker(after.id, before.attempt, after.detail or after.state.value)
         await self.store.zrem(keys.user_active(after.owner), after.id)
         finished = wire.StatusEntry(
             event=StatusEvent.FINISHED,
@@ -445,13 +470,16 @@ class Registry:
 
     # --- leases and delayed attempts --------------------------------------------------------------
 
-    async def renew_lease(self, run_id: str, attempt: int) -> bool:
-        """Push the lease of ``run_id``'s ``attempt`` forward; False if there is none (expired)."""
+    async def renew_lease(self, run_id: str, attempt: int, node: int = 0) -> bool:
+        """Push the lease of ``run_id``'s ``attempt`` (its node ``node``'s) forward; False if
+        there is none (expired)."""
         expires = self.clock() + self.config.lease
         if await self.store.zadd(
-            keys.LEASES, keys.lease(run_id, attempt), expires, only_existing=True
+            keys.LEASES, keys.lease(run_id, attempt, node), expires, only_existing=True
         ):
             return True
+        if node:
+            return False
         # a lease written before leases named their attempt
         return await self.store.zadd(keys.LEASES, run_id, expires, only_existing=True)
 
@@ -470,19 +498,28 @@ class Registry:
             if not await self.store.zrem(keys.LEASES, member):
                 continue  # another relay took it
             run_id, attempt = keys.parse_lease(member)
+            node = keys.lease_node(member)
             detail = (
                 f"the worker stopped renewing its lease for over {self.config.lease:g} s "
                 "(its host is down, or it has been cut off from the relay)"
             )
             record = await self.attempt_ended(
-                run_id, RunEvent.LEASE_EXPIRED, about=attempt, detail=detail
+                run_id,
+                RunEvent.LEASE_EXPIRED,
+                about=attempt,
+                detail=detail,
+                mark=functools.partial(nodes.lost, node=node),
+                node_detail=nodes.lost_detail(node, self.config.lease),
             )
             if record is None or (record.state is RunState.QUEUED and record.attempt == attempt):
                 continue  # nothing ended, or a claim never confirmed was released
             log.warning("run %s: the worker of attempt %s is lost: lease expired", run_id, attempt)
             if record.finished:
-                await self.append_status(run_id, StatusEvent.WORKER_LOST, record, detail=detail)
-                await self.tell_worker(run_id, record.attempt, "the run was marked lost")
+                await self.append_status(
+                    run_id, StatusEvent.WORKER_LOST, record, detail=record.detail
+                )
+                if not nodes.multi(record):  # a multi-node run's nodes were told (``settle``)
+                    await self.tell_worker(run_id, record.attempt, "the run was marked lost")
             lost.append(run_id)
         await self.requeue_due()
         return lost

@@ -49,6 +49,8 @@ key                            type    contents                                 
 ``tether:queue:<backend>``     stream  one entry per queued attempt (``p`` = id)   relay         claims
 ``tether:leases``              zset    ``R#attempt`` of running attempts, scored   relay         relay sweeps
                                        by when their worker's lease expires
+                                       (``R#attempt#K``: node K's, of a multi-node
+                                       run)
 ``tether:delayed``             zset    retried run ids scored by when they queue;  relay         relay sweeps
                                        a pool's claimed run until the claim is
                                        confirmed, at its deadline (a backstop)
@@ -105,6 +107,8 @@ __all__ = [
     "hash_tag",
     "held",
     "lease",
+    "lease_node",
+    "leases",
     "manifest",
     "meta_key",
     "parse_lease",
@@ -221,16 +225,29 @@ def user_blobs(user: str) -> str:
     return f"tether:user:{user}:blobs"
 
 
-def lease(run_id: str, attempt: int) -> str:
-    """A running attempt's member of :data:`LEASES`."""
-    return f"{run_id}#{attempt}"
+def lease(run_id: str, attempt: int, node: int = 0) -> str:
+    """A running attempt's member of :data:`LEASES`: its node 0's, or (``R#attempt#K``) node
+    ``K``'s of a multi-node run."""
+    return f"{run_id}#{attempt}#{node}" if node else f"{run_id}#{attempt}"
+
+
+def leases(run_id: str, attempt: int, nodes: int) -> list[str]:
+    """Every node's member of :data:`LEASES` for an attempt of a run of ``nodes`` nodes."""
+    return [lease(run_id, attempt, node) for node in range(max(nodes, 1))]
 
 
 def parse_lease(member: str) -> tuple[str, int | None]:
     """``(run id, attempt)`` of a :data:`LEASES` member (attempt ``None``: written before leases
     named their attempt; it is the run's current one)."""
-    run_id, _, attempt = member.partition("#")
+    run_id, _, rest = member.partition("#")
+    attempt = rest.partition("#")[0]
     return run_id, int(attempt) if attempt.isdigit() else None
+
+
+def lease_node(member: str) -> int:
+    """The node a :data:`LEASES` member is of (0 for node 0 and single-node runs)."""
+    node = member.split("#")[2] if member.count("#") >= 2 else ""
+    return int(node) if node.isdigit() else 0
 
 
 def unconfirmed(run_id: str, attempt: int, claim: str) -> str:

@@ -45,8 +45,9 @@ from ..shim import run_dir_of, run_shim, worker_link
 from .afterlife import Afterlives
 from .confirm import confirm_claim
 from .housekeeping import CACHE_MAX_BYTES, KEEP_RUNS, tidy
+from .nodes import Node, NodePool, node_workers
 
-__all__ = ["GpuPool", "detect_gpus", "run_one", "run_pool"]
+__all__ = ["GpuPool", "detect_gpus", "run_node", "run_one", "run_pool"]
 
 log = logging.getLogger("tether.worker")
 
@@ -108,12 +109,15 @@ async def run_pool(
     cache_max: int = CACHE_MAX_BYTES,
     allow_tunnels: bool = True,
     isolation: Isolation | None = None,
+    nodes: int = 1,
+    node_via: list[list[str]] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``slots`` claim loops until cancelled. ``start_delay`` stands in for a GPU queue;
     ``allow_tunnels``: serve the users' ``tether exec``/``shell``/``port-forward``;
     ``isolation``: as whom programs run (``worker_shim/program/identity.py``; default: the worker's
-    own user, every user's runs).
+    own user, every user's runs); ``nodes``, ``node_via``: the pool's nodes for multi-node runs,
+    this host and ``nodes - 1`` more, each run behind its prefix (``worker_shim/backends/nodes.py``).
 
     ``relay_url``'s token needs the ``backend`` scope; each claimed attempt runs with the worker
     token the relay minted for it. Every process of its runs ends with the pool, however the pool
@@ -126,7 +130,10 @@ async def run_pool(
     async with _guarded(housing, runs_dir), trio.open_nursery() as nursery:
         # the tunnels of the runs that ended here, served in their directories while they stay
         afterlives = Afterlives(nursery, say, housing) if allow_tunnels else None
-        place = _PoolPlace(work_dir, runs_dir, housing, (keep_runs, cache_max), allow_tunnels)
+        place = _PoolPlace(
+            work_dir, runs_dir, housing, (keep_runs, cache_max), allow_tunnels,
+            NodePool(nodes, node_via or [], work_dir),
+        )  # fmt: skip
         for slot in range(slots):
             nursery.start_soon(
                 _slot, relay_url, f"{base}-{slot}", start_delay, place, python, pool, say,
@@ -145,6 +152,8 @@ class _PoolPlace:
     housing: Housing
     bounds: tuple[int, int]
     allow_tunnels: bool
+    #: the pool's nodes beyond this host (a job's worker: none)
+    nodes: NodePool | None = None
 
 
 def _guarded(housing: Housing, runs_dir: Path) -> AbstractAsyncContextManager[None]:
@@ -197,20 +206,29 @@ async def _slot(
                             f"{worker}: waiting {start_delay:g} s before starting run {record.id} (--start-delay)"
                         )
                         await trio.sleep(start_delay)
-                    try:
-                        taken = await gpus.take(record.spec.resources.gpus)
+                    try:  # the nodes first: a slot holding GPUs never waits for nodes
+                        nodes = await _take_nodes(place.nodes, record)
+                        taken = await _take_gpus(gpus, record, nodes, place.nodes)
                     except ValueError as exc:
                         await _start_failed(as_worker, record, str(exc))
                         say(f"{worker}: run {record.id}: {exc}")
                         continue
                     env = {"CUDA_VISIBLE_DEVICES": ",".join(taken)} if gpus.gpus else {}
                     try:
-                        await _run(as_worker, record, manifest, control, place, python, say,
-                                   env)  # fmt: skip
+                        async with node_workers(
+                            nodes, record.id, record.attempt, as_worker,
+                            mark=f"{housing.mark}/nodes-{record.id}-{record.attempt}",
+                            say=lambda text: say(f"{worker}: {text}"),
+                            allow_tunnels=place.allow_tunnels,
+                        ):  # fmt: skip
+                            await _run(as_worker, record, manifest, control, place, python, say,
+                                       env)  # fmt: skip
                     except RelayError as exc:
                         say(f"{worker}: lost the relay while running {record.id}: {exc}")
                     finally:
                         await gpus.give_back(taken)
+                        if place.nodes is not None:
+                            await place.nodes.give_back(nodes)
                         with trio.CancelScope(shield=True):
                             await tidy(work_dir, runs_dir, keep_runs=place.bounds[0],
                                        cache_max=place.bounds[1], release=housing.release)  # fmt: skip
@@ -224,6 +242,26 @@ async def _slot(
             lost = True
             await trio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
+
+
+async def _take_nodes(pool: NodePool | None, record: RunRecord) -> list[Node]:
+    """The pool's nodes for the run's nodes 1..M-1 (none for one node), waiting until free."""
+    wanted = record.spec.resources.nodes
+    if pool is None:
+        return []
+    return await pool.take(wanted)
+
+
+async def _take_gpus(
+    gpus: GpuPool, record: RunRecord, nodes: list[Node], pool: NodePool | None
+) -> list[str]:
+    """Node 0's GPUs, waiting until free; on a :class:`ValueError` the nodes go back."""
+    try:
+        return await gpus.take(record.spec.resources.gpus)
+    except ValueError:
+        if pool is not None:
+            await pool.give_back(nodes)
+        raise
 
 
 async def _start_failed(relay_url: Endpoint, record: RunRecord, detail: str) -> None:
@@ -273,6 +311,43 @@ async def run_one(
             return await started(as_worker, assigned, control)
 
 
+async def run_node(
+    relay_url: Target,
+    run_id: str,
+    attempt: int,
+    node: int,
+    *,
+    work_dir: Path,
+    worker: str,
+    python: str = sys.executable,
+    on_event: Callable[[str], None] | None = None,
+    allow_tunnels: bool = True,
+) -> int | None:
+    """Join node ``node`` (>= 1) of ``run_id``'s attempt ``attempt``, which node 0's worker
+    claimed, and run that node's part (``tether worker --run RUN --attempt A --node K``, holding
+    the attempt's worker token): asked again while node 0 has not claimed it yet; the program
+    starts once node 0's rendezvous is known (``worker_shim/program/nodes.py``)."""
+    say = on_event or (lambda _text: None)
+    client = f"tether-worker {worker}"
+    housing = Housing()
+    runs_dir = await trio.to_thread.run_sync(housing.prepare, work_dir)
+    place = _PoolPlace(work_dir, runs_dir, housing, (KEEP_RUNS, CACHE_MAX_BYTES), allow_tunnels)
+    async with _guarded(housing, runs_dir):
+        assigned = await _claim(relay_url, client, worker, run_id, attempt, say, node=node)
+        record = assigned.run
+        say(f"{worker}: joined run {record.id} (attempt {record.attempt}) as node {node}")
+        as_worker = endpoint(relay_url)
+        async with open_control(as_worker, client=client) as control:
+            try:
+                return await _run(
+                    as_worker, record, assigned.manifest, control, place, python, say,
+                    scheduled=True, node=node,
+                )  # fmt: skip
+            finally:
+                with trio.CancelScope(shield=True):
+                    await tidy(work_dir, runs_dir)
+
+
 #: how long a job's worker asks again for its claim when the answer was lost (the relay died, or
 #: lost its store): the claim goes back to the queue once its confirmation is overdue
 CLAIM_PATIENCE = 120.0
@@ -285,24 +360,31 @@ async def _claim(
     run_id: str,
     attempt: int,
     say: Callable[[str], None],
+    *,
+    node: int = 0,
 ) -> wire.Assigned:
     """Claim the attempt, on a connection of its own each time it asks. A ticket's claim is
     refused until the backend saw this job running (it looks every few seconds): asked again,
     for :data:`TICKET_WAIT` seconds at most. A claim whose answer was lost (the relay went, or
     its store) was made for nobody: the relay puts it back in the queue once it stays
     unconfirmed (``--claim-confirm``), and it is asked again until then, for
-    :data:`CLAIM_PATIENCE` seconds at most."""
+    :data:`CLAIM_PATIENCE` seconds at most. With ``node`` >= 1: a join, refused the same way
+    until node 0 claimed the attempt."""
     start = trio.current_time()
     said: set[str] = set()
     pause = 0.5
     while True:
         try:
             async with open_control(relay_url, client=client) as control:
-                return await control.claim(worker, run=run_id, attempt=attempt)
+                return await control.claim(worker, run=run_id, attempt=attempt, node=node)
         except RelayError as exc:
             waited = trio.current_time() - start
             if exc.code == ErrorCode.JOB_NOT_RUNNING and waited < TICKET_WAIT:
-                why = "waiting for the backend to see this job running"
+                why = (
+                    f"waiting for node 0 to claim attempt {attempt}"
+                    if node
+                    else "waiting for the backend to see this job running"
+                )
                 pause = 0.5  # the backend's next look at its jobs
             elif _answer_lost(exc, attempt) and waited < CLAIM_PATIENCE:
                 why = "its claim's answer was lost with the relay; asking again"
@@ -335,6 +417,7 @@ async def _run(
     env: dict[str, str] | None = None,
     *,
     scheduled: bool = False,
+    node: int = 0,
 ) -> int | None:
     """One claimed attempt, its blobs fetched over ``control`` (or a new control connection, if
     that one is lost) into the worker's cache. ``scheduled``: a scheduler's job (its backend
@@ -353,6 +436,7 @@ async def _run(
             say_when_stopped=not scheduled,
             allow_tunnels=place.allow_tunnels,
             housing=place.housing,
+            node=node,
         )
 
 

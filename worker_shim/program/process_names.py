@@ -21,7 +21,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
-from protocol_specs.session.processes import MAIN, ProcessInfo, process_key
+from protocol_specs.session.processes import ProcessInfo, node_main, process_key
 
 __all__ = ["ProcFacts", "describe", "program_of", "read_proc", "user_command"]
 
@@ -88,15 +88,16 @@ def describe(
     key: str | None = None,
     parent_cmdline: list[str] | None = None,
     command: list[str] | None = None,
+    node: int = 0,
 ) -> ProcessInfo:
     """A process's :class:`ProcessInfo` from what the kernel says of it. ``parent_cmdline``: the
     parent's real command line (a child with the same one is a fork: a worker of its parent);
     ``command``: the command line to show, when known better than ``/proc`` (the main process's,
-    as submitted)."""
+    as submitted); ``node``: the node of a run that spans nodes it runs on."""
     shown = user_command(facts.cmdline) if command is None else list(command)
     forked = bool(facts.cmdline) and facts.cmdline == parent_cmdline
     return ProcessInfo(
-        key=process_key(pid) if key is None else key,
+        key=process_key(pid, node) if key is None else key,
         pid=pid,
         parent=parent,
         host=host,
@@ -105,7 +106,8 @@ def describe(
         world_size=_int(facts.environ.get("WORLD_SIZE")),
         nth=nth,
         command=_shorten(shlex.join(shown)),
-        program="" if forked or key == MAIN else program_of(shown),
+        program="" if forked or key == node_main(node) else program_of(shown),
+        node=node,
     )
 
 

@@ -79,8 +79,12 @@ class Tunnels:
         allowed: bool = True,
         say: Callable[[str], None] = lambda _text: None,
         quarters: Quarters | None = None,
+        serves: bool = True,
     ) -> None:
+        """``serves``: this worker serves the run's tunnels (node 0's, of a run that spans
+        nodes; the others leave them to it)."""
         self.relay = relay
+        self.serves = serves
         #: as whom the commands run (the attempt's uid on a worker that isolates)
         self.quarters = quarters
         self.record = record
@@ -103,7 +107,7 @@ class Tunnels:
 
     def open(self, entry: wire.AnyEntry | None) -> bool:
         """Serve the tunnel ``entry`` asks for (if it is such a request: True)."""
-        spec = tunnel_request(entry, self.record)
+        spec = tunnel_request(entry, self.record) if self.serves else None
         if spec is None:
             return False
         assert isinstance(entry, wire.ControlEntry)
@@ -324,14 +328,16 @@ async def open_tunnels(
     say: Callable[[str], None] = lambda _text: None,
     ending: str = "",
     quarters: Quarters | None = None,
+    serves: bool = True,
 ) -> AsyncIterator[Tunnels]:
     """The attempt's tunnels, served until the block ends (then what still runs is ended, its
     ``exit`` saying ``ending``: by default, that the attempt ended); ``quarters``: as whom their
-    commands run."""
+    commands run; ``serves``: see :class:`Tunnels`."""
     async with trio.open_nursery() as nursery:
         tunnels = Tunnels(
-            relay, record, run_dir, env, nursery, allowed=allowed, say=say, quarters=quarters
-        )
+            relay, record, run_dir, env, nursery, allowed=allowed, say=say, quarters=quarters,
+            serves=serves,
+        )  # fmt: skip
         try:
             yield tunnels
         finally:

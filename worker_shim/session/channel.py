@@ -33,7 +33,7 @@ from protocol_specs.session.prefetch import (
     Gathering,
     WatchList,
 )
-from protocol_specs.session.processes import MAIN
+from protocol_specs.session.processes import MAIN, node_main, node_of
 from protocol_specs.session.session import CONFIGURATION_COMMANDS, StatusEvent, is_transient
 from protocol_specs.wire.wire import DapEntry, StatusEntry
 
@@ -265,7 +265,7 @@ class DebugpyChannel:
                 elif isinstance(step, Continue):
                     arguments = {"threadId": step.thread_id}
                     actions += self.send("continue", arguments)
-                    if self.key != MAIN:  # a rank's group continues with it
+                    if self.key != node_main(node_of(self.key)):  # a rank's group moves too
                         actions.append(MovedAlone(self.key, "continue", arguments))
                 elif isinstance(step, Terminate):
                     actions += self.owner.watch_terminates(step)

@@ -51,7 +51,7 @@ from protocol_specs.dap.capabilities import (
 )
 from protocol_specs.link.link import START, Cursor, InvalidCursor
 from protocol_specs.runs.runs import RunRecord, retry_delay
-from protocol_specs.session.processes import MAIN
+from protocol_specs.session.processes import MAIN, node_main
 from protocol_specs.session.session import DebugSession, StatusEvent
 from protocol_specs.wire import wire
 from protocol_specs.wire.wire import DapEntry, PresenceEntry, StatusEntry, WireError
@@ -102,17 +102,24 @@ class ShimCore:
         tail: Cursor = START,
         clock: Callable[[], float],
         wall: Callable[[], float] = time.time,
+        node: int = 0,
     ) -> None:
         """``tail``: where the ``to_worker`` stream ended when the link connected (the fold waits
-        until it got there); ``clock`` is monotonic (deadlines), ``wall`` stamps statuses."""
+        until it got there); ``clock`` is monotonic (deadlines), ``wall`` stamps statuses.
+        ``node``: the node of a run that spans nodes whose program this is: on node K >= 1 its
+        key is :func:`~protocol_specs.session.processes.node_main` (``"nK"``), and it folds the
+        main process's (``""``) configuration as node 0 does, but forwards only its own key's
+        requests (node 0's worker answers the main process's)."""
         self.record = record
         self.run_dir = run_dir
         self.clock = clock
         self.wall = wall
-        self._status = StatusStamp(MAIN, wall)
+        self.node = node
+        self.key = node_main(node)
+        self._status = StatusStamp(self.key, wall)
         self.session = DebugSession()
         self.watch = Watch(record, run_dir, self._status)
-        self.channel = DebugpyChannel(self, key=MAIN, clock=clock, watch=self.watch)
+        self.channel = DebugpyChannel(self, key=self.key, clock=clock, watch=self.watch)
         self.plan = ConfigurationPlan(post_mortem=record.spec.post_mortem)
         self._tail = tail
         self._seen = START
@@ -146,10 +153,18 @@ class ShimCore:
 
     # --- start ------------------------------------------------------------------------------------
 
-    def start(self, pid: int, *, late: bool = False, post_mortem: bool = False) -> list[Action]:
+    def start(
+        self,
+        pid: int,
+        *,
+        late: bool = False,
+        post_mortem: bool = False,
+        started: dict[str, Any] | None = None,
+    ) -> list[Action]:
         """The program started under debugpy (nothing of the user's code ran yet); ``late``: a
         plain run that has been running since its ``started``, now debugged (an IDE attached);
-        ``post_mortem``: that, for an uncaught exception, with no IDE to wait for."""
+        ``post_mortem``: that, for an uncaught exception, with no IDE to wait for; ``started``:
+        more for the ``started`` status (node 0's rendezvous)."""
         if post_mortem:
             self._waits = False
             late = True
@@ -160,6 +175,7 @@ class ShimCore:
             "run_dir": self.run_dir,
             "debugpy": DEBUGPY_VERSION,
             "attempt": self.record.attempt,
+            **(started or {}),
         }
         return [Publish(self._status(StatusEvent.STARTED, data=data)), *self._maybe_replay()]
 
@@ -211,18 +227,17 @@ class ShimCore:
         elif isinstance(entry, PresenceEntry):
             self.watch.presence(entry, self.clock())
             actions += self.channel.watch_step()
-        elif isinstance(entry, DapEntry) and entry.process == MAIN:
+        elif isinstance(entry, DapEntry) and entry.process == self.key:
             actions += self._on_request(entry)
+        elif isinstance(entry, DapEntry) and entry.process == MAIN and self.phase in _FOLDING:
+            self._fold(entry)  # node K: the run's configuration, as node 0 replays it
         return actions + self._maybe_replay()
 
     def _on_request(self, entry: DapEntry) -> list[Action]:
         if self.phase in _FOLDING:
             # before debugpy starts the program, configuration is only ever folded: the replay
             # sends the latest of it
-            try:
-                self.session.apply_to_worker(entry)
-            except ValueError as exc:
-                log.warning("skipping a malformed to_worker entry of %s: %s", entry.origin, exc)
+            self._fold(entry)
             return []
         if self.phase is ReplayPhase.FINISHING:
             self._queued.append(entry)  # forwarded once live, after ``debugger_live``
@@ -233,6 +248,12 @@ class ShimCore:
         if msg is None:
             return []  # not a request debugpy could take (anyone with the user's token can write)
         return self.channel.forward(entry, msg)
+
+    def _fold(self, entry: DapEntry) -> None:
+        try:
+            self.session.apply_to_worker(entry)
+        except ValueError as exc:
+            log.warning("skipping a malformed to_worker entry of %s: %s", entry.origin, exc)
 
     def end_run(self) -> list[Action]:
         """The run was ended (cancelled, or lost) while the link was down."""
@@ -437,12 +458,15 @@ def terminates(entry: wire.AnyEntry | None, record: RunRecord) -> bool:
     )
 
 
-def exit_status(record: RunRecord, code: int, wall: Callable[[], float] = time.time) -> StatusEntry:
-    """The program's exit status; ``final``: no further attempt follows."""
+def exit_status(
+    record: RunRecord, code: int, wall: Callable[[], float] = time.time, *, process: str = MAIN
+) -> StatusEntry:
+    """The program's exit status; ``final``: no further attempt follows. ``process``: node K's
+    program's key (its node's exit; the run's is the relay's to tell)."""
     spec = record.spec
     final = code == 0 or retry_delay(record.attempt, spec.max_retries, spec.retry_backoff) is None
     data = {"attempt": record.attempt, "final": final}
-    return status_entry(StatusEvent.EXITED, wall, exit_code=code, data=data)
+    return status_entry(StatusEvent.EXITED, wall, exit_code=code, data=data, process=process)
 
 
 def request_of(entry: DapEntry) -> dict[str, Any] | None:

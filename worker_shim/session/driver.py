@@ -13,7 +13,6 @@ from typing import Any
 import trio
 
 from protocol_specs.dap import framing as dap_framing
-from protocol_specs.session.processes import MAIN
 from protocol_specs.session.rank_values import EvalReport, RankValue
 from protocol_specs.wire import wire
 from relay.client import RunLink
@@ -72,7 +71,7 @@ class Driver:
         self.processes = processes
         self.tunnels = tunnels
         self.core = processes.main
-        self.streams: dict[str, trio.SocketStream] = {MAIN: stream}
+        self.streams: dict[str, trio.SocketStream] = {processes.main.key: stream}
         self.nursery = nursery
         self.link = link
         self.output = output
@@ -206,7 +205,7 @@ class Driver:
         except dap_framing.DapFramingError as exc:
             log.error("debugpy sent bad DAP data on %r: %s", key or "main", exc)
         finally:
-            if key != MAIN:
+            if key != self.core.key:
                 if self.streams.get(key) is stream:
                     del self.streams[key]
                 with trio.CancelScope(shield=True):
@@ -272,7 +271,7 @@ async def open_driver(
             driver = Driver(processes, stream, link, output, debuggee, say, nursery, tunnels)
             if tunnels is not None:
                 tunnels.evaluate = driver.evaluate  # ``tether eval``: while the sessions run
-            nursery.start_soon(driver.pump, MAIN, stream)
+            nursery.start_soon(driver.pump, processes.main.key, stream)
             nursery.start_soon(driver.flush_output_when_answered)
             nursery.start_soon(driver.timer)
             nursery.start_soon(driver.stop_on_terminate)

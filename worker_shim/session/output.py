@@ -52,6 +52,7 @@ import trio
 from protocol_specs.access.redact import Redactor
 from protocol_specs.dap import models as dap
 from protocol_specs.runs.lines import LineJoiner
+from protocol_specs.session.processes import MAIN, node_main
 from protocol_specs.wire import wire
 from relay.client import RelayError, RunLink
 
@@ -111,8 +112,12 @@ class OutputHold:
         to_ide: bool = False,
         piece: int = PIECE,
         cap: int = HOLD_CAP,
+        node: int = 0,
     ) -> None:
+        """``node``: the node of a run that spans nodes whose program this is (its log entries
+        say so; its output events are for its main process's session)."""
         self.attempt = attempt
+        self.node = node
         #: also publish the output as DAP ``output`` events for the IDE
         self.to_ide = to_ide
         self.piece = piece
@@ -205,11 +210,13 @@ class OutputHold:
         self._held += len(data)
 
     def _entries(self, stream: Stream, data: bytes) -> list[Entry]:
-        entries: list[Entry] = [wire.LogEntry(stream=stream, data=data, attempt=self.attempt)]
+        entries: list[Entry] = [
+            wire.LogEntry(stream=stream, data=data, attempt=self.attempt, node=self.node)
+        ]
         if self.to_ide:
             text = self._decoders[stream].decode(data)
             if text:
-                entries.append(_output_event(stream, text))
+                entries.append(_output_event(stream, text, node_main(self.node)))
         return entries
 
 
@@ -221,10 +228,10 @@ def _stream(name: str) -> Stream:
     raise ValueError(f"not an output stream: {name!r}")
 
 
-def _output_event(stream: Stream, text: str) -> wire.DapEntry:
+def _output_event(stream: Stream, text: str, process: str = MAIN) -> wire.DapEntry:
     body = {"category": stream, "output": text}
     raw = orjson.dumps(dap.event("output", body))
-    return wire.DapEntry(body=raw, transient=True)
+    return wire.DapEntry(body=raw, transient=True, process=process)
 
 
 class Pipes(Protocol):
@@ -358,12 +365,17 @@ class ProgramOutput:
 
 @asynccontextmanager
 async def open_program_output(
-    link: RunLink, attempt: int, secrets: list[str], metrics: ProgramMetrics | None = None
+    link: RunLink,
+    attempt: int,
+    secrets: list[str],
+    metrics: ProgramMetrics | None = None,
+    *,
+    node: int = 0,
 ) -> AsyncIterator[ProgramOutput]:
     """A :class:`ProgramOutput` with its publisher running (``metrics``: the program's, fed its
     output). On exit (normal, error or cancel), shielded and bounded (5 s): everything still held
     is published, redactors' tails included (and the metrics' first)."""
-    output = ProgramOutput(link, OutputHold(secrets, attempt=attempt), metrics)
+    output = ProgramOutput(link, OutputHold(secrets, attempt=attempt, node=node), metrics)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(output.run)
         try:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -48,11 +47,11 @@ from protocol_specs.session.focus import (
     outside_focus_answer,
     parse_focus,
 )
-from protocol_specs.session.processes import MAIN, ProcessInfo, process_key
+from protocol_specs.session.processes import MAIN, ProcessInfo, node_of, process_key
 from protocol_specs.session.rank_values import RankValue, nothing_evaluated, parse_prefix, render
 from protocol_specs.session.session import BreakpointSet, DebugSession, StatusEvent
 from protocol_specs.wire import wire
-from protocol_specs.wire.wire import DapEntry, PresenceEntry
+from protocol_specs.wire.wire import DapEntry, PresenceEntry, StatusEntry
 
 from ..program.process_names import ProcFacts, describe, read_proc
 from .actions import (
@@ -71,7 +70,7 @@ from .channel import DebugpyChannel
 from .child import ChildSession
 from .core import ShimCore, parse_delivery, request_of
 from .group import GroupAction, Note, RankGroup, Release, Send
-from .rank_eval import Ask, Done, EvalMove, RankEval
+from .rank_eval import Ask, ConsoleAsk, Done, EvalMove, RankEval, console_eval
 from .replay import attach_arguments, configuration, initialize_arguments, pipe_output_attach
 
 __all__ = ["DebuggedProcesses", "cleared"]
@@ -126,14 +125,23 @@ class DebuggedProcesses:
         *,
         late: bool = False,
         post_mortem: bool = False,
+        started: dict[str, Any] | None = None,
     ) -> list[Action]:
-        """The main process is ``pid``, running ``command`` (as submitted); ``late`` and
-        ``post_mortem``: see :meth:`ShimCore.start <worker_shim.session.core.ShimCore.start>`."""
+        """The main process is ``pid``, running ``command`` (as submitted); ``late``,
+        ``post_mortem`` and ``started``: see :meth:`ShimCore.start
+        <worker_shim.session.core.ShimCore.start>`. On node K >= 1, its program is announced
+        (``process_started``) like a child, for the IDE to be offered it."""
         facts = self._read(pid)
-        self._cmdlines[MAIN] = facts.cmdline
-        self.infos[MAIN] = describe(pid, facts, parent=MAIN, nth=0, host=self._host, key=MAIN,
-                                    command=command)  # fmt: skip
-        return self.main.start(pid, late=late, post_mortem=post_mortem)
+        key = self.main.key
+        self._cmdlines[key] = facts.cmdline
+        info = self.infos[key] = describe(
+            pid, facts, parent=MAIN, nth=0, host=self._host, key=key, command=command,
+            node=self.main.node,
+        )  # fmt: skip
+        announced: list[Action] = []
+        if key != MAIN:  # node K's program: offered to the IDE as a child of the main process
+            announced.append(Publish(self._started(info, info.title())))
+        return announced + self.main.start(pid, late=late, post_mortem=post_mortem, started=started)
 
     # --- from the relay ---------------------------------------------------------------------------
 
@@ -141,14 +149,21 @@ class DebuggedProcesses:
         cursor, entry = parse_delivery(delivery)
         if isinstance(entry, DapEntry) and (focus := _focus_of(entry)) is not None:
             return [*self._refocus(focus[0]), *self.main.on_entry(cursor, None)]
-        console = _console_eval(entry)
+        console = console_eval(entry)
+        if console is not None and node_of(console[0].process) != self.main.node:
+            console = None  # asked in another node's session: that node's worker answers
         if console is not None:  # ``@all EXPR``: the worker answers it, from every rank
             # not live: the stream's past (an earlier attempt's asks), answered then
             answer = self._console(*console) if self.main.live else []
             return [*self.main.on_entry(cursor, None), *answer]
         if isinstance(entry, DapEntry):
             self._fold(entry)
-            if entry.process != MAIN:
+            if node_of(entry.process) != self.main.node:
+                # another node's process (node K: the main one's, folded by the core): that
+                # node's worker answers it
+                fold = entry if entry.process == MAIN else None
+                return self.main.on_entry(cursor, fold)
+            if entry.process != self.main.key:
                 return [*self._for_child(entry), *self.main.on_entry(cursor, None)]
         actions = self.main.on_entry(cursor, entry)
         if isinstance(entry, PresenceEntry):
@@ -190,8 +205,8 @@ class DebuggedProcesses:
     def on_debugpy_message(self, key: str, raw: bytes, answered: int) -> list[Action]:
         """One message on ``key``'s connection; ``answered``: the relay's highest answered
         publish number (the main core's output holding)."""
-        child = self.children.get(key) if key != MAIN else None
-        if key != MAIN and child is None:
+        child = self.children.get(key) if key != self.main.key else None
+        if key != self.main.key and child is None:
             return []
         msg = _message(raw)
         if msg is not None and _announces_child(msg):
@@ -259,22 +274,29 @@ class DebuggedProcesses:
     def closed(self, key: str) -> list[Action]:
         """``key``'s connection ended, or could not be opened."""
         gone = self._evals(self.evals.gone(key))
-        if key == MAIN:
+        if key == self.main.key:
             return gone + self.main.debugpy_closed()
         child = self.children.get(key)
         if child is None:
             return []
         return gone + self._of(child.connection_closed()) + self._membership(child, child.live)
 
-    def end(self) -> list[Action]:
-        """The program exited: each child still thought alive is reported gone (the program's
-        group is ended with it). A child debugpy announces after this (its message was on the
-        way) is not reported started: its ``process_exited`` could not follow."""
+    def end(self, exit_code: int | None = None) -> list[Action]:
+        """The program exited (with ``exit_code``): each child still thought alive is reported
+        gone (the program's group is ended with it), and node K's program itself (announced like
+        a child). A child debugpy announces after this (its message was on the way) is not
+        reported started: its ``process_exited`` could not follow."""
         self._over = True
         actions: list[Action] = []
         for key, child in self.children.items():
             actions += self._evals(self.evals.gone(key))
             actions += self._of(child.connection_closed()) + self._membership(child, child.live)
+        if self.main.key != MAIN and self.main.key in self.infos:
+            exited = status_entry(
+                StatusEvent.PROCESS_EXITED, self.main.wall, process=self.main.key,
+                exit_code=exit_code,
+            )  # fmt: skip
+            actions.append(Publish(exited))
         return actions
 
     def _announced(self, key: str, msg: dict[str, Any]) -> list[Action]:
@@ -294,8 +316,8 @@ class DebuggedProcesses:
         return actions + self._new_child(key, pid, config)
 
     def _new_child(self, parent: str, pid: int, config: dict[str, Any]) -> list[Action]:
-        key = process_key(pid)
-        if key == MAIN:
+        key = process_key(pid, self.main.node)
+        if key == self.main.key:
             return []
         if self._over:
             log.info("process %s was announced after the program exited: not debugged", key)
@@ -311,7 +333,7 @@ class DebuggedProcesses:
         facts = self._read(pid)
         self._cmdlines[key] = facts.cmdline
         info = describe(pid, facts, parent=parent, nth=nth, host=self._host,
-                        parent_cmdline=self._cmdlines.get(parent))  # fmt: skip
+                        parent_cmdline=self._cmdlines.get(parent), node=self.main.node)  # fmt: skip
         self.infos[key] = info
         title = info.title(self.infos.get(parent))
         session = self.main.session
@@ -333,15 +355,19 @@ class DebuggedProcesses:
         # the IDEs attached now are attached to it too (its stops are not unattended)
         child.watch.knows_presence_of(self.main.watch)
         self.children[key] = child
-        started = status_entry(
+        started = self._started(info, title)
+        return [*replaced, Publish(started), OpenChild(key), *child.start()]
+
+    def _started(self, info: ProcessInfo, title: str) -> StatusEntry:
+        """``process_started`` of ``info`` (prefetch: its stops are followed by a prefetch event,
+        as the main's)."""
+        return status_entry(
             StatusEvent.PROCESS_STARTED,
             self.main.wall,
-            process=key,
+            process=info.key,
             detail=title,
-            # prefetch: its stops are followed by a prefetch event, as the main's
             data={**info.model_dump(), "prefetch": True},
         )
-        return [*replaced, Publish(started), OpenChild(key), *child.start()]
 
     def _replaced(self, old: ChildSession) -> list[Action]:
         """Process ``old`` exec'd a new program in its pid: its session (the old connection,
@@ -444,9 +470,11 @@ class DebuggedProcesses:
             if child.live and not child.ended and _is_rank(child.info, parent):
                 assert child.info.rank is not None
                 found[key] = child.info.rank
-        main = self.infos.get(MAIN)
+        main = self.infos.get(self.main.key)
         if main is not None and main.rank is not None and self.main.live:
-            found[MAIN] = main.rank  # a job whose every process tether started (srun python)
+            found[self.main.key] = (
+                main.rank
+            )  # a job whose every process tether started (srun python)
         return found
 
     def evaluate(self, ask: Any, source: str, ranks: list[int] | None) -> list[Action]:
@@ -455,7 +483,7 @@ class DebuggedProcesses:
         return self._evals(self.evals.start(ask, source, self.ranks(), ranks))
 
     def _channel(self, key: str) -> DebugpyChannel | None:
-        if key == MAIN:
+        if key == self.main.key:
             return self.main.channel
         child = self.children.get(key)
         return child.channel if child is not None else None
@@ -476,7 +504,7 @@ class DebuggedProcesses:
                     todo += self.evals.not_sent(move)
             else:
                 actions += self._evaluated_in(move.values)
-                if isinstance(move.ask, _ConsoleAsk):
+                if isinstance(move.ask, ConsoleAsk):
                     actions += self._console_answer(move)
                 else:
                     actions.append(EvalAnswered(move.ask, move.values))
@@ -496,52 +524,25 @@ class DebuggedProcesses:
         rank, answered with the values side by side."""
         prefix = parse_prefix(msg["arguments"]["expression"])
         assert prefix is not None
-        ask = _ConsoleAsk(entry.origin, entry.process, msg)
+        ask = ConsoleAsk(entry.origin, entry.process, msg)
         if prefix.error:
             return self._console_reply(ask, error=prefix.error)
         return self.evaluate(ask, prefix.expression, prefix.ranks)
 
     def _console_answer(self, done: Done) -> list[Action]:
-        assert isinstance(done.ask, _ConsoleAsk)
+        assert isinstance(done.ask, ConsoleAsk)
         why = nothing_evaluated(done.values)
         if why:
             return self._console_reply(done.ask, error=why)
         return self._console_reply(done.ask, result="\n".join(render(done.values)))
 
-    def _console_reply(
-        self, ask: _ConsoleAsk, *, result: str = "", error: str = ""
-    ) -> list[Action]:
+    def _console_reply(self, ask: ConsoleAsk, *, result: str = "", error: str = "") -> list[Action]:
         if error:
             reply = dap.error_response(ask.request, error, seq=1)  # the adapter renumbers
         else:
             reply = dap.response(ask.request, {"result": result, "variablesReference": 0}, seq=1)
         body = orjson.dumps(reply)
         return [Settle(), Publish(DapEntry(origin=ask.origin, body=body, process=ask.process))]
-
-
-@dataclass(frozen=True)
-class _ConsoleAsk:
-    """Who asked an ``@all`` evaluate: the IDE (``origin``), in which process's session, with
-    which request."""
-
-    origin: str
-    process: str
-    request: dict[str, Any] = field(hash=False, compare=False)
-
-
-def _console_eval(entry: wire.AnyEntry | None) -> tuple[DapEntry, dict[str, Any]] | None:
-    """``entry`` is an IDE's ``evaluate`` of the debug console (``repl``) with the ``@all`` /
-    ``@ranks R`` / ``@rank N`` prefix: the entry and its request."""
-    if not isinstance(entry, DapEntry) or entry.local:
-        return None
-    msg = request_of(entry)
-    args = msg.get("arguments") if msg is not None else None
-    if msg is None or msg["command"] != "evaluate" or not isinstance(args, dict):
-        return None
-    expression = args.get("expression")
-    if args.get("context", "repl") != "repl" or not isinstance(expression, str):
-        return None
-    return (entry, msg) if parse_prefix(expression) is not None else None
 
 
 def _is_rank(info: ProcessInfo, parent: ProcessInfo | None) -> bool:

@@ -41,9 +41,29 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol_specs.session.rank_values import RankValue, error_value, from_helper, plain_value
+from protocol_specs.session.rank_values import (
+    RankValue,
+    error_value,
+    from_helper,
+    parse_prefix,
+    plain_value,
+)
+from protocol_specs.wire import wire
+from protocol_specs.wire.wire import DapEntry
 
-__all__ = ["EVAL_WAIT", "Ask", "Done", "EvalMove", "RankEval", "user_frame", "wrapped"]
+from .core import request_of
+
+__all__ = [
+    "EVAL_WAIT",
+    "Ask",
+    "ConsoleAsk",
+    "Done",
+    "EvalMove",
+    "RankEval",
+    "console_eval",
+    "user_frame",
+    "wrapped",
+]
 
 #: seconds every rank has to answer an evaluation
 EVAL_WAIT = 20.0
@@ -306,3 +326,28 @@ class RankEval:
             return []
         del self._jobs[number]
         return [Done(job.ask, [job.values[r] for r in sorted(job.values)])]
+
+
+@dataclass(frozen=True)
+class ConsoleAsk:
+    """Who asked an ``@all`` evaluate: the IDE (``origin``), in which process's session, with
+    which request."""
+
+    origin: str
+    process: str
+    request: dict[str, Any] = field(hash=False, compare=False)
+
+
+def console_eval(entry: wire.AnyEntry | None) -> tuple[DapEntry, dict[str, Any]] | None:
+    """``entry`` is an IDE's ``evaluate`` of the debug console (``repl``) with the ``@all`` /
+    ``@ranks R`` / ``@rank N`` prefix: the entry and its request."""
+    if not isinstance(entry, DapEntry) or entry.local:
+        return None
+    msg = request_of(entry)
+    args = msg.get("arguments") if msg is not None else None
+    if msg is None or msg["command"] != "evaluate" or not isinstance(args, dict):
+        return None
+    expression = args.get("expression")
+    if args.get("context", "repl") != "repl" or not isinstance(expression, str):
+        return None
+    return (entry, msg) if parse_prefix(expression) is not None else None

@@ -13,6 +13,9 @@ const ONE = {
   backend: '--backend',
   gpus: '--gpus',
   cpus: '--cpus',
+  nodes: '--nodes',
+  gpusPerNode: '--gpus-per-node',
+  cpusPerNode: '--cpus-per-node',
   mem: '--mem',
   time: '--time',
   partition: '--partition',
@@ -87,8 +90,13 @@ function resolve(config, where) {
   check(out.backend === undefined || BACKENDS.includes(out.backend), `"backend" must be one of ${BACKENDS.join(', ')}.`);
   check(out.processes === undefined || PROCESSES.includes(out.processes), `"processes" must be one of ${PROCESSES.join(', ')}.`);
   check(out.stop === undefined || STOPS.includes(out.stop), `"stop" must be one of ${STOPS.join(', ')}.`);
-  for (const key of ['gpus', 'cpus', 'maxRetries']) {
+  for (const key of ['gpus', 'cpus', 'nodes', 'gpusPerNode', 'cpusPerNode', 'maxRetries']) {
     check(out[key] === undefined || (Number.isInteger(out[key]) && out[key] >= 0), `"${key}" must be a whole number.`);
+  }
+  if (out.nodes > 1) {
+    for (const key of ['gpus', 'cpus']) {
+      check(out[key] === undefined, `"${key}" with "nodes" ${out.nodes} is ambiguous: give "${key}PerNode" (each node gets that many).`);
+    }
   }
   for (const key of ['mem', 'time', 'partition', 'runName', 'ranks', 'debugWhen']) {
     check(out[key] === undefined || typeof out[key] === 'string', `"${key}" must be a string.`);

@@ -33,6 +33,13 @@ test('"stop" becomes --stop, for the debug run and the run without debugging', (
   assert.deepStrictEqual(runArgv(c).slice(0, 5), ['run', '--workdir', '/home/me/proj', '--stop', 'one']);
 });
 
+test('"nodes" and the per-node resources become --nodes, --gpus-per-node, --cpus-per-node', () => {
+  const c = resolve({ request: 'launch', name: 'n', program: 'train.py', nodes: 2, gpusPerNode: 4, cpusPerNode: 8 }, where);
+  assert.deepStrictEqual(serveArgv(c).slice(0, 9), ['debug', '--workdir', '/home/me/proj', '--nodes', '2', '--gpus-per-node', '4', '--cpus-per-node', '8']);
+  assert.throws(() => resolve({ request: 'launch', name: 'n', program: 'a.py', nodes: 2, gpus: 1 }, where), /"gpus" with "nodes" 2 is ambiguous: give "gpusPerNode"/);
+  assert.throws(() => resolve({ request: 'launch', name: 'n', program: 'a.py', nodes: 1.5 }, where), /"nodes" must be a whole number/);
+});
+
 test('module, command, python, profile and relay', () => {
   const m = resolve({ request: 'launch', name: 'n', module: 'pkg.train', python: '/opt/env/bin/python', profile: 'gpu' }, where);
   assert.deepStrictEqual(serveArgv(m).slice(0, 5), ['debug', '--workdir', '/home/me/proj', '--profile', 'gpu']);

@@ -9,6 +9,7 @@ local unpack = table.unpack or unpack -- Neovim's LuaJIT has only the global
 
 local ONE = {
   { 'backend', '--backend' }, { 'gpus', '--gpus' }, { 'cpus', '--cpus' }, { 'mem', '--mem' },
+  { 'nodes', '--nodes' }, { 'gpusPerNode', '--gpus-per-node' }, { 'cpusPerNode', '--cpus-per-node' },
   { 'time', '--time' }, { 'partition', '--partition' }, { 'runName', '--name' },
   { 'maxRetries', '--max-retries' }, { 'processes', '--processes' }, { 'ranks', '--ranks' },
   { 'debugWhen', '--debug-when' },
