@@ -35,8 +35,6 @@ class Resources(BaseModel):
     time_limit: float = Field(default=0.0, ge=0, le=365 * 86400)
     #: Slurm partition ("" : the cluster's default)
     partition: str = Field(default="", max_length=64)
-    #: nodes the run spans (with more than one, ``gpus`` and ``cpus`` are per node)
-    nodes: int = Field(default=1, ge=1, le=64)
     #: Ray custom resources the run's entrypoint holds (``--resource NAME=AMOUNT``)
     custom: dict[str, float] = Field(default_factory=dict, max_length=16)
 
