@@ -11,6 +11,7 @@ runs, in a session of its own (a real DAP client: node's ``@vscode/debugadapter-
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from netns import Nodes, open_nodes, why_not
 from node_harness import open_vscode_session, scenario
 from slurm_cluster import SlurmCluster, slurm_available
 from stack import debug_run, relay_stack, tether
+from test_experiments_e2e import run_cli
 from test_slurm_e2e import slurm_backend
 
 from protocol_specs.runs.resources import Resources
@@ -97,34 +99,46 @@ async def test_the_backends_job_script_starts_a_worker_on_each_node(
         ]  # fmt: skip
 
 
-#: a plain program over two nodes, meeting as a distributed job does: node 0 serves at
-#: MASTER_ADDR:MASTER_PORT (what tether gave it) and ends once node 1 checked in; only node 1 calls
-#: node_one() before it does
+#: a plain program over two nodes, meeting as a distributed job does: node 1 checks in with node 0
+#: at MASTER_ADDR:MASTER_PORT (what tether gave both), then node 0 ends while node 1 goes on into
+#: node_one(), a function only it runs
 NODES_PROGRAM = """\
 import os
 import socket
 
 
-def node_one(rank, nnodes):
-    where = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-    print(f"node {rank} of {nnodes} meets node 0 at {where}", flush=True)  # the breakpoint
-    with socket.create_connection(where, timeout=60) as conn:
-        conn.sendall(f"node {rank} checked in".encode())
+def node_one(rank, nnodes, where):
+    print(f"node {rank} of {nnodes} met node 0 at {where}", flush=True)  # the breakpoint
+    return where
 
 
 rank, nnodes = int(os.environ["NODE_RANK"]), int(os.environ["NNODES"])
+where = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
 if rank == 0:
-    with socket.create_server(("", int(os.environ["MASTER_PORT"]))) as server:
+    with socket.create_server(("", where[1])) as server:
         server.settimeout(120)
         conn, _ = server.accept()
         with conn:
             print(conn.recv(100).decode(), "at node 0", flush=True)
 else:
-    node_one(rank, nnodes)
+    with socket.create_connection(where, timeout=60) as conn:
+        conn.sendall(f"node {rank} checked in".encode())
+    node_one(rank, nnodes, where)
 """
 NODE_LINE = next(
     n for n, line in enumerate(NODES_PROGRAM.splitlines(), 1) if "# the breakpoint" in line
 )
+
+
+async def node_exited(home: Path, run_id: str, node: int, *, timeout: float = 30) -> None:
+    """Once the relay has node ``node`` of the run's attempt exited (its ``exited`` is in the
+    IDE's stream then, before the answers to anything asked after)."""
+    with trio.fail_after(timeout):
+        while True:
+            said = await run_cli(home, "status", run_id, "--json")
+            rows = json.loads(said[said.index("{") :])["attempts"][-1]["nodes"]
+            if rows[node]["state"] == "exited":
+                return
 
 
 async def test_a_two_node_run_on_slurm_stops_on_node_1_and_ends_0(
@@ -153,6 +167,8 @@ async def test_a_two_node_run_on_slurm_stops_on_node_1_and_ends_0(
             "function": "node_one",
             "timeoutMs": 120_000,
         },
+        # node 0 is done meanwhile: its end is not the run's, node 1's session goes on
+        {"op": "mark", "name": "node 0 done", "wait": True},
         {"op": "variables", "session": "node1", "label": "locals", "scope": "Locals"},
         {
             "op": "evaluate",
@@ -195,8 +211,12 @@ async def test_a_two_node_run_on_slurm_stops_on_node_1_and_ends_0(
                     assert info["NumNodes"] in ("2", "2-2"), info  # pending: min-max
                     slurm.run("scontrol", "release", job)
                     await session.release("configured")
+                    await session.wait_mark("node 0 done", timeout=120)
+                    await node_exited(home, run_id, 0)
+                    await session.release("node 0 done")
                     result, _messages = await session.result()
                 await debug.wait_line(r"ended \(exited, exit code 0\)", timeout=60)
+                assert "node 1 checked in at node 0" in debug.output, debug.output
             await trio.to_thread.run_sync(slurm.wait_job_state, job, {"COMPLETED"}, 30)
             async with tether("status", run_id, home=home, name="status") as status:
                 await status.process.wait()

@@ -265,3 +265,22 @@ def test_a_process_of_another_node_is_attached_by_the_pid_its_offer_carries() ->
         assert attached["success"], attached
         d.request(child, "stackTrace", {"threadId": 1})
         assert d.last_published("stackTrace").process == key
+
+
+def test_a_nodes_exit_is_not_the_runs_end_the_relays_exited_is() -> None:
+    """Node 0's program of a 2-node run exits 0 while node 1's is stopped: its ``exited`` (it
+    carries ``node``) ends no session; the relay's ``exited`` once the run is over ends them."""
+    d = Desk()
+    main = d.attach(supportsStartDebuggingRequest=True)
+    d.live()
+    data = ProcessInfo(key="n1", pid=5150, host="node-1", node=1).model_dump()
+    d.deliver(StatusEntry(event=StatusEvent.PROCESS_STARTED, process="n1", data=data))
+    d.stopped("n1")
+    child = d.attach({**ATTACH, "subProcessId": 5150})
+    node_exit = {"attempt": 1, "final": True, "node": 0}
+    d.deliver(StatusEntry(event=StatusEvent.EXITED, exit_code=0, data=node_exit))
+    assert not {"exited", "terminated"} & set(names(d.seen[main]) + names(d.seen[child]))
+    d.request(child, "stackTrace", {"threadId": 1})
+    assert d.last_published("stackTrace").process == "n1"  # node 1's session goes on
+    d.deliver(StatusEntry(event=StatusEvent.EXITED, exit_code=0, data={"final": True}))
+    assert {"exited", "terminated"} <= set(names(d.seen[main]))
