@@ -85,6 +85,7 @@ class Act(StrEnum):
     PUBLISH_METRIC = "publish a metric entry"
     PUBLISH_CONTROL = "publish a control entry"
     PUBLISH_TUNNEL = "publish a tunnel entry (on a tunnel's link)"
+    PUBLISH_GROUP = "publish a rank group's entry (a run across nodes)"
     HEARTBEAT = "`heartbeat`, `received` on a run connection"
 
 
@@ -148,6 +149,7 @@ _ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule, Rule]] = {
     Act.PUBLISH_METRIC: (N, N, N, A, N),
     Act.PUBLISH_CONTROL: (N, N, N, N, N),
     Act.PUBLISH_TUNNEL: (OWN, Y, N, A, N),
+    Act.PUBLISH_GROUP: (N, N, N, A, N),
     Act.HEARTBEAT: (OWN, Y, N, A, N),
 }
 
@@ -288,6 +290,7 @@ LINK_ACTS = frozenset(
         Act.PUBLISH_METRIC,
         Act.PUBLISH_CONTROL,
         Act.PUBLISH_TUNNEL,
+        Act.PUBLISH_GROUP,
         Act.HEARTBEAT,
     }
 )

@@ -18,8 +18,10 @@ link's storer, which stores and answers the queue in order. How each publish rea
   overtake it);
 - *held back*: any other entry the peers read from the link's stream (status, presence, control,
   tunnel steps) reaches them only once stored; while any is queued, nothing goes early;
-- *stored first*: logs and metrics go to streams of their own, and refused or malformed publishes
-  are never stored: neither holds anything back.
+- *stored first*: logs and metrics go to streams of their own, a worker's rank group entry
+  (:class:`~protocol_specs.wire.stream_entries.GroupEntry`) to the run's ``to_worker`` (its
+  peers do not read it), and refused or malformed publishes are never stored: none holds
+  anything back.
 
 The storer takes up to :data:`STORE_BATCH` queued publishes at once (:meth:`RelayLinkState.take`)
 as steps, in order: a run of consecutive DAP (or tunnel) entries the link may publish is one
@@ -107,6 +109,7 @@ _PUBLISH: dict[EntryKind, Act] = {
     EntryKind.METRIC: Act.PUBLISH_METRIC,
     EntryKind.CONTROL: Act.PUBLISH_CONTROL,
     EntryKind.TUNNEL: Act.PUBLISH_TUNNEL,
+    EntryKind.GROUP: Act.PUBLISH_GROUP,
 }
 
 
@@ -362,7 +365,8 @@ class RelayLinkState:
             return Queued(frame, entry, refusal, Reach.STORED_FIRST, audit=True)
         if isinstance(entry, wire.DapEntry) and not self.held_back:
             return Queued(frame, entry, None, Reach.EARLY)
-        if isinstance(entry, wire.LogEntry | wire.MetricEntry):  # streams of their own
+        # streams of their own; a rank group's entry goes to the other nodes' ``to_worker``
+        if isinstance(entry, wire.LogEntry | wire.MetricEntry | wire.GroupEntry):
             return Queued(frame, entry, None, Reach.STORED_FIRST)
         self.held_back += 1
         return Queued(frame, entry, None, Reach.HELD_BACK)

@@ -28,6 +28,7 @@ __all__ = [
     "DapEntry",
     "Entry",
     "EntryKind",
+    "GroupEntry",
     "LogEntry",
     "MetricEntry",
     "PresenceEntry",
@@ -64,6 +65,7 @@ class EntryKind(StrEnum):
     METRIC = "metric"
     PRESENCE = "presence"
     TUNNEL = "tunnel"
+    GROUP = "group"
 
 
 class StatusEvent(StrEnum):
@@ -239,8 +241,39 @@ class TunnelEntry(BaseModel):
     transient: bool = False
 
 
+class GroupEntry(BaseModel):
+    """A rank group's move on one node of a run that spans nodes, for the other nodes' workers.
+
+    A node's worker publishes it on its worker link when one of ITS ranks stopped on its own
+    (``op="stop"``: a breakpoint, an exception, ``breakpoint()``) or an IDE moved
+    (``op="move"``: ``command`` ``continue`` / ``next`` / ``stepIn`` / ``stepOut`` with its
+    ``arguments``) or paused (``op="pause"``) one of its ranks; ``rank`` is that rank. The relay
+    stores it in the run's ``to_worker`` stream (not the link's ``to_ide``), so every node's
+    worker reads it in order with the IDEs' requests; each ignores its own node's and other
+    attempts' (``worker_shim/session/node_group.py``). Only a worker link may publish it; the
+    other readers of ``to_worker`` skip it.
+    """
+
+    model_config = FROZEN
+    k: Literal[EntryKind.GROUP] = EntryKind.GROUP
+    op: Literal["stop", "move", "pause"]
+    node: int = Field(default=0, ge=0, le=63)  #: the publishing node
+    attempt: int = Field(default=1, ge=0)
+    rank: int = Field(ge=0)
+    command: Literal["", "continue", "next", "stepIn", "stepOut"] = ""
+    arguments: dict[str, Any] = Field(default_factory=dict, max_length=16)
+    at: float = 0.0  #: wall-clock time (``time.time()``) the worker decided it
+
+
 AnyEntry = (
-    DapEntry | StatusEntry | ControlEntry | PresenceEntry | LogEntry | TunnelEntry | MetricEntry
+    DapEntry
+    | StatusEntry
+    | ControlEntry
+    | PresenceEntry
+    | LogEntry
+    | TunnelEntry
+    | MetricEntry
+    | GroupEntry
 )
 Entry = Annotated[AnyEntry, Field(discriminator="k")]
 _ENTRY: TypeAdapter[AnyEntry] = TypeAdapter(Entry)

@@ -73,9 +73,13 @@ async def deliver(
 
 def diversion(run_id: str, entry: wire.AnyEntry, config: RelayConfig) -> Diversion | None:
     """Where a published entry goes instead of its link's outbound stream: logs and metrics to
-    streams of their own, the newest so many kept."""
+    streams of their own, the newest so many kept; a worker's rank group entry to the run's
+    ``to_worker`` (untrimmed: the IDEs' requests are there), where every node's worker reads it
+    in order with them."""
     if isinstance(entry, wire.LogEntry):
         return Diversion(keys.stream(run_id, StreamName.LOGS), config.log_entries)
     if isinstance(entry, wire.MetricEntry):
         return Diversion(keys.stream(run_id, StreamName.METRICS), config.metric_entries)
+    if isinstance(entry, wire.GroupEntry):
+        return Diversion(keys.stream(run_id, StreamName.TO_WORKER))
     return None

@@ -248,6 +248,9 @@ async def perform(act: Act, holder: Holder, s: Scene) -> str:
             return await _link_then(holder, s, _publish(entry))
         case Act.PUBLISH_CONTROL:
             return await _link_then(holder, s, _publish(wire.ControlEntry(action="terminate")))
+        case Act.PUBLISH_GROUP:
+            entry = wire.GroupEntry(op="stop", node=1, attempt=2, rank=3)
+            return await _link_then(holder, s, _publish(entry))
         case Act.HEARTBEAT:
             frames = (wire.encode_frame(wire.Heartbeat()),)
             return await _link_then(holder, s, *frames)

@@ -127,6 +127,15 @@ ENTRIES: list[wire.AnyEntry] = [
     wire.TunnelEntry(op="data", fd=1, data=b"GPU 0", transient=True),
     wire.ControlEntry(action="tunnel", detail="ab12", attempt=2, data={"kind": "shell"}),
     wire.PresenceEntry(origin="a", epoch=3, attached=True),
+    wire.GroupEntry(
+        op="move",
+        node=1,
+        attempt=2,
+        rank=5,
+        command="next",
+        at=1.5,
+        arguments={"granularity": "line"},
+    ),
 ]
 
 # values of every shape msgpack can carry, nested a little

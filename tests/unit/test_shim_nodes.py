@@ -213,10 +213,12 @@ def test_every_node_s_program_is_told_the_rendezvous() -> None:
         "PET_MASTER_PORT": "29400",
         "PET_RDZV_ENDPOINT": "10.1.2.3:29400",
         "PET_RDZV_ID": "r42",
+        "PET_RDZV_CONF": "is_host=0",
         "TETHER_NODE": "1",
         "TETHER_NNODES": "2",
     }
     assert NodeRole(0, 2, RDZV).env("r42")["NODE_RANK"] == "0"
+    assert NodeRole(0, 2, RDZV).env("r42")["PET_RDZV_CONF"] == "is_host=1"  # node 0 serves it
     assert NodeRole().env("r42") == {}  # a run on one node: as before
     assert NodeRole(0, 2, RDZV).started_data() == {
         "rendezvous": {"addr": "10.1.2.3", "port": 29400}

@@ -119,6 +119,10 @@ class NodeRole:
             "PET_MASTER_PORT": str(rdzv.port),
             "PET_RDZV_ENDPOINT": rdzv.endpoint,
             "PET_RDZV_ID": run_id,
+            # node 0 serves the endpoint (it picked the port on its own address): said outright,
+            # since c10d's guess (the endpoint is one of this host's names) fails where a node's
+            # address is not what its hostname resolves to (containers, namespaces, several NICs)
+            "PET_RDZV_CONF": f"is_host={int(self.node == 0)}",
         }
         return {
             **facts,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from protocol_specs.wire.wire import ControlEntry, DapEntry, StatusEntry, StatusEvent
+from protocol_specs.wire.wire import ControlEntry, DapEntry, GroupEntry, StatusEntry, StatusEvent
 
 __all__ = [
     "BARRIER_EVENTS",
@@ -73,7 +73,7 @@ class CloseChild:
 class Publish:
     """Publish this entry on the run link."""
 
-    entry: DapEntry | StatusEntry
+    entry: DapEntry | StatusEntry | GroupEntry
     #: a debugpy ``output`` event: report its publish number with
     #: :meth:`worker_shim.session.core.ShimCore.output_published` (held output waits for its answer)
     output: bool = False

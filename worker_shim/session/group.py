@@ -31,8 +31,17 @@ event, so each rank's session sees its own ``continued`` and ``stopped`` events.
 Members are the ranks (:meth:`ProcessInfo.title
 <protocol_specs.session.processes.ProcessInfo.title>` says ``rank N``: a DataLoader worker of a
 rank inherits ``RANK`` but is not one) debugged on this worker, from when their session is live
-until they exit. The group decides per worker; ranks on other nodes are issue 43's (a relay-level
-group would take the same events).
+until they exit.
+
+**Across nodes** (a run with ``nodes > 1``, ``spans_nodes``): each node's worker has its own
+group, and they act as one through the run's ``to_worker`` stream. The group says when the other
+nodes must follow (:class:`Announce`: a member stopped on its own, an IDE moved or paused a
+member), and takes their word (:meth:`RankGroup.remote_stop`, :meth:`~RankGroup.remote_move`,
+:meth:`~RankGroup.remote_pause`) as it takes its own members': another node's stop or pause
+pauses the members that run (their stops say which rank they stopped with), its move moves the
+stopped ones (owed to those pausing or stepping). Until a move follows another node's stop, the
+group is stopped: a member that joins is paused. A group step completes per node.
+:mod:`worker_shim.session.node_group` reads and writes the stream's entries.
 
 Sans-I/O: :class:`RankGroup` takes events (a rank's ``stopped`` / ``continued``, an IDE's run
 control request for a rank, a tick) and returns :data:`GroupAction` s, which
@@ -45,7 +54,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -55,6 +64,7 @@ from protocol_specs.session.stacks import ranks_text
 __all__ = [
     "GROUP_WAIT",
     "RUN_CONTROL",
+    "Announce",
     "GroupAction",
     "Note",
     "RankGroup",
@@ -105,7 +115,19 @@ class Note:
     text: str
 
 
-GroupAction = Send | Release | Note
+@dataclass(frozen=True)
+class Announce:
+    """Tell the other nodes' groups (a run across nodes): member ``rank`` stopped on its own
+    (``op="stop"``), or an IDE moved it with ``command`` (``"move"``) or paused it
+    (``"pause"``)."""
+
+    op: Literal["stop", "move", "pause"]
+    rank: int
+    command: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+GroupAction = Send | Release | Note | Announce
 
 
 @dataclass
@@ -151,6 +173,11 @@ class RankGroup:
     #: the group moves owed to ranks pausing or stepping (by key), sent once they stop: a dict, so
     #: that a group stop drops them without a scan of the members
     owed: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    #: its ranks are on one node of several: it announces its own stops and moves
+    spans_nodes: bool = False
+    #: the rank on another node the group stopped (or paused) with, no move since: None when
+    #: no other node stopped it
+    held_by: int | None = None
 
     def __repr__(self) -> str:
         states = " ".join(f"{r.rank}:{r.state.value}" for r in self._ranks())
@@ -169,10 +196,16 @@ class RankGroup:
         self.owed.pop(key, None)
         if old is not None:
             old.counts[old.state] -= 1
-        if self.counts[RankState.STOPPED] or self.counts[RankState.PAUSING] or self.stepping:
+        held = self.held_by is not None
+        if (
+            self.counts[RankState.STOPPED]
+            or self.counts[RankState.PAUSING]
+            or self.stepping
+            or held
+        ):
             stopped = next((r for r in self.members.values() if r.state is RankState.STOPPED), None)
             member = self.members[key] = _Rank(key, rank, self.counts)
-            return self._pause([member], along=stopped.rank if stopped else None)
+            return self._pause([member], along=stopped.rank if stopped else self.held_by)
         self.members[key] = _Rank(key, rank, self.counts)
         return []
 
@@ -214,11 +247,13 @@ class RankGroup:
             member.state = RankState.STEPPING if command in _STEPS else RankState.RUNNING
             member.quiet = True
             return [self._send(member, command, arguments)]
+        told: list[GroupAction] = []
         if was is RankState.RUNNING or owed is not None:
             # a stop of its own (a breakpoint, an exception; one that came before the group's
             # move reached it drops that move), not the group's: the group stops around it
             member.along = None
             self._drop_owed(along=member.rank)
+            told = self._announce("stop", member.rank)
         elif member.along is not None and isinstance(body, dict):
             # the session is told which rank it stopped with (the adapter offers it or not)
             msg = {**msg, "body": {**body, GROUP_TAG: {"with": member.along}}}
@@ -227,7 +262,7 @@ class RankGroup:
             member.held = (msg, raw)
             return self._settle()
         pause = self._pause(self._running(), along=member.rank) if self._anyone_running() else []
-        return [Release(key, msg, raw), *pause, *self._settle()]
+        return [*told, Release(key, msg, raw), *pause, *self._settle()]
 
     # --- from the IDE -----------------------------------------------------------------------------
 
@@ -242,21 +277,52 @@ class RankGroup:
             self._drop_owed(along=member.rank)  # the ranks pausing stay paused
             if member.state is RankState.RUNNING:
                 member.state, member.along = RankState.PAUSING, None
-            return self._pause(self._running(), along=member.rank)
+            told = self._announce("pause", member.rank)
+            return [*told, *self._pause(self._running(), along=member.rank)]
+        told = self._announce("move", member.rank, command, args)
         released = self._release_held()  # a move ends the step before it
-        self.stepping, self.deadline = command in _STEPS, None
-        moving = RankState.STEPPING if self.stepping else RankState.RUNNING
-        member.state, member.along = moving, None
+        member.state = RankState.STEPPING if command in _STEPS else RankState.RUNNING
+        member.along = None
         self.owed.pop(key, None)
-        actions: list[GroupAction] = list(released)
-        for other in self._others(key):
+        return [*told, *released, *self._move(self._others(key), command, args, member.rank)]
+
+    # --- from the other nodes (a run across nodes) ------------------------------------------------
+
+    def remote_stop(self, along: int) -> list[GroupAction]:
+        """Rank ``along``, on another node, stopped on its own: the group stops around it, as
+        around a member's own stop (the moves owed are dropped, the members that run paused)."""
+        self.held_by = along
+        self._drop_owed(along=along)
+        return self._pause(self._running(), along=along)
+
+    def remote_pause(self, along: int) -> list[GroupAction]:
+        """An IDE paused rank ``along``, on another node: the members that run are paused."""
+        return self.remote_stop(along)
+
+    def remote_move(self, command: str, arguments: Any, along: int) -> list[GroupAction]:
+        """An IDE moved rank ``along``, on another node, with ``command``: every member gets
+        the same move (a stopped one now, one pausing or stepping once it stops)."""
+        if command not in RUN_CONTROL - {"pause"}:
+            return []
+        args = dict(arguments) if isinstance(arguments, dict) else {}
+        return [*self._release_held(), *self._move(self._ranks(), command, args, along)]
+
+    def _move(
+        self, ranks: list[_Rank], command: str, args: dict[str, Any], along: int
+    ) -> list[GroupAction]:
+        """The group moves with rank ``along`` (the step before it is over): ``ranks`` that are
+        stopped are sent the move, those pausing or stepping are owed it."""
+        self.stepping, self.deadline, self.held_by = command in _STEPS, None, None
+        moving = RankState.STEPPING if self.stepping else RankState.RUNNING
+        actions: list[GroupAction] = []
+        for other in ranks:
             if other.state is RankState.STOPPED:
                 actions.append(self._send(other, command, args))
-                other.state, other.along = moving, member.rank
+                other.state, other.along = moving, along
             elif other.state in (RankState.PAUSING, RankState.STEPPING):
                 # not stopped yet (a step of its own not ended: blocked in a collective): it
                 # moves once it stops, else its stop would stop the moving group again
-                self.owed[other.key], other.along = (command, args), member.rank
+                self.owed[other.key], other.along = (command, args), along
         if self.stepping:
             self.deadline = self.clock() + self.wait
         return actions
@@ -294,6 +360,16 @@ class RankGroup:
         return [Note(stopped, text)]
 
     # --- plumbing ---------------------------------------------------------------------------------
+
+    def _announce(
+        self,
+        op: Literal["stop", "move", "pause"],
+        rank: int,
+        command: str = "",
+        args: dict[str, Any] | None = None,
+    ) -> list[GroupAction]:
+        """What the other nodes' groups are told (nothing on a run of one node)."""
+        return [Announce(op, rank, command, args or {})] if self.spans_nodes else []
 
     def _ranks(self) -> list[_Rank]:
         return sorted(self.members.values(), key=lambda r: (r.rank, r.key))

@@ -51,7 +51,7 @@ from protocol_specs.session.processes import MAIN, ProcessInfo, node_of, process
 from protocol_specs.session.rank_values import RankValue, nothing_evaluated, parse_prefix, render
 from protocol_specs.session.session import BreakpointSet, DebugSession, StatusEvent
 from protocol_specs.wire import wire
-from protocol_specs.wire.wire import DapEntry, PresenceEntry, StatusEntry
+from protocol_specs.wire.wire import DapEntry, GroupEntry, PresenceEntry, StatusEntry
 
 from ..program.process_names import ProcFacts, describe, read_proc
 from .actions import (
@@ -69,7 +69,8 @@ from .actions import (
 from .channel import DebugpyChannel
 from .child import ChildSession
 from .core import ShimCore, parse_delivery, request_of
-from .group import GroupAction, Note, RankGroup, Release, Send
+from .group import Announce, GroupAction, Note, RankGroup, Release, Send
+from .node_group import NodeGroup
 from .rank_eval import Ask, ConsoleAsk, Done, EvalMove, RankEval, console_eval
 from .replay import attach_arguments, configuration, initialize_arguments, pipe_output_attach
 
@@ -107,6 +108,7 @@ class DebuggedProcesses:
         self._over = False  #: the program exited: a child announced now is not reported
         #: the ranks on this worker, stopped and moved together (``--stop all``; None: ``one``)
         self.group = RankGroup(main.clock) if self.record.spec.stop == "all" else None
+        self.across = NodeGroup.of(self.group, self.record, main.node, main.wall)  #: a run's nodes'
         #: expressions evaluated in every paused rank (``tether eval``, ``@all``)
         self.evals = RankEval(main.clock)
         #: the session's focus (a ``tetherFocus`` request; None: ``RunSpec.ranks`` holds)
@@ -149,6 +151,8 @@ class DebuggedProcesses:
         cursor, entry = parse_delivery(delivery)
         if isinstance(entry, DapEntry) and (focus := _focus_of(entry)) is not None:
             return [*self._refocus(focus[0]), *self.main.on_entry(cursor, None)]
+        if isinstance(entry, GroupEntry):  # another node's group (node_group.py)
+            return [*self._group(self.across.on_entry(entry)), *self.main.on_entry(cursor, None)]
         console = console_eval(entry)
         if console is not None and node_of(console[0].process) != self.main.node:
             console = None  # asked in another node's session: that node's worker answers
@@ -258,8 +262,10 @@ class DebuggedProcesses:
         on to their sessions, notes."""
         actions: list[Action] = []
         for move in moves:
-            child = self.children.get(move.key) if not isinstance(move, Note) else None
-            if isinstance(move, Send) and child is not None:
+            child = self.children.get(move.key) if isinstance(move, Send | Release) else None
+            if isinstance(move, Announce):
+                actions.append(Publish(self.across.entry(move)))
+            elif isinstance(move, Send) and child is not None:
                 actions += child.channel.move(move.command, move.arguments)
             elif isinstance(move, Release) and child is not None:
                 actions += self._of(child.on_message(move.msg, move.raw))
