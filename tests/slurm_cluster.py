@@ -22,6 +22,14 @@ Before that it cancels any jobs still in the queue (slurmd leaves running jobs a
 and, as a fallback, kills job processes that still carry this cluster's ``SLURM_CONF`` together
 with their ``slurmstepd``. ``stop()`` is idempotent and safe after a failed ``start()``.
 
+Several nodes: given :class:`netns.Nodes` (``tests/netns.py``), the cluster has one Slurm node per
+network namespace, ``node0`` .. ``nodeN-1``, each its own slurmd (``ip netns exec NS slurmd -D -N
+nodeK``, ``NodeAddr`` the namespace's address) with a loopback of its own; slurmctld stays in this
+namespace on the bridge's address. munged's socket is a file, so every namespace shares it::
+
+    with open_nodes(2) as nodes, SlurmCluster(tmp_path, nodes=nodes) as cluster:
+        cluster.run("sbatch", "--nodes", "2", "--wrap", "srun hostname -I")
+
 Timing knobs that matter for tests (see :class:`SlurmCluster`): ``scontrol requeue`` keeps the job
 PENDING (``Reason=BeginTime``) for ``cred_expire + 1`` seconds before it may start again (Slurm's
 default ``cred_expire`` is 120 s; here it defaults to 10 s), and the main/backfill schedulers run
@@ -42,9 +50,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from netns import Nodes
 
 CLIENT_BINARIES = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
 DAEMON_BINARIES = ("munged", "slurmctld", "slurmd")
@@ -138,6 +150,7 @@ class SlurmCluster:
         def_mem_per_cpu_mb: int = 100,
         cred_expire: int = 10,
         start_timeout: float = 30.0,
+        nodes: Nodes | None = None,
     ) -> None:
         if cred_expire < 5:
             # slurm ignores smaller values ("AuthInfo=cred_expire=3 invalid") and uses 120
@@ -146,6 +159,10 @@ class SlurmCluster:
         self.cluster_name = cluster_name
         self.partition = partition
         self.nodename = short_hostname()
+        #: the namespaces the nodes run in (None: one node, this host, as before)
+        self.nodes = nodes
+        #: the Slurm nodes' names (``node0``.. with ``nodes``; else this host's name)
+        self.nodenames = [f"node{k}" for k in range(len(nodes.names))] if nodes else [self.nodename]
         self.cpus = cpus
         self.real_memory_mb = real_memory_mb
         self.def_mem_per_cpu_mb = def_mem_per_cpu_mb
@@ -168,7 +185,8 @@ class SlurmCluster:
 
     @property
     def pids(self) -> dict[str, int]:
-        """PIDs of the daemons this cluster started (``munged``, ``slurmctld``, ``slurmd``)."""
+        """PIDs of the daemons this cluster started (``munged``, ``slurmctld``, ``slurmd``; with
+        several nodes ``slurmd-node0``, ``slurmd-node1``, ...)."""
         return {name: p.pid for name, p in self._procs.items()}
 
     def client_env(self) -> dict[str, str]:
@@ -272,8 +290,22 @@ class SlurmCluster:
             self._write_config()
             self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf_path)])
             self._wait_for(self._ctld_up, deadline, "slurmctld to answer 'scontrol ping'")
-            self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf_path), "-N", self.nodename])
-            self._wait_for(self._node_idle, deadline, f"node {self.nodename} to become idle")
+            if self.nodes is None:
+                self._spawn(
+                    "slurmd", ["slurmd", "-D", "-f", str(self.conf_path), "-N", self.nodename]
+                )
+            else:
+                for k, name in enumerate(self.nodenames):
+                    (self.root / f"spool-{name}").mkdir(exist_ok=True, mode=0o700)
+                    argv = ["slurmd", "-D", "-f", str(self.conf_path), "-N", name]
+                    # only the network namespace: `ip netns exec` remounts /sys, and slurmd
+                    # wants the cgroup mounts under it
+                    enter = ["nsenter", f"--net=/run/netns/{self.nodes.names[k]}"]
+                    self._spawn(f"slurmd-{name}", argv, prefix=enter)
+            for name in self.nodenames:
+                self._wait_for(
+                    lambda name=name: self._node_idle(name), deadline, f"node {name} to become idle"
+                )
         except BaseException as e:
             tail = self.log_tail()
             self.stop()
@@ -287,10 +319,11 @@ class SlurmCluster:
         procs, self._procs = self._procs, {}
         if not procs:
             return
-        if _alive(procs.get("slurmctld")) and _alive(procs.get("slurmd")):
+        slurmds = [name for name in procs if name.startswith("slurmd")]
+        if _alive(procs.get("slurmctld")) and slurmds and all(_alive(procs[n]) for n in slurmds):
             with contextlib.suppress(Exception):
                 self._cancel_all_jobs()
-        for name in ("slurmd", "slurmctld"):
+        for name in (*slurmds, "slurmctld"):
             if name in procs:
                 _terminate(procs[name])
         self._kill_stray_job_processes()
@@ -303,7 +336,9 @@ class SlurmCluster:
         if path not in self._logs:
             self._logs.append(path)
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, argv: list[str], prefix: Sequence[str] = ()
+    ) -> subprocess.Popen[bytes]:
         exe = find_binary(argv[0])
         if exe is None:
             raise RuntimeError(f"{argv[0]} not found")
@@ -311,7 +346,7 @@ class SlurmCluster:
         self._add_log(out)
         with out.open("ab") as f:
             proc = subprocess.Popen(
-                [exe, *argv[1:]],
+                [*prefix, exe, *argv[1:]],
                 stdin=subprocess.DEVNULL,
                 stdout=f,
                 stderr=subprocess.STDOUT,
@@ -374,11 +409,28 @@ class SlurmCluster:
         cpus, mem = self._node_resources()
         r, log, run = self.root, self.root / "log", self.root / "run"
         self._add_log(log / "slurmctld.log")
-        self._add_log(log / "slurmd.log")
+        if self.nodes is None:
+            self._add_log(log / "slurmd.log")
+            ctld_addr = "127.0.0.1"
+            node_lines = [
+                f"NodeName={self.nodename} NodeAddr=127.0.0.1 NodeHostname={self.nodename} "
+                f"CPUs={cpus} RealMemory={mem} State=UNKNOWN"
+            ]
+        else:
+            for name in self.nodenames:
+                self._add_log(log / f"slurmd-{name}.log")
+            ctld_addr = self.nodes.bridge_address  # what the namespaces reach this one at
+            node_lines = [
+                f"NodeName={name} NodeAddr={addr} NodeHostname={self.nodename} "
+                f"CPUs={cpus} RealMemory={mem} State=UNKNOWN"
+                for name, addr in zip(self.nodenames, self.nodes.addresses, strict=True)
+            ]
+        # several slurmd: each its own spool, pid and log file (%n: its node's name)
+        per_node = "-%n" if self.nodes is not None else ""
         lines = [
             f"ClusterName={self.cluster_name}",
             # The address in brackets spares us a resolvable hostname (containers often lack one).
-            f"SlurmctldHost={self.nodename}(127.0.0.1)",
+            f"SlurmctldHost={self.nodename}({ctld_addr})",
             f"SlurmctldPort={self.ctld_port}",
             f"SlurmdPort={self.slurmd_port}",
             "AuthType=auth/munge",
@@ -388,11 +440,11 @@ class SlurmCluster:
             "SlurmUser=root",
             "SlurmdUser=root",
             f"StateSaveLocation={r / 'state'}",
-            f"SlurmdSpoolDir={r / 'spool'}",
+            f"SlurmdSpoolDir={r / 'spool'}{per_node}",
             f"SlurmctldPidFile={run / 'slurmctld.pid'}",
-            f"SlurmdPidFile={run / 'slurmd.pid'}",
+            f"SlurmdPidFile={run / 'slurmd'}{per_node}.pid",
             f"SlurmctldLogFile={log / 'slurmctld.log'}",
-            f"SlurmdLogFile={log / 'slurmd.log'}",
+            f"SlurmdLogFile={log / 'slurmd'}{per_node}.log",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
             # no cgroups: works in containers and without systemd
@@ -413,9 +465,8 @@ class SlurmCluster:
             "JobRequeue=1",
             "KillWait=5",
             f"DefMemPerCPU={self.def_mem_per_cpu_mb}",
-            f"NodeName={self.nodename} NodeAddr=127.0.0.1 NodeHostname={self.nodename} "
-            f"CPUs={cpus} RealMemory={mem} State=UNKNOWN",
-            f"PartitionName={self.partition} Nodes={self.nodename} Default=YES "
+            *node_lines,
+            f"PartitionName={self.partition} Nodes={','.join(self.nodenames)} Default=YES "
             "MaxTime=INFINITE State=UP",
         ]
         self.conf_path.write_text("\n".join(lines) + "\n")
@@ -424,14 +475,13 @@ class SlurmCluster:
         out = self.run("scontrol", "ping", check=False, timeout=10)
         return "is UP" in out
 
-    def _node_idle(self) -> bool:
-        state = self.run(
-            "sinfo", "-h", "-N", "-n", self.nodename, "-o", "%T", check=False, timeout=10
-        ).strip()
+    def _node_idle(self, name: str) -> bool:
+        state = self.run("sinfo", "-h", "-N", "-n", name, "-o", "%T", check=False, timeout=10)
+        state = state.strip()
         if state in ("idle", "mixed", "allocated"):
             return True
         if state.startswith(("down", "drain")):
-            self.run("scontrol", "update", f"nodename={self.nodename}", "state=resume", check=False)
+            self.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)
         return False
 
     def _wait_for(self, ready: Callable[[], bool], deadline: float, what: str) -> None:

@@ -330,7 +330,7 @@ async def _claim_pause(
 
 
 async def _exited(link: RunLink, record: RunRecord, code: int, role: NodeRole) -> None:
-    await link.publish(exit_status(record, code, process=role.key))
+    await link.publish(exit_status(record, code, process=role.key, node=role.node))
 
 
 class _LinkNews:

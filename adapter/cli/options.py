@@ -98,7 +98,8 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         type=int,
         metavar="N",
         help="nodes the run spans, one worker each, given its rendezvous (MASTER_ADDR, "
-        "NODE_RANK, torchrun's PET_* variables); the local pool's --nodes for now (default 1)",
+        "NODE_RANK, torchrun's PET_* variables); the local pool's --nodes or Slurm for now "
+        "(default 1)",
     )
     g.add_argument(
         "--gpus-per-node", type=int, metavar="G", help="with --nodes: GPUs on each node (default 0)"

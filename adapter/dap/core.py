@@ -49,7 +49,13 @@ from protocol_specs.dap import models as dap
 from protocol_specs.dap.capabilities import DEBUGPY_CAPABILITIES, DEBUGPY_VERSION, debugpy_answers
 from protocol_specs.session.prefetch import PREFETCH_EVENT
 from protocol_specs.session.processes import MAIN
-from protocol_specs.session.session import NOTICES, QUIET, DebugSession, StatusEvent
+from protocol_specs.session.session import (
+    NOTICES,
+    QUIET,
+    DebugSession,
+    StatusEvent,
+    is_node_exit,
+)
 from protocol_specs.wire.wire import AnyEntry, DapEntry, PresenceEntry, StatusEntry, StreamName
 
 from .actions import Action, CancelRun, CloseIde, IdePhase, Origin, Publish, ToIde
@@ -425,7 +431,7 @@ class AdapterCore:
             was_live = self.session.live
             threads, stopped = list(self.session.threads), bool(self.session.stopped)
             self.session.apply_to_ide(entry)
-            if replaying or entry.event in QUIET:
+            if replaying or entry.event in QUIET or is_node_exit(entry):
                 return []
             if entry.event in NOTICES:
                 return self._on_notice(entry)

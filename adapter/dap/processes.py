@@ -227,7 +227,7 @@ class Processes:
             return [lobby.emit(dap.response(checked)), CloseIde(lobby.generation, why, flush=True)]
         core: AdapterCore = self.main
         if command == "attach" and "subProcessId" in checked.get("arguments", {}):
-            key = str(checked["arguments"]["subProcessId"])
+            key = self._child_key(checked["arguments"]["subProcessId"])
             child = self.children.get(key)
             if child is None:
                 text = (
@@ -395,6 +395,16 @@ class Processes:
             'configuration for this adapter with "subProcessId": <its pid> opens one.\n'
         )
         return [self.main.emit(dap.event("output", {"category": "important", "output": text}))]
+
+    def _child_key(self, said: Any) -> str:
+        """The key of the child an attach's ``subProcessId`` names: offers carry the pid, which
+        is the key on node 0 but not on node K >= 1 (``n1``, ``n1:PID``), whose pid is found in
+        the table (a pid on two nodes at once names neither: the key itself still does)."""
+        key = str(said)
+        if key in self.children:
+            return key
+        owners = [k for k in self.children if (info := self.table.info(k)) and info.pid == said]
+        return owners[0] if len(owners) == 1 else key
 
     def configuration(self, key: str) -> dict[str, Any]:
         """The attach configuration a child is offered with (``startDebugging``)."""

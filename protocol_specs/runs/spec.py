@@ -145,11 +145,11 @@ class RunSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _nodes_on_the_local_pool(self) -> RunSpec:
-        if self.resources.nodes > 1 and self.backend in ("slurm", "ray"):
+    def _nodes_not_on_ray_yet(self) -> RunSpec:
+        if self.resources.nodes > 1 and self.backend == "ray":
             raise ValueError(
-                f"--nodes {self.resources.nodes}: multi-node runs are on the local pool for now "
-                f"(--backend local); {self.backend} follows"
+                f"--nodes {self.resources.nodes}: multi-node runs are on the local pool and Slurm "
+                f"for now (--backend local or slurm); {self.backend} follows"
             )
         return self
 

@@ -49,6 +49,7 @@ __all__ = [
     "BreakpointSet",
     "DebugSession",
     "StatusEvent",
+    "is_node_exit",
     "is_transient",
     "places_event",
 ]
@@ -108,6 +109,12 @@ QUIET = frozenset(
         StatusEvent.PROCESS_EXITED,
     }
 )
+
+
+def is_node_exit(entry: StatusEntry) -> bool:
+    """Node K's program of a run that spans nodes exited: news of one node, not the run's end
+    (the relay tells that, once every node is done or one failed)."""
+    return entry.event == StatusEvent.EXITED and isinstance(entry.data.get("node"), int)
 
 
 @dataclass
@@ -309,7 +316,7 @@ class DebugSession:
         return (req.command, req.bp_ids, req.local) if req else None
 
     def _apply_status(self, entry: StatusEntry) -> None:
-        if entry.event in QUIET:
+        if entry.event in QUIET or is_node_exit(entry):
             return
         if entry.event in NOTICES:
             self.notice = entry  # news about the run, not a step of its lifecycle

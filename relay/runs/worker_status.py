@@ -208,10 +208,11 @@ class WorkerStatus:
         self, run_id: str, entry: wire.StatusEntry, attempt: int, node: int
     ) -> None:
         """Node ``node`` exited: non-zero ends the attempt (retried, or the run failed); 0 ends
-        it once every node exited 0."""
+        it once every node exited 0. A node's exit is news of that node to the IDE
+        (``is_node_exit``): the run's own ``exited`` is told here, when the run ends with it."""
         registry = self.registry
         if entry.exit_code != 0:
-            await registry.attempt_ended(
+            ended = await registry.attempt_ended(
                 run_id,
                 RunEvent.EXIT_ERROR,
                 about=attempt,
@@ -219,6 +220,8 @@ class WorkerStatus:
                 detail=f"node {node} exited with code {entry.exit_code}",
                 mark=lambda record: nodes.exited(record, node, entry.exit_code, about=attempt)[0],
             )
+            if ended is not None and ended.finished:
+                await self._run_exited(ended)
             return
         now = registry.clock()
 
@@ -233,3 +236,15 @@ class WorkerStatus:
         change = await registry.update(run_id, decide)
         if change is not None and change.after.finished and not change.before.finished:
             await registry.settle(change.before, change.after)
+            await self._run_exited(change.after)
+
+    async def _run_exited(self, record: RunRecord) -> None:
+        """The IDE's ``exited`` of a run that spans nodes, which ended with a node's exit."""
+        await self.registry.append_status(
+            record.id,
+            StatusEvent.EXITED,
+            record,
+            exit_code=record.exit_code,
+            detail=record.detail,
+            data={"final": True},
+        )

@@ -88,6 +88,19 @@ async def _claimed(lv: Live, spec: RunSpec) -> tuple[str, Endpoint]:
     return run, as_worker
 
 
+async def _run_exits(store: Store, run: str) -> list[tuple[int | None, str]]:
+    """The run's own ``exited`` entries in the IDE's stream (a node's, with ``node``, aside)."""
+    entries = await store.read_after(keys.stream(run, StreamName.TO_IDE), "0", count=1000)
+    decoded = [wire.decode_entry(entry[1]) for entry in entries]
+    return [
+        (e.exit_code, e.detail)
+        for e in decoded
+        if isinstance(e, wire.StatusEntry)
+        and e.event == StatusEvent.EXITED
+        and "node" not in e.data
+    ]
+
+
 async def _status(link: RunLink, event: str, **fields: object) -> None:
     await link.publish(wire.StatusEntry(event=event, **fields))  # type: ignore[arg-type]
     await link.flush()  # answered: stored, and applied to the run
@@ -164,7 +177,8 @@ async def test_a_node_exiting_non_zero_ends_the_attempt_with_its_code_on_every_n
             rendezvous = {"rendezvous": {"addr": "10.0.0.1", "port": 29500}}
             await _status(node0, StatusEvent.STARTED, data=rendezvous)
             await _status(node1, StatusEvent.STARTED)
-            await _status(node1, StatusEvent.EXITED, exit_code=3)
+            node_exit = {"attempt": 1, "final": True, "node": 1}  # as the node's worker says it
+            await _status(node1, StatusEvent.EXITED, exit_code=3, data=node_exit)
         async with open_control(lv.alice) as alice:
             record = await alice.get_run(run)
         assert (record.state, record.exit_code) == (RunState.FAILED, 3)
@@ -176,6 +190,8 @@ async def test_a_node_exiting_non_zero_ends_the_attempt_with_its_code_on_every_n
         terminate = [c for c in await _controls(lv.store, run) if c.action == "terminate"]
         assert [(c.attempt, c.detail) for c in terminate] == [(1, "node 1 exited with code 3")]
         assert await lv.store.zrange_by_score(keys.LEASES, float("inf"), 10) == []
+        # the IDE is told the run's end by the relay: a node's exit is that node's news
+        assert await _run_exits(lv.store, run) == [(3, "node 1 exited with code 3")]
 
 
 async def test_the_attempt_succeeds_once_every_node_exited_0(redis_store: Store) -> None:
@@ -189,13 +205,16 @@ async def test_the_attempt_succeeds_once_every_node_exited_0(redis_store: Store)
             rendezvous = {"rendezvous": {"addr": "10.0.0.1", "port": 29500}}
             await _status(node0, StatusEvent.STARTED, data=rendezvous)
             await _status(node1, StatusEvent.STARTED)
-            await _status(node0, StatusEvent.EXITED, exit_code=0)
+            node_exit = {"attempt": 1, "final": True, "node": 0}
+            await _status(node0, StatusEvent.EXITED, exit_code=0, data=node_exit)
             assert (await alice.get_run(run)).state is RunState.RUNNING  # node 1 still runs
-            await _status(node1, StatusEvent.EXITED, exit_code=0)
+            assert await _run_exits(lv.store, run) == []  # so the IDE's sessions go on
+            await _status(node1, StatusEvent.EXITED, exit_code=0, data={**node_exit, "node": 1})
             record = await alice.get_run(run)
         assert (record.state, record.exit_code) == (RunState.SUCCEEDED, 0)
         assert [r.state for r in record.attempts[-1].nodes] == ["exited", "exited"]
         assert [c.action for c in await _controls(lv.store, run)] == ["rendezvous", "terminate"]
+        assert await _run_exits(lv.store, run) == [(0, "all 2 nodes exited with code 0")]
 
 
 async def test_a_node_whose_lease_expires_loses_the_attempt_and_a_retry_is_queued(

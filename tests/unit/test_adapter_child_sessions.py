@@ -13,7 +13,7 @@ import orjson
 import pytest
 from adapter_processes_harness import ATTACH, CHILD, Desk, names
 
-from protocol_specs.session.processes import COLLECTIVE_TIMEOUT_HINT
+from protocol_specs.session.processes import COLLECTIVE_TIMEOUT_HINT, ProcessInfo
 from protocol_specs.session.session import PLACES_EVENT, StatusEvent
 from protocol_specs.wire.wire import StatusEntry
 
@@ -245,3 +245,42 @@ def test_deliveries_go_to_the_session_of_their_process() -> None:
     d.event("thread", {"reason": "started", "threadId": 8})
     assert names(d.new(main)) == ["output"]
     assert names(d.new(child)) == ["thread"]
+
+
+def test_a_process_of_another_node_is_attached_by_the_pid_its_offer_carries() -> None:
+    """Node 1's program (key ``n1``) and a rank of it (``n1:PID``) are offered with their pids as
+    ``subProcessId``, as node 0's are; an attach with that pid opens that process's session."""
+    d = Desk()
+    main = d.attach(supportsStartDebuggingRequest=True)
+    d.live()
+    for key, pid in (("n1", 5150), ("n1:5151", 5151)):
+        data = ProcessInfo(key=key, pid=pid, host="node-1", node=1).model_dump()
+        d.deliver(StatusEntry(event=StatusEvent.PROCESS_STARTED, process=key, data=data))
+        d.stopped(key)
+    offered = {o["arguments"]["configuration"]["subProcessId"] for o in d.offers(main)}
+    assert offered == {5150, 5151}
+    for key, pid in (("n1", 5150), ("n1:5151", 5151)):
+        child = d.attach({**ATTACH, "subProcessId": pid})
+        [attached] = [m for m in d.responses(child).values() if m["command"] == "attach"]
+        assert attached["success"], attached
+        d.request(child, "stackTrace", {"threadId": 1})
+        assert d.last_published("stackTrace").process == key
+
+
+def test_a_nodes_exit_is_not_the_runs_end_the_relays_exited_is() -> None:
+    """Node 0's program of a 2-node run exits 0 while node 1's is stopped: its ``exited`` (it
+    carries ``node``) ends no session; the relay's ``exited`` once the run is over ends them."""
+    d = Desk()
+    main = d.attach(supportsStartDebuggingRequest=True)
+    d.live()
+    data = ProcessInfo(key="n1", pid=5150, host="node-1", node=1).model_dump()
+    d.deliver(StatusEntry(event=StatusEvent.PROCESS_STARTED, process="n1", data=data))
+    d.stopped("n1")
+    child = d.attach({**ATTACH, "subProcessId": 5150})
+    node_exit = {"attempt": 1, "final": True, "node": 0}
+    d.deliver(StatusEntry(event=StatusEvent.EXITED, exit_code=0, data=node_exit))
+    assert not {"exited", "terminated"} & set(names(d.seen[main]) + names(d.seen[child]))
+    d.request(child, "stackTrace", {"threadId": 1})
+    assert d.last_published("stackTrace").process == "n1"  # node 1's session goes on
+    d.deliver(StatusEntry(event=StatusEvent.EXITED, exit_code=0, data={"final": True}))
+    assert {"exited", "terminated"} <= set(names(d.seen[main]))

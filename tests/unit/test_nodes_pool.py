@@ -62,19 +62,23 @@ def test_gpus_and_cpus_with_several_nodes_are_refused_pointing_at_the_per_node_f
         _spec(tmp_path, "--nodes", "0")
 
 
-@pytest.mark.parametrize("backend", ["slurm", "ray"])
-def test_a_multi_node_run_on_slurm_or_ray_is_refused_at_submit_in_one_line(
-    tmp_path: Path, backend: str
-) -> None:
+def test_a_multi_node_run_on_ray_is_refused_at_submit_in_one_line(tmp_path: Path) -> None:
+    backend = "ray"
     with pytest.raises(SystemExit) as refused:
         _spec(tmp_path, "--nodes", "2", "--backend", backend)
     said = str(refused.value)
-    assert "multi-node runs are on the local pool for now" in said and "\n" not in said
+    assert "multi-node runs are on the local pool and Slurm for now" in said and "\n" not in said
     # the relay checks the spec where it enters: the same refusal
-    with pytest.raises(ValidationError, match=f"local pool for now .*{backend} follows"):
+    with pytest.raises(ValidationError, match=f"Slurm for now .*{backend} follows"):
         RunSpec(command=["python", "t.py"], workdir="/w", backend=backend,
                 resources=Resources(nodes=2))  # fmt: skip
     assert RunSpec(command=["python", "t.py"], workdir="/w", backend=backend).resources.nodes == 1
+
+
+def test_a_multi_node_run_on_slurm_is_taken(tmp_path: Path) -> None:
+    (tmp_path / "t.py").write_text("")
+    spec = _spec(tmp_path, "--nodes", "2", "--backend", "slurm", "--gpus-per-node", "2")
+    assert (spec.backend, spec.resources.nodes, spec.resources.gpus) == ("slurm", 2, 2)
 
 
 def test_the_pool_flags_are_checked_and_split_as_a_shell_would(tmp_path: Path) -> None:

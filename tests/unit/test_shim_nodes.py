@@ -169,6 +169,13 @@ def test_node_k_says_its_program_ended_and_its_exit_names_it() -> None:
     record = h.p.record
     assert exit_status(record, 3, process="n1").process == "n1"
     assert exit_status(record, 0).process == MAIN
+    # each node's exit says its node: the IDE takes none for the run's end (the relay says that)
+    assert exit_status(record, 3, process="n1", node=1).data["node"] == 1
+    assert exit_status(record, 0).data["node"] == 0
+    one = record.model_copy(
+        update={"spec": record.spec.model_copy(update={"resources": Resources()})}
+    )
+    assert "node" not in exit_status(one, 0).data  # one node: the run's exit, as before
     # node 0 says nothing of its main process's end (the run's exit says it)
     h0 = NodeHarness(0)
     h0.start()

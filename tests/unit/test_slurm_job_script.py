@@ -63,3 +63,36 @@ async def test_a_job_slurm_cannot_be_asked_about_is_never_taken_for_gone(tmp_pat
     assert await backend.job_states(["1", "2"]) == {"1": ("PENDING", 0)}
     with pytest.raises(SchedulerError, match="Socket timed out"):
         await backend.job_states(["1", "2", "3"])
+
+
+def test_a_run_over_nodes_is_one_job_whose_srun_starts_a_worker_on_each_node() -> None:
+    """Node ``$SLURM_NODEID`` of a 3-node run: one task a node, CPUs and GPUs per node, its own
+    work directory, ``--node`` its index; one node's failing worker ends the step everywhere."""
+    import shlex
+
+    from worker_shim.backends.slurm import sbatch_options
+
+    spec = RunSpec(
+        command=["python", "t.py"], workdir="/w", resources=Resources(gpus=2, cpus=4, nodes=3)
+    )
+    record = RunRecord(id="r1", spec=spec, attempt=2)
+    opts = sbatch_options(record)
+    assert {"--nodes=3", "--ntasks-per-node=1", "--cpus-per-task=4", "--gres=gpu:2"} <= set(opts)
+    script = job_script(
+        record, python="/opt/py thon", credentials=Path("/s/c.json"), work_dir=Path("/s/work"),
+        output=Path("/s/r1.out"), allow_tunnels=False,
+    )  # fmt: skip
+    argv = shlex.split(script.strip().splitlines()[-1])
+    assert argv[:2] == ["exec", "srun"]
+    assert {"--kill-on-bad-exit=1", "--nodes=3", "--ntasks-per-node=1", "--cpus-per-task=4"} <= (
+        set(argv)
+    )
+    assert argv[-3:-1] == ["/bin/bash", "-c"]
+    on_node = shlex.split(argv[-1].replace("$SLURM_NODEID", "2"))
+    assert on_node == [
+        "exec", "/opt/py thon", "-m", "adapter.cli", "worker", "--credentials", "/s/c.json",
+        "--work-dir", "/s/work-node2", "--node", "2", "--no-shell",
+    ]  # fmt: skip
+    # one node: the script as before
+    single = RunRecord(id="r1", spec=spec.model_copy(update={"resources": Resources()}), attempt=1)
+    assert not any("nodes" in opt for opt in sbatch_options(single))

@@ -8,7 +8,12 @@ Theory of operation
    ``queued``), writes a credentials file readable by the user only (relay URL, run, attempt) and a
    batch script running ``tether worker --credentials FILE``, submits it with ``sbatch --parsable``
    (resources: ``--cpus-per-task``, ``--mem``, ``--time``, ``--gres=gpu:N``, ``--partition``) and
-   reports the job id to the relay (``tether ls`` shows it while the job is pending);
+   reports the job id to the relay (``tether ls`` shows it while the job is pending). A run over
+   N nodes is one job of N nodes, one task each (``--cpus-per-task`` and ``--gres`` are per node
+   already): the script's ``srun`` starts a worker on every node, node ``$SLURM_NODEID`` in a
+   work directory of its own (they may share a filesystem); node 0 claims the attempt, the others
+   join it with the same credentials, and ``--kill-on-bad-exit`` ends the step on every node
+   once one node's worker fails;
 2. watches its jobs with ``scontrol show job`` (Slurm keeps ended jobs for ``MinJobAge``; no
    accounting storage is needed), and acts as ``worker_shim/backends/job_watch.py`` decides:
 
@@ -40,7 +45,7 @@ from relay.client import endpoint
 from .job_watch import Phase, Seen
 from .scheduler import Job, SchedulerBackend, SchedulerError, SchedulerRefused
 
-__all__ = ["SlurmBackend", "SlurmError", "job_script", "sbatch_options"]
+__all__ = ["SlurmBackend", "SlurmError", "job_script", "sbatch_options", "worker_line"]
 
 #: job states after which a job runs no more
 ENDED = frozenset(
@@ -75,7 +80,34 @@ def sbatch_options(record: RunRecord) -> list[str]:
         opts.append(f"--gres=gpu:{res.gpus}")
     if res.partition:
         opts.append(f"--partition={res.partition}")
+    if res.nodes > 1:
+        opts += [f"--nodes={res.nodes}", "--ntasks-per-node=1"]
     return opts
+
+
+def worker_line(
+    record: RunRecord, *, python: str, credentials: Path, work_dir: Path, allow_tunnels: bool
+) -> str:
+    """The job's command: the attempt's worker, or (several nodes) an ``srun`` step starting
+    node ``$SLURM_NODEID``'s worker on every node."""
+    tail = "" if allow_tunnels else " --no-shell"
+    worker = (
+        f"{shlex.quote(python)} -m adapter.cli worker --credentials {shlex.quote(str(credentials))}"
+    )
+    nodes = record.spec.resources.nodes
+    if nodes == 1:
+        return f"exec {worker} --work-dir {shlex.quote(str(work_dir))}{tail}"
+    # srun execs its command without a shell: one expands the node's index
+    on_node = (
+        f'exec {worker} --work-dir {shlex.quote(str(work_dir))}"-node$SLURM_NODEID" '
+        f'--node "$SLURM_NODEID"{tail}'
+    )
+    # 22.05's srun does not take --cpus-per-task from the job: said again
+    step = (
+        f"--kill-on-bad-exit=1 --nodes={nodes} --ntasks-per-node=1 "
+        f"--cpus-per-task={record.spec.resources.cpus}"
+    )
+    return f"exec srun {step} /bin/bash -c {shlex.quote(on_node)}"
 
 
 def job_script(
@@ -92,9 +124,13 @@ def job_script(
     lines += [
         f"#SBATCH --output={output}",
         "# written by tether backend slurm; the worker dials out to the relay",
-        f"exec {shlex.quote(python)} -m adapter.cli worker "
-        f"--credentials {shlex.quote(str(credentials))} --work-dir {shlex.quote(str(work_dir))}"
-        + ("" if allow_tunnels else " --no-shell"),
+        worker_line(
+            record,
+            python=python,
+            credentials=credentials,
+            work_dir=work_dir,
+            allow_tunnels=allow_tunnels,
+        ),
         "",
     ]
     return "\n".join(lines)

@@ -459,13 +459,21 @@ def terminates(entry: wire.AnyEntry | None, record: RunRecord) -> bool:
 
 
 def exit_status(
-    record: RunRecord, code: int, wall: Callable[[], float] = time.time, *, process: str = MAIN
+    record: RunRecord,
+    code: int,
+    wall: Callable[[], float] = time.time,
+    *,
+    process: str = MAIN,
+    node: int = 0,
 ) -> StatusEntry:
-    """The program's exit status; ``final``: no further attempt follows. ``process``: node K's
-    program's key (its node's exit; the run's is the relay's to tell)."""
+    """The program's exit status; ``final``: no further attempt follows. ``process``, ``node``:
+    node K's program's key and K, for a run that spans nodes: ``data["node"]`` says it is that
+    node's exit, not the run's (the relay tells the run's, ``is_node_exit``)."""
     spec = record.spec
     final = code == 0 or retry_delay(record.attempt, spec.max_retries, spec.retry_backoff) is None
-    data = {"attempt": record.attempt, "final": final}
+    data: dict[str, Any] = {"attempt": record.attempt, "final": final}
+    if spec.resources.nodes > 1:
+        data["node"] = node
     return status_entry(StatusEvent.EXITED, wall, exit_code=code, data=data, process=process)
 
 
