@@ -13,7 +13,7 @@ It speaks the wire protocol (:mod:`protocol_specs.wire.wire`) and imports nothin
 
 from __future__ import annotations
 
-from .connect import Endpoint, RelayError, Target, endpoint, open_connection
+from .connect import Endpoint, RelayError, Target, endpoint, open_connection, relay_error_of
 from .control import ControlClient, open_control
 from .link import FLUSH_TIMEOUT, LinkPolicy, RunLink, open_run_link, tunnel_steps
 from .logs import follow_logs
@@ -31,5 +31,6 @@ __all__ = [
     "open_connection",
     "open_control",
     "open_run_link",
+    "relay_error_of",
     "tunnel_steps",
 ]

@@ -29,6 +29,7 @@ __all__ = [
     "Target",
     "endpoint",
     "open_connection",
+    "relay_error_of",
 ]
 
 
@@ -39,6 +40,18 @@ class RelayError(Exception):
         super().__init__(f"{message} [{code}]")
         self.code = code
         self.message = message
+
+
+def relay_error_of(exc: BaseException) -> RelayError | None:
+    """The relay error ``exc`` is, if that is all it is: a :class:`RelayError`, or a group (trio's
+    nurseries nest them) whose every leaf is one (the first is returned); else ``None``."""
+    if isinstance(exc, RelayError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        found = [relay_error_of(inner) for inner in exc.exceptions]
+        if found and all(error is not None for error in found):
+            return found[0]
+    return None
 
 
 @dataclass(frozen=True)

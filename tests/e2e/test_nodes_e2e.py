@@ -27,7 +27,7 @@ from direct_debugpy import copy_programs
 from faults.proxy import FaultProxy
 from netns import open_nodes, why_not
 from node_harness import open_vscode_session, scenario
-from stack import debug_run, local_token, relay_stack, tether
+from stack import Proc, debug_run, local_token, relay_stack, tether
 from test_pytorch_e2e import torch_python  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(600)]
@@ -68,13 +68,22 @@ def node_worker_pids(namespace: str) -> list[int]:
     return found
 
 
+async def say_what_happened(home: Path, run_id: str, pool: Proc) -> None:
+    """The pool's output and the run's logs, printed (pytest shows them when the test fails)."""
+    with trio.CancelScope(shield=True):
+        async with tether("logs", run_id, home=home) as logs:
+            with trio.move_on_after(10):
+                await logs.process.wait()
+    print("the pool said:", pool.output, "logs:", logs.output, sep="\n")
+
+
 def stopped_on_node_1(label: str, session: str) -> list[dict[str, Any]]:
     return [
         {
             "op": "wait_session",
             "label": session,
             "stopped": True,
-            "expect": {"name": {"$regex": r"^rank [23] \(pid \d+\) on node 1"}},
+            "name": r"^rank \d \(pid \d+\) on node 1 ",
             "timeoutMs": 120_000,
         },
         {
@@ -147,24 +156,19 @@ async def test_issue_43_torchrun_over_two_nodes_is_debugged_and_a_lost_node_retr
                         await session.release("configured")
                         try:
                             await session.wait_mark("kill", timeout=300)
+                            victims = node_worker_pids(nodes.names[1])
+                            assert len(victims) == 1, victims
+                            os.kill(victims[0], signal.SIGKILL)
+                            await session.release("kill")
+                            result, _messages = await session.result()
+                            await debug.wait_line(r"ended \(exited, exit code 0\)", timeout=120)
+                            await pool.wait_line(rf"claimed run {run_id} \(attempt 2\)", timeout=10)
                         except BaseException:
-                            with trio.CancelScope(shield=True):
-                                async with tether("logs", run_id, home=home) as logs:
-                                    with trio.move_on_after(10):
-                                        await logs.process.wait()
-                            # shown on failure
-                            print("the pool said:", pool.output, "logs:", logs.output, sep="\n")
+                            await say_what_happened(home, run_id, pool)
                             raise
-                        victims = node_worker_pids(nodes.names[1])
-                        assert len(victims) == 1, (victims, pool.output)
-                        os.kill(victims[0], signal.SIGKILL)
-                        await session.release("kill")
-                        result, _messages = await session.result()
-                        await debug.wait_line(r"ended \(exited, exit code 0\)", timeout=120)
-                        await pool.wait_line(rf"run {run_id}.*attempt 2", timeout=10)
             nursery.cancel_scope.cancel()
     labels = result["labels"]
     assert labels["node"]["result"] == "'1'"
     values = labels["locals"]["values"]
-    assert values["step"] == "2" and values["rank"] in ("2", "3"), values
+    assert values["step"] == "2", values
     assert labels["end"]["exitCode"] == 0

@@ -177,3 +177,29 @@ def test_logs_put_node_k_before_each_line_of_nodes_after_the_first(
     out = capfdbinary.readouterr().out
     # node 0's open line is ended before node 1's; each node's lines whole, node 1's marked
     assert out == b"rank 0 \n[node 1] rank 2 step\n[node 1] rank 3\nup\n"
+
+
+async def test_what_node_0_raises_comes_out_of_the_node_workers_as_itself(tmp_path: Path) -> None:
+    """The pool's slot tells a lost relay (it serves on) from a failure by the exception's type:
+    the node workers' block must not wrap it in a group (it ended the whole pool once)."""
+    from protocol_specs.wire.wire import ErrorCode
+    from relay.client import RelayError
+    from worker_shim.backends.nodes import node_workers
+
+    relay = Endpoint("ws://127.0.0.1:1", token="t")
+    with pytest.raises(RelayError):
+        async with node_workers([], "r1", 1, relay, mark="m", say=lambda _t: None):
+            raise RelayError(ErrorCode.STALE_ATTEMPT, "run r1 is at attempt 2")
+
+
+def test_a_relay_error_nested_in_trio_s_groups_is_found_and_nothing_else_is() -> None:
+    """The shim's nurseries nest the error that ends an attempt in groups: the pool's slot must
+    still see it as the relay's (it serves on), and anything else as a failure."""
+    from protocol_specs.wire.wire import ErrorCode
+    from relay.client import RelayError, relay_error_of
+
+    error = RelayError(ErrorCode.STALE_ATTEMPT, "run r1 is at attempt 2")
+    nested = ExceptionGroup("a", [ExceptionGroup("b", [error])])
+    assert relay_error_of(nested) is error
+    assert relay_error_of(ExceptionGroup("c", [error, ValueError("x")])) is None
+    assert relay_error_of(ValueError("x")) is None

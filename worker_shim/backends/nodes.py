@@ -147,30 +147,39 @@ async def node_workers(
     for name in ("TETHER_RELAY", "TETHER_STACK", "TETHER_CREDENTIALS"):
         env.pop(name, None)
     started: list[tuple[int, trio.Process]] = []
-    async with trio.open_nursery() as nursery:
-        try:
-            for run_node, node in enumerate(nodes, 1):
-                await trio.to_thread.run_sync(
-                    partial(node.work_dir.mkdir, parents=True, exist_ok=True)
-                )
-                argv = node_argv(
-                    node, run_node, run_id, attempt, relay, allow_tunnels=allow_tunnels
-                )
-                try:
-                    process = await trio.lowlevel.open_process(
-                        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
-                    )  # fmt: skip
-                except OSError as exc:
-                    say(f"node {run_node}: its worker could not start ({argv[0]}: {exc.strerror})")
-                    continue
-                started.append((run_node, process))
-                nursery.start_soon(_pump, process, f"node {run_node}: ", say)
-            yield
-        finally:
-            with trio.CancelScope(shield=True):
-                await _end(started, say)
-            nursery.cancel_scope.cancel()  # a pipe a node's stray process still holds
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                for run_node, node in enumerate(nodes, 1):
+                    await trio.to_thread.run_sync(
+                        partial(node.work_dir.mkdir, parents=True, exist_ok=True)
+                    )
+                    argv = node_argv(
+                        node, run_node, run_id, attempt, relay, allow_tunnels=allow_tunnels
+                    )
+                    try:
+                        process = await trio.lowlevel.open_process(
+                            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
+                        )  # fmt: skip
+                    except OSError as exc:
+                        say(
+                            f"node {run_node}: its worker could not start ({argv[0]}: {exc.strerror})"
+                        )
+                        continue
+                    started.append((run_node, process))
+                    nursery.start_soon(_pump, process, f"node {run_node}: ", say)
+                yield
+            finally:
+                with trio.CancelScope(shield=True):
+                    await _end(started, say)
+                nursery.cancel_scope.cancel()  # a pipe a node's stray process still holds
+    except BaseExceptionGroup as group:
+        # what node 0's block raised (the relay lost, the attempt over), as itself: the pool's
+        # slot tells a lost relay from a failure by the exception's type
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
 
 
 async def _pump(process: trio.Process, prefix: str, say: Callable[[str], None]) -> None:

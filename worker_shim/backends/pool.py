@@ -34,6 +34,7 @@ from relay.client import (
     Target,
     endpoint,
     open_control,
+    relay_error_of,
 )
 
 from ..program.files import Fetch
@@ -223,8 +224,13 @@ async def _slot(
                         ):  # fmt: skip
                             await _run(as_worker, record, manifest, control, place, python, say,
                                        env)  # fmt: skip
-                    except RelayError as exc:
-                        say(f"{worker}: lost the relay while running {record.id}: {exc}")
+                    except (RelayError, BaseExceptionGroup) as exc:
+                        # the relay lost, or the attempt over (a node of it lost: retried): the
+                        # slot serves on (the shim's nurseries nest the error in groups)
+                        lost_with = relay_error_of(exc)
+                        if lost_with is None:
+                            raise
+                        say(f"{worker}: lost the relay while running {record.id}: {lost_with}")
                     finally:
                         await gpus.give_back(taken)
                         if place.nodes is not None:
