@@ -28,6 +28,7 @@ from . import (
     latency,
     metrics,
     node_latency,
+    nodes,
     processes,
     ranks,
     report,
@@ -54,6 +55,7 @@ BENCHES = (
     "web",
     "metrics",
     "ranks",
+    "nodes",
 )
 
 #: (full, quick) sizes
@@ -89,6 +91,7 @@ SIZES: dict[str, tuple[int, int]] = {
     "report_rounds": (5, 1),
     "rank_max": (16, 2),  # rank groups of 2, 4, ... up to this many ranks
     "rank_rounds": (5, 1),
+    "node_rounds": (5, 1),  # single-node and two-node runs each
 }
 
 #: (full, quick) round-trip times of the slow-link benchmark, ms (``--rtt-ms`` overrides)
@@ -244,6 +247,11 @@ async def run(
                 home, relay, tmp, size["rank_max"], size["rank_rounds"]
             )
 
+    async def bench_nodes() -> None:
+        home = tmp / "home-nodes"
+        async with common.relay_stack(home, workers=0) as (_up, relay):
+            figures["nodes"] = await nodes.run(home, relay, tmp, size["node_rounds"])
+
     stages = {
         "latency": bench_latency,
         "flood": bench_flood,
@@ -259,6 +267,7 @@ async def run(
         "web": bench_web,
         "metrics": bench_metrics,
         "ranks": bench_ranks,
+        "nodes": bench_nodes,
     }
     for name, stage in stages.items():
         if name in only:

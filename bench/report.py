@@ -9,6 +9,7 @@ from typing import Any
 from .common import DEBUGPY, TETHER, Dist, ms, verdict
 from .latency_report import plot, requests_section, stepping_section
 from .metrics import section as metrics_section
+from .nodes import section as nodes_section
 from .ranks import section as ranks_section
 from .scale_out import section as scale_out_section
 from .tunnels import section as tunnels_section
@@ -388,6 +389,7 @@ SECTIONS = {
     "web": web_section,
     "metrics": metrics_section,
     "ranks": ranks_section,
+    "nodes": nodes_section,
 }
 
 

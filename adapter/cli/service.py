@@ -122,6 +122,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
                 code = await run_node(
                     relay, run_id, attempt, args.node, work_dir=work_dir, worker=worker,
                     on_event=clock.say, allow_tunnels=not args.no_shell,
+                    isolation=node_isolation(args),
                 )  # fmt: skip
             else:
                 code = await run_one(
@@ -178,6 +179,17 @@ def nodes_of(args: argparse.Namespace, who: str) -> list[list[str]]:
     except ValueError as exc:
         raise SystemExit(f"{who}: {exc}") from None
     return via
+
+
+def node_isolation(args: argparse.Namespace) -> Isolation:
+    """A node's worker's isolation: a pool's, as its options pass it on (``--run-uids``,
+    ``--runs-root``: isolated as a root pool isolates); without them its program runs as the
+    worker's user, as a scheduler job's does (the job's user)."""
+    from worker_shim.program.identity import Isolation
+
+    if args.no_isolation or not (args.run_uids or args.runs_root):
+        return Isolation()
+    return isolation_of(args, "tether worker")
 
 
 def isolation_of(args: argparse.Namespace, who: str, user: str = "") -> Isolation:

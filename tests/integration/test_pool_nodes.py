@@ -91,7 +91,7 @@ async def test_the_pool_launches_a_runs_second_node_with_the_attempts_token_and_
     work_dir = tmp_path / "pool" / "nodes" / "node1"
     assert got["argv"] == [
         sys.executable, "-m", "adapter.cli", "worker", "--run", run, "--attempt", "1", "--node", "1",
-        "--work-dir", str(work_dir), "--relay", relay.url,
+        "--work-dir", str(work_dir), "--relay", relay.url, "--no-isolation",
     ]  # fmt: skip
     assert work_dir.is_dir()
     # the attempt's worker token, in the environment only

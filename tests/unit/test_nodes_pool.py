@@ -14,12 +14,15 @@ import trio
 import trio.testing
 from pydantic import ValidationError
 
+from adapter.cli.parser import build_parser
+from adapter.cli.service import node_isolation
 from adapter.show.render import Terminal, node_lines, node_rows, status_text
 from protocol_specs.runs.resources import Resources
 from protocol_specs.runs.runs import Attempt, RunRecord
 from protocol_specs.runs.spec import RunSpec
 from relay.client import Endpoint
 from worker_shim.backends.nodes import NodePool, check_nodes, node_argv
+from worker_shim.program.identity import Isolation
 
 
 def _args(tmp_path: Path, *flags: str, command: str = "run") -> argparse.Namespace:
@@ -131,9 +134,36 @@ def test_a_node_worker_joins_with_its_token_in_the_environment_not_its_command_l
     assert argv == [
         "ip", "netns", "exec", "tn1", "/py", "-m", "adapter.cli", "worker", "--run", "6b04",
         "--attempt", "2", "--node", "1", "--work-dir", str(tmp_path / "nodes" / "node1"),
-        "--relay", "ws://10.0.0.1:8765", "--ca-file", "/ca.pem", "--no-shell",
+        "--relay", "ws://10.0.0.1:8765", "--ca-file", "/ca.pem", "--no-shell", "--no-isolation",
     ]  # fmt: skip
     assert "secret-token" not in " ".join(argv)
+
+
+@pytest.mark.parametrize(
+    "isolation",
+    [
+        Isolation(uids=range(61000, 61100), runs_root=Path("/srv/tether/runs")),
+        Isolation(),
+        Isolation(own_only=True),
+    ],
+)
+def test_a_node_worker_houses_its_program_as_the_pool_does(
+    tmp_path: Path, isolation: Isolation
+) -> None:
+    """The node's worker, parsing the options the pool passes it, gets the pool's isolation: a
+    root pool's uids and runs root (its node's program under a leased uid too), else none (its
+    program runs as the worker's user)."""
+    node = NodePool(2, [], tmp_path).nodes[0]
+    argv = node_argv(node, 1, "6b04", 2, Endpoint("ws://h:1"), python="/py", isolation=isolation)
+    args = build_parser().parse_args(argv[3:])
+    assert args.node == 1
+    got = node_isolation(args)
+    if isolation.isolating:
+        assert (got.uids, got.runs_root) == (isolation.uids, isolation.runs_root)
+        assert argv[-4:] == ["--run-uids", "61000-61099", "--runs-root", "/srv/tether/runs"]
+    else:
+        assert not got.isolating
+        assert argv[-1] == "--no-isolation"
 
 
 def _record(**fields: object) -> RunRecord:

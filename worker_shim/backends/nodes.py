@@ -32,9 +32,18 @@ import trio
 
 from relay.client import Endpoint
 
+from ..program.identity import Isolation
 from ..program.reaper import MARK_ENV
 
-__all__ = ["NODE_GRACE", "Node", "NodePool", "check_nodes", "node_argv", "node_workers"]
+__all__ = [
+    "NODE_GRACE",
+    "Node",
+    "NodePool",
+    "check_nodes",
+    "isolation_argv",
+    "node_argv",
+    "node_workers",
+]
 
 #: how long the other nodes' workers have to end once node 0's program ended (the relay's
 #: ``terminate`` reaches them) before they are stopped
@@ -114,9 +123,11 @@ def node_argv(
     *,
     python: str = sys.executable,
     allow_tunnels: bool = True,
+    isolation: Isolation | None = None,
 ) -> list[str]:
     """The command line of the worker of the run's node ``run_node`` on ``node`` (its token goes
-    in its environment, never here)."""
+    in its environment, never here); ``isolation``: the pool's, which the node's worker houses
+    its program by (:func:`isolation_argv`)."""
     argv = [*node.prefix, python, "-m", "adapter.cli", "worker"]
     argv += ["--run", run_id, "--attempt", str(attempt), "--node", str(run_node)]
     argv += ["--work-dir", str(node.work_dir), "--relay", relay.url]
@@ -124,7 +135,17 @@ def node_argv(
         argv += ["--ca-file", relay.ca_file]
     if not allow_tunnels:
         argv.append("--no-shell")
-    return argv
+    return argv + isolation_argv(isolation or Isolation())
+
+
+def isolation_argv(isolation: Isolation) -> list[str]:
+    """The options that give a node's worker the pool's isolation: a root pool that runs each
+    program as a uid of its own has its nodes' programs run so too (from its uids, their
+    directories under its runs root); else the node's program runs as its worker's user."""
+    if isolation.uids is None or isolation.runs_root is None:
+        return ["--no-isolation"]
+    uids = isolation.uids
+    return ["--run-uids", f"{uids.start}-{uids.stop - 1}", "--runs-root", str(isolation.runs_root)]
 
 
 @asynccontextmanager
@@ -137,12 +158,13 @@ async def node_workers(
     mark: str,
     say: Callable[[str], None],
     allow_tunnels: bool = True,
+    isolation: Isolation | None = None,
 ) -> AsyncIterator[None]:
     """Start the workers of the run's nodes 1..M-1 (``nodes``, in order), their output said line
     by line (``node K: ...``), while the block runs node 0; on the way out (shielded) give them
     :data:`NODE_GRACE` seconds to end, then stop them. ``relay``'s token is the attempt's worker
     token; ``mark``: the pool's mark for them (under its own, not under the attempt's, which
-    node 0's end kills at once)."""
+    node 0's end kills at once); ``isolation``: the pool's, passed on to them."""
     env = {**os.environ, "TETHER_TOKEN": relay.token, MARK_ENV: mark}
     for name in ("TETHER_RELAY", "TETHER_STACK", "TETHER_CREDENTIALS"):
         env.pop(name, None)
@@ -155,8 +177,9 @@ async def node_workers(
                         partial(node.work_dir.mkdir, parents=True, exist_ok=True)
                     )
                     argv = node_argv(
-                        node, run_node, run_id, attempt, relay, allow_tunnels=allow_tunnels
-                    )
+                        node, run_node, run_id, attempt, relay, allow_tunnels=allow_tunnels,
+                        isolation=isolation,
+                    )  # fmt: skip
                     try:
                         process = await trio.lowlevel.open_process(
                             argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -220,7 +220,7 @@ async def _slot(
                             nodes, record.id, record.attempt, as_worker,
                             mark=f"{housing.mark}/nodes-{record.id}-{record.attempt}",
                             say=lambda text: say(f"{worker}: {text}"),
-                            allow_tunnels=place.allow_tunnels,
+                            allow_tunnels=place.allow_tunnels, isolation=housing.isolation,
                         ):  # fmt: skip
                             await _run(as_worker, record, manifest, control, place, python, say,
                                        env)  # fmt: skip
@@ -328,14 +328,16 @@ async def run_node(
     python: str = sys.executable,
     on_event: Callable[[str], None] | None = None,
     allow_tunnels: bool = True,
+    isolation: Isolation | None = None,
 ) -> int | None:
     """Join node ``node`` (>= 1) of ``run_id``'s attempt ``attempt``, which node 0's worker
     claimed, and run that node's part (``tether worker --run RUN --attempt A --node K``, holding
     the attempt's worker token): asked again while node 0 has not claimed it yet; the program
-    starts once node 0's rendezvous is known (``worker_shim/program/nodes.py``)."""
+    starts once node 0's rendezvous is known (``worker_shim/program/nodes.py``). ``isolation``: as
+    whom its program runs (a pool's node: the pool's own; default: as this worker)."""
     say = on_event or (lambda _text: None)
     client = f"tether-worker {worker}"
-    housing = Housing()
+    housing = Housing(isolation)
     runs_dir = await trio.to_thread.run_sync(housing.prepare, work_dir)
     place = _PoolPlace(work_dir, runs_dir, housing, (KEEP_RUNS, CACHE_MAX_BYTES), allow_tunnels)
     async with _guarded(housing, runs_dir):
@@ -351,7 +353,7 @@ async def run_node(
                 )  # fmt: skip
             finally:
                 with trio.CancelScope(shield=True):
-                    await tidy(work_dir, runs_dir)
+                    await tidy(work_dir, runs_dir, release=housing.release)
 
 
 #: how long a job's worker asks again for its claim when the answer was lost (the relay died, or
