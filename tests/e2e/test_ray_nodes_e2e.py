@@ -7,7 +7,8 @@ in a namespace (``tests/netns.py``) whose loopback is its own, and joins only on
 its breakpoints: until then the job's placement group (two bundles, ``STRICT_SPREAD``) cannot be
 placed, so the run stays queued while the breakpoint is set. The program is plain Python: node
 1's part calls a function node 0's never does; the breakpoint there is hit in node 1's own
-session (in node 1's namespace), inspected, continued; the run ends with exit code 0.
+session, inspected (it runs on one Ray node, and meets node 0 at the other's address),
+continued; the run ends with exit code 0.
 
 Ray and tether share ``.venv-ray-nodes`` (``tests/ray_cluster.py``: the job's driver imports Ray
 and runs tether's module).
@@ -77,6 +78,8 @@ async def test_issue_43_a_two_node_ray_cluster_runs_a_two_node_run_debugged_on_n
          "expression": "__import__('os').environ['TETHER_NODE']"},
         {"op": "evaluate", "session": "node1", "label": "netns",
          "expression": "__import__('os').readlink('/proc/self/ns/net')"},
+        {"op": "evaluate", "session": "node1", "label": "master",
+         "expression": "__import__('os').environ['MASTER_ADDR']"},
         {"op": "variables", "session": "node1", "label": "locals", "scope": "Locals"},
         {"op": "continue", "session": "node1"},
         {"op": "wait_terminated", "label": "end", "timeoutMs": 120_000},
@@ -137,6 +140,11 @@ async def test_issue_43_a_two_node_ray_cluster_runs_a_two_node_run_debugged_on_n
         inode = os.stat(f"/run/netns/{nodes.names[0]}").st_ino
     labels = result["labels"]
     assert labels["node"]["result"] == "'1'"
-    assert labels["netns"]["result"] == f"'net:[{inode}]'"  # node 1 ran in the other namespace
+    # Ray places the bundles where it likes: node 1 is either Ray node, node 0 the other one
+    here = os.readlink("/proc/self/ns/net")
+    ray_nodes = {f"'net:[{inode}]'": nodes.addresses[0], f"'{here}'": nodes.bridge_address}
+    node_1_at = ray_nodes[labels["netns"]["result"]]
+    (node_0_at,) = set(ray_nodes.values()) - {node_1_at}
+    assert labels["master"]["result"] == f"'{node_0_at}'", labels
     assert labels["locals"]["values"]["step"] == "7"
     assert labels["end"]["exitCode"] == 0
