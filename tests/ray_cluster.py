@@ -8,6 +8,10 @@ itself needs no Ray, only HTTP. :func:`ray_bin` makes the venv, or says why it c
     with RayHead(ray, tmp_dir, gpus=1, resources={"tether_test": 1}) as head:
         head.address  # http://127.0.0.1:PORT, the dashboard
 
+A cluster whose nodes' loopbacks are apart (issue 43): the head on a bridge's address
+(``host=nodes.bridge_address``), a node in a network namespace (``tests/netns.py``) joined with
+``head.add_node(prefix=nodes.prefix(0), ip=nodes.addresses[0])``.
+
 The head runs in the foreground (``--block``) as a child of this process, in a session of its
 own, with its own temporary directory (``--temp-dir``) and ports: :meth:`RayHead.stop` ends it by
 its PID (SIGTERM: Ray drains and stops every process it started), then kills what is left of its
@@ -30,7 +34,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from venvs import own_venv
+from venvs import ROOT, own_venv
 
 RAY = "ray[default]==2.60.0"
 _STOP_GRACE_S = 40.0
@@ -41,6 +45,14 @@ def ray_bin() -> Path:
     ``TETHER_REQUIRE_RAY=1``) when it cannot be made."""
     probe = "import ray.dashboard, aiohttp"
     return own_venv(".venv-ray", [RAY], probe, require="TETHER_REQUIRE_RAY").parent / "ray"
+
+
+def ray_with_tether() -> Path:
+    """The Python of ``.venv-ray-nodes``: Ray and this repository (editable) in one environment,
+    as a cluster whose runs span nodes has them (the job's driver, ``worker_shim/backends/
+    ray_nodes.py``, runs tether's module with Ray); made if need be, or the test skipped."""
+    probe = "import ray.dashboard, aiohttp, adapter.cli"
+    return own_venv(".venv-ray-nodes", [RAY, "-e", str(ROOT)], probe, require="TETHER_REQUIRE_RAY")
 
 
 def _free_port() -> int:
@@ -60,8 +72,11 @@ class RayHead:
         gpus: int = 0,
         resources: dict[str, float] | None = None,
         env: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.ray = ray
+        #: the head's address (its dashboard's, its GCS's): a bridge's, for nodes in namespaces
+        self.host = host
         self.cpus = cpus
         self.gpus = gpus
         self.resources = resources or {}
@@ -76,7 +91,7 @@ class RayHead:
 
     @property
     def address(self) -> str:
-        return f"http://127.0.0.1:{self.dashboard_port}"
+        return f"http://{self.host}:{self.dashboard_port}"
 
     @property
     def log(self) -> Path:
@@ -85,9 +100,9 @@ class RayHead:
     def start(self, timeout: float = 180.0) -> None:
         argv = [
             str(self.ray), "start", "--head", "--block",
-            "--node-ip-address", "127.0.0.1",
+            "--node-ip-address", self.host,
             "--port", str(self.gcs_port),
-            "--dashboard-host", "127.0.0.1",
+            "--dashboard-host", self.host,
             "--dashboard-port", str(self.dashboard_port),
             "--dashboard-agent-listen-port", str(_free_port()),
             "--num-cpus", str(self.cpus),
@@ -111,13 +126,22 @@ class RayHead:
             time.sleep(0.5)  # polling a daemon's startup from outside: nothing to wait on
         raise RuntimeError(f"Ray's Jobs API did not answer in {timeout:g} s")
 
-    def add_node(self, *, cpus: int = 1, resources: dict[str, float] | None = None) -> None:
+    def add_node(
+        self,
+        *,
+        cpus: int = 1,
+        resources: dict[str, float] | None = None,
+        prefix: list[str] | None = None,
+        ip: str = "127.0.0.1",
+    ) -> None:
         """A node joining the cluster (what an autoscaler does when a job asks for what no node
         has): ``ray start --address`` on this machine, with ``resources``; stopped with the
-        head."""
+        head. ``prefix`` and ``ip``: a node in a network namespace of its own
+        (``tests/netns.py``: ``Nodes.prefix(K)``, its address), the head on the bridge."""
         argv = [
-            str(self.ray), "start", "--block", "--address", f"127.0.0.1:{self.gcs_port}",
-            "--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus),
+            *(prefix or []),
+            str(self.ray), "start", "--block", "--address", f"{self.host}:{self.gcs_port}",
+            "--node-ip-address", ip, "--num-cpus", str(cpus),
             "--resources", json.dumps(resources or {}),
             "--object-store-memory", str(100_000_000), "--disable-usage-stats",
         ]  # fmt: skip
@@ -127,6 +151,22 @@ class RayHead:
                 argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
         self.nodes.append(node)
+
+    def alive_nodes(self) -> list[str]:
+        """The addresses of the cluster's nodes that are alive (the state API's node list)."""
+        got = self.request("GET", "/api/v0/nodes?limit=100")
+        assert isinstance(got, dict)
+        nodes = got["data"]["result"]["result"]
+        return sorted(str(n["node_ip"]) for n in nodes if n.get("state") == "ALIVE")
+
+    def wait_nodes(self, count: int, timeout: float = 120.0) -> list[str]:
+        """Block until ``count`` nodes are alive (a node's ``ray start`` takes seconds)."""
+        deadline = time.monotonic() + timeout
+        while len(alive := self.alive_nodes()) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(alive)} Ray nodes alive ({alive}), not {count}")
+            time.sleep(0.5)  # polling a daemon's startup from outside: nothing to wait on
+        return alive
 
     def _jobs_api_answers(self) -> bool:
         try:

@@ -98,7 +98,7 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         type=int,
         metavar="N",
         help="nodes the run spans, one worker each, given its rendezvous (MASTER_ADDR, "
-        "NODE_RANK, torchrun's PET_* variables); the local pool's --nodes or Slurm for now "
+        "NODE_RANK, torchrun's PET_* variables): the local pool's --nodes, Slurm or Ray "
         "(default 1)",
     )
     g.add_argument(

@@ -19,7 +19,8 @@ token's holder may have it. Three kinds of token:
   is good for one thing: claiming its run's attempt, once its backend saw the job running
   (``report running``) and until the attempt started. The claim's answer carries a worker token,
   which then lives only in the worker's memory; once the attempt started, or ended, the ticket is
-  worth nothing.
+  worth nothing (a run over nodes: its nodes K >= 1 join the attempt with it while it runs, each
+  answered with a worker token of its own).
 
 A token is ``tth<kind>_<id>_<secret>``. The relay stores the id with a SHA-256 hash of the secret
 (256 random bits: a slow password hash adds nothing against guessing, and a stolen hash is useless

@@ -145,15 +145,6 @@ class RunSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _nodes_not_on_ray_yet(self) -> RunSpec:
-        if self.resources.nodes > 1 and self.backend == "ray":
-            raise ValueError(
-                f"--nodes {self.resources.nodes}: multi-node runs are on the local pool and Slurm "
-                f"for now (--backend local or slurm); {self.backend} follows"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _secrets_are_in_env(self) -> RunSpec:
         unknown = [name for name in self.secret_env if name not in self.env]
         if unknown:

@@ -47,21 +47,25 @@ async def claim(rooms: Rooms, conn: Conn, frame: wire.Claim) -> wire.AnyFrame:
     if frame.run:
         target = await rooms.registry.load(frame.run)
         allow(who, Act.CLAIM_RUN, target, about_run=frame.run, attempt=frame.attempt)
-        if frame.node:  # a multi-node run's other node joins the attempt node 0 claimed
-            joined = await claiming.join(
-                rooms.registry, frame.worker, frame.run, frame.attempt, frame.node
-            )
-            if isinstance(joined, wire.Error):
-                return joined.model_copy(update={"rid": frame.rid})
-            return await _assigned(
-                rooms, frame.rid, conn, joined, "", node=frame.node, joiner=frame.worker
-            )
         if who.kind == "ticket" and target is not None and not target.job_running:
             raise Refused(
                 ErrorCode.JOB_NOT_RUNNING,
                 f"run {frame.run}'s scheduler backend has not yet seen this attempt's job "
                 "running: a ticket claims only then (ask again)",
                 run=target,
+            )
+        if frame.node:  # a multi-node run's other node joins the attempt node 0 claimed
+            joined = await claiming.join(
+                rooms.registry, frame.worker, frame.run, frame.attempt, frame.node
+            )
+            if isinstance(joined, wire.Error):
+                return joined.model_copy(update={"rid": frame.rid})
+            token = ""
+            if who.kind == "ticket":  # a Ray job's node: its ticket is traded, as node 0's was
+                ttl = rooms.config.retention + rooms.config.lease
+                token = await rooms.tokens.mint_worker(joined.owner, joined.id, joined.attempt, ttl)
+            return await _assigned(
+                rooms, frame.rid, conn, joined, token, node=frame.node, joiner=frame.worker
             )
         taken = await claiming.claim_run(
             rooms.registry, frame.worker, frame.run, frame.attempt, mint=who.kind != "worker"
@@ -125,7 +129,8 @@ async def _assigned(
 ) -> wire.AnyFrame:
     """A claimed or dispatched attempt, with its manifest (a dispatch to a scheduler: none)
     and the credential minted for it (a multi-node run's node ``node`` >= 1 that ``joiner``
-    joined: none, ``conn.undo`` untouched: nothing was claimed): a worker token (``""`` when the requester is that
+    joined: none unless it holds a ticket, ``conn.undo`` untouched: nothing was claimed): a
+    worker token (``""`` when the requester is that
     attempt's worker already; a ticket's claim gets one: that is what tickets are for), or a
     dispatch's ticket. A snapshot the relay lost part of since the submit (its blobs deleted
     by hand) fails the attempt's start, saying so."""

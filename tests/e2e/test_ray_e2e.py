@@ -49,8 +49,16 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
 
 
 @asynccontextmanager
-async def ray_backend(home: Path, relay: str, head: RayHead) -> AsyncIterator[Proc]:
-    """The backend as the Ray guide (docs/ray.md) deploys it: with a token of the ``backend`` scope alone."""
+async def ray_backend(
+    home: Path,
+    relay: str,
+    head: RayHead,
+    *,
+    python: str = sys.executable,
+    flags: tuple[str, ...] = (),
+) -> AsyncIterator[Proc]:
+    """The backend as the Ray guide (docs/ray.md) deploys it: with a token of the ``backend``
+    scope alone (``python``: tether's on the cluster; ``flags``: more of the backend's)."""
     made = await trio.run_process(
         [TETHER, "token", "create", "--relay", relay, "--user", "ray", "--scope", "backend"],
         env=home_env(home),
@@ -61,7 +69,7 @@ async def ray_backend(home: Path, relay: str, head: RayHead) -> AsyncIterator[Pr
     assert token.startswith("tthu_"), made
     async with tether(
         "backend", "ray", "--relay", relay, "--address", head.address,
-        "--python", sys.executable, "--poll", "0.3",
+        "--python", python, "--poll", "0.3", *flags,
         home=home, name="ray", extra_env={"TETHER_TOKEN": token},
     ) as proc:  # fmt: skip
         await proc.wait_line(r"tether backend ray: ready .* ray=2\.")

@@ -208,3 +208,37 @@ async def test_a_ticket_claims_its_attempt_once_and_is_worth_nothing_after(relay
     async with open_control(relay.alice) as control:
         trail = [(e.event, e.token) for e in await control.audit(run)]
     assert ("claim", dispatched.token.split("_")[1]) in trail  # whoever used it is on record
+
+
+async def test_a_ray_jobs_node_trades_the_ticket_for_a_worker_token_when_it_joins(
+    relay: Relay,
+) -> None:
+    """A Ray job over two nodes carries one ticket (its runtime environment reaches every task):
+    node 1's join, once node 0 claimed, is answered with a worker token of its own, as node 0's
+    claim is; before the backend saw the job run, it is refused like a claim."""
+    nodes = SPEC.resources.model_copy(update={"nodes": 2})
+    spec = SPEC.model_copy(update={"backend": "ray", "resources": nodes})
+    run = await submitted(relay.alice, spec)
+    async with open_control(relay.pool) as control:
+        dispatched = await control.dispatch("ray", "ray-backend", ticket=True)
+    ticket = relay.bare(dispatched.token)
+    async with open_control(ticket) as control:
+        with pytest.raises(RelayError) as info:  # read off a job list while the job waits
+            await control.claim("w-1", run=run, attempt=1, node=1)
+        assert info.value.code == ErrorCode.JOB_NOT_RUNNING
+    async with open_control(relay.pool) as control:
+        await control.report(run, 1, "job", job="ray-1")
+        await control.report(run, 1, "running", job="ray-1")
+    async with open_control(ticket) as control:
+        with pytest.raises(RelayError) as info:  # node 0 has not claimed yet: asked again
+            await control.claim("w-1", run=run, attempt=1, node=1)
+        assert info.value.code == ErrorCode.JOB_NOT_RUNNING
+        assert "node 0 has not claimed attempt 1 yet" in info.value.message
+        node0 = await control.claim("w-0", run=run, attempt=1)
+        node1 = await control.claim("w-1", run=run, attempt=1, node=1)
+    assert node0.token.startswith("tthw_") and node1.token.startswith("tthw_")
+    assert node1.token != node0.token and node1.run.id == run
+    got = await refusal(ticket, Role.WORKER, run)  # the ticket itself is still no worker token
+    assert got.code == ErrorCode.FORBIDDEN
+    async with open_run_link(relay.bare(node1.token), link=WorkerLink(node=1), run=run) as link:
+        assert link.run.attempt == 1  # node 1's worker is served with the token it was given

@@ -1,5 +1,5 @@
 """Runs that span nodes, the user's side: ``--nodes`` and the per-node flags at submit, the
-refusals (``--gpus`` with several nodes; Slurm and Ray for now), the local pool's nodes
+refusals (``--gpus`` with several nodes), Slurm and Ray taking them, the local pool's nodes
 (``NodePool``, the node worker's command line, ``--node-via``), and what ``tether status`` and
 ``tether logs`` show of each node."""
 
@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 import trio
 import trio.testing
-from pydantic import ValidationError
 
 from adapter.cli.parser import build_parser
 from adapter.cli.service import node_isolation
@@ -65,23 +64,15 @@ def test_gpus_and_cpus_with_several_nodes_are_refused_pointing_at_the_per_node_f
         _spec(tmp_path, "--nodes", "0")
 
 
-def test_a_multi_node_run_on_ray_is_refused_at_submit_in_one_line(tmp_path: Path) -> None:
-    backend = "ray"
-    with pytest.raises(SystemExit) as refused:
-        _spec(tmp_path, "--nodes", "2", "--backend", backend)
-    said = str(refused.value)
-    assert "multi-node runs are on the local pool and Slurm for now" in said and "\n" not in said
-    # the relay checks the spec where it enters: the same refusal
-    with pytest.raises(ValidationError, match=f"Slurm for now .*{backend} follows"):
-        RunSpec(command=["python", "t.py"], workdir="/w", backend=backend,
-                resources=Resources(nodes=2))  # fmt: skip
-    assert RunSpec(command=["python", "t.py"], workdir="/w", backend=backend).resources.nodes == 1
-
-
-def test_a_multi_node_run_on_slurm_is_taken(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["slurm", "ray"])
+def test_a_multi_node_run_on_a_scheduler_is_taken(tmp_path: Path, backend: str) -> None:
     (tmp_path / "t.py").write_text("")
-    spec = _spec(tmp_path, "--nodes", "2", "--backend", "slurm", "--gpus-per-node", "2")
-    assert (spec.backend, spec.resources.nodes, spec.resources.gpus) == ("slurm", 2, 2)
+    spec = _spec(tmp_path, "--nodes", "2", "--backend", backend, "--gpus-per-node", "2")
+    assert (spec.backend, spec.resources.nodes, spec.resources.gpus) == (backend, 2, 2)
+    # the relay checks the spec where it enters: taken there too
+    again = RunSpec(command=["python", "t.py"], workdir="/w", backend=backend,
+                    resources=Resources(nodes=2))  # fmt: skip
+    assert again.resources.nodes == 2
 
 
 def test_the_pool_flags_are_checked_and_split_as_a_shell_would(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from protocol_specs.runs.runs import RunRecord
 from protocol_specs.runs.spec import RunSpec
 from worker_shim.backends.job_watch import Phase
 from worker_shim.backends.ray_jobs import address_of, job_request, seen_of
+from worker_shim.backends.ray_nodes import bundle_of, node_argv, parse
 
 TICKET = "ttht_0123456789abcdef_" + "x" * 43
 
@@ -149,3 +150,44 @@ def test_the_program_and_its_ray_tasks_never_get_the_workers_ticket(
     }
     monkeypatch.setenv(RAY_JOB_CONFIG, f"not json {TICKET}")
     assert program_env(record(), None)[RAY_JOB_CONFIG] == "{}"
+
+
+def test_a_run_over_nodes_is_one_job_whose_driver_spreads_a_worker_per_node() -> None:
+    """The driver (``ray_nodes``) holds nothing itself: each node's share is its bundle."""
+    body = job_request(
+        record(nodes=3, gpus=2, cpus=8, memory_mb=1024, custom={"accelerator_type:A100": 1}),
+        TICKET,
+        submission_id="s",
+        python="/opt/py/bin/python",
+        relay="wss://relay:8765",
+        work_dir="/scratch/tether",
+    )
+    assert not {k for k in body if k.startswith("entrypoint_")} - {"entrypoint"}
+    argv = shlex.split(body["entrypoint"])
+    cut = argv.index("--")
+    assert argv[:cut] == [
+        "/opt/py/bin/python", "-m", "worker_shim.backends.ray_nodes", "--nodes", "3",
+        "--cpus", "8", "--gpus", "2", "--memory", str(1024 * 2**20),
+        "--resources", '{"accelerator_type:A100": 1.0}',
+    ]  # fmt: skip
+    assert argv[cut + 1 :] == [
+        "/opt/py/bin/python", "-m", "adapter.cli", "worker", "--run", "r1", "--attempt", "2",
+        "--work-dir", "/scratch/tether",
+    ]  # fmt: skip
+    assert TICKET not in body["entrypoint"]
+    driver, worker = parse(argv[3:])
+    assert bundle_of(driver) == {"CPU": 8, "GPU": 2, "memory": 1024 * 2**20,
+                                 "accelerator_type:A100": 1}  # fmt: skip
+    assert worker == argv[cut + 1 :]
+
+
+def test_each_nodes_worker_gets_its_node_and_a_work_directory_of_its_own() -> None:
+    worker = ["py", "-m", "adapter.cli", "worker", "--run", "r1", "--attempt", "2"]
+    assert node_argv([*worker, "--work-dir", "/s/w"], 1)[-4:] == [
+        "--work-dir", "/s/w-node1", "--node", "1",
+    ]  # fmt: skip
+    assert node_argv(worker, 0, home="/h")[-4:] == ["--work-dir", "/h/worker-node0", "--node", "0"]
+    with pytest.raises(SystemExit, match="give the worker's command after --"):
+        parse(["--nodes", "2"])
+    with pytest.raises(SystemExit, match=r"--nodes N \(N >= 2\)"):
+        parse(["--nodes", "1", "--", "py"])

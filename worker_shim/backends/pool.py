@@ -345,6 +345,8 @@ async def run_node(
         record = assigned.run
         say(f"{worker}: joined run {record.id} (attempt {record.attempt}) as node {node}")
         as_worker = endpoint(relay_url)
+        if assigned.token:  # a ticket's join (a Ray job's node) is answered with a worker token
+            as_worker = as_worker.with_token(assigned.token)
         async with open_control(as_worker, client=client) as control:
             try:
                 return await _run(

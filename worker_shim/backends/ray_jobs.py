@@ -31,6 +31,7 @@ lines only.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -88,6 +89,8 @@ def job_request(
         argv += ["--work-dir", work_dir]
     if not allow_tunnels:
         argv.append("--no-shell")
+    if res.nodes > 1:
+        argv = [*_driver(record, python), *argv]
     env = {"TETHER_RELAY": relay, "TETHER_TOKEN": ticket}
     if ca_file:
         env["TETHER_CA_FILE"] = ca_file
@@ -101,8 +104,10 @@ def job_request(
             "tether_owner": record.owner,
             "name": record.spec.name or f"tether run {record.id}",
         },
-        "entrypoint_num_cpus": res.cpus,
     }
+    if res.nodes > 1:  # the nodes' tasks hold the resources (a placement group), the driver none
+        return body
+    body["entrypoint_num_cpus"] = res.cpus
     if res.gpus:
         body["entrypoint_num_gpus"] = res.gpus
     if res.memory_mb:
@@ -110,6 +115,21 @@ def job_request(
     if res.custom:
         body["entrypoint_resources"] = dict(res.custom)
     return body
+
+
+def _driver(record: RunRecord, python: str) -> list[str]:
+    """The entrypoint's head for a run over nodes (``worker_shim/backends/ray_nodes.py``): the
+    worker's command follows its ``--``."""
+    res = record.spec.resources
+    driver = [python, "-m", "worker_shim.backends.ray_nodes", "--nodes", str(res.nodes)]
+    driver += ["--cpus", f"{res.cpus:g}"]
+    if res.gpus:
+        driver += ["--gpus", f"{res.gpus:g}"]
+    if res.memory_mb:
+        driver += ["--memory", str(res.memory_mb * 2**20)]
+    if res.custom:
+        driver += ["--resources", json.dumps(dict(res.custom), sort_keys=True)]
+    return [*driver, "--"]
 
 
 def seen_of(info: dict[str, Any] | None) -> Seen:
