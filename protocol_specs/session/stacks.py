@@ -109,6 +109,8 @@ class ProcessStack(BaseModel):
     threads: list[ThreadStack] = Field(default_factory=list)
     #: why its stack could not be read ("": it was)
     error: str = ""
+    #: the node whose worker read it, of a run that spans nodes (pids of two hosts may be equal)
+    node: int = 0
 
     def main_frames(self) -> list[Frame]:
         """The frames of its main thread (the first thread when none is marked main)."""
@@ -208,19 +210,22 @@ def describe_set(processes: list[ProcessStack]) -> str:
     return f"{text} and {more} more" if more > 0 else text
 
 
-def _order(p: ProcessStack) -> tuple[int, int, int]:
-    """Ranks first, by rank; then the others by pid."""
-    return (0, p.rank, p.pid) if p.rank is not None else (1, 0, p.pid)
+def _order(p: ProcessStack) -> tuple[int, int, int, int]:
+    """Ranks first, by rank; then the others by node and pid."""
+    return (0, p.rank, p.node, p.pid) if p.rank is not None else (1, 0, p.node, p.pid)
 
 
 def merge(processes: Iterable[ProcessStack], run: str = "") -> StackReport:
-    """The classes and the tree of ``processes`` (each pid once; a later duplicate is dropped).
+    """The classes and the tree of ``processes`` (each pid of a node once; a later duplicate is
+    dropped): those of every node of a run that spans nodes, merged by where they are as one
+    node's are (a class's ``pids`` may then name one pid twice, on two nodes: ``processes`` says
+    which node's).
 
     Every process is in exactly one class (of ``classes`` or ``unreadable``) and, if its stack
     was read, at exactly one leaf of ``tree``."""
-    seen: dict[int, ProcessStack] = {}
+    seen: dict[tuple[int, int], ProcessStack] = {}
     for p in processes:
-        seen.setdefault(p.pid, p)
+        seen.setdefault((p.node, p.pid), p)
     procs = sorted(seen.values(), key=_order)
     readable = [p for p in procs if not p.error]
     groups: dict[tuple[Any, ...], list[ProcessStack]] = {}
