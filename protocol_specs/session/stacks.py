@@ -44,6 +44,7 @@ __all__ = [
     "StackNode",
     "StackReport",
     "ThreadStack",
+    "as_workdir",
     "compress_ranks",
     "describe_set",
     "merge",
@@ -341,6 +342,22 @@ def user_frames(raw: list[dict[str, Any]]) -> list[Frame]:
             )
         )
     return frames[-MAX_FRAMES:]
+
+
+def as_workdir(threads: list[ThreadStack], local: Iterable[str], workdir: str) -> list[ThreadStack]:
+    """``threads`` with the paths under the worker's copy of the snapshot (``local``: its
+    directory, as named and as resolved) shown under the user's ``workdir``, as the debugger's
+    path mappings show them: the same file on two nodes (two directories) is the same place."""
+    roots = [root.rstrip("/") + "/" for root in local if root]
+
+    def mapped(frame: Frame) -> Frame:
+        for root in roots:
+            if frame.path.startswith(root):
+                path = workdir.rstrip("/") + "/" + frame.path[len(root) :]
+                return frame.model_copy(update={"path": path})
+        return frame
+
+    return [t.model_copy(update={"frames": [mapped(f) for f in t.frames]}) for t in threads]
 
 
 def threads_from_pyspy(data: Any, pid: int) -> list[ThreadStack]:

@@ -193,7 +193,8 @@ class Tunnels:
         user = self.quarters.user if self.quarters is not None else None
         runtime = self.quarters.runtime if self.quarters is not None else None
         pyspy = runtime.pyspy if runtime is not None else Runtime.installed().pyspy
-        answer = await sample_stacks(self.program, pyspy, user)
+        paths = (self.run_dir, self.record.spec.workdir)
+        answer = await sample_stacks(self.program, pyspy, user, paths=paths)
         for at in range(0, len(answer), CHUNK):
             await link.publish(TunnelEntry(op="data", fd=1, data=answer[at : at + CHUNK]))
         await link.publish(TunnelEntry(op="eof", fd=1))
