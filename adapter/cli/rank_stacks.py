@@ -6,7 +6,8 @@ which processes the debugger holds paused, and why (the worker's ``paused`` stat
 ``tether status`` shows them); ``protocol_specs/session/stacks.py`` merges both into the classes
 and the tree this prints (``--json``: the report as data, ``docs/cli.md``). A run that spans
 nodes is read on every node at once (a tunnel per node's worker: ``each_node.py``), and all its
-ranks are merged as one node's are; a node whose stacks could not be read is said, on stderr.
+ranks are merged as one node's are; a node whose stacks could not be read is named in the
+header (``missing`` in ``--json``).
 """
 
 from __future__ import annotations
@@ -43,13 +44,13 @@ async def cmd_stacks(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"tether: the stacks of run {record.id} were not read{of}: {failed[min(failed)]}"
         )
-    for node, why in failed.items():  # the other nodes' stacks are shown
-        print(f"tether: node {node}'s stacks were not read: {why}", file=sys.stderr, flush=True)
     record = await _record(relay, record.id)  # paused now: the states as fresh as the stacks
     try:
         report = report_of_nodes(read, record)
     except NoStacks as exc:
         raise SystemExit(f"tether: {exc} (is it an older tether?)") from None
+    # the other nodes' stacks are shown, and the header says whose are not
+    report.missing = [f"node {node}: {why}" for node, why in failed.items()]
     if args.json:
         print(report.model_dump_json())
         return 0

@@ -87,7 +87,8 @@ def header(report: StackReport) -> str:
     n = len(report.processes)
     places = len(report.classes)
     held = f", {paused} paused" if paused else ""
+    missing = f"; not read: {'; '.join(report.missing)}" if report.missing else ""
     return (
         f"run {report.run}: {n} Python process{'es' if n != 1 else ''}{held}, in "
-        f"{places} place{'s' if places != 1 else ''} (main threads, outermost call first)"
+        f"{places} place{'s' if places != 1 else ''} (main threads, outermost call first)" + missing
     )

@@ -164,6 +164,8 @@ class StackReport(BaseModel):
     tree: list[StackNode] = Field(default_factory=list)
     #: processes whose stacks could not be read, one class per reason
     unreadable: list[StackClass] = Field(default_factory=list)
+    #: the nodes of a run that spans nodes whose stacks could not be read (``node 1: why``)
+    missing: list[str] = Field(default_factory=list)
 
 
 def compress_ranks(ranks: Iterable[int]) -> str:
