@@ -259,7 +259,7 @@ async def _attempt(
         async with (
             open_tunnels(  # their commands end with the attempt's tunnels, not its program
                 link.endpoint, record, run_dir, {**env, MARK_ENV: f"{mark}-tunnels"},
-                allowed=place.allow_tunnels, say=say, quarters=quarters, serves=role.node == 0,
+                allowed=place.allow_tunnels, say=say, quarters=quarters, node=role.node,
             ) as tunnels,
             open_program_metrics(
                 link, quarters.private, patterns=record.spec.metrics, attempt=record.attempt,

@@ -28,7 +28,7 @@ from .runs import (
 from .service import cmd_backend, cmd_relay, cmd_up, cmd_worker
 from .settings import DEFAULT_RELAY_PORT, count, parse_duration, parse_ranks
 from .sweeps import cmd_sweep
-from .tunnel import cmd_exec, cmd_port_forward, cmd_shell, process_flag
+from .tunnel import cmd_exec, cmd_port_forward, cmd_shell, node_flag, process_flag
 
 __all__ = ["build_parser"]
 
@@ -204,6 +204,7 @@ def _run_commands(sub: _Commands) -> None:
     )
     relay_flag(s)
     process_flag(s)
+    node_flag(s)
     s.add_argument(
         "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
     )
@@ -252,6 +253,7 @@ def _run_commands(sub: _Commands) -> None:
     )
     relay_flag(s)
     process_flag(s)
+    node_flag(s)
     s.add_argument(
         "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
     )
@@ -262,6 +264,7 @@ def _run_commands(sub: _Commands) -> None:
         help="forward local ports to ports on the run's worker (like ssh -L), until Ctrl-C",
     )
     relay_flag(s)
+    node_flag(s)
     s.add_argument(
         "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
     )

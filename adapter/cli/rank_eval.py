@@ -4,27 +4,33 @@ The worker evaluates it (an ``eval`` tunnel, as ``tether stacks`` reads stacks t
 ``stacks`` one: ``worker_shim/program/tunnels.py`` hands it to the debug session's driver,
 ``worker_shim/session/rank_eval.py`` asks each paused rank's debugpy) and answers the values as
 JSON; ``protocol_specs/session/rank_values.py`` renders them (equal values merged, then a
-summary), as the debug console's ``@all EXPR`` does.
+summary), as the debug console's ``@all EXPR`` does. A run that spans nodes is asked on every
+node at once (a tunnel per node's worker: ``each_node.py``); the values of all its ranks are
+merged (``merge_values``) and compared as one node's are; a node that did not answer is said, on
+stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 
 import trio
 
 from protocol_specs.runs.runs import RunRecord
-from protocol_specs.session.rank_values import EvalReport, nothing_evaluated, render, summary
-from protocol_specs.wire import wire
-from protocol_specs.wire.tunnel_open import DidNotRun
+from protocol_specs.session.rank_values import (
+    EvalReport,
+    merge_values,
+    nothing_evaluated,
+    render,
+    summary,
+)
 from protocol_specs.wire.tunnels import TunnelSpec
 from relay.client import Endpoint, open_control
 
+from .each_node import read_each_node
 from .errors import control_call
 from .settings import resolve_relay
-from .tunnel import open_tunnel_once, run_tunnel
 
 __all__ = ["ANSWER_WITHIN", "cmd_eval"]
 
@@ -66,29 +72,34 @@ async def cmd_eval(args: argparse.Namespace) -> int:
 
 
 async def _ask(relay: Endpoint, record: RunRecord, spec: TunnelSpec) -> EvalReport:
-    """The worker's answer: every rank's value."""
+    """The workers' answers (one per node): every rank's value."""
+    got: dict[int, bytes | str] = {}
     with trio.move_on_after(ANSWER_WITHIN) as waited:
-        got = await open_tunnel_once(relay, record.id, spec)
-        if not isinstance(got, wire.TunnelOpened):
-            why = got.why if isinstance(got, DidNotRun) else f"the relay was lost ({got.why})"
-            raise SystemExit(f"tether: {spec.expression!r} was not evaluated in run {record.id}: "
-                             f"{why}")  # fmt: skip
-        out, err = io.BytesIO(), io.BytesIO()
-        code, said = await run_tunnel(relay, got, stdin=None, out={1: out, 2: err})
+        got = await read_each_node(relay, record, spec)
     if waited.cancelled_caught:
         raise SystemExit(
             f"tether: run {record.id}'s worker did not answer within {ANSWER_WITHIN:g} s (is it "
             "an older tether?)"
         )
-    if said or code:
-        why = said or err.getvalue().decode(errors="replace").strip() or f"exit {code}"
-        raise SystemExit(f"tether: {why}")
-    try:
-        return EvalReport.model_validate_json(out.getvalue())
-    except ValueError:
-        raise SystemExit(
-            f"tether: run {record.id}'s worker answered with no values (is it an older tether?)"
-        ) from None
+    reports: dict[int, EvalReport] = {}
+    failed: dict[int, str] = {}
+    for node, out in got.items():
+        if isinstance(out, str):
+            failed[node] = out
+            continue
+        try:
+            reports[node] = EvalReport.model_validate_json(out)
+        except ValueError:
+            failed[node] = "it answered with no values (is it an older tether?)"
+    of = {node: f"node {node}'s worker" if len(got) > 1 else "its worker" for node in got}
+    if not reports:
+        node = min(failed)
+        raise SystemExit(f"tether: {spec.expression!r} was not evaluated in run {record.id} "
+                         f"({of[node]}): {failed[node]}")  # fmt: skip
+    for node, why in failed.items():  # the other nodes' ranks are shown
+        print(f"tether: node {node}'s ranks were not evaluated: {why}", file=sys.stderr)
+    values = merge_values(r.values for r in reports.values())
+    return next(iter(reports.values())).model_copy(update={"values": values})
 
 
 async def _record(relay: Endpoint, run: str) -> RunRecord:

@@ -1,7 +1,8 @@
 """Into the run, through the relay (``protocol_specs/wire/tunnels.py``): ``tether exec`` runs a command
 on the run's worker, ``tether shell`` opens a shell there on a terminal (both in the run's
 directory with the run's environment), ``tether port-forward`` forwards local ports to ports of
-the worker's loopback, a tunnel per connection."""
+the worker's loopback, a tunnel per connection. ``--node K``: on node K's worker of a run that
+spans nodes (default: node 0's); the relay refuses a node the run does not have."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ __all__ = [
     "cmd_port_forward",
     "cmd_shell",
     "listen_local",
+    "node_flag",
     "open_tunnel_once",
     "process_flag",
     "run_tunnel",
@@ -49,7 +51,9 @@ async def cmd_exec(args: argparse.Namespace) -> int:
         raise SystemExit("tether: give the command after --, e.g. tether exec RUN -- nvidia-smi")
     relay = resolve_relay(args.relay, args)
     send_stdin = not sys.stdin.isatty()
-    spec = TunnelSpec(kind="exec", argv=command, stdin=send_stdin, process=args.process or "")
+    spec = TunnelSpec(
+        kind="exec", argv=command, stdin=send_stdin, process=args.process or "", node=args.node
+    )
     opened = await _open(relay, args.run, spec)
     if isinstance(opened, str):
         return _failed(opened)
@@ -68,7 +72,12 @@ async def cmd_shell(args: argparse.Namespace) -> int:
     size = os.get_terminal_size()
     term = os.environ.get("TERM") or "xterm-256color"
     spec = TunnelSpec(
-        kind="shell", cols=size.columns, rows=size.lines, term=term, process=args.process or ""
+        kind="shell",
+        cols=size.columns,
+        rows=size.lines,
+        term=term,
+        process=args.process or "",
+        node=args.node,
     )
     opened = await _open(relay, args.run, spec)
     if isinstance(opened, str):
@@ -88,6 +97,10 @@ async def cmd_port_forward(args: argparse.Namespace) -> int:
             f"tether: run {record.id} is {record.state.value}: a port of its worker can be "
             "forwarded while it runs"
         )
+    nodes = record.spec.resources.nodes
+    if args.node >= nodes:
+        raise SystemExit(f"tether: run {record.id} has no node {args.node} (nodes 0-{nodes - 1})")
+    whose = f"node {args.node}'s worker" if nodes > 1 else "worker"
     # every port taken before any is served
     opened = [(await listen_local(local), remote) for local, remote in forwards]
     async with trio.open_nursery() as nursery:
@@ -95,11 +108,11 @@ async def cmd_port_forward(args: argparse.Namespace) -> int:
             port = listeners[0].socket.getsockname()[1]
             print(
                 f"tether: forwarding 127.0.0.1:{port} to port {remote} of run {record.id}'s "
-                "worker (Ctrl-C stops)",
+                f"{whose} (Ctrl-C stops)",
                 file=sys.stderr,
                 flush=True,
             )
-            serve = partial(_forward_one, relay, record.id, remote)
+            serve = partial(_forward_one, relay, record.id, remote, args.node)
             nursery.start_soon(partial(trio.serve_listeners, serve, listeners))
     return 0
 
@@ -128,10 +141,12 @@ def _forward_spec(text: str) -> tuple[int, int]:
     return pair
 
 
-async def _forward_one(relay: Endpoint, run: str, remote: int, stream: trio.SocketStream) -> None:
-    """One local connection, through a tunnel of its own to ``remote`` on the worker."""
+async def _forward_one(
+    relay: Endpoint, run: str, remote: int, node: int, stream: trio.SocketStream
+) -> None:
+    """One local connection, through a tunnel of its own to ``remote`` on ``node``'s worker."""
     async with stream:
-        opened = await _open(relay, run, TunnelSpec(kind="forward", port=remote))
+        opened = await _open(relay, run, TunnelSpec(kind="forward", port=remote, node=node))
         if isinstance(opened, str):
             print(f"tether: port {remote}: {opened}", file=sys.stderr, flush=True)
             return
@@ -269,6 +284,8 @@ def _options_before_the_command(args: argparse.Namespace) -> list[str]:
         options = argparse.ArgumentParser(prog="tether exec RUN", add_help=False)
         relay_flag(options)
         process_flag(options)
+        node_flag(options)
+        options.set_defaults(node=None)  # given before RUN: kept unless given here too
         for name, value in vars(options.parse_args(words[:cut])).items():
             if value is not None:
                 setattr(args, name, value)
@@ -283,6 +300,23 @@ def process_flag(s: argparse.ArgumentParser) -> None:
         help="in that process's directory with its environment (a rank's RANK, LOCAL_RANK, "
         "CUDA_VISIBLE_DEVICES...; tether status lists the run's processes); default: the run's",
     )
+
+
+def node_flag(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--node",
+        metavar="K",
+        type=_node,
+        default=0,
+        help="on node K's worker, of a run that spans nodes (tether status lists them; "
+        "--process: a pid of node K's); default: node 0's",
+    )
+
+
+def _node(text: str) -> int:
+    if not text.isdecimal() or int(text) > 63:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a node (0 to 63)")
+    return int(text)
 
 
 def _pid(text: str) -> str:

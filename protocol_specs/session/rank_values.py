@@ -36,8 +36,10 @@ __all__ = [
     "EvalReport",
     "Prefix",
     "RankValue",
+    "console_answer",
     "error_value",
     "from_helper",
+    "merge_values",
     "nothing_evaluated",
     "parse_prefix",
     "parse_rank_list",
@@ -175,6 +177,42 @@ def error_value(rank: int, message: str) -> RankValue:
     if lines and lines[0].startswith("Traceback (most recent call last)"):
         lines = lines[-1:]
     return RankValue(rank=rank, state="error", error=_one_line(" ".join(lines) or "no answer", 300))
+
+
+#: which of two answers for one rank a merge keeps: the one that says the most
+_SAYS = {"value": 2, "error": 2, "running": 1, "absent": 0}
+
+
+def merge_values(answers: Iterable[Iterable[RankValue]]) -> list[RankValue]:
+    """The values of a run that spans nodes, by rank, from each node's worker's answer: a rank is
+    one node's, so another node's word for it is at most ``absent`` (``--ranks`` names ranks of
+    every node); of two answers for one rank the one that says more is kept (the first of
+    equals)."""
+    kept: dict[int, RankValue] = {}
+    for answer in answers:
+        for v in answer:
+            had = kept.get(v.rank)
+            if had is None or _SAYS[v.state] > _SAYS[had.state]:
+                kept[v.rank] = v
+    return [kept[rank] for rank in sorted(kept)]
+
+
+def console_answer(
+    values: list[RankValue], run: str, nodes: int = 1, node: int = 0
+) -> tuple[str, str]:
+    """An ``@all`` evaluate's answer (result, error: one of them ""), on node ``node``'s worker of
+    run ``run`` over ``nodes`` nodes: that node's ranks only, which a run over several nodes says
+    (the cross-node console answer is to come; ``tether eval`` asks every node)."""
+    note = ""
+    if nodes > 1:
+        note = (
+            f"(node {node}'s ranks only: the other nodes' ranks are not included here; "
+            f"tether eval {run} EXPR evaluates every node's)"
+        )
+    why = nothing_evaluated(values)
+    if why:
+        return "", f"{why} {note}".strip()
+    return "\n".join(render(values) + ([note] if note else [])), ""
 
 
 # --- rendering ----------------------------------------------------------------------------------

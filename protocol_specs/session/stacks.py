@@ -44,6 +44,7 @@ __all__ = [
     "StackNode",
     "StackReport",
     "ThreadStack",
+    "as_workdir",
     "compress_ranks",
     "describe_set",
     "merge",
@@ -109,6 +110,8 @@ class ProcessStack(BaseModel):
     threads: list[ThreadStack] = Field(default_factory=list)
     #: why its stack could not be read ("": it was)
     error: str = ""
+    #: the node whose worker read it, of a run that spans nodes (pids of two hosts may be equal)
+    node: int = 0
 
     def main_frames(self) -> list[Frame]:
         """The frames of its main thread (the first thread when none is marked main)."""
@@ -161,6 +164,8 @@ class StackReport(BaseModel):
     tree: list[StackNode] = Field(default_factory=list)
     #: processes whose stacks could not be read, one class per reason
     unreadable: list[StackClass] = Field(default_factory=list)
+    #: the nodes of a run that spans nodes whose stacks could not be read (``node 1: why``)
+    missing: list[str] = Field(default_factory=list)
 
 
 def compress_ranks(ranks: Iterable[int]) -> str:
@@ -208,19 +213,22 @@ def describe_set(processes: list[ProcessStack]) -> str:
     return f"{text} and {more} more" if more > 0 else text
 
 
-def _order(p: ProcessStack) -> tuple[int, int, int]:
-    """Ranks first, by rank; then the others by pid."""
-    return (0, p.rank, p.pid) if p.rank is not None else (1, 0, p.pid)
+def _order(p: ProcessStack) -> tuple[int, int, int, int]:
+    """Ranks first, by rank; then the others by node and pid."""
+    return (0, p.rank, p.node, p.pid) if p.rank is not None else (1, 0, p.node, p.pid)
 
 
 def merge(processes: Iterable[ProcessStack], run: str = "") -> StackReport:
-    """The classes and the tree of ``processes`` (each pid once; a later duplicate is dropped).
+    """The classes and the tree of ``processes`` (each pid of a node once; a later duplicate is
+    dropped): those of every node of a run that spans nodes, merged by where they are as one
+    node's are (a class's ``pids`` may then name one pid twice, on two nodes: ``processes`` says
+    which node's).
 
     Every process is in exactly one class (of ``classes`` or ``unreadable``) and, if its stack
     was read, at exactly one leaf of ``tree``."""
-    seen: dict[int, ProcessStack] = {}
+    seen: dict[tuple[int, int], ProcessStack] = {}
     for p in processes:
-        seen.setdefault(p.pid, p)
+        seen.setdefault((p.node, p.pid), p)
     procs = sorted(seen.values(), key=_order)
     readable = [p for p in procs if not p.error]
     groups: dict[tuple[Any, ...], list[ProcessStack]] = {}
@@ -336,6 +344,22 @@ def user_frames(raw: list[dict[str, Any]]) -> list[Frame]:
             )
         )
     return frames[-MAX_FRAMES:]
+
+
+def as_workdir(threads: list[ThreadStack], local: Iterable[str], workdir: str) -> list[ThreadStack]:
+    """``threads`` with the paths under the worker's copy of the snapshot (``local``: its
+    directory, as named and as resolved) shown under the user's ``workdir``, as the debugger's
+    path mappings show them: the same file on two nodes (two directories) is the same place."""
+    roots = [root.rstrip("/") + "/" for root in local if root]
+
+    def mapped(frame: Frame) -> Frame:
+        for root in roots:
+            if frame.path.startswith(root):
+                path = workdir.rstrip("/") + "/" + frame.path[len(root) :]
+                return frame.model_copy(update={"path": path})
+        return frame
+
+    return [t.model_copy(update={"frames": [mapped(f) for f in t.frames]}) for t in threads]
 
 
 def threads_from_pyspy(data: Any, pid: int) -> list[ThreadStack]:

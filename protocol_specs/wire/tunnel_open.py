@@ -124,19 +124,38 @@ Verdict = Answer | Create | Refuse
 
 
 def open_verdict(
-    record: RunRecord, *, known: Known, earlier: int = 0, held: bool = False, open_now: int = 0
+    record: RunRecord,
+    *,
+    known: Known,
+    earlier: int = 0,
+    held: bool = False,
+    open_now: int = 0,
+    node: int = 0,
 ) -> Verdict:
     """What the relay does with an ``open_tunnel`` for ``record`` (the caller may: checked
     before). ``known``: the tunnel in the current attempt's set; ``earlier``: the earlier attempt
     whose set has it (0: none); ``held``: a worker keeps the ended run's directory; ``open_now``:
-    the attempt's tunnels still open."""
+    the attempt's tunnels still open; ``node``: the node whose worker is to serve it."""
     if known is not Known.NO:
         return Answer(complete=known is Known.OPEN)
+    nodes = record.spec.resources.nodes
+    if node >= nodes:
+        return Refuse(
+            ErrorCode.BAD_SPEC,
+            f"run {record.id} has no node {node}: it runs on "
+            + (f"nodes 0-{nodes - 1}" if nodes > 1 else "one node (node 0)"),
+        )
     if earlier:
         return Refuse(
             ErrorCode.NO_SUCH_TUNNEL,
             f"this request reached attempt {earlier} of run {record.id}, which ended since "
             "(and its commands with it)",
+        )
+    if record.finished and node:
+        return Refuse(
+            ErrorCode.RUN_FINISHED,
+            f"run {record.id} has ended ({record.state.value}): node {node}'s worker ended with "
+            "it (node 0's may keep its directory: without --node)",
         )
     if record.finished and not held:
         return Refuse(

@@ -70,6 +70,8 @@ class TunnelSpec(BaseModel):
     #: ``eval``: the expression, and the ranks to evaluate it in (empty: every paused rank)
     expression: str = Field(default="", max_length=64 * 1024)
     ranks: list[int] = Field(default_factory=list, max_length=4096)
+    #: the node whose worker serves it (a run that spans nodes: ``resources.nodes``); 0 otherwise
+    node: int = Field(default=0, ge=0, le=63)
 
     @model_validator(mode="after")
     def _complete(self) -> TunnelSpec:
@@ -85,8 +87,11 @@ class TunnelSpec(BaseModel):
 
     def describe(self) -> str:
         """For the audit trail and the worker's log: ``exec: nvidia-smi -L``, ``shell``,
-        ``forward 6006``."""
+        ``forward 6006``, ``shell on node 1``."""
         of = f" (as process {self.process})" if self.process else ""
+        return self._what(of) + (f" on node {self.node}" if self.node else "")
+
+    def _what(self, of: str) -> str:
         if self.kind == "exec":
             return "exec: " + " ".join(self.argv)[:500] + of
         if self.kind == "forward":

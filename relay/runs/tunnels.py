@@ -60,7 +60,7 @@ class Tunnels:
         ended run's tunnels go to the worker that still keeps its last attempt's directory
         (:meth:`hold`), if one does."""
         tunnel = tunnel_id(user, key, spec) if key else secrets.token_hex(6)
-        verdict = await self._verdict(record, tunnel)
+        verdict = await self._verdict(record, tunnel, spec.node)
         if isinstance(verdict, Refuse):
             return wire.Error(code=verdict.code, message=verdict.message, rid=rid)
         if isinstance(verdict, Create):
@@ -73,19 +73,19 @@ class Tunnels:
             log.info("run %s: tunnel %s asked for again", record.id, tunnel)
         return wire.TunnelOpened(rid=rid, run=record.id, tunnel=tunnel)
 
-    async def _verdict(self, record: RunRecord, tunnel: str) -> Verdict:
+    async def _verdict(self, record: RunRecord, tunnel: str, node: int) -> Verdict:
         """:func:`open_verdict` on what the store says (only what the verdict needs is read)."""
         score = await self.store.zscore(keys.tunnels(record.id, record.attempt), tunnel)
         if score is not None:
             known = Known.CLOSED if score >= keys.CLOSED / 2 else Known.OPEN
-            return open_verdict(record, known=known)
+            return open_verdict(record, known=known, node=node)
         for attempt in range(record.attempt - 1, 0, -1):
             if await self.store.zscore(keys.tunnels(record.id, attempt), tunnel) is not None:
-                return open_verdict(record, known=Known.NO, earlier=attempt)
+                return open_verdict(record, known=Known.NO, earlier=attempt, node=node)
         held = record.finished and bool(await self.store.get_bytes(keys.held(record.id)))
         key = keys.tunnels(record.id, record.attempt)
         open_now = len(await self.store.zrange_by_score(key, keys.CLOSED / 2, MAX_TUNNELS))
-        return open_verdict(record, known=Known.NO, held=held, open_now=open_now)
+        return open_verdict(record, known=Known.NO, held=held, open_now=open_now, node=node)
 
     async def _start(self, record: RunRecord, tunnel: str, spec: TunnelSpec) -> None:
         """The tunnel into the attempt's set (never moved back from closed), then the worker's

@@ -9,6 +9,10 @@ store until the worker's ``exit``. Who may see the run's page may see its stacks
 recorded in the run's audit trail (role ``web``). It answers JSON, ``{header, lines, report}``;
 the page's script sets the lines as text, never as HTML.
 
+A run that spans nodes is read on every node at once (a tunnel per node's worker:
+``TunnelSpec.node``) and merged as ``tether stacks`` merges it; a node whose stacks could not be
+read is left out and named in the header.
+
 The relay answers a web request within its handshake's time (``websockets``' ``open_timeout``,
 10 s): a worker slower than :data:`WAIT` is said so, the tunnel ends on its own.
 """
@@ -20,7 +24,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from protocol_specs.runs.runs import RunRecord, RunState
-from protocol_specs.session.stack_report import NoStacks, header, report_of
+from protocol_specs.session.stack_report import NoStacks, header, report_of_nodes
 from protocol_specs.session.stacks import StackReport, render_tree
 from protocol_specs.wire import wire
 from protocol_specs.wire.tunnels import TunnelSpec
@@ -58,7 +62,40 @@ async def read_stacks(
             f"run {record.id} is {record.state.value}: its stacks can be read while it runs "
             "(or is paused)"
         )
-    opened = await tunnels.open(record, TunnelSpec(kind="stacks"), 0, user=user, noting=noting)
+    got: dict[int, bytes | str] = {}
+
+    async def one(node: int) -> None:
+        spec = TunnelSpec(kind="stacks", node=node)
+        got[node] = await _read_node(tunnels, store, record, spec, user, noting, wait)
+
+    async with trio.open_nursery() as nursery:
+        for node in range(record.spec.resources.nodes):
+            nursery.start_soon(one, node)
+    read = {node: out for node, out in got.items() if isinstance(out, bytes)}
+    failed = {node: why for node, why in got.items() if isinstance(why, str)}
+    if not read:
+        return failed[min(failed)]
+    fresh = await reload() or record
+    try:
+        report = report_of_nodes(read, fresh)
+    except NoStacks as exc:
+        return f"{exc} (is it an older tether?)"
+    if failed:  # the other nodes' are shown
+        report.missing = [f"node {node}: {why}" for node, why in sorted(failed.items())]
+    return report
+
+
+async def _read_node(
+    tunnels: Tunnels,
+    store: Store,
+    record: RunRecord,
+    spec: TunnelSpec,
+    user: str,
+    noting: Callable[[str], Awaitable[None]],
+    wait: float,
+) -> bytes | str:
+    """What one node's ``stacks`` tunnel printed, or why it was not read (one line)."""
+    opened = await tunnels.open(record, spec, 0, user=user, noting=noting)
     if not isinstance(opened, wire.TunnelOpened):
         assert isinstance(opened, wire.Error)
         return f"the stacks were not read: {opened.message}"
@@ -86,11 +123,7 @@ async def read_stacks(
         return f"the worker did not send the stacks within {wait:g} s; try again"
     if end.code != 0:
         return f"the stacks were not read: {end.detail or f'exit {end.code}'}"
-    fresh = await reload() or record
-    try:
-        return report_of(bytes(out), fresh)
-    except NoStacks as exc:
-        return f"{exc} (is it an older tether?)"
+    return bytes(out)
 
 
 def stacks_answer(got: StackReport | str) -> tuple[int, dict[str, object]]:

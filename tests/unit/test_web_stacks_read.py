@@ -151,3 +151,52 @@ def test_the_section_is_on_the_page_of_a_run_whose_processes_can_be_read() -> No
     assert "<h2>Ranks</h2>" in stacks_section(record(RunState.PAUSED))
     assert stacks_section(record(RunState.QUEUED)) == ""
     assert stacks_section(record(RunState.FAILED, finished=True)) == ""
+
+
+async def node_workers(store: MemoryStore, answers: dict[int, list[wire.TunnelEntry]]) -> None:
+    """Each node's worker: the tunnel naming its node gets that node's ``answers``."""
+    while answers:
+        for _id, payload in await store.read_after(keys.stream(RUN, StreamName.TO_WORKER), "0"):
+            entry = wire.decode_entry(payload)
+            if isinstance(entry, wire.ControlEntry) and entry.detail not in SERVED:
+                SERVED.add(entry.detail)
+                down = keys.tunnel_stream(RUN, entry.detail, "down")
+                for step in answers.pop(entry.data["node"]):
+                    await store.append(down, wire.encode_entry(step))
+        await trio.sleep(0.01)
+
+
+async def test_every_nodes_stacks_are_read_and_a_node_that_failed_is_named() -> None:
+    store = MemoryStore()
+    spec = RunSpec(command=["torchrun", "t.py"], workdir="/w", resources={"nodes": 3})
+    shown = record(spec=spec)
+    answers = {
+        0: [wire.TunnelEntry(op="data", fd=1, data=sampled(0, 1)), wire.TunnelEntry(op="exit", code=0)],
+        1: [wire.TunnelEntry(op="data", fd=1, data=sampled(2, 3)),  # the same pids
+            wire.TunnelEntry(op="exit", code=0)],
+        2: [wire.TunnelEntry(op="exit", detail="run x's program has not started yet")],
+    }  # fmt: skip
+    with trio.fail_after(10):  # every node's tunnel is asked for (or its worker waits)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(node_workers, store, answers)
+            got = await read_stacks(
+                Tunnels(store), store, shown, "alice", noting=_nothing, reload=_no_record
+            )
+    status, body = stacks_answer(got)
+    assert status == 200, body
+    assert body["header"] == (
+        f"run {RUN}: 6 Python processes, in 1 place (main threads, outermost call first); "
+        "not read: node 2: the stacks were not read: run x's program has not started yet"
+    )
+    assert body["lines"] == [
+        "ranks 0-3, main process (pid 10), main process (pid 10) on node 1 (running): "
+        "train.py:40 step"
+    ]
+
+
+async def _nothing(_tunnel: str) -> None:
+    pass
+
+
+async def _no_record() -> RunRecord | None:
+    return None

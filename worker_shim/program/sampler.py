@@ -25,7 +25,12 @@ from pathlib import Path, PurePath
 import trio
 
 from protocol_specs.session.processes import MAIN, ProcessInfo
-from protocol_specs.session.stacks import ProcessStack, ThreadStack, threads_from_pyspy
+from protocol_specs.session.stacks import (
+    ProcessStack,
+    ThreadStack,
+    as_workdir,
+    threads_from_pyspy,
+)
 
 from .identity import ProgramUser, spawn_options
 from .process_names import ProcFacts, describe, read_proc
@@ -75,8 +80,16 @@ def _tethers(facts: ProcFacts) -> bool:
     )
 
 
-async def sample_stacks(program: int, pyspy: Path | None, user: ProgramUser | None) -> bytes:
-    """The stacks of ``program``'s Python processes, as JSON (see the module's docstring)."""
+async def sample_stacks(
+    program: int,
+    pyspy: Path | None,
+    user: ProgramUser | None,
+    *,
+    paths: tuple[Path, str] | None = None,
+) -> bytes:
+    """The stacks of ``program``'s Python processes, as JSON (see the module's docstring).
+    ``paths``: the run's directory here and the user's workdir it stands for (the frames' paths
+    are shown under the latter: one file is one place on every node)."""
     pids = await trio.to_thread.run_sync(run_processes, program)
     facts = {pid: read_proc(pid) for pid in pids}
     infos: dict[int, ProcessInfo] = {}
@@ -96,10 +109,13 @@ async def sample_stacks(program: int, pyspy: Path | None, user: ProgramUser | No
             pid=pid, name=info.title(parent), rank=info.rank if is_rank else None
         )
     limit = trio.CapacityLimiter(_AT_ONCE)
+    local = () if paths is None else (str(paths[0]), str(await trio.Path(paths[0]).resolve()))
 
     async def one(pid: int) -> None:
         async with limit:
             threads, error = await _dump(pid, pyspy, user)
+        if paths is not None:
+            threads = as_workdir(threads, local, paths[1])
         out[pid] = out[pid].model_copy(update={"threads": threads, "error": error})
 
     async with trio.open_nursery() as nursery:

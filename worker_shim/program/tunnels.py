@@ -79,12 +79,12 @@ class Tunnels:
         allowed: bool = True,
         say: Callable[[str], None] = lambda _text: None,
         quarters: Quarters | None = None,
-        serves: bool = True,
+        node: int = 0,
     ) -> None:
-        """``serves``: this worker serves the run's tunnels (node 0's, of a run that spans
-        nodes; the others leave them to it)."""
+        """``node``: the node of a run that spans nodes this worker runs: it serves the tunnels
+        that name it (``TunnelSpec.node``) and leaves the others to their nodes' workers."""
         self.relay = relay
-        self.serves = serves
+        self.node = node
         #: as whom the commands run (the attempt's uid on a worker that isolates)
         self.quarters = quarters
         self.record = record
@@ -106,9 +106,10 @@ class Tunnels:
         self._ended = ""  #: why the attempt's tunnels end (set once it does)
 
     def open(self, entry: wire.AnyEntry | None) -> bool:
-        """Serve the tunnel ``entry`` asks for (if it is such a request: True)."""
-        spec = tunnel_request(entry, self.record) if self.serves else None
-        if spec is None:
+        """Serve the tunnel ``entry`` asks for (if it is such a request, for this worker's
+        node: True; another node's is left to that node's worker, silently)."""
+        spec = tunnel_request(entry, self.record)
+        if spec is None or spec.node != self.node:
             return False
         assert isinstance(entry, wire.ControlEntry)
         if entry.detail not in self.serving:  # a request delivered twice is served once
@@ -192,7 +193,8 @@ class Tunnels:
         user = self.quarters.user if self.quarters is not None else None
         runtime = self.quarters.runtime if self.quarters is not None else None
         pyspy = runtime.pyspy if runtime is not None else Runtime.installed().pyspy
-        answer = await sample_stacks(self.program, pyspy, user)
+        paths = (self.run_dir, self.record.spec.workdir)
+        answer = await sample_stacks(self.program, pyspy, user, paths=paths)
         for at in range(0, len(answer), CHUNK):
             await link.publish(TunnelEntry(op="data", fd=1, data=answer[at : at + CHUNK]))
         await link.publish(TunnelEntry(op="eof", fd=1))
@@ -328,15 +330,15 @@ async def open_tunnels(
     say: Callable[[str], None] = lambda _text: None,
     ending: str = "",
     quarters: Quarters | None = None,
-    serves: bool = True,
+    node: int = 0,
 ) -> AsyncIterator[Tunnels]:
     """The attempt's tunnels, served until the block ends (then what still runs is ended, its
     ``exit`` saying ``ending``: by default, that the attempt ended); ``quarters``: as whom their
-    commands run; ``serves``: see :class:`Tunnels`."""
+    commands run; ``node``: see :class:`Tunnels`."""
     async with trio.open_nursery() as nursery:
         tunnels = Tunnels(
             relay, record, run_dir, env, nursery, allowed=allowed, say=say, quarters=quarters,
-            serves=serves,
+            node=node,
         )  # fmt: skip
         try:
             yield tunnels

@@ -48,7 +48,7 @@ from protocol_specs.session.focus import (
     parse_focus,
 )
 from protocol_specs.session.processes import MAIN, ProcessInfo, node_of, process_key
-from protocol_specs.session.rank_values import RankValue, nothing_evaluated, parse_prefix, render
+from protocol_specs.session.rank_values import RankValue, console_answer, parse_prefix
 from protocol_specs.session.session import BreakpointSet, DebugSession, StatusEvent
 from protocol_specs.wire import wire
 from protocol_specs.wire.wire import DapEntry, GroupEntry, PresenceEntry, StatusEntry
@@ -537,10 +537,9 @@ class DebuggedProcesses:
 
     def _console_answer(self, done: Done) -> list[Action]:
         assert isinstance(done.ask, ConsoleAsk)
-        why = nothing_evaluated(done.values)
-        if why:
-            return self._console_reply(done.ask, error=why)
-        return self._console_reply(done.ask, result="\n".join(render(done.values)))
+        nodes = self.record.spec.resources.nodes
+        result, error = console_answer(done.values, self.record.id, nodes, self.main.node)
+        return self._console_reply(done.ask, result=result, error=error)
 
     def _console_reply(self, ask: ConsoleAsk, *, result: str = "", error: str = "") -> list[Action]:
         if error:
