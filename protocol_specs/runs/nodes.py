@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ..link.link import Cursor
 from .runs import Attempt, NodeRow, RunEvent, RunRecord, RunState
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "node_rows",
     "rendezvous",
     "started",
+    "trim_point",
     "with_node",
 ]
 
@@ -193,3 +195,18 @@ def rendezvous(data: dict[str, Any]) -> dict[str, Any] | None:
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         return None
     return {"addr": addr, "port": port}
+
+
+def trim_point(received: dict[str, str], nodes: int) -> str | None:
+    """How far the run's ``to_worker`` may lose its transient entries: the least of what every
+    node's worker says it received (``received``: node -> cursor). ``None`` while a node has not
+    said: each node reads the stream for itself, and one that reconnects re-reads it from its
+    cursor, so an entry another node received may still be owed to it (a live request for its
+    processes)."""
+    if len(received) < nodes:
+        return None
+    try:
+        least = min(Cursor.parse(cursor) for cursor in received.values())
+    except ValueError:
+        return None
+    return str(least)

@@ -313,12 +313,7 @@ class Links:
                     publishing.start_soon(self._store_all, link)
             elif isinstance(frame, wire.Received):
                 if frame.stream is state.inbound:
-                    key = link.key(state.inbound)
-                    while (
-                        await self.store.trim_received(key, frame.cursor, limit=TRIM_BATCH)
-                        >= TRIM_BATCH
-                    ):
-                        pass
+                    await self._trim(link, frame.cursor)
             elif isinstance(frame, wire.Heartbeat):
                 beat = state.heartbeat()
                 if beat is Beat.IGNORE:
@@ -456,6 +451,23 @@ class Links:
             else:  # the worker's last word on its tunnel
                 await self.tunnels.closed(link.run_id, link.who.attempt, link.state.tunnel)
         return True
+
+    async def _trim(self, link: _Link, cursor: str) -> None:
+        """The peer received its inbound stream up to ``cursor``: its transient entries go. Every
+        node's worker of a run that spans nodes reads ``to_worker`` for itself: it is trimmed only
+        to what they all received (a node that reconnects re-reads from its own cursor)."""
+        key = link.key(link.state.inbound)
+        spans = link.state.record.spec.resources.nodes
+        if isinstance(link.state.link, WorkerLink) and spans > 1:
+            mark = keys.received_key(key)
+            await self.store.hset(mark, {str(link.state.link.node): cursor})
+            seen = {name: value.decode() for name, value in (await self.store.hgetall(mark)).items()}
+            point = nodes.trim_point(seen, spans)
+            if point is None:
+                return
+            cursor = point
+        while await self.store.trim_received(key, cursor, limit=TRIM_BATCH) >= TRIM_BATCH:
+            pass
 
     async def _attached(self, link: _Link, entry: wire.PresenceEntry) -> None:
         """The adapter on ``link`` attached or detached its IDE."""

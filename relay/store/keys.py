@@ -319,7 +319,7 @@ def tunnel_keys(run_id: str, tunnel: str) -> list[str]:
     out = []
     for name in ("up", "down"):
         base = tunnel_stream(run_id, tunnel, name)
-        out += [base, meta_key(base), transient_key(base), watchers_key(base)]
+        out += [base, meta_key(base), transient_key(base), watchers_key(base), received_key(base)]
     return out
 
 
@@ -347,6 +347,12 @@ def watchers_key(stream: str) -> str:
     return beside(stream, "watchers")
 
 
+def received_key(stream: str) -> str:
+    """What each node's worker of a run that spans nodes received of ``stream`` (node -> cursor):
+    its transient entries are trimmed to the least of them (``protocol_specs/runs/nodes.py``)."""
+    return beside(stream, "received")
+
+
 def transient_key(stream: str) -> str:
     """The list of a stream's transient entries (``"<id> <size>"``) not yet trimmed."""
     return beside(stream, "transient")
@@ -361,5 +367,5 @@ def run_keys(run_id: str) -> list[str]:
     out = [record(run_id), manifest(run_id), audit(run_id), audit_refusals(run_id)]
     for name in ("to_worker", "to_ide", "logs", "metrics"):
         base = stream(run_id, name)
-        out += [base, meta_key(base), transient_key(base), watchers_key(base)]
+        out += [base, meta_key(base), transient_key(base), watchers_key(base), received_key(base)]
     return out

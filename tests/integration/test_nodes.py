@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import orjson
 import pytest
 import trio
 from websockets.trio.server import serve
@@ -21,7 +22,7 @@ from protocol_specs.runs.runs import RunState
 from protocol_specs.runs.spec import RunSpec
 from protocol_specs.session.session import StatusEvent
 from protocol_specs.wire import wire
-from protocol_specs.wire.wire import ErrorCode, StreamName, WorkerLink
+from protocol_specs.wire.wire import ErrorCode, IdeLink, StreamName, WorkerLink
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, open_control, open_run_link
 from relay.client.link import RunLink
@@ -241,3 +242,47 @@ async def test_a_node_whose_lease_expires_loses_the_attempt_and_a_retry_is_queue
         assert [c.attempt for c in terminate] == [1]
         assert "attempt 1 was lost: node 1's worker" in terminate[0].detail
         assert await lv.store.zrange_by_score(keys.LEASES, float("inf"), 10) == []
+
+
+async def _received_all(link: RunLink, upto: wire.DapEntry) -> None:
+    """``link`` took ``upto`` from its stream and told the relay so (a publish after the report,
+    answered, says the relay handled the report: a link's frames are handled in order)."""
+    with trio.fail_after(15):
+        async for delivery in link.deliveries:
+            if wire.decode_entry(delivery.entry) == upto:
+                break
+    link.report_now()
+    output = {"seq": 1, "type": "event", "event": "output", "body": {"output": "x"}}
+    await link.publish(wire.DapEntry(origin="", body=orjson.dumps(output), transient=True))
+    await link.flush()
+
+
+async def test_to_worker_keeps_a_request_until_every_node_received_it(redis_store: Store) -> None:
+    """An IDE's live request (transient: deleted once received) is for one node's process, but
+    every node reads ``to_worker``: node 0 having received it must not delete it before node 1
+    did, or node 1, reconnecting from its cursor, never gets it (it hung a node's processes)."""
+    request = {"seq": 5, "type": "request", "command": "evaluate", "arguments": {"expression": "1"}}
+    asked = wire.DapEntry(origin="ide1", body=orjson.dumps(request), transient=True, process="n1")
+    async with live(redis_store) as lv:
+        run, as_worker = await _claimed(lv, _spec())
+        stream = keys.stream(run, StreamName.TO_WORKER)
+
+        async def kept() -> bool:
+            return any(
+                wire.decode_entry(payload) == asked
+                for _id, payload in await lv.store.read_after(stream, "0", count=1000)
+            )
+
+        async with (
+            open_run_link(lv.alice, link=IdeLink(), run=run) as ide,
+            open_run_link(as_worker, link=WorkerLink(), run=run, attempt=1) as node0,
+        ):
+            await ide.publish(asked)
+            await ide.flush()
+            await _received_all(node0, asked)
+            assert await kept()  # node 1 has not received it yet
+            async with open_run_link(
+                as_worker, link=WorkerLink(node=1), run=run, attempt=1
+            ) as node1:
+                await _received_all(node1, asked)
+            assert not await kept()  # every node received it: it goes

@@ -99,3 +99,12 @@ def test_each_node_has_its_own_lease_member() -> None:
     assert [keys.parse_lease(m) for m in keys.leases("r1", 2, 2)] == [("r1", 2), ("r1", 2)]
     assert [keys.lease_node(m) for m in keys.leases("r1", 2, 3)] == [0, 1, 2]
     assert keys.parse_lease("r1") == ("r1", None) and keys.lease_node("r1") == 0
+
+
+def test_to_worker_is_trimmed_to_what_every_node_received() -> None:
+    from protocol_specs.runs.nodes import trim_point
+
+    assert trim_point({"0": "5-1"}, 2) is None  # node 1 has not said
+    assert trim_point({"0": "5-1", "1": "3-0"}, 2) == "3-0"
+    assert trim_point({"0": "5-1", "1": "7-2"}, 2) == "5-1"
+    assert trim_point({"0": "5-1", "1": "bad"}, 2) is None
