@@ -195,12 +195,6 @@ def audit(clients: list[DapClient], session: Session, seen: list[int]) -> dict[s
     return {"lost": lost, "duplicated": duplicated, "reordered": reordered}
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open bug (issue 43, faults43): after the SIGKILL of the relay that node 1's worker "
-    "and the adapter use, node 1's processes answer no request again in about half the runs "
-    "(node 1's worker reconnects; node 0's processes go on)",
-)
 async def test_two_nodes_lose_duplicate_or_reorder_nothing_under_faults_and_reattach(
     tmp_path: Path, netns_ok: None
 ) -> None:
