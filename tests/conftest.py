@@ -321,3 +321,16 @@ def no_secrets_in_logs() -> Iterator[None]:
         tether.setLevel(level)
     found = leaked(handler.lines) + leaked(PROCESS_LINES)
     assert not found, "secrets in log lines:\n" + "\n".join(found[:10])
+
+
+@pytest.fixture
+def netns_ok() -> None:
+    """Network namespaces can be made here (``tests/netns.py``: a multi-node test's nodes): else
+    the test is skipped with the reason, or fails under ``TETHER_REQUIRE_NETNS=1`` (CI as root)."""
+    from netns import why_not
+
+    why = why_not()
+    if why and os.environ.get("TETHER_REQUIRE_NETNS"):
+        pytest.fail(why)
+    if why:
+        pytest.skip(why)

@@ -25,7 +25,7 @@ import pytest
 import trio
 from direct_debugpy import copy_programs
 from faults.proxy import FaultProxy
-from netns import open_nodes, why_not
+from netns import open_nodes
 from node_harness import open_vscode_session, scenario
 from stack import Proc, debug_run, local_token, relay_stack, tether
 from test_pytorch_e2e import torch_python  # noqa: F401 (a fixture)
@@ -39,15 +39,6 @@ NODE_LINE = next(
 )
 #: a lost node is noticed within this (the relay's lease); short, so the test is
 LEASE = "6"
-
-
-@pytest.fixture
-def netns_ok() -> None:
-    why = why_not()
-    if why and os.environ.get("TETHER_REQUIRE_NETNS"):
-        pytest.fail(why)
-    if why:
-        pytest.skip(why)
 
 
 def node_worker_pids(namespace: str) -> list[int]:

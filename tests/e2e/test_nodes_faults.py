@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 import trio
 from faults.proxy import FaultProxy
-from netns import Nodes, open_nodes, why_not
+from netns import Nodes, open_nodes
 from stack import Proc, admin_token, tether
 from test_faults import (
     FAST,
@@ -81,15 +81,6 @@ class RoundRobinChaos(Chaos):
             return self._choose(options)
 
         self.random.choice = choose  # type: ignore[method-assign]
-
-
-@pytest.fixture
-def netns_ok() -> None:
-    why = why_not()
-    if why and os.environ.get("TETHER_REQUIRE_NETNS"):
-        pytest.fail(why)
-    if why:
-        pytest.skip(why)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import trio
 from faults.proxy import FaultProxy
-from netns import open_nodes, why_not
+from netns import open_nodes
 from node_harness import open_vscode_session, scenario
 from ray_cluster import RayHead, ray_with_tether
 from stack import debug_run, relay_stack, tether
@@ -48,15 +48,6 @@ if node == 1:
 print(f"node {node} done, its master {os.environ['MASTER_ADDR']}", flush=True)
 """
 LINE = next(n for n, line in enumerate(PROGRAM.splitlines(), 1) if "# the breakpoint" in line)
-
-
-@pytest.fixture
-def netns_ok() -> None:
-    why = why_not()
-    if why and os.environ.get("TETHER_REQUIRE_NETNS"):
-        pytest.fail(why)
-    if why:
-        pytest.skip(why)
 
 
 async def test_issue_43_a_two_node_ray_cluster_runs_a_two_node_run_debugged_on_node_1(
