@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..link.link import Cursor
 from .runs import Attempt, NodeRow, RunEvent, RunRecord, RunState
 
 __all__ = [
@@ -205,8 +204,14 @@ def trim_point(received: dict[str, str], nodes: int) -> str | None:
     processes)."""
     if len(received) < nodes:
         return None
-    try:
-        least = min(Cursor.parse(cursor) for cursor in received.values())
-    except ValueError:
-        return None
-    return str(least)
+    least = min((_entry_id(cursor) for cursor in received.values()), default=None)
+    return None if least is None or least < (0, 0) else f"{least[0]}-{least[1]}"
+
+
+def _entry_id(text: str) -> tuple[int, int]:
+    """A stream entry id (``"<ms>-<seq>"``) as numbers to compare; ``(-1, -1)`` if it is not one
+    (then nothing is trimmed)."""
+    ms, _, seq = text.partition("-")
+    if not (ms.isascii() and ms.isdigit() and (not seq or (seq.isascii() and seq.isdigit()))):
+        return (-1, -1)
+    return (int(ms), int(seq or 0))
