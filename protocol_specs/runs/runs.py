@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..checkpoints.checkpoints import Checkpoint
 from ..text_width import clip
 from .spec import RunSpec
 
@@ -271,6 +272,14 @@ class RunRecord(BaseModel):
     #: why a queued run of a worker pool still waits (what holds its slots: ``run_text``); set
     #: by the relay when it answers, never stored
     queued_why: str = ""
+    #: its latest complete checkpoint (``protocol_specs/checkpoints``), how many it keeps and
+    #: their bytes together (each counted whole, as ``tether status`` shows them)
+    checkpoint: Checkpoint | None = None
+    checkpoints: int = 0
+    checkpoint_bytes: int = 0
+    #: the files its outputs list (``RunSpec.outputs``) and their bytes
+    outputs: int = 0
+    outputs_bytes: int = 0
 
     def with_ide(self, origin: str, attached: bool) -> RunRecord:
         """The record with adapter ``origin``'s IDE attached or gone (a finished run has none)."""

@@ -85,6 +85,18 @@ class RunSpec(BaseModel):
     #: (``protocol_specs/runs/metrics.py``): ``loss=(?P<loss>[\d.e+-]+)``
     metrics: list[str] = Field(default_factory=list, max_length=MAX_PATTERNS)
 
+    #: checkpoints (``tether.save_checkpoint``): how many of the newest the relay keeps
+    keep_checkpoints: int = Field(default=3, ge=1, le=100)
+    #: a new run's first attempt starts with this checkpoint restored: ``RUN`` (its latest) or
+    #: ``RUN:STEP`` (``protocol_specs/checkpoints/checkpoints.py``), checked at submit
+    from_checkpoint: str = Field(default="", max_length=220)
+    #: a preempted attempt's program (``tether preempt``, a scheduler's warning) has this long to
+    #: checkpoint and exit before it is ended
+    preempt_grace: float = Field(default=60.0, ge=0, le=3600)
+    #: what the run produces (globs relative to its directory, ``**`` for any depth): uploaded
+    #: after each attempt and on each checkpoint, fetched with ``tether cp`` / ``tether outputs``
+    outputs: list[str] = Field(default_factory=list, max_length=64)
+
     #: pause the program where ``tether.report`` is called with metrics that meet this condition
     #: (``loss != loss``: ``protocol_specs/runs/metrics.py``), once; a sweep's trials: the first only
     debug_when: str = Field(default="", max_length=500)

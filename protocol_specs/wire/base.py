@@ -80,6 +80,17 @@ class FrameType(StrEnum):
     SWEEPS = "sweeps"
     CLAIM_PAUSE = "claim_pause"
     PAUSE_CLAIMED = "pause_claimed"
+    # checkpoints, outputs, preemption (``file_frames.py``)
+    PUT_CHECKPOINT = "put_checkpoint"
+    CHECKPOINT_STORED = "checkpoint_stored"
+    GET_CHECKPOINTS = "get_checkpoints"
+    CHECKPOINTS = "checkpoints"
+    PUT_OUTPUTS = "put_outputs"
+    OUTPUTS_STORED = "outputs_stored"
+    GET_OUTPUTS = "get_outputs"
+    OUTPUTS = "outputs"
+    PREEMPT = "preempt"
+    RESUME = "resume"
 
 
 class ErrorCode(StrEnum):

@@ -23,6 +23,18 @@ from ..runs.runs import RunRecord
 from ..runs.spec import RunSpec
 from ..snapshots.snapshots import BLOB_CHUNK, Digest, Manifest, check_digest
 from .base import FROZEN, FrameType
+from .file_frames import (
+    Checkpoints,
+    CheckpointStored,
+    GetCheckpoints,
+    GetOutputs,
+    Outputs,
+    OutputsStored,
+    Preempt,
+    PutCheckpoint,
+    PutOutputs,
+    Resume,
+)
 from .sweep_frames import (
     CancelSweep,
     ClaimPause,
@@ -163,6 +175,8 @@ class GetBlob(BaseModel):
     digest: Digest
     offset: int = Field(default=0, ge=0)
     length: int = Field(default=BLOB_CHUNK, ge=1, le=BLOB_CHUNK)
+    #: a user reads a blob that this run of theirs names in its checkpoints or outputs
+    run: str = ""
 
 
 class BlobData(BaseModel):
@@ -434,4 +448,14 @@ AnyControlFrame = (
     | SweepList
     | ClaimPause
     | PauseClaimed
+    | PutCheckpoint
+    | CheckpointStored
+    | GetCheckpoints
+    | Checkpoints
+    | PutOutputs
+    | OutputsStored
+    | GetOutputs
+    | Outputs
+    | Preempt
+    | Resume
 )

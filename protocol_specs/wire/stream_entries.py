@@ -151,14 +151,17 @@ class ControlEntry(BaseModel):
     program's ``tether.should_stop()`` turns true), ``suspend`` / ``resume`` (its sweep holds its
     other trials while one is paused for debugging: the program's process group is stopped and
     continued), ``rendezvous`` (a multi-node run's node 0 started: ``data`` is its
-    ``{"addr": str, "port": int}``, which the other nodes' programs meet at).
+    ``{"addr": str, "port": int}``, which the other nodes' programs meet at), ``preempt`` (the
+    attempt is preempted: ``data`` is ``{"grace": float, "then": "retry" | "suspend"}``,
+    ``detail`` says why; the program's ``tether.should_preempt()`` turns true, it gets the
+    warning signal, and it is ended after the grace).
 
     ``attempt`` names the attempt it is for (0: every attempt); a later attempt ignores it.
     """
 
     model_config = FROZEN
     k: Literal[EntryKind.CONTROL] = EntryKind.CONTROL
-    action: Literal["terminate", "tunnel", "stop", "suspend", "resume", "rendezvous"]
+    action: Literal["terminate", "tunnel", "stop", "suspend", "resume", "rendezvous", "preempt"]
     detail: str = ""
     attempt: int = 0
     data: dict[str, Any] = Field(default_factory=dict)

@@ -157,16 +157,19 @@ class ControlClient:
             on_blob(digest, size)
             return
 
-    async def read_blob(self, digest: str, offset: int = 0) -> tuple[int, bytes]:
-        """``(blob size, up to one chunk of bytes from offset)``."""
-        reply = await self._call(wire.GetBlob, wire.BlobData, digest=digest, offset=offset)
+    async def read_blob(self, digest: str, offset: int = 0, *, run: str = "") -> tuple[int, bytes]:
+        """``(blob size, up to one chunk of bytes from offset)``; ``run``: a user's run whose
+        checkpoints or outputs name the blob."""
+        reply = await self._call(wire.GetBlob, wire.BlobData, digest=digest, offset=offset, run=run)
         return reply.size, reply.data
 
-    async def get_blob(self, digest: str) -> bytes:
+    async def get_blob(self, digest: str, *, run: str = "") -> bytes:
         parts: list[bytes] = []
         offset = 0
         while True:
-            reply = await self._call(wire.GetBlob, wire.BlobData, digest=digest, offset=offset)
+            reply = await self._call(
+                wire.GetBlob, wire.BlobData, digest=digest, offset=offset, run=run
+            )
             parts.append(reply.data)
             offset += len(reply.data)
             if offset >= reply.size or not reply.data:
@@ -199,6 +202,45 @@ class ControlClient:
 
     async def list_runs(self, limit: int = 50) -> list[RunRecord]:
         return (await self._call(wire.ListRuns, wire.RunList, limit=limit)).runs
+
+    async def put_checkpoint(
+        self, run: str, attempt: int, step: int, files: str, *, node: int = 0, sent: int = 0
+    ) -> wire.CheckpointStored:
+        """Record a checkpoint whose file set blob ``files`` (and every chunk) is uploaded."""
+        return await self._call(
+            wire.PutCheckpoint, wire.CheckpointStored, run=run, attempt=attempt, node=node,
+            step=step, files=files, sent=sent,
+        )  # fmt: skip
+
+    async def checkpoints(
+        self, run: str, *, step: int | None = None, with_files: bool = False
+    ) -> wire.Checkpoints:
+        """The run's complete checkpoints (its seed's while it has none); with ``with_files``,
+        the file set of ``step`` (None: the latest)."""
+        return await self._call(
+            wire.GetCheckpoints, wire.Checkpoints, run=run, step=step, with_files=with_files
+        )
+
+    async def put_outputs(
+        self, run: str, attempt: int, files: str, *, node: int = 0
+    ) -> wire.OutputsStored:
+        """Merge the file set blob ``files`` (uploaded, with its chunks) into the run's outputs."""
+        return await self._call(
+            wire.PutOutputs, wire.OutputsStored, run=run, attempt=attempt, node=node, files=files
+        )
+
+    async def outputs(self, run: str) -> wire.Outputs:
+        return await self._call(wire.GetOutputs, wire.Outputs, run=run)
+
+    async def preempt(
+        self, run: str, *, grace: float | None = None, suspend: bool = False, detail: str = ""
+    ) -> RunRecord:
+        """Preempt the run's attempt (``suspend``: then hold it ``suspended``)."""
+        return await self._run(wire.Preempt, run=run, grace=grace, suspend=suspend, detail=detail)
+
+    async def resume(self, run: str, *, from_start: bool = False) -> RunRecord:
+        """Queue a suspended run's next attempt."""
+        return await self._run(wire.Resume, run=run, from_start=from_start)
 
     async def submit_sweep(
         self, spec: SweepSpec, manifest: Manifest | None = None, *, tree: str = ""
