@@ -6,6 +6,7 @@
     relay = "ws://127.0.0.1:8765"
     backend = "local"
     max_retries = 1
+    outputs = ["out/", "*.csv"]
 
     [profiles.cluster]
     relay = "wss://tether.example.org"
@@ -80,6 +81,8 @@ class Profile(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     mounts: dict[str, str] = Field(default_factory=dict)
     tags: list[str] = Field(default_factory=list)
+    #: what runs produce (``--outputs``): globs relative to the run's directory
+    outputs: list[str] = Field(default_factory=list)
 
 
 def config_path() -> Path:

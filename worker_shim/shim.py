@@ -74,6 +74,7 @@ from .program.debuggee import (
 from .program.files import Fetch, materialise
 from .program.metrics import ProgramControl, control_action, metrics_env, open_program_metrics
 from .program.nodes import ONE_NODE, NodeRole, meet, taken_first
+from .program.outputs import send_outputs
 from .program.quarters import Housing, Quarters, open_quarters, program_env
 from .program.reaper import MARK_ENV
 from .program.tunnels import Tunnels, open_tunnels
@@ -329,7 +330,11 @@ async def _claim_pause(
         return (await control.claim_pause(record.id, record.attempt, step, values)).pause
 
 
-async def _exited(link: RunLink, record: RunRecord, code: int, role: NodeRole) -> None:
+async def _exited(
+    link: RunLink, record: RunRecord, code: int, role: NodeRole, run_dir: Path
+) -> None:
+    """The outputs sent home (``--outputs``), then the exit status published."""
+    await send_outputs(link, record, run_dir, node=role.node)
     await link.publish(exit_status(record, code, process=role.key, node=role.node))
 
 
@@ -491,7 +496,7 @@ async def _plain_process(
         await output.drained()
         nursery.cancel_scope.cancel()
     await on_output.end()  # all of it before the exit status
-    await _exited(link, record, code, role)
+    await _exited(link, record, code, role, run_dir)
     say(f"run {record.id} exited with {code}")
     return code
 
@@ -589,6 +594,6 @@ async def _run_debug(
             await driver.perform(core.flush_output())
         await driver.perform(processes.end(code))
     driver.raise_failure()
-    await _exited(link, record, code, role)
+    await _exited(link, record, code, role, run_dir)
     say(f"run {record.id} exited with {code}")
     return code

@@ -73,6 +73,16 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         "No code change needed; tether.report() in the program is the other way",
     )
     s.add_argument(
+        "--outputs",
+        action="extend",
+        nargs="+",
+        metavar="GLOB",
+        help="files the run produces, relative to its directory ('out/', 'preds.csv', "
+        "'**/*.png'): the worker sends them home after each attempt and each checkpoint; "
+        "fetch them with tether cp RUN:PATH, list them with tether outputs RUN (config key "
+        "outputs; end the list with -- before the command)",
+    )
+    s.add_argument(
         "--debug-when",
         metavar="CONDITION",
         help="pause the program where tether.report() is called with metrics that meet this "

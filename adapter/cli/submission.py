@@ -61,6 +61,7 @@ RUN_FLAGS = {
     "stop": "--stop",
     "metrics": "--metric",
     "debug_when": "--debug-when",
+    "outputs": "--outputs",
     # the resources, checked on their own before the spec
     "gpus": "--gpus",
     "cpus": "--cpus",
@@ -181,6 +182,7 @@ def build_spec(
             stop=getattr(args, "stop", None) or "all",
             metrics=getattr(args, "metric", None) or [],
             debug_when=getattr(args, "debug_when", None) or "",
+            outputs=pick("outputs", []),
         )
     except argparse.ArgumentTypeError as exc:
         raise SystemExit(f"tether: in the config profile: {exc}") from None

@@ -27,7 +27,7 @@ const ONE = {
   debugWhen: '--debug-when',
 };
 // configuration key -> an option repeated for each item
-const MANY = { tags: '--tag', metrics: '--metric', resources: '--resource' };
+const MANY = { tags: '--tag', metrics: '--metric', resources: '--resource', outputs: '--outputs' };
 // options of every command that talks to the relay
 const RELAY = { profile: '--profile', relay: '--relay' };
 

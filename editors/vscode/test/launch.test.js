@@ -106,3 +106,10 @@ test('the ready line, and what a failed start says', () => {
   const usage = 'usage: tether debug [-h]\n                    [--ranks LIST]\n                    ...\ntether debug: error: argument --mem: bad\n';
   assert.strictEqual(failure(usage, 2), 'argument --mem: bad');
 });
+
+test('"outputs" becomes one --outputs per glob, for the debug run and the run without debugging', () => {
+  const c = resolve({ request: 'launch', name: 'n', program: 'train.py', outputs: ['out/', '*.csv'] }, where);
+  assert.deepStrictEqual(serveArgv(c).slice(0, 7), ['debug', '--workdir', '/home/me/proj', '--outputs', 'out/', '--outputs', '*.csv']);
+  assert.deepStrictEqual(runArgv(c).slice(0, 7), ['run', '--workdir', '/home/me/proj', '--outputs', 'out/', '--outputs', '*.csv']);
+  assert.throws(() => resolve({ request: 'launch', name: 'n', program: 'a.py', outputs: 'out/' }, where), /"outputs" must be a list of strings/);
+});

@@ -14,7 +14,9 @@ local ONE = {
   { 'maxRetries', '--max-retries' }, { 'processes', '--processes' }, { 'ranks', '--ranks' },
   { 'debugWhen', '--debug-when' },
 }
-local MANY = { { 'tags', '--tag' }, { 'metrics', '--metric' }, { 'resources', '--resource' } }
+local MANY = {
+  { 'tags', '--tag' }, { 'metrics', '--metric' }, { 'resources', '--resource' }, { 'outputs', '--outputs' },
+}
 local SERVING = { '--port', '0', '--json', '-q' }
 
 local function append(list, ...)
