@@ -51,7 +51,8 @@ def _tidy(
 def prune_runs(
     runs: Path, keep: int, release: Callable[[Path], None] = lambda _dir: None
 ) -> list[str]:
-    """Remove all but the ``keep`` newest run directories (and their logs); their names."""
+    """Remove all but the ``keep`` newest run directories (and their logs and hash caches);
+    their names."""
     try:
         dirs = [p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()]
     except OSError:
@@ -60,8 +61,9 @@ def prune_runs(
     removed = []
     for old in dirs[max(keep, 0) :]:
         shutil.rmtree(old, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            old.with_name(f"{old.name}.log").unlink()
+        for beside in (".log", ".outputs-hashes"):  # its log, its outputs' hash cache
+            with contextlib.suppress(OSError):
+                old.with_name(f"{old.name}{beside}").unlink()
         release(old)
         removed.append(old.name)
     return removed
