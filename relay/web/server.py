@@ -42,6 +42,7 @@ from ..auth import TokenStore
 from ..control import Control
 from ..gate import Gate
 from ..runs.audit import AuditTrail
+from ..runs.checkpoints import RunFiles, SetError
 from ..runs.metrics import newest_points
 from ..runs.registry import Registry
 from ..snapshots.blobs import BlobError, BlobStore
@@ -350,10 +351,15 @@ class Web:
         return answer
 
     async def _outputs_of(self, record: RunRecord) -> FileSet | None:
-        """The run's outputs as its workers recorded them (None: it has none)."""
+        """The run's outputs as its workers recorded them (None: it has none, or the relay
+        lost their set: said in its log)."""
         if not record.outputs:
             return None
-        return None
+        try:
+            return await RunFiles(self.store, self.blobs).outputs(record.id)
+        except SetError as exc:
+            log.warning("run %s: its outputs: %s", record.id, exc)
+            return None
 
     async def _sweep_page(self, sweep_id: str, session: Session, who: Principal) -> Response:
         """A sweep's page; with no ``sweep_id``, the list of the user's sweeps (an admin's: all)."""
