@@ -28,6 +28,7 @@ from protocol_specs.wire.wire import ErrorCode, StreamName
 from ..snapshots.trees import Rooted
 from ..store import keys
 from .books import Books
+from .checkpoints import read_book
 
 __all__ = [
     "check_seed",
@@ -119,10 +120,11 @@ async def check_seed(registry: Books, spec: RunSpec, owner: str) -> wire.Error |
         why = f"there is no run {run}"
     elif seed.owner != owner:
         why = f"run {run} is not yours ({seed.owner}'s)"
-    elif seed.checkpoint is None:
+    elif (latest := (book := await read_book(registry.store, run)).latest) is None:
         why = f"run {run} has no checkpoint (tether.save_checkpoint saves one)"
-    elif step is not None and step > seed.checkpoint.step:
-        why = f"run {run} has no checkpoint of step {step} (its latest: {seed.checkpoint.step})"
+    elif step is not None and book.at_step(step) is None:
+        kept = ", ".join(str(c.step) for c in book.kept)
+        why = f"run {run} has no checkpoint of step {step} (it keeps steps {kept}; latest {latest.step})"
     if not why:
         return None
     return wire.Error(code=ErrorCode.BAD_SPEC, message=f"--from-checkpoint: {why}")
