@@ -16,7 +16,7 @@ worker, starts with the latest checkpoint restored there::
     start = tether.latest_checkpoint()        # None: a fresh start
     if start is not None:
         state = torch.load(tether.checkpoint_dir() / "state.pt")
-    for step in range((start or 0) + 1, steps):
+    for step in range(0 if start is None else start + 1, steps):
         ...
         if step % 100 == 0:
             torch.save(state, tether.checkpoint_dir() / "state.pt")

@@ -292,3 +292,32 @@ async def test_save_checkpoint_asks_the_worker_and_returns_or_raises_its_answer(
         "20 bytes allowed"
     )
     assert tether.latest_checkpoint() == 9
+
+
+# --- the flags -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["run", "debug", "sweep"])
+def test_the_checkpoint_flags_reach_the_spec(
+    tmp_path: Path, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adapter.cli.parser import build_parser
+    from adapter.cli.submission import build_spec
+
+    monkeypatch.setenv("TETHER_CONFIG", str(tmp_path / "none.toml"))
+    (tmp_path / "t.py").write_text("")
+
+    def spec(*flags: str) -> RunSpec:
+        argv = [command, "--workdir", str(tmp_path), *flags, "--", "python", "t.py"]
+        return build_spec(build_parser().parse_args(argv), debug=command == "debug")
+
+    given = spec("--keep-checkpoints", "5", "--from-checkpoint", "r1:300")
+    assert (given.keep_checkpoints, given.from_checkpoint) == (5, "r1:300")
+    plain = spec()
+    assert (plain.keep_checkpoints, plain.from_checkpoint) == (3, "")
+    with pytest.raises(
+        SystemExit, match="^tether: --from-checkpoint: 'r1:x' is not RUN or RUN:STEP"
+    ):
+        spec("--from-checkpoint", "r1:x")
+    with pytest.raises(SystemExit, match="--keep-checkpoints"):
+        spec("--keep-checkpoints", "0")
