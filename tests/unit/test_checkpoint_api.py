@@ -316,7 +316,7 @@ def test_the_checkpoint_flags_reach_the_spec(
     plain = spec()
     assert (plain.keep_checkpoints, plain.from_checkpoint) == (3, "")
     with pytest.raises(
-        SystemExit, match="^tether: --from-checkpoint: 'r1:x' is not RUN or RUN:STEP"
+        SystemExit, match=r"^tether: --from-checkpoint: 'r1:x' is not RUN or RUN:STEP"
     ):
         spec("--from-checkpoint", "r1:x")
     with pytest.raises(SystemExit, match="--keep-checkpoints"):
