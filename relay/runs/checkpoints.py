@@ -19,7 +19,7 @@ from protocol_specs.checkpoints.files import FileSet, merge
 from ..snapshots.blobs import BlobError, BlobStore
 from ..store import Store, StoreError, keys
 
-__all__ = ["FILES_FIELD", "RunFiles", "SetError"]
+__all__ = ["FILES_FIELD", "RunFiles", "SetError", "read_book"]
 
 #: the field of ``keys.checkpoints`` / ``keys.outputs`` that holds the value (``v``: its version)
 FILES_FIELD = "value"
@@ -35,6 +35,12 @@ class SetError(Exception):
     def __init__(self, message: str, *, missing: bool) -> None:
         super().__init__(message)
         self.missing = missing
+
+
+async def read_book(store: Store, run_id: str) -> CheckpointBook:
+    """The run's checkpoint book (empty if it has none)."""
+    raw, _ = await store.get_versioned(keys.checkpoints(run_id), FILES_FIELD)
+    return CheckpointBook.model_validate_json(raw) if raw else CheckpointBook()
 
 
 class RunFiles:
@@ -73,8 +79,7 @@ class RunFiles:
     # --- checkpoints ------------------------------------------------------------------------------
 
     async def book(self, run_id: str) -> CheckpointBook:
-        raw, _ = await self.store.get_versioned(keys.checkpoints(run_id), FILES_FIELD)
-        return CheckpointBook.model_validate_json(raw) if raw else CheckpointBook()
+        return await read_book(self.store, run_id)
 
     async def update_book(
         self, run_id: str, decide: Callable[[CheckpointBook], CheckpointBook]

@@ -54,7 +54,7 @@ def prune_runs(
     """Remove all but the ``keep`` newest run directories (and their logs and hash caches);
     their names."""
     try:
-        dirs = [p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()]
+        dirs = [p for p in runs.iterdir() if _run_dir(p)]
     except OSError:
         return []
     dirs.sort(key=_mtime, reverse=True)
@@ -64,9 +64,16 @@ def prune_runs(
         for beside in (".log", ".outputs-hashes"):  # its log, its outputs' hash cache
             with contextlib.suppress(OSError):
                 old.with_name(f"{old.name}{beside}").unlink()
+        # its checkpoint directory (``worker_shim/program/checkpoints.py``) goes with it
+        shutil.rmtree(old.with_name(f"{old.name}.checkpoints"), ignore_errors=True)
         release(old)
         removed.append(old.name)
     return removed
+
+
+def _run_dir(path: Path) -> bool:
+    """Whether ``path`` is a run's directory (not a link, not a checkpoint directory)."""
+    return path.is_dir() and not path.is_symlink() and not path.name.endswith(".checkpoints")
 
 
 def prune_cache(cache: Path, max_bytes: int) -> int:
