@@ -163,3 +163,69 @@ async def test_outputs_come_home_and_only_what_changed_is_sent_again(
     by_attempt = dict(sent)
     assert by_attempt[1] is not None and by_attempt[1] >= len(a_bin)
     assert by_attempt[2] is not None and len(preds) <= by_attempt[2] < len(preds) + 64 * 1024
+
+
+SAVES = """\
+import time
+import tether
+
+with open("preds.csv", "w") as f:
+    f.write("id,pred\\n0,1\\n")
+(tether.checkpoint_dir() / "state").write_text("step 5")
+tether.save_checkpoint(5)
+print("saved", flush=True)
+time.sleep(3600)
+"""
+
+
+async def test_a_checkpoint_sends_the_outputs_while_the_run_is_live_and_a_cancel_too(
+    redis_store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """After a stored checkpoint the worker sends the outputs (the program still runs: ``tether
+    outputs`` lists them); a cancelled run's program is ended, and its outputs sent again."""
+    from worker_shim.program import outputs as program_outputs
+
+    monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TETHER_CONFIG", str(tmp_path / "none.toml"))
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "train.py").write_text(SAVES)
+    spec = RunSpec(command=["python", "train.py"], workdir=str(workdir), debug=False,
+                   debuggable=False, outputs=["*.csv"])  # fmt: skip
+    whys: list[str] = []
+    checkpointed, exited = trio.Event(), trio.Event()
+    real = program_outputs.send_outputs
+
+    async def spy(link, record, run_dir, **kw):  # type: ignore[no-untyped-def]
+        got = await real(link, record, run_dir, **kw)
+        whys.append(kw.get("why", "exit"))
+        if got is not None:
+            (checkpointed if kw.get("why") == "checkpoint" else exited).set()
+        return got
+
+    monkeypatch.setattr(program_outputs, "send_outputs", spy)  # the checkpoint hook's
+    monkeypatch.setattr(shim, "send_outputs", spy)  # the attempt's end
+    async with live_relay(redis_store) as relay, trio.open_nursery() as nursery:
+        monkeypatch.setenv("TETHER_TOKEN", relay.alice.token)
+        nursery.start_soon(partial(run_pool, relay.pool, slots=1, work_dir=tmp_path / "pool"))
+        record = await submit_run(relay.alice, spec, lambda _text: None)
+        with trio.fail_after(60):
+            await checkpointed.wait()
+        capsys.readouterr()
+        assert await _cli("outputs", record.id, "--relay", relay.url) == 0
+        listing = capsys.readouterr().out.splitlines()
+        async with open_control(relay.alice) as control:
+            assert (await control.get_run(record.id)).state is RunState.RUNNING
+            await control.cancel(record.id)
+        done = await _ended(relay.alice, record.id)
+        with trio.fail_after(30):  # the worker ends the program, then sends what it left
+            await exited.wait()
+        async with open_control(relay.alice) as control:
+            files = (await control.outputs(record.id)).files
+        nursery.cancel_scope.cancel()
+    assert [f.path for f in files.files] == ["preds.csv"]
+    assert listing[0].split() == ["PATH", "SIZE", "ATTEMPT", "MODIFIED"]
+    assert listing[1].split()[:3] == ["preds.csv", "12", "1"]
+    assert done.state is RunState.CANCELLED
+    assert whys == ["checkpoint", "exit"]
