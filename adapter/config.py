@@ -6,6 +6,7 @@
     relay = "ws://127.0.0.1:8765"
     backend = "local"
     max_retries = 1
+    outputs = ["out/", "*.csv"]
 
     [profiles.cluster]
     relay = "wss://tether.example.org"
@@ -70,6 +71,8 @@ class Profile(BaseModel):
     partition: str = ""
     max_retries: int | None = None
     retry_backoff: str = ""
+    #: how many of a run's checkpoints the relay keeps (``--keep-checkpoints``)
+    keep_checkpoints: int | None = None
     on_unattended_stop: str = ""
     #: ``tether run``: start Python programs so that ``tether attach`` can debug them later
     debuggable: bool | None = None
@@ -80,6 +83,8 @@ class Profile(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     mounts: dict[str, str] = Field(default_factory=dict)
     tags: list[str] = Field(default_factory=list)
+    #: what runs produce (``--outputs``): globs relative to the run's directory
+    outputs: list[str] = Field(default_factory=list)
 
 
 def config_path() -> Path:

@@ -63,6 +63,7 @@ from protocol_specs.wire import wire
 from protocol_specs.wire.wire import StreamName, WorkerLink
 from relay.client import LinkPolicy, RunLink, Target, open_control, open_run_link
 
+from .program.checkpoints import RestoreError, attempt_checkpoints
 from .program.debuggee import (
     Debuggee,
     OutputPump,
@@ -74,15 +75,15 @@ from .program.debuggee import (
 from .program.files import Fetch, materialise
 from .program.metrics import ProgramControl, control_action, metrics_env, open_program_metrics
 from .program.nodes import ONE_NODE, NodeRole, meet, taken_first
+from .program.outputs import outputs_hook, send_outputs
 from .program.quarters import Housing, Quarters, open_quarters, program_env
 from .program.reaper import MARK_ENV
 from .program.tunnels import Tunnels, open_tunnels
-from .session.actions import (
-    status_entry,
-)
+from .session.actions import status_entry
 from .session.core import ShimCore, exit_status, parse_delivery, terminates
 from .session.debuggable import attach_listener, attachable_argv, until_debugged
 from .session.driver import open_driver
+from .session.link_news import LinkNews, report_refusals
 from .session.output import ProgramOutput, open_program_output, unbuffered_env
 from .session.processes import DebuggedProcesses
 from .session.replay import DEFAULT_INITIALIZE
@@ -133,7 +134,7 @@ async def run_shim(
     say = on_event or (lambda _text: None)
     run_dir = run_dir_of(runs_dir, record, node)
     log_path = run_dir.with_name(f"{run_dir.name}.log")
-    news = _LinkNews(say, record.id)
+    news = LinkNews(say, record.id)
     role = NodeRole.of(record, node)
     async with worker_link(
         relay_url, record, policy=policy, on_refused=news.refused, on_state=news.state, early=True,
@@ -222,28 +223,22 @@ async def _attempt(
     env: dict[str, str] | None,
     python: str,
     say: Callable[[str], None],
-    news: _LinkNews,
+    news: LinkNews,
 ) -> int | None:
-    """The attempt, once its link is up: files, its user, then the program, plain or under the
-    debugger, with its tunnels."""
+    """The attempt, once its link is up: files, its user, its checkpoint, then the program,
+    plain or under the debugger, with its tunnels."""
     run_dir, housing = place.run_dir, place.housing
     try:
         files = await materialise(manifest, run_dir, fetch, cache=cache)
     except Exception as exc:  # a broken snapshot is the run's failure, not the worker's
-        await _status(
-            link, StatusEvent.START_FAILED, detail=f"cannot materialise the snapshot: {exc}"
-        )
-        say(f"run {record.id}: cannot materialise the snapshot: {exc}")
-        return None
+        return await _cannot_start(link, f"cannot materialise the snapshot: {exc}", say)
     role, news.taken = await meet(link, record, place.role, say, partial(_start_failed, link))
     if role is None:
         return None
     try:
         user = await trio.to_thread.run_sync(housing.lease, run_dir)
     except (RuntimeError, OSError) as exc:
-        await _status(link, StatusEvent.START_FAILED, detail=str(exc), **_of_node(role))
-        say(f"run {record.id}: {exc}")
-        return None
+        return await _cannot_start(link, str(exc), say, role)
     who = "" if user is None else f", as uid {user.uid}"
     say(f"run {record.id} attempt {record.attempt}: {files} files in {run_dir}{who}")
     mark = housing.attempt_mark(record.id, record.attempt)
@@ -253,6 +248,12 @@ async def _attempt(
     )
     env = {**(env or {}), **role.env(record.id)}
     async with open_quarters(run_dir, user=user, runtime=housing.runtime, mark=mark) as quarters:
+        checkpoints = attempt_checkpoints(link, record, quarters, node=role.node)
+        checkpoints.after_save.append(outputs_hook(link, record, run_dir, node=role.node))
+        try:  # the latest checkpoint, restored before the program starts
+            env = {**env, **await checkpoints.restore()}
+        except RestoreError as exc:
+            return await _cannot_start(link, str(exc), say, role)
         env = metrics_env(
             quarters.private, program_env(record, env, quarters), housing.runtime.user_module
         )
@@ -263,7 +264,7 @@ async def _attempt(
             ) as tunnels,
             open_program_metrics(
                 link, quarters.private, patterns=record.spec.metrics, attempt=record.attempt,
-                hand_over=quarters.hand_over, may_pause=may_pause,
+                hand_over=quarters.hand_over, may_pause=may_pause, save=checkpoints.serve,
             ) as metrics,
             open_program_output(
                 link, record.attempt, record.spec.secrets(), metrics, node=role.node
@@ -283,7 +284,7 @@ async def _program(
     env: dict[str, str],
     python: str,
     say: Callable[[str], None],
-    news: _LinkNews,
+    news: LinkNews,
     tunnels: Tunnels,
     output: ProgramOutput,
     role: NodeRole,
@@ -329,54 +330,12 @@ async def _claim_pause(
         return (await control.claim_pause(record.id, record.attempt, step, values)).pause
 
 
-async def _exited(link: RunLink, record: RunRecord, code: int, role: NodeRole) -> None:
+async def _exited(
+    link: RunLink, record: RunRecord, code: int, role: NodeRole, run_dir: Path
+) -> None:
+    """The outputs sent home (``--outputs``), then the exit status published."""
+    await send_outputs(link, record, run_dir, node=role.node)
     await link.publish(exit_status(record, code, process=role.key, node=role.node))
-
-
-class _LinkNews:
-    """What the run link reports: drops and returns, and entries the relay refused."""
-
-    def __init__(self, say: Callable[[str], None], run_id: str) -> None:
-        self.say = say
-        self.run_id = run_id
-        #: set when the link comes back, then replaced (:func:`_end_when_ended` looks whether
-        #: the run ended meanwhile)
-        self.returned = trio.Event()
-        self.ended = False  #: the run was ended while we were away (said once)
-        self.dropped = 0
-        self.last_refusal = ""
-        self.refusal = trio.Event()
-        #: deliveries node K's wait for the rendezvous took off the link, for the program's watch
-        self.taken: list[wire.Deliver] = []
-
-    def state(self, up: bool, detail: str) -> None:
-        self.say(f"run {self.run_id}: relay link {'up' if up else 'down'}: {detail}")
-        if up:
-            self.returned.set()
-            self.returned = trio.Event()
-
-    def refused(self, n: int, error: wire.Error) -> None:
-        del n
-        self.dropped += 1
-        self.last_refusal = error.message
-        self.refusal.set()
-
-
-async def _report_refusals(link: RunLink, news: _LinkNews) -> None:
-    """Entries the relay refuses (the IDE side's buffer is full) are dropped, but never silently."""
-    while True:
-        await news.refusal.wait()
-        news.refusal = trio.Event()
-        await _status(
-            link,
-            StatusEvent.BUFFER_FULL,
-            detail=(
-                f"{news.dropped} messages from the program were dropped so far: {news.last_refusal}. "
-                "Attach an IDE (or run tether attach) to read the backlog."
-            ),
-            data={"dropped": news.dropped},
-        )
-        await trio.sleep(30)  # at most one notice per 30 s
 
 
 async def _status(link: RunLink, event: StatusEvent, **fields: Any) -> None:
@@ -387,6 +346,14 @@ async def _start_failed(link: RunLink, detail: str) -> None:
     await _status(link, StatusEvent.START_FAILED, detail=detail)
 
 
+async def _cannot_start(
+    link: RunLink, detail: str, say: Callable[[str], None], role: NodeRole = ONE_NODE
+) -> int | None:
+    await _status(link, StatusEvent.START_FAILED, detail=detail, **_of_node(role))
+    say(f"run {link.run_id}: {detail}")
+    return None
+
+
 async def _run_plain(
     link: RunLink,
     record: RunRecord,
@@ -394,7 +361,7 @@ async def _run_plain(
     env: dict[str, str],
     log_path: Path,
     say: Callable[[str], None],
-    news: _LinkNews,
+    news: LinkNews,
     on_output: ProgramOutput,
     attachable: tuple[list[str], str] | None,
     tunnels: Tunnels,
@@ -440,7 +407,7 @@ async def _plain_process(
     process: trio.Process,
     log_path: Path,
     say: Callable[[str], None],
-    news: _LinkNews,
+    news: LinkNews,
     on_output: ProgramOutput,
     listener: trio.socket.SocketType | None,
     tunnels: Tunnels,
@@ -491,7 +458,7 @@ async def _plain_process(
         await output.drained()
         nursery.cancel_scope.cancel()
     await on_output.end()  # all of it before the exit status
-    await _exited(link, record, code, role)
+    await _exited(link, record, code, role, run_dir)
     say(f"run {record.id} exited with {code}")
     return code
 
@@ -506,7 +473,7 @@ def _entry_of_plain(
 
 
 async def _end_when_ended(
-    link: RunLink, news: _LinkNews, terminate: Callable[[], Awaitable[None]]
+    link: RunLink, news: LinkNews, terminate: Callable[[], Awaitable[None]]
 ) -> None:
     """``terminate`` the program once the link comes back to a run that was ended (cancelled, or
     lost) while it was away."""
@@ -546,7 +513,7 @@ async def _run_debug(
     run_dir: Path,
     debuggee: Debuggee,
     say: Callable[[str], None],
-    news: _LinkNews,
+    news: LinkNews,
     output: ProgramOutput,
     *,
     backlog: list[wire.Deliver] | None = None,
@@ -566,7 +533,7 @@ async def _run_debug(
     core = ShimCore(record, str(run_dir), tail=tail, clock=trio.current_time, node=role.node)
     processes = DebuggedProcesses(core)
     async with open_driver(processes, stream, link, output, debuggee, say, tunnels) as driver:
-        driver.nursery.start_soon(_report_refusals, link, news)
+        driver.nursery.start_soon(report_refusals, link, news)
         # the fold starts once ``started`` is out: the replay may follow at once
         late = backlog is not None
         pid = debuggee.process.pid
@@ -589,6 +556,6 @@ async def _run_debug(
             await driver.perform(core.flush_output())
         await driver.perform(processes.end(code))
     driver.raise_failure()
-    await _exited(link, record, code, role)
+    await _exited(link, record, code, role, run_dir)
     say(f"run {record.id} exited with {code}")
     return code

@@ -73,6 +73,16 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         "No code change needed; tether.report() in the program is the other way",
     )
     s.add_argument(
+        "--outputs",
+        action="extend",
+        nargs="+",
+        metavar="GLOB",
+        help="files the run produces, relative to its directory ('out/', 'preds.csv', "
+        "'**/*.png'): the worker sends them home after each attempt and each checkpoint; "
+        "fetch them with tether cp RUN:PATH, list them with tether outputs RUN (config key "
+        "outputs; end the list with -- before the command)",
+    )
+    s.add_argument(
         "--debug-when",
         metavar="CONDITION",
         help="pause the program where tether.report() is called with metrics that meet this "
@@ -138,6 +148,20 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         type=parse_duration,
         metavar="DURATION",
         help="wait before the first retry, doubling each time (default 10s)",
+    )
+    g = s.add_argument_group("checkpoints (tether.save_checkpoint)")
+    g.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        metavar="K",
+        help="keep the run's last K checkpoints (default 3; config key keep_checkpoints); a "
+        "retried or resumed attempt starts from the latest",
+    )
+    g.add_argument(
+        "--from-checkpoint",
+        metavar="RUN[:STEP]",
+        help="start from another run's checkpoint (its latest, or STEP's), restored in "
+        "tether.checkpoint_dir() before the program starts, until this run saves its own",
     )
     g = s.add_argument_group("when the program pauses with no IDE attached")
     g.add_argument(

@@ -12,6 +12,7 @@ from .admin import cmd_audit, cmd_token_create, cmd_token_list, cmd_token_revoke
 from .demo import cmd_demo
 from .experiments import cmd_metrics
 from .options import adapter_options, pool_options, relay_flag, relay_options, run_options
+from .outputs import cmd_cp, cmd_outputs
 from .rank_eval import cmd_eval
 from .rank_stacks import cmd_stacks
 from .runs import (
@@ -195,6 +196,27 @@ def _run_commands(sub: _Commands) -> None:
     s.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     s.add_argument("--json", action="store_true", help="one JSON object per point")
     s.set_defaults(fn=cmd_metrics)
+
+    s = sub.add_parser("outputs", help="list a run's outputs (--outputs): path, size, attempt")
+    relay_flag(s)
+    s.add_argument(
+        "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
+    )
+    s.add_argument("--json", action="store_true", help="one JSON object: the run and its files")
+    s.set_defaults(fn=cmd_outputs)
+
+    s = sub.add_parser(
+        "cp",
+        help="fetch a run's outputs: tether cp RUN:out/model.pt . (a file, a directory of "
+        "them, or RUN: for all), from the relay, also after the run's worker is gone",
+    )
+    relay_flag(s)
+    s.add_argument("source", metavar="RUN:PATH", help="the run, a colon, an output's path")
+    s.add_argument(
+        "local", nargs="?", default=".", metavar="LOCAL", help="where to write (default .)"
+    )
+    s.add_argument("-q", "--quiet", action="store_true", help="print nothing when done")
+    s.set_defaults(fn=cmd_cp)
 
     _sweep_command(sub)
 

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..checkpoints.outputs import check_patterns
 from .metrics import MAX_PATTERNS, check_condition, parse_pattern
 from .resources import Resources
 
@@ -107,6 +108,11 @@ class RunSpec(BaseModel):
         for text in value:
             parse_pattern(text)
         return value
+
+    @field_validator("outputs")
+    @classmethod
+    def _output_patterns(cls, value: list[str]) -> list[str]:
+        return check_patterns(value)
 
     @field_validator("debug_when")
     @classmethod

@@ -61,6 +61,7 @@ __all__ = [
     "new_secret",
     "origin_of",
     "origin_refusal",
+    "output_path",
     "route",
     "run_path",
     "security_headers",
@@ -93,6 +94,7 @@ _STATIC = re.compile(r"^/ui/static/([a-z0-9-]+\.(?:css|js|svg))$")
 _RUN_PAGE = re.compile(rf"^/ui/runs/({_RUN_ID})$")
 _RUN_ACTION = re.compile(rf"^/ui/runs/({_RUN_ID})/(cancel|rerun|stacks)$")
 _RUN_FILES = re.compile(rf"^/ui/runs/({_RUN_ID})/files(?:/(.+))?$")
+_RUN_OUTPUT = re.compile(rf"^/ui/runs/({_RUN_ID})/outputs/(.+)$")
 _OWNER = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 _SWEEP_PAGE = re.compile(r"^/ui/sweeps/([a-z0-9]{4,64})$")
 
@@ -109,6 +111,7 @@ class Route(StrEnum):
     STATIC = "static"
     FILES = "files"  #: a run's snapshot: its files
     FILE = "file"  #: one file of it (``name``: its path in the snapshot)
+    OUTPUT = "output"  #: one of the run's outputs, downloaded (``name``: its path)
     LIVE = "live"  #: the WebSocket that pushes changes to an open page
     SWEEP = "sweep"  #: a sweep's page (``run``: the sweep's id)
     SWEEPS = "sweeps"  #: the sweeps list
@@ -198,6 +201,13 @@ def route(method: str, path: str) -> Match | int:
         if "\x00" in name or len(name) > 4096:
             return 404
         return Match(Route.FILE, run=found.group(1), name=name)
+    if found := _RUN_OUTPUT.match(path):
+        if not get:
+            return 405
+        name = unquote(found.group(2))
+        if "\x00" in name or len(name) > 4096:
+            return 404
+        return Match(Route.OUTPUT, run=found.group(1), name=name)
     if found := _RUN_ACTION.match(path):
         action = Route(found.group(2))
         return Match(action, run=found.group(1)) if post else 405
@@ -210,6 +220,11 @@ def run_path(run_id: str) -> str:
 
 def sweep_path(sweep_id: str) -> str:
     return f"/ui/sweeps/{sweep_id}"
+
+
+def output_path(run_id: str, path: str) -> str:
+    """Where one of the run's outputs downloads from."""
+    return f"/ui/runs/{run_id}/outputs/{quote(path)}"
 
 
 def file_path(run_id: str, path: str, line: int = 0) -> str:

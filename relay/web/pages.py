@@ -490,14 +490,16 @@ def run_page(
     debug: DebugView | None = None,
     metrics: str = "",
     ranks: str = "",
+    outputs: str = "",
 ) -> str:
     """``metrics``: the run's charts (``relay/web/experiments.py``), if it reported any;
-    ``ranks``: its processes' stacks section (``relay/web/stacks.py``)."""
+    ``ranks``: its processes' stacks section (``relay/web/stacks.py``); ``outputs``: its
+    outputs' list (``relay/web/outputs.py``)."""
     shown = debug is not None and (record.spec.debug or not debug.empty)
     body = (
         f"{run_summary(record, now)}{metrics}"
         f"{debug_section(debug, record) if shown and debug is not None else ''}{ranks}"
-        f"{'' if record.finished else _attach(record)}"
+        f"{'' if record.finished else _attach(record)}{outputs}"
         '<section class="logs"><div class="bar"><h2>Logs</h2>'
         '<input id="log-search" type="search" placeholder="Search the log" aria-label="Search">'
         '<label class="follow"><input id="log-follow" type="checkbox" checked> follow</label>'

@@ -31,6 +31,7 @@ from websockets.trio.server import ServerConnection
 from protocol_specs.access.audit import AuditRole
 from protocol_specs.access.auth import Principal
 from protocol_specs.access.permissions import Act, authorize
+from protocol_specs.checkpoints.files import FileSet
 from protocol_specs.runs.runs import RunRecord
 from protocol_specs.snapshots.snapshots import Manifest
 from protocol_specs.snapshots.trees import TreeError
@@ -41,6 +42,7 @@ from ..auth import TokenStore
 from ..control import Control
 from ..gate import Gate
 from ..runs.audit import AuditTrail
+from ..runs.checkpoints import RunFiles, SetError
 from ..runs.metrics import newest_points
 from ..runs.registry import Registry
 from ..snapshots.blobs import BlobError, BlobStore
@@ -52,6 +54,7 @@ from .experiments import metrics_section, sweep_page, sweeps_page
 from .listing import list_page
 from .log_text import LogText
 from .login import Login
+from .outputs import output_response, outputs_section
 from .pages import error_page, file_page, files_page, login_page, run_page, runs_page
 from .responses import html_page, http_response, json_answer, redirect, source_of
 from .sessions import Session, WebSessions
@@ -219,6 +222,8 @@ class Web:
                 return await self._sweep_page(found.run, session, who)
             case web.Route.FILES | web.Route.FILE:
                 return await self._snapshot(ws, found, req, session, who)
+            case web.Route.OUTPUT:
+                return await self._output(ws, req, found, who)
             case web.Route.LIVE:
                 return await self._live(ws, req, who)
             case web.Route.LOGOUT:
@@ -325,8 +330,36 @@ class Web:
             debug=debug,
             metrics=metrics_section(points),
             ranks=stacks_section(record),
+            outputs=outputs_section(record, await self._outputs_of(record)),
         )
         return html_page(200, html)
+
+    async def _output(
+        self, ws: ServerConnection, req: web.HttpRequest, found: web.Match, who: Principal
+    ) -> Response:
+        """One of the run's outputs, downloaded: who may see the run's page may fetch it."""
+        record = await self._visible(ws, req, found.route, found.run, who, Act.GET_RUN)
+        if record is None:
+            return html_page(404, error_page(404, f"no run {found.run} (or not yours)", who))
+        await self._viewed(ws, req, record, who, "its outputs")
+        files = await self._outputs_of(record)
+        if files is None:
+            return html_page(404, error_page(404, f"run {record.id} has no outputs", who))
+        answer = await output_response(self.blobs, record.id, files, found.name)
+        if isinstance(answer, tuple):
+            return html_page(answer[0], error_page(answer[0], answer[1], who))
+        return answer
+
+    async def _outputs_of(self, record: RunRecord) -> FileSet | None:
+        """The run's outputs as its workers recorded them (None: it has none, or the relay
+        lost their set: said in its log)."""
+        if not record.outputs:
+            return None
+        try:
+            return await RunFiles(self.store, self.blobs).outputs(record.id)
+        except SetError as exc:
+            log.warning("run %s: its outputs: %s", record.id, exc)
+            return None
 
     async def _sweep_page(self, sweep_id: str, session: Session, who: Principal) -> Response:
         """A sweep's page; with no ``sweep_id``, the list of the user's sweeps (an admin's: all)."""

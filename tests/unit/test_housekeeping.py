@@ -8,7 +8,7 @@ from pathlib import Path
 from worker_shim.backends.housekeeping import prune_cache, prune_runs
 
 
-def test_only_the_newest_run_directories_and_their_logs_are_kept(tmp_path: Path) -> None:
+def test_only_the_newest_run_directories_and_their_logs_and_caches_are_kept(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     for i in range(5):
         run = runs / f"r{i}-1"
@@ -16,9 +16,12 @@ def test_only_the_newest_run_directories_and_their_logs_are_kept(tmp_path: Path)
         (run / "train.py").write_text("x")
         log = runs / f"r{i}-1.log"
         log.write_text("out")
+        (runs / f"r{i}-1.outputs-hashes").write_text("{}")
         os.utime(run, (1000 + i, 1000 + i))
     assert sorted(prune_runs(runs, keep=2)) == ["r0-1", "r1-1", "r2-1"]
-    assert sorted(p.name for p in runs.iterdir()) == ["r3-1", "r3-1.log", "r4-1", "r4-1.log"]
+    assert sorted(p.name for p in runs.iterdir()) == [
+        "r3-1", "r3-1.log", "r3-1.outputs-hashes", "r4-1", "r4-1.log", "r4-1.outputs-hashes"
+    ]  # fmt: skip
     assert prune_runs(tmp_path / "absent", keep=2) == []
 
 

@@ -11,7 +11,8 @@ import trio.testing
 from protocol_specs.runs.runs import RunRecord, RunState
 from protocol_specs.runs.spec import RunSpec
 from relay.client import RunLink
-from worker_shim.shim import _end_when_ended, _LinkNews
+from worker_shim.session.link_news import LinkNews
+from worker_shim.shim import _end_when_ended
 
 
 class FakeLink:
@@ -23,7 +24,7 @@ async def test_a_run_ended_while_the_link_was_away_is_stopped_when_it_comes_back
     record = RunRecord(id="r1", spec=RunSpec(command=["x"], workdir="/w"), state=RunState.RUNNING)
     link = FakeLink(record)
     said: list[str] = []
-    news = _LinkNews(said.append, "r1")
+    news = LinkNews(said.append, "r1")
     stopped: list[str] = []
 
     async def stop(who: str) -> None:

@@ -51,20 +51,29 @@ def _tidy(
 def prune_runs(
     runs: Path, keep: int, release: Callable[[Path], None] = lambda _dir: None
 ) -> list[str]:
-    """Remove all but the ``keep`` newest run directories (and their logs); their names."""
+    """Remove all but the ``keep`` newest run directories (and their logs and hash caches);
+    their names."""
     try:
-        dirs = [p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()]
+        dirs = [p for p in runs.iterdir() if _run_dir(p)]
     except OSError:
         return []
     dirs.sort(key=_mtime, reverse=True)
     removed = []
     for old in dirs[max(keep, 0) :]:
         shutil.rmtree(old, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            old.with_name(f"{old.name}.log").unlink()
+        for beside in (".log", ".outputs-hashes"):  # its log, its outputs' hash cache
+            with contextlib.suppress(OSError):
+                old.with_name(f"{old.name}{beside}").unlink()
+        # its checkpoint directory (``worker_shim/program/checkpoints.py``) goes with it
+        shutil.rmtree(old.with_name(f"{old.name}.checkpoints"), ignore_errors=True)
         release(old)
         removed.append(old.name)
     return removed
+
+
+def _run_dir(path: Path) -> bool:
+    """Whether ``path`` is a run's directory (not a link, not a checkpoint directory)."""
+    return path.is_dir() and not path.is_symlink() and not path.name.endswith(".checkpoints")
 
 
 def prune_cache(cache: Path, max_bytes: int) -> int:

@@ -78,4 +78,16 @@ function newlyPaused(records, seen) {
   return out;
 }
 
-module.exports = { row, stateText, newlyPaused, attachable };
+/** The run's outputs as a quick pick offers them, newest first: those that name outputs. */
+function withOutputs(records) {
+  return records
+    .filter((r) => (r.spec.outputs || []).length > 0)
+    .map((r) => ({ label: r.spec.name || r.id, description: `${r.id} · ${stateText(r)}`, detail: (r.spec.outputs || []).join('  '), run: r.id }));
+}
+
+/** `tether cp RUN: FOLDER`: every output of the run, written under FOLDER. */
+function downloadArgv(run, folder) {
+  return ['cp', `${run}:`, folder];
+}
+
+module.exports = { row, stateText, newlyPaused, attachable, withOutputs, downloadArgv };

@@ -5,7 +5,7 @@
 const vscode = require('vscode');
 const cli = require('./cli');
 const { readyLine } = require('./launch');
-const { row, newlyPaused, stateText } = require('./runs_model');
+const { row, newlyPaused, stateText, withOutputs, downloadArgv } = require('./runs_model');
 
 class RunsView {
   constructor(context, { trace, settings, folder }) {
@@ -27,6 +27,7 @@ class RunsView {
       command('tether.runs.cancel', (item) => this.cancel(item.run)),
       command('tether.runs.rerun', (item) => this.rerun(item.run)),
       command('tether.runs.logs', (item) => this.showLogs(item.run)),
+      command('tether.runs.outputs', (item) => this.downloadOutputs(item?.run)),
       this.view.onDidChangeVisibility(() => this.view.visible && this.refresh()),
       vscode.debug.onDidStartDebugSession(() => this.refresh()),
       vscode.debug.onDidTerminateDebugSession(() => this.refresh()),
@@ -150,6 +151,32 @@ class RunsView {
       ).finally(() => this.refresh());
     }
     return vscode.debug.startDebugging(folder, { type: 'tether', request: 'launch', name: `tether: rerun of ${run}`, rerunOf: run });
+  }
+
+  /** "tether: Download outputs": the run (the item's, else picked from those naming outputs),
+   * then a folder; `tether cp RUN: FOLDER` writes them there. */
+  async downloadOutputs(run) {
+    if (!run) {
+      if (!this.records.length) await this.refresh();
+      const picks = withOutputs(this.records);
+      if (!picks.length) {
+        vscode.window.showInformationMessage('tether: none of your runs names outputs (--outputs GLOB, or "outputs" in the launch configuration).');
+        return;
+      }
+      run = (await vscode.window.showQuickPick(picks, { placeHolder: 'The run whose outputs to download' }))?.run;
+      if (!run) return;
+    }
+    const base = this.folder() ? vscode.Uri.file(this.folder()) : undefined;
+    const chosen = await vscode.window.showOpenDialog({ canSelectFiles: false, canSelectFolders: true, canSelectMany: false, defaultUri: base, openLabel: 'Download here' });
+    if (!chosen || !chosen.length) return;
+    const folder = chosen[0].fsPath;
+    this.trace({ ext: 'outputs', run, folder });
+    try {
+      const out = await cli.run(this.command(), downloadArgv(run, folder), { cwd: this.folder(), timeoutMs: 3600000 });
+      vscode.window.showInformationMessage(`tether: ${out.trim().replace(/^-- tether: /, '') || `outputs of ${run} downloaded to ${folder}`}`);
+    } catch (err) {
+      vscode.window.showErrorMessage(`tether: ${err.message}`);
+    }
   }
 
   showLogs(run) {

@@ -40,6 +40,12 @@ test('"nodes" and the per-node resources become --nodes, --gpus-per-node, --cpus
   assert.throws(() => resolve({ request: 'launch', name: 'n', program: 'a.py', nodes: 1.5 }, where), /"nodes" must be a whole number/);
 });
 
+test('"keepCheckpoints" and "fromCheckpoint" become --keep-checkpoints, --from-checkpoint', () => {
+  const c = resolve({ request: 'launch', name: 'n', program: 'train.py', keepCheckpoints: 5, fromCheckpoint: 'r1:300' }, where);
+  assert.deepStrictEqual(serveArgv(c).slice(0, 7), ['debug', '--workdir', '/home/me/proj', '--keep-checkpoints', '5', '--from-checkpoint', 'r1:300']);
+  assert.throws(() => resolve({ request: 'launch', name: 'n', program: 'a.py', keepCheckpoints: 'all' }, where), /"keepCheckpoints" must be a whole number/);
+});
+
 test('module, command, python, profile and relay', () => {
   const m = resolve({ request: 'launch', name: 'n', module: 'pkg.train', python: '/opt/env/bin/python', profile: 'gpu' }, where);
   assert.deepStrictEqual(serveArgv(m).slice(0, 5), ['debug', '--workdir', '/home/me/proj', '--profile', 'gpu']);
@@ -105,4 +111,11 @@ test('the ready line, and what a failed start says', () => {
   assert.strictEqual(failure('', 3), 'tether exited with code 3 before serving the run.');
   const usage = 'usage: tether debug [-h]\n                    [--ranks LIST]\n                    ...\ntether debug: error: argument --mem: bad\n';
   assert.strictEqual(failure(usage, 2), 'argument --mem: bad');
+});
+
+test('"outputs" becomes one --outputs per glob, for the debug run and the run without debugging', () => {
+  const c = resolve({ request: 'launch', name: 'n', program: 'train.py', outputs: ['out/', '*.csv'] }, where);
+  assert.deepStrictEqual(serveArgv(c).slice(0, 7), ['debug', '--workdir', '/home/me/proj', '--outputs', 'out/', '--outputs', '*.csv']);
+  assert.deepStrictEqual(runArgv(c).slice(0, 7), ['run', '--workdir', '/home/me/proj', '--outputs', 'out/', '--outputs', '*.csv']);
+  assert.throws(() => resolve({ request: 'launch', name: 'n', program: 'a.py', outputs: 'out/' }, where), /"outputs" must be a list of strings/);
 });

@@ -32,3 +32,13 @@ test('each pause with no IDE attached is told once, those found paused at startu
   assert.deepStrictEqual(newlyPaused([again], seen).map((r) => r.id), ['new']);
   assert.strictEqual(row(fresh).description, 'paused: uncaught ValueError at b.py:2 in f');
 });
+
+test('"Download outputs" offers the runs that name outputs and copies all of them', () => {
+  const { withOutputs, downloadArgv } = require('../src/runs_model');
+  const named = record({ id: 'b2', spec: { command: ['python'], name: 'train', backend: 'local', debug: false, outputs: ['out/', '*.csv'] } });
+  const picks = withOutputs([record({ id: 'a1' }), named]);
+  assert.deepStrictEqual(picks.map((p) => p.run), ['b2']);
+  assert.strictEqual(picks[0].label, 'train');
+  assert.strictEqual(picks[0].detail, 'out/  *.csv');
+  assert.deepStrictEqual(downloadArgv('b2', '/tmp/dl'), ['cp', 'b2:', '/tmp/dl']);
+});
