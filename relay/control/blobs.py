@@ -65,28 +65,7 @@ async def missing(
 
 async def get_blob(rooms: Rooms, conn: Conn, frame: wire.GetBlob) -> wire.AnyFrame:
     who = conn.who
-    if who.kind == "worker":
-        record = await rooms.registry.load(who.run)
-        allow(who, Act.GET_BLOB, record, about_run=who.run)
-        assert record is not None
-        if conn.digests is None:
-            conn.digests = frozenset((await rooms.registry.manifest_of(who.run)).digests)
-        if frame.digest not in conn.digests and frame.digest not in conn.files:
-            # checkpoints appear during the run: look again once on a miss
-            runs = [who.run]
-            if record.spec.from_checkpoint:
-                try:
-                    runs.append(parse_source(record.spec.from_checkpoint)[0])
-                except ValueError:
-                    pass
-            conn.files = frozenset(await RunFiles(rooms.store, rooms.blobs).named(runs))
-        if frame.digest not in conn.digests and frame.digest not in conn.files:
-            raise Refused(
-                ErrorCode.FORBIDDEN,
-                f"blob {frame.digest[:12]} is not in run {who.run}'s snapshot or checkpoints",
-                run=record,
-            )
-    elif frame.run:
+    if frame.run:  # a user's read of what their run stored (a worker names no run)
         record = await rooms.run(who, Act.GET_RUN_BLOB, frame.run)
         if frame.digest not in await RunFiles(rooms.store, rooms.blobs).named([record.id]):
             raise Refused(
@@ -94,6 +73,27 @@ async def get_blob(rooms: Rooms, conn: Conn, frame: wire.GetBlob) -> wire.AnyFra
                 f"blob {frame.digest[:12]} is not named by run {record.id}'s checkpoints "
                 "or outputs",
                 run=record,
+            )
+    elif who.kind == "worker":
+        own = await rooms.registry.load(who.run)
+        allow(who, Act.GET_BLOB, own, about_run=who.run)
+        assert own is not None
+        if conn.digests is None:
+            conn.digests = frozenset((await rooms.registry.manifest_of(who.run)).digests)
+        if frame.digest not in conn.digests and frame.digest not in conn.files:
+            # checkpoints appear during the run: look again once on a miss
+            runs = [who.run]
+            if own.spec.from_checkpoint:
+                try:
+                    runs.append(parse_source(own.spec.from_checkpoint)[0])
+                except ValueError:
+                    pass
+            conn.files = frozenset(await RunFiles(rooms.store, rooms.blobs).named(runs))
+        if frame.digest not in conn.digests and frame.digest not in conn.files:
+            raise Refused(
+                ErrorCode.FORBIDDEN,
+                f"blob {frame.digest[:12]} is not in run {who.run}'s snapshot or checkpoints",
+                run=own,
             )
     else:
         allow(who, Act.GET_BLOB)

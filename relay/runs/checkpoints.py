@@ -21,7 +21,7 @@ from ..store import Store, StoreError, keys
 
 __all__ = ["FILES_FIELD", "RunFiles", "SetError", "read_book"]
 
-#: the field of ``keys.checkpoints`` / ``keys.outputs`` that holds the value
+#: the field of ``keys.checkpoints`` / ``keys.outputs`` that holds the value (``v``: its version)
 FILES_FIELD = "value"
 #: the most bytes a file set blob may have (20,000 files of 64 GiB: a few MiB)
 _MAX_SET_BLOB = 64 * 1024 * 1024

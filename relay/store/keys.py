@@ -14,12 +14,12 @@ key                            type    contents                                 
 ``tether:run:{R}:manifest``    string  the snapshot's manifest (JSON), for a run   relay         relay (claim)
                                        submitted with one (one named by its root
                                        tree is expanded at claim: ``relay/snapshots/trees.py``)
-``tether:run:{R}:checkpoints``  hash   ``v``: the run's CheckpointBook (JSON,      relay         relay
+``tether:run:{R}:checkpoints``  hash   ``value``: the CheckpointBook (JSON,       relay         relay
                                        ``protocol_specs/checkpoints/book.py``):
-                                       its kept checkpoints, the nodes' parts of
-                                       steps not yet complete; compare-and-set
-``tether:run:{R}:outputs``     hash    ``v``: the digest of the file set blob of  relay         relay
-                                       the run's outputs (merged; compare-and-set)
+                                       kept checkpoints, nodes' parts of steps
+                                       not yet complete; ``v``: its version
+``tether:run:{R}:outputs``     hash    ``value``: the digest of the outputs' file  relay         relay
+                                       set blob (merged); ``v``: its version
 ``tether:run:{R}:to_worker``   stream  IDE -> worker entries (field ``p``; ``o``,  relay (ide)   relay (worker)
                                        ``n``: the publish that wrote it)
 ``tether:run:{R}:to_ide``      stream  worker -> IDE entries and run status        relay         relay (ide)
