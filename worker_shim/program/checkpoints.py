@@ -40,7 +40,15 @@ from protocol_specs.checkpoints.checkpoints import Checkpoint, parse_source
 from protocol_specs.runs.runs import RunRecord
 from protocol_specs.wire import wire
 from protocol_specs.wire.wire import ErrorCode
-from relay.client import RelayError, RunLink, open_control
+from relay.client import (
+    FilesError,
+    HashCache,
+    RelayError,
+    RunLink,
+    download,
+    open_control,
+    upload_dir,
+)
 
 from .quarters import Quarters, hand_over_tree
 
@@ -71,9 +79,7 @@ class Engine:
 
     @classmethod
     def real(cls, cache: Path | None = None) -> Engine:
-        from relay.client import files
-
-        return cls(files.upload_dir, files.download, files.HashCache(cache), files.FilesError)
+        return cls(upload_dir, download, HashCache(cache), FilesError)
 
 
 def attempt_checkpoints(
