@@ -190,9 +190,8 @@ class Checkpointing:
             answer = await control.checkpoints(self.record.id, step=one.step, with_files=True)
             if answer.files is None:
                 raise RelayError(ErrorCode.NO_SUCH_BLOB, "its file list is gone")
-            await self.engine.download(
-                control, answer.files.files, self.directory, run=self.record.id
-            )
+            # the worker's token reads its run's checkpoints (and its seed's) without naming one
+            await self.engine.download(control, answer.files.files, self.directory)
             log.info("run %s: restored the checkpoint of step %s%s", self.record.id, one.step, of)
             return True
         except (RelayError, OSError, self.engine.error) as exc:
