@@ -70,7 +70,7 @@ async def test_a_retry_on_another_worker_resumes_from_the_latest_checkpoint(
 ) -> None:
     """``isolated``: the workers run as root and their programs as leased uids (the checkpoint
     directory is the program's uid's); else all is this test's user's."""
-    if isolated and (os.geteuid() != 0 or not Path("/usr/bin/python3").exists()):
+    if isolated and (os.geteuid() != 0 or not os.path.exists("/usr/bin/python3")):
         pytest.skip("programs run as uids of their own under a root worker, with a python all reach")
     isolation = Isolation.decide(isolate=True) if isolated else None
     monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
