@@ -27,6 +27,9 @@ from worker_shim.program.identity import Isolation
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(180)]
 
+#: a python every uid may run (a leased uid may not reach the tests' own interpreter)
+SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else ""
+
 #: checkpoints every 3 steps; the first attempt stops (for ever) once it saved step 6
 TRAIN = """\
 import os, sys, time
@@ -70,8 +73,10 @@ async def test_a_retry_on_another_worker_resumes_from_the_latest_checkpoint(
 ) -> None:
     """``isolated``: the workers run as root and their programs as leased uids (the checkpoint
     directory is the program's uid's); else all is this test's user's."""
-    if isolated and (os.geteuid() != 0 or not os.path.exists("/usr/bin/python3")):
-        pytest.skip("programs run as uids of their own under a root worker, with a python all reach")
+    if isolated and (os.geteuid() != 0 or not SYSTEM_PYTHON):
+        pytest.skip(
+            "programs run as uids of their own under a root worker, with a python all reach"
+        )
     isolation = Isolation.decide(isolate=True) if isolated else None
     monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
     workdir = tmp_path / "project"
@@ -96,7 +101,7 @@ async def test_a_retry_on_another_worker_resumes_from_the_latest_checkpoint(
                 )  # fmt: skip
 
         nursery.start_soon(pool, "first", first)
-        python = "/usr/bin/python3" if isolated else sys.executable
+        python = SYSTEM_PYTHON if isolated else sys.executable
         spec = spec_of(workdir, python, max_retries=1, retry_backoff=0.0, keep_checkpoints=2)
         record = await submit_run(relay.alice, spec, lambda _line: None)
         done = trio.Event()
