@@ -1,4 +1,4 @@
-"""The file-set engine (``relay/client/files.py``) on temporary directories, with a relay that
+"""The file-set engine (``relay/client/files.py``, ``file_hashing.py``) on temporary directories, with a relay that
 keeps blobs in a dict: scanning, chunking, the hash cache, uploads of what is lacking, downloads."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 
 from protocol_specs.checkpoints.files import CHUNK, FileSet, StoredFile
 from protocol_specs.wire.wire import ErrorCode
-from relay.client import ControlClient, RelayError
-from relay.client import files as engine
-from relay.client.files import FilesError, HashCache, download, hash_file, scan, upload_dir
+from relay.client import ControlClient, RelayError, file_hashing, files
+from relay.client.file_hashing import hash_file, scan
+from relay.client.files import FilesError, HashCache, download, upload_dir
 
 HOUR_AGO = time.time() - 3600
 
@@ -128,7 +128,7 @@ def test_a_file_that_keeps_changing_while_read_is_refused(
 ) -> None:
     path = old(tmp_path / "model.pt", b"x" * 10)
     stamps = iter(range(100))
-    monkeypatch.setattr(engine, "_stamp", lambda _st: next(stamps))  # differs every time
+    monkeypatch.setattr(file_hashing, "_stamp", lambda _st: next(stamps))  # differs every time
     with pytest.raises(FilesError, match=r"^model.pt changed while it was saved; save again$"):
         hash_file(str(path), "model.pt")
 
@@ -138,7 +138,7 @@ def test_a_file_that_changed_once_while_read_is_read_again(
 ) -> None:
     path = old(tmp_path / "model.pt", b"x" * 10)
     stamps = iter([1, 2, 3, 3])  # the first read saw a change, the second none
-    monkeypatch.setattr(engine, "_stamp", lambda _st: next(stamps))
+    monkeypatch.setattr(file_hashing, "_stamp", lambda _st: next(stamps))
     assert hash_file(str(path), "model.pt")[2] == [hashlib.sha256(b"x" * 10).hexdigest()]
 
 
@@ -275,7 +275,7 @@ async def test_a_download_that_does_not_fit_says_how_much_it_needs(
     checkpoint(root)
     relay = Blobs()
     sent = await upload_dir(relay.control, root)
-    monkeypatch.setattr(engine, "_free", lambda _dest: CHUNK)
+    monkeypatch.setattr(files, "_free", lambda _dest: CHUNK)
     dest = tmp_path / "restored"
     with pytest.raises(
         FilesError, match=rf"^no space left on {dest}: the files need 4.0 MiB, 1.0 MiB are free$"
