@@ -139,6 +139,9 @@ def scan(
                     continue
                 try:
                     check_relative_path(rel)
+                    rel.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise FilesError(f"cannot save {rel!r}: its name is not UTF-8") from None
                 except ValueError as exc:
                     raise FilesError(f"cannot save {rel!r}: {exc}") from None
                 with contextlib.suppress(FileNotFoundError):

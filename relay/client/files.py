@@ -9,8 +9,9 @@ each read again from its file when it is sent (memory stays a window of chunks, 
 then the set blob. A save of a 1 GiB file with 1% changed in place sends about 1% of it.
 
 :func:`download` writes a set's files under a directory: each to a temporary name beside it, then
-renamed; every chunk checked against its digest; no write through a symlink; a chunk the set names
-twice fetched once (later copies are read back from where it was written).
+renamed; every chunk checked against its digest; no write through a symlink; the chunks read a
+window at a time on one connection (:meth:`~relay.client.control.ControlClient.read_small_blobs`),
+a chunk the set names twice fetched once (later copies are read back from where it was written).
 
 Every failure a user can cause or fix is a :class:`FilesError` with one line; a lost relay stays a
 :class:`~relay.client.connect.RelayError`. A cancel leaves no temporary file behind: files already
@@ -227,8 +228,36 @@ async def download(
         for f, rel in zip(wanted, rels, strict=True)
     ]
     first: dict[str, tuple[_Target, int, trio.Event]] = {}  # digest -> where it is written first
+    origin: dict[str, str] = {}  # digest -> "chunk N of PATH", in the order they are fetched
+    for target in targets:
+        for index, digest in enumerate(target.stored.chunks):
+            origin.setdefault(digest, f"chunk {index + 1} of {target.stored.path}")
+    fetched: dict[str, tuple[int, bytes]] = {}
+    arrived = {digest: trio.Event() for digest in origin}
+    room = trio.Semaphore(WINDOW)  # chunks fetched and not written yet
     written = 0
     send, receive = trio.open_memory_channel[tuple[_Target, int]](0)
+
+    async def fetch() -> None:
+        """Every chunk once, in the order the workers take them, a window on its way."""
+        delivered = 0
+
+        async def keep(digest: str, size: int, data: bytes) -> None:
+            nonlocal delivered
+            await room.acquire()
+            fetched[digest] = (size, data)
+            delivered += 1
+            arrived[digest].set()
+
+        try:
+            await control.read_small_blobs(list(origin), keep, run=run, window=WINDOW)
+        except RelayError as exc:
+            if exc.code == ErrorCode.NO_SUCH_BLOB and delivered < len(origin):
+                digest = list(origin)[delivered]
+                raise FilesError(
+                    f"{origin[digest]} is missing on the relay (digest {digest[:12]})"
+                ) from None
+            raise
 
     async def feed() -> None:
         """Each file opened (in order: a window of files open at once), then its chunks."""
@@ -244,15 +273,18 @@ async def download(
         nonlocal written
         async for target, index in receive:
             digest = target.stored.chunks[index]
-            data: bytes | None = None
             if digest in first:  # named before: read back from where it was written
                 source, at, done = first[digest]
                 await done.wait()
                 data = await trio.to_thread.run_sync(_read_back, source, at, digest)
+                if data is None:
+                    raise FilesError(f"{source.final} changed while it was restored; restore again")
             else:
                 done = first.setdefault(digest, (target, index, trio.Event()))[2]
-            if data is None:
-                data = await _fetch(control, digest, run, target, index)
+                await arrived[digest].wait()
+                size, got = fetched.pop(digest)
+                room.release()
+                data = await _checked(got, size, digest, target, index)
             await trio.to_thread.run_sync(_write_chunk, target, index, data, dest, need)
             done.set()
             written += len(data)
@@ -262,6 +294,7 @@ async def download(
 
     try:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(fetch)
             nursery.start_soon(feed)
             for _ in range(WINDOW):
                 nursery.start_soon(work)
@@ -379,31 +412,28 @@ def _finish(target: _Target) -> None:
 
 
 def _read_back(source: _Target, index: int, digest: str) -> bytes | None:
-    """A chunk already written (to ``source``'s temporary file, or its final one): its bytes if
-    they are still what ``digest`` says."""
-    path = source.temp or source.final
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """A chunk already written (to ``source``'s temporary file, or its final one once renamed):
+    its bytes if they are still what ``digest`` says."""
+    for path in (source.temp, source.final):
+        if not path:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # renamed meanwhile: the final name has it
         try:
             data = os.pread(fd, CHUNK, index * CHUNK)
+        except OSError:
+            return None
         finally:
             os.close(fd)
-    except OSError:
-        return None
-    return data if hashlib.sha256(data).hexdigest() == digest else None
+        return data if hashlib.sha256(data).hexdigest() == digest else None
+    return None
 
 
-async def _fetch(
-    control: ControlClient, digest: str, run: str, target: _Target, index: int
-) -> bytes:
-    """One chunk from the relay (at most :data:`BLOB_CHUNK`, so one read), checked."""
+async def _checked(data: bytes, size: int, digest: str, target: _Target, index: int) -> bytes:
+    """A chunk as the relay sent it (at most :data:`BLOB_CHUNK`, so one read), checked."""
     name = f"chunk {index + 1} of {target.stored.path}"
-    try:
-        size, data = await control.read_blob(digest, run=run)
-    except RelayError as exc:
-        if exc.code == ErrorCode.NO_SUCH_BLOB:
-            raise FilesError(f"{name} is missing on the relay (digest {digest[:12]})") from None
-        raise
     expected = min(CHUNK, target.stored.size - index * CHUNK)
     if size != expected or len(data) != size or size > BLOB_CHUNK:
         raise FilesError(f"{name} is corrupt (digest {digest[:12]}: {size} bytes, not {expected})")

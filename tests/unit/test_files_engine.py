@@ -7,7 +7,7 @@ import errno
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import cast
 
@@ -60,6 +60,18 @@ class Blobs:
         data = self.blobs[digest]
         return len(data), data[offset:]
 
+    async def read_small_blobs(
+        self,
+        digests: list[str],
+        on_blob: Callable[[str, int, bytes], Awaitable[None]],
+        *,
+        run: str = "",
+        window: int = 64,
+    ) -> None:
+        for digest in digests:
+            size, data = await self.read_blob(digest, run=run)
+            await on_blob(digest, size, data)
+
     @property
     def control(self) -> ControlClient:
         return cast(ControlClient, self)
@@ -108,6 +120,13 @@ def test_scan_lists_regular_files_sorted_and_skips_links_and_special_files(tmp_p
     assert found == sorted(found)
     selected = [rel for rel, _ in scan(root, lambda p: p.startswith("optim/"))]
     assert selected == ["optim/empty", "optim/state.bin"]
+
+
+def test_a_name_that_is_not_utf8_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / os.fsdecode(b"w\xff.bin")).write_bytes(b"x")
+    with pytest.raises(FilesError, match=r"^cannot save 'w\\udcff.bin': its name is not UTF-8$"):
+        scan(tmp_path / "ckpt")
 
 
 def test_a_file_is_hashed_in_fixed_chunks(tmp_path: Path) -> None:
