@@ -19,7 +19,10 @@ from typing import Any
 
 import trio
 
+from relay.client import Endpoint
+
 from . import (
+    checkpoints,
     common,
     debuggable,
     first_stop,
@@ -56,6 +59,7 @@ BENCHES = (
     "metrics",
     "ranks",
     "nodes",
+    "checkpoints",
 )
 
 #: (full, quick) sizes
@@ -92,6 +96,7 @@ SIZES: dict[str, tuple[int, int]] = {
     "rank_max": (16, 2),  # rank groups of 2, 4, ... up to this many ranks
     "rank_rounds": (5, 1),
     "node_rounds": (5, 1),  # single-node and two-node runs each
+    "checkpoint_mib": (1024, 64),  # the big file of the checkpoint
 }
 
 #: (full, quick) round-trip times of the slow-link benchmark, ms (``--rtt-ms`` overrides)
@@ -252,6 +257,14 @@ async def run(
         async with common.relay_stack(home, workers=0) as (_up, relay):
             figures["nodes"] = await nodes.run(home, relay, tmp, size["node_rounds"])
 
+    async def bench_checkpoints() -> None:
+        home = tmp / "home-checkpoints"
+        async with common.relay_stack(home, workers=0) as (_up, relay):
+            token = (home / "data" / "token").read_text().strip()
+            figures["checkpoints"] = await checkpoints.run(
+                Endpoint(relay, token=token), tmp / "checkpoints", size["checkpoint_mib"]
+            )
+
     stages = {
         "latency": bench_latency,
         "flood": bench_flood,
@@ -268,6 +281,7 @@ async def run(
         "metrics": bench_metrics,
         "ranks": bench_ranks,
         "nodes": bench_nodes,
+        "checkpoints": bench_checkpoints,
     }
     for name, stage in stages.items():
         if name in only:

@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from .checkpoints import section as checkpoints_section
 from .common import DEBUGPY, TETHER, Dist, ms, verdict
 from .latency_report import plot, requests_section, stepping_section
 from .metrics import section as metrics_section
@@ -390,6 +391,7 @@ SECTIONS = {
     "metrics": metrics_section,
     "ranks": ranks_section,
     "nodes": nodes_section,
+    "checkpoints": checkpoints_section,
 }
 
 

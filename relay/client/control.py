@@ -163,6 +163,55 @@ class ControlClient:
         reply = await self._call(wire.GetBlob, wire.BlobData, digest=digest, offset=offset, run=run)
         return reply.size, reply.data
 
+    async def read_small_blobs(
+        self,
+        digests: list[str],
+        on_blob: Callable[[str, int, bytes], Awaitable[None]],
+        *,
+        run: str = "",
+        window: int = PUT_WINDOW,
+    ) -> None:
+        """Read each of ``digests`` (blobs of at most one
+        :data:`~protocol_specs.snapshots.snapshots.BLOB_CHUNK`: one read each), up to ``window``
+        requests on their way at once; ``await on_blob(digest, blob size, bytes)`` for each, in
+        order (the replies wait while it does). A refusal raises :class:`RelayError`: the blob
+        it names is the first not handed to ``on_blob``."""
+        try:
+            async with self._lock:
+                waiting: deque[tuple[int, str]] = deque()
+                for digest in digests:
+                    await self._ask_blob(waiting, digest, run)
+                    if len(waiting) >= window:
+                        await self._blob_read(waiting.popleft(), on_blob)
+                while waiting:
+                    await self._blob_read(waiting.popleft(), on_blob)
+        except ConnectionClosed as exc:
+            raise RelayError(ErrorCode.UNREACHABLE, f"lost the relay: {exc}") from exc
+        except (trio.BrokenResourceError, OSError) as exc:
+            raise RelayError(ErrorCode.UNREACHABLE, f"lost the relay: {exc}") from exc
+
+    async def _ask_blob(self, waiting: deque[tuple[int, str]], digest: str, run: str) -> None:
+        self._rid += 1
+        encoded = wire.encode_frame(wire.GetBlob(rid=self._rid, digest=digest, run=run))
+        self.bytes_sent += len(encoded)
+        await self._ws.send(encoded)
+        waiting.append((self._rid, digest))
+
+    async def _blob_read(
+        self, asked: tuple[int, str], on_blob: Callable[[str, int, bytes], Awaitable[None]]
+    ) -> None:
+        rid, digest = asked
+        while True:
+            reply = wire.decode_frame(await self._ws.recv())
+            if isinstance(reply, wire.Error) and (reply.fatal or reply.rid == rid):
+                raise RelayError(reply.code, reply.message)
+            if getattr(reply, "rid", None) != rid:
+                continue
+            if not isinstance(reply, wire.BlobData):
+                raise RelayError(ErrorCode.BAD_FRAME, f"unexpected reply {reply.t!r}")
+            await on_blob(digest, reply.size, reply.data)
+            return
+
     async def get_blob(self, digest: str, *, run: str = "") -> bytes:
         parts: list[bytes] = []
         offset = 0

@@ -9,8 +9,9 @@ each read again from its file when it is sent (memory stays a window of chunks, 
 then the set blob. A save of a 1 GiB file with 1% changed in place sends about 1% of it.
 
 :func:`download` writes a set's files under a directory: each to a temporary name beside it, then
-renamed; every chunk checked against its digest; no write through a symlink; a chunk the set names
-twice fetched once (later copies are read back from where it was written).
+renamed; every chunk checked against its digest; no write through a symlink; the chunks read a
+window at a time on one connection (:meth:`~relay.client.control.ControlClient.read_small_blobs`),
+a chunk the set names twice fetched once (later copies are read back from where it was written).
 
 Every failure a user can cause or fix is a :class:`FilesError` with one line; a lost relay stays a
 :class:`~relay.client.connect.RelayError`. A cancel leaves no temporary file behind: files already
@@ -31,7 +32,6 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgpack
 import trio
 
 from protocol_specs.checkpoints.files import CHUNK, MAX_SET_FILES, FileSet, StoredFile
@@ -40,199 +40,22 @@ from protocol_specs.wire.wire import ErrorCode
 
 from .connect import RelayError
 from .control import ControlClient
+from .file_hashing import (
+    FilesError,
+    HashCache,
+    hash_batches,
+    hash_file,
+    open_regular,
+    scan,
+    size_text,
+)
 
 __all__ = ["FilesError", "HashCache", "Sent", "download", "scan", "upload_dir"]
 
 #: chunk uploads (and chunk downloads) on their way at once: memory is this many chunks
 WINDOW = 16
-#: hashing: files handed to one worker thread until they hold this many bytes (or :data:`_BATCH`)
-_BATCH_BYTES = 64 * CHUNK
-_BATCH = 32
 #: chunks read again for upload in one worker thread call
 _READ_BATCH = 4
-#: a digest taken this close to the file's last change is not reused (a write within the same
-#: clock tick leaves mtime as it was)
-RACY_NS = 2_000_000_000
-
-
-class FilesError(Exception):
-    """One clear line: over the limit, disk full, a corrupt chunk, a file that kept changing."""
-
-
-def _size(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} bytes"  # pragma: no cover
-
-
-# -- the hash cache ------------------------------------------------------------------------------
-
-
-class HashCache:
-    """path -> (size, mtime_ns, ino, chunk digests) of the last save, so an unchanged file is not
-    read again; kept in ``path`` between processes when one is given (a damaged cache file only
-    costs speed). A digest taken within :data:`RACY_NS` of the file's mtime is not trusted."""
-
-    VERSION = 1
-
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path
-        #: rel -> [size, mtime_ns, ino, hashed_at_ns, [digests]]
-        self._entries: dict[str, list[object]] = {}
-        if path is not None:
-            with contextlib.suppress(OSError, ValueError, TypeError, msgpack.ExtraData):
-                loaded = msgpack.unpackb(path.read_bytes())
-                if isinstance(loaded, dict) and loaded.get("v") == self.VERSION:
-                    entries = loaded.get("files")
-                    self._entries = entries if isinstance(entries, dict) else {}
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def lookup(self, rel: str, st: os.stat_result) -> list[str] | None:
-        """The chunk digests of ``rel`` if its stat is what it was when they were taken."""
-        entry = self._entries.get(rel)
-        if not isinstance(entry, list) or len(entry) != 5:
-            return None
-        size, mtime_ns, ino, hashed_at, chunks = entry
-        if (size, mtime_ns, ino) != (st.st_size, st.st_mtime_ns, st.st_ino):
-            return None
-        if not isinstance(hashed_at, int) or hashed_at - st.st_mtime_ns < RACY_NS:
-            return None
-        if not isinstance(chunks, list) or len(chunks) != -(-st.st_size // CHUNK):
-            return None
-        if not all(isinstance(d, str) and len(d) == 64 for d in chunks):
-            return None
-        return chunks
-
-    def remember(self, rel: str, st: os.stat_result, hashed_at: int, chunks: list[str]) -> None:
-        self._entries[rel] = [st.st_size, st.st_mtime_ns, st.st_ino, hashed_at, chunks]
-
-    def keep_only(self, paths: Iterable[str]) -> None:
-        """Forget the files that are gone."""
-        keep = set(paths)
-        self._entries = {p: e for p, e in self._entries.items() if p in keep}
-
-    def save(self) -> None:
-        """Write it to its path (atomically); a failure only costs speed next time."""
-        if self.path is None:
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f"{self.path.name}.{secrets.token_hex(4)}.tmp")
-            tmp.write_bytes(msgpack.packb({"v": self.VERSION, "files": self._entries}))
-            tmp.replace(self.path)
-        except OSError:
-            pass
-
-
-# -- scanning and hashing ------------------------------------------------------------------------
-
-
-def scan(
-    root: Path, select: Callable[[str], bool] | None = None
-) -> list[tuple[str, os.stat_result]]:
-    """The regular files under ``root`` (relative POSIX paths, sorted, with their ``lstat``);
-    symlinks and special files skipped, never followed; ``select(path)`` filters."""
-    found: list[tuple[str, os.stat_result]] = []
-
-    def walk(directory: str, prefix: str) -> None:
-        try:
-            with os.scandir(directory) as entries:
-                listed = list(entries)
-        except FileNotFoundError:
-            return  # gone while we walked
-        except OSError as exc:
-            raise FilesError(f"cannot read {prefix or '.'}: {exc.strerror or exc}") from None
-        for entry in listed:
-            rel = f"{prefix}{entry.name}"
-            if entry.is_dir(follow_symlinks=False):
-                walk(entry.path, rel + "/")
-            elif entry.is_file(follow_symlinks=False):
-                if select is not None and not select(rel):
-                    continue
-                try:
-                    check_relative_path(rel)
-                except ValueError as exc:
-                    raise FilesError(f"cannot save {rel!r}: {exc}") from None
-                with contextlib.suppress(FileNotFoundError):
-                    found.append((rel, entry.stat(follow_symlinks=False)))
-
-    walk(os.fspath(root), "")
-    found.sort(key=lambda item: item[0])
-    return found
-
-
-def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-
-
-def _open_regular(path: str) -> int:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file")
-    return fd
-
-
-def hash_file(path: str, rel: str) -> tuple[os.stat_result, int, list[str]]:
-    """``(stat, hashed at (ns), chunk digests)`` of one file; a file that changes while it is read
-    is read once more, then :class:`FilesError`."""
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    for _ in range(2):
-        hashed_at = time.time_ns()
-        try:
-            fd = _open_regular(path)
-        except OSError as exc:
-            raise FilesError(f"cannot read {rel}: {exc.strerror or exc}") from None
-        try:
-            before = os.fstat(fd)
-            chunks, total = [], 0
-            while True:
-                n = _read_full(fd, view)
-                if n == 0:
-                    break
-                chunks.append(hashlib.sha256(view[:n]).hexdigest())
-                total += n
-                if n < CHUNK:
-                    break
-            after = os.fstat(fd)
-        except OSError as exc:
-            raise FilesError(f"cannot read {rel}: {exc.strerror or exc}") from None
-        finally:
-            os.close(fd)
-        if _stamp(before) == _stamp(after) and total == after.st_size:
-            return after, hashed_at, chunks
-    raise FilesError(f"{rel} changed while it was saved; save again")
-
-
-def _read_full(fd: int, view: memoryview) -> int:
-    """Fill ``view`` from ``fd`` (short only at the end of the file)."""
-    got = 0
-    while got < len(view):
-        n = os.readv(fd, [view[got:]])
-        if n == 0:
-            break
-        got += n
-    return got
-
-
-def _batches(
-    todo: list[tuple[str, os.stat_result]],
-) -> Iterable[list[tuple[str, os.stat_result]]]:
-    batch: list[tuple[str, os.stat_result]] = []
-    held = 0
-    for item in todo:
-        batch.append(item)
-        held += item[1].st_size
-        if held >= _BATCH_BYTES or len(batch) >= _BATCH:
-            yield batch
-            batch, held = [], 0
-    if batch:
-        yield batch
 
 
 # -- upload --------------------------------------------------------------------------------------
@@ -269,7 +92,7 @@ async def upload_dir(
         else:
             chunks[rel], stats[rel] = known, st
     hashed = 0
-    for batch in _batches(todo):
+    for batch in hash_batches(todo):
 
         def hash_batch(
             batch: list[tuple[str, os.stat_result]] = batch,
@@ -333,11 +156,11 @@ def _check_sizes(found: list[tuple[str, os.stat_result]], limit: int) -> None:
     for rel, st in found:
         if st.st_size > MAX_FILE_BYTES:
             raise FilesError(
-                f"{rel} is {_size(st.st_size)}: one file may hold at most {_size(MAX_FILE_BYTES)}"
+                f"{rel} is {size_text(st.st_size)}: one file may hold at most {size_text(MAX_FILE_BYTES)}"
             )
     total = sum(st.st_size for _, st in found)
     if limit > 0 and total > limit:
-        raise FilesError(f"the files hold {_size(total)}, over the limit of {_size(limit)}")
+        raise FilesError(f"the files hold {size_text(total)}, over the limit of {size_text(limit)}")
 
 
 async def _chunks_to_send(
@@ -353,7 +176,7 @@ async def _chunks_to_send(
             for digest in batch:
                 rel, index = where[digest]
                 try:
-                    fd = _open_regular(os.path.join(root, rel))
+                    fd = open_regular(os.path.join(root, rel))
                     try:
                         data = os.pread(fd, CHUNK, index * CHUNK)
                     finally:
@@ -405,8 +228,36 @@ async def download(
         for f, rel in zip(wanted, rels, strict=True)
     ]
     first: dict[str, tuple[_Target, int, trio.Event]] = {}  # digest -> where it is written first
+    origin: dict[str, str] = {}  # digest -> "chunk N of PATH", in the order they are fetched
+    for target in targets:
+        for index, digest in enumerate(target.stored.chunks):
+            origin.setdefault(digest, f"chunk {index + 1} of {target.stored.path}")
+    fetched: dict[str, tuple[int, bytes]] = {}
+    arrived = {digest: trio.Event() for digest in origin}
+    room = trio.Semaphore(WINDOW)  # chunks fetched and not written yet
     written = 0
     send, receive = trio.open_memory_channel[tuple[_Target, int]](0)
+
+    async def fetch() -> None:
+        """Every chunk once, in the order the workers take them, a window on its way."""
+        delivered = 0
+
+        async def keep(digest: str, size: int, data: bytes) -> None:
+            nonlocal delivered
+            await room.acquire()
+            fetched[digest] = (size, data)
+            delivered += 1
+            arrived[digest].set()
+
+        try:
+            await control.read_small_blobs(list(origin), keep, run=run, window=WINDOW)
+        except RelayError as exc:
+            if exc.code == ErrorCode.NO_SUCH_BLOB and delivered < len(origin):
+                digest = list(origin)[delivered]
+                raise FilesError(
+                    f"{origin[digest]} is missing on the relay (digest {digest[:12]})"
+                ) from None
+            raise
 
     async def feed() -> None:
         """Each file opened (in order: a window of files open at once), then its chunks."""
@@ -422,15 +273,18 @@ async def download(
         nonlocal written
         async for target, index in receive:
             digest = target.stored.chunks[index]
-            data: bytes | None = None
             if digest in first:  # named before: read back from where it was written
                 source, at, done = first[digest]
                 await done.wait()
                 data = await trio.to_thread.run_sync(_read_back, source, at, digest)
+                if data is None:
+                    raise FilesError(f"{source.final} changed while it was restored; restore again")
             else:
                 done = first.setdefault(digest, (target, index, trio.Event()))[2]
-            if data is None:
-                data = await _fetch(control, digest, run, target, index)
+                await arrived[digest].wait()
+                size, got = fetched.pop(digest)
+                room.release()
+                data = await _checked(got, size, digest, target, index)
             await trio.to_thread.run_sync(_write_chunk, target, index, data, dest, need)
             done.set()
             written += len(data)
@@ -440,6 +294,7 @@ async def download(
 
     try:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(fetch)
             nursery.start_soon(feed)
             for _ in range(WINDOW):
                 nursery.start_soon(work)
@@ -486,7 +341,7 @@ def _free(dest: Path) -> int:
 
 
 def _no_space(dest: Path, need: int, free: int) -> str:
-    return f"no space left on {dest}: the files need {_size(need)}, {_size(free)} are free"
+    return f"no space left on {dest}: the files need {size_text(need)}, {size_text(free)} are free"
 
 
 def _make_dirs(dest: Path, rel_dir: str) -> str:
@@ -557,31 +412,28 @@ def _finish(target: _Target) -> None:
 
 
 def _read_back(source: _Target, index: int, digest: str) -> bytes | None:
-    """A chunk already written (to ``source``'s temporary file, or its final one): its bytes if
-    they are still what ``digest`` says."""
-    path = source.temp or source.final
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """A chunk already written (to ``source``'s temporary file, or its final one once renamed):
+    its bytes if they are still what ``digest`` says."""
+    for path in (source.temp, source.final):
+        if not path:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # renamed meanwhile: the final name has it
         try:
             data = os.pread(fd, CHUNK, index * CHUNK)
+        except OSError:
+            return None
         finally:
             os.close(fd)
-    except OSError:
-        return None
-    return data if hashlib.sha256(data).hexdigest() == digest else None
+        return data if hashlib.sha256(data).hexdigest() == digest else None
+    return None
 
 
-async def _fetch(
-    control: ControlClient, digest: str, run: str, target: _Target, index: int
-) -> bytes:
-    """One chunk from the relay (at most :data:`BLOB_CHUNK`, so one read), checked."""
+async def _checked(data: bytes, size: int, digest: str, target: _Target, index: int) -> bytes:
+    """A chunk as the relay sent it (at most :data:`BLOB_CHUNK`, so one read), checked."""
     name = f"chunk {index + 1} of {target.stored.path}"
-    try:
-        size, data = await control.read_blob(digest, run=run)
-    except RelayError as exc:
-        if exc.code == ErrorCode.NO_SUCH_BLOB:
-            raise FilesError(f"{name} is missing on the relay (digest {digest[:12]})") from None
-        raise
     expected = min(CHUNK, target.stored.size - index * CHUNK)
     if size != expected or len(data) != size or size > BLOB_CHUNK:
         raise FilesError(f"{name} is corrupt (digest {digest[:12]}: {size} bytes, not {expected})")

@@ -118,3 +118,29 @@ async def test_the_rank_group_benchmark_runs_and_reports(tmp_path: Path) -> None
     evals = ranks["eval"]["2"]  # the cross-rank eval, measured (no timing asserted)
     assert {k: len(d["samples"]) for k, d in evals.items()} == {"cross": 10, "one": 10}
     assert all(x > 0 for d in evals.values() for x in d["samples"])
+
+
+async def test_the_checkpoint_benchmark_runs_and_reports(tmp_path: Path) -> None:
+    """Section 17 on its own, tiny (64 MiB): save 1 sends it all, save 2 about the 1% change
+    (in whole chunks), rsync measured beside it, the restore byte-identical."""
+    with trio.fail_after(300):
+        done = await trio.run_process(
+            [sys.executable, "-m", "bench", "--quick", "--only", "checkpoints", "--out",
+             str(tmp_path)],
+            cwd=str(REPO),
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )  # fmt: skip
+    output = done.stdout.decode() + done.stderr.decode()
+    assert done.returncode == 0, output
+    figures = json.loads((tmp_path / "results" / "figures.json").read_text())
+    assert "errors" not in figures, figures["errors"]
+    f = figures["checkpoints"]
+    size = f["second"]["size"]
+    assert f["first"]["sent"] >= size and f["second"]["hashed"] == size
+    assert f["changed"] < f["second"]["sent"] <= 8 * 2**20 + 2**16  # 4 regions: at most 8 chunks
+    assert f["restore"] == {"ms": f["restore"]["ms"], "bytes": size, "identical": True}
+    assert f["rsync"] is None or f["rsync"]["bytes"] > 0
+    report = (tmp_path / "report.md").read_text()
+    assert "## 17. Checkpoints: a second save with 1% changed, against rsync; a restore" in report

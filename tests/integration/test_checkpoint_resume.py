@@ -5,6 +5,7 @@ the retry, on another worker, finds the latest checkpoint restored and finishes 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,18 +23,24 @@ from relay.client import Endpoint, RelayError, follow_logs, open_control
 from relay.runs.checkpoints import FILES_FIELD
 from relay.store import Store, keys
 from worker_shim.backends.pool import run_pool
+from worker_shim.program.identity import Isolation
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(180)]
 
+#: a python every uid may run (a leased uid may not reach the tests' own interpreter)
+SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else ""
+
 #: checkpoints every 3 steps; the first attempt stops (for ever) once it saved step 6
 TRAIN = """\
-import sys, time
+import os, sys, time
 import tether
 
 start = tether.latest_checkpoint()
 where = tether.checkpoint_dir()
 if start is not None:
     assert (where / "step").read_text() == str(start), "the restored file is not the step's"
+owner = where.stat().st_uid
+assert owner == os.getuid(), f"the checkpoint directory is uid {owner}'s, not the program's"
 print(f"attempt starts at {0 if start is None else start + 1} (restored {start})", flush=True)
 for step in range(0 if start is None else start + 1, 10):
     if step % 3 == 0:
@@ -47,9 +54,11 @@ print("finished", flush=True)
 """
 
 
-def spec_of(workdir: Path, **fields: object) -> RunSpec:
+def spec_of(workdir: Path, python: str = sys.executable, **fields: object) -> RunSpec:
+    """``python``: the program needs the standard library only (a leased uid may not reach the
+    tests' own interpreter)."""
     return RunSpec(
-        command=[sys.executable, "train.py"], workdir=str(workdir), debug=False,
+        command=[python, "train.py"], workdir=str(workdir), debug=False,
         debuggable=False, **fields,  # type: ignore[arg-type]
     )  # fmt: skip
 
@@ -58,9 +67,17 @@ def text_of(entries: list[wire.AnyEntry]) -> str:
     return b"".join(e.data for e in entries if isinstance(e, wire.LogEntry)).decode()
 
 
+@pytest.mark.parametrize("isolated", [False, True], ids=["own-user", "leased-uids"])
 async def test_a_retry_on_another_worker_resumes_from_the_latest_checkpoint(
-    redis_store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    redis_store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated: bool
 ) -> None:
+    """``isolated``: the workers run as root and their programs as leased uids (the checkpoint
+    directory is the program's uid's); else all is this test's user's."""
+    if isolated and (os.geteuid() != 0 or not SYSTEM_PYTHON):
+        pytest.skip(
+            "programs run as uids of their own under a root worker, with a python all reach"
+        )
+    isolation = Isolation.decide(isolate=True) if isolated else None
     monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
     workdir = tmp_path / "project"
     workdir.mkdir()
@@ -78,10 +95,14 @@ async def test_a_retry_on_another_worker_resumes_from_the_latest_checkpoint(
 
         async def pool(name: str, scope: trio.CancelScope | None = None) -> None:
             with scope or trio.CancelScope():
-                await run_pool(relay.pool, slots=1, work_dir=tmp_path / name, gpus=[], name=name)
+                await run_pool(
+                    relay.pool, slots=1, work_dir=tmp_path / name, gpus=[], name=name,
+                    isolation=isolation,
+                )  # fmt: skip
 
         nursery.start_soon(pool, "first", first)
-        spec = spec_of(workdir, max_retries=1, retry_backoff=0.0, keep_checkpoints=2)
+        python = SYSTEM_PYTHON if isolated else sys.executable
+        spec = spec_of(workdir, python, max_retries=1, retry_backoff=0.0, keep_checkpoints=2)
         record = await submit_run(relay.alice, spec, lambda _line: None)
         done = trio.Event()
         ended: list[RunRecord] = []

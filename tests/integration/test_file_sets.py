@@ -114,3 +114,22 @@ async def test_a_chunk_damaged_in_the_relays_store_is_refused_naming_the_file(
             await download(control, sent.files.files, dest)
     assert not (dest / "model.pt").exists()
     assert not [p for p in dest.rglob("*") if p.name.endswith(".part")]
+
+
+async def test_a_chunk_gone_from_the_relay_is_named_while_reads_are_pipelined(
+    relay: tuple[Endpoint, Endpoint], blobs: FileBlobStore, tmp_path: Path
+) -> None:
+    """Twenty chunks asked a window at a time: the refusal names the chunk that went."""
+    me, admin = relay
+    root = tmp_path / "ckpt"
+    make_dir(root)
+    async with open_control(me) as control:
+        sent = await upload_dir(control, root)
+    model = sent.files.get("model.pt")
+    assert model is not None
+    blobs.path(model.chunks[11]).unlink()  # swept, say
+    async with open_control(admin) as control:
+        with pytest.raises(FilesError, match=r"^chunk 12 of model.pt is missing on the relay "):
+            await download(control, sent.files.files, tmp_path / "restored")
+        # the connection is still good for the next call
+        assert await control.missing_blobs([model.chunks[0]]) == []

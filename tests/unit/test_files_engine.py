@@ -1,4 +1,4 @@
-"""The file-set engine (``relay/client/files.py``) on temporary directories, with a relay that
+"""The file-set engine (``relay/client/files.py``, ``file_hashing.py``) on temporary directories, with a relay that
 keeps blobs in a dict: scanning, chunking, the hash cache, uploads of what is lacking, downloads."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import errno
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import cast
 
@@ -15,9 +15,9 @@ import pytest
 
 from protocol_specs.checkpoints.files import CHUNK, FileSet, StoredFile
 from protocol_specs.wire.wire import ErrorCode
-from relay.client import ControlClient, RelayError
-from relay.client import files as engine
-from relay.client.files import FilesError, HashCache, download, hash_file, scan, upload_dir
+from relay.client import ControlClient, RelayError, file_hashing, files
+from relay.client.file_hashing import hash_file, scan
+from relay.client.files import FilesError, HashCache, download, upload_dir
 
 HOUR_AGO = time.time() - 3600
 
@@ -59,6 +59,18 @@ class Blobs:
             raise RelayError(ErrorCode.NO_SUCH_BLOB, f"no blob {digest[:12]}")
         data = self.blobs[digest]
         return len(data), data[offset:]
+
+    async def read_small_blobs(
+        self,
+        digests: list[str],
+        on_blob: Callable[[str, int, bytes], Awaitable[None]],
+        *,
+        run: str = "",
+        window: int = 64,
+    ) -> None:
+        for digest in digests:
+            size, data = await self.read_blob(digest, run=run)
+            await on_blob(digest, size, data)
 
     @property
     def control(self) -> ControlClient:
@@ -110,6 +122,13 @@ def test_scan_lists_regular_files_sorted_and_skips_links_and_special_files(tmp_p
     assert selected == ["optim/empty", "optim/state.bin"]
 
 
+def test_a_name_that_is_not_utf8_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / os.fsdecode(b"w\xff.bin")).write_bytes(b"x")
+    with pytest.raises(FilesError, match=r"^cannot save 'w\\udcff.bin': its name is not UTF-8$"):
+        scan(tmp_path / "ckpt")
+
+
 def test_a_file_is_hashed_in_fixed_chunks(tmp_path: Path) -> None:
     data = os.urandom(2 * CHUNK + 7)
     path = old(tmp_path / "f", data)
@@ -128,7 +147,7 @@ def test_a_file_that_keeps_changing_while_read_is_refused(
 ) -> None:
     path = old(tmp_path / "model.pt", b"x" * 10)
     stamps = iter(range(100))
-    monkeypatch.setattr(engine, "_stamp", lambda _st: next(stamps))  # differs every time
+    monkeypatch.setattr(file_hashing, "_stamp", lambda _st: next(stamps))  # differs every time
     with pytest.raises(FilesError, match=r"^model.pt changed while it was saved; save again$"):
         hash_file(str(path), "model.pt")
 
@@ -138,7 +157,7 @@ def test_a_file_that_changed_once_while_read_is_read_again(
 ) -> None:
     path = old(tmp_path / "model.pt", b"x" * 10)
     stamps = iter([1, 2, 3, 3])  # the first read saw a change, the second none
-    monkeypatch.setattr(engine, "_stamp", lambda _st: next(stamps))
+    monkeypatch.setattr(file_hashing, "_stamp", lambda _st: next(stamps))
     assert hash_file(str(path), "model.pt")[2] == [hashlib.sha256(b"x" * 10).hexdigest()]
 
 
@@ -275,7 +294,7 @@ async def test_a_download_that_does_not_fit_says_how_much_it_needs(
     checkpoint(root)
     relay = Blobs()
     sent = await upload_dir(relay.control, root)
-    monkeypatch.setattr(engine, "_free", lambda _dest: CHUNK)
+    monkeypatch.setattr(files, "_free", lambda _dest: CHUNK)
     dest = tmp_path / "restored"
     with pytest.raises(
         FilesError, match=rf"^no space left on {dest}: the files need 4.0 MiB, 1.0 MiB are free$"

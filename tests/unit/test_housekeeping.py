@@ -25,6 +25,23 @@ def test_only_the_newest_run_directories_and_their_logs_and_caches_are_kept(tmp_
     assert prune_runs(tmp_path / "absent", keep=2) == []
 
 
+def test_a_checkpoint_directory_goes_with_its_run_and_is_no_run_of_its_own(
+    tmp_path: Path,
+) -> None:
+    runs = tmp_path / "runs"
+    for i in range(3):
+        run = runs / f"r{i}-1"
+        (run.with_name(f"{run.name}.checkpoints") / "deep").mkdir(parents=True)
+        (run.with_name(f"{run.name}.checkpoints") / "deep" / "state.pt").write_text("s")
+        run.mkdir()
+        os.utime(run, (1000 + i, 1000 + i))
+    # three runs, kept two: the checkpoint directories count as none
+    assert prune_runs(runs, keep=2) == ["r0-1"]
+    assert sorted(p.name for p in runs.iterdir()) == [
+        "r1-1", "r1-1.checkpoints", "r2-1", "r2-1.checkpoints",
+    ]  # fmt: skip
+
+
 def test_the_blob_cache_loses_its_least_recently_used_blobs_first(tmp_path: Path) -> None:
     cache = tmp_path / "blobs"
     for i, name in enumerate(["aa", "bb", "cc", "dd"]):

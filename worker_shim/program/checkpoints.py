@@ -40,7 +40,15 @@ from protocol_specs.checkpoints.checkpoints import Checkpoint, parse_source
 from protocol_specs.runs.runs import RunRecord
 from protocol_specs.wire import wire
 from protocol_specs.wire.wire import ErrorCode
-from relay.client import RelayError, RunLink, open_control
+from relay.client import (
+    FilesError,
+    HashCache,
+    RelayError,
+    RunLink,
+    download,
+    open_control,
+    upload_dir,
+)
 
 from .quarters import Quarters, hand_over_tree
 
@@ -71,9 +79,7 @@ class Engine:
 
     @classmethod
     def real(cls, cache: Path | None = None) -> Engine:
-        from relay.client import files
-
-        return cls(files.upload_dir, files.download, files.HashCache(cache), files.FilesError)
+        return cls(upload_dir, download, HashCache(cache), FilesError)
 
 
 def attempt_checkpoints(
@@ -184,9 +190,8 @@ class Checkpointing:
             answer = await control.checkpoints(self.record.id, step=one.step, with_files=True)
             if answer.files is None:
                 raise RelayError(ErrorCode.NO_SUCH_BLOB, "its file list is gone")
-            await self.engine.download(
-                control, answer.files.files, self.directory, run=self.record.id
-            )
+            # the worker's token reads its run's checkpoints (and its seed's) without naming one
+            await self.engine.download(control, answer.files.files, self.directory)
             log.info("run %s: restored the checkpoint of step %s%s", self.record.id, one.step, of)
             return True
         except (RelayError, OSError, self.engine.error) as exc:
