@@ -50,7 +50,7 @@ async def cmd_outputs(args: argparse.Namespace) -> int:
 
 async def cmd_cp(args: argparse.Namespace) -> int:
     """Fetch ``RUN:PATH`` (a file, a directory of outputs, or ``RUN:`` for all) into LOCAL."""
-    from relay.client.files import FilesError, download
+    from relay.client import FilesError, download
 
     run, path = split_source(args.source)
     relay = resolve_relay(args.relay, args)

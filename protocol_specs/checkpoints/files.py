@@ -29,7 +29,7 @@ from collections.abc import Iterable
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..snapshots.snapshots import MAX_FILE_BYTES, check_digest, check_relative_path
+from ..snapshots.snapshots import check_digest, check_relative_path
 
 __all__ = [
     "CHUNK",
@@ -62,7 +62,8 @@ class StoredFile(BaseModel):
     path: str
     #: permission bits only
     mode: int = Field(default=0o644, ge=0, le=0o777)
-    size: int = Field(default=0, ge=0, le=MAX_FILE_BYTES)
+    #: no limit of its own beyond the set's: a file is stored as chunks, never as one blob
+    size: int = Field(default=0, ge=0, le=MAX_SET_BYTES)
     #: the file's modification time on the worker that stored it (seconds since the epoch)
     mtime: float = 0.0
     #: the attempt that stored this version of it (outputs list it); 0: not said

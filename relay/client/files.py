@@ -34,8 +34,14 @@ from pathlib import Path
 
 import trio
 
-from protocol_specs.checkpoints.files import CHUNK, MAX_SET_FILES, FileSet, StoredFile
-from protocol_specs.snapshots.snapshots import BLOB_CHUNK, MAX_FILE_BYTES, check_relative_path
+from protocol_specs.checkpoints.files import (
+    CHUNK,
+    MAX_SET_BYTES,
+    MAX_SET_FILES,
+    FileSet,
+    StoredFile,
+)
+from protocol_specs.snapshots.snapshots import BLOB_CHUNK, check_relative_path
 from protocol_specs.wire.wire import ErrorCode
 
 from .connect import RelayError
@@ -153,12 +159,11 @@ async def upload_dir(
 def _check_sizes(found: list[tuple[str, os.stat_result]], limit: int) -> None:
     if len(found) > MAX_SET_FILES:
         raise FilesError(f"{len(found):,} files: a set holds at most {MAX_SET_FILES:,}")
-    for rel, st in found:
-        if st.st_size > MAX_FILE_BYTES:
-            raise FilesError(
-                f"{rel} is {size_text(st.st_size)}: one file may hold at most {size_text(MAX_FILE_BYTES)}"
-            )
     total = sum(st.st_size for _, st in found)
+    if total > MAX_SET_BYTES:
+        raise FilesError(
+            f"the files hold {size_text(total)}: a set holds at most {size_text(MAX_SET_BYTES)}"
+        )
     if limit > 0 and total > limit:
         raise FilesError(f"the files hold {size_text(total)}, over the limit of {size_text(limit)}")
 

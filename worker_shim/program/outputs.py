@@ -56,7 +56,7 @@ async def send_outputs(
     names no outputs or it failed (said in the run's logs, one line)."""
     if not record.spec.outputs:
         return None
-    from relay.client.files import FilesError, HashCache, upload_dir
+    from relay.client import FilesError, HashCache, upload_dir
 
     problem = ""
     with trio.move_on_after(timeout) as scope:
