@@ -78,9 +78,7 @@ from .program.preempt import ATTEMPTS
 from .program.quarters import Housing, Quarters, open_quarters, program_env
 from .program.reaper import MARK_ENV
 from .program.tunnels import Tunnels, open_tunnels
-from .session.actions import (
-    status_entry,
-)
+from .session.actions import status_entry
 from .session.core import ShimCore, exit_status, parse_delivery, terminates
 from .session.debuggable import attach_listener, attachable_argv, until_debugged
 from .session.driver import open_driver
@@ -269,12 +267,12 @@ async def _attempt(
             open_program_output(
                 link, record.attempt, record.spec.secrets(), metrics, node=role.node
             ) as output,
+            ATTEMPTS.running(link, record, metrics.preemption, role.node),
         ):  # fmt: skip
-            with ATTEMPTS.running(link, record, metrics.preemption, role.node):
-                return await _program(
-                    link, record, quarters, place.log_path, env, python, say, news, tunnels,
-                    output, role,
-                )  # fmt: skip
+            return await _program(
+                link, record, quarters, place.log_path, env, python, say, news, tunnels, output,
+                role,
+            )  # fmt: skip
 
 
 async def _program(
@@ -331,8 +329,11 @@ async def _claim_pause(
         return (await control.claim_pause(record.id, record.attempt, step, values)).pause
 
 
-async def _exited(link: RunLink, record: RunRecord, code: int, role: NodeRole) -> None:
-    await link.publish(exit_status(record, code, process=role.key, node=role.node))
+async def _exited(
+    link: RunLink, record: RunRecord, code: int, role: NodeRole, output: ProgramOutput
+) -> None:
+    status = exit_status(record, code, process=role.key, node=role.node, preempted=output.preempted)
+    await link.publish(status)
 
 
 class _LinkNews:
@@ -494,7 +495,7 @@ async def _plain_process(
         await output.drained()
         nursery.cancel_scope.cancel()
     await on_output.end()  # all of it before the exit status
-    await _exited(link, record, code, role)
+    await _exited(link, record, code, role, on_output)
     say(f"run {record.id} exited with {code}")
     return code
 
@@ -594,6 +595,6 @@ async def _run_debug(
             await driver.perform(core.flush_output())
         await driver.perform(processes.end(code))
     driver.raise_failure()
-    await _exited(link, record, code, role)
+    await _exited(link, record, code, role, output)
     say(f"run {record.id} exited with {code}")
     return code

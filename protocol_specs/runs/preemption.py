@@ -23,7 +23,15 @@ from typing import Literal
 
 from .runs import Attempt, IllegalTransition, RunEvent, RunRecord, RunState
 
-__all__ = ["Then", "preempt", "refusal", "resume", "resume_refusal", "what_follows"]
+__all__ = [
+    "Then",
+    "next_attempt",
+    "preempt",
+    "refusal",
+    "resume",
+    "resume_refusal",
+    "what_follows",
+]
 
 #: what follows a preempted attempt's end
 Then = Literal["retry", "suspend"]

@@ -172,6 +172,11 @@ class ProgramMetrics:
     def program(self, pid: int) -> None:
         self.preemption.program = pid
 
+    @property
+    def preempted(self) -> bool:
+        """The attempt was preempted (its end is followed by another, or a suspension)."""
+        return self.preemption.order is not None
+
     def deliver(self, entry: wire.AnyEntry | wire.Deliver | None) -> None:
         """A ``to_worker`` entry (or its delivery) that may be a preempt of this attempt."""
         self.preemption.give(order_of(entry, self.attempt))

@@ -26,8 +26,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,10 +192,11 @@ class Attempts:
     def __len__(self) -> int:
         return len(self._running)
 
-    @contextmanager
-    def running(
+    @asynccontextmanager
+    async def running(
         self, link: RunLink, record: RunRecord, preemption: Preemption, node: int = 0
-    ) -> Iterator[None]:
+    ) -> AsyncIterator[None]:
+        """While the block runs, ``record``'s attempt runs here."""
         key = id(preemption)
         self._running[key] = _Running(link, record, preemption, node)
         try:

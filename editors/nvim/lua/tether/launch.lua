@@ -12,7 +12,7 @@ local ONE = {
   { 'nodes', '--nodes' }, { 'gpusPerNode', '--gpus-per-node' }, { 'cpusPerNode', '--cpus-per-node' },
   { 'time', '--time' }, { 'partition', '--partition' }, { 'runName', '--name' },
   { 'maxRetries', '--max-retries' }, { 'processes', '--processes' }, { 'ranks', '--ranks' },
-  { 'debugWhen', '--debug-when' },
+  { 'debugWhen', '--debug-when' }, { 'preemptGrace', '--preempt-grace' },
 }
 local MANY = { { 'tags', '--tag' }, { 'metrics', '--metric' }, { 'resources', '--resource' } }
 local SERVING = { '--port', '0', '--json', '-q' }
