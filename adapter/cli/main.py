@@ -109,7 +109,7 @@ async def _drained(nursery: trio.Nursery, signals: Any) -> bool:
     from worker_shim.program.preempt import ATTEMPTS
 
     if not len(ATTEMPTS):
-        ATTEMPTS.stopping = True
+        ATTEMPTS.stop_claiming()
         return True
     print(
         f"\ntether: stopping: preempting {len(ATTEMPTS)} running attempt(s); they are queued "

@@ -224,7 +224,7 @@ async def test_a_pool_stopped_by_sigterm_preempts_its_runs_and_they_are_not_fail
         env = {**os.environ, "TETHER_TOKEN": relay.pool.token or "", "TETHER_HOME": str(tmp_path)}
         out = (tmp_path / "worker.log").open("wb")
         worker = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "adapter.cli", "worker", "--relay", relay.url, "--slots", "1",
+            [sys.executable, "-m", "adapter.cli", "worker", "--relay", relay.url, "--slots", "2",
              "--work-dir", str(tmp_path / "worker"), "--no-isolation", "--any-user"],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -239,7 +239,9 @@ async def test_a_pool_stopped_by_sigterm_preempts_its_runs_and_they_are_not_fail
                     code = await worker.wait()
             record = await record_of(relay.alice, run)
             assert code == 128 + signal.SIGTERM
-            assert record.state is RunState.QUEUED, record  # max_retries 0, yet queued again
+            # max_retries 0, yet queued again, and not claimed by the stopping pool's idle slot
+            assert (record.state, record.attempt) == (RunState.QUEUED, 2), record
+            assert len(record.attempts) == 2
             assert (record.attempts[0].outcome, record.attempts[0].exit_code) == ("preempted", 3)
             assert (shared_tmp / "marks" / "warned").read_text() == "True"
         finally:

@@ -188,6 +188,8 @@ class Attempts:
         self._running: dict[int, _Running] = {}
         self.stopping = False
         self._changed: trio.Event | None = None
+        #: the claims waiting for a run now
+        self._claims: set[trio.CancelScope] = set()
 
     def __len__(self) -> int:
         return len(self._running)
@@ -207,15 +209,29 @@ class Attempts:
                 self._changed.set()
 
     async def claim(self, claim: Callable[[], Awaitable[wire.Assigned]]) -> wire.Assigned:
-        """``claim()``, unless the pool is stopping (then never: it waits to be cancelled)."""
-        while self.stopping:
-            await trio.sleep_forever()
-        return await claim()
+        """``claim()``, unless the pool is stopping (then never: it waits to be cancelled). A
+        claim waiting when the pool starts stopping is given up (were it answered meanwhile, its
+        claim is never confirmed: the relay releases it)."""
+        if not self.stopping:
+            with trio.CancelScope() as scope:
+                self._claims.add(scope)
+                try:
+                    return await claim()
+                finally:
+                    self._claims.discard(scope)
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    def stop_claiming(self) -> None:
+        """No claim from now on; those waiting are given up."""
+        self.stopping = True
+        for scope in self._claims:
+            scope.cancel()
 
     async def drain(self, detail: str = "the worker pool is stopping") -> None:
         """Preempt every attempt running here (each with its run's ``preempt_grace``) and return
         once they all ended; no claim is made meanwhile."""
-        self.stopping = True
+        self.stop_claiming()
         async with trio.open_nursery() as nursery:
             for each in list(self._running.values()):
                 if each.node == 0:
