@@ -231,12 +231,16 @@ async def test_a_pool_stopped_by_sigterm_preempts_its_runs_and_they_are_not_fail
         try:
             async with open_control(relay.alice) as control:
                 run = (await control.submit(spec)).id
+            async with trio.open_nursery() as following:
+                async with watching(following, relay.alice, run) as watch:
+                    await wait_for(watch, "ready")
+                    following.cancel_scope.cancel()
+            worker.send_signal(signal.SIGTERM)
+            with trio.fail_after(60):
+                code = await worker.wait()  # once its preempted attempt ended
+            # the run's logs as the relay keeps them, read afresh
             async with watching(nursery, relay.alice, run) as watch:
-                await wait_for(watch, "ready")
-                worker.send_signal(signal.SIGTERM)
-                await wait_for(watch, "attempt 1 was preempted")
-                with trio.fail_after(60):
-                    code = await worker.wait()
+                await wait_for(watch, "attempt 1 was preempted; attempt 2 starts")
             record = await record_of(relay.alice, run)
             assert code == 128 + signal.SIGTERM
             # max_retries 0, yet queued again, and not claimed by the stopping pool's idle slot
