@@ -76,6 +76,7 @@ from .program.files import Fetch, materialise
 from .program.metrics import ProgramControl, control_action, metrics_env, open_program_metrics
 from .program.nodes import ONE_NODE, NodeRole, meet, taken_first
 from .program.outputs import outputs_hook, send_outputs
+from .program.preempt import ATTEMPTS
 from .program.quarters import Housing, Quarters, open_quarters, program_env
 from .program.reaper import MARK_ENV
 from .program.tunnels import Tunnels, open_tunnels
@@ -269,6 +270,7 @@ async def _attempt(
             open_program_output(
                 link, record.attempt, record.spec.secrets(), metrics, node=role.node
             ) as output,
+            ATTEMPTS.running(link, record, metrics.preemption, role.node),
         ):  # fmt: skip
             return await _program(
                 link, record, quarters, place.log_path, env, python, say, news, tunnels, output,
@@ -331,11 +333,17 @@ async def _claim_pause(
 
 
 async def _exited(
-    link: RunLink, record: RunRecord, code: int, role: NodeRole, run_dir: Path
+    link: RunLink,
+    record: RunRecord,
+    code: int,
+    role: NodeRole,
+    run_dir: Path,
+    output: ProgramOutput,
 ) -> None:
     """The outputs sent home (``--outputs``), then the exit status published."""
     await send_outputs(link, record, run_dir, node=role.node)
-    await link.publish(exit_status(record, code, process=role.key, node=role.node))
+    status = exit_status(record, code, process=role.key, node=role.node, preempted=output.preempted)
+    await link.publish(status)
 
 
 async def _status(link: RunLink, event: StatusEvent, **fields: Any) -> None:
@@ -415,8 +423,10 @@ async def _plain_process(
 ) -> int | None:
     run_dir = quarters.run_dir
     tunnels.program = process.pid
+    terminate = partial(terminate_group, process)
     if on_output.metrics is not None:
         on_output.metrics.program = process.pid
+        on_output.metrics.preemption.terminate = terminate
     output = OutputPump(process, str(log_path), on_output, record.spec.secrets())
     await _status(
         link,
@@ -425,7 +435,6 @@ async def _plain_process(
               **role.started_data()},
         **_of_node(role),
     )  # fmt: skip
-    terminate = partial(terminate_group, process)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(output.run)
         nursery.start_soon(_end_when_ended, link, news, terminate)
@@ -458,7 +467,7 @@ async def _plain_process(
         await output.drained()
         nursery.cancel_scope.cancel()
     await on_output.end()  # all of it before the exit status
-    await _exited(link, record, code, role, run_dir)
+    await _exited(link, record, code, role, run_dir, on_output)
     say(f"run {record.id} exited with {code}")
     return code
 
@@ -470,6 +479,7 @@ def _entry_of_plain(
     tunnels.open(entry)
     if output.metrics is not None:
         output.metrics.control(ProgramControl.of(entry, attempt))
+        output.metrics.deliver(entry)
 
 
 async def _end_when_ended(
@@ -501,6 +511,7 @@ async def _watch_terminate(
     async for delivery in taken_first(taken, link.deliveries):
         if output.metrics is not None:
             output.metrics.control(control_action(delivery, record.attempt))
+            output.metrics.deliver(delivery)
         entry = parse_delivery(delivery)[1]
         if terminates(entry, record):
             await terminate()
@@ -556,6 +567,6 @@ async def _run_debug(
             await driver.perform(core.flush_output())
         await driver.perform(processes.end(code))
     driver.raise_failure()
-    await _exited(link, record, code, role, run_dir)
+    await _exited(link, record, code, role, run_dir, output)
     say(f"run {record.id} exited with {code}")
     return code

@@ -59,21 +59,26 @@ def stopping_text(records: list[RunRecord], pool: str, since: float) -> str:
     """What stopping the stack does to the runs its pool (slots ``pool-N``) held, in one line:
     those it still runs, and those whose attempt it already ended lost (a Ctrl-C reaches the
     pool's tasks too) since the stack started at ``since``, end lost, or go back to the queue
-    where they have a retry left; queued runs wait for the next start."""
+    where they have a retry left; those it preempted as it stopped are queued again; queued runs
+    wait for the next start."""
     from protocol_specs.runs.runs import RunState
 
     lost: list[str] = []
     again: list[str] = []
+    preempted: list[str] = []
     for r in records:
         for a in r.attempts:
             if not a.worker.startswith(pool + "-"):
                 continue
             held = a.ended_at is None and a.n == r.attempt and not r.finished
             if held and r.state is not RunState.QUEUED:
-                (lost if r.attempt > r.spec.max_retries else again).append(r.id)
+                (lost if r.failures >= r.spec.max_retries else again).append(r.id)
                 break
             if a.ended_at is not None and a.ended_at >= since and a.outcome == "lost":
                 (lost if r.finished else again).append(r.id)
+                break
+            if a.ended_at is not None and a.ended_at >= since and a.outcome == "preempted":
+                preempted.append(r.id)  # the pool preempted it as it stopped
                 break
     queued = sum(1 for r in records if r.state is RunState.QUEUED) + sum(
         1 for r in records if r.id in again and r.state is not RunState.QUEUED
@@ -85,7 +90,12 @@ def stopping_text(records: list[RunRecord], pool: str, since: float) -> str:
         said.append(f"runs {', '.join(lost)} end lost (`tether rerun RUN` runs one again)")
     if again:
         said.append(f"run{'s' * (len(again) > 1)} {', '.join(again)}: back to the queue (a retry)")
-    if not (lost or again):
+    if preempted:
+        said.append(
+            f"run{'s' * (len(preempted) > 1)} {', '.join(preempted)}: preempted, back to the "
+            "queue (no retry used)"
+        )
+    if not (lost or again or preempted):
         said.append("no run was running")
     if queued:
         said.append(

@@ -149,6 +149,13 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         metavar="DURATION",
         help="wait before the first retry, doubling each time (default 10s)",
     )
+    g.add_argument(
+        "--preempt-grace",
+        type=parse_duration,
+        metavar="DURATION",
+        help="a preempted attempt (tether preempt, pause, a scheduler's warning) has this long to "
+        "checkpoint and exit before it is ended (default 60s)",
+    )
     g = s.add_argument_group("checkpoints (tether.save_checkpoint)")
     g.add_argument(
         "--keep-checkpoints",

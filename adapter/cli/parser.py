@@ -21,7 +21,9 @@ from .runs import (
     cmd_debug,
     cmd_logs,
     cmd_ls,
+    cmd_preempt,
     cmd_rerun,
+    cmd_resume,
     cmd_run,
     cmd_status,
     cmd_ui,
@@ -304,6 +306,35 @@ def _run_commands(sub: _Commands) -> None:
         "run", help="the run: its id, a unique prefix of it (4+ characters), or its name"
     )
     s.set_defaults(fn=cmd_cancel)
+
+    for name, text in (
+        ("preempt", "preempt a run's attempt: the program is warned (tether.should_preempt(), "
+         "SIGUSR1) and ended after the grace; the run is queued again without using a retry"),
+        ("pause", "preempt a run and hold it suspended (its slot or job freed) until tether resume"),
+    ):  # fmt: skip
+        s = sub.add_parser(name, help=text)
+        relay_flag(s)
+        s.add_argument("run", help="the run: its id, a unique prefix of it, or its name")
+        s.add_argument(
+            "--grace",
+            type=parse_duration,
+            metavar="DURATION",
+            help="how long the program has to checkpoint and exit (default: the run's "
+            "--preempt-grace)",
+        )
+        s.set_defaults(fn=cmd_preempt, suspend=name == "pause")
+
+    s = sub.add_parser(
+        "resume", help="queue the next attempt of a paused run, from its latest checkpoint"
+    )
+    relay_flag(s)
+    s.add_argument("run", help="the run: its id, a unique prefix of it, or its name")
+    s.add_argument(
+        "--from-start",
+        action="store_true",
+        help="resume a run that has no checkpoint: its program starts again from step 0",
+    )
+    s.set_defaults(fn=cmd_resume)
 
     s = sub.add_parser(
         "rerun", help="run again with the same snapshot and command (debug runs get an adapter)"

@@ -40,7 +40,9 @@ __all__ = [
     "cmd_debug",
     "cmd_logs",
     "cmd_ls",
+    "cmd_preempt",
     "cmd_rerun",
+    "cmd_resume",
     "cmd_run",
     "cmd_status",
 ]
@@ -340,6 +342,33 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
             return 1
         record = await control_call(control.cancel(before.id))
     print(f"run {record.id}: {record.state.value}")
+    return 0
+
+
+async def cmd_preempt(args: argparse.Namespace) -> int:
+    """``tether preempt RUN`` and ``tether pause RUN`` (``args.suspend``)."""
+    async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
+        record = await control_call(
+            control.preempt(args.run, grace=args.grace, suspend=args.suspend)
+        )
+    if record.state is RunState.SUSPENDED:
+        print(f"run {record.id}: suspended; tether resume {record.id} queues it again")
+        return 0
+    grace = record.spec.preempt_grace if args.grace is None else args.grace
+    then = f"suspended (tether resume {record.id})" if args.suspend else "queued again"
+    print(
+        f"run {record.id}: attempt {record.attempt} preempted; its program has {grace:g} s to "
+        f"checkpoint and exit, then the run is {then}"
+    )
+    return 0
+
+
+async def cmd_resume(args: argparse.Namespace) -> int:
+    from protocol_specs.runs.preemption import next_attempt
+
+    async with open_control(resolve_relay(args.relay, args), client="tether-cli") as control:
+        record = await control_call(control.resume(args.run, from_start=args.from_start))
+    print(f"run {record.id}: queued; {next_attempt(record)}")
     return 0
 
 

@@ -95,7 +95,16 @@ def sweep_spec(args: argparse.Namespace) -> SweepSpec:
         if extra:
             pairs = [f"{k}={v}" for k, v in extra.items()] if isinstance(extra, dict) else extra
             setattr(args, key, [*map(str, pairs), *(getattr(args, key, None) or [])])
-    for key in ("gpus", "cpus", "nodes", "backend", "name", "max_retries", "debug_when"):
+    for key in (
+        "gpus",
+        "cpus",
+        "nodes",
+        "backend",
+        "name",
+        "max_retries",
+        "preempt_grace",
+        "debug_when",
+    ):
         if getattr(args, key, None) is None and key in given:
             setattr(args, key, given.pop(key))
     run = build_spec(args, debug=False)
@@ -153,7 +162,8 @@ def _file(path: str) -> dict[str, Any]:
     known = {
         "command", "params", "trials", "parallel", "search", "objective", "early_stop",
         "early-stop", "seed", "stop_grace", "stop-grace", "env", "metric", "tag", "gpus", "cpus",
-        "nodes", "backend", "name", "max_retries", "debug_when", "debug_others", "debug-others",
+        "nodes", "backend", "name", "max_retries", "preempt_grace", "debug_when", "debug_others",
+        "debug-others",
     }  # fmt: skip
     unknown = sorted(set(loaded) - known)
     if unknown:

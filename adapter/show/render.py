@@ -309,7 +309,10 @@ def status_text(record: RunRecord, now: float) -> str:
         lines.append(f"rerun of   {record.rerun_of}")
     if spec.tags:
         lines.append(f"tags       {', '.join(spec.tags)}")
-    lines.append(f"attempts   {record.attempt} of at most {spec.max_retries + 1}")
+    preempted = sum(1 for a in record.attempts if a.outcome == "preempted")
+    most = spec.max_retries + 1 + preempted  # a preempted attempt uses no retry
+    more = f" ({preempted} preempted, using no retry)" if preempted else ""
+    lines.append(f"attempts   {record.attempt} of at most {most}{more}")
     for a in record.attempts:
         parts = [f"  #{a.n}"]
         if a.worker:
@@ -318,6 +321,10 @@ def status_text(record: RunRecord, now: float) -> str:
             parts.append(f"job {a.job}")
         if a.started_at:
             parts.append(f"started {age(now - a.started_at)} ago")
+        if a.preempt and not a.outcome:
+            parts.append(
+                f"preempted: {'suspends' if a.preempt == 'suspend' else 'retried'} when it ends"
+            )
         if a.outcome:
             code = f" (exit {a.exit_code})" if a.exit_code is not None else ""
             parts.append(f"-> {a.outcome}{code}")

@@ -84,6 +84,8 @@ log = logging.getLogger("tether.relay")
 
 #: transient entries one ``trim_received`` call deletes at most
 TRIM_BATCH = 1000
+#: how long a worker's status may take to move its run once its link is gone
+STATUS_APPLY_WITHIN = 10.0
 #: how long an append waits for a peer to send the entry's early copy first (seconds)
 EARLY_FIRST = 0.005
 
@@ -443,9 +445,12 @@ class Links:
                 key = link.key(link.state.outbound)
                 await self.store.append_once(key, link.producer, action.n, None)
             elif isinstance(action, StatusStored):
-                await self.statuses.apply(
-                    link.run_id, action.entry, link.who.attempt, node=link.node
-                )
+                # shielded: a worker that leaves once its last status is acknowledged (a pool
+                # that stops) must not cut the run's move short (its retry queued, its logs told)
+                with trio.CancelScope(shield=True), trio.move_on_after(STATUS_APPLY_WITHIN):
+                    await self.statuses.apply(
+                        link.run_id, action.entry, link.who.attempt, node=link.node
+                    )
             elif isinstance(action, Attached):
                 await self._attached(link, action.entry)
             else:  # the worker's last word on its tunnel

@@ -176,3 +176,19 @@ def test_stopping_a_stack_says_which_runs_end_lost_or_that_none_ran() -> None:
         "run r7 ends lost (`tether rerun r7` runs it again); run r8: back to the queue (a retry); "
         "1 queued run starts at the next `tether up`"
     )
+
+
+def test_stopping_a_stack_says_which_runs_it_preempted() -> None:
+    from adapter.cli.local_stack import stopping_text
+    from protocol_specs.runs.runs import Attempt, RunRecord, RunState
+    from protocol_specs.runs.spec import RunSpec
+
+    spec = RunSpec(command=["python", "t.py"], workdir="/w")
+    ended = Attempt(n=1, worker="h-pool-0", ended_at=120.0, outcome="preempted", exit_code=3)
+    preempted = RunRecord(
+        id="r1", spec=spec, state=RunState.QUEUED, attempt=2, attempts=[ended, Attempt(n=2)]
+    )
+    assert stopping_text([preempted], "h-pool", 100.0) == (
+        "run r1: preempted, back to the queue (no retry used); "
+        "1 queued run starts at the next `tether up`"
+    )

@@ -465,12 +465,18 @@ def exit_status(
     *,
     process: str = MAIN,
     node: int = 0,
+    preempted: bool = False,
 ) -> StatusEntry:
-    """The program's exit status; ``final``: no further attempt follows. ``process``, ``node``:
+    """The program's exit status; ``final``: no further attempt follows (``preempted``: one
+    does, or the run is suspended until resumed). ``process``, ``node``:
     node K's program's key and K, for a run that spans nodes: ``data["node"]`` says it is that
     node's exit, not the run's (the relay tells the run's, ``is_node_exit``)."""
     spec = record.spec
-    final = code == 0 or retry_delay(record.attempt, spec.max_retries, spec.retry_backoff) is None
+    failures = record.failures + 1  # preempted attempts use no retry
+    # a preempted attempt's end is followed by another, or by the run's suspension
+    final = code == 0 or (
+        not preempted and retry_delay(failures, spec.max_retries, spec.retry_backoff) is None
+    )
     data: dict[str, Any] = {"attempt": record.attempt, "final": final}
     if spec.resources.nodes > 1:
         data["node"] = node

@@ -271,6 +271,11 @@ class ProgramOutput:
         self._failed = False
         self.metrics = metrics
 
+    @property
+    def preempted(self) -> bool:
+        """The attempt was preempted (``worker_shim/program/preempt.py``)."""
+        return self.metrics is not None and self.metrics.preempted
+
     def __repr__(self) -> str:
         return f"<ProgramOutput {self.hold!r}{' failed' if self._failed else ''}>"
 

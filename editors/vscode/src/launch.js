@@ -21,6 +21,7 @@ const ONE = {
   partition: '--partition',
   runName: '--name',
   maxRetries: '--max-retries',
+  preemptGrace: '--preempt-grace',
   processes: '--processes',
   ranks: '--ranks',
   stop: '--stop',
