@@ -281,4 +281,6 @@ class SchedulerBackend(ABC):
 def _attempt(record: RunRecord | None, job: Job) -> Attempt:
     if record is None or record.finished or record.attempt != job.attempt:
         return Attempt.OVER
+    if record.attempts and record.attempts[-1].outcome:
+        return Attempt.OVER  # it ended (preempted, the run suspended): nothing to report
     return Attempt.WAITING if record.state is RunState.QUEUED else Attempt.STARTED
