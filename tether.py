@@ -8,9 +8,11 @@ the sweep says so.
         tether.report(step=step, loss=loss)   # a no-op outside tether
         if tether.should_stop():              # a sweep's early stopping pruned this trial
             break
+        if tether.should_preempt():           # preempted or paused: save, then exit
+            break
 
 Outside a tether run, :func:`report` does nothing, :func:`params` is ``{}`` and
-:func:`should_stop` is False, so the same program runs anywhere. The standard library only: the
+:func:`should_stop` and :func:`should_preempt` are False, so the same program runs anywhere. The standard library only: the
 worker puts this file on the program's ``PYTHONPATH``, in whatever Python environment the program
 uses (the worker's is not needed). What it sends is read by ``protocol_specs/runs/metrics.py``.
 """
@@ -26,10 +28,13 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["params", "report", "should_stop", "trial"]
+__all__ = ["params", "report", "should_preempt", "should_stop", "trial"]
 
 _SOCKET = "TETHER_METRICS_SOCKET"
 _STOP = "TETHER_STOP_FILE"
+_PREEMPT = "TETHER_PREEMPT_FILE"
+#: how often :func:`should_preempt` looks at its file at most (a stat), in seconds
+PREEMPT_LOOK_EVERY = 0.5
 _PARAMS = "TETHER_PARAMS"
 _TRIAL = "TETHER_TRIAL"
 _WHEN = "TETHER_DEBUG_WHEN"
@@ -168,6 +173,27 @@ def should_stop() -> bool:
     (save what you need) and exit. A program that does not ask is cancelled a little later."""
     path = os.environ.get(_STOP)
     return bool(path) and os.path.exists(path)
+
+
+_preempt: dict[str, Any] = {"looked": None, "yes": False}
+
+
+def should_preempt() -> bool:
+    """Whether this attempt is preempted (``tether preempt``, ``tether pause``, a scheduler's
+    warning, the worker pool stopping): save a checkpoint and exit; the run's next attempt
+    resumes from it. Cheap enough for every step (at most one ``stat`` per 0.5 s; once true, it
+    stays true). The program also gets ``SIGUSR1`` if it traps it; one that does not exit is
+    ended after the run's ``--preempt-grace``. False outside tether."""
+    if _preempt["yes"]:
+        return True
+    now = time.monotonic()
+    looked = _preempt["looked"]
+    if looked is not None and now - looked < PREEMPT_LOOK_EVERY:
+        return False
+    _preempt["looked"] = now
+    path = os.environ.get(_PREEMPT)
+    _preempt["yes"] = bool(path) and os.path.exists(path)  # type: ignore[arg-type]
+    return bool(_preempt["yes"])
 
 
 def params() -> dict[str, Any]:

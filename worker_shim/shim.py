@@ -74,6 +74,7 @@ from .program.debuggee import (
 from .program.files import Fetch, materialise
 from .program.metrics import ProgramControl, control_action, metrics_env, open_program_metrics
 from .program.nodes import ONE_NODE, NodeRole, meet, taken_first
+from .program.preempt import ATTEMPTS
 from .program.quarters import Housing, Quarters, open_quarters, program_env
 from .program.reaper import MARK_ENV
 from .program.tunnels import Tunnels, open_tunnels
@@ -269,10 +270,11 @@ async def _attempt(
                 link, record.attempt, record.spec.secrets(), metrics, node=role.node
             ) as output,
         ):  # fmt: skip
-            return await _program(
-                link, record, quarters, place.log_path, env, python, say, news, tunnels, output,
-                role,
-            )  # fmt: skip
+            with ATTEMPTS.running(link, record, metrics.preemption, role.node):
+                return await _program(
+                    link, record, quarters, place.log_path, env, python, say, news, tunnels,
+                    output, role,
+                )  # fmt: skip
 
 
 async def _program(
@@ -448,8 +450,10 @@ async def _plain_process(
 ) -> int | None:
     run_dir = quarters.run_dir
     tunnels.program = process.pid
+    terminate = partial(terminate_group, process)
     if on_output.metrics is not None:
         on_output.metrics.program = process.pid
+        on_output.metrics.preemption.terminate = terminate
     output = OutputPump(process, str(log_path), on_output, record.spec.secrets())
     await _status(
         link,
@@ -458,7 +462,6 @@ async def _plain_process(
               **role.started_data()},
         **_of_node(role),
     )  # fmt: skip
-    terminate = partial(terminate_group, process)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(output.run)
         nursery.start_soon(_end_when_ended, link, news, terminate)
@@ -503,6 +506,7 @@ def _entry_of_plain(
     tunnels.open(entry)
     if output.metrics is not None:
         output.metrics.control(ProgramControl.of(entry, attempt))
+        output.metrics.deliver(entry)
 
 
 async def _end_when_ended(
@@ -534,6 +538,7 @@ async def _watch_terminate(
     async for delivery in taken_first(taken, link.deliveries):
         if output.metrics is not None:
             output.metrics.control(control_action(delivery, record.attempt))
+            output.metrics.deliver(delivery)
         entry = parse_delivery(delivery)[1]
         if terminates(entry, record):
             await terminate()

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 from contextlib import suppress
+from typing import Any
 
 import trio
 
@@ -101,6 +102,41 @@ def _failed(exc: BaseException) -> int:
 _STOPPED_BY_CANCEL_ON_CTRL_C = frozenset({"up", "worker"})
 
 
+async def _drained(nursery: trio.Nursery, signals: Any) -> bool:
+    """A stopping worker pool (``tether up``, ``tether worker``): its running attempts preempt
+    themselves (each run's ``--preempt-grace``) and are queued again without using a retry; True
+    once they ended, False at a second signal (stop at once)."""
+    from worker_shim.program.preempt import ATTEMPTS
+
+    if not len(ATTEMPTS):
+        ATTEMPTS.stopping = True
+        return True
+    print(
+        f"\ntether: stopping: preempting {len(ATTEMPTS)} running attempt(s); they are queued "
+        "again (Ctrl-C again stops at once)",
+        file=sys.stderr,
+        flush=True,
+    )
+    done = trio.Event()
+
+    async def drain() -> None:
+        await ATTEMPTS.drain()
+        done.set()
+
+    nursery.start_soon(drain)
+    async with trio.open_nursery() as waiting:
+
+        async def second() -> None:
+            async for _ in signals:
+                waiting.cancel_scope.cancel()
+                return
+
+        waiting.start_soon(second)
+        await done.wait()
+        waiting.cancel_scope.cancel()
+    return done.is_set()
+
+
 async def _until_stopped(args: argparse.Namespace) -> int:
     """Run the command; SIGTERM or SIGHUP (systemd, a container runtime, a closed terminal) stop it
     the way Ctrl-C does: everything it started is stopped and cleaned up (``tether up``'s server
@@ -116,6 +152,13 @@ async def _until_stopped(args: argparse.Namespace) -> int:
             with trio.open_signal_receiver(*watched) as signals:
                 async for signum in signals:
                     stopped.append(signum)
+                    if (
+                        len(stopped) == 1
+                        and getattr(args, "cmd", "") in _STOPPED_BY_CANCEL_ON_CTRL_C
+                    ):
+                        if await _drained(nursery, signals):
+                            nursery.cancel_scope.cancel()
+                            return
                     nursery.cancel_scope.cancel()
                     return
 

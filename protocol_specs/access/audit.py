@@ -64,6 +64,8 @@ class AuditEvent(StrEnum):
     SUBMIT = "submit"
     RERUN = "rerun"
     CANCEL = "cancel"
+    PREEMPT = "preempt"  #: ``tether preempt`` or ``pause``, or its worker's scheduler warned it
+    RESUME = "resume"
     CLAIM = "claim"  #: an attempt handed to a worker or a scheduler
     CONNECT = "connect"  #: a run connection (ide or worker) was admitted
     ATTACH = "attach"  #: an IDE attached through an adapter

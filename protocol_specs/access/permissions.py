@@ -60,6 +60,8 @@ class Act(StrEnum):
     SUBMIT = "`submit`"
     RERUN = "`rerun`"
     CANCEL = "`cancel`"
+    PREEMPT = "`preempt` (`tether preempt`, `pause`; a worker: a scheduler's warning)"
+    RESUME = "`resume` a suspended run"
     GET_RUN = "`get_run`"
     LIST_RUNS = "`list_runs`"
     GET_AUDIT = "`get_audit`"
@@ -121,6 +123,9 @@ _ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule, Rule]] = {
     Act.SUBMIT: (Y, Y, N, N, N),
     Act.RERUN: (OWN, Y, N, N, N),
     Act.CANCEL: (OWN, Y, N, N, N),
+    # a worker token preempts its own attempt: a scheduler warned its worker
+    Act.PREEMPT: (OWN, Y, N, A, N),
+    Act.RESUME: (OWN, Y, N, N, N),
     # a scheduler backend follows the runs it launched jobs for (it is handed every queued run)
     Act.GET_RUN: (OWN, Y, Y, N, N),
     Act.LIST_RUNS: (OWN, Y, N, N, N),

@@ -34,7 +34,7 @@ def run_states_markdown() -> str:
     lines.append("| state | meaning |")
     lines.append("|---|---|")
     doc = {
-        RunState.QUEUED: "submitted (or retried after a failed or lost attempt), waiting for a worker",
+        RunState.QUEUED: "submitted (or retried after a failed, lost or preempted attempt), waiting for a worker",
         RunState.STARTING: "claimed by a worker: fetching files, starting the program",
         RunState.RUNNING: "the program's process is running (under debugpy in debug mode)",
         RunState.PAUSED: "debug mode: the program is stopped at a breakpoint, a step or an exception",
@@ -42,6 +42,7 @@ def run_states_markdown() -> str:
         RunState.FAILED: "exited non-zero, or could not start",
         RunState.CANCELLED: "cancelled by the user",
         RunState.LOST: "the worker's lease expired or its scheduler job was lost (no retries left)",
+        RunState.SUSPENDED: "paused by its user (`tether pause`): nothing runs until `tether resume`",
     }
     for state in RunState:
         lines.append(f"| `{state.value}` | {doc[state]} |")

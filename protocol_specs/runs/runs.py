@@ -18,6 +18,11 @@ terminal state; the record's :class:`Attempt` list keeps each attempt's worker, 
 A program that could not be started (``start_failed``: a bad command, a broken snapshot) is not
 retried: the next attempt would fail the same way.
 
+Preemption (``protocol_specs/runs/preemption.py``): a preempted attempt is marked
+(:attr:`Attempt.preempt`); when it ends other than by exiting 0 or failing to start, its outcome
+is ``preempted`` and the run is queued again at once without using a retry (only ``failed`` and
+``lost`` attempts count against ``max_retries``), or ``suspended`` until ``tether resume``.
+
 The diagram in ``docs/run-states.md`` is generated from :data:`TRANSITIONS` (``python -m
 protocol_specs.runs.diagrams``).
 """
@@ -60,6 +65,9 @@ class RunState(StrEnum):
     #: the worker stopped renewing its lease (host down, network cut for too long), or the
     #: scheduler's job ended without it
     LOST = "lost"
+    #: paused by its user (``tether pause``): no attempt runs or waits until ``tether resume``
+    #: (not terminal)
+    SUSPENDED = "suspended"
 
 
 class RunEvent(StrEnum):
@@ -82,6 +90,13 @@ class RunEvent(StrEnum):
     CONFIRM = "confirm"
     #: its submit was cut off before its snapshot was kept (``protocol_specs/runs/submits.py``)
     SUBMIT_CUT = "submit_cut"
+    #: its attempt is preempted (``tether preempt``/``pause``, a scheduler's warning): marked,
+    #: the state stays (``protocol_specs/runs/preemption.py``)
+    PREEMPT = "preempt"
+    #: ``tether pause`` of a queued run, or a preempted attempt that ended under ``suspend``
+    SUSPEND = "suspend"
+    #: ``tether resume`` of a suspended run: its next attempt is queued
+    REQUEUE = "requeue"
 
 
 TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = {
@@ -112,6 +127,15 @@ TRANSITIONS: dict[tuple[RunState, RunEvent], RunState] = {
     (RunState.STARTING, RunEvent.RETRY): RunState.QUEUED,
     (RunState.RUNNING, RunEvent.RETRY): RunState.QUEUED,
     (RunState.PAUSED, RunEvent.RETRY): RunState.QUEUED,
+    (RunState.STARTING, RunEvent.PREEMPT): RunState.STARTING,
+    (RunState.RUNNING, RunEvent.PREEMPT): RunState.RUNNING,
+    (RunState.PAUSED, RunEvent.PREEMPT): RunState.PAUSED,
+    (RunState.QUEUED, RunEvent.SUSPEND): RunState.SUSPENDED,
+    (RunState.STARTING, RunEvent.SUSPEND): RunState.SUSPENDED,
+    (RunState.RUNNING, RunEvent.SUSPEND): RunState.SUSPENDED,
+    (RunState.PAUSED, RunEvent.SUSPEND): RunState.SUSPENDED,
+    (RunState.SUSPENDED, RunEvent.REQUEUE): RunState.QUEUED,
+    (RunState.SUSPENDED, RunEvent.CANCEL): RunState.CANCELLED,
 }
 
 TERMINAL_STATES = frozenset(
@@ -195,8 +219,12 @@ class Attempt(BaseModel):
     released: int = 0
     #: where the attempt's files are on its worker (the run directory)
     run_dir: str = ""
-    #: how it ended: the terminal state or ``retried``-worthy outcome (``failed``, ``lost``, ...)
+    #: how it ended: the terminal state or ``retried``-worthy outcome (``failed``, ``lost``,
+    #: ``preempted``, ...)
     outcome: str = ""
+    #: a preempt was asked of it (``tether preempt``, ``pause``, a scheduler's warning): what
+    #: follows its end, ``retry`` or ``suspend`` (``protocol_specs/runs/preemption.py``)
+    preempt: str = ""
     exit_code: int | None = None
     detail: str = ""
     #: a multi-node run's nodes (``[]`` for one node), from node 0's claim on
@@ -363,7 +391,9 @@ class RunRecord(BaseModel):
     ) -> RunRecord:
         """The current attempt failed (``exit_error``) or was lost (``lease_expired``,
         ``job_lost``): the run queued again for the next attempt if :func:`retry_delay` allows
-        one (``not_before`` says when it may be claimed), else ended by ``event``.
+        one (``not_before`` says when it may be claimed), else ended by ``event``. A preempted
+        attempt (:attr:`preempted`) ends ``preempted``: queued again at once without using a
+        retry, or ``suspended``.
 
         Raises :class:`IllegalTransition` for a finished run, and for a queued run unless the
         scheduler lost its job (nothing of a queued run is running).
@@ -372,10 +402,24 @@ class RunRecord(BaseModel):
         if self.state is RunState.QUEUED and event is not RunEvent.JOB_LOST:
             raise IllegalTransition(event, self.state)
         next_state(self.state, event)  # finished runs: IllegalTransition
-        delay = retry_delay(self.attempt, self.spec.max_retries, self.spec.retry_backoff)
+        then = self.preempted
+        if then == "suspend":
+            ended = self.with_attempt(
+                ended_at=at, outcome="preempted", exit_code=exit_code, detail=detail
+            )
+            return ended.advance(
+                RunEvent.SUSPEND, at=at, worker="", exit_code=exit_code, queue_entry="",
+                detail=detail, processes=_ended(self.processes), ides=[],
+            )  # fmt: skip
+        delay: float | None = 0.0
+        if not then:
+            failures = self.failures + 1
+            delay = retry_delay(failures, self.spec.max_retries, self.spec.retry_backoff)
         if delay is None:
             return self.advance(event, at=at, exit_code=exit_code, detail=detail)
         outcome = "failed" if event is RunEvent.EXIT_ERROR else "lost"
+        if then:
+            outcome = "preempted"
         ended = self.with_attempt(ended_at=at, outcome=outcome, exit_code=exit_code, detail=detail)
         attempts = [*ended.attempts, Attempt(n=self.attempt + 1, queued_at=at)]
         return ended.model_copy(update={"attempts": attempts}).advance(
@@ -387,6 +431,21 @@ class RunRecord(BaseModel):
             queue_entry="",
             not_before=at + delay,
             detail=detail,
+        )
+
+    @property
+    def preempted(self) -> str:
+        """What follows the current attempt's end if it was preempted (``retry`` or
+        ``suspend``); ``""``: it was not."""
+        last = self.attempts[-1] if self.attempts else None
+        return last.preempt if last is not None and last.n == self.attempt else ""
+
+    @property
+    def failures(self) -> int:
+        """The attempts before the current one that failed or were lost (what counts against
+        ``max_retries``: a preempted attempt does not)."""
+        return sum(
+            1 for a in self.attempts if a.n != self.attempt and a.outcome in ("failed", "lost")
         )
 
     def check_attempt(self, event: RunEvent, about: int | None) -> None:

@@ -97,7 +97,14 @@ def is_transient(msg: dict[str, Any], request_command: str | None = None) -> boo
 
 
 #: status events that report something about the run without moving its lifecycle
-NOTICES = frozenset({StatusEvent.UNATTENDED_STOP, StatusEvent.BUFFER_FULL})
+NOTICES = frozenset(
+    {
+        StatusEvent.UNATTENDED_STOP,
+        StatusEvent.BUFFER_FULL,
+        StatusEvent.PREEMPTING,
+        StatusEvent.SUSPENDED,
+    }
+)
 #: status events the debug session ignores (the IDE learns the same from debugpy's events)
 QUIET = frozenset(
     {

@@ -133,6 +133,8 @@ class ErrorCode(StrEnum):
     NO_SUCH_TOKEN = "no_such_token"
     #: a ``tunnel`` link names no tunnel of the run's current attempt (over, or never opened)
     NO_SUCH_TUNNEL = "no_such_tunnel"
+    #: the run is not in a state that allows the request (a resume of a run not suspended)
+    WRONG_STATE = "wrong_state"
     INTERNAL = "internal"
     # --- a client's own, never on the wire ---
     #: no relay answering: refused, dropped before the welcome, not a WebSocket, lost meanwhile

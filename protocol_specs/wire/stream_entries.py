@@ -89,6 +89,11 @@ class StatusEvent(StrEnum):
     WORKER_STOPPED = "worker_stopped"
     #: relay: the attempt failed or was lost and another follows (data: attempt, delay)
     RETRYING = "retrying"
+    #: relay: the attempt is preempted (``tether preempt``/``pause``, a scheduler's warning): its
+    #: program has ``data["grace"]`` s to checkpoint and exit
+    PREEMPTING = "preempting"
+    #: relay: the run is suspended (``tether pause``) until ``tether resume``
+    SUSPENDED = "suspended"
     FINISHED = "finished"  #: relay, logs stream only: the run reached a terminal state
     #: worker: a child process of the program is debugged (data: ``processes.ProcessInfo``)
     PROCESS_STARTED = "process_started"

@@ -77,6 +77,8 @@ ROUTES: dict[type[BaseModel], Route] = {
     wire.Submit: gated(Act.SUBMIT, runs.submit),
     wire.Rerun: deciding(runs.rerun, Act.RERUN),
     wire.Cancel: deciding(runs.cancel, Act.CANCEL),
+    wire.Preempt: deciding(runs.preempt, Act.PREEMPT),
+    wire.Resume: deciding(runs.resume, Act.RESUME),
     wire.GetRun: deciding(runs.get_run, Act.GET_RUN),
     wire.ListRuns: gated(Act.LIST_RUNS, runs.list_runs),
     wire.GetAudit: deciding(runs.get_audit, Act.GET_AUDIT),

@@ -20,6 +20,7 @@ from protocol_specs.wire import wire
 from protocol_specs.wire.tunnels import TunnelSpec
 from protocol_specs.wire.wire import AuditEvent, ErrorCode
 
+from ..runs import preempting
 from ..snapshots.blobs import BlobError
 from ..snapshots.trees import Rooted, check_tree
 from .blobs import missing
@@ -33,8 +34,10 @@ __all__ = [
     "get_run",
     "list_runs",
     "open_tunnel",
+    "preempt",
     "rerun",
     "rerun_as",
+    "resume",
     "submit",
     "submit_sweep",
     "sweep",
@@ -106,6 +109,40 @@ async def cancel(rooms: Rooms, conn: Conn, frame: wire.Cancel) -> wire.AnyFrame:
         detail=frame.detail,
     )
     return run_info(cancelled, frame.rid)
+
+
+async def preempt(rooms: Rooms, conn: Conn, frame: wire.Preempt) -> wire.AnyFrame:
+    """``tether preempt`` / ``pause`` (the owner, an admin), or the run's own worker whose
+    scheduler warned it (its worker token, its current attempt)."""
+    who = conn.who
+    if who.kind == "worker":
+        record = await rooms.registry.load(frame.run)
+        allow(who, Act.PREEMPT, record, about_run=frame.run)
+        assert record is not None
+        by = f"the worker {record.worker or '?'}"
+    else:
+        record = await rooms.run(who, Act.PREEMPT, frame.run)
+        by = who.user
+    detail = frame.detail or f"{'paused' if frame.suspend else 'preempted'} by {by}"
+    got = await preempting.preempt(
+        rooms.registry,
+        record,
+        then="suspend" if frame.suspend else "retry",
+        grace=frame.grace,
+        detail=detail,
+    )
+    if isinstance(got, RunRecord):
+        await rooms.note(got.id, AuditEvent.PREEMPT, conn, detail=detail)
+    return run_info(got, frame.rid)
+
+
+async def resume(rooms: Rooms, conn: Conn, frame: wire.Resume) -> wire.AnyFrame:
+    record = await rooms.run(conn.who, Act.RESUME, frame.run)
+    got = await preempting.resume(rooms.registry, record, from_start=frame.from_start)
+    if isinstance(got, RunRecord):
+        detail = "from the start" if frame.from_start else ""
+        await rooms.note(got.id, AuditEvent.RESUME, conn, detail=detail)
+    return run_info(got, frame.rid)
 
 
 async def get_run(rooms: Rooms, conn: Conn, frame: wire.GetRun) -> wire.AnyFrame:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from protocol_specs.runs import claims, nodes
+from protocol_specs.runs import claims, nodes, preemption
 from protocol_specs.runs.runs import IllegalTransition, RunEvent, RunRecord, RunState
 from protocol_specs.runs.spec import RunSpec
 from protocol_specs.session.session import StatusEvent
@@ -251,17 +251,23 @@ class Registry:
             return updated
         delay = max(updated.not_before - now, 0.0)
         outcome = "failed" if event is RunEvent.EXIT_ERROR else "lost"
-        if outcome == "failed" and not nodes.multi(before):
+        if before.preempted:
+            outcome, text = "preempted", preemption.what_follows(before, updated)
+        elif outcome == "failed" and not nodes.multi(before):
             what = f"exited with code {exit_code}"
         else:
             what = f"{'failed' if outcome == 'failed' else 'was lost'}: {updated.detail}"
-        text = (
-            f"attempt {before.attempt} {what}; attempt {updated.attempt} of "
-            f"{before.spec.max_retries + 1} starts in {delay:g} s"
-        )
+        if outcome != "preempted":
+            text = (
+                f"attempt {before.attempt} {what}; attempt {updated.attempt} of "
+                f"{before.spec.max_retries + 1} starts in {delay:g} s"
+            )
         log.info("run %s: %s", run_id, text)
         # the previous attempt's worker, should it come back, stops its program
         await self.tell_worker(run_id, before.attempt, text)
+        if updated.state is RunState.SUSPENDED:
+            await self.append_status(run_id, StatusEvent.SUSPENDED, updated, logs=True, detail=text)
+            return updated
         await self.append_status(
             run_id,
             StatusEvent.RETRYING,
@@ -280,7 +286,11 @@ class Registry:
         """The side effects of a change this process won: an attempt that ended (the run finished,
         or was retried or released) gives up its lease and its queue entry; a finished run leaves
         the user's active runs, gets its log marker, and its keys their retention."""
-        attempt_over = after.finished or after.attempt != before.attempt
+        attempt_over = (
+            after.finished
+            or after.attempt != before.attempt
+            or (after.state is RunState.SUSPENDED and before.state is not RunState.SUSPENDED)
+        )
         if attempt_over or (before.state is not after.state and after.state is RunState.QUEUED):
             nodes = before.spec.resources.nodes
             for member in keys.leases(before.id, before.attempt, nodes):

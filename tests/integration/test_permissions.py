@@ -310,6 +310,15 @@ async def _control_act(act: Act, c: object, s: Scene) -> str:
             await c.rerun(s.run)
         case Act.CANCEL:
             await c.cancel(s.run)
+        case Act.PREEMPT:
+            await c.preempt(s.run, grace=1.0)
+        case Act.RESUME:
+            try:
+                await c.resume(s.run)
+            except RelayError as exc:
+                if exc.code == "wrong_state":  # let in: the run is not suspended
+                    return "ok"
+                raise
         case Act.GET_RUN:
             await c.get_run(s.run)
         case Act.LIST_RUNS:
@@ -371,6 +380,8 @@ RUN_ACTS = frozenset(
         Act.OPEN_TUNNEL,
         Act.RERUN,
         Act.CANCEL,
+        Act.PREEMPT,
+        Act.RESUME,
         Act.GET_RUN,
         Act.GET_AUDIT,
         Act.CLAIM_RUN,

@@ -18,6 +18,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -39,6 +40,7 @@ from relay.client import (
 
 from ..program.files import Fetch
 from ..program.identity import Isolation
+from ..program.preempt import ATTEMPTS
 from ..program.quarters import Housing
 from ..program.reaper import open_guard
 from ..program.sched_warnings import Warned, trap_warnings, warnings_of
@@ -187,7 +189,8 @@ async def _slot(
                     say(f"{worker}: back with the relay; waiting for a run")
                     lost = False
                 while True:
-                    assigned = await control.claim(worker)
+                    # none once the pool stops (its running attempts are preempted)
+                    assigned = await ATTEMPTS.claim(partial(control.claim, worker))
                     record, manifest = assigned.run, assigned.manifest
                     as_worker = endpoint(relay_url).with_token(assigned.token)
                     try:  # a claim counts once the relay knows this worker holds it

@@ -12,7 +12,7 @@ while the hold is full) waits in ``send``, as one printing faster than the relay
 output waits on its pipe. What the program sent before it ended is read to the last line.
 
 The same directory holds the stop file of a sweep's early stopping: :meth:`ProgramMetrics.stop`
-creates it, ``tether.should_stop()`` sees it.
+creates it, ``tether.should_stop()`` sees it; and the preempt file (``preempt.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from protocol_specs.runs.metrics import (
 )
 from protocol_specs.wire import wire
 from relay.client import RelayError, RunLink
+
+from .preempt import PREEMPT_NAME, Preemption, order_of
 
 __all__ = [
     "ProgramControl",
@@ -78,6 +80,7 @@ def metrics_env(where: Path, env: dict[str, str], module: Path | None = None) ->
         "PYTHONPATH": path,
         "TETHER_METRICS_SOCKET": str(where / SOCKET_NAME),
         "TETHER_STOP_FILE": str(where / STOP_NAME),
+        "TETHER_PREEMPT_FILE": str(where / PREEMPT_NAME),
     }
 
 
@@ -150,8 +153,8 @@ class ProgramMetrics:
         self.dropped = 0  #: malformed reports
         self.may_pause = may_pause
         self._nursery: trio.Nursery | None = None
-        #: the program's process (its group's id), once it started
-        self.program = 0
+        #: a preempt of the attempt (``worker_shim/program/preempt.py``)
+        self.preemption = Preemption(where)
         #: each reporting process's connection, and what it sent of a line not yet ended
         self._conns: dict[stdlib_socket.socket, bytearray] = {}
         #: the connections whose process asked whether to pause
@@ -159,6 +162,19 @@ class ProgramMetrics:
 
     def __repr__(self) -> str:
         return f"<ProgramMetrics {self.hold!r}{' failed' if self._failed else ''}>"
+
+    @property
+    def program(self) -> int:
+        """The program's process (its group's id), once it started."""
+        return self.preemption.program
+
+    @program.setter
+    def program(self, pid: int) -> None:
+        self.preemption.program = pid
+
+    def deliver(self, entry: wire.AnyEntry | wire.Deliver | None) -> None:
+        """A ``to_worker`` entry (or its delivery) that may be a preempt of this attempt."""
+        self.preemption.give(order_of(entry, self.attempt))
 
     def output(self, stream: str, data: bytes) -> None:
         """A chunk of the program's output (the pump's): points from the lines it completes
@@ -390,6 +406,7 @@ async def open_program_metrics(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(metrics.receive, nursery)
             nursery.start_soon(metrics.publish)
+            nursery.start_soon(metrics.preemption.run)
             try:
                 yield metrics
             finally:

@@ -470,7 +470,8 @@ def exit_status(
     node K's program's key and K, for a run that spans nodes: ``data["node"]`` says it is that
     node's exit, not the run's (the relay tells the run's, ``is_node_exit``)."""
     spec = record.spec
-    final = code == 0 or retry_delay(record.attempt, spec.max_retries, spec.retry_backoff) is None
+    failures = record.failures + 1  # preempted attempts use no retry
+    final = code == 0 or retry_delay(failures, spec.max_retries, spec.retry_backoff) is None
     data: dict[str, Any] = {"attempt": record.attempt, "final": final}
     if spec.resources.nodes > 1:
         data["node"] = node

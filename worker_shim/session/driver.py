@@ -231,6 +231,7 @@ class Driver:
         async for delivery in self.link.deliveries:
             if self.output.metrics is not None:
                 self.output.metrics.control(control_action(delivery, self.link.attempt))
+                self.output.metrics.deliver(delivery)
             await self.perform(self.processes.on_delivery(delivery))
 
     async def timer(self) -> None:
@@ -269,6 +270,8 @@ async def open_driver(
     try:
         async with trio.open_nursery() as nursery:
             driver = Driver(processes, stream, link, output, debuggee, say, nursery, tunnels)
+            if output.metrics is not None:  # a preempt's grace ends the run as a terminate does
+                output.metrics.preemption.terminate = driver.end_run
             if tunnels is not None:
                 tunnels.evaluate = driver.evaluate  # ``tether eval``: while the sessions run
             nursery.start_soon(driver.pump, processes.main.key, stream)
