@@ -40,7 +40,7 @@ from relay.client import (
 
 from ..program.files import Fetch
 from ..program.identity import Isolation
-from ..program.preempt import ATTEMPTS
+from ..program.preempt import ATTEMPTS, preempt_self
 from ..program.quarters import Housing
 from ..program.reaper import open_guard
 from ..program.sched_warnings import Warned, trap_warnings, warnings_of
@@ -342,7 +342,11 @@ async def _warned_by(
     warned = warnings_of(scheduler, preempt_grace=record.spec.preempt_grace, term_wait=term_wait)
 
     async def preempt(what: Warned) -> None:
-        await control.preempt(record.id, grace=what.grace, detail=what.detail)
+        link = ATTEMPTS.link_of(record.id, record.attempt)
+        if link is None:  # its program has not started: the relay's order will reach it
+            await control.preempt(record.id, grace=what.grace, detail=what.detail)
+        else:  # through the relay, or here if the relay cannot be reached
+            await preempt_self(link, record, what.grace, what.detail)
 
     await trap_warnings(warned, preempt, say=say, task_status=task_status)
 
