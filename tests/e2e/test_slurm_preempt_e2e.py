@@ -34,6 +34,7 @@ print("starting at step", start, flush=True)
 step = start
 while start == 0 or step < start + 5:
     if tether.should_preempt():
+        time.sleep(float(sys.argv[1]) if sys.argv[1:] else 0)  # a long save
         saved.write_text(str(step))
         print("preempted at step", step, "after", ",".join(signals), flush=True)
         sys.exit(3)  # not done: a program that exits 0 has finished, preempted or not
