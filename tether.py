@@ -1,5 +1,5 @@
 """tether's API for the program it runs: report metrics, read a sweep trial's parameters, stop when
-the sweep says so.
+the sweep says so, save checkpoints that the next attempt resumes from.
 
     import tether
 
@@ -11,8 +11,28 @@ the sweep says so.
         if tether.should_preempt():           # preempted or paused: save, then exit
             break
 
+Checkpoints follow the run: whatever the program writes in :func:`checkpoint_dir` is stored by
+:func:`save_checkpoint` (only what changed is sent), and a retried or resumed attempt, on any
+worker, starts with the latest checkpoint restored there::
+
+    start = tether.latest_checkpoint()        # None: a fresh start
+    if start is not None:
+        state = torch.load(tether.checkpoint_dir() / "state.pt")
+    for step in range(0 if start is None else start + 1, steps):
+        ...
+        if step % 100 == 0:
+            torch.save(state, tether.checkpoint_dir() / "state.pt")
+            tether.save_checkpoint(step)      # returns once the checkpoint is stored
+
+With several processes (ranks), rank 0 writes and saves; or every rank writes its own shard, then a
+barrier, then every rank calls ``save_checkpoint(step)``: the saves of one step that overlap are
+one save. On a run over several nodes each node's directory is saved and the next attempt restores
+all of them on every node.
+
 Outside a tether run, :func:`report` does nothing, :func:`params` is ``{}`` and
-:func:`should_stop` and :func:`should_preempt` are False, so the same program runs anywhere. The standard library only: the
+:func:`should_stop` and :func:`should_preempt` are False, :func:`checkpoint_dir` is
+``$TETHER_CHECKPOINT_DIR`` or ``./checkpoints``, :func:`save_checkpoint` does nothing and
+:func:`latest_checkpoint` is ``None``, so the same program runs anywhere. The standard library only: the
 worker puts this file on the program's ``PYTHONPATH``, in whatever Python environment the program
 uses (the worker's is not needed). What it sends is read by ``protocol_specs/runs/metrics.py``.
 """
@@ -26,9 +46,20 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
-__all__ = ["params", "report", "should_preempt", "should_stop", "trial"]
+__all__ = [
+    "CheckpointError",
+    "checkpoint_dir",
+    "latest_checkpoint",
+    "params",
+    "report",
+    "save_checkpoint",
+    "should_preempt",
+    "should_stop",
+    "trial",
+]
 
 _SOCKET = "TETHER_METRICS_SOCKET"
 _STOP = "TETHER_STOP_FILE"
@@ -38,6 +69,8 @@ PREEMPT_LOOK_EVERY = 0.5
 _PARAMS = "TETHER_PARAMS"
 _TRIAL = "TETHER_TRIAL"
 _WHEN = "TETHER_DEBUG_WHEN"
+_CHECKPOINT_DIR = "TETHER_CHECKPOINT_DIR"
+_CHECKPOINT_STEP = "TETHER_CHECKPOINT_STEP"
 #: what a --debug-when condition may call (``protocol_specs/runs/metrics.py`` checks it at submit)
 _FUNCTIONS = {
     "isnan": math.isnan, "isinf": math.isinf, "isfinite": math.isfinite,
@@ -48,6 +81,8 @@ PAUSE_ASK_TIMEOUT = 120.0
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"sock": None, "pid": 0, "step": 0, "off": False, "when": None}
+#: the step this process last saved (it outranks the one restored)
+_saved: dict[str, int] = {}
 
 
 def report(step: int | None = None, **values: Any) -> None:
@@ -206,3 +241,61 @@ def trial() -> int | None:
     """This run's trial number in its sweep (from 0); ``None`` outside a sweep."""
     text = os.environ.get(_TRIAL)
     return int(text) if text else None
+
+
+class CheckpointError(Exception):
+    """A checkpoint could not be stored (over the relay's limit, the relay unreachable): the
+    message is one line saying why. Earlier checkpoints are intact."""
+
+
+def checkpoint_dir() -> Path:
+    """The directory whose files :func:`save_checkpoint` stores, and where a new attempt finds
+    the latest checkpoint restored (``$TETHER_CHECKPOINT_DIR``; outside tether, that or
+    ``./checkpoints``); created if missing."""
+    path = Path(os.environ.get(_CHECKPOINT_DIR) or "checkpoints")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def latest_checkpoint() -> int | None:
+    """The step of the latest checkpoint: the one this process saved last, else the one restored
+    in :func:`checkpoint_dir` before the program started; ``None``: none (a fresh start)."""
+    if "step" in _saved:
+        return _saved["step"]
+    text = os.environ.get(_CHECKPOINT_STEP, "")
+    return int(text) if text.isdigit() else None
+
+
+def save_checkpoint(step: int) -> dict[str, Any]:
+    """Store :func:`checkpoint_dir` as the checkpoint of ``step`` (only the parts the relay does
+    not hold yet are sent); returns once it is stored, with what was stored (``step``, ``count``
+    files, ``size`` bytes, ``sent`` bytes, ``complete``: every node of the run saved the step).
+    :class:`CheckpointError` if it cannot be. Outside tether: ``{}``, nothing done."""
+    if type(step) is not int or step < 0:
+        raise ValueError(f"tether.save_checkpoint: step must be an int from 0, not {step!r}")
+    path = os.environ.get(_SOCKET)
+    if not path or not os.environ.get(_CHECKPOINT_DIR):
+        return {}
+    request = json.dumps({"checkpoint": step}).encode() + b"\n"
+    answer = b""
+    # a connection of its own: a save may take minutes, reports from other threads go on meanwhile
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(path)
+            sock.sendall(request)
+            while not answer.endswith(b"\n"):
+                got = sock.recv(4096)
+                if not got:
+                    break
+                answer += got
+    except OSError as exc:
+        raise CheckpointError(f"cannot reach the worker to save step {step}: {exc}") from None
+    try:
+        said = json.loads(answer)
+    except ValueError:
+        said = None
+    if not isinstance(said, dict) or not isinstance(said.get("stored"), dict):
+        error = said.get("error") if isinstance(said, dict) else None
+        raise CheckpointError(str(error or f"the worker did not store step {step} (it is ending)"))
+    _saved["step"] = step
+    return dict(said["stored"])

@@ -70,6 +70,8 @@ class Profile(BaseModel):
     partition: str = ""
     max_retries: int | None = None
     retry_backoff: str = ""
+    #: how many of a run's checkpoints the relay keeps (``--keep-checkpoints``)
+    keep_checkpoints: int | None = None
     on_unattended_stop: str = ""
     #: ``tether run``: start Python programs so that ``tether attach`` can debug them later
     debuggable: bool | None = None

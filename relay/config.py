@@ -59,6 +59,8 @@ class RelayConfig:
     #: asked about within ``blob_grace`` is spared (the submit that asked is about to name it)
     blob_gc_interval: float = 24 * 3600.0
     blob_grace: float = 24 * 3600.0
+    #: the most bytes one checkpoint (every node's files together) may hold
+    checkpoint_limit: int = 20 * 1024**3
     #: serve the web view (``/ui``) on the relay's port
     web: bool = True
     #: the relay's address as browsers reach it (``https://tether.example.com``) when a proxy

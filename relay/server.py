@@ -54,12 +54,13 @@ from .links.fanout import Fanout
 from .links.links import Links
 from .links.readers import serve_logs
 from .runs.audit import AuditTrail
+from .runs.checkpoints import RunFiles
 from .runs.claims import Claims
 from .runs.registry import Registry
 from .runs.webhook import notify_unattended_stop
 from .snapshots.blobs import BlobStore, MemoryBlobStore
 from .snapshots.trees import CheckedTrees, expand_tree
-from .store import Store, StoreError
+from .store import Store, StoreError, keys
 from .sweeps import Sweeps
 from .web.live import serve_live
 from .web.server import Web
@@ -197,9 +198,11 @@ class Relay:
             await trio.sleep(self.config.sweep_interval)
 
     async def collect_blobs(self) -> int:
-        """Delete the blobs no live run's snapshot names (spared: recently stored or asked
+        """Delete the blobs no live run's snapshot, checkpoints or outputs name (spared: recently stored or asked
         about); how many went."""
         live = await self.registry.live_digests()
+        runs = await self.registry.store.zrange_desc(keys.RUNS, 10**9)
+        live |= await RunFiles(self.registry.store, self.blobs).named(runs)
         older_than = self.registry.clock() - self.config.blob_grace
         gone = await self.blobs.sweep(live.__contains__, older_than)
         if gone:

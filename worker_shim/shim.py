@@ -63,6 +63,7 @@ from protocol_specs.wire import wire
 from protocol_specs.wire.wire import StreamName, WorkerLink
 from relay.client import LinkPolicy, RunLink, Target, open_control, open_run_link
 
+from .program.checkpoints import RestoreError, attempt_checkpoints
 from .program.debuggee import (
     Debuggee,
     OutputPump,
@@ -78,9 +79,7 @@ from .program.preempt import ATTEMPTS
 from .program.quarters import Housing, Quarters, open_quarters, program_env
 from .program.reaper import MARK_ENV
 from .program.tunnels import Tunnels, open_tunnels
-from .session.actions import (
-    status_entry,
-)
+from .session.actions import status_entry
 from .session.core import ShimCore, exit_status, parse_delivery, terminates
 from .session.debuggable import attach_listener, attachable_argv, until_debugged
 from .session.driver import open_driver
@@ -225,26 +224,20 @@ async def _attempt(
     say: Callable[[str], None],
     news: _LinkNews,
 ) -> int | None:
-    """The attempt, once its link is up: files, its user, then the program, plain or under the
-    debugger, with its tunnels."""
+    """The attempt, once its link is up: files, its user, its checkpoint, then the program,
+    plain or under the debugger, with its tunnels."""
     run_dir, housing = place.run_dir, place.housing
     try:
         files = await materialise(manifest, run_dir, fetch, cache=cache)
     except Exception as exc:  # a broken snapshot is the run's failure, not the worker's
-        await _status(
-            link, StatusEvent.START_FAILED, detail=f"cannot materialise the snapshot: {exc}"
-        )
-        say(f"run {record.id}: cannot materialise the snapshot: {exc}")
-        return None
+        return await _cannot_start(link, f"cannot materialise the snapshot: {exc}", say)
     role, news.taken = await meet(link, record, place.role, say, partial(_start_failed, link))
     if role is None:
         return None
     try:
         user = await trio.to_thread.run_sync(housing.lease, run_dir)
     except (RuntimeError, OSError) as exc:
-        await _status(link, StatusEvent.START_FAILED, detail=str(exc), **_of_node(role))
-        say(f"run {record.id}: {exc}")
-        return None
+        return await _cannot_start(link, str(exc), say, role)
     who = "" if user is None else f", as uid {user.uid}"
     say(f"run {record.id} attempt {record.attempt}: {files} files in {run_dir}{who}")
     mark = housing.attempt_mark(record.id, record.attempt)
@@ -254,6 +247,11 @@ async def _attempt(
     )
     env = {**(env or {}), **role.env(record.id)}
     async with open_quarters(run_dir, user=user, runtime=housing.runtime, mark=mark) as quarters:
+        checkpoints = attempt_checkpoints(link, record, quarters, node=role.node)
+        try:  # the latest checkpoint, restored before the program starts
+            env = {**env, **await checkpoints.restore()}
+        except RestoreError as exc:
+            return await _cannot_start(link, str(exc), say, role)
         env = metrics_env(
             quarters.private, program_env(record, env, quarters), housing.runtime.user_module
         )
@@ -264,7 +262,7 @@ async def _attempt(
             ) as tunnels,
             open_program_metrics(
                 link, quarters.private, patterns=record.spec.metrics, attempt=record.attempt,
-                hand_over=quarters.hand_over, may_pause=may_pause,
+                hand_over=quarters.hand_over, may_pause=may_pause, save=checkpoints.serve,
             ) as metrics,
             open_program_output(
                 link, record.attempt, record.spec.secrets(), metrics, node=role.node
@@ -387,6 +385,14 @@ async def _status(link: RunLink, event: StatusEvent, **fields: Any) -> None:
 
 async def _start_failed(link: RunLink, detail: str) -> None:
     await _status(link, StatusEvent.START_FAILED, detail=detail)
+
+
+async def _cannot_start(
+    link: RunLink, detail: str, say: Callable[[str], None], role: NodeRole = ONE_NODE
+) -> int | None:
+    await _status(link, StatusEvent.START_FAILED, detail=detail, **_of_node(role))
+    say(f"run {link.run_id}: {detail}")
+    return None
 
 
 async def _run_plain(

@@ -139,6 +139,20 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         metavar="DURATION",
         help="wait before the first retry, doubling each time (default 10s)",
     )
+    g = s.add_argument_group("checkpoints (tether.save_checkpoint)")
+    g.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        metavar="K",
+        help="keep the run's last K checkpoints (default 3; config key keep_checkpoints); a "
+        "retried or resumed attempt starts from the latest",
+    )
+    g.add_argument(
+        "--from-checkpoint",
+        metavar="RUN[:STEP]",
+        help="start from another run's checkpoint (its latest, or STEP's), restored in "
+        "tether.checkpoint_dir() before the program starts, until this run saves its own",
+    )
     g = s.add_argument_group("when the program pauses with no IDE attached")
     g.add_argument(
         "--post-mortem",

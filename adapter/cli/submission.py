@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from adapter.show.render import mib, unattended_text
+from protocol_specs.checkpoints.checkpoints import parse_source
 from protocol_specs.plain_words import invalid
 from protocol_specs.runs.resources import Resources
 from protocol_specs.runs.runs import RunRecord
@@ -61,6 +62,8 @@ RUN_FLAGS = {
     "stop": "--stop",
     "metrics": "--metric",
     "debug_when": "--debug-when",
+    "keep_checkpoints": "--keep-checkpoints",
+    "from_checkpoint": "--from-checkpoint",
     # the resources, checked on their own before the spec
     "gpus": "--gpus",
     "cpus": "--cpus",
@@ -181,11 +184,24 @@ def build_spec(
             stop=getattr(args, "stop", None) or "all",
             metrics=getattr(args, "metric", None) or [],
             debug_when=getattr(args, "debug_when", None) or "",
+            keep_checkpoints=pick("keep_checkpoints", 3),
+            from_checkpoint=_checkpoint_source(getattr(args, "from_checkpoint", None)),
         )
     except argparse.ArgumentTypeError as exc:
         raise SystemExit(f"tether: in the config profile: {exc}") from None
     except ValidationError as exc:
         raise SystemExit(f"tether: {invalid(exc, RUN_FLAGS)}") from None
+
+
+def _checkpoint_source(text: str | None) -> str:
+    """``--from-checkpoint RUN[:STEP]``, its form checked here (the relay checks the run)."""
+    if not text:
+        return ""
+    try:
+        parse_source(text)
+    except ValueError as exc:
+        raise SystemExit(f"tether: --from-checkpoint: {exc}") from None
+    return text.strip()
 
 
 #: how long a stop nobody attends lasts before the policy acts: on the local pool (a laptop's

@@ -22,6 +22,7 @@ __all__ = ["EDITOR_KEYS", "NO_ARGUMENTS", "check_request", "editor_attach", "gar
 EDITOR_KEYS = frozenset(
     {"program", "module", "command", "args", "python", "workdir", "cwd", "env", "backend", "gpus",
      "cpus", "nodes", "gpusPerNode", "cpusPerNode", "mem", "time", "partition", "resources", "runName", "tags", "maxRetries", "processes",
+     "keepCheckpoints", "fromCheckpoint",
      "ranks", "debugWhen", "metrics", "profile", "relay", "tetherArgs", "rerunOf", "tetherPort",
      "tetherServe", "tetherJob", "noDebug", "__configurationTarget", "__sessionId"}
 )  # fmt: skip

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from protocol_specs.access.auth import TokenInfo
+from protocol_specs.checkpoints.book import size_text
 from protocol_specs.runs.lines import LineJoiner
 from protocol_specs.runs.metrics import format_value
 from protocol_specs.runs.resources import Resources, short_duration
@@ -257,6 +258,21 @@ def metrics_text(values: dict[str, float], most: int = 2) -> str:
     return "  ".join(f"{k} {format_value(values[k])}" for k in sorted(values)[:most])
 
 
+def files_lines(record: RunRecord) -> list[str]:
+    """``tether status``'s lines for the run's checkpoints and outputs, when it has any."""
+    lines = []
+    last = record.checkpoint
+    if last is not None and record.checkpoints:
+        lines.append(
+            f"checkpoints: {record.checkpoints} kept, latest step {last.step} "
+            f"(attempt {last.attempt}), {size_text(record.checkpoint_bytes)}"
+        )
+    if record.outputs:
+        files = "file" if record.outputs == 1 else "files"
+        lines.append(f"outputs: {record.outputs} {files}, {size_text(record.outputs_bytes)}")
+    return lines
+
+
 def status_text(record: RunRecord, now: float) -> str:
     spec = record.spec
     res = spec.resources
@@ -283,6 +299,7 @@ def status_text(record: RunRecord, now: float) -> str:
         )
     if record.metrics:
         lines.append(f"metrics    {metrics_text(record.metrics, 8)} (tether metrics {record.id})")
+    lines += files_lines(record)
     if record.silent_for:
         lines.append(
             f"worker     silent for {age(record.silent_for)}: its host may be down or cut off; "

@@ -36,6 +36,7 @@ __all__ = [
     "LINK_ACTS",
     "PERMISSIONS",
     "SCOPED_ACTS",
+    "WORKER_OWN_ACTS",
     "Act",
     "Actor",
     "Holder",
@@ -89,6 +90,11 @@ class Act(StrEnum):
     PUBLISH_TUNNEL = "publish a tunnel entry (on a tunnel's link)"
     PUBLISH_GROUP = "publish a rank group's entry (a run across nodes)"
     HEARTBEAT = "`heartbeat`, `received` on a run connection"
+    GET_RUN_BLOB = "`get_blob` naming a run: a blob its checkpoints or outputs name"
+    PUT_CHECKPOINT = "`put_checkpoint`"
+    GET_CHECKPOINTS = "`get_checkpoints`"
+    PUT_OUTPUTS = "`put_outputs`"
+    GET_OUTPUTS = "`get_outputs`"
 
 
 class Actor(StrEnum):
@@ -117,8 +123,9 @@ _ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule, Rule]] = {
     Act.OPEN_LOGS: (OWN, Y, N, N, N),
     Act.OPEN_TUNNEL: (OWN, Y, N, N, N),
     Act.OPEN_CONTROL: (Y, Y, Y, Y, Y),
-    Act.HAVE_BLOBS: (OWN, Y, N, N, N),
-    Act.PUT_BLOB: (Y, Y, N, N, N),
+    # a worker uploads its run's checkpoints and outputs (counted as the run owner's blobs)
+    Act.HAVE_BLOBS: (OWN, Y, N, A, N),
+    Act.PUT_BLOB: (Y, Y, N, A, N),
     Act.GET_BLOB: (N, Y, Y, A, N),
     Act.SUBMIT: (Y, Y, N, N, N),
     Act.RERUN: (OWN, Y, N, N, N),
@@ -156,6 +163,11 @@ _ROWS: dict[Act, tuple[Rule, Rule, Rule, Rule, Rule]] = {
     Act.PUBLISH_TUNNEL: (OWN, Y, N, A, N),
     Act.PUBLISH_GROUP: (N, N, N, A, N),
     Act.HEARTBEAT: (OWN, Y, N, A, N),
+    Act.GET_RUN_BLOB: (OWN, Y, N, N, N),
+    Act.PUT_CHECKPOINT: (N, N, N, A, N),
+    Act.GET_CHECKPOINTS: (OWN, Y, N, A, N),
+    Act.PUT_OUTPUTS: (N, N, N, A, N),
+    Act.GET_OUTPUTS: (OWN, Y, N, N, N),
 }
 
 #: act -> actor -> rule
@@ -284,6 +296,11 @@ SCOPED_ACTS = frozenset(
 )
 
 
+#: acts a worker token does on its own run whatever run the others name: a worker of another run
+#: does them on its run (a worker of an earlier attempt is still refused)
+WORKER_OWN_ACTS = frozenset({Act.HAVE_BLOBS, Act.PUT_BLOB})
+
+
 #: acts on a run connection: its holder must have opened one first (an IDE link for a user
 #: token, a worker link for a worker token)
 LINK_ACTS = frozenset(
@@ -317,6 +334,8 @@ def expected(act: Act, holder: Holder) -> str:
             return "ok"
         return "scoped" if act in SCOPED_ACTS else "no_such_run"
     if rule is Rule.ATTEMPT:
+        if act in WORKER_OWN_ACTS and holder is Holder.OTHER_WORKER:
+            return "ok"
         return {
             Holder.WORKER: "ok",
             Holder.OTHER_WORKER: "forbidden",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .connect import Endpoint, RelayError, Target, endpoint, open_connection, relay_error_of
 from .control import ControlClient, open_control
+from .files import FilesError, HashCache, Sent, download, upload_dir
 from .link import FLUSH_TIMEOUT, LinkPolicy, RunLink, open_run_link, tunnel_steps
 from .logs import follow_logs
 
@@ -22,10 +23,14 @@ __all__ = [
     "FLUSH_TIMEOUT",
     "ControlClient",
     "Endpoint",
+    "FilesError",
+    "HashCache",
     "LinkPolicy",
     "RelayError",
     "RunLink",
+    "Sent",
     "Target",
+    "download",
     "endpoint",
     "follow_logs",
     "open_connection",
@@ -33,4 +38,5 @@ __all__ = [
     "open_run_link",
     "relay_error_of",
     "tunnel_steps",
+    "upload_dir",
 ]

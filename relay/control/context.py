@@ -47,6 +47,8 @@ class Conn:
     uploads: dict[str, Upload] = field(default_factory=dict)
     #: worker tokens: the digests of their run's snapshot
     digests: frozenset[str] | None = None
+    #: worker tokens: the blobs their run's (and its seed's) checkpoints name, as last looked at
+    files: frozenset[str] = frozenset()
     #: what to do if the reply being sent never reaches the peer (a claim to release)
     undo: Callable[[], Awaitable[object]] | None = None
 

@@ -34,7 +34,7 @@ from protocol_specs.wire.wire import ErrorCode, WireError
 
 from ..config import SERVER_NAME
 from ..gate import Peer
-from . import blobs, runs, tokens, workers
+from . import blobs, checkpoints, runs, tokens, workers
 from .context import Conn, Refused, Rooms, allow
 
 __all__ = ["ROUTES", "Control", "Route"]
@@ -69,10 +69,15 @@ def deciding(handler: Handler, *acts: Act) -> Route:
 
 #: every request of the control RPC, by frame type
 ROUTES: dict[type[BaseModel], Route] = {
-    # snapshots' blobs
-    wire.HaveBlobs: gated(Act.HAVE_BLOBS, blobs.have_blobs),
-    wire.PutBlob: gated(Act.PUT_BLOB, blobs.put_blob),
-    wire.GetBlob: deciding(blobs.get_blob, Act.GET_BLOB),
+    # blobs: snapshots', checkpoints' and outputs' (a worker's uploads count as its run owner's)
+    wire.HaveBlobs: deciding(blobs.have_blobs, Act.HAVE_BLOBS),
+    wire.PutBlob: deciding(blobs.put_blob, Act.PUT_BLOB),
+    wire.GetBlob: deciding(blobs.get_blob, Act.GET_BLOB, Act.GET_RUN_BLOB),
+    # checkpoints and outputs
+    wire.PutCheckpoint: deciding(checkpoints.put_checkpoint, Act.PUT_CHECKPOINT),
+    wire.GetCheckpoints: deciding(checkpoints.get_checkpoints, Act.GET_CHECKPOINTS),
+    wire.PutOutputs: deciding(checkpoints.put_outputs, Act.PUT_OUTPUTS),
+    wire.GetOutputs: deciding(checkpoints.get_outputs, Act.GET_OUTPUTS),
     # runs
     wire.Submit: gated(Act.SUBMIT, runs.submit),
     wire.Rerun: deciding(runs.rerun, Act.RERUN),

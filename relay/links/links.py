@@ -461,7 +461,9 @@ class Links:
         if isinstance(link.state.link, WorkerLink) and spans > 1:
             mark = keys.received_key(key)
             await self.store.hset(mark, {str(link.state.link.node): cursor})
-            seen = {name: value.decode() for name, value in (await self.store.hgetall(mark)).items()}
+            seen = {
+                name: value.decode() for name, value in (await self.store.hgetall(mark)).items()
+            }
             point = nodes.trim_point(seen, spans)
             if point is None:
                 return

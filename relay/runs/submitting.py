@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from protocol_specs.checkpoints.checkpoints import parse_source
 from protocol_specs.runs.runs import Attempt, RunEvent, RunRecord, RunState
 from protocol_specs.runs.spec import RunSpec
 from protocol_specs.runs.submits import FINISH_AFTER
@@ -27,8 +28,16 @@ from protocol_specs.wire.wire import ErrorCode, StreamName
 from ..snapshots.trees import Rooted
 from ..store import keys
 from .books import Books
+from .checkpoints import read_book
 
-__all__ = ["finish_submit", "finish_submits", "new_run_id", "snapshot_fields", "submit"]
+__all__ = [
+    "check_seed",
+    "finish_submit",
+    "finish_submits",
+    "new_run_id",
+    "snapshot_fields",
+    "submit",
+]
 
 log = logging.getLogger("tether.relay")
 
@@ -61,6 +70,8 @@ async def submit(
     is (``S#3``)."""
     if run_id and (there := await registry.load(run_id)) is not None:
         return await _again(registry, there, owner, snapshot)
+    if spec.from_checkpoint and (refused := await check_seed(registry, spec, owner)):
+        return refused
     cap = registry.config.max_active_runs
     store = registry.store
     active = await store.zrange_by_score(keys.user_active(owner), float("inf"), cap)
@@ -94,6 +105,29 @@ async def submit(
     if isinstance(snapshot, Manifest):
         await _keep_manifest(registry, record.id, snapshot)
     return await finish_submit(registry, record, fresh=True)
+
+
+async def check_seed(registry: Books, spec: RunSpec, owner: str) -> wire.Error | None:
+    """Why ``spec``'s ``--from-checkpoint RUN[:STEP]`` cannot seed a run of ``owner``'s (one
+    line), or ``None``: the run is there, ``owner``'s, and has that checkpoint."""
+    try:
+        run, step = parse_source(spec.from_checkpoint)
+    except ValueError as exc:
+        return wire.Error(code=ErrorCode.BAD_SPEC, message=f"--from-checkpoint: {exc}")
+    seed = await registry.load(run)
+    why = ""
+    if seed is None:
+        why = f"there is no run {run}"
+    elif seed.owner != owner:
+        why = f"run {run} is not yours ({seed.owner}'s)"
+    elif (latest := (book := await read_book(registry.store, run)).latest) is None:
+        why = f"run {run} has no checkpoint (tether.save_checkpoint saves one)"
+    elif step is not None and book.at_step(step) is None:
+        kept = ", ".join(str(c.step) for c in book.kept)
+        why = f"run {run} has no checkpoint of step {step} (it keeps steps {kept}; latest {latest.step})"
+    if not why:
+        return None
+    return wire.Error(code=ErrorCode.BAD_SPEC, message=f"--from-checkpoint: {why}")
 
 
 async def _again(

@@ -14,6 +14,12 @@ key                            type    contents                                 
 ``tether:run:{R}:manifest``    string  the snapshot's manifest (JSON), for a run   relay         relay (claim)
                                        submitted with one (one named by its root
                                        tree is expanded at claim: ``relay/snapshots/trees.py``)
+``tether:run:{R}:checkpoints``  hash   ``value``: the CheckpointBook (JSON,       relay         relay
+                                       ``protocol_specs/checkpoints/book.py``):
+                                       kept checkpoints, nodes' parts of steps
+                                       not yet complete; ``v``: its version
+``tether:run:{R}:outputs``     hash    ``value``: the digest of the outputs' file  relay         relay
+                                       set blob (merged); ``v``: its version
 ``tether:run:{R}:to_worker``   stream  IDE -> worker entries (field ``p``; ``o``,  relay (ide)   relay (worker)
                                        ``n``: the publish that wrote it)
 ``tether:run:{R}:to_ide``      stream  worker -> IDE entries and run status        relay         relay (ide)
@@ -104,6 +110,7 @@ __all__ = [
     "audit",
     "audit_refusals",
     "beside",
+    "checkpoints",
     "hash_tag",
     "held",
     "lease",
@@ -111,6 +118,7 @@ __all__ = [
     "leases",
     "manifest",
     "meta_key",
+    "outputs",
     "parse_lease",
     "parse_unconfirmed",
     "queue",
@@ -283,6 +291,16 @@ def manifest(run_id: str) -> str:
     return f"tether:run:{{{run_id}}}:manifest"
 
 
+def checkpoints(run_id: str) -> str:
+    """The run's checkpoint book (``relay/runs/checkpoints.py``)."""
+    return f"tether:run:{{{run_id}}}:checkpoints"
+
+
+def outputs(run_id: str) -> str:
+    """The digest of the run's outputs' file set (``relay/runs/checkpoints.py``)."""
+    return f"tether:run:{{{run_id}}}:outputs"
+
+
 def stream(run_id: str, name: str) -> str:
     """``name`` is ``to_worker``, ``to_ide`` or ``logs`` (:class:`protocol_specs.wire.wire.StreamName`)."""
     return f"tether:run:{{{run_id}}}:{name}"
@@ -365,6 +383,7 @@ NOTICE_CHANNEL = "tether:appended:"
 def run_keys(run_id: str) -> list[str]:
     """Every key of one run (they expire together when its retention ends)."""
     out = [record(run_id), manifest(run_id), audit(run_id), audit_refusals(run_id)]
+    out += [checkpoints(run_id), outputs(run_id)]
     for name in ("to_worker", "to_ide", "logs", "metrics"):
         base = stream(run_id, name)
         out += [base, meta_key(base), transient_key(base), watchers_key(base), received_key(base)]

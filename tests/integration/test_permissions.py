@@ -25,6 +25,7 @@ from websockets.trio.client import connect
 
 from protocol_specs.access.auth import Scope
 from protocol_specs.access.permissions import LINK_ACTS, Act, Holder, expected, permissions_markdown
+from protocol_specs.checkpoints.files import FileSet
 from protocol_specs.runs.spec import RunSpec
 from protocol_specs.snapshots.snapshots import Manifest, ManifestEntry
 from protocol_specs.sweeps.sweeps import SweepSpec, parse_param
@@ -287,6 +288,14 @@ async def _open_tunnel(control: object, s: Scene) -> str:
     return "ok"
 
 
+async def _empty_set(s: Scene) -> str:
+    """The digest of an empty file set, uploaded by the run's owner (a checkpoint of nothing)."""
+    data = FileSet().encode()
+    async with open_control(s.owner) as owner:
+        await owner.put_blob(hashlib.sha256(data).hexdigest(), data)
+    return hashlib.sha256(data).hexdigest()
+
+
 async def _ok(_control: object) -> str:
     return "ok"
 
@@ -363,6 +372,21 @@ async def _control_act(act: Act, c: object, s: Scene) -> str:
                 if exc.code == "no_such_token":
                     return "scoped"
                 raise
+        case Act.PUT_CHECKPOINT | Act.PUT_OUTPUTS:
+            digest = await _empty_set(s)
+            if act is Act.PUT_CHECKPOINT:
+                await c.put_checkpoint(s.run, 2, 1, digest)
+            else:
+                await c.put_outputs(s.run, 2, digest)
+        case Act.GET_CHECKPOINTS:
+            await c.checkpoints(s.run)
+        case Act.GET_OUTPUTS:
+            await c.outputs(s.run)
+        case Act.GET_RUN_BLOB:
+            digest = await _empty_set(s)
+            async with open_control(s.holders[Holder.WORKER]) as worker:
+                await worker.put_outputs(s.run, 2, digest)
+            await c.read_blob(digest, run=s.run)
         case _:
             raise AssertionError(f"no way to perform {act}")
     return "ok"
@@ -387,6 +411,11 @@ RUN_ACTS = frozenset(
         Act.CLAIM_RUN,
         Act.REPORT,
         Act.CLAIM_PAUSE,
+        Act.GET_RUN_BLOB,
+        Act.PUT_CHECKPOINT,
+        Act.GET_CHECKPOINTS,
+        Act.PUT_OUTPUTS,
+        Act.GET_OUTPUTS,
         *LINK_ACTS,
     }
 )

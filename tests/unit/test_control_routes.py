@@ -29,6 +29,10 @@ ANSWERS = {
     wire.SweepInfo,
     wire.SweepList,
     wire.PauseClaimed,
+    wire.CheckpointStored,
+    wire.Checkpoints,
+    wire.OutputsStored,
+    wire.Outputs,
 }
 
 

@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from protocol_specs.access.auth import Scope, TokenInfo
+from protocol_specs.checkpoints.checkpoints import Checkpoint
+from protocol_specs.checkpoints.files import FileSet, StoredFile
 from protocol_specs.dap.framing import DapFramer, DapFramingError, encode_message
 from protocol_specs.runs.runs import RunRecord
 from protocol_specs.runs.spec import REDACTED, RunSpec
@@ -45,6 +47,9 @@ MANIFEST = Manifest(
     ]
 )
 RECORD = RunRecord(id="r1", spec=SPEC, worker="w-0")
+_D = "ab" * 32
+_CHECKPOINT = Checkpoint(step=400, attempt=2, at=1.5, files=_D, count=1, size=5, sent=5)
+_SET = FileSet(files=[StoredFile(path="ckpt/model.pt", size=5, attempt=2, chunks=[_D])])
 INFO = TokenInfo(id="0123456789abcdef", kind="user", user="me", scopes=[Scope.RUNS])
 
 #: one well-formed instance of every frame the relay or a client decodes
@@ -105,6 +110,18 @@ FRAMES: list[wire.AnyFrame] = [
     wire.SweepList(rid=17, sweeps=[SweepRecord(id="s6b08", spec=_SWEEP)]),
     wire.ClaimPause(rid=18, run="s6b08-3", attempt=1, step=120, values={"loss": 1e30}),
     wire.PauseClaimed(rid=18, pause=False, detail="s6b08-1 paused first"),
+    wire.PutCheckpoint(rid=19, run="r1", attempt=2, node=1, step=400, files=_D, sent=1024),
+    wire.CheckpointStored(rid=19, checkpoint=_CHECKPOINT, complete=False),
+    wire.GetCheckpoints(rid=20, run="r1", step=400, with_files=True),
+    wire.Checkpoints(
+        rid=20, run="r2", source="r1", checkpoints=[_CHECKPOINT], files=_SET, limit=2**34
+    ),
+    wire.PutOutputs(rid=21, run="r1", attempt=1, files=_D),
+    wire.OutputsStored(rid=21, count=1, size=5),
+    wire.GetOutputs(rid=22, run="r1"),
+    wire.Outputs(rid=22, run="r1", files=_SET),
+    wire.Preempt(rid=23, run="r1", grace=30.0, suspend=True, detail="slurm: time limit in 90 s"),
+    wire.Resume(rid=24, run="r1", from_start=True),
     wire.ListTokens(rid=13, user="you"),
     wire.TokenList(rid=13, tokens=[INFO]),
     wire.RevokeToken(rid=14, id="0123456789abcdef"),

@@ -53,7 +53,7 @@ def prune_runs(
 ) -> list[str]:
     """Remove all but the ``keep`` newest run directories (and their logs); their names."""
     try:
-        dirs = [p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()]
+        dirs = [p for p in runs.iterdir() if _run_dir(p)]
     except OSError:
         return []
     dirs.sort(key=_mtime, reverse=True)
@@ -62,9 +62,16 @@ def prune_runs(
         shutil.rmtree(old, ignore_errors=True)
         with contextlib.suppress(OSError):
             old.with_name(f"{old.name}.log").unlink()
+        # its checkpoint directory (``worker_shim/program/checkpoints.py``) goes with it
+        shutil.rmtree(old.with_name(f"{old.name}.checkpoints"), ignore_errors=True)
         release(old)
         removed.append(old.name)
     return removed
+
+
+def _run_dir(path: Path) -> bool:
+    """Whether ``path`` is a run's directory (not a link, not a checkpoint directory)."""
+    return path.is_dir() and not path.is_symlink() and not path.name.endswith(".checkpoints")
 
 
 def prune_cache(cache: Path, max_bytes: int) -> int:

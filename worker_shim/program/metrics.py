@@ -11,6 +11,10 @@ report without waiting while the worker keeps up. One reporting faster than the 
 while the hold is full) waits in ``send``, as one printing faster than the relay takes its
 output waits on its pipe. What the program sent before it ended is read to the last line.
 
+A line ``{"checkpoint": step}`` is ``tether.save_checkpoint(step)`` asking (on a connection of its
+own): the ``save`` callback stores it and the answer line goes back on that connection
+(``worker_shim/program/checkpoints.py``; without one, it is answered with an error).
+
 The same directory holds the stop file of a sweep's early stopping: :meth:`ProgramMetrics.stop`
 creates it, ``tether.should_stop()`` sees it; and the preempt file (``preempt.py``).
 """
@@ -25,10 +29,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 
 import trio
 
+from protocol_specs.checkpoints.asking import answer_error, decode_save
 from protocol_specs.runs.metrics import (
     MAX_REPORT_BYTES,
     LineMetrics,
@@ -52,6 +58,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("tether.worker")
+
+#: stores the checkpoint of a step the program asked for, and answers it with a line
+Save = Callable[[int, Callable[[bytes], None]], Awaitable[None]]
 
 #: the socket's and the stop file's names in the attempt's metrics directory
 SOCKET_NAME = "metrics.sock"
@@ -135,9 +144,11 @@ class ProgramMetrics:
         attempt: int,
         hold: MetricHold | None = None,
         may_pause: Callable[[int, dict[str, float]], Awaitable[bool]] = _always,
+        save: Save | None = None,
     ) -> None:
         """``may_pause(step, values)``: whether the program may pause where a report met
-        ``--debug-when`` (the relay decides for a sweep's trials: the first only)."""
+        ``--debug-when`` (the relay decides for a sweep's trials: the first only); ``save(step,
+        answer)``: store a checkpoint the program asked for, ``answer`` it with a line."""
         self.link = link
         self.sock = sock  #: listening, non-blocking: accepted when trio says it is readable
         self.where = where
@@ -152,6 +163,7 @@ class ProgramMetrics:
         self._sending: trio.CancelScope | None = None
         self.dropped = 0  #: malformed reports
         self.may_pause = may_pause
+        self.save = save
         self._nursery: trio.Nursery | None = None
         #: a preempt of the attempt (``worker_shim/program/preempt.py``)
         self.preemption = Preemption(where)
@@ -269,6 +281,8 @@ class ProgramMetrics:
         for line in bytes(data).split(b"\n"):
             if line.startswith(b'{"pause"'):
                 self._pause_asked(conn, line)
+            elif line.startswith(b'{"checkpoint"'):
+                self._save_asked(conn, line)
             elif line.strip():
                 point = decode_report(line)
                 if point is None:
@@ -287,6 +301,20 @@ class ProgramMetrics:
             return
         self._asked.add(conn)
         self._nursery.start_soon(self._decide_pause, conn, *asked)
+
+    def _save_asked(self, conn: stdlib_socket.socket, line: bytes) -> None:
+        """``tether.save_checkpoint``: stored by :attr:`save`, answered on ``conn``."""
+        step = decode_save(line)
+        if step is None or self.save is None or self._nursery is None:
+            why = "this worker does not store checkpoints" if self.save is None else "malformed"
+            self._send(conn, answer_error(f"the checkpoint request was refused: {why}"))
+            return
+        self._nursery.start_soon(self.save, step, partial(self._send, conn))
+
+    def _send(self, conn: stdlib_socket.socket, line: bytes) -> None:
+        """An answer line (short: the socket's buffer takes it whole)."""
+        with suppress(OSError):  # gone meanwhile
+            conn.send(line)
 
     async def _decide_pause(
         self, conn: stdlib_socket.socket, step: int, values: dict[str, float]
@@ -389,11 +417,12 @@ async def open_program_metrics(
     attempt: int,
     hand_over: Callable[[Path], None] = lambda _path: None,
     may_pause: Callable[[int, dict[str, float]], Awaitable[bool]] | None = None,
+    save: Save | None = None,
 ) -> AsyncIterator[ProgramMetrics]:
     """Listen in ``where`` (give the program :func:`metrics_env`) and publish until the block
     ends; then (shielded, bounded) what is left is published. ``hand_over``: makes the socket
-    the program's user's (on a worker that gives programs uids of their own). ``may_pause``: see
-    :class:`ProgramMetrics` (default: always)."""
+    the program's user's (on a worker that gives programs uids of their own). ``may_pause``,
+    ``save``: see :class:`ProgramMetrics` (default: always; no checkpoints)."""
     sock = stdlib_socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
     with sock:
         sock.setblocking(False)
@@ -401,8 +430,9 @@ async def open_program_metrics(
         hand_over(where / SOCKET_NAME)
         sock.listen(128)
         metrics = ProgramMetrics(
-            link, sock, where, patterns=patterns, attempt=attempt, may_pause=may_pause or _always
-        )
+            link, sock, where, patterns=patterns, attempt=attempt, may_pause=may_pause or _always,
+            save=save,
+        )  # fmt: skip
         async with trio.open_nursery() as nursery:
             nursery.start_soon(metrics.receive, nursery)
             nursery.start_soon(metrics.publish)

@@ -30,6 +30,9 @@ same(launch.argv({ request = 'launch', command = { 'torchrun', '--nproc-per-node
 same(launch.argv({ request = 'attach', run = 'abcd1234', relay = 'ws://r' }, '/p'),
   { 'attach', 'abcd1234', '--relay', 'ws://r', '--port', '0', '--json', '-q' }, 'attach')
 same(launch.argv({ request = 'launch', rerunOf = 'abcd1234' }, '/p'), { 'rerun', 'abcd1234', '--port', '0', '--json', '-q' }, 'rerun')
+same(launch.argv({ request = 'launch', program = 't.py', keepCheckpoints = 5, fromCheckpoint = 'r1:300' }, '/p'),
+  { 'debug', '--workdir', '/p', '--keep-checkpoints', '5', '--from-checkpoint', 'r1:300', '--port', '0', '--json', '-q', '--',
+    'python', 't.py' }, 'checkpoints')
 refused({ request = 'launch' }, 'give one of', 'nothing to run')
 refused({ request = 'launch', program = '/etc/passwd' }, 'inside the workdir', 'outside')
 refused({ request = 'launch', program = '../x.py' }, 'inside the workdir', 'dot-dot')

@@ -25,6 +25,8 @@ const ONE = {
   ranks: '--ranks',
   stop: '--stop',
   debugWhen: '--debug-when',
+  keepCheckpoints: '--keep-checkpoints',
+  fromCheckpoint: '--from-checkpoint',
 };
 // configuration key -> an option repeated for each item
 const MANY = { tags: '--tag', metrics: '--metric', resources: '--resource' };
@@ -90,7 +92,7 @@ function resolve(config, where) {
   check(out.backend === undefined || BACKENDS.includes(out.backend), `"backend" must be one of ${BACKENDS.join(', ')}.`);
   check(out.processes === undefined || PROCESSES.includes(out.processes), `"processes" must be one of ${PROCESSES.join(', ')}.`);
   check(out.stop === undefined || STOPS.includes(out.stop), `"stop" must be one of ${STOPS.join(', ')}.`);
-  for (const key of ['gpus', 'cpus', 'nodes', 'gpusPerNode', 'cpusPerNode', 'maxRetries']) {
+  for (const key of ['gpus', 'cpus', 'nodes', 'gpusPerNode', 'cpusPerNode', 'maxRetries', 'keepCheckpoints']) {
     check(out[key] === undefined || (Number.isInteger(out[key]) && out[key] >= 0), `"${key}" must be a whole number.`);
   }
   if (out.nodes > 1) {

@@ -40,6 +40,12 @@ test('"nodes" and the per-node resources become --nodes, --gpus-per-node, --cpus
   assert.throws(() => resolve({ request: 'launch', name: 'n', program: 'a.py', nodes: 1.5 }, where), /"nodes" must be a whole number/);
 });
 
+test('"keepCheckpoints" and "fromCheckpoint" become --keep-checkpoints, --from-checkpoint', () => {
+  const c = resolve({ request: 'launch', name: 'n', program: 'train.py', keepCheckpoints: 5, fromCheckpoint: 'r1:300' }, where);
+  assert.deepStrictEqual(serveArgv(c).slice(0, 7), ['debug', '--workdir', '/home/me/proj', '--keep-checkpoints', '5', '--from-checkpoint', 'r1:300']);
+  assert.throws(() => resolve({ request: 'launch', name: 'n', program: 'a.py', keepCheckpoints: 'all' }, where), /"keepCheckpoints" must be a whole number/);
+});
+
 test('module, command, python, profile and relay', () => {
   const m = resolve({ request: 'launch', name: 'n', module: 'pkg.train', python: '/opt/env/bin/python', profile: 'gpu' }, where);
   assert.deepStrictEqual(serveArgv(m).slice(0, 5), ['debug', '--workdir', '/home/me/proj', '--profile', 'gpu']);

@@ -12,7 +12,8 @@ local ONE = {
   { 'nodes', '--nodes' }, { 'gpusPerNode', '--gpus-per-node' }, { 'cpusPerNode', '--cpus-per-node' },
   { 'time', '--time' }, { 'partition', '--partition' }, { 'runName', '--name' },
   { 'maxRetries', '--max-retries' }, { 'processes', '--processes' }, { 'ranks', '--ranks' },
-  { 'debugWhen', '--debug-when' },
+  { 'debugWhen', '--debug-when' }, { 'keepCheckpoints', '--keep-checkpoints' },
+  { 'fromCheckpoint', '--from-checkpoint' },
 }
 local MANY = { { 'tags', '--tag' }, { 'metrics', '--metric' }, { 'resources', '--resource' } }
 local SERVING = { '--port', '0', '--json', '-q' }
