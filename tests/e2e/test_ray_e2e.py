@@ -254,11 +254,12 @@ async def test_a_job_stopped_from_rays_side_is_preempted_and_resumes_as_attempt_
     tmp_path: Path, head: RayHead
 ) -> None:
     """``ray job stop``: Ray's SIGTERM reaches the worker, which preempts the attempt; Ray waits
-    the run's grace (``RAY_JOB_STOP_WAIT_TIME_S``, set by the backend; Ray's own is 3 s) before
-    its SIGKILL, so a save of 6 s completes; attempt 2 spends no retry and resumes from it."""
+        the run's grace (``RAY_JOB_STOP_WAIT_TIME_S``, set by the backend; Ray's own is 3 s) before
+        its SIGKILL, so a checkpoint that takes 6 s is saved; attempt 2 spends no retry and resumes from
+    it."""
     async with ray_stack(tmp_path, head) as s:
         (s.workdir / "loop.py").write_text(LOOP)
-        args = ("--max-retries", "0", "--mount", f"state={s.state}")  # the grace: 60 s
+        args = ("--max-retries", "0")  # the grace: 60 s
         loop = ("--follow", "--", "python", "loop.py", "6")
         async with ray_run(s, *args, *loop) as (run, run_id, first):
             await run.wait_line(r"^starting at step 0")
@@ -266,7 +267,7 @@ async def test_a_job_stopped_from_rays_side_is_preempted_and_resumes_as_attempt_
             head.request("POST", f"/api/jobs/{first}/stop")  # `ray job stop`
             await run.wait_line(r"-- tether: preempting attempt 1: ray: the job was stopped")
             step = int((await run.wait_line(r"^preempted at step (\d+)")).group(1))
-            await run.wait_line(r"attempt 1 was preempted; attempt 2 starts")
+            await run.wait_line(rf"attempt 1 was preempted; attempt 2 resumes from step {step}")
             second = await submitted(s.backend, run_id, attempt=2)
             assert second != first
             await run.wait_line(rf"^starting at step {step}$")

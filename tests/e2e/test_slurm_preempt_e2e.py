@@ -20,23 +20,31 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.timeout(240)]
 
 __all__ = ["slurm"]  # the cluster fixture, shared
 
-#: a loop that saves its step where the test says when it is preempted, and resumes from it
+#: a loop that checkpoints its step when it is preempted and resumes from its latest checkpoint
+#: (argv[1]: how long its save takes)
 LOOP = """\
-import os, pathlib, signal, sys, time
+import signal, sys, time
 import tether
 
-saved = pathlib.Path(os.environ["TETHER_MOUNT_STATE"]) / "step"
-start = int(saved.read_text()) if saved.exists() else 0
+start = tether.latest_checkpoint()
+saved = tether.checkpoint_dir() / "step"
+step = 0 if start is None else int(saved.read_text())
 signals = []
 for sig in (signal.SIGTERM, signal.SIGUSR1):
     signal.signal(sig, lambda n, _f: signals.append(signal.Signals(n).name))
-print("starting at step", start, flush=True)
-step = start
-while start == 0 or step < start + 5:
+print("starting at step", step, flush=True)
+while start is None or step < start + 5:
     if tether.should_preempt():
         time.sleep(float(sys.argv[1]) if sys.argv[1:] else 0)  # a long save
         saved.write_text(str(step))
-        print("preempted at step", step, "after", ",".join(signals), flush=True)
+        began = time.monotonic()
+        try:
+            tether.save_checkpoint(step)
+        except BaseException as exc:
+            print("save failed:", repr(exc), flush=True)
+            raise
+        took = time.monotonic() - began
+        print("preempted at step", step, "after", ",".join(signals), "saved in", took, flush=True)
         sys.exit(3)  # not done: a program that exits 0 has finished, preempted or not
     step += 1
     time.sleep(0.2)
@@ -51,8 +59,6 @@ async def test_a_warned_slurm_job_is_preempted_and_resumes_without_a_retry(
     workdir = tmp_path / "project"
     workdir.mkdir()
     (workdir / "loop.py").write_text(LOOP)
-    state = tmp_path / "state"
-    state.mkdir()
     home = tmp_path / "home"
     async with (
         relay_stack(home, workers=0) as (_up, relay),
@@ -60,7 +66,7 @@ async def test_a_warned_slurm_job_is_preempted_and_resumes_without_a_retry(
     ):
         async with tether(
             "run", "--backend", "slurm", "--max-retries", "0", "--time", "30m",
-            "--mount", f"state={state}", "--follow", "--workdir", str(workdir),
+            "--follow", "--workdir", str(workdir),
             "--", "python", "loop.py",
             home=home, name="run",
         ) as run:  # fmt: skip
@@ -81,7 +87,7 @@ async def test_a_warned_slurm_job_is_preempted_and_resumes_without_a_retry(
                 assert seen.group(2) == "SIGUSR1"  # the worker passed Slurm's warning on
             step = int(seen.group(1))
             assert step > 0
-            await run.wait_line(r"attempt 1 was preempted; attempt 2 starts")
+            await run.wait_line(rf"attempt 1 was preempted; attempt 2 resumes from step {step}")
             second = (
                 await backend.wait_line(rf"run {run_id} attempt 2: submitted as Slurm job (\d+)")
             ).group(1)

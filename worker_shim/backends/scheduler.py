@@ -219,6 +219,7 @@ class SchedulerBackend(ABC):
                 _attempt(record, job),
                 trio.current_time(),
                 limit=job.time_limit,
+                preempt_grace=record.spec.preempt_grace if record is not None else 0.0,
             )
             await self._act(control, job, action, record)
 
@@ -283,4 +284,8 @@ def _attempt(record: RunRecord | None, job: Job) -> Attempt:
         return Attempt.OVER
     if record.attempts and record.attempts[-1].outcome:
         return Attempt.OVER  # it ended (preempted, the run suspended): nothing to report
-    return Attempt.WAITING if record.state is RunState.QUEUED else Attempt.STARTED
+    if record.state is RunState.QUEUED:
+        return Attempt.WAITING
+    if record.attempts and record.attempts[-1].preempt:
+        return Attempt.PREEMPTING
+    return Attempt.STARTED
