@@ -30,9 +30,9 @@ one save. On a run over several nodes each node's directory is saved and the nex
 all of them on every node.
 
 Outside a tether run, :func:`report` does nothing, :func:`params` is ``{}`` and
-:func:`should_stop` and :func:`should_preempt` are False, :func:`checkpoint_dir` is ``$TETHER_CHECKPOINT_DIR`` or
-``./checkpoints``, :func:`save_checkpoint` does nothing and :func:`latest_checkpoint` is ``None``,
-so the same program runs anywhere. The standard library only: the
+:func:`should_stop` and :func:`should_preempt` are False, :func:`checkpoint_dir` is
+``$TETHER_CHECKPOINT_DIR`` or ``./checkpoints``, :func:`save_checkpoint` does nothing and
+:func:`latest_checkpoint` is ``None``, so the same program runs anywhere. The standard library only: the
 worker puts this file on the program's ``PYTHONPATH``, in whatever Python environment the program
 uses (the worker's is not needed). What it sends is read by ``protocol_specs/runs/metrics.py``.
 """

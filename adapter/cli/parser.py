@@ -469,6 +469,20 @@ def _service_commands(sub: _Commands) -> None:
         help="a 0600 JSON file naming the relay (and run, attempt); never put these on the "
         "command line",
     )
+    s.add_argument(
+        "--scheduler",
+        choices=["slurm", "ray"],
+        help="with --run: the scheduler that started this job; its warnings (Slurm: SIGUSR1 "
+        "before the time limit, SIGTERM on preemption or requeue; Ray: SIGTERM on `ray job stop`) "
+        "preempt the attempt (the backends pass it)",
+    )
+    s.add_argument(
+        "--kill-wait",
+        type=float,
+        metavar="S",
+        help="with --scheduler: the scheduler's wait between SIGTERM and SIGKILL (default: "
+        "Slurm 30, Ray $RAY_JOB_STOP_WAIT_TIME_S or 3)",
+    )
     s.set_defaults(fn=cmd_worker)
 
     s = sub.add_parser(

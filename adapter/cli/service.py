@@ -107,6 +107,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     else:
         relay = resolve_relay(args.relay, args)
         run_id, attempt = args.run or "", args.attempt or 0
+    if args.scheduler and not run_id:
+        raise SystemExit("tether: --scheduler is for a scheduler job's worker (--run RUN)")
     if args.node and not run_id:
         raise SystemExit("tether: --node K needs --run RUN --attempt N (the attempt it joins)")
     if not 0 <= args.node <= 63:
@@ -133,6 +135,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
                     worker=worker,
                     on_event=clock.say,
                     allow_tunnels=not args.no_shell,
+                    scheduler=args.scheduler or "",
+                    term_wait=term_wait_of(args),
                 )
         except RelayError as exc:
             raise SystemExit(f"tether worker: {exc.message}") from None
@@ -165,6 +169,17 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             flush=True,
         )
     return 0
+
+
+def term_wait_of(args: argparse.Namespace) -> float:
+    """The job's scheduler's wait between SIGTERM and SIGKILL (``--kill-wait``, else its own)."""
+    from worker_shim.program.sched_warnings import RAY_STOP_WAIT, SLURM_KILL_WAIT, ray_stop_wait
+
+    if args.kill_wait is not None:
+        return float(args.kill_wait)
+    if args.scheduler == "ray":
+        return ray_stop_wait(os.environ)
+    return SLURM_KILL_WAIT if args.scheduler == "slurm" else RAY_STOP_WAIT
 
 
 def nodes_of(args: argparse.Namespace, who: str) -> list[list[str]]:

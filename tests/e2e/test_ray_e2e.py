@@ -1,8 +1,9 @@
 """The Ray backend against a real Ray head (``ray start --head``, started and stopped here by its
 PID): submit and complete with logs, a breakpoint set while the job asks for a resource no node
 has, hit once a node with it joins (VS Code's DebugClient under node), cancel while the job waits
-for the GPU another job holds and while it runs, a job stopped from Ray's side retried as attempt
-2, a job Ray gave up on before it started submitted again, and the run's time limit kept.
+for the GPU another job holds and while it runs, a job stopped from Ray's side preempted and
+resumed as attempt 2, a job Ray gave up on before it started submitted again, and the run's
+time limit kept.
 
 Ray lives in ``.venv-ray`` (made on first use, ``tests/ray_cluster.py``); tether's worker runs in
 the jobs with this repository's interpreter, as ``--python`` names it. Marked ``ray``: ``./dev test
@@ -25,6 +26,7 @@ from node_harness import open_vscode_session, scenario
 from ray_cluster import RayHead, ray_bin
 from stack import TETHER, Proc, debug_run, home_env, relay_stack, tether
 from test_runs_e2e import FLAKY, FLAKY_BREAKPOINT
+from test_slurm_preempt_e2e import LOOP
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -248,24 +250,31 @@ async def test_cancel_while_pending_and_while_running_stops_the_ray_jobs(
         assert "attempt 2" not in s.backend.output
 
 
-async def test_a_job_stopped_from_rays_side_is_retried_as_attempt_2(
+async def test_a_job_stopped_from_rays_side_is_preempted_and_resumes_as_attempt_2(
     tmp_path: Path, head: RayHead
 ) -> None:
+    """``ray job stop``: Ray's SIGTERM reaches the worker, which preempts the attempt; Ray waits
+        the run's grace (``RAY_JOB_STOP_WAIT_TIME_S``, set by the backend; Ray's own is 3 s) before
+        its SIGKILL, so a checkpoint that takes 6 s is saved; attempt 2 spends no retry and resumes from
+    it."""
     async with ray_stack(tmp_path, head) as s:
-        retry = ("--max-retries", "1", "--retry-backoff", "0", "--mount", f"state={s.state}")
-        hang = ("--follow", "--", "python", "flaky.py", "hang")
-        async with ray_run(s, *retry, *hang) as (run, run_id, first):
-            await run.wait_line(r"^attempt first")
-            head.request("POST", f"/api/jobs/{first}/stop")  # `ray job stop`: the job is killed
-            await s.backend.wait_line(rf"run {run_id} attempt 1: Ray job {first} ended: STOPPED")
+        (s.workdir / "loop.py").write_text(LOOP)
+        args = ("--max-retries", "0")  # the grace: 60 s
+        loop = ("--follow", "--", "python", "loop.py", "6")
+        async with ray_run(s, *args, *loop) as (run, run_id, first):
+            await run.wait_line(r"^starting at step 0")
+            assert head.job(first)["runtime_env"]["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"] == "65"
+            head.request("POST", f"/api/jobs/{first}/stop")  # `ray job stop`
+            await run.wait_line(r"-- tether: preempting attempt 1: ray: the job was stopped")
+            step = int((await run.wait_line(r"^preempted at step (\d+)")).group(1))
+            await run.wait_line(rf"attempt 1 was preempted; attempt 2 resumes from step {step}")
             second = await submitted(s.backend, run_id, attempt=2)
             assert second != first
-            await run.wait_line(rf"attempt 1 was lost: Ray job {first} ended: STOPPED")
-            await run.wait_line(r"^attempt again")
+            await run.wait_line(rf"^starting at step {step}$")
             await run.wait_line(rf"-- tether: run {run_id} succeeded")
             assert await run.process.wait() == 0
         status = await said(s, "status", run_id)
-        assert re.search(rf"#1 .*job {first} .*-> lost", status), status
+        assert re.search(rf"#1 .*job {first} .*-> preempted", status), status
         assert re.search(rf"#2 on \S+ job {second} .*-> succeeded", status), status
 
 

@@ -1,6 +1,6 @@
 """The Slurm backend against a real single-node Slurm (munged, slurmctld, slurmd started here):
 submit, queue, run, logs, debug with a breakpoint set while the job is pending, cancel while
-pending, a requeued job retried as a new attempt, a crash stopped post-mortem, and a sweep whose
+pending (a requeued job: ``test_slurm_preempt_e2e.py``), a crash stopped post-mortem, and a sweep whose
 trials are jobs."""
 
 from __future__ import annotations
@@ -174,59 +174,6 @@ async def test_a_breakpoint_set_while_the_job_is_pending_is_hit(
             await cancel.wait_line(rf"run {queued}: cancelled")
         await backend.wait_line(rf"run {queued}: cancelling Slurm job {held}")
         await trio.to_thread.run_sync(slurm.wait_job_state, held, {"CANCELLED"}, 30)
-
-
-async def test_a_requeued_job_is_retried_as_a_new_attempt(
-    tmp_path: Path, slurm: SlurmCluster
-) -> None:
-    workdir = project(tmp_path)
-    state = tmp_path / "state"
-    state.mkdir()
-    home = tmp_path / "home"
-    async with (
-        relay_stack(home, workers=0) as (_up, relay),
-        slurm_backend(home, relay, slurm) as backend,
-    ):
-        async with tether(
-            "run",
-            "--backend",
-            "slurm",
-            "--max-retries",
-            "1",
-            "--retry-backoff",
-            "0",
-            "--mount",
-            f"state={state}",
-            "--follow",
-            "--workdir",
-            str(workdir),
-            "--",
-            "python",
-            "flaky.py",
-            "hang",
-            home=home,
-            name="run",
-        ) as run:
-            run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
-            first = (
-                await backend.wait_line(rf"run {run_id} attempt 1: submitted as Slurm job (\d+)")
-            ).group(1)
-            await run.wait_line(r"^attempt first")
-            slurm.run("scontrol", "requeue", first)  # what preemption with PreemptMode=REQUEUE does
-            await backend.wait_line(rf"run {run_id} attempt 1: Slurm requeued job {first}")
-            second = (
-                await backend.wait_line(rf"run {run_id} attempt 2: submitted as Slurm job (\d+)")
-            ).group(1)
-            assert second != first
-            await run.wait_line(r"attempt 1 was lost: Slurm requeued job")
-            await run.wait_line(r"^attempt again")
-            await run.wait_line(rf"-- tether: run {run_id} succeeded")
-            assert await run.process.wait() == 0
-        assert slurm.job_state(first) in ("CANCELLED", None)
-        async with tether("status", run_id, home=home, name="status") as status:
-            await status.process.wait()
-        assert re.search(rf"#1 .*job {first} .*-> lost", status.output), status.output
-        assert re.search(rf"#2 on \S+ job {second} .*-> succeeded", status.output), status.output
 
 
 async def test_a_crash_in_a_slurm_job_stops_post_mortem_then_ends_by_the_policy(

@@ -8,6 +8,7 @@ import pytest
 from worker_shim.backends.job_watch import UNSEEN_GRACE, Action, Attempt, Do, JobWatch, Phase, Seen
 
 W, S, OVER = Attempt.WAITING, Attempt.STARTED, Attempt.OVER
+P = Attempt.PREEMPTING
 TABLE = {
     (Phase.PENDING, W): Do.KEEP,
     (Phase.PENDING, S): Do.KEEP,
@@ -26,6 +27,13 @@ TABLE = {
     (Phase.GAVE_UP, W): Do.SUBMIT_AGAIN,
     (Phase.GAVE_UP, S): Do.LOST,
     (Phase.GAVE_UP, OVER): Do.FORGET,
+    # preempted: as started, but a requeued job is waited for (its worker reports the end)
+    (Phase.PENDING, P): Do.KEEP,
+    (Phase.RUNNING, P): Do.KEEP,
+    (Phase.ENDED, P): Do.LOST,
+    (Phase.GONE, P): Do.LOST,
+    (Phase.REQUEUED, P): Do.KEEP,
+    (Phase.GAVE_UP, P): Do.LOST,
 }
 
 
@@ -114,3 +122,20 @@ def test_a_job_just_submitted_that_the_scheduler_does_not_list_yet_is_not_gone()
     assert watch.look("10", Seen(Phase.GONE), W, now=201.0).do is Do.LOST
     # a job this backend did not just launch (found in its state after a restart): at once
     assert watch.look("11", Seen(Phase.GONE), W, now=0.0).do is Do.LOST
+
+
+def test_a_requeued_job_whose_attempt_is_being_preempted_is_waited_for_then_lost() -> None:
+    """Slurm lists a requeued job as such while its processes still end: the worker, which
+    trapped the SIGTERM, reports the preempted attempt meanwhile; if it never does (it died), the
+    attempt is lost once the run's grace and the watch's are over."""
+    watch = JobWatch("Slurm", grace=30.0)
+    requeued = Seen(Phase.REQUEUED, "PENDING")
+    at = {"preempt_grace": 60.0}
+    assert watch.look("7", requeued, Attempt.PREEMPTING, 0.0, **at).do is Do.KEEP
+    assert watch.look("7", requeued, Attempt.PREEMPTING, 89.0, **at).do is Do.KEEP
+    assert watch.look("7", requeued, Attempt.OVER, 89.5, **at).do is Do.CANCEL
+    watch.forget("7")
+    assert watch.look("8", requeued, Attempt.PREEMPTING, 0.0, **at).do is Do.KEEP
+    assert watch.look("8", requeued, Attempt.PREEMPTING, 90.0, **at).do is Do.CANCEL_LOST
+    # not preempted: lost at once, as before
+    assert watch.look("9", requeued, Attempt.STARTED, 0.0, **at).do is Do.CANCEL_LOST

@@ -69,7 +69,7 @@ def test_the_ticket_is_in_the_environment_never_on_the_command_line() -> None:
     argv = shlex.split(body["entrypoint"])
     assert argv == [
         "/my env/python", "-m", "adapter.cli", "worker", "--run", "r1", "--attempt", "2",
-        "--work-dir", "/scratch/tether", "--no-shell",
+        "--work-dir", "/scratch/tether", "--no-shell", "--scheduler", "ray",
     ]  # fmt: skip
     assert TICKET not in body["entrypoint"]
     assert body["runtime_env"] == {
@@ -77,6 +77,7 @@ def test_the_ticket_is_in_the_environment_never_on_the_command_line() -> None:
             "TETHER_RELAY": "ws://r:1",
             "TETHER_TOKEN": TICKET,
             "TETHER_CA_FILE": "/etc/tether/ca.pem",
+            "RAY_JOB_STOP_WAIT_TIME_S": "65",
         }
     }
 

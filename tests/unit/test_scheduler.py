@@ -103,3 +103,22 @@ async def test_a_running_job_is_said_running_once_and_cancelled_with_its_run(
     backend.seen["j1"] = Seen(Phase.PENDING)
     await backend.watch_once(relay)  # type: ignore[arg-type]
     assert backend.cancelled == ["j1"] and not backend.jobs
+
+
+async def test_a_requeued_job_whose_attempt_ended_preempted_is_cancelled_never_reported_lost(
+    tmp_path: Path,
+) -> None:
+    """Slurm requeues the job after its worker preempted the attempt (its SIGTERM): the attempt
+    ended ``preempted`` (the run suspended, or its next attempt not made yet): the job is
+    cancelled, and no ``lost`` report could end the run or spend a retry."""
+    from protocol_specs.runs.runs import Attempt
+
+    backend, relay = Scheduler(tmp_path), Relay(queued())
+    backend.launches = ["j1"]
+    await backend.submit(relay, relay.record, "ttht_x")  # type: ignore[arg-type]
+    ended = Attempt(n=1, outcome="preempted", detail="slurm: the job was preempted")
+    relay.record = relay.record.model_copy(update={"state": RunState.RUNNING, "attempts": [ended]})
+    backend.seen["j1"] = Seen(Phase.REQUEUED, "PENDING")
+    await backend.watch_once(relay)  # type: ignore[arg-type]
+    assert [r[2] for r in relay.reports] == ["job"]
+    assert backend.cancelled == ["j1"] and not backend.jobs

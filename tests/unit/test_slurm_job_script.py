@@ -28,6 +28,7 @@ def test_the_job_runs_a_worker_for_the_attempt_and_says_whether_it_serves_tunnel
     last = {allowed: script.strip().splitlines()[-1] for allowed, script in made.items()}
     assert last[True] == (
         "exec /usr/bin/python3 -m adapter.cli worker --credentials /s/c.json --work-dir /s/work"
+        " --scheduler slurm --kill-wait 30"
     )
     assert last[False] == last[True] + " --no-shell"
     assert "#SBATCH --gres=gpu:2" in made[True]

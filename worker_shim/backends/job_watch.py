@@ -19,12 +19,15 @@ scheduler      attempt waiting        attempt started      attempt over
 pending        keep                   keep                 cancel
 running        say it runs (once)     keep                 cancel after ``grace``
 over, gone     lost (*)               lost                 forget
-requeued       cancel, lost           cancel, lost         cancel
+requeued       cancel, lost           cancel, lost (**)    cancel
 gave up        submit again           lost                 forget
 =============  =====================  ===================  ==========================
 
 - (*) *gone*, for a job launched here that the scheduler has never listed yet, is kept for
   ``UNSEEN_GRACE`` first: a scheduler may not list a job it has just accepted.
+- (**) an attempt being preempted (its worker trapped the scheduler's warning) is waited for
+  first, for its ``preempt_grace`` and ``grace`` more: Slurm lists a requeued job as such while
+  its processes still end, and the worker reports the attempt ``preempted`` meanwhile.
 - *say it runs*: the relay is told the job runs (``report running``), once: a ticket claims its
   attempt only then (``protocol_specs/access/auth.py``), so a ticket read from a scheduler's job list
   while the job waited is worth nothing.
@@ -70,6 +73,8 @@ class Attempt(StrEnum):
 
     WAITING = "waiting"  #: current, its worker has not claimed it yet
     STARTED = "started"  #: current, claimed by its worker
+    #: current, started, and preempted: its worker reports its end once the program exited
+    PREEMPTING = "preempting"
     OVER = "over"  #: the run ended, or went on to another attempt
 
 
@@ -120,10 +125,18 @@ class JobWatch:
         self._unseen_since[job] = now
 
     def look(
-        self, job: str, seen: Seen, attempt: Attempt, now: float, *, limit: float = 0.0
+        self,
+        job: str,
+        seen: Seen,
+        attempt: Attempt,
+        now: float,
+        *,
+        limit: float = 0.0,
+        preempt_grace: float = 0.0,
     ) -> Action:
         """What to do about ``job``; ``limit``: the run's time limit, for a scheduler that has
-        none of its own (0: none)."""
+        none of its own (0: none); ``preempt_grace``: the run's, how long a preempted attempt's
+        program may take to end."""
         if seen.phase is not Phase.GONE:
             self._unseen_since.pop(job, None)  # listed: its absence counts from now on
         if seen.phase is Phase.RUNNING:
@@ -131,7 +144,7 @@ class JobWatch:
             if limit and attempt is not Attempt.OVER and now - started >= limit:
                 why = f"{self.scheduler} job {job} ran past the run's time limit ({limit:g} s)"
                 return Action(Do.CANCEL_LOST, why)
-        return self._decide(job, seen, attempt, now)
+        return self._decide(job, seen, attempt, now, preempt_grace)
 
     def said_running(self, job: str) -> None:
         """The relay was told ``job`` runs."""
@@ -145,7 +158,9 @@ class JobWatch:
         self._said_running.discard(job)
         self._unseen_since.pop(job, None)
 
-    def _decide(self, job: str, seen: Seen, attempt: Attempt, now: float) -> Action:
+    def _decide(
+        self, job: str, seen: Seen, attempt: Attempt, now: float, preempt_grace: float = 0.0
+    ) -> Action:
         said = f": {seen.detail}" if seen.detail else ""
         over = attempt is Attempt.OVER
         name = f"{self.scheduler} job {job}"
@@ -153,6 +168,12 @@ class JobWatch:
             case Phase.REQUEUED:
                 if over:
                     return Action(Do.CANCEL, f"{name} was requeued; its attempt is over")
+                if attempt is Attempt.PREEMPTING:
+                    # Slurm says requeued while the job's processes still end (KillWait): its
+                    # worker reports the preempted attempt's end, unless it died first
+                    first = self._stale_since.setdefault(job, now)
+                    if now - first < preempt_grace + self.grace:
+                        return Action(Do.KEEP)
                 return Action(Do.CANCEL_LOST, f"{self.scheduler} requeued job {job} (preempted?)")
             case Phase.ENDED | Phase.GONE:
                 if over:

@@ -40,9 +40,10 @@ from relay.client import (
 
 from ..program.files import Fetch
 from ..program.identity import Isolation
-from ..program.preempt import ATTEMPTS
+from ..program.preempt import ATTEMPTS, preempt_self
 from ..program.quarters import Housing
 from ..program.reaper import open_guard
+from ..program.sched_warnings import Warned, trap_warnings, warnings_of
 from ..session.actions import status_entry
 from ..shim import run_dir_of, run_shim, worker_link
 from .afterlife import Afterlives
@@ -288,11 +289,15 @@ async def run_one(
     python: str = sys.executable,
     on_event: Callable[[str], None] | None = None,
     allow_tunnels: bool = True,
+    scheduler: str = "",
+    term_wait: float = 0.0,
 ) -> int | None:
     """Claim ``run_id``'s attempt ``attempt`` and run it (a scheduler job's worker, holding the
     attempt's worker token, or a ticket: the claim then answers with the worker token, which
     serves from there on). Its program runs as the job does (the scheduler's user), and ends with
-    this worker however it ends (``worker_shim/program/reaper.py``)."""
+    this worker however it ends (``worker_shim/program/reaper.py``). ``scheduler`` (``slurm``,
+    ``ray``): the scheduler's warnings preempt the attempt once it is claimed, ``term_wait``: its
+    wait between ``SIGTERM`` and ``SIGKILL`` (``worker_shim/program/sched_warnings.py``)."""
     say = on_event or (lambda _text: None)
     client = f"tether-worker {worker}"
     housing = Housing()
@@ -303,9 +308,14 @@ async def run_one(
         record = assigned.run
         say(f"{worker}: claimed run {record.id} (attempt {record.attempt})")
         try:
-            return await _run(
-                ep, record, assigned.manifest, control, place, python, say, scheduled=True
-            )
+            async with trio.open_nursery() as nursery:
+                if scheduler:
+                    await nursery.start(_warned_by, scheduler, term_wait, record, control, say)
+                code = await _run(
+                    ep, record, assigned.manifest, control, place, python, say, scheduled=True
+                )
+                nursery.cancel_scope.cancel()
+                return code
         finally:
             with trio.CancelScope(shield=True):
                 await tidy(work_dir, runs_dir)
@@ -318,6 +328,27 @@ async def run_one(
         async with open_control(as_worker, client=client) as control:
             await confirm_claim(control, as_worker, assigned, client=client)
             return await started(as_worker, assigned, control)
+
+
+async def _warned_by(
+    scheduler: str,
+    term_wait: float,
+    record: RunRecord,
+    control: ControlClient,
+    say: Callable[[str], None],
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The scheduler's warnings preempt ``record``'s attempt, asked with the worker's token."""
+    warned = warnings_of(scheduler, preempt_grace=record.spec.preempt_grace, term_wait=term_wait)
+
+    async def preempt(what: Warned) -> None:
+        link = ATTEMPTS.link_of(record.id, record.attempt)
+        if link is None:  # its program has not started: the relay's order will reach it
+            await control.preempt(record.id, grace=what.grace, detail=what.detail)
+        else:  # through the relay, or here if the relay cannot be reached
+            await preempt_self(link, record, what.grace, what.detail)
+
+    await trap_warnings(warned, preempt, say=say, task_status=task_status)
 
 
 async def run_node(

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import secrets
 import shlex
@@ -43,10 +44,11 @@ import trio
 from protocol_specs.runs.runs import RunRecord
 from relay.client import endpoint
 
+from ..program.sched_warnings import MARGIN
 from .job_watch import Phase, Seen
 from .scheduler import SchedulerBackend, SchedulerError, SchedulerRefused
 
-__all__ = ["RayBackend", "RayJobs", "RayRefused", "job_request", "seen_of"]
+__all__ = ["RayBackend", "RayJobs", "RayRefused", "job_request", "ray_stop_wait_for", "seen_of"]
 
 log = logging.getLogger("tether.backend")
 
@@ -89,9 +91,15 @@ def job_request(
         argv += ["--work-dir", work_dir]
     if not allow_tunnels:
         argv.append("--no-shell")
+    if res.nodes == 1:  # its worker preempts the attempt when Ray stops the job
+        argv += ["--scheduler", "ray"]
     if res.nodes > 1:
         argv = [*_driver(record, python), *argv]
     env = {"TETHER_RELAY": relay, "TETHER_TOKEN": ticket}
+    if res.nodes == 1:
+        # Ray's job supervisor (which reads it from the job's runtime environment) waits this
+        # long between its SIGTERM and its SIGKILL: the run's grace, and the worker's margin
+        env["RAY_JOB_STOP_WAIT_TIME_S"] = str(ray_stop_wait_for(record.spec.preempt_grace))
     if ca_file:
         env["TETHER_CA_FILE"] = ca_file
     body: dict[str, Any] = {
@@ -115,6 +123,12 @@ def job_request(
     if res.custom:
         body["entrypoint_resources"] = dict(res.custom)
     return body
+
+
+def ray_stop_wait_for(preempt_grace: float) -> int:
+    """``RAY_JOB_STOP_WAIT_TIME_S`` for a run: its grace plus :data:`MARGIN` (an int: Ray's
+    ``int()`` of it), so the program has its whole grace after ``ray job stop``."""
+    return math.ceil(preempt_grace + MARGIN)
 
 
 def _driver(record: RunRecord, python: str) -> list[str]:

@@ -219,6 +219,7 @@ class SchedulerBackend(ABC):
                 _attempt(record, job),
                 trio.current_time(),
                 limit=job.time_limit,
+                preempt_grace=record.spec.preempt_grace if record is not None else 0.0,
             )
             await self._act(control, job, action, record)
 
@@ -281,4 +282,10 @@ class SchedulerBackend(ABC):
 def _attempt(record: RunRecord | None, job: Job) -> Attempt:
     if record is None or record.finished or record.attempt != job.attempt:
         return Attempt.OVER
-    return Attempt.WAITING if record.state is RunState.QUEUED else Attempt.STARTED
+    if record.attempts and record.attempts[-1].outcome:
+        return Attempt.OVER  # it ended (preempted, the run suspended): nothing to report
+    if record.state is RunState.QUEUED:
+        return Attempt.WAITING
+    if record.attempts and record.attempts[-1].preempt:
+        return Attempt.PREEMPTING
+    return Attempt.STARTED

@@ -7,7 +7,9 @@ Theory of operation
 1. takes each run queued for the ``slurm`` backend from the relay (``dispatch``: the run stays
    ``queued``), writes a credentials file readable by the user only (relay URL, run, attempt) and a
    batch script running ``tether worker --credentials FILE``, submits it with ``sbatch --parsable``
-   (resources: ``--cpus-per-task``, ``--mem``, ``--time``, ``--gres=gpu:N``, ``--partition``) and
+   (resources: ``--cpus-per-task``, ``--mem``, ``--time``, ``--gres=gpu:N``, ``--partition``;
+   with ``--time``, ``--signal=B:USR1@G``: the worker preempts the attempt G = ``preempt_grace``
+   seconds, at least 60, before the time limit) and
    reports the job id to the relay (``tether ls`` shows it while the job is pending). A run over
    N nodes is one job of N nodes, one task each (``--cpus-per-task`` and ``--gres`` are per node
    already): the script's ``srun`` starts a worker on every node, node ``$SLURM_NODEID`` in a
@@ -20,8 +22,10 @@ Theory of operation
    - a job that ended, failed, timed out, was cancelled or preempted while its attempt was not
      finished is reported ``lost``: the relay retries it (``--max-retries``) or marks the run lost;
    - a job Slurm *requeued* (preemption with ``PreemptMode=REQUEUE``, ``scontrol requeue``) is
-     cancelled and reported lost too, so the retry is a new attempt with its own job, and the old
-     attempt's worker, should it start again, is refused by the relay;
+     cancelled, so the retry is a new attempt with its own job, and the old attempt's worker,
+     should it start again, is refused by the relay. Its worker had trapped Slurm's ``SIGTERM``
+     and preempted the attempt (``worker_shim/program/sched_warnings.py``): the attempt ended
+     ``preempted`` and its retry does not count; one whose worker could not is reported lost;
    - a job whose run was cancelled (or moved on to another attempt) is ``scancel``-ed.
 
 The loops around this are ``worker_shim/backends/scheduler.py``'s.
@@ -42,10 +46,18 @@ import trio
 from protocol_specs.runs.runs import RunRecord
 from relay.client import endpoint
 
+from ..program.sched_warnings import SLURM_KILL_WAIT, slurm_signal_lead
 from .job_watch import Phase, Seen
 from .scheduler import Job, SchedulerBackend, SchedulerError, SchedulerRefused
 
-__all__ = ["SlurmBackend", "SlurmError", "job_script", "sbatch_options", "worker_line"]
+__all__ = [
+    "SlurmBackend",
+    "SlurmError",
+    "job_script",
+    "kill_wait_of",
+    "sbatch_options",
+    "worker_line",
+]
 
 #: job states after which a job runs no more
 ENDED = frozenset(
@@ -64,6 +76,12 @@ ENDED = frozenset(
 )
 
 
+def kill_wait_of(config: str) -> float:
+    """``KillWait`` from ``scontrol show config``'s text (``KillWait = 30 sec``)."""
+    found = re.search(r"^KillWait\s*=\s*(\d+)", config, re.MULTILINE)
+    return float(found.group(1)) if found else SLURM_KILL_WAIT
+
+
 class SlurmError(SchedulerRefused):
     """A Slurm command failed: the attempt is lost at once (sbatch says why)."""
 
@@ -76,6 +94,8 @@ def sbatch_options(record: RunRecord) -> list[str]:
         opts.append(f"--mem={res.memory_mb}M")
     if res.time_limit:
         opts.append(f"--time={max(1, math.ceil(res.time_limit / 60))}")
+        if res.nodes == 1:  # to the batch shell: the worker, which the script execs
+            opts.append(f"--signal=B:USR1@{slurm_signal_lead(record.spec.preempt_grace)}")
     if res.gpus:
         opts.append(f"--gres=gpu:{res.gpus}")
     if res.partition:
@@ -86,17 +106,26 @@ def sbatch_options(record: RunRecord) -> list[str]:
 
 
 def worker_line(
-    record: RunRecord, *, python: str, credentials: Path, work_dir: Path, allow_tunnels: bool
+    record: RunRecord,
+    *,
+    python: str,
+    credentials: Path,
+    work_dir: Path,
+    allow_tunnels: bool,
+    kill_wait: float = SLURM_KILL_WAIT,
 ) -> str:
     """The job's command: the attempt's worker, or (several nodes) an ``srun`` step starting
-    node ``$SLURM_NODEID``'s worker on every node."""
+    node ``$SLURM_NODEID``'s worker on every node. One node's worker traps Slurm's warnings
+    (``--scheduler slurm``; ``kill_wait``: the cluster's ``KillWait``); a run over nodes does
+    not yet (srun would pass the signals on to every node's worker and program)."""
     tail = "" if allow_tunnels else " --no-shell"
+    warned = f" --scheduler slurm --kill-wait {kill_wait:g}"
     worker = (
         f"{shlex.quote(python)} -m adapter.cli worker --credentials {shlex.quote(str(credentials))}"
     )
     nodes = record.spec.resources.nodes
     if nodes == 1:
-        return f"exec {worker} --work-dir {shlex.quote(str(work_dir))}{tail}"
+        return f"exec {worker} --work-dir {shlex.quote(str(work_dir))}{warned}{tail}"
     # srun execs its command without a shell: one expands the node's index
     on_node = (
         f'exec {worker} --work-dir {shlex.quote(str(work_dir))}"-node$SLURM_NODEID" '
@@ -118,6 +147,7 @@ def job_script(
     work_dir: Path,
     output: Path,
     allow_tunnels: bool = True,
+    kill_wait: float = SLURM_KILL_WAIT,
 ) -> str:
     lines = ["#!/bin/bash"]
     lines += [f"#SBATCH {opt}" for opt in sbatch_options(record)]
@@ -130,6 +160,7 @@ def job_script(
             credentials=credentials,
             work_dir=work_dir,
             allow_tunnels=allow_tunnels,
+            kill_wait=kill_wait,
         ),
         "",
     ]
@@ -149,6 +180,7 @@ class SlurmBackend(SchedulerBackend):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.sbatch_args = sbatch_args or []
+        self._kill_wait: float | None = None
         self.env = {**os.environ, **(env or {})}
         for sub in ("jobs", "credentials", "work"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -200,6 +232,17 @@ class SlurmBackend(SchedulerBackend):
                 seen[job] = Seen(Phase.PENDING if base == "PENDING" else Phase.RUNNING, base)
         return seen
 
+    async def kill_wait(self) -> float:
+        """The cluster's ``KillWait`` (between a job's ``SIGTERM`` and its ``SIGKILL``), read from
+        ``scontrol show config`` once; Slurm's default if it cannot be read."""
+        if self._kill_wait is None:
+            try:
+                said = await self._slurm("scontrol", "show", "config")
+            except (SlurmError, OSError):
+                said = ""
+            self._kill_wait = kill_wait_of(said)
+        return self._kill_wait
+
     async def cancel(self, job: str) -> None:
         await self._slurm("scancel", job, check=False)
 
@@ -228,6 +271,7 @@ class SlurmBackend(SchedulerBackend):
                 work_dir=self.state_dir / "work",
                 output=self.state_dir / "jobs" / f"{key}.out",
                 allow_tunnels=self.allow_tunnels,
+                kill_wait=await self.kill_wait(),
             )
         )
         try:

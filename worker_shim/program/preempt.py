@@ -208,6 +208,14 @@ class Attempts:
             if self._changed is not None:
                 self._changed.set()
 
+    def link_of(self, run: str, attempt: int) -> RunLink | None:
+        """The link of ``run``'s attempt ``attempt`` if its node 0 runs here (``None``: not, or
+        not yet: its program has not started)."""
+        for each in self._running.values():
+            if (each.record.id, each.record.attempt, each.node) == (run, attempt, 0):
+                return each.link
+        return None
+
     async def claim(self, claim: Callable[[], Awaitable[wire.Assigned]]) -> wire.Assigned:
         """``claim()``, unless the pool is stopping (then never: it waits to be cancelled). A
         claim waiting when the pool starts stopping is given up (were it answered meanwhile, its
