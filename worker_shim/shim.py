@@ -508,14 +508,16 @@ async def _watch_terminate(
 ) -> None:
     """A plain run's deliveries (``taken`` off the link before, first): a ``terminate`` for this
     attempt, a ``stop``, tunnels to open."""
-    async for delivery in taken_first(taken, link.deliveries):
-        if output.metrics is not None:
-            output.metrics.control(control_action(delivery, record.attempt))
-            output.metrics.deliver(delivery)
-        entry = parse_delivery(delivery)[1]
-        if terminates(entry, record):
-            await terminate()
-        tunnels.open(entry)
+    # closed here, not left to the garbage collector once cancelled (after the run's end)
+    async with contextlib.aclosing(taken_first(taken, link.deliveries)) as deliveries:
+        async for delivery in deliveries:
+            if output.metrics is not None:
+                output.metrics.control(control_action(delivery, record.attempt))
+                output.metrics.deliver(delivery)
+            entry = parse_delivery(delivery)[1]
+            if terminates(entry, record):
+                await terminate()
+            tunnels.open(entry)
 
 
 async def _run_debug(

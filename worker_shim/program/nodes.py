@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -256,7 +256,7 @@ async def meet(
 
 async def taken_first(
     taken: Sequence[wire.Deliver], rest: AsyncIterable[wire.Deliver]
-) -> AsyncIterator[wire.Deliver]:
+) -> AsyncGenerator[wire.Deliver, None]:
     """``taken`` (deliveries a wait took off the link), then the link's own."""
     for delivery in taken:
         yield delivery
