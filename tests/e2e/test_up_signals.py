@@ -72,11 +72,13 @@ async def test_tether_up_leaves_no_server_behind_and_comes_back_with_its_runs(
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-async def test_stopping_tether_up_ends_its_runs_programs_and_says_so(
+async def test_stopping_tether_up_preempts_its_runs_and_says_so(
     tmp_path: Path, signum: signal.Signals
 ) -> None:
-    """Ctrl-C (or SIGTERM) on `tether up` with a run in its pool: the program is ended and the
-    run is marked at once (lost, as the worker went away), not left "running" until its lease."""
+    """Ctrl-C (or SIGTERM) on `tether up` with a run in its pool: the run's attempt is preempted
+    (its program, which traps nothing, is ended at its `--preempt-grace`), the run is queued again
+    without using a retry, and the next `tether up` runs it again; never left "running" until its
+    lease."""
     home, data = tmp_path / "home", tmp_path / "data"
     workdir = tmp_path / "project"
     workdir.mkdir()
@@ -87,20 +89,24 @@ async def test_stopping_tether_up_ends_its_runs_programs_and_says_so(
     async with tether(*up_args, home=home) as up:
         await up.wait_line(r"tether up: ready relay=(\S+)")
         async with tether(
-            "run", "--workdir", str(workdir), "--", "python", "app.py", home=home, name="run"
-        ) as run:
+            "run", "--workdir", str(workdir), "--preempt-grace", "1s", "--", "python", "app.py",
+            home=home, name="run",
+        ) as run:  # fmt: skip
             run_id = (await run.wait_line(r"run (\w+) queued")).group(1)
         await up.wait_line(rf"run {run_id} attempt 1: \d+ files in")
         os.kill(up.process.pid, signum)
         with trio.fail_after(60):
             await up.process.wait()
         assert "Traceback" not in up.output
-        said = f"tether up: stopping: run {run_id} ends lost (`tether rerun {run_id}` runs it"
+        assert "stopping: preempting 1 running attempt(s)" in up.output, up.output
+        said = f"run {run_id}: preempted, back to the queue (no retry used)"
         assert said in up.output, up.output
     async with tether(*up_args, home=home, name="up again") as again:
         await again.wait_line(r"tether up: ready")
+        await again.wait_line(rf"run {run_id} attempt 2: \d+ files in")
         done = await trio.run_process(
             [TETHER, "status", run_id], capture_stdout=True, env=home_env(home), check=False
         )
+        await trio.run_process([TETHER, "cancel", run_id], env=home_env(home), check=False)
     text = done.stdout.decode()
-    assert "state      lost: the worker stopped" in text, text
+    assert "preempted" in text, text
