@@ -106,6 +106,8 @@ def what_follows(before: RunRecord, after: RunRecord) -> str:
     """What ``tether logs`` says once a preempted attempt ended: ``attempt 2 was preempted;
     attempt 3 resumes from step 400`` (or ``... is suspended; tether resume RUN``)."""
     head = f"attempt {before.attempt} was preempted"
+    if before.preempt_counts:
+        head += " without a new checkpoint: it counts as a retry"
     if after.state is RunState.SUSPENDED:
         return f"{head}; run {after.id} is suspended: tether resume {after.id} continues it"
     return f"{head}; {next_attempt(after)}"

@@ -21,7 +21,9 @@ retried: the next attempt would fail the same way.
 Preemption (``protocol_specs/runs/preemption.py``): a preempted attempt is marked
 (:attr:`Attempt.preempt`); when it ends other than by exiting 0 or failing to start, its outcome
 is ``preempted`` and the run is queued again at once without using a retry (only ``failed`` and
-``lost`` attempts count against ``max_retries``), or ``suspended`` until ``tether resume``.
+``lost`` attempts count against ``max_retries``), or ``suspended`` until ``tether resume``. One
+exception caps a run preempted at every time limit without progress: a preempted attempt that
+stored no checkpoint since the run's previous preempted attempt counts (:attr:`Attempt.counted`).
 
 The diagram in ``docs/run-states.md`` is generated from :data:`TRANSITIONS` (``python -m
 protocol_specs.runs.diagrams``).
@@ -225,6 +227,9 @@ class Attempt(BaseModel):
     #: a preempt was asked of it (``tether preempt``, ``pause``, a scheduler's warning): what
     #: follows its end, ``retry`` or ``suspend`` (``protocol_specs/runs/preemption.py``)
     preempt: str = ""
+    #: a preempted attempt that counts against ``max_retries`` all the same: it stored no
+    #: checkpoint since the run's previous preempted attempt (:attr:`RunRecord.preempt_counts`)
+    counted: bool = False
     exit_code: int | None = None
     detail: str = ""
     #: a multi-node run's nodes (``[]`` for one node), from node 0's claim on
@@ -403,6 +408,7 @@ class RunRecord(BaseModel):
             raise IllegalTransition(event, self.state)
         next_state(self.state, event)  # finished runs: IllegalTransition
         then = self.preempted
+        counted = self.preempt_counts
         if then == "suspend":
             ended = self.with_attempt(
                 ended_at=at, outcome="preempted", exit_code=exit_code, detail=detail
@@ -412,7 +418,7 @@ class RunRecord(BaseModel):
                 detail=detail, processes=_ended(self.processes), ides=[],
             )  # fmt: skip
         delay: float | None = 0.0
-        if not then:
+        if not then or counted:
             failures = self.failures + 1
             delay = retry_delay(failures, self.spec.max_retries, self.spec.retry_backoff)
         if delay is None:
@@ -420,7 +426,9 @@ class RunRecord(BaseModel):
         outcome = "failed" if event is RunEvent.EXIT_ERROR else "lost"
         if then:
             outcome = "preempted"
-        ended = self.with_attempt(ended_at=at, outcome=outcome, exit_code=exit_code, detail=detail)
+        ended = self.with_attempt(
+            ended_at=at, outcome=outcome, exit_code=exit_code, detail=detail, counted=counted
+        )
         attempts = [*ended.attempts, Attempt(n=self.attempt + 1, queued_at=at)]
         return ended.model_copy(update={"attempts": attempts}).advance(
             RunEvent.RETRY,
@@ -441,11 +449,26 @@ class RunRecord(BaseModel):
         return last.preempt if last is not None and last.n == self.attempt else ""
 
     @property
+    def preempt_counts(self) -> bool:
+        """Whether the current attempt, preempted to be retried, counts against ``max_retries``:
+        an earlier attempt was preempted too and no checkpoint was stored since (by this attempt
+        or one between). A run preempted at every time limit without progress would otherwise be
+        queued again for ever; its first preemption, and any after progress, stay free."""
+        if self.preempted != "retry":
+            return False
+        earlier = [a.n for a in self.attempts if a.n < self.attempt and a.outcome == "preempted"]
+        if not earlier:
+            return False
+        return self.checkpoint is None or self.checkpoint.attempt <= max(earlier)
+
+    @property
     def failures(self) -> int:
-        """The attempts before the current one that failed or were lost (what counts against
-        ``max_retries``: a preempted attempt does not)."""
+        """The attempts before the current one that failed or were lost, and the preempted ones
+        that made no progress (:attr:`preempt_counts`): what counts against ``max_retries``."""
         return sum(
-            1 for a in self.attempts if a.n != self.attempt and a.outcome in ("failed", "lost")
+            1
+            for a in self.attempts
+            if a.n != self.attempt and (a.outcome in ("failed", "lost") or a.counted)
         )
 
     def check_attempt(self, event: RunEvent, about: int | None) -> None:

@@ -20,6 +20,7 @@ from protocol_specs.wire import wire
 from protocol_specs.wire.wire import ErrorCode
 
 from ..runs.checkpoints import RunFiles, SetError
+from .blobs import missing
 from .context import Conn, Refused, Rooms, allow
 
 __all__ = ["get_checkpoints", "get_outputs", "put_checkpoint", "put_outputs"]
@@ -32,14 +33,24 @@ def _files(rooms: Rooms) -> RunFiles:
     return RunFiles(rooms.store, rooms.blobs)
 
 
-async def _uploaded(files: RunFiles, digest: str, what: str, record: RunRecord) -> FileSet:
-    """The file set blob ``digest`` names, once it and every chunk it lists are stored."""
+async def _uploaded(
+    rooms: Rooms, conn: Conn, files: RunFiles, digest: str, what: str, record: RunRecord
+) -> FileSet:
+    """The file set blob ``digest`` names, once it and every chunk it lists are stored as the
+    run owner's blobs. Only theirs: a set naming another user's blob (its digest known or
+    guessed) would otherwise be recorded, and that blob then read back through the run, or its
+    presence learnt (``blobs.missing``: nobody learns whether another user's file is here)."""
+    if await missing(rooms, conn.who, [digest], user=record.owner):
+        raise Refused(
+            ErrorCode.MISSING_BLOBS, f"{what}: the file set blob {digest[:12]} is not stored",
+            run=record,
+        )  # fmt: skip
     try:
         got = await files.read_set(digest)
     except SetError as exc:
         code = ErrorCode.MISSING_BLOBS if exc.missing else ErrorCode.BAD_BLOB
         raise Refused(code, f"{what}: {exc}", run=record) from None
-    lacking = await files.lacking(got)
+    lacking = await missing(rooms, conn.who, sorted(got.digests), user=record.owner)
     if lacking:
         raise Refused(
             ErrorCode.MISSING_BLOBS,
@@ -76,7 +87,7 @@ async def put_checkpoint(rooms: Rooms, conn: Conn, frame: wire.PutCheckpoint) ->
         )
     files = _files(rooms)
     what = f"checkpoint of step {frame.step}"
-    got = await _uploaded(files, frame.files, what, record)
+    got = await _uploaded(rooms, conn, files, frame.files, what, record)
     _within_limit(rooms, got, frame.step, record)
     nodes = record.spec.resources.nodes
     digest, sent = frame.files, frame.sent
@@ -170,7 +181,7 @@ async def get_checkpoints(rooms: Rooms, conn: Conn, frame: wire.GetCheckpoints) 
 async def put_outputs(rooms: Rooms, conn: Conn, frame: wire.PutOutputs) -> wire.AnyFrame:
     record = await _worker_run(rooms, conn, Act.PUT_OUTPUTS, frame.run, frame.attempt, frame.node)
     files = _files(rooms)
-    got = await _uploaded(files, frame.files, "the outputs", record)
+    got = await _uploaded(rooms, conn, files, frame.files, "the outputs", record)
     merged = await files.add_outputs(record.id, got)
     summary = {"outputs": len(merged.files), "outputs_bytes": merged.size}
     await rooms.registry.update(record.id, lambda r: r.model_copy(update=summary))

@@ -72,10 +72,6 @@ class RunFiles:
             await self.blobs.put(digest, files.encode())
         return digest
 
-    async def lacking(self, files: FileSet) -> list[str]:
-        """The chunks ``files`` names that the blob store lacks."""
-        return await self.blobs.missing(sorted(files.digests))
-
     # --- checkpoints ------------------------------------------------------------------------------
 
     async def book(self, run_id: str) -> CheckpointBook:

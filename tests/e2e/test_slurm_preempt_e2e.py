@@ -104,3 +104,36 @@ async def test_a_warned_slurm_job_is_preempted_and_resumes_without_a_retry(
         assert re.search(rf"#1 .*job {first} .*-> preempted", status.output), status.output
         assert re.search(rf"#2 on \S+ job {second} .*-> succeeded", status.output), status.output
         assert "lost" not in status.output
+
+
+async def test_a_slurm_job_cancelled_by_hand_is_lost_not_preempted(
+    tmp_path: Path, slurm: SlurmCluster
+) -> None:
+    """``scancel`` sends the SIGTERM a requeue sends: the worker asks Slurm, sees CANCELLED and
+    does not preempt; the attempt is lost and, with no retry left, so is the run."""
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "loop.py").write_text(LOOP)
+    home = tmp_path / "home"
+    async with (
+        relay_stack(home, workers=0) as (_up, relay),
+        slurm_backend(home, relay, slurm) as backend,
+    ):
+        async with tether(
+            "run", "--backend", "slurm", "--max-retries", "0", "--time", "30m",
+            "--follow", "--workdir", str(workdir),
+            "--", "python", "loop.py",
+            home=home, name="run",
+        ) as run:  # fmt: skip
+            run_id = (await run.wait_line(r"tether run: run (\S+) queued")).group(1)
+            job = (
+                await backend.wait_line(rf"run {run_id} attempt 1: submitted as Slurm job (\d+)")
+            ).group(1)
+            await run.wait_line(r"^starting at step 0")
+            slurm.run("scancel", job)
+            await run.wait_line(rf"-- tether: run {run_id} lost")
+            await run.process.wait()
+        assert "preempted at step" not in run.output
+        async with tether("status", run_id, home=home, name="status") as status:
+            await status.process.wait()
+        assert re.search(rf"#1 .*job {job} .*-> lost", status.output), status.output

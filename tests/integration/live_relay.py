@@ -17,6 +17,7 @@ from protocol_specs.wire.wire import IdeLink, Role, WorkerLink
 from relay.auth import TokenStore
 from relay.client import Endpoint, RelayError, open_connection, open_control, open_run_link
 from relay.server import RelayConfig, serve_relay, server_port
+from relay.snapshots.blobs import BlobStore
 from relay.store import Store
 
 SPEC = RunSpec(command=["python", "app.py"], workdir="/home/me/project")
@@ -35,11 +36,16 @@ class Relay:
 
 
 @asynccontextmanager
-async def live_relay(store: Store, config: RelayConfig | None = None) -> AsyncIterator[Relay]:
+async def live_relay(
+    store: Store, config: RelayConfig | None = None, blobs: BlobStore | None = None
+) -> AsyncIterator[Relay]:
+    """A relay on ``store``; ``blobs``: its blob store (else one in memory)."""
     tokens = TokenStore(store)
     async with trio.open_nursery() as nursery:
         server = await nursery.start(
-            lambda task_status: serve_relay(store, port=0, config=config, task_status=task_status)
+            lambda task_status: serve_relay(
+                store, port=0, config=config, blobs=blobs, task_status=task_status
+            )
         )
         url = f"ws://127.0.0.1:{server_port(server)}"
 

@@ -220,3 +220,32 @@ async def test_the_blob_sweep_keeps_what_checkpoints_and_outputs_name(redis_stor
     now[0] += 7200
     assert await relay.collect_blobs() == 1  # the junk only
     assert set(blobs.blobs) == {*kept_blobs, *out_blobs}
+
+
+async def test_a_set_naming_another_users_blobs_is_not_recorded_nor_read_through_the_run(
+    redis_store: Store,
+) -> None:
+    async with live_relay(redis_store) as r:
+        secret = b"alice's weights " * 4
+        run, worker = await started(r, r.alice, r.pool)
+        async with open_control(worker) as w:
+            alice_set = (await save(w, run, 1, {"model.pt": secret})).checkpoint.files
+        chunk = _sha(secret)  # bob knows (or guesses) the digest, not the bytes
+        theirs, their_worker = await started(r, r.bob, r.pool)
+        forged = FileSet(files=[StoredFile(path="x.pt", size=len(secret), chunks=[chunk])])
+        async with open_control(their_worker) as w:
+            await upload(w, {forged.digest(): forged.encode()})  # the set is his own
+            with pytest.raises(RelayError) as as_checkpoint:
+                await w.put_checkpoint(theirs, 1, 2, forged.digest())
+            with pytest.raises(RelayError) as as_outputs:
+                await w.put_outputs(theirs, 1, forged.digest())
+            for refused in (as_checkpoint, as_outputs):
+                assert refused.value.code == "missing_blobs"
+                assert "names 1 chunk the relay does not hold" in str(refused.value)
+            with pytest.raises(RelayError) as whole:  # alice's own set blob, named whole
+                await w.put_checkpoint(theirs, 1, 3, alice_set)
+            assert f"the file set blob {alice_set[:12]} is not stored" in str(whole.value)
+        async with open_control(r.bob) as bob:
+            with pytest.raises(RelayError) as denied:
+                await bob.get_blob(chunk, run=theirs)
+            assert denied.value.code == "forbidden"

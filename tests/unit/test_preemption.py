@@ -120,3 +120,46 @@ def test_resume_of_a_run_not_suspended_is_refused() -> None:
     assert refusal == (
         "run r1 is running, not suspended: only a paused run (tether pause) is resumed"
     )
+
+
+def _preempted_again(record: RunRecord, at: float) -> RunRecord:
+    """The current attempt preempted (a scheduler's time limit) and ended; the next one started."""
+    record = preemption.preempt(record, "retry", at=at, detail="time limit")
+    record = record.attempt_over(
+        RunEvent.EXIT_ERROR, at=at + 1, about=record.attempt, exit_code=-15
+    )
+    if record.state is RunState.QUEUED:
+        record = record.advance(RunEvent.CLAIM, at=at + 2).advance(RunEvent.START, at=at + 3)
+    return record
+
+
+def _saved(record: RunRecord, step: int) -> RunRecord:
+    checkpoint = Checkpoint(step=step, attempt=record.attempt, at=0.0, files="a" * 64)
+    return record.model_copy(update={"checkpoint": checkpoint})
+
+
+def test_a_preemption_without_a_new_checkpoint_since_the_last_one_counts_as_a_retry() -> None:
+    record = _saved(_running(max_retries=1), step=100)
+    record = _preempted_again(record, at=10.0)  # attempt 1 saved: free
+    assert (record.attempt, record.failures) == (2, 0)
+    before = preemption.preempt(record, "retry", at=20.0, detail="time limit")
+    assert before.preempt_counts  # attempt 2 saved nothing since attempt 1's preemption
+    after = before.attempt_over(RunEvent.EXIT_ERROR, at=21.0, about=2, exit_code=-15)
+    assert (after.state, after.attempt, after.failures) == (RunState.QUEUED, 3, 1)
+    assert after.attempts[1].outcome == "preempted" and after.attempts[1].counted
+    assert preemption.what_follows(before, after).startswith(
+        "attempt 2 was preempted without a new checkpoint: it counts as a retry; attempt 3"
+    )
+    record = after.advance(RunEvent.CLAIM, at=22.0).advance(RunEvent.START, at=23.0)
+    ended = _preempted_again(record, at=30.0)  # the one retry is used: the run ends
+    assert ended.state is RunState.FAILED
+
+
+def test_a_preemption_after_progress_or_the_first_one_stays_free() -> None:
+    record = _preempted_again(_running(max_retries=0), at=10.0)  # no checkpoint, but the first
+    assert (record.state, record.attempt) == (RunState.RUNNING, 2)
+    for n in range(3):  # each attempt saves a checkpoint: free every time
+        record = _preempted_again(_saved(record, step=100 * (n + 1)), at=20.0 + 10 * n)
+    assert (record.state, record.attempt, record.failures) == (RunState.RUNNING, 5, 0)
+    paused = preemption.preempt(record, "suspend", at=90.0, detail="paused")
+    assert not paused.preempt_counts  # a pause never counts

@@ -18,6 +18,7 @@ from worker_shim.backends.ray_jobs import job_request
 from worker_shim.backends.slurm import job_script, kill_wait_of, sbatch_options
 from worker_shim.program.sched_warnings import (
     Warned,
+    cancelled_in,
     ray_stop_wait,
     trap_warnings,
     warnings_of,
@@ -111,7 +112,76 @@ async def test_the_first_of_each_warning_preempts_the_attempt_once() -> None:
             await twice.wait()
             nursery.cancel_scope.cancel()
     assert [w.detail for w in asked] == [
-        "slurm: the job was preempted, requeued or cancelled",
+        "slurm: the job was preempted or requeued",
         "slurm: the job's time limit is near",
     ]
     assert "could not preempt the attempt: relay unreachable" in said
+
+
+_JOB = (
+    "JobId=7 JobName=t UserId=root(0) JobState={} Reason=None Requeue=1 Restarts={} "
+    "RunTime=00:00:02 TimeLimit={}"
+)
+
+
+def _job(state: str, restarts: int = 0, limit: str = "00:30:00") -> str:
+    return _JOB.format(state, restarts, limit)
+
+
+async def _trapped(state: str | None) -> tuple[list[str], list[str]]:
+    """A SIGTERM then a SIGUSR1 to this process, Slurm saying the job is ``state`` (None: it
+    cannot say): the warnings that preempted, and what the worker said."""
+    asked: list[str] = []
+    said: list[str] = []
+    looked, both = trio.Event(), trio.Event()
+
+    def say(text: str) -> None:
+        said.append(text)
+        if len(said) == 2:
+            both.set()
+
+    async def preempt(what: Warned) -> None:
+        asked.append(what.detail)
+
+    async def cancelled() -> bool | None:
+        looked.set()
+        return None if state is None else cancelled_in(_job(state))
+
+    warned = warnings_of("slurm", preempt_grace=60, term_wait=30)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: trap_warnings(
+                warned, preempt, say=say, cancelled=cancelled, task_status=task_status))  # fmt: skip
+            os.kill(os.getpid(), signal.SIGTERM)
+            await looked.wait()
+            os.kill(os.getpid(), signal.SIGUSR1)  # the time-limit warning: never asked about
+            await both.wait()
+            nursery.cancel_scope.cancel()
+    return asked, said
+
+
+async def test_a_job_cancelled_by_hand_is_not_preempted_a_requeued_one_is() -> None:
+    """scancel sends the SIGTERM a requeue sends; Slurm marks the job CANCELLED first, and the
+    worker asks: a cancel is no preemption (the attempt ends lost and counts), a requeue is."""
+    assert cancelled_in(_job("CANCELLED"))
+    assert cancelled_in(_job("CANCELLED+"))
+    # what Slurm 23 shows at the SIGTERM: COMPLETING both; a requeue raised Restarts already
+    assert cancelled_in(_job("COMPLETING"))
+    assert not cancelled_in(_job("COMPLETING", restarts=1))
+    assert cancelled_in(_job("COMPLETING", restarts=1), restarts=1)  # cancelled after a requeue
+    assert not cancelled_in(_job("COMPLETING", limit="00:00:02"))  # its time limit: Slurm's
+    assert cancelled_in(_job("COMPLETING", limit="UNLIMITED"))
+    assert not cancelled_in(_job("COMPLETING") + " PreemptTime=2026-11-28T10:26:21")
+    assert not cancelled_in(_job("REQUEUED"))
+    assert not cancelled_in(_job("PENDING"))
+    assert not cancelled_in(_job("PREEMPTED"))  # preempted for good: still a preemption
+    limit = "slurm: the job's time limit is near"
+    asked, said = await _trapped("CANCELLED")
+    assert asked == [limit]
+    assert said[0] == (
+        "SIGTERM: the job was cancelled (scancel), not preempted: the attempt ends lost "
+        "and counts against --max-retries"
+    )
+    for state in ("REQUEUED", None):  # requeued, or Slurm could not say: a preemption
+        asked, _ = await _trapped(state)
+        assert asked == ["slurm: the job was preempted or requeued", limit]

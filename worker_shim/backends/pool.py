@@ -11,6 +11,7 @@ reason rather than waiting for ever.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import socket
 import subprocess
@@ -43,7 +44,7 @@ from ..program.identity import Isolation
 from ..program.preempt import ATTEMPTS, preempt_self
 from ..program.quarters import Housing
 from ..program.reaper import open_guard
-from ..program.sched_warnings import Warned, trap_warnings, warnings_of
+from ..program.sched_warnings import Warned, slurm_cancelled, trap_warnings, warnings_of
 from ..session.actions import status_entry
 from ..shim import run_dir_of, run_shim, worker_link
 from .afterlife import Afterlives
@@ -348,7 +349,8 @@ async def _warned_by(
         else:  # through the relay, or here if the relay cannot be reached
             await preempt_self(link, record, what.grace, what.detail)
 
-    await trap_warnings(warned, preempt, say=say, task_status=task_status)
+    cancelled = partial(slurm_cancelled, os.environ) if scheduler == "slurm" else None
+    await trap_warnings(warned, preempt, say=say, cancelled=cancelled, task_status=task_status)
 
 
 async def run_node(
