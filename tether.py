@@ -46,6 +46,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ __all__ = [
     "CheckpointError",
     "checkpoint_dir",
     "latest_checkpoint",
+    "on_suspend",
     "params",
     "report",
     "save_checkpoint",
@@ -299,3 +301,35 @@ def save_checkpoint(step: int) -> dict[str, Any]:
         raise CheckpointError(str(error or f"the worker did not store step {step} (it is ending)"))
     _saved["step"] = step
     return dict(said["stored"])
+
+
+#: the function a suspend calls (``on_suspend``); a list so the worker's call sees the latest
+_on_suspend: list[Callable[[], object] | None] = [None]
+
+
+def on_suspend(fn: Callable[[], object] | None) -> None:
+    """Register ``fn`` to be called when the run is suspended while it is paused at a breakpoint
+    with no IDE attached (``--on-unattended-stop suspend``): it saves what the next attempt needs,
+    typically ``tether.save_checkpoint(step)``. The last registration wins; ``None`` clears it.
+    Without one, the suspend cannot be done and ``--unattended-fallback`` acts."""
+    if fn is not None and not callable(fn):
+        raise TypeError(f"tether.on_suspend: expected a function or None, not {fn!r}")
+    _on_suspend[0] = fn
+
+
+def _tether_suspend() -> bool:
+    """Called by the worker (a debugger evaluation in the paused thread's top frame): run the
+    ``on_suspend`` function; False if none is registered. If it raises, a ``RuntimeError`` whose
+    message is one line says why."""
+    fn = _on_suspend[0]
+    if fn is None:
+        return False
+    try:
+        fn()
+    except BaseException as exc:
+        why = " ".join(str(exc).split())[:300]
+        raise RuntimeError(
+            f"its tether.on_suspend function raised {type(exc).__name__}"
+            + (f": {why}" if why else "")
+        ) from None
+    return True

@@ -74,6 +74,8 @@ class Profile(BaseModel):
     #: how many of a run's checkpoints the relay keeps (``--keep-checkpoints``)
     keep_checkpoints: int | None = None
     on_unattended_stop: str = ""
+    #: what acts when ``on_unattended_stop = "suspend"`` cannot (``--unattended-fallback``)
+    unattended_fallback: str = ""
     #: ``tether run``: start Python programs so that ``tether attach`` can debug them later
     debuggable: bool | None = None
     #: an uncaught exception stops the program for an IDE instead of ending it

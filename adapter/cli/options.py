@@ -181,8 +181,10 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
     )
     g.add_argument(
         "--on-unattended-stop",
-        choices=["wait", "continue", "terminate"],
-        help="wait for an IDE (the run keeps its GPUs meanwhile), or continue / terminate after "
+        choices=["wait", "continue", "terminate", "suspend"],
+        help="wait for an IDE (the run keeps its GPUs meanwhile), or continue / terminate / "
+        "suspend (the program's tether.on_suspend saves a checkpoint, the run is suspended and "
+        "frees its slot; tether resume continues it) after "
         + (
             "--unattended-timeout (default: terminate on the local pool, whose slots are few; "
             "wait on slurm and ray)"
@@ -192,10 +194,17 @@ def run_options(s: argparse.ArgumentParser, *, debug: bool) -> None:
         ),
     )
     g.add_argument(
+        "--unattended-fallback",
+        choices=["wait", "continue", "terminate"],
+        help="what acts when --on-unattended-stop suspend cannot (the program registered no "
+        "tether.on_suspend function, or it failed; default wait: nothing is lost; config key "
+        "unattended_fallback)",
+    )
+    g.add_argument(
         "--unattended-timeout",
         type=parse_duration,
         metavar="DURATION",
-        help="how long an unattended stop lasts before continue/terminate act "
+        help="how long an unattended stop lasts before continue/terminate/suspend act "
         "(e.g. 90s, 30m, 2h; default 5m on the local pool, 30m on slurm and ray)",
     )
     g.add_argument(

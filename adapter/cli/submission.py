@@ -165,6 +165,7 @@ def build_spec(
             # what a run does when nobody comes (docs/reliability.md, "Unattended stops"): a plain run is
             # nobody's session, a local pool's slots are few
             on_unattended_stop=pick("on_unattended_stop", unattended_policy(debug, backend)),
+            unattended_fallback=pick("unattended_fallback", "wait"),
             unattended_timeout=_given(
                 getattr(args, "unattended_timeout", None), unattended_timeout(backend)
             ),

@@ -73,6 +73,10 @@ class RunNews:
                 return f"{run} started on a worker; applying breakpoints."
             case StatusEvent.DEBUGGER_LIVE:
                 return f"{run} is live: the debugger is attached on the worker."
+            case StatusEvent.EXITED if not s.finished:
+                # an attempt that another follows (a retry) or that was preempted (the run may be
+                # suspended): the relay's next status says which; the run has not finished
+                return f"{run}: attempt {s.attempt} ended."
             case StatusEvent.EXITED:
                 return f"{run} finished with exit code {s.exit_code}."
             case StatusEvent.START_FAILED:

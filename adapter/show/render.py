@@ -115,10 +115,14 @@ def unattended_text(spec: RunSpec) -> str:
         "wait": "it stays so until an IDE attaches, keeping its slot and GPUs",
         "continue": f"it goes on {after} later",
         "terminate": f"it ends {after} later, freeing its slot",
+        "suspend": f"{after} later its tether.on_suspend saves a checkpoint and it is suspended, "
+        "freeing its slot (tether resume continues it)",
     }[policy]
     flags = f"--on-unattended-stop {policy}" + (
         "" if policy == "wait" else f" --unattended-timeout {after}"
     )
+    if policy == "suspend":
+        flags += f" --unattended-fallback {spec.unattended_fallback}"
     return f"if nobody comes: when the run {when}, {does} ({flags})"
 
 

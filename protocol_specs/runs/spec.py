@@ -60,8 +60,12 @@ class RunSpec(BaseModel):
     #: the client OS of the submitting machine, for path separators ("unix" or "windows")
     client_os: str = "unix"
     #: what the worker does when the program is paused and no IDE is attached
-    #: (``protocol_specs.session.attention``): wait, continue or terminate after ``unattended_timeout`` s
-    on_unattended_stop: Literal["wait", "continue", "terminate"] = "wait"
+    #: (``protocol_specs.session.attention``): wait, continue, terminate or suspend after
+    #: ``unattended_timeout`` s (suspend: the program's ``tether.on_suspend`` saves a checkpoint and
+    #: the run is suspended, its slot freed)
+    on_unattended_stop: Literal["wait", "continue", "terminate", "suspend"] = "wait"
+    #: what acts when ``suspend`` cannot (no ``tether.on_suspend`` function, or it failed)
+    unattended_fallback: Literal["wait", "continue", "terminate"] = "wait"
     unattended_timeout: float = Field(default=1800.0, ge=0, le=30 * 24 * 3600)
     #: POSTed a JSON notice when the program stops with no IDE attached (http or https)
     webhook: str = Field(default="", max_length=2048)

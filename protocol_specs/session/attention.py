@@ -22,8 +22,16 @@ attached. When one begins,
 :class:`Attention` returns a :class:`Notice` (the shim publishes it; the adapter's terminal, the
 desktop and the run's webhook tell the user). Unless the policy is ``wait``, it also sets a
 deadline ``timeout`` seconds later; :meth:`Attention.tick` at or after it returns the policy's
-action (:class:`Resume` or :class:`Terminate`). An IDE attaching, or the program resuming, clears the
+action (:class:`Resume`, :class:`Terminate` or :class:`Suspend`). An IDE attaching, or the program resuming, clears the
 deadline; the next unattended stop starts a new one.
+
+``suspend`` asks the worker to call the program's ``tether.on_suspend`` function in every paused
+process (it saves a checkpoint), then to suspend the run (its slot freed; ``tether resume`` runs
+it again from that checkpoint, to the same breakpoints). The worker says how that went:
+:meth:`Attention.suspended` (the run is being suspended: nothing more to decide) or
+:meth:`Attention.cannot_suspend`, which hands the stop to ``fallback`` (``wait``: nothing more;
+``continue``, ``terminate``: at once) and keeps ``fallback`` as the policy for the rest of the
+attempt, so a program with nothing to call is never asked again at its next stop.
 
 Sans-I/O: the caller passes the time in and performs the decisions.
 """
@@ -42,6 +50,7 @@ __all__ = [
     "Attention",
     "Notice",
     "Resume",
+    "Suspend",
     "Terminate",
     "UnattendedPolicy",
 ]
@@ -61,6 +70,9 @@ class UnattendedPolicy(StrEnum):
     WAIT = "wait"  #: stay paused until an IDE attaches (the GPUs stay allocated)
     CONTINUE = "continue"  #: after the timeout, resume the program (the breakpoint is missed)
     TERMINATE = "terminate"  #: after the timeout, end the run (frees the GPUs)
+    #: after the timeout, the program's ``tether.on_suspend`` saves a checkpoint and the run is
+    #: suspended (frees the GPUs; ``tether resume`` continues from that checkpoint)
+    SUSPEND = "suspend"
 
 
 @dataclass(frozen=True)
@@ -80,13 +92,24 @@ class Terminate:
     detail: str
 
 
-Decision = Notice | Resume | Terminate
+@dataclass(frozen=True)
+class Suspend:
+    """Call the program's ``tether.on_suspend`` function in every paused process, then suspend
+    the run; tell :meth:`Attention.suspended` or :meth:`Attention.cannot_suspend` how it went."""
+
+    thread_id: int
+    waited: float  #: seconds the stop was unattended
+
+
+Decision = Notice | Resume | Terminate | Suspend
 
 
 @dataclass
 class Attention:
     policy: UnattendedPolicy
     timeout: float
+    #: what acts when ``suspend`` cannot (``wait``, ``continue`` or ``terminate``)
+    fallback: UnattendedPolicy = UnattendedPolicy.WAIT
     link_grace: float = LINK_GRACE
     #: origin -> (epoch, attached, until when a lost link still counts as attached)
     presence: dict[str, tuple[int, bool, float]] = field(default_factory=dict)
@@ -96,7 +119,13 @@ class Attention:
     #: since when the program is held before its first line, for an IDE's configuration
     held_since: float | None = None
     hold_grace: float = HOLD_GRACE
+    #: a :class:`Suspend` was decided and its outcome is not known yet
+    suspending: bool = False
     _unattended: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fallback is UnattendedPolicy.SUSPEND:
+            raise ValueError("the fallback of the suspend policy cannot be suspend")
 
     def attended(self, now: float) -> bool:
         return any(attached or now < grace for _, attached, grace in self.presence.values())
@@ -168,15 +197,43 @@ class Attention:
             return []
         self.deadline = None
         tid, _ = self._first()
-        if self.policy is UnattendedPolicy.CONTINUE:
+        if self.policy is not UnattendedPolicy.SUSPEND:
+            return self._act(self.policy, tid)
+        if tid == HELD:  # held before its first line: nothing ran, nothing to save
+            return self._act(self.fallback, tid, "--unattended-fallback")
+        self.suspending = True
+        return [Suspend(tid, self.timeout)]
+
+    def _act(
+        self, policy: UnattendedPolicy, tid: int, flag: str = "--on-unattended-stop"
+    ) -> list[Decision]:
+        if policy is UnattendedPolicy.CONTINUE:
             return [Resume(tid)]
+        if policy is UnattendedPolicy.WAIT:
+            return []
         what = "paused" if tid != HELD else "waiting for an IDE"
         return [
             Terminate(
                 f"the program stayed {what} with no IDE attached for {self.timeout:g} s "
-                "(--on-unattended-stop terminate)"
+                f"({flag} {policy})"
             )
         ]
+
+    def suspended(self) -> None:
+        """The run is being suspended (the program ends with its attempt): nothing more acts."""
+        self.suspending = False
+        self.deadline = None
+
+    def cannot_suspend(self, now: float) -> list[Decision]:
+        """The suspend could not be done: ``fallback`` acts on the stop now (if this one decided
+        it and the stop is still unattended), and is the policy from now on."""
+        was, self.suspending = self.suspending, False
+        if self.policy is UnattendedPolicy.SUSPEND:
+            self.policy = self.fallback
+        if not was or not self._unattended:
+            return []
+        tid, _ = self._first()
+        return self._act(self.fallback, tid, "--unattended-fallback")
 
     def _update(self, now: float) -> list[Decision]:
         for origin, (epoch, attached, grace) in list(self.presence.items()):

@@ -12,7 +12,7 @@ from test_shim_processes import WORKDIR, Harness, src
 from protocol_specs.session.focus import focus_request
 from protocol_specs.session.session import BreakpointSet
 from protocol_specs.wire.wire import DapEntry
-from worker_shim.session.processes import cleared
+from worker_shim.session.replay import cleared
 
 
 def focus(h: Harness, ranks: list[int] | None, seq: int) -> None:

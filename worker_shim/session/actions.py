@@ -25,6 +25,7 @@ __all__ = [
     "ReplayFailed",
     "Say",
     "Settle",
+    "SuspendRun",
     "Terminate",
     "ToDebugpy",
     "status_entry",
@@ -106,6 +107,15 @@ class Terminate:
 
 
 @dataclass(frozen=True)
+class SuspendRun:
+    """The unattended-stop policy ``suspend``: call the program's ``tether.on_suspend`` in every
+    paused process, then suspend the run (:mod:`worker_shim.session.suspend`); the outcome goes
+    back with :meth:`~worker_shim.session.processes.DebuggedProcesses.suspend_outcome`."""
+
+    waited: float  #: seconds the stop was unattended
+
+
+@dataclass(frozen=True)
 class ReplayFailed:
     """The configuration replay cannot go on; the attempt fails to start."""
 
@@ -142,6 +152,7 @@ Action = (
     | PipeOutputToIde
     | Say
     | Terminate
+    | SuspendRun
     | ReplayFailed
     | OpenChild
     | CloseChild

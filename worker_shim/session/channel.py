@@ -274,6 +274,11 @@ class DebugpyChannel:
             if not again:
                 return actions
 
+    def suspend_outcome(self, ok: bool, text: str) -> list[Action]:
+        """How the run's suspend went (:meth:`Watch.suspend_outcome`), and what follows."""
+        self.watch.suspend_outcome(ok, text, self.clock())
+        return self.watch_step()
+
     def _look_up(self, step: LookUp) -> list[Action]:
         levels = STACK_FRAMES
         actions = self.send(LookUpAsk.WHERE, {"threadId": step.thread_id, "levels": levels})

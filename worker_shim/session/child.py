@@ -45,7 +45,7 @@ from .core import request_of
 from .replay import ReplayPhase
 from .watch import Watch
 
-__all__ = ["ChildSession"]
+__all__ = ["ChildSession", "announces_child", "message_of"]
 
 log = logging.getLogger("tether.worker")
 
@@ -243,3 +243,19 @@ class ChildSession:
         return []
 
     # --- plumbing ---------------------------------------------------------------------------------
+
+
+def message_of(raw: bytes) -> dict[str, Any] | None:
+    """A debugpy message as an object (None: not one)."""
+    try:
+        msg = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return msg if isinstance(msg, dict) else None
+
+
+def announces_child(msg: dict[str, Any]) -> bool:
+    """debugpy announces a child process to debug (``startDebugging``, ``debugpyAttach``)."""
+    return (msg.get("type") == "request" and msg.get("command") == "startDebugging") or (
+        msg.get("type") == "event" and msg.get("event") == "debugpyAttach"
+    )

@@ -15,7 +15,7 @@ import trio
 from protocol_specs.dap import framing as dap_framing
 from protocol_specs.session.rank_values import EvalReport, RankValue
 from protocol_specs.wire import wire
-from relay.client import RunLink
+from relay.client import RelayError, RunLink, open_control
 
 from ..program.debuggee import Debuggee
 from ..program.metrics import control_action
@@ -31,18 +31,22 @@ from .actions import (
     ReplayFailed,
     Say,
     Settle,
+    SuspendRun,
     Terminate,
     ToDebugpy,
 )
 from .output import ProgramOutput
 from .processes import DebuggedProcesses
 from .rank_eval import EVAL_WAIT
+from .suspend import SUSPEND_WAIT, SuspendAsk, cannot_text, outcome, suspended_text
 
 __all__ = ["RECEIVE_SIZE", "Driver", "open_driver"]
 
 log = logging.getLogger("tether.worker")
 
 RECEIVE_SIZE = 256 * 1024
+#: how long a suspend tries the relay (then the fallback acts)
+_ASK_RELAY_WITHIN = 30.0
 #: seconds ``tether eval`` waits past the sessions' own deadline (their timer answers first)
 _EVAL_SLACK = 10.0
 
@@ -88,8 +92,9 @@ class Driver:
         self._wake_timer = trio.Event()
         self._timer_at: float | None = None  #: the deadline the timer sleeps until
         #: cross-rank evaluations asked by ``tether eval``, until answered
-        self._evals: dict[int, tuple[trio.Event, list[RankValue]]] = {}
+        self._evals: dict[object, tuple[trio.Event, list[RankValue]]] = {}
         self._eval_asks = 0
+        self._suspending = False  #: a suspend is under way (the policy's, once at a time)
 
     def __repr__(self) -> str:
         return f"<Driver {self.core!r}>"
@@ -122,6 +127,10 @@ class Driver:
                 self.say(action.text)
             elif isinstance(action, Terminate):
                 self._terminate.set()
+            elif isinstance(action, SuspendRun):
+                if not self._suspending:
+                    self._suspending = True
+                    self.nursery.start_soon(self.suspend, action.waited)
             elif isinstance(action, EvalAnswered):
                 waiting = self._evals.get(action.ask)
                 if waiting is not None:
@@ -153,6 +162,39 @@ class Driver:
         finally:
             del self._evals[ask]
         return EvalReport(expression=expression, values=values).model_dump_json().encode()
+
+    async def suspend(self, waited: float) -> None:
+        """The unattended stop's ``suspend`` (:mod:`worker_shim.session.suspend`): the program's
+        ``tether.on_suspend`` in every paused process, then the relay suspends the attempt (as
+        its worker) and the program ends; or the notice that it cannot, and the fallback."""
+        self._eval_asks += 1
+        ask = SuspendAsk(self._eval_asks)
+        done, values = self._evals[ask] = (trio.Event(), [])
+        try:
+            await self.perform(self.processes.suspend(ask))
+            with trio.move_on_after(SUSPEND_WAIT + _EVAL_SLACK):
+                await done.wait()
+        finally:
+            del self._evals[ask]
+        got = outcome(values)
+        record = self.core.record
+        text = suspended_text(record.id, waited, got.step)
+        why = got.why
+        if got.ok:
+            try:
+                with trio.fail_after(_ASK_RELAY_WITHIN):
+                    async with open_control(self.link.endpoint, client="tether-worker") as control:
+                        await control.preempt(record.id, grace=0, suspend=True, detail=text)
+            except (RelayError, trio.TooSlowError, OSError) as exc:
+                why = f"the relay did not suspend it ({exc})"
+        if why:
+            self._suspending = False
+            text = cannot_text(record.id, why, record.spec.unattended_fallback)
+            await self.perform(self.processes.suspend_outcome(False, text))
+            return
+        # the relay's preempt order (grace 0) comes back on the link and ends the program, so the
+        # attempt ends ``preempted`` and the run ``suspended``
+        await self.perform(self.processes.suspend_outcome(True, text))
 
     def raise_failure(self) -> None:
         """The replay failed: the attempt could not start (``start_failed``)."""

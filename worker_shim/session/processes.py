@@ -67,12 +67,19 @@ from .actions import (
     status_entry,
 )
 from .channel import DebugpyChannel
-from .child import ChildSession
+from .child import ChildSession, announces_child, message_of
 from .core import ShimCore, parse_delivery, request_of
 from .group import Announce, GroupAction, Note, RankGroup, Release, Send
 from .node_group import NodeGroup
 from .rank_eval import Ask, ConsoleAsk, Done, EvalMove, RankEval, console_eval
-from .replay import attach_arguments, configuration, initialize_arguments, pipe_output_attach
+from .replay import (
+    attach_arguments,
+    cleared,
+    configuration,
+    initialize_arguments,
+    pipe_output_attach,
+)
+from .suspend import SOURCE, SUSPEND_WAIT
 
 __all__ = ["DebuggedProcesses", "cleared"]
 
@@ -212,8 +219,8 @@ class DebuggedProcesses:
         child = self.children.get(key) if key != self.main.key else None
         if key != self.main.key and child is None:
             return []
-        msg = _message(raw)
-        if msg is not None and _announces_child(msg):
+        msg = message_of(raw)
+        if msg is not None and announces_child(msg):
             return self._announced(key, msg)
         if msg is not None and msg.get("type") == "response":
             moves = self.evals.answered(key, msg)
@@ -478,15 +485,26 @@ class DebuggedProcesses:
                 found[key] = child.info.rank
         main = self.infos.get(self.main.key)
         if main is not None and main.rank is not None and self.main.live:
-            found[self.main.key] = (
-                main.rank
-            )  # a job whose every process tether started (srun python)
+            found[self.main.key] = main.rank  # a job whose every process tether started (srun)
         return found
 
     def evaluate(self, ask: Any, source: str, ranks: list[int] | None) -> list[Action]:
         """Evaluate ``source`` in every paused rank (or of ``ranks``); ``EvalAnswered(ask)``
         follows, within :data:`~worker_shim.session.rank_eval.EVAL_WAIT`."""
         return self._evals(self.evals.start(ask, source, self.ranks(), ranks))
+
+    def suspend(self, ask: Any) -> list[Action]:
+        """``tether.on_suspend`` in every paused process (:mod:`.suspend`): ``EvalAnswered``."""
+        keys = [self.main.key, *(k for k, c in self.children.items() if not c.ended)]
+        ranks = {key: n for n, key in enumerate(keys)}
+        return self._evals(self.evals.start(ask, SOURCE, ranks, None, wait=SUSPEND_WAIT))
+
+    def suspend_outcome(self, ok: bool, text: str) -> list[Action]:
+        """How the suspend went: every process's watch is told (the fallback acts if not)."""
+        actions = self.main.channel.suspend_outcome(ok, text)
+        for child in self.children.values():
+            actions += self._of(child.channel.suspend_outcome(ok, text))
+        return actions
 
     def _channel(self, key: str) -> DebugpyChannel | None:
         if key == self.main.key:
@@ -556,17 +574,6 @@ def _is_rank(info: ProcessInfo, parent: ProcessInfo | None) -> bool:
     return info.rank is not None and (parent is None or parent.rank != info.rank)
 
 
-def cleared(bset: BreakpointSet) -> BreakpointSet:
-    """The request that takes away what ``bset`` set (no breakpoints of its kind and source)."""
-    if bset.command == "setExceptionBreakpoints":
-        arguments: dict[str, Any] = {"filters": []}
-    elif bset.command == "setBreakpoints":
-        arguments = {"source": bset.arguments.get("source") or {}, "breakpoints": []}
-    else:
-        arguments = {"breakpoints": []}
-    return BreakpointSet(bset.command, arguments, [], "", 0)
-
-
 def _focus_of(entry: DapEntry) -> tuple[list[int] | None] | None:
     """The focus a ``tetherFocus`` entry sets (in a 1-tuple: its None is "no focus"), None when
     the entry is no (well-formed) one."""
@@ -580,17 +587,3 @@ def _focus_of(entry: DapEntry) -> tuple[list[int] | None] | None:
     except ValueError as exc:
         log.warning("skipping a malformed focus of %s: %s", entry.origin, exc)
         return None
-
-
-def _message(raw: bytes) -> dict[str, Any] | None:
-    try:
-        msg = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    return msg if isinstance(msg, dict) else None
-
-
-def _announces_child(msg: dict[str, Any]) -> bool:
-    return (msg.get("type") == "request" and msg.get("command") == "startDebugging") or (
-        msg.get("type") == "event" and msg.get("event") == "debugpyAttach"
-    )

@@ -135,6 +135,7 @@ class _Job:
     values: dict[int, RankValue] = field(default_factory=dict)  #: by rank, every one reported
     waiting: set[str] = field(default_factory=set)
     deadline: float = 0.0
+    wait: float = EVAL_WAIT
 
 
 @dataclass
@@ -201,15 +202,23 @@ class RankEval:
     # --- an evaluation ----------------------------------------------------------------------------
 
     def start(
-        self, ask: Hashable, source: str, ranks: dict[str, int], wanted: list[int] | None
+        self,
+        ask: Hashable,
+        source: str,
+        ranks: dict[str, int],
+        wanted: list[int] | None,
+        *,
+        wait: float | None = None,
     ) -> list[EvalMove]:
         """Evaluate ``source`` in the paused ones of ``ranks`` (process key -> rank), or of those
-        ``wanted``; a wanted rank that is not among them is reported ``absent``."""
+        ``wanted``; a wanted rank that is not among them is reported ``absent``. ``wait``: the
+        seconds each has (default :attr:`wait`)."""
         self._next += 1
         number = self._next
         want = None if wanted is None else set(wanted)
         chosen = {k: r for k, r in ranks.items() if want is None or r in want}
-        job = _Job(ask, source, chosen, deadline=self.clock() + self.wait)
+        wait = self.wait if wait is None else wait
+        job = _Job(ask, source, chosen, deadline=self.clock() + wait, wait=wait)
         for rank in (want or set()) - set(chosen.values()):
             job.values[rank] = RankValue(rank=rank, state="absent")
         moves: list[EvalMove] = []
@@ -306,7 +315,7 @@ class RankEval:
                     del self._sent[(key, seq)]
                     self._late.add((key, seq))
             for key in sorted(job.waiting):
-                why = f"no answer within {self.wait:g} s (busy, or blocked outside Python)"
+                why = f"no answer within {job.wait:g} s (busy, or blocked outside Python)"
                 job.values[job.ranks[key]] = error_value(job.ranks[key], why)
             job.waiting.clear()
             moves += self._complete(number)

@@ -40,6 +40,7 @@ __all__ = [
     "IllegalTransition",
     "ReplayPhase",
     "attach_arguments",
+    "cleared",
     "initialize_arguments",
     "next_phase",
     "pipe_output_attach",
@@ -173,3 +174,14 @@ class ConfigurationPlan:
 def _source_of(bset: BreakpointSet) -> str:
     source = bset.arguments.get("source") or {}
     return str(source.get("path") or source.get("sourceReference") or source.get("name") or "")
+
+
+def cleared(bset: BreakpointSet) -> BreakpointSet:
+    """The request that takes away what ``bset`` set (no breakpoints of its kind and source)."""
+    if bset.command == "setExceptionBreakpoints":
+        arguments: dict[str, Any] = {"filters": []}
+    elif bset.command == "setBreakpoints":
+        arguments = {"source": bset.arguments.get("source") or {}, "breakpoints": []}
+    else:
+        arguments = {"breakpoints": []}
+    return BreakpointSet(bset.command, arguments, [], "", 0)

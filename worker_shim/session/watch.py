@@ -31,7 +31,7 @@ from protocol_specs.session import attention as att
 from protocol_specs.session.session import StatusEvent
 from protocol_specs.wire.wire import PresenceEntry, StatusEntry
 
-from .actions import Action, Publish, Say, Terminate
+from .actions import Action, Publish, Say, SuspendRun, Terminate
 
 __all__ = [
     "LOOKUP_TIMEOUT",
@@ -107,7 +107,9 @@ class Watch:
         self.roots = [run_dir, spec.workdir]  # debugpy maps paths to the latter
         self.status = status
         self.attention = att.Attention(
-            att.UnattendedPolicy(spec.on_unattended_stop), spec.unattended_timeout
+            att.UnattendedPolicy(spec.on_unattended_stop),
+            spec.unattended_timeout,
+            fallback=att.UnattendedPolicy(spec.unattended_fallback),
         )
         self._decisions: list[att.Decision] = []
         #: when the program last went from running to stopped (None: running)
@@ -162,6 +164,24 @@ class Watch:
     def _lookup_done(self) -> None:
         if self._reports[0].ready:
             self._lookup_until = None
+
+    def suspend_outcome(self, ok: bool, text: str, now: float) -> None:
+        """How the run's suspend went (``text``: its notice): said by the watch that decided it;
+        if it could not be done, the fallback acts there (every watch's policy is the fallback
+        from now on)."""
+        if self.attention.suspending:
+            event = StatusEvent.UNATTENDED_STOP
+            data = {"policy": "suspend", "suspended": ok}
+            self._reports.append(
+                _Report(
+                    None,
+                    lambda _w, _i: [Say(text), self._publish(event, detail=text, data=data)],
+                )
+            )
+        if ok:
+            self.attention.suspended()
+        else:
+            self._decisions += self.attention.cannot_suspend(now)
 
     # --- time -------------------------------------------------------------------------------------
 
@@ -234,6 +254,9 @@ class Watch:
                     exception=decision.reason == "exception",
                 )
             )
+        elif isinstance(decision, att.Suspend):
+            waited = decision.waited
+            self._reports.append(_Report(None, lambda _w, _i: [SuspendRun(waited)]))
         elif isinstance(decision, att.Resume):
             of = f" of {self.name}" if self.name else ""
             text = f"run {rid}: unattended stop{of} timed out; continuing"

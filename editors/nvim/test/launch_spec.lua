@@ -36,6 +36,9 @@ same(launch.argv({ request = 'launch', program = 'train.py', outputs = { 'out/',
 same(launch.argv({ request = 'launch', program = 't.py', keepCheckpoints = 5, fromCheckpoint = 'r1:300' }, '/p'),
   { 'debug', '--workdir', '/p', '--keep-checkpoints', '5', '--from-checkpoint', 'r1:300', '--port', '0', '--json', '-q', '--',
     'python', 't.py' }, 'checkpoints')
+same(launch.argv({ request = 'launch', program = 't.py', onUnattendedStop = 'suspend', unattendedFallback = 'terminate' }, '/p'),
+  { 'debug', '--workdir', '/p', '--on-unattended-stop', 'suspend', '--unattended-fallback', 'terminate', '--port', '0', '--json',
+    '-q', '--', 'python', 't.py' }, 'unattended')
 refused({ request = 'launch' }, 'give one of', 'nothing to run')
 refused({ request = 'launch', program = '/etc/passwd' }, 'inside the workdir', 'outside')
 refused({ request = 'launch', program = '../x.py' }, 'inside the workdir', 'dot-dot')

@@ -7,6 +7,7 @@ const path = require('path');
 const BACKENDS = ['local', 'slurm', 'ray'];
 const PROCESSES = ['stopped', 'all', 'main'];
 const STOPS = ['all', 'one'];
+const UNATTENDED = ['wait', 'continue', 'terminate', 'suspend'];
 
 // configuration key -> `tether debug` option taking one value
 const ONE = {
@@ -27,6 +28,8 @@ const ONE = {
   stop: '--stop',
   debugWhen: '--debug-when',
   keepCheckpoints: '--keep-checkpoints',
+  onUnattendedStop: '--on-unattended-stop',
+  unattendedFallback: '--unattended-fallback',
   fromCheckpoint: '--from-checkpoint',
 };
 // configuration key -> an option repeated for each item
@@ -93,6 +96,9 @@ function resolve(config, where) {
   check(out.backend === undefined || BACKENDS.includes(out.backend), `"backend" must be one of ${BACKENDS.join(', ')}.`);
   check(out.processes === undefined || PROCESSES.includes(out.processes), `"processes" must be one of ${PROCESSES.join(', ')}.`);
   check(out.stop === undefined || STOPS.includes(out.stop), `"stop" must be one of ${STOPS.join(', ')}.`);
+  check(out.onUnattendedStop === undefined || UNATTENDED.includes(out.onUnattendedStop), `"onUnattendedStop" must be one of ${UNATTENDED.join(', ')}.`);
+  const fallbacks = UNATTENDED.slice(0, 3);
+  check(out.unattendedFallback === undefined || fallbacks.includes(out.unattendedFallback), `"unattendedFallback" must be one of ${fallbacks.join(', ')}.`);
   for (const key of ['gpus', 'cpus', 'nodes', 'gpusPerNode', 'cpusPerNode', 'maxRetries', 'keepCheckpoints']) {
     check(out[key] === undefined || (Number.isInteger(out[key]) && out[key] >= 0), `"${key}" must be a whole number.`);
   }

@@ -46,6 +46,12 @@ test('"keepCheckpoints" and "fromCheckpoint" become --keep-checkpoints, --from-c
   assert.throws(() => resolve({ request: 'launch', name: 'n', program: 'a.py', keepCheckpoints: 'all' }, where), /"keepCheckpoints" must be a whole number/);
 });
 
+test('"onUnattendedStop" and "unattendedFallback" become their options', () => {
+  const c = resolve({ request: 'launch', name: 'n', program: 'a.py', onUnattendedStop: 'suspend', unattendedFallback: 'terminate' }, where);
+  assert.deepStrictEqual(serveArgv(c).slice(0, 7), ['debug', '--workdir', '/home/me/proj', '--on-unattended-stop', 'suspend', '--unattended-fallback', 'terminate']);
+  assert.throws(() => resolve({ request: 'launch', name: 'n', program: 'a.py', unattendedFallback: 'suspend' }, where), /"unattendedFallback" must be one of wait, continue, terminate/);
+});
+
 test('module, command, python, profile and relay', () => {
   const m = resolve({ request: 'launch', name: 'n', module: 'pkg.train', python: '/opt/env/bin/python', profile: 'gpu' }, where);
   assert.deepStrictEqual(serveArgv(m).slice(0, 5), ['debug', '--workdir', '/home/me/proj', '--profile', 'gpu']);

@@ -14,6 +14,7 @@ local ONE = {
   { 'maxRetries', '--max-retries' }, { 'processes', '--processes' }, { 'ranks', '--ranks' },
   { 'debugWhen', '--debug-when' }, { 'preemptGrace', '--preempt-grace' },
   { 'keepCheckpoints', '--keep-checkpoints' },
+  { 'onUnattendedStop', '--on-unattended-stop' }, { 'unattendedFallback', '--unattended-fallback' },
   { 'fromCheckpoint', '--from-checkpoint' },
 }
 local MANY = {
