@@ -68,7 +68,8 @@ async def preempt(
     await registry.store.append(
         keys.stream(after.id, StreamName.TO_WORKER), wire.encode_entry(control)
     )
-    text = f"preempting attempt {after.attempt}: {detail}; the program has {seconds:g} s"
+    ends = f"the program has {seconds:g} s" if seconds > 0 else "the program is ended now"
+    text = f"preempting attempt {after.attempt}: {detail}; {ends}"
     log.info("run %s: %s", after.id, text)
     await registry.append_status(
         after.id,
