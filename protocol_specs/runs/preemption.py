@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from .runs import Attempt, IllegalTransition, RunEvent, RunRecord, RunState
+from .runs import IllegalTransition, RunEvent, RunRecord, RunState
 
 __all__ = [
     "Then",
@@ -89,17 +89,7 @@ def resume(record: RunRecord, *, at: float, from_start: bool) -> RunRecord:
     :class:`IllegalTransition` where :func:`resume_refusal` would refuse."""
     if resume_refusal(record, from_start=from_start) is not None:
         raise IllegalTransition(RunEvent.REQUEUE, record.state)
-    attempts = [*record.attempts, Attempt(n=record.attempt + 1, queued_at=at)]
-    return record.model_copy(update={"attempts": attempts}).advance(
-        RunEvent.REQUEUE,
-        at=at,
-        attempt=record.attempt + 1,
-        worker="",
-        exit_code=None,
-        queue_entry="",
-        not_before=at,
-        detail="resumed",
-    )
+    return record.next_attempt(RunEvent.REQUEUE, at=at, not_before=at, detail="resumed")
 
 
 def what_follows(before: RunRecord, after: RunRecord) -> str:

@@ -429,15 +429,22 @@ class RunRecord(BaseModel):
         ended = self.with_attempt(
             ended_at=at, outcome=outcome, exit_code=exit_code, detail=detail, counted=counted
         )
-        attempts = [*ended.attempts, Attempt(n=self.attempt + 1, queued_at=at)]
-        return ended.model_copy(update={"attempts": attempts}).advance(
-            RunEvent.RETRY,
+        return ended.next_attempt(RunEvent.RETRY, at=at, not_before=at + delay, detail=detail)
+
+    def next_attempt(
+        self, event: RunEvent, *, at: float, not_before: float, detail: str
+    ) -> RunRecord:
+        """The record with its next attempt queued by ``event`` (a retry, a resume), claimable
+        from ``not_before``."""
+        attempts = [*self.attempts, Attempt(n=self.attempt + 1, queued_at=at)]
+        return self.model_copy(update={"attempts": attempts}).advance(
+            event,
             at=at,
             attempt=self.attempt + 1,
             worker="",
             exit_code=None,
             queue_entry="",
-            not_before=at + delay,
+            not_before=not_before,
             detail=detail,
         )
 

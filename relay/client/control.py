@@ -37,6 +37,11 @@ PUT_WINDOW = 64
 _R = TypeVar("_R")
 
 
+def _lost(exc: BaseException) -> RelayError:
+    """A lost connection, as a call reports it: like a relay that cannot be reached at all."""
+    return RelayError(ErrorCode.UNREACHABLE, f"lost the relay: {exc}")
+
+
 class ControlClient:
     def __init__(self, ws: ClientConnection, user: str = "") -> None:
         self._ws = ws
@@ -50,10 +55,8 @@ class ControlClient:
         (``unreachable``), like a relay that cannot be reached at all."""
         try:
             return await self._exchange(frame_type, expect, **fields)
-        except ConnectionClosed as exc:
-            raise RelayError(ErrorCode.UNREACHABLE, f"lost the relay: {exc}") from exc
-        except (trio.BrokenResourceError, OSError) as exc:
-            raise RelayError(ErrorCode.UNREACHABLE, f"lost the relay: {exc}") from exc
+        except (ConnectionClosed, trio.BrokenResourceError, OSError) as exc:
+            raise _lost(exc) from exc
 
     async def _exchange(self, frame_type: type, expect: type[_R], **fields: object) -> _R:
         async with self._lock:
@@ -137,10 +140,8 @@ class ControlClient:
                         await self._stored(waiting.popleft(), on_blob)
                 while waiting:
                     await self._stored(waiting.popleft(), on_blob)
-        except ConnectionClosed as exc:
-            raise RelayError(ErrorCode.UNREACHABLE, f"lost the relay: {exc}") from exc
-        except (trio.BrokenResourceError, OSError) as exc:
-            raise RelayError(ErrorCode.UNREACHABLE, f"lost the relay: {exc}") from exc
+        except (ConnectionClosed, trio.BrokenResourceError, OSError) as exc:
+            raise _lost(exc) from exc
 
     async def _stored(
         self, sent: tuple[int, str, int], on_blob: Callable[[str, int], None]
@@ -185,10 +186,8 @@ class ControlClient:
                         await self._blob_read(waiting.popleft(), on_blob)
                 while waiting:
                     await self._blob_read(waiting.popleft(), on_blob)
-        except ConnectionClosed as exc:
-            raise RelayError(ErrorCode.UNREACHABLE, f"lost the relay: {exc}") from exc
-        except (trio.BrokenResourceError, OSError) as exc:
-            raise RelayError(ErrorCode.UNREACHABLE, f"lost the relay: {exc}") from exc
+        except (ConnectionClosed, trio.BrokenResourceError, OSError) as exc:
+            raise _lost(exc) from exc
 
     async def _ask_blob(self, waiting: deque[tuple[int, str]], digest: str, run: str) -> None:
         self._rid += 1
