@@ -146,8 +146,9 @@ async def run_shim(
             return None
         try:
             place = _Place(run_dir, log_path, housing or Housing(), allow_tunnels, role)
-            return await _attempt(link, record, manifest, place, fetch, cache, env, python, say,
-                                  news)  # fmt: skip
+            async with ATTEMPTS.taken(link, record, node):
+                return await _attempt(link, record, manifest, place, fetch, cache, env, python,
+                                      say, news)  # fmt: skip
         except BaseException:
             say(
                 f"run {record.id}: its attempt ends with the worker; its program's processes were ended"

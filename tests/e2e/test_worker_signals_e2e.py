@@ -2,7 +2,8 @@
 stopped by SIGTERM, SIGHUP or SIGKILL with three runs in their pool (a plain run that prints
 nothing, a debug run paused at a breakpoint, a run whose child left its process group) leave no
 process of any run behind (checked by PID, and by the uids the programs ran as), and the runs are
-reported as the worker's end says: lost at once when it could say so, after the lease when not."""
+reported as the worker's end says: stopped, it preempts them first (queued again at once, without
+using a retry); killed, they are lost after the lease."""
 
 from __future__ import annotations
 
@@ -110,7 +111,10 @@ async def test_no_process_of_a_run_outlives_its_worker(
             await worker.wait_line(r"tether worker: ready")
         token = local_token(home)
         relay = Endpoint(relay_url, token=token)
-        base = RunSpec(command=["python", "quiet.py"], workdir=str(project), debug=False)
+        # a stopped worker preempts its runs first: their programs trap nothing, 1 s of grace
+        base = RunSpec(
+            command=["python", "quiet.py"], workdir=str(project), debug=False, preempt_grace=1.0
+        )
         specs = [
             base,
             base.model_copy(update={"command": ["python", "paused.py"], "debug": True,
@@ -131,9 +135,9 @@ async def test_no_process_of_a_run_outlives_its_worker(
         if ROOT:  # nor any process of the uids its runs ran as
             uids = {int(u) for u in re.findall(r"as uid (\d+)", worker.output)}
             assert len(uids) == 3 and processes_of(uids) == {}, uids
-        if signum is not signal.SIGKILL:
+        if signum is not signal.SIGKILL:  # stopped: it preempted its runs first
             assert "Traceback" not in worker.output
-            assert "its program's processes were ended" in worker.output, worker.output
+            assert "stopping: preempting 3 running attempt(s)" in worker.output, worker.output
         if command == "up":  # its relay went with it: the next tether up on its data tells
             again = tether(
                 "up", "--data-dir", str(home / "data"), "--workers", "0", "--relay-port", "0",
@@ -142,8 +146,10 @@ async def test_no_process_of_a_run_outlives_its_worker(
             back: Proc = await nursery.start(_hold, again)
             relay_url = (await back.wait_line(r"tether up: ready relay=(\S+)")).group(1)
             relay = Endpoint(relay_url, token=token)
-        wait = 5 if signum is not signal.SIGKILL else 30  # at once, or after the 3 s lease
-        await states(relay, runs, "lost", wait)
+        if signum is signal.SIGKILL:  # no warning: lost after the 3 s lease
+            await states(relay, runs, "lost", 30)
+        else:  # preempted: queued again without using a retry
+            await states(relay, runs, "queued", 5)
         nursery.cancel_scope.cancel()
 
 

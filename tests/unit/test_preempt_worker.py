@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import trio
 import trio.testing
 
 import tether
+from protocol_specs.runs.runs import RunRecord
+from protocol_specs.runs.spec import RunSpec
 from protocol_specs.wire import wire
+from worker_shim.program import preempt
 from worker_shim.program.preempt import Order, Preemption, order_of, trapping
 
 
@@ -93,3 +97,42 @@ def test_should_preempt_is_false_outside_tether(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("TETHER_PREEMPT_FILE", raising=False)
     monkeypatch.setattr(tether, "_preempt", {"looked": None, "yes": False})
     assert tether.should_preempt() is False
+
+
+async def test_a_stopping_pool_preempts_an_attempt_whose_program_has_not_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An attempt counts from its link's start, not its program's: a pool stopped while a run's
+    files are still coming preempts it too (the order waits on its link), and waits for it."""
+    attempts = preempt.Attempts()
+    asked: list[tuple[str, float, str]] = []
+
+    async def ask(link: object, record: RunRecord, grace: float, detail: str) -> None:
+        asked.append((record.id, grace, detail))
+
+    monkeypatch.setattr(preempt, "preempt_self", ask)
+    spec = RunSpec(command=["python", "t.py"], workdir="/w", preempt_grace=7.0)
+    record = RunRecord(id="r1", spec=spec)
+    started, end, drained = trio.Event(), trio.Event(), trio.Event()
+
+    async def attempt() -> None:
+        async with attempts.taken(cast(Any, None), record):
+            started.set()
+            await end.wait()  # its files, its user: the program has not started
+
+    async def drain() -> None:
+        await attempts.drain()
+        drained.set()
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(attempt)
+            await started.wait()
+            assert len(attempts) == 1
+            nursery.start_soon(drain)
+            await trio.testing.wait_all_tasks_blocked()
+            assert asked == [("r1", 7.0, "the worker pool is stopping")]
+            assert not drained.is_set()  # it waits for the attempt to end
+            end.set()
+            await drained.wait()
+    assert len(attempts) == 0 and attempts.stopping

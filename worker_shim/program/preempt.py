@@ -176,7 +176,8 @@ class Preemption:
 class _Running:
     link: RunLink
     record: RunRecord
-    preemption: Preemption
+    #: None while the attempt starts (its files, its user): the order waits on its link
+    preemption: Preemption | None
     node: int
 
 
@@ -186,13 +187,31 @@ class Attempts:
 
     def __init__(self) -> None:
         self._running: dict[int, _Running] = {}
+        #: the attempts this worker took, their programs started or not, by (run, attempt, node)
+        self._taken: dict[tuple[str, int, int], _Running] = {}
+        #: orders given here (the relay unreachable) to attempts whose program had not started
+        self._pending: dict[tuple[str, int], Order] = {}
         self.stopping = False
         self._changed: trio.Event | None = None
         #: the claims waiting for a run now
         self._claims: set[trio.CancelScope] = set()
 
     def __len__(self) -> int:
-        return len(self._running)
+        return len(self._taken)
+
+    @asynccontextmanager
+    async def taken(self, link: RunLink, record: RunRecord, node: int = 0) -> AsyncIterator[None]:
+        """While the block runs, ``record``'s attempt is this worker's, from its link's start:
+        a pool that stops preempts it even before its program started (its watch then reads the
+        order on the link, and the attempt ends ``preempted``)."""
+        key = (record.id, record.attempt, node)
+        self._taken[key] = _Running(link, record, None, node)
+        try:
+            yield
+        finally:
+            del self._taken[key]
+            if self._changed is not None:
+                self._changed.set()
 
     @asynccontextmanager
     async def running(
@@ -201,6 +220,9 @@ class Attempts:
         """While the block runs, ``record``'s attempt runs here."""
         key = id(preemption)
         self._running[key] = _Running(link, record, preemption, node)
+        order = self._pending.pop((record.id, record.attempt), None)
+        if order is not None:
+            preemption.give(order)
         try:
             yield
         finally:
@@ -241,11 +263,11 @@ class Attempts:
         once they all ended; no claim is made meanwhile."""
         self.stop_claiming()
         async with trio.open_nursery() as nursery:
-            for each in list(self._running.values()):
+            for each in list(self._taken.values()):
                 if each.node == 0:
                     grace = each.record.spec.preempt_grace
                     nursery.start_soon(preempt_self, each.link, each.record, grace, detail)
-        while self._running:
+        while self._taken or self._running:
             self._changed = trio.Event()
             await self._changed.wait()
 
@@ -267,6 +289,10 @@ async def preempt_self(link: RunLink, record: RunRecord, grace: float, detail: s
         log.warning(
             "run %s: cannot ask the relay to preempt it (%s): preempting here", record.id, exc
         )
+    order = Order(grace=grace, detail=detail)
     for each in ATTEMPTS._running.values():
         if each.record.id == record.id and each.record.attempt == record.attempt:
-            each.preemption.give(Order(grace=grace, detail=detail))
+            assert each.preemption is not None
+            each.preemption.give(order)
+            return
+    ATTEMPTS._pending[(record.id, record.attempt)] = order  # its program gets it as it starts
